@@ -1,0 +1,29 @@
+# shellcheck shell=bash
+# Shared settings for the project's scripts. Sourced, never run.
+#
+# Every path the harness writes outside the repository lives under $SOFTROCE_CACHE, so a fresh
+# clone reuses what an earlier run installed (the kernel, virtme-ng) and nothing is downloaded twice.
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+export SOFTROCE_CACHE=${SOFTROCE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rdma-rs/softroce}
+
+# rdma-sys 0.3.0 generates its bindings with bindgen 0.59, which panics on the headers as parsed by
+# libclang 16 and newer. clang-sys picks the newest libclang it finds, so pin LLVM 14 (Debian 12's
+# default) unless the caller already chose one.
+if [ -z "${LIBCLANG_PATH:-}" ] && [ -d /usr/lib/llvm-14/lib ]; then
+    export LIBCLANG_PATH=/usr/lib/llvm-14/lib
+fi
+
+# Pinned tool versions.
+VIRTME_NG_VERSION=1.42
+
+VENV="$SOFTROCE_CACHE/venv"
+KERNEL_DIR="$SOFTROCE_CACHE/kernel"
+VNG="$VENV/bin/vng"
+
+log() { printf '==> %s\n' "$*" >&2; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+need_root() {
+    [ "$(id -u)" = 0 ] || die "$1 needs root (it installs Debian packages and builds network devices in the VM); run it with sudo"
+}
