@@ -1,0 +1,237 @@
+//! An open device: [`Context`].
+
+use std::ffi::CStr;
+use std::mem::MaybeUninit;
+use std::ptr::NonNull;
+
+use rdma_sys as ffi;
+
+use crate::device::DeviceList;
+use crate::device_attr::DeviceAttr;
+use crate::error::{Error, Result};
+use crate::gid::GidEntry;
+use crate::port::PortAttr;
+
+/// An open RDMA device (`struct ibv_context`), closed on drop.
+///
+/// Every other verbs resource borrows its context, so a context outlives all of them.
+/// libibverbs is thread-safe: a `Context` can be shared between threads.
+///
+/// ```no_run
+/// # fn main() -> rdma_verbs::Result<()> {
+/// let ctx = rdma_verbs::Context::open("rxe0")?;
+/// let port = ctx.query_port(1)?;
+/// println!("{}: {:?}, MTU {:?}", ctx.name(), port.state, port.active_mtu);
+/// # Ok(()) }
+/// ```
+///
+/// # References
+/// - [`ibv_open_device(3)`](https://man7.org/linux/man-pages/man3/ibv_open_device.3.html)
+#[doc(alias = "ibv_context")]
+#[derive(Debug)]
+pub struct Context {
+    raw: NonNull<ffi::ibv_context>,
+    name: String,
+    port_count: u8,
+}
+
+// SAFETY: libibverbs' device verbs are thread-safe (rdma-core documents every verb as safe to call
+// concurrently on one context); `Context` owns the pointer and has no interior state of its own.
+unsafe impl Send for Context {}
+// SAFETY: as above, `&Context` only calls thread-safe verbs.
+unsafe impl Sync for Context {}
+
+impl Context {
+    /// Opens the device called `name`: `ibv_get_device_list()` then `ibv_open_device()`.
+    ///
+    /// # Errors
+    /// [`Error::NoDevice`] listing the devices that exist when none is called `name`;
+    /// [`Error::Verb`] when listing or opening fails.
+    #[doc(alias = "ibv_open_device")]
+    pub fn open(name: &str) -> Result<Self> {
+        let list = DeviceList::available()?;
+        let device =
+            list.find(name).ok_or_else(|| Error::NoDevice { name: Some(name.to_owned()), available: list.names() })?;
+        device.open()
+    }
+
+    /// Opens the first device libibverbs lists.
+    ///
+    /// # Errors
+    /// [`Error::NoDevice`] when there is none; [`Error::Verb`] when listing or opening fails.
+    pub fn open_first() -> Result<Self> {
+        let list = DeviceList::available()?;
+        let device = list.get(0).ok_or(Error::NoDevice { name: None, available: Vec::new() })?;
+        device.open()
+    }
+
+    pub(crate) fn from_device(device: NonNull<ffi::ibv_device>, name: &str) -> Result<Self> {
+        // SAFETY: `device` is a live entry of a device list (the caller borrows it).
+        let raw = unsafe { ffi::ibv_open_device(device.as_ptr()) };
+        let raw = NonNull::new(raw).ok_or_else(|| Error::last_os_error("ibv_open_device", Some(name)))?;
+        let mut ctx = Context { raw, name: name.to_owned(), port_count: 0 };
+        // Ports are numbered 1..=phys_port_cnt; keep the count to reject a wrong port by name.
+        ctx.port_count = ctx.query_device()?.phys_port_cnt;
+        Ok(ctx)
+    }
+
+    /// The device's name, e.g. `rxe0`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The number of physical ports; they are numbered from 1.
+    pub fn port_count(&self) -> u8 {
+        self.port_count
+    }
+
+    /// The device's attributes and limits: `ibv_query_device()`.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] with the `errno` the verb returned.
+    ///
+    /// # References
+    /// - [`ibv_query_device(3)`](https://man7.org/linux/man-pages/man3/ibv_query_device.3.html)
+    #[doc(alias = "ibv_query_device")]
+    pub fn query_device(&self) -> Result<DeviceAttr> {
+        let mut attr = MaybeUninit::<ffi::ibv_device_attr>::zeroed();
+        // SAFETY: `raw` is an open context and `attr` a writable `ibv_device_attr`.
+        let rc = unsafe { ffi::ibv_query_device(self.raw.as_ptr(), attr.as_mut_ptr()) };
+        if rc != 0 {
+            return Err(Error::from_errno("ibv_query_device", Some(&self.name), rc));
+        }
+        // SAFETY: the verb succeeded and filled the struct (it was zeroed before, too).
+        Ok(DeviceAttr::from_raw(unsafe { &attr.assume_init() }))
+    }
+
+    /// The attributes of port `port` (numbered from 1): `ibv_query_port()`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the device has no port `port`; [`Error::Verb`] when the
+    /// verb fails.
+    ///
+    /// # References
+    /// - [`ibv_query_port(3)`](https://man7.org/linux/man-pages/man3/ibv_query_port.3.html)
+    #[doc(alias = "ibv_query_port")]
+    pub fn query_port(&self, port: u8) -> Result<PortAttr> {
+        self.check_port("ibv_query_port", port)?;
+        let mut attr = MaybeUninit::<ffi::ibv_port_attr>::zeroed();
+        // SAFETY: `raw` is an open context, `port` one of its ports and `attr` a writable,
+        // zeroed `ibv_port_attr` of the size the provider is told.
+        let rc = unsafe { ffi::___ibv_query_port(self.raw.as_ptr(), port, attr.as_mut_ptr()) };
+        if rc != 0 {
+            return Err(Error::from_errno("ibv_query_port", Some(&self.name), rc));
+        }
+        // SAFETY: the verb succeeded and filled the struct.
+        Ok(PortAttr::from_raw(unsafe { &attr.assume_init() }))
+    }
+
+    /// One entry of a port's GID table: `ibv_query_gid_ex()`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a port the device does not have or an index past the
+    /// port's table; [`Error::Verb`] with `ENODATA` when the entry is empty.
+    ///
+    /// # References
+    /// - [`ibv_query_gid_ex(3)`](https://man7.org/linux/man-pages/man3/ibv_query_gid_ex.3.html)
+    #[doc(alias = "ibv_query_gid_ex")]
+    #[doc(alias = "ibv_query_gid")]
+    pub fn query_gid(&self, port: u8, index: u32) -> Result<GidEntry> {
+        let table_len = self.query_port(port)?.gid_table_len;
+        if index >= table_len {
+            return Err(Error::invalid(
+                "ibv_query_gid_ex",
+                Some(&self.name),
+                format!("GID index {index} is past port {port}'s table of {table_len} entries"),
+            ));
+        }
+        let mut entry = MaybeUninit::<ffi::ibv_gid_entry>::zeroed();
+        // SAFETY: `raw` is an open context; `entry` is a writable `ibv_gid_entry` whose size is
+        // passed, as the inline `ibv_query_gid_ex` in verbs.h does.
+        let rc = unsafe {
+            crate::ffi_ext::_ibv_query_gid_ex(
+                self.raw.as_ptr(),
+                u32::from(port),
+                index,
+                entry.as_mut_ptr(),
+                0,
+                std::mem::size_of::<ffi::ibv_gid_entry>(),
+            )
+        };
+        if rc != 0 {
+            return Err(Error::from_errno("ibv_query_gid_ex", Some(&self.name), rc));
+        }
+        // SAFETY: the verb succeeded and filled the entry.
+        Ok(GidEntry::from_raw(unsafe { &entry.assume_init() }))
+    }
+
+    /// Every valid GID of every port: `ibv_query_gid_table()`. Empty slots are left out.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] with the `errno` the verb returned.
+    ///
+    /// # References
+    /// - [`ibv_query_gid_table(3)`](https://man7.org/linux/man-pages/man3/ibv_query_gid_table.3.html)
+    #[doc(alias = "ibv_query_gid_table")]
+    pub fn gid_table(&self) -> Result<Vec<GidEntry>> {
+        let mut capacity = 0usize;
+        for port in 1..=self.port_count {
+            capacity += self.query_port(port)?.gid_table_len as usize;
+        }
+        let mut entries: Vec<ffi::ibv_gid_entry> = Vec::with_capacity(capacity);
+        // SAFETY: `entries` has room for `capacity` entries of the size passed; the verb writes
+        // at most `capacity` of them and returns how many.
+        let n = unsafe {
+            crate::ffi_ext::_ibv_query_gid_table(
+                self.raw.as_ptr(),
+                entries.as_mut_ptr(),
+                capacity,
+                0,
+                std::mem::size_of::<ffi::ibv_gid_entry>(),
+            )
+        };
+        if n < 0 {
+            return Err(Error::from_errno("ibv_query_gid_table", Some(&self.name), (-n) as i32));
+        }
+        let n = (n as usize).min(capacity);
+        // SAFETY: the verb initialised the first `n` entries, and `n <= capacity`.
+        unsafe { entries.set_len(n) };
+        Ok(entries.iter().map(GidEntry::from_raw).collect())
+    }
+
+    fn check_port(&self, verb: &'static str, port: u8) -> Result<()> {
+        if port == 0 || port > self.port_count {
+            return Err(Error::invalid(
+                verb,
+                Some(&self.name),
+                format!("port {port} does not exist (the device has ports 1..={})", self.port_count),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The raw `struct ibv_context *`, for verbs this crate does not wrap. It stays owned by
+    /// `self`: do not close it.
+    pub fn as_raw(&self) -> *mut ffi::ibv_context {
+        self.raw.as_ptr()
+    }
+
+    /// The driver's name for the device as the kernel sees it (`ibv_device.dev_name`, e.g. `uverbs0`).
+    pub fn kernel_device_name(&self) -> String {
+        // SAFETY: an open context points at its device, which lives as long as the context.
+        let dev = unsafe { &*(*self.raw.as_ptr()).device };
+        // SAFETY: `dev_name` is a NUL-terminated string in the device struct.
+        unsafe { CStr::from_ptr(dev.dev_name.as_ptr()) }.to_string_lossy().into_owned()
+    }
+}
+
+impl Drop for Context {
+    #[doc(alias = "ibv_close_device")]
+    fn drop(&mut self) {
+        // SAFETY: `raw` was opened by `ibv_open_device` and is closed only here; every resource
+        // made from it borrows `self`, so none is alive any more.
+        // It fails only while resources of the context are alive, which the borrows rule out;
+        // a destructor has nobody to report to either way.
+        let _ = unsafe { ffi::ibv_close_device(self.raw.as_ptr()) };
+    }
+}

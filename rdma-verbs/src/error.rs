@@ -1,0 +1,135 @@
+//! The crate's one error type.
+
+use std::fmt;
+
+/// A `Result` whose error is this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in `rdma-verbs`.
+///
+/// Errors from libibverbs carry the verb that failed and its `errno`; errors found before any verb
+/// is called (bad arguments) say which argument and why. Match on the variant, or use
+/// [`Error::errno`] and [`Error::verb`] for logging.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A verb returned an error.
+    #[error("{verb}{}: {}", OnDevice(.device), std::io::Error::from_raw_os_error(*.errno))]
+    Verb {
+        /// The libibverbs function that failed, e.g. `"ibv_query_port"`.
+        verb: &'static str,
+        /// The device the verb was called on, when there was one.
+        device: Option<String>,
+        /// The `errno` it reported.
+        errno: i32,
+    },
+    /// No RDMA device was found, or none with the requested name.
+    #[error("{}", no_device_message(.name.as_deref(), .available))]
+    NoDevice {
+        /// The name asked for; `None` when any device would have done.
+        name: Option<String>,
+        /// The names of the devices that do exist.
+        available: Vec<String>,
+    },
+    /// An argument was rejected before any verb was called.
+    #[error("{verb}{}: invalid argument: {reason}", OnDevice(.device))]
+    InvalidArgument {
+        /// The verb that would have been called.
+        verb: &'static str,
+        /// The device it would have been called on, when there was one.
+        device: Option<String>,
+        /// What is wrong with the argument.
+        reason: String,
+    },
+}
+
+impl Error {
+    /// The `errno` a verb reported, if this error came from one.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Error::Verb { errno, .. } => Some(*errno),
+            _ => None,
+        }
+    }
+
+    /// The verb that failed or would have been called, if any.
+    pub fn verb(&self) -> Option<&'static str> {
+        match self {
+            Error::Verb { verb, .. } | Error::InvalidArgument { verb, .. } => Some(verb),
+            Error::NoDevice { .. } => None,
+        }
+    }
+
+    /// An error from `verb`, with the calling thread's current `errno`.
+    pub(crate) fn last_os_error(verb: &'static str, device: Option<&str>) -> Self {
+        let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
+        Self::from_errno(verb, device, errno)
+    }
+
+    /// An error from `verb` with an explicit `errno` (verbs that return it rather than set it).
+    pub(crate) fn from_errno(verb: &'static str, device: Option<&str>, errno: i32) -> Self {
+        Error::Verb { verb, device: device.map(str::to_owned), errno }
+    }
+
+    pub(crate) fn invalid(verb: &'static str, device: Option<&str>, reason: impl Into<String>) -> Self {
+        Error::InvalidArgument { verb, device: device.map(str::to_owned), reason: reason.into() }
+    }
+}
+
+struct OnDevice<'a>(&'a Option<String>);
+
+impl fmt::Display for OnDevice<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(device) => write!(f, " on {device}"),
+            None => Ok(()),
+        }
+    }
+}
+
+fn no_device_message<'a>(name: Option<&'a str>, available: &'a [String]) -> NoDeviceMessage<'a> {
+    NoDeviceMessage { name, available }
+}
+
+struct NoDeviceMessage<'a> {
+    name: Option<&'a str>,
+    available: &'a [String],
+}
+
+impl fmt::Display for NoDeviceMessage<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.name {
+            Some(name) => write!(f, "no RDMA device named {name:?}")?,
+            None => write!(f, "no RDMA device found")?,
+        }
+        if self.available.is_empty() {
+            write!(f, " (no devices at all: is an RDMA driver loaded? `ibv_devices` lists them)")
+        } else {
+            write!(f, " (available: {})", self.available.join(", "))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verb_error_names_verb_device_and_errno() {
+        let e = Error::from_errno("ibv_query_port", Some("rxe0"), libc::EINVAL);
+        let text = e.to_string();
+        assert!(text.starts_with("ibv_query_port on rxe0: "), "{text}");
+        assert!(text.contains("os error 22"), "{text}");
+        assert_eq!(e.errno(), Some(libc::EINVAL));
+        assert_eq!(e.verb(), Some("ibv_query_port"));
+    }
+
+    #[test]
+    fn no_device_lists_what_exists() {
+        let e = Error::NoDevice { name: Some("mlx5_0".into()), available: vec!["rxe0".into(), "rxe1".into()] };
+        assert_eq!(e.to_string(), "no RDMA device named \"mlx5_0\" (available: rxe0, rxe1)");
+        let e = Error::NoDevice { name: None, available: vec![] };
+        assert!(e.to_string().starts_with("no RDMA device found (no devices at all"), "{e}");
+        assert_eq!(e.errno(), None);
+    }
+}

@@ -1,0 +1,78 @@
+//! Device test: the device layer against the harness's two RoCE ports.
+//!
+//! Runs in the Soft-RoCE VM (`scripts/test`); skips with one line where there is no RDMA device.
+
+use rdma_verbs::{Context, DeviceList, Error, GidType, LinkLayer, PortState};
+
+#[test]
+fn both_devices_are_listed_and_open() {
+    let topo = testkit::require_topology!();
+    let list = DeviceList::available().expect("ibv_get_device_list");
+    for end in topo.endpoints() {
+        let device = list.find(&end.device).unwrap_or_else(|| panic!("{} not in {:?}", end.device, list.names()));
+        assert_ne!(device.guid(), 0, "{} has no node GUID", end.device);
+        let ctx = device.open().expect("ibv_open_device");
+        assert_eq!(ctx.name(), end.device);
+    }
+    drop(list);
+}
+
+#[test]
+fn ports_are_active_ethernet_with_the_topology_mtu() {
+    let topo = testkit::require_topology!();
+    for end in topo.endpoints() {
+        let ctx = Context::open(&end.device).unwrap();
+        let dev = ctx.query_device().unwrap();
+        assert!(dev.phys_port_cnt >= topo.port, "{}: {} ports", end.device, dev.phys_port_cnt);
+        assert!(dev.max_qp > 0 && dev.max_cqe > 0 && dev.max_mr_size > 0, "{}: {dev:?}", end.device);
+        let port = ctx.query_port(topo.port).unwrap();
+        assert_eq!(port.state, PortState::Active, "{} port {}", end.device, topo.port);
+        assert_eq!(port.link_layer, LinkLayer::Ethernet, "{} is not RoCE", end.device);
+        assert_eq!(port.active_mtu.bytes(), Some(topo.mtu), "{} active MTU", end.device);
+        assert!(port.gid_table_len > topo.gid_index, "{}: GID table of {}", end.device, port.gid_table_len);
+    }
+}
+
+#[test]
+fn roce_v2_gid_of_each_address_is_at_the_topology_index() {
+    let topo = testkit::require_topology!();
+    for end in topo.endpoints() {
+        let ctx = Context::open(&end.device).unwrap();
+        let entry = ctx.query_gid(topo.port, topo.gid_index).unwrap();
+        assert_eq!(entry.gid_type, GidType::RoceV2, "{} GID[{}] = {}", end.device, topo.gid_index, entry.gid);
+        assert_eq!(entry.gid.to_ipv4_mapped(), Some(end.addr), "{} GID[{}]", end.device, topo.gid_index);
+        assert_eq!((entry.index, entry.port), (topo.gid_index, u32::from(topo.port)));
+        assert!(entry.netdev_ifindex.is_some(), "a RoCE GID belongs to a netdev");
+
+        let table = ctx.gid_table().unwrap();
+        assert!(table.contains(&entry), "{}: table {table:?} lacks {entry:?}", end.device);
+        assert!(table.iter().all(|e| !e.gid.is_zero()), "the table lists only valid entries");
+    }
+}
+
+#[test]
+fn bad_port_gid_index_and_name_are_typed_errors() {
+    let topo = testkit::require_topology!();
+    let ctx = Context::open(&topo.server.device).unwrap();
+    for port in [0, ctx.port_count() + 1] {
+        match ctx.query_port(port) {
+            Err(Error::InvalidArgument { verb: "ibv_query_port", device: Some(d), .. }) => {
+                assert_eq!(d, topo.server.device)
+            }
+            other => panic!("port {port}: {other:?}"),
+        }
+    }
+    let len = ctx.query_port(topo.port).unwrap().gid_table_len;
+    assert!(matches!(ctx.query_gid(topo.port, len), Err(Error::InvalidArgument { verb: "ibv_query_gid_ex", .. })));
+
+    match Context::open("no-such-rdma-device") {
+        Err(Error::NoDevice { name: Some(n), available }) => {
+            assert_eq!(n, "no-such-rdma-device");
+            assert!(
+                available.contains(&topo.server.device) && available.contains(&topo.client.device),
+                "{available:?}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}

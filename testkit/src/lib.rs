@@ -1,0 +1,150 @@
+//! Fixtures for the workspace's device tests (not published).
+//!
+//! Device tests need RDMA devices. [`topology`] describes the ones they use and decides what a
+//! test does when they are missing:
+//! - inside the harness (`scripts/test`, `scripts/softroce run`), `RDMA_TEST_REQUIRE_DEVICE=1` is
+//!   set and a missing device **fails** the test, naming what is missing;
+//! - anywhere else (a plain `cargo test` on a host without RDMA) the test returns early and the
+//!   test binary prints one line saying it skipped its device tests and why.
+//!
+//! The defaults are the harness's topology (see `scripts/guest/topology`); on a host with real
+//! RDMA devices, point the tests at them with the variables below.
+//!
+//! | variable | default | meaning |
+//! |---|---|---|
+//! | `RDMA_TEST_SERVER_DEVICE` | `rxe0` | device of the passive side |
+//! | `RDMA_TEST_CLIENT_DEVICE` | `rxe1` | device of the active side (may equal the server's) |
+//! | `RDMA_TEST_SERVER_ADDR` | `10.77.0.1` | IPv4 address of the server device's netdev |
+//! | `RDMA_TEST_CLIENT_ADDR` | `10.77.0.2` | IPv4 address of the client device's netdev |
+//! | `RDMA_TEST_GID_INDEX` | `1` | GID index of the RoCE v2 GID of those addresses |
+//! | `RDMA_TEST_MTU` | `4096` | the ports' expected active MTU, in bytes |
+//! | `RDMA_TEST_PORT` | `1` | the port number on both devices |
+
+#![allow(missing_docs)]
+
+use std::io::Write;
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::sync::Once;
+
+/// Set by the harness: a missing device is a failure, not a skip.
+pub const REQUIRE_DEVICE_ENV: &str = "RDMA_TEST_REQUIRE_DEVICE";
+
+/// One end of the test topology.
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    /// The RDMA device's name, e.g. `rxe0`.
+    pub device: String,
+    /// The IPv4 address of its network interface.
+    pub addr: Ipv4Addr,
+}
+
+/// The devices and addresses device tests run on.
+#[derive(Debug, Clone)]
+pub struct Topology {
+    pub server: Endpoint,
+    pub client: Endpoint,
+    pub port: u8,
+    pub gid_index: u32,
+    pub mtu: u32,
+}
+
+impl Topology {
+    /// Both endpoints, server first.
+    pub fn endpoints(&self) -> [&Endpoint; 2] {
+        [&self.server, &self.client]
+    }
+}
+
+fn var<T: std::str::FromStr>(name: &str, default: T) -> T {
+    match std::env::var(name) {
+        Ok(v) => v.parse().unwrap_or_else(|_| panic!("{name}={v:?} is not valid")),
+        Err(_) => default,
+    }
+}
+
+/// Whether the harness said devices must exist.
+pub fn device_required() -> bool {
+    std::env::var(REQUIRE_DEVICE_ENV).is_ok_and(|v| v == "1")
+}
+
+/// The topology as configured (defaults: the harness's), without checking that it exists.
+pub fn configured() -> Topology {
+    let server = Endpoint {
+        device: var("RDMA_TEST_SERVER_DEVICE", "rxe0".to_string()),
+        addr: var("RDMA_TEST_SERVER_ADDR", Ipv4Addr::new(10, 77, 0, 1)),
+    };
+    let client = Endpoint {
+        device: var("RDMA_TEST_CLIENT_DEVICE", "rxe1".to_string()),
+        addr: var("RDMA_TEST_CLIENT_ADDR", Ipv4Addr::new(10, 77, 0, 2)),
+    };
+    Topology {
+        server,
+        client,
+        port: var("RDMA_TEST_PORT", 1),
+        gid_index: var("RDMA_TEST_GID_INDEX", 1),
+        mtu: var("RDMA_TEST_MTU", 4096),
+    }
+}
+
+/// The names of the RDMA devices the kernel has (`/sys/class/infiniband`).
+pub fn present_devices() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir("/sys/class/infiniband")
+        .map(|dir| dir.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// The topology, if its devices exist.
+///
+/// Returns `None` (after printing one line per test binary) when a device is missing outside
+/// the harness; panics with what is missing inside it.
+pub fn topology() -> Option<Topology> {
+    let topo = configured();
+    let missing: Vec<&str> = topo
+        .endpoints()
+        .iter()
+        .map(|e| e.device.as_str())
+        .filter(|d| !Path::new("/sys/class/infiniband").join(d).exists())
+        .collect();
+    if missing.is_empty() {
+        return Some(topo);
+    }
+    let present = present_devices();
+    let present = if present.is_empty() { "none".to_string() } else { present.join(", ") };
+    if device_required() {
+        panic!(
+            "RDMA device(s) missing: {} (the tests expect {} = {} and {} = {}; devices present: {present})",
+            missing.join(", "),
+            topo.server.device,
+            topo.server.addr,
+            topo.client.device,
+            topo.client.addr,
+        );
+    }
+    static SKIP_LINE: Once = Once::new();
+    SKIP_LINE.call_once(|| {
+        let binary = std::env::args().next().unwrap_or_default();
+        let binary = Path::new(&binary).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        // Written to the stream itself, not through eprintln!, which the test harness captures.
+        let _ = writeln!(
+            std::io::stderr(),
+            "skipped: device tests of {binary}: no RDMA device {} (present: {present}); \
+             `scripts/test` runs them in the Soft-RoCE VM, or set {REQUIRE_DEVICE_ENV}=1 and RDMA_TEST_* on an RDMA host",
+            missing.join("/"),
+        );
+    });
+    None
+}
+
+/// The topology, or return from the calling test (see [`topology`]).
+#[macro_export]
+macro_rules! require_topology {
+    () => {
+        match $crate::topology() {
+            Some(topology) => topology,
+            None => return,
+        }
+    };
+}
