@@ -9,9 +9,14 @@ export SOFTROCE_CACHE=${SOFTROCE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rdma-rs/
 
 # rdma-sys 0.3.0 generates its bindings with bindgen 0.59, which panics on the headers as parsed by
 # libclang 16 and newer. clang-sys picks the newest libclang it finds, so pin LLVM 14 (Debian 12's
-# default) unless the caller already chose one.
-if [ -z "${LIBCLANG_PATH:-}" ] && [ -d /usr/lib/llvm-14/lib ]; then
-    export LIBCLANG_PATH=/usr/lib/llvm-14/lib
+# default) or 15 (packaged by Debian 13 and Ubuntu 24.04) unless the caller already chose one.
+if [ -z "${LIBCLANG_PATH:-}" ]; then
+    for v in 14 15; do
+        if [ -e "/usr/lib/llvm-$v/lib/libclang.so" ] || [ -e "/usr/lib/llvm-$v/lib/libclang-$v.so.1" ]; then
+            export LIBCLANG_PATH=/usr/lib/llvm-$v/lib
+            break
+        fi
+    done
 fi
 
 # Pinned tool versions.
