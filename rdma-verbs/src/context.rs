@@ -32,7 +32,7 @@ use crate::port::PortAttr;
 pub struct Context {
     raw: NonNull<ffi::ibv_context>,
     name: String,
-    port_count: u8,
+    attr: DeviceAttr,
 }
 
 // SAFETY: libibverbs' device verbs are thread-safe (rdma-core documents every verb as safe to call
@@ -69,10 +69,9 @@ impl Context {
         // SAFETY: `device` is a live entry of a device list (the caller borrows it).
         let raw = unsafe { ffi::ibv_open_device(device.as_ptr()) };
         let raw = NonNull::new(raw).ok_or_else(|| Error::last_os_error("ibv_open_device", Some(name)))?;
-        let mut ctx = Context { raw, name: name.to_owned(), port_count: 0 };
-        // Ports are numbered 1..=phys_port_cnt; keep the count to reject a wrong port by name.
-        ctx.port_count = ctx.query_device()?.phys_port_cnt;
-        Ok(ctx)
+        let attr = query_device(raw, name)?;
+        // The limits are kept: requests over them are rejected by name before any verb is called.
+        Ok(Context { raw, name: name.to_owned(), attr })
     }
 
     /// The device's name, e.g. `rxe0`.
@@ -82,7 +81,12 @@ impl Context {
 
     /// The number of physical ports; they are numbered from 1.
     pub fn port_count(&self) -> u8 {
-        self.port_count
+        self.attr.phys_port_cnt
+    }
+
+    /// The device's attributes and limits as queried when it was opened.
+    pub fn attr(&self) -> &DeviceAttr {
+        &self.attr
     }
 
     /// The device's attributes and limits: `ibv_query_device()`.
@@ -94,14 +98,7 @@ impl Context {
     /// - [`ibv_query_device(3)`](https://man7.org/linux/man-pages/man3/ibv_query_device.3.html)
     #[doc(alias = "ibv_query_device")]
     pub fn query_device(&self) -> Result<DeviceAttr> {
-        let mut attr = MaybeUninit::<ffi::ibv_device_attr>::zeroed();
-        // SAFETY: `raw` is an open context and `attr` a writable `ibv_device_attr`.
-        let rc = unsafe { ffi::ibv_query_device(self.raw.as_ptr(), attr.as_mut_ptr()) };
-        if rc != 0 {
-            return Err(Error::from_errno("ibv_query_device", Some(&self.name), rc));
-        }
-        // SAFETY: the verb succeeded and filled the struct (it was zeroed before, too).
-        Ok(DeviceAttr::from_raw(unsafe { &attr.assume_init() }))
+        query_device(self.raw, &self.name)
     }
 
     /// The attributes of port `port` (numbered from 1): `ibv_query_port()`.
@@ -175,7 +172,7 @@ impl Context {
     #[doc(alias = "ibv_query_gid_table")]
     pub fn gid_table(&self) -> Result<Vec<GidEntry>> {
         let mut capacity = 0usize;
-        for port in 1..=self.port_count {
+        for port in 1..=self.port_count() {
             capacity += self.query_port(port)?.gid_table_len as usize;
         }
         let mut entries: Vec<ffi::ibv_gid_entry> = Vec::with_capacity(capacity);
@@ -200,14 +197,18 @@ impl Context {
     }
 
     fn check_port(&self, verb: &'static str, port: u8) -> Result<()> {
-        if port == 0 || port > self.port_count {
+        if port == 0 || port > self.port_count() {
             return Err(Error::invalid(
                 verb,
                 Some(&self.name),
-                format!("port {port} does not exist (the device has ports 1..={})", self.port_count),
+                format!("port {port} does not exist (the device has ports 1..={})", self.port_count()),
             ));
         }
         Ok(())
+    }
+
+    pub(crate) fn check_port_arg(&self, verb: &'static str, port: u8) -> Result<()> {
+        self.check_port(verb, port)
     }
 
     /// The raw `struct ibv_context *`, for verbs this crate does not wrap. It stays owned by
@@ -223,6 +224,17 @@ impl Context {
         // SAFETY: `dev_name` is a NUL-terminated string in the device struct.
         unsafe { CStr::from_ptr(dev.dev_name.as_ptr()) }.to_string_lossy().into_owned()
     }
+}
+
+fn query_device(raw: NonNull<ffi::ibv_context>, name: &str) -> Result<DeviceAttr> {
+    let mut attr = MaybeUninit::<ffi::ibv_device_attr>::zeroed();
+    // SAFETY: `raw` is an open context and `attr` a writable `ibv_device_attr`.
+    let rc = unsafe { ffi::ibv_query_device(raw.as_ptr(), attr.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(Error::from_errno("ibv_query_device", Some(name), rc));
+    }
+    // SAFETY: the verb succeeded and filled the struct (it was zeroed before, too).
+    Ok(DeviceAttr::from_raw(unsafe { &attr.assume_init() }))
 }
 
 impl Drop for Context {

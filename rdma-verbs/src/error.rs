@@ -31,6 +31,34 @@ pub enum Error {
         /// The names of the devices that do exist.
         available: Vec<String>,
     },
+    /// `ibv_post_send` / `ibv_post_recv` refused a request of a chain; those before it were posted.
+    #[error("{verb}: {} (the first {posted} request(s) of the chain were posted)", std::io::Error::from_raw_os_error(*.errno))]
+    PostFailed {
+        /// The verb.
+        verb: &'static str,
+        /// The `errno` it returned (`ENOMEM`: the queue is full).
+        errno: i32,
+        /// How many requests of the chain were posted before the refused one.
+        posted: usize,
+    },
+    /// A wait ran out of time.
+    #[error("{what}: timed out after {after:?}")]
+    Timeout {
+        /// What was waited for, e.g. `"ibv_get_cq_event"` or `"draining a posting scope"`.
+        what: &'static str,
+        /// How long it waited.
+        after: std::time::Duration,
+    },
+    /// A work request completed with an error status.
+    #[error("work request {wr_id} completed with {status:?} (vendor error {vendor_err:#x})")]
+    WorkCompletion {
+        /// The failed request's `wr_id`.
+        wr_id: u64,
+        /// Why it failed.
+        status: crate::WcStatus,
+        /// The provider's own error code.
+        vendor_err: u32,
+    },
     /// An argument was rejected before any verb was called.
     #[error("{verb}{}: invalid argument: {reason}", OnDevice(.device))]
     InvalidArgument {
@@ -47,7 +75,7 @@ impl Error {
     /// The `errno` a verb reported, if this error came from one.
     pub fn errno(&self) -> Option<i32> {
         match self {
-            Error::Verb { errno, .. } => Some(*errno),
+            Error::Verb { errno, .. } | Error::PostFailed { errno, .. } => Some(*errno),
             _ => None,
         }
     }
@@ -55,8 +83,10 @@ impl Error {
     /// The verb that failed or would have been called, if any.
     pub fn verb(&self) -> Option<&'static str> {
         match self {
-            Error::Verb { verb, .. } | Error::InvalidArgument { verb, .. } => Some(verb),
-            Error::NoDevice { .. } => None,
+            Error::Verb { verb, .. } | Error::InvalidArgument { verb, .. } | Error::PostFailed { verb, .. } => {
+                Some(verb)
+            }
+            Error::NoDevice { .. } | Error::Timeout { .. } | Error::WorkCompletion { .. } => None,
         }
     }
 

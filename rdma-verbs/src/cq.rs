@@ -1,0 +1,254 @@
+//! Completion queues and channels: [`CompletionQueue`], [`CompletionChannel`].
+
+use std::os::fd::{AsRawFd, RawFd};
+use std::ptr::NonNull;
+use std::time::{Duration, Instant};
+
+use rdma_sys as ffi;
+
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::wc::WorkCompletion;
+
+/// A completion channel (`struct ibv_comp_channel`): a file descriptor that becomes readable when
+/// an armed completion queue gets a completion. Destroyed on drop; its CQs borrow it.
+///
+/// # References
+/// - [`ibv_create_comp_channel(3)`](https://man7.org/linux/man-pages/man3/ibv_create_comp_channel.3.html)
+/// - [`ibv_get_cq_event(3)`](https://man7.org/linux/man-pages/man3/ibv_get_cq_event.3.html)
+#[doc(alias = "ibv_comp_channel")]
+#[derive(Debug)]
+pub struct CompletionChannel<'ctx> {
+    raw: NonNull<ffi::ibv_comp_channel>,
+    ctx: &'ctx Context,
+}
+
+// SAFETY: ibv_get_cq_event on one channel from several threads is allowed by libibverbs; the
+// struct is a pointer and a shared borrow.
+unsafe impl Send for CompletionChannel<'_> {}
+// SAFETY: as above.
+unsafe impl Sync for CompletionChannel<'_> {}
+
+impl Context {
+    /// Creates a completion channel: `ibv_create_comp_channel()`.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] with `errno`.
+    #[doc(alias = "ibv_create_comp_channel")]
+    pub fn create_completion_channel(&self) -> Result<CompletionChannel<'_>> {
+        // SAFETY: `as_raw()` is an open context.
+        let raw = unsafe { ffi::ibv_create_comp_channel(self.as_raw()) };
+        let raw =
+            NonNull::new(raw).ok_or_else(|| Error::last_os_error("ibv_create_comp_channel", Some(self.name())))?;
+        Ok(CompletionChannel { raw, ctx: self })
+    }
+
+    /// Creates a completion queue with room for at least `entries` completions, optionally
+    /// reporting to `channel`: `ibv_create_cq()`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for 0 entries or more than the device's `max_cqe`;
+    /// [`Error::Verb`] when creation fails.
+    ///
+    /// # References
+    /// - [`ibv_create_cq(3)`](https://man7.org/linux/man-pages/man3/ibv_create_cq.3.html)
+    #[doc(alias = "ibv_create_cq")]
+    pub fn create_cq<'a>(
+        &'a self,
+        entries: u32,
+        channel: Option<&'a CompletionChannel<'a>>,
+    ) -> Result<CompletionQueue<'a>> {
+        let max = self.attr().max_cqe;
+        if entries == 0 || entries > max {
+            return Err(Error::invalid(
+                "ibv_create_cq",
+                Some(self.name()),
+                format!("{entries} entries: the device allows 1..={max}"),
+            ));
+        }
+        let ch = channel.map_or(std::ptr::null_mut(), |c| c.raw.as_ptr());
+        // SAFETY: open context; `ch` is NULL or a live channel that the CQ borrows.
+        let raw = unsafe { ffi::ibv_create_cq(self.as_raw(), entries as libc::c_int, std::ptr::null_mut(), ch, 0) };
+        let raw = NonNull::new(raw).ok_or_else(|| Error::last_os_error("ibv_create_cq", Some(self.name())))?;
+        Ok(CompletionQueue { raw, ctx: self, channel })
+    }
+}
+
+impl<'ctx> CompletionChannel<'ctx> {
+    /// Waits up to `timeout` for a completion event of a CQ of this channel
+    /// (`poll(2)` then `ibv_get_cq_event()`), and acknowledges it.
+    ///
+    /// Returns the raw CQ the event is for; compare it with [`CompletionQueue::as_raw`]. The CQ
+    /// must be armed again ([`CompletionQueue::arm`]) for the next event.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] when no event came in time; [`Error::Verb`] when waiting fails.
+    #[doc(alias = "ibv_get_cq_event")]
+    #[doc(alias = "ibv_ack_cq_events")]
+    pub fn wait(&self, timeout: Duration) -> Result<*mut ffi::ibv_cq> {
+        wait_readable(self.as_raw_fd(), timeout, "ibv_get_cq_event")?;
+        let mut cq = std::ptr::null_mut();
+        let mut cq_context = std::ptr::null_mut();
+        // SAFETY: the channel is live; the fd is readable, so the call does not block for long
+        // (it blocks, not fails, if another thread took the event first).
+        let rc = unsafe { ffi::ibv_get_cq_event(self.raw.as_ptr(), &mut cq, &mut cq_context) };
+        if rc != 0 {
+            return Err(Error::last_os_error("ibv_get_cq_event", Some(self.ctx.name())));
+        }
+        // SAFETY: `cq` is the live CQ the event is for (it cannot be destroyed before its
+        // events are acknowledged, which happens here).
+        unsafe { ffi::ibv_ack_cq_events(cq, 1) };
+        Ok(cq)
+    }
+
+    /// The raw `struct ibv_comp_channel *`. It stays owned by `self`.
+    pub fn as_raw(&self) -> *mut ffi::ibv_comp_channel {
+        self.raw.as_ptr()
+    }
+}
+
+impl AsRawFd for CompletionChannel<'_> {
+    /// The channel's file descriptor, for `poll`/`epoll`: readable when an event is pending.
+    fn as_raw_fd(&self) -> RawFd {
+        // SAFETY: the channel is live; `fd` is a plain field.
+        unsafe { self.raw.as_ref().fd }
+    }
+}
+
+impl Drop for CompletionChannel<'_> {
+    #[doc(alias = "ibv_destroy_comp_channel")]
+    fn drop(&mut self) {
+        // SAFETY: created by `ibv_create_comp_channel`, destroyed only here, after every CQ
+        // that borrows it.
+        let _ = unsafe { ffi::ibv_destroy_comp_channel(self.raw.as_ptr()) };
+    }
+}
+
+pub(crate) fn wait_readable(fd: RawFd, timeout: Duration, what: &'static str) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        let ms = libc::c_int::try_from(left.as_millis().max(u128::from(!left.is_zero()))).unwrap_or(libc::c_int::MAX);
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+        match n {
+            1.. => return Ok(()),
+            0 if Instant::now() >= deadline => return Err(Error::Timeout { what, after: timeout }),
+            0 => continue,
+            _ => {
+                let err = Error::last_os_error("poll", None);
+                if err.errno() != Some(libc::EINTR) {
+                    return Err(err);
+                }
+            }
+        }
+    }
+}
+
+/// A completion queue (`struct ibv_cq`), destroyed on drop.
+///
+/// # References
+/// - [`ibv_create_cq(3)`](https://man7.org/linux/man-pages/man3/ibv_create_cq.3.html)
+/// - [`ibv_poll_cq(3)`](https://man7.org/linux/man-pages/man3/ibv_poll_cq.3.html)
+#[doc(alias = "ibv_cq")]
+#[derive(Debug)]
+pub struct CompletionQueue<'ctx> {
+    raw: NonNull<ffi::ibv_cq>,
+    ctx: &'ctx Context,
+    channel: Option<&'ctx CompletionChannel<'ctx>>,
+}
+
+// SAFETY: libibverbs providers lock a CQ for polling, so `&CompletionQueue` may be used from
+// several threads; the struct owns the pointer.
+unsafe impl Send for CompletionQueue<'_> {}
+// SAFETY: as above.
+unsafe impl Sync for CompletionQueue<'_> {}
+
+impl<'ctx> CompletionQueue<'ctx> {
+    /// Polls up to `out.len()` completions into `out` and returns the filled part:
+    /// `ibv_poll_cq()`. Never blocks, never allocates.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] when polling fails (a provider error, not a failed request: those are
+    /// completions with an error [`status`](WorkCompletion::status)).
+    #[doc(alias = "ibv_poll_cq")]
+    #[inline]
+    pub fn poll<'o>(&self, out: &'o mut [WorkCompletion]) -> Result<&'o mut [WorkCompletion]> {
+        let n = libc::c_int::try_from(out.len()).unwrap_or(libc::c_int::MAX);
+        // SAFETY: `WorkCompletion` is `repr(transparent)` over `ibv_wc`, and `out` has room for
+        // `n` of them; the CQ is live.
+        let got = unsafe { ffi::ibv_poll_cq(self.raw.as_ptr(), n, out.as_mut_ptr().cast()) };
+        if got < 0 {
+            return Err(Error::from_errno("ibv_poll_cq", Some(self.ctx.name()), -got));
+        }
+        Ok(&mut out[..got as usize])
+    }
+
+    /// Requests an event on the channel for the next completion (`solicited_only`: only for
+    /// solicited ones): `ibv_req_notify_cq()`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the CQ has no channel; [`Error::Verb`] on failure.
+    #[doc(alias = "ibv_req_notify_cq")]
+    pub fn arm(&self, solicited_only: bool) -> Result<()> {
+        if self.channel.is_none() {
+            return Err(Error::invalid("ibv_req_notify_cq", Some(self.ctx.name()), "the CQ has no completion channel"));
+        }
+        // SAFETY: the CQ is live.
+        let rc = unsafe { ffi::ibv_req_notify_cq(self.raw.as_ptr(), i32::from(solicited_only)) };
+        if rc != 0 {
+            return Err(Error::from_errno("ibv_req_notify_cq", Some(self.ctx.name()), rc));
+        }
+        Ok(())
+    }
+
+    /// Arms the CQ, then waits up to `timeout` for its channel to report it. Events of other CQs
+    /// on the same channel are acknowledged and skipped.
+    ///
+    /// Completions that arrived before arming raise no event: poll once after this returns a
+    /// timeout, or poll before waiting, as `ibv_get_cq_event(3)` describes.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] when no event came in time; [`Error::InvalidArgument`] without a channel.
+    pub fn wait(&self, timeout: Duration) -> Result<()> {
+        let channel = self.channel.ok_or_else(|| {
+            Error::invalid("ibv_get_cq_event", Some(self.ctx.name()), "the CQ has no completion channel")
+        })?;
+        self.arm(false)?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match channel.wait(left) {
+                Ok(cq) if cq == self.raw.as_ptr() => return Ok(()),
+                Ok(_) => continue,
+                Err(Error::Timeout { what, .. }) => return Err(Error::Timeout { what, after: timeout }),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The channel this CQ reports to, if any.
+    pub fn channel(&self) -> Option<&'ctx CompletionChannel<'ctx>> {
+        self.channel
+    }
+
+    /// The context the CQ belongs to.
+    pub fn context(&self) -> &'ctx Context {
+        self.ctx
+    }
+
+    /// The raw `struct ibv_cq *`. It stays owned by `self`.
+    pub fn as_raw(&self) -> *mut ffi::ibv_cq {
+        self.raw.as_ptr()
+    }
+}
+
+impl Drop for CompletionQueue<'_> {
+    #[doc(alias = "ibv_destroy_cq")]
+    fn drop(&mut self) {
+        // SAFETY: created by `ibv_create_cq`, destroyed only here; QPs using it borrow it, and
+        // every event of it was acknowledged when it was received (`CompletionChannel::wait`).
+        let _ = unsafe { ffi::ibv_destroy_cq(self.raw.as_ptr()) };
+    }
+}

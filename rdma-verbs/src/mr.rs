@@ -1,0 +1,522 @@
+//! Memory regions: [`MemoryRegion`], [`AccessFlags`], [`RemoteRegion`], [`Sge`].
+//!
+//! # The memory model
+//! A registered region is memory the NIC may read and write at any time a work request (or, with
+//! remote access, a peer) lets it. Rust must never hold a `&[u8]` or `&mut [u8]` to bytes that
+//! may change under it, so:
+//! - a `MemoryRegion` **owns** its buffer; it is never handed out as a plain slice while the
+//!   NIC may write it;
+//! - [`MemoryRegion::read_at`] and [`MemoryRegion::write_at`] copy through raw pointers and are
+//!   always sound, even while work requests run;
+//! - [`MemoryRegion::as_mut_slice`] gives a plain slice only for a region no peer can write
+//!   (no `REMOTE_WRITE` or `REMOTE_ATOMIC`) and only through `&mut self`, which proves no safe
+//!   posting scope still uses it (scopes borrow the region until its requests complete);
+//! - dropping a region deregisters it first, which revokes the NIC's access before the memory
+//!   is freed: a request still in flight then fails, it cannot write freed memory;
+//! - [`MemoryRegion::into_inner`] deregisters and gives the buffer back as a plain value.
+//!
+//! See `docs/safety.md` for the whole argument.
+
+use std::alloc::{self, Layout};
+use std::marker::PhantomData;
+use std::ops::{Bound, RangeBounds};
+use std::ptr::NonNull;
+
+use rdma_sys as ffi;
+
+use crate::error::{Error, Result};
+use crate::pd::ProtectionDomain;
+
+bitflags::bitflags! {
+    /// What the NIC may do with a memory region (`enum ibv_access_flags`).
+    ///
+    /// The NIC may always read a region for local requests (sends, the source of a write).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub struct AccessFlags: u32 {
+        /// The NIC may write it for local requests: receives, the destination of a READ or of
+        /// an atomic's old value (`IBV_ACCESS_LOCAL_WRITE`).
+        const LOCAL_WRITE = 1;
+        /// A peer may RDMA WRITE into it (`IBV_ACCESS_REMOTE_WRITE`; needs `LOCAL_WRITE`).
+        const REMOTE_WRITE = 1 << 1;
+        /// A peer may RDMA READ from it (`IBV_ACCESS_REMOTE_READ`).
+        const REMOTE_READ = 1 << 2;
+        /// A peer may run atomics on it (`IBV_ACCESS_REMOTE_ATOMIC`; needs `LOCAL_WRITE`).
+        const REMOTE_ATOMIC = 1 << 3;
+        /// Relaxed PCIe ordering, where supported (`IBV_ACCESS_RELAXED_ORDERING`).
+        const RELAXED_ORDERING = 1 << 20;
+    }
+}
+
+impl AccessFlags {
+    /// Whether a peer can change the region's bytes.
+    pub fn remotely_writable(self) -> bool {
+        self.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
+    }
+}
+
+/// A buffer a [`MemoryRegion`] can own.
+///
+/// # Safety
+/// `as_mut_ptr()` must return the same pointer, valid for reads and writes of `len()` bytes,
+/// from the moment the buffer is registered until it is given back by `into_inner()` or
+/// dropped, however the buffer value itself is moved.
+pub unsafe trait RegisteredBuffer {
+    /// The start of the bytes.
+    fn as_mut_ptr(&mut self) -> *mut u8;
+    /// How many bytes there are.
+    fn len(&self) -> usize;
+    /// Whether there are none.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+// SAFETY: a Vec's heap buffer does not move when the Vec value moves, and is not reallocated
+// because the region never grows or shrinks it.
+unsafe impl RegisteredBuffer for Vec<u8> {
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        Vec::as_mut_ptr(self)
+    }
+    fn len(&self) -> usize {
+        Vec::len(self)
+    }
+}
+
+// SAFETY: a boxed slice's heap buffer does not move when the box moves.
+unsafe impl RegisteredBuffer for Box<[u8]> {
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        <[u8]>::as_mut_ptr(self)
+    }
+    fn len(&self) -> usize {
+        <[u8]>::len(self)
+    }
+}
+
+/// A zeroed, page-aligned heap buffer: what [`ProtectionDomain::alloc_mr`] registers.
+#[derive(Debug)]
+pub struct AlignedBuffer {
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+// SAFETY: it owns its allocation exclusively, like a Box<[u8]>.
+unsafe impl Send for AlignedBuffer {}
+// SAFETY: `&AlignedBuffer` gives no access to the bytes.
+unsafe impl Sync for AlignedBuffer {}
+
+/// The alignment of [`AlignedBuffer`]: a page.
+pub const PAGE_SIZE: usize = 4096;
+
+impl AlignedBuffer {
+    /// Allocates `len` zeroed bytes aligned to [`PAGE_SIZE`]; `None` if `len` is 0 or too large.
+    pub fn zeroed(len: usize) -> Option<Self> {
+        let layout = Layout::from_size_align(len, PAGE_SIZE).ok()?;
+        if len == 0 {
+            return None;
+        }
+        // SAFETY: the layout has a non-zero size.
+        let ptr = NonNull::new(unsafe { alloc::alloc_zeroed(layout) })?;
+        Some(AlignedBuffer { ptr, layout })
+    }
+
+    /// The bytes. Only reachable once the buffer is no longer registered.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` is valid for `len` initialised (zeroed) bytes, owned by `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.layout.size()) }
+    }
+
+    /// The bytes, mutably.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and `&mut self` is exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
+    }
+}
+
+impl Drop for AlignedBuffer {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `zeroed` with this layout.
+        unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+    }
+}
+
+// SAFETY: the allocation never moves and lives until the value is dropped.
+unsafe impl RegisteredBuffer for AlignedBuffer {
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+    fn len(&self) -> usize {
+        self.layout.size()
+    }
+}
+
+/// A registered memory region (`struct ibv_mr`) owning its buffer; deregistered on drop.
+///
+/// It borrows its [`ProtectionDomain`], so it cannot outlive it:
+///
+/// ```compile_fail
+/// # use rdma_verbs::{AccessFlags, Context};
+/// let ctx = Context::open("rxe0").unwrap();
+/// let mr = {
+///     let pd = ctx.alloc_pd().unwrap();
+///     pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap()
+/// }; // error: `pd` does not live long enough
+/// ```
+///
+/// # References
+/// - [`ibv_reg_mr(3)`](https://man7.org/linux/man-pages/man3/ibv_reg_mr.3.html)
+#[doc(alias = "ibv_mr")]
+#[derive(Debug)]
+pub struct MemoryRegion<'pd, B: RegisteredBuffer = AlignedBuffer> {
+    raw: NonNull<ffi::ibv_mr>,
+    /// Owned, and reached only through `ptr` while registered.
+    buf: Option<B>,
+    ptr: *mut u8,
+    len: usize,
+    access: AccessFlags,
+    _pd: PhantomData<&'pd ProtectionDomain<'pd>>,
+}
+
+// SAFETY: the region owns its buffer; the NIC's accesses are not Rust accesses; every method
+// that touches the bytes through `&self` copies through raw pointers (see the module docs).
+unsafe impl<B: RegisteredBuffer + Send> Send for MemoryRegion<'_, B> {}
+// SAFETY: as above; `&self` methods never create references to the bytes.
+unsafe impl<B: RegisteredBuffer + Sync> Sync for MemoryRegion<'_, B> {}
+
+impl<'ctx> ProtectionDomain<'ctx> {
+    /// Allocates a zeroed, page-aligned buffer of `len` bytes and registers it: `ibv_reg_mr()`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a zero length, a length over the device's `max_mr_size`, or
+    /// remote access without `LOCAL_WRITE`; [`Error::Verb`] when the registration fails.
+    #[doc(alias = "ibv_reg_mr")]
+    pub fn alloc_mr(&self, len: usize, access: AccessFlags) -> Result<MemoryRegion<'_, AlignedBuffer>> {
+        self.check_mr_len(len)?;
+        let buf = AlignedBuffer::zeroed(len)
+            .ok_or_else(|| Error::invalid("ibv_reg_mr", Some(self.context().name()), "cannot allocate the buffer"))?;
+        self.register(buf, access)
+    }
+
+    /// Registers a buffer the caller made, taking ownership of it: `ibv_reg_mr()`.
+    ///
+    /// `Vec<u8>`, `Box<[u8]>` and [`AlignedBuffer`] can be registered; get the buffer back with
+    /// [`MemoryRegion::into_inner`].
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an empty buffer, one over the device's `max_mr_size`,
+    /// remote atomics on a buffer not 8-byte aligned, or remote access without `LOCAL_WRITE`;
+    /// [`Error::Verb`] when the registration fails.
+    ///
+    /// # References
+    /// - [`ibv_reg_mr(3)`](https://man7.org/linux/man-pages/man3/ibv_reg_mr.3.html)
+    #[doc(alias = "ibv_reg_mr")]
+    pub fn register<B: RegisteredBuffer>(&self, mut buf: B, access: AccessFlags) -> Result<MemoryRegion<'_, B>> {
+        let dev = Some(self.context().name());
+        let len = buf.len();
+        self.check_mr_len(len)?;
+        let ptr = buf.as_mut_ptr();
+        if access.contains(AccessFlags::REMOTE_ATOMIC) && ptr as usize % 8 != 0 {
+            return Err(Error::invalid("ibv_reg_mr", dev, "remote atomics need an 8-byte aligned buffer"));
+        }
+        if access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
+            && !access.contains(AccessFlags::LOCAL_WRITE)
+        {
+            return Err(Error::invalid("ibv_reg_mr", dev, "REMOTE_WRITE and REMOTE_ATOMIC need LOCAL_WRITE"));
+        }
+        // SAFETY: `ptr` is valid for `len` bytes for as long as `buf` lives, which the region
+        // owns until it deregisters (RegisteredBuffer's contract).
+        let raw = unsafe { ffi::ibv_reg_mr(self.as_raw(), ptr.cast(), len, access.bits() as libc::c_int) };
+        let raw = NonNull::new(raw).ok_or_else(|| Error::last_os_error("ibv_reg_mr", dev))?;
+        Ok(MemoryRegion { raw, buf: Some(buf), ptr, len, access, _pd: PhantomData })
+    }
+
+    fn check_mr_len(&self, len: usize) -> Result<()> {
+        let max = self.context().attr().max_mr_size;
+        if len == 0 {
+            return Err(Error::invalid("ibv_reg_mr", Some(self.context().name()), "a memory region cannot be empty"));
+        }
+        if len as u64 > max {
+            return Err(Error::invalid(
+                "ibv_reg_mr",
+                Some(self.context().name()),
+                format!("{len} bytes is over the device's max_mr_size of {max}"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A part of a memory region as the peer must name it: address, remote key and length.
+///
+/// Plain data to send to a peer, which then targets it with RDMA WRITE, READ or atomics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RemoteRegion {
+    /// The virtual address of the first byte.
+    pub addr: u64,
+    /// The remote key.
+    pub rkey: u32,
+    /// The number of bytes.
+    pub len: u64,
+}
+
+impl RemoteRegion {
+    /// The part of this region from `offset` on, `len` bytes long; `None` if it does not fit.
+    pub fn slice(&self, offset: u64, len: u64) -> Option<RemoteRegion> {
+        (offset.checked_add(len)? <= self.len).then_some(RemoteRegion {
+            addr: self.addr + offset,
+            rkey: self.rkey,
+            len,
+        })
+    }
+}
+
+/// A scatter/gather entry (`struct ibv_sge`): a part of a registered region that a work request
+/// reads or writes. It borrows the region.
+#[doc(alias = "ibv_sge")]
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+pub struct Sge<'mr> {
+    raw: ffi::ibv_sge,
+    _mr: PhantomData<&'mr ()>,
+}
+
+impl std::fmt::Debug for Sge<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Sge {{ addr: {:#x}, len: {}, lkey: {:#x} }}", self.raw.addr, self.raw.length, self.raw.lkey)
+    }
+}
+
+impl Sge<'_> {
+    /// The address of the first byte.
+    pub fn addr(&self) -> u64 {
+        self.raw.addr
+    }
+    /// The number of bytes.
+    pub fn len(&self) -> u32 {
+        self.raw.length
+    }
+    /// Whether it covers no byte.
+    pub fn is_empty(&self) -> bool {
+        self.raw.length == 0
+    }
+    /// The local key of the region.
+    pub fn lkey(&self) -> u32 {
+        self.raw.lkey
+    }
+    /// The `struct ibv_sge`.
+    pub fn as_raw(&self) -> ffi::ibv_sge {
+        self.raw
+    }
+}
+
+fn bounds(range: impl RangeBounds<usize>, len: usize) -> Option<(usize, usize)> {
+    let start = match range.start_bound() {
+        Bound::Included(&s) => s,
+        Bound::Excluded(&s) => s.checked_add(1)?,
+        Bound::Unbounded => 0,
+    };
+    let end = match range.end_bound() {
+        Bound::Included(&e) => e.checked_add(1)?,
+        Bound::Excluded(&e) => e,
+        Bound::Unbounded => len,
+    };
+    (start <= end && end <= len).then_some((start, end))
+}
+
+impl<'pd, B: RegisteredBuffer> MemoryRegion<'pd, B> {
+    /// The local key, for scatter/gather entries.
+    pub fn lkey(&self) -> u32 {
+        // SAFETY: `raw` is a registered region until drop.
+        unsafe { self.raw.as_ref().lkey }
+    }
+
+    /// The remote key, for peers.
+    pub fn rkey(&self) -> u32 {
+        // SAFETY: as above.
+        unsafe { self.raw.as_ref().rkey }
+    }
+
+    /// The virtual address of the first byte.
+    pub fn addr(&self) -> u64 {
+        self.ptr as u64
+    }
+
+    /// The region's length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: an empty region cannot be registered.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The access the region was registered with.
+    pub fn access(&self) -> AccessFlags {
+        self.access
+    }
+
+    /// The whole region as a peer must name it.
+    pub fn remote(&self) -> RemoteRegion {
+        RemoteRegion { addr: self.addr(), rkey: self.rkey(), len: self.len as u64 }
+    }
+
+    /// A scatter/gather entry for `range` of the region.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the range is outside the region or over 4 GiB.
+    pub fn sge(&self, range: impl RangeBounds<usize>) -> Result<Sge<'_>> {
+        let (start, end) = bounds(range, self.len)
+            .ok_or_else(|| Error::invalid("ibv_sge", None, format!("range outside the {}-byte region", self.len)))?;
+        let length =
+            u32::try_from(end - start).map_err(|_| Error::invalid("ibv_sge", None, "one SGE covers at most 4 GiB"))?;
+        Ok(Sge { raw: ffi::ibv_sge { addr: self.addr() + start as u64, length, lkey: self.lkey() }, _mr: PhantomData })
+    }
+
+    /// Copies `dst.len()` bytes from `offset` of the region into `dst`.
+    ///
+    /// Always sound, even while the NIC writes the region: the bytes are read through raw
+    /// pointers, never through a reference. What they hold while a write is in flight is the
+    /// protocol's business (wait for its completion, or the peer's message saying it is done).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the range is outside the region.
+    pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        let (start, _) = self.range_of(offset, dst.len())?;
+        // SAFETY: `start..start + dst.len()` is inside the registered buffer, which lives as
+        // long as `self`; `dst` is a distinct Rust allocation. u8 has no invalid values, and the
+        // NIC's DMA is not a Rust access, so a concurrent write yields some bytes, not UB.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(start), dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    /// Copies `src` into the region at `offset`.
+    ///
+    /// Sound for the same reasons as [`read_at`](Self::read_at); a send that reads these bytes
+    /// while they are copied may carry old or new bytes.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the range is outside the region.
+    pub fn write_at(&self, offset: usize, src: &[u8]) -> Result<()> {
+        let (start, _) = self.range_of(offset, src.len())?;
+        // SAFETY: as in `read_at`; no Rust reference to the region's bytes exists while `&self`
+        // is shared (plain slices need `&mut self`).
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.add(start), src.len()) };
+        Ok(())
+    }
+
+    /// The region's bytes as a plain slice, for a region no peer can write.
+    ///
+    /// `&mut self` proves that no safe posting scope is using the region (scopes borrow it until
+    /// its requests completed), and without `REMOTE_WRITE`/`REMOTE_ATOMIC` no peer can change it.
+    /// Requests posted with the `unsafe` raw post functions are the caller's to finish first.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a remotely writable region: use [`read_at`](Self::read_at),
+    /// or [`as_mut_slice_unchecked`](Self::as_mut_slice_unchecked).
+    pub fn as_mut_slice(&mut self) -> Result<&mut [u8]> {
+        if self.access.remotely_writable() {
+            return Err(Error::invalid("MemoryRegion::as_mut_slice", None, "a peer may write this region at any time"));
+        }
+        // SAFETY: see above; `&mut self` is exclusive for the slice's lifetime.
+        Ok(unsafe { self.as_mut_slice_unchecked() })
+    }
+
+    /// The region's bytes as a plain slice, whatever its access flags.
+    ///
+    /// # Safety
+    /// For as long as the slice lives, neither a work request nor a peer may write the region:
+    /// every request posted on it has completed, and no peer holding its rkey will write (for
+    /// example the protocol told the peer it is done, and the peer is trusted).
+    pub unsafe fn as_mut_slice_unchecked(&mut self) -> &mut [u8] {
+        // SAFETY: the buffer is valid for `len` bytes; the caller rules out concurrent writers.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+
+    /// Deregisters the region (`ibv_dereg_mr`) and gives the buffer back.
+    ///
+    /// Once this returns, the NIC can no longer reach the memory: requests still in flight on it
+    /// fail instead.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] when deregistration fails (e.g. `EBUSY` while a memory window is bound);
+    /// the region is then dropped, which tries again.
+    #[doc(alias = "ibv_dereg_mr")]
+    pub fn into_inner(mut self) -> Result<B> {
+        // SAFETY: `raw` is registered; after success it is never used again (`buf` is taken,
+        // and drop skips deregistration when `buf` is `None`).
+        let rc = unsafe { ffi::ibv_dereg_mr(self.raw.as_ptr()) };
+        if rc != 0 {
+            return Err(Error::from_errno("ibv_dereg_mr", None, rc));
+        }
+        Ok(self.buf.take().expect("buffer present until into_inner"))
+    }
+
+    /// The raw `struct ibv_mr *`. It stays owned by `self`.
+    pub fn as_raw(&self) -> *mut ffi::ibv_mr {
+        self.raw.as_ptr()
+    }
+
+    fn range_of(&self, offset: usize, len: usize) -> Result<(usize, usize)> {
+        bounds(offset..offset.saturating_add(len), self.len).ok_or_else(|| {
+            Error::invalid(
+                "MemoryRegion",
+                None,
+                format!("{len} bytes at {offset} is outside the {}-byte region", self.len),
+            )
+        })
+    }
+}
+
+impl<B: RegisteredBuffer> Drop for MemoryRegion<'_, B> {
+    fn drop(&mut self) {
+        if self.buf.is_some() {
+            // SAFETY: registered and not yet deregistered. Deregistration revokes the NIC's
+            // access before `buf` (dropped after this) frees the memory.
+            let rc = unsafe { ffi::ibv_dereg_mr(self.raw.as_ptr()) };
+            if rc != 0 {
+                // The NIC may still reach the buffer: leak it rather than free memory it could write.
+                std::mem::forget(self.buf.take());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounds_reject_ranges_outside() {
+        assert_eq!(bounds(.., 10), Some((0, 10)));
+        assert_eq!(bounds(2..5, 10), Some((2, 5)));
+        assert_eq!(bounds(2..=9, 10), Some((2, 10)));
+        assert_eq!(bounds(2..=10, 10), None);
+        #[allow(clippy::reversed_empty_ranges)]
+        let reversed = 5..2;
+        assert_eq!(bounds(reversed, 10), None);
+        assert_eq!(bounds(0..usize::MAX, 10), None);
+    }
+
+    #[test]
+    fn remote_region_slices_within() {
+        let r = RemoteRegion { addr: 0x1000, rkey: 7, len: 100 };
+        assert_eq!(r.slice(10, 90), Some(RemoteRegion { addr: 0x100a, rkey: 7, len: 90 }));
+        assert_eq!(r.slice(10, 91), None);
+        assert_eq!(r.slice(u64::MAX, 2), None);
+    }
+
+    #[test]
+    fn aligned_buffer_is_page_aligned_and_zeroed() {
+        let mut b = AlignedBuffer::zeroed(10_000).unwrap();
+        assert_eq!(b.as_mut_ptr() as usize % PAGE_SIZE, 0);
+        assert!(b.as_slice().iter().all(|&x| x == 0));
+        assert!(AlignedBuffer::zeroed(0).is_none());
+    }
+
+    #[test]
+    fn remote_write_and_atomic_are_remotely_writable() {
+        assert!(AccessFlags::REMOTE_WRITE.remotely_writable());
+        assert!(AccessFlags::REMOTE_ATOMIC.remotely_writable());
+        assert!(!(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ).remotely_writable());
+    }
+}

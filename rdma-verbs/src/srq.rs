@@ -1,0 +1,94 @@
+//! Shared receive queues: [`SharedReceiveQueue`].
+
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+
+use rdma_sys as ffi;
+
+use crate::error::{Error, Result};
+use crate::pd::ProtectionDomain;
+use crate::wr::RecvRequest;
+
+/// A shared receive queue (`struct ibv_srq`): receives that several QPs consume. Destroyed on
+/// drop; QPs using it borrow it.
+///
+/// # References
+/// - [`ibv_create_srq(3)`](https://man7.org/linux/man-pages/man3/ibv_create_srq.3.html)
+/// - [`ibv_post_srq_recv(3)`](https://man7.org/linux/man-pages/man3/ibv_post_srq_recv.3.html)
+#[doc(alias = "ibv_srq")]
+#[derive(Debug)]
+pub struct SharedReceiveQueue<'pd> {
+    raw: NonNull<ffi::ibv_srq>,
+    max_sge: u32,
+    _pd: PhantomData<&'pd ProtectionDomain<'pd>>,
+}
+
+// SAFETY: ibv_post_srq_recv is thread-safe; the struct owns the pointer.
+unsafe impl Send for SharedReceiveQueue<'_> {}
+// SAFETY: as above.
+unsafe impl Sync for SharedReceiveQueue<'_> {}
+
+impl ProtectionDomain<'_> {
+    /// Creates a shared receive queue holding up to `max_wr` receives of up to `max_sge` SGEs:
+    /// `ibv_create_srq()`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] over the device's `max_srq_wr` / `max_sge`; [`Error::Verb`].
+    #[doc(alias = "ibv_create_srq")]
+    pub fn create_srq(&self, max_wr: u32, max_sge: u32) -> Result<SharedReceiveQueue<'_>> {
+        let ctx = self.context();
+        let dev = ctx.attr();
+        if max_wr == 0 || max_wr > dev.max_srq_wr || max_sge > dev.max_sge {
+            let reason =
+                format!("{max_wr} requests x {max_sge} SGEs: the device allows {} x {}", dev.max_srq_wr, dev.max_sge);
+            return Err(Error::invalid("ibv_create_srq", Some(ctx.name()), reason));
+        }
+        let mut attr = ffi::ibv_srq_init_attr {
+            srq_context: std::ptr::null_mut(),
+            attr: ffi::ibv_srq_attr { max_wr, max_sge, srq_limit: 0 },
+        };
+        // SAFETY: live PD, initialised attributes.
+        let raw = unsafe { ffi::ibv_create_srq(self.as_raw(), &mut attr) };
+        let raw = NonNull::new(raw).ok_or_else(|| Error::last_os_error("ibv_create_srq", Some(ctx.name())))?;
+        Ok(SharedReceiveQueue { raw, max_sge: attr.attr.max_sge.max(max_sge), _pd: PhantomData })
+    }
+}
+
+impl SharedReceiveQueue<'_> {
+    /// Posts a chain of receives with one doorbell: `ibv_post_srq_recv()`.
+    ///
+    /// # Safety
+    /// As for [`QueuePair::post_recv`](crate::QueuePair::post_recv): until each request has
+    /// completed, no Rust reference to the bytes it names may be alive.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for too many SGEs; [`Error::PostFailed`] when the provider
+    /// refuses a request (`ENOMEM`: full).
+    #[doc(alias = "ibv_post_srq_recv")]
+    pub unsafe fn post_recv(&self, wrs: &mut [RecvRequest<'_, '_>]) -> Result<()> {
+        let Some(first) = crate::wr::link_recv(wrs, self.max_sge)? else {
+            return Ok(());
+        };
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: a valid chain inside `wrs`; the caller keeps the named memory untouched.
+        let rc = unsafe { ffi::ibv_post_srq_recv(self.raw.as_ptr(), first, &mut bad) };
+        if rc != 0 {
+            let posted = crate::wr::index_of_recv(wrs, bad);
+            return Err(Error::PostFailed { verb: "ibv_post_srq_recv", errno: rc, posted });
+        }
+        Ok(())
+    }
+
+    /// The raw `struct ibv_srq *`. It stays owned by `self`.
+    pub fn as_raw(&self) -> *mut ffi::ibv_srq {
+        self.raw.as_ptr()
+    }
+}
+
+impl Drop for SharedReceiveQueue<'_> {
+    #[doc(alias = "ibv_destroy_srq")]
+    fn drop(&mut self) {
+        // SAFETY: created by `ibv_create_srq`, destroyed only here, after the QPs borrowing it.
+        let _ = unsafe { ffi::ibv_destroy_srq(self.raw.as_ptr()) };
+    }
+}

@@ -1,0 +1,204 @@
+//! Work completions: [`WorkCompletion`], [`WcStatus`], [`WcOpcode`].
+
+use std::fmt;
+
+use rdma_sys as ffi;
+
+use crate::error::{Error, Result};
+
+/// One completed work request (`struct ibv_wc`).
+///
+/// `repr(transparent)` over `ibv_wc`: [`CompletionQueue::poll`](crate::CompletionQueue::poll)
+/// writes completions straight into a caller's `[WorkCompletion]`, with no copy or allocation.
+#[doc(alias = "ibv_wc")]
+#[repr(transparent)]
+pub struct WorkCompletion(ffi::ibv_wc);
+
+impl Default for WorkCompletion {
+    fn default() -> Self {
+        // SAFETY: `ibv_wc` is plain integers and a union of integers: all-zero is valid.
+        WorkCompletion(unsafe { std::mem::zeroed() })
+    }
+}
+
+impl Clone for WorkCompletion {
+    fn clone(&self) -> Self {
+        // SAFETY: `ibv_wc` is plain old data; a bitwise copy is a valid copy.
+        WorkCompletion(unsafe { std::ptr::read(&self.0) })
+    }
+}
+
+impl WorkCompletion {
+    /// The `wr_id` of the request that completed.
+    pub fn wr_id(&self) -> u64 {
+        self.0.wr_id
+    }
+
+    /// Whether it succeeded, or why not.
+    pub fn status(&self) -> WcStatus {
+        WcStatus::from_raw(self.0.status)
+    }
+
+    /// Whether it succeeded.
+    pub fn is_success(&self) -> bool {
+        self.0.status == ffi::ibv_wc_status::IBV_WC_SUCCESS
+    }
+
+    /// `Ok(self)` on success, else [`Error::WorkCompletion`] carrying the status.
+    ///
+    /// # Errors
+    /// [`Error::WorkCompletion`] when the request failed.
+    pub fn ok(&self) -> Result<&Self> {
+        if self.is_success() {
+            Ok(self)
+        } else {
+            Err(Error::WorkCompletion { wr_id: self.wr_id(), status: self.status(), vendor_err: self.0.vendor_err })
+        }
+    }
+
+    /// What kind of request completed. Only meaningful on success (libibverbs leaves it
+    /// undefined for failed requests).
+    pub fn opcode(&self) -> WcOpcode {
+        WcOpcode::from_raw(self.0.opcode)
+    }
+
+    /// Bytes received (receives) or transferred (RDMA READ, atomics: 8).
+    pub fn byte_len(&self) -> u32 {
+        self.0.byte_len
+    }
+
+    /// The immediate data of a send or write with immediate, in host byte order.
+    pub fn imm(&self) -> Option<u32> {
+        (self.0.wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0)
+            // SAFETY: with IBV_WC_WITH_IMM the union holds the immediate (network byte order).
+            .then(|| u32::from_be(unsafe { self.0.imm_data_invalidated_rkey_union.imm_data }))
+    }
+
+    /// The number of the local QP the request belonged to.
+    pub fn qp_num(&self) -> u32 {
+        self.0.qp_num
+    }
+
+    /// The remote QP number a receive came from (UD).
+    pub fn src_qp(&self) -> u32 {
+        self.0.src_qp
+    }
+
+    /// Whether a GRH precedes a UD receive's payload (always on RoCE: 40 bytes).
+    pub fn has_grh(&self) -> bool {
+        self.0.wc_flags & ffi::ibv_wc_flags::IBV_WC_GRH.0 != 0
+    }
+
+    /// The provider's own error code, for failed requests.
+    pub fn vendor_err(&self) -> u32 {
+        self.0.vendor_err
+    }
+
+    /// The `struct ibv_wc`.
+    pub fn as_raw(&self) -> &ffi::ibv_wc {
+        &self.0
+    }
+}
+
+impl fmt::Debug for WorkCompletion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("WorkCompletion");
+        d.field("wr_id", &self.wr_id()).field("status", &self.status());
+        if self.is_success() {
+            d.field("opcode", &self.opcode()).field("byte_len", &self.byte_len());
+            if let Some(imm) = self.imm() {
+                d.field("imm", &imm);
+            }
+        }
+        d.field("qp_num", &self.qp_num()).finish()
+    }
+}
+
+macro_rules! raw_enum {
+    ($(#[$m:meta])* $name:ident : $module:ident { $($(#[$vm:meta])* $variant:ident = $raw:ident,)* }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
+        pub enum $name {
+            $($(#[$vm])* $variant,)*
+            /// A value this crate does not know.
+            Other(u32),
+        }
+
+        impl $name {
+            fn from_raw(raw: ffi::$module::Type) -> Self {
+                match raw {
+                    $(ffi::$module::$raw => $name::$variant,)*
+                    other => $name::Other(other),
+                }
+            }
+        }
+    };
+}
+
+raw_enum! {
+    /// The outcome of a work request (`enum ibv_wc_status`).
+    ///
+    /// # References
+    /// - [`ibv_poll_cq(3)`](https://man7.org/linux/man-pages/man3/ibv_poll_cq.3.html)
+    WcStatus: ibv_wc_status {
+        /// It succeeded.
+        Success = IBV_WC_SUCCESS,
+        /// A receive buffer was too small, or a send too long.
+        LocalLengthError = IBV_WC_LOC_LEN_ERR,
+        /// An internal QP consistency error.
+        LocalQpOperationError = IBV_WC_LOC_QP_OP_ERR,
+        /// A local memory key was wrong or the access not allowed.
+        LocalProtectionError = IBV_WC_LOC_PROT_ERR,
+        /// The QP went to the error state before the request was done.
+        WrFlushError = IBV_WC_WR_FLUSH_ERR,
+        /// A memory window bind failed.
+        MemoryWindowBindError = IBV_WC_MW_BIND_ERR,
+        /// The responder answered unexpectedly.
+        BadResponseError = IBV_WC_BAD_RESP_ERR,
+        /// A local access error on the responder's data.
+        LocalAccessError = IBV_WC_LOC_ACCESS_ERR,
+        /// The responder found the request invalid.
+        RemoteInvalidRequestError = IBV_WC_REM_INV_REQ_ERR,
+        /// The remote key, address or access rights did not allow the access.
+        RemoteAccessError = IBV_WC_REM_ACCESS_ERR,
+        /// The responder could not complete the operation.
+        RemoteOperationError = IBV_WC_REM_OP_ERR,
+        /// No acknowledgement after the retry count.
+        RetryExceeded = IBV_WC_RETRY_EXC_ERR,
+        /// The responder had no receive posted, past the RNR retry count.
+        RnrRetryExceeded = IBV_WC_RNR_RETRY_EXC_ERR,
+        /// The responder aborted the operation.
+        RemoteAbortError = IBV_WC_REM_ABORT_ERR,
+        /// A fatal device error.
+        FatalError = IBV_WC_FATAL_ERR,
+        /// The response timed out.
+        ResponseTimeoutError = IBV_WC_RESP_TIMEOUT_ERR,
+        /// Any other error.
+        GeneralError = IBV_WC_GENERAL_ERR,
+    }
+}
+
+raw_enum! {
+    /// What kind of work request completed (`enum ibv_wc_opcode`).
+    WcOpcode: ibv_wc_opcode {
+        /// A send (with or without immediate).
+        Send = IBV_WC_SEND,
+        /// An RDMA WRITE (with or without immediate).
+        RdmaWrite = IBV_WC_RDMA_WRITE,
+        /// An RDMA READ.
+        RdmaRead = IBV_WC_RDMA_READ,
+        /// An atomic compare-and-swap.
+        CompareSwap = IBV_WC_COMP_SWAP,
+        /// An atomic fetch-and-add.
+        FetchAdd = IBV_WC_FETCH_ADD,
+        /// A memory window bind.
+        BindMw = IBV_WC_BIND_MW,
+        /// A local invalidate.
+        LocalInvalidate = IBV_WC_LOCAL_INV,
+        /// A receive consumed by a send.
+        Recv = IBV_WC_RECV,
+        /// A receive consumed by an RDMA WRITE with immediate.
+        RecvRdmaWithImm = IBV_WC_RECV_RDMA_WITH_IMM,
+    }
+}
