@@ -11,6 +11,7 @@ pub const MR_LEN: usize = 64 * 1024;
 /// One end of a connected RC pair: every resource it needs, borrowed from the fixture's stack.
 pub struct End<'r> {
     pub ctx: &'r Context,
+    pub pd: &'r ProtectionDomain<'r>,
     pub qp: QueuePair<'r, Rc, ReadyToSend>,
     pub mr: MemoryRegion<'r>,
 }
@@ -55,8 +56,8 @@ pub fn with_rc_pair(
     let rts = |psn| RtsAttr::new(psn).timeout(12).retry_cnt(2).rnr_retry(2);
     let qp_a = qp_a.ready_to_send(&rts(100)).unwrap();
     let qp_b = qp_b.ready_to_send(&rts(200)).unwrap();
-    let a = End { ctx: &ctx_a, qp: qp_a, mr: pd_a.alloc_mr(MR_LEN, access).unwrap() };
-    let b = End { ctx: &ctx_b, qp: qp_b, mr: pd_b.alloc_mr(MR_LEN, access).unwrap() };
+    let a = End { ctx: &ctx_a, pd: &pd_a, qp: qp_a, mr: pd_a.alloc_mr(MR_LEN, access).unwrap() };
+    let b = End { ctx: &ctx_b, pd: &pd_b, qp: qp_b, mr: pd_b.alloc_mr(MR_LEN, access).unwrap() };
     f(&a, &b);
 }
 
@@ -89,4 +90,19 @@ pub fn complete<S: rdma_verbs::qp::state::State>(
             (wc.wr_id(), wc.opcode(), wc.byte_len(), wc.imm())
         })
         .collect()
+}
+
+/// Moves a connected QP to ReadyToSend towards `peer`; `my_psn` is the PSN this QP's own
+/// endpoint announced (the peer expects it).
+pub fn connect<'r, X: rdma_verbs::qp::state::Connected>(
+    qp: QueuePair<'r, X, Init>,
+    my_psn: u32,
+    peer: QpEndpoint,
+    topo: &testkit::Topology,
+    mtu: Mtu,
+) -> QueuePair<'r, X, ReadyToSend> {
+    qp.ready_to_receive(&RtrAttr::new(peer, topo.port, topo.gid_index as u8, mtu))
+        .unwrap()
+        .ready_to_send(&RtsAttr::new(my_psn))
+        .unwrap()
 }
