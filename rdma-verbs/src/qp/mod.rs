@@ -121,6 +121,10 @@ impl<T: Transport, S: State> fmt::Debug for QueuePair<'_, T, S> {
 }
 
 /// A failed transition: the error, and the queue pair in the state it had.
+///
+/// `?` converts it into [`Error`] (dropping the QP). It borrows the QP's resources, so it is not
+/// `'static`: into `Box<dyn std::error::Error>` or `anyhow::Error`, convert first with
+/// `.map_err(rdma_verbs::Error::from)?`.
 #[derive(Debug, thiserror::Error)]
 #[error("{error}")]
 pub struct TransitionError<Q: fmt::Debug> {

@@ -1,0 +1,168 @@
+//! Shared by the perftest-style examples: perftest's flags, the out-of-band exchange over TCP
+//! (as perftest does), and bringing an RC queue pair up to ReadyToSend.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::time::Duration;
+
+use rdma_verbs::*;
+
+/// perftest's flags that matter here.
+#[derive(Debug, Clone)]
+pub struct Args {
+    /// `-d`: the device (default: the first one).
+    pub device: Option<String>,
+    /// `-i`: the port (default 1).
+    pub ib_port: u8,
+    /// `-x`: the GID index (default 1, the RoCE v2 IPv4 GID on Soft-RoCE).
+    pub gid_index: u32,
+    /// `-s`: message size in bytes.
+    pub size: usize,
+    /// `-n`: iterations.
+    pub iters: usize,
+    /// `-p`: TCP port of the out-of-band exchange (default 18515, perftest's).
+    pub tcp_port: u16,
+    /// `-t`: send queue depth (default 128).
+    pub tx_depth: usize,
+    /// The server's address: present on the client, absent on the server.
+    pub server: Option<Ipv4Addr>,
+}
+
+pub fn parse_args(name: &str, default_size: usize, default_iters: usize) -> Args {
+    let mut a = Args {
+        device: None,
+        ib_port: 1,
+        gid_index: 1,
+        size: default_size,
+        iters: default_iters,
+        tcp_port: 18515,
+        tx_depth: 128,
+        server: None,
+    };
+    let mut it = std::env::args().skip(1);
+    let usage = || -> ! {
+        eprintln!("usage: {name} [-d DEV] [-i PORT] [-x GID_INDEX] [-s SIZE] [-n ITERS] [-p TCP_PORT] [-t TX_DEPTH] [-F] [SERVER_ADDR]");
+        std::process::exit(2)
+    };
+    while let Some(arg) = it.next() {
+        let mut val = || it.next().unwrap_or_else(|| usage());
+        match arg.as_str() {
+            "-d" | "--ib-dev" => a.device = Some(val()),
+            "-i" | "--ib-port" => a.ib_port = val().parse().unwrap_or_else(|_| usage()),
+            "-x" | "--gid-index" => a.gid_index = val().parse().unwrap_or_else(|_| usage()),
+            "-s" | "--size" => a.size = val().parse().unwrap_or_else(|_| usage()),
+            "-n" | "--iters" => a.iters = val().parse().unwrap_or_else(|_| usage()),
+            "-p" | "--port" => a.tcp_port = val().parse().unwrap_or_else(|_| usage()),
+            "-t" | "--tx-depth" => a.tx_depth = val().parse().unwrap_or_else(|_| usage()),
+            "-F" | "--CPU-freq" => {} // perftest's frequency warning switch: nothing to silence here
+            "-h" | "--help" => usage(),
+            s if !s.starts_with('-') && a.server.is_none() => a.server = Some(s.parse().unwrap_or_else(|_| usage())),
+            _ => usage(),
+        }
+    }
+    if a.size == 0 || a.iters == 0 || a.tx_depth == 0 {
+        usage();
+    }
+    a
+}
+
+/// What each side sends the other: its QP endpoint and the region the peer may write.
+#[derive(Debug, Clone, Copy)]
+pub struct Peer {
+    pub endpoint: QpEndpoint,
+    pub region: RemoteRegion,
+}
+
+impl Peer {
+    const LEN: usize = 4 + 4 + 16 + 2 + 4 + 8 + 8;
+
+    fn encode(&self) -> [u8; Self::LEN] {
+        let mut b = [0u8; Self::LEN];
+        b[0..4].copy_from_slice(&self.endpoint.qp_num.to_be_bytes());
+        b[4..8].copy_from_slice(&self.endpoint.psn.to_be_bytes());
+        b[8..24].copy_from_slice(&self.endpoint.gid.0);
+        b[24..26].copy_from_slice(&self.endpoint.lid.to_be_bytes());
+        b[26..30].copy_from_slice(&self.region.rkey.to_be_bytes());
+        b[30..38].copy_from_slice(&self.region.addr.to_be_bytes());
+        b[38..46].copy_from_slice(&self.region.len.to_be_bytes());
+        b
+    }
+
+    fn decode(b: &[u8; Self::LEN]) -> Self {
+        let u32_at = |i: usize| u32::from_be_bytes(b[i..i + 4].try_into().unwrap());
+        let u64_at = |i: usize| u64::from_be_bytes(b[i..i + 8].try_into().unwrap());
+        Peer {
+            endpoint: QpEndpoint {
+                qp_num: u32_at(0),
+                psn: u32_at(4),
+                gid: Gid(b[8..24].try_into().unwrap()),
+                lid: u16::from_be_bytes([b[24], b[25]]),
+            },
+            region: RemoteRegion { rkey: u32_at(26), addr: u64_at(30), len: u64_at(38) },
+        }
+    }
+}
+
+/// The out-of-band channel: a TCP connection, server side listening, client side connecting.
+pub struct Oob(TcpStream);
+
+impl Oob {
+    pub fn open(args: &Args) -> std::io::Result<Self> {
+        let stream = match args.server {
+            Some(addr) => {
+                let deadline = std::time::Instant::now() + Duration::from_secs(10);
+                loop {
+                    match TcpStream::connect((addr, args.tcp_port)) {
+                        Ok(s) => break s,
+                        Err(e) if std::time::Instant::now() >= deadline => return Err(e),
+                        Err(_) => std::thread::sleep(Duration::from_millis(100)),
+                    }
+                }
+            }
+            None => TcpListener::bind((Ipv4Addr::UNSPECIFIED, args.tcp_port))?.accept()?.0,
+        };
+        stream.set_read_timeout(Some(Duration::from_secs(60)))?;
+        Ok(Oob(stream))
+    }
+
+    /// Sends ours, receives theirs.
+    pub fn exchange(&mut self, mine: &Peer) -> std::io::Result<Peer> {
+        self.0.write_all(&mine.encode())?;
+        let mut b = [0u8; Peer::LEN];
+        self.0.read_exact(&mut b)?;
+        Ok(Peer::decode(&b))
+    }
+
+    /// A one-byte barrier: both sides wait for each other.
+    pub fn sync(&mut self) -> std::io::Result<()> {
+        self.0.write_all(&[1])?;
+        let mut b = [0u8; 1];
+        self.0.read_exact(&mut b)
+    }
+}
+
+pub fn open_context(args: &Args) -> Result<Context> {
+    match &args.device {
+        Some(d) => Context::open(d),
+        None => Context::open_first(),
+    }
+}
+
+/// Moves `qp` to ReadyToSend towards `peer`, with the path MTU of the local port.
+pub fn connect<'r>(
+    ctx: &Context,
+    qp: QueuePair<'r, Rc, Init>,
+    args: &Args,
+    my_psn: u32,
+    peer: &Peer,
+) -> Result<QueuePair<'r, Rc, ReadyToSend>> {
+    let mtu = ctx.query_port(args.ib_port)?.active_mtu;
+    let rtr = RtrAttr::new(peer.endpoint, args.ib_port, args.gid_index as u8, mtu);
+    Ok(qp.ready_to_receive(&rtr)?.ready_to_send(&RtsAttr::new(my_psn))?)
+}
+
+pub fn fail(name: &str, e: impl std::fmt::Display) -> ! {
+    eprintln!("{name}: {e}");
+    std::process::exit(1)
+}
