@@ -105,3 +105,47 @@ fn two_qps_consume_receives_from_one_shared_receive_queue() {
     let got: Vec<Vec<u8>> = (0..2).map(|i| read(&mr, i * 1024, 7)).collect();
     assert!(got.contains(&b"from s1".to_vec()) && got.contains(&b"from s2".to_vec()), "{got:?}");
 }
+
+#[test]
+fn uc_send_and_rdma_write() {
+    let topo = testkit::require_topology!();
+    for (da, db) in device_pairs(&topo) {
+        let (ca, cb) = (Context::open(&da).unwrap(), Context::open(&db).unwrap());
+        let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
+        let (qa, qb) = (ca.create_cq(16, None).unwrap(), cb.create_cq(16, None).unwrap());
+        let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        let a =
+            pa.create_qp::<Uc>(QpInit::new(&qa, &qa)).unwrap().init(InitAttr::new(topo.port).access(access)).unwrap();
+        let b =
+            pb.create_qp::<Uc>(QpInit::new(&qb, &qb)).unwrap().init(InitAttr::new(topo.port).access(access)).unwrap();
+        let (ea, eb) =
+            (a.endpoint(topo.port, topo.gid_index, 0).unwrap(), b.endpoint(topo.port, topo.gid_index, 0).unwrap());
+        let mtu = ca.query_port(topo.port).unwrap().active_mtu;
+        let (a, b) = (connect(a, 0, eb, &topo, mtu), connect(b, 0, ea, &topo, mtu));
+        let (ma, mb) = (pa.alloc_mr(8192, access).unwrap(), pb.alloc_mr(8192, access).unwrap());
+        let msg = pattern(1000, 2);
+        ma.write_at(0, &msg).unwrap();
+        b.scope(T, |sb| {
+            let buf = [mb.sge(0..4096).unwrap()];
+            sb.post_recv(&mut [RecvRequest::new(1, &buf)]).unwrap();
+            a.scope(T, |sa| {
+                let src = [ma.sge(0..1000).unwrap()];
+                sa.post_send(&mut [
+                    SendRequest::send(2, &src),
+                    SendRequest::write(3, &src, mb.remote().slice(5000, 1000).unwrap()),
+                ])
+                .unwrap();
+                let mut wcs: [WorkCompletion; 2] = Default::default();
+                for wc in sa.wait(2, &mut wcs, T).unwrap().iter() {
+                    wc.ok().unwrap();
+                }
+            })
+            .unwrap();
+            let mut wcs: [WorkCompletion; 1] = Default::default();
+            assert_eq!(sb.wait(1, &mut wcs, T).unwrap()[0].byte_len(), 1000);
+        })
+        .unwrap();
+        assert_eq!(read(&mb, 0, 1000), msg, "{da}->{db}: UC send");
+        assert_eq!(read(&mb, 5000, 1000), msg, "{da}->{db}: UC write");
+    }
+}

@@ -1,0 +1,191 @@
+//! Asynchronous device events: [`AsyncEvent`], [`AsyncEvents`].
+
+use std::os::fd::RawFd;
+use std::time::{Duration, Instant};
+
+use rdma_sys as ffi;
+
+use crate::context::Context;
+use crate::cq::wait_readable;
+use crate::error::{Error, Result};
+
+/// An asynchronous event of a device (`struct ibv_async_event`), already acknowledged.
+///
+/// Events about a QP name it by number (compare with [`QueuePair::qp_num`](crate::QueuePair::qp_num)).
+///
+/// # References
+/// - [`ibv_get_async_event(3)`](https://man7.org/linux/man-pages/man3/ibv_get_async_event.3.html)
+#[doc(alias = "ibv_async_event")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AsyncEvent {
+    /// `IBV_EVENT_PORT_ACTIVE`: the port became active.
+    PortActive {
+        /// The port.
+        port: u8,
+    },
+    /// `IBV_EVENT_PORT_ERR`: the port left the active state (link down).
+    PortError {
+        /// The port.
+        port: u8,
+    },
+    /// `IBV_EVENT_LID_CHANGE`, `IBV_EVENT_PKEY_CHANGE`, `IBV_EVENT_GID_CHANGE`,
+    /// `IBV_EVENT_SM_CHANGE`, `IBV_EVENT_CLIENT_REREGISTER`: the port's configuration changed.
+    PortChanged {
+        /// The port.
+        port: u8,
+    },
+    /// `IBV_EVENT_QP_FATAL`: the QP hit an error it cannot report in a completion; it is in the
+    /// error state.
+    QpFatal {
+        /// The QP's number.
+        qp_num: u32,
+    },
+    /// `IBV_EVENT_QP_REQ_ERR`, `IBV_EVENT_QP_ACCESS_ERR`: a request or access violation
+    /// detected at the responder; the QP is in the error state.
+    QpError {
+        /// The QP's number.
+        qp_num: u32,
+    },
+    /// `IBV_EVENT_COMM_EST`: a message arrived on a QP in `ReadyToReceive`.
+    CommunicationEstablished {
+        /// The QP's number.
+        qp_num: u32,
+    },
+    /// `IBV_EVENT_SQ_DRAINED`, `IBV_EVENT_PATH_MIG`, `IBV_EVENT_PATH_MIG_ERR`,
+    /// `IBV_EVENT_QP_LAST_WQE_REACHED`: other QP events.
+    QpOther {
+        /// The QP's number.
+        qp_num: u32,
+        /// The raw `enum ibv_event_type` value.
+        kind: u32,
+    },
+    /// `IBV_EVENT_CQ_ERR`: a CQ overran; its QPs are in the error state.
+    CqError,
+    /// `IBV_EVENT_SRQ_ERR`, `IBV_EVENT_SRQ_LIMIT_REACHED`.
+    Srq {
+        /// The raw `enum ibv_event_type` value.
+        kind: u32,
+    },
+    /// `IBV_EVENT_DEVICE_FATAL`: the device failed; every resource of the context is unusable.
+    DeviceFatal,
+    /// Any other event.
+    Other {
+        /// The raw `enum ibv_event_type` value.
+        kind: u32,
+    },
+}
+
+impl AsyncEvent {
+    /// # Safety
+    /// `kind` and `element` come from an event just returned by `ibv_get_async_event` and not
+    /// yet acknowledged (so its QP, for QP events, is alive).
+    unsafe fn from_raw(kind: u32, element: &ffi::ibv_async_event_element_t) -> Self {
+        use ffi::ibv_event_type::*;
+        // rdma-sys binds `enum ibv_event_type` as a Rust enum; values are compared as `u32`, so
+        // an event this crate does not know is `Other`, never an invalid enum value.
+        let is = |e: ffi::ibv_event_type| kind == e as u32;
+        // SAFETY: for port events the union holds the port number.
+        let port = || unsafe { element.port_num } as u8;
+        // SAFETY: for QP events it holds the QP, alive until the event is acknowledged.
+        let qp_num = || unsafe { (*element.qp).qp_num };
+        if is(IBV_EVENT_PORT_ACTIVE) {
+            AsyncEvent::PortActive { port: port() }
+        } else if is(IBV_EVENT_PORT_ERR) {
+            AsyncEvent::PortError { port: port() }
+        } else if [
+            IBV_EVENT_LID_CHANGE,
+            IBV_EVENT_PKEY_CHANGE,
+            IBV_EVENT_GID_CHANGE,
+            IBV_EVENT_SM_CHANGE,
+            IBV_EVENT_CLIENT_REREGISTER,
+        ]
+        .into_iter()
+        .any(is)
+        {
+            AsyncEvent::PortChanged { port: port() }
+        } else if is(IBV_EVENT_QP_FATAL) {
+            AsyncEvent::QpFatal { qp_num: qp_num() }
+        } else if is(IBV_EVENT_QP_REQ_ERR) || is(IBV_EVENT_QP_ACCESS_ERR) {
+            AsyncEvent::QpError { qp_num: qp_num() }
+        } else if is(IBV_EVENT_COMM_EST) {
+            AsyncEvent::CommunicationEstablished { qp_num: qp_num() }
+        } else if [IBV_EVENT_SQ_DRAINED, IBV_EVENT_PATH_MIG, IBV_EVENT_PATH_MIG_ERR, IBV_EVENT_QP_LAST_WQE_REACHED]
+            .into_iter()
+            .any(is)
+        {
+            AsyncEvent::QpOther { qp_num: qp_num(), kind }
+        } else if is(IBV_EVENT_CQ_ERR) {
+            AsyncEvent::CqError
+        } else if is(IBV_EVENT_SRQ_ERR) || is(IBV_EVENT_SRQ_LIMIT_REACHED) {
+            AsyncEvent::Srq { kind }
+        } else if is(IBV_EVENT_DEVICE_FATAL) {
+            AsyncEvent::DeviceFatal
+        } else {
+            AsyncEvent::Other { kind }
+        }
+    }
+}
+
+impl Context {
+    /// Waits up to `timeout` for the device's next asynchronous event (`poll(2)` on the async
+    /// fd, then `ibv_get_async_event()`), and acknowledges it (`ibv_ack_async_event()`).
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] when none came in time; [`Error::Verb`] when reading fails.
+    #[doc(alias = "ibv_get_async_event")]
+    #[doc(alias = "ibv_ack_async_event")]
+    pub fn next_async_event(&self, timeout: Duration) -> Result<AsyncEvent> {
+        wait_readable(self.async_fd(), timeout, "ibv_get_async_event")?;
+        // Kept uninitialised-typed: its `event_type` may hold a value the Rust enum lacks.
+        let mut raw = std::mem::MaybeUninit::<ffi::ibv_async_event>::zeroed();
+        let p = raw.as_mut_ptr();
+        // SAFETY: open context; `p` is writable. The fd is readable, so it returns promptly.
+        let rc = unsafe { ffi::ibv_get_async_event(self.as_raw(), p) };
+        if rc != 0 {
+            return Err(Error::last_os_error("ibv_get_async_event", Some(self.name())));
+        }
+        // SAFETY: the verb filled the event; both fields are read through raw pointers as plain
+        // data (the type as `u32`, never as the Rust enum).
+        let (kind, element) = unsafe {
+            (std::ptr::addr_of!((*p).event_type).cast::<u32>().read(), std::ptr::addr_of!((*p).element).read())
+        };
+        // SAFETY: just returned and not yet acknowledged.
+        let event = unsafe { AsyncEvent::from_raw(kind, &element) };
+        // SAFETY: acknowledged exactly once, after its QP pointer was read.
+        unsafe { ffi::ibv_ack_async_event(p) };
+        Ok(event)
+    }
+
+    /// The events of this device as an iterator: each `next()` waits up to `timeout`, and the
+    /// iterator ends at the first wait that times out.
+    pub fn async_events(&self, timeout: Duration) -> AsyncEvents<'_> {
+        AsyncEvents { ctx: self, timeout }
+    }
+
+    /// The file descriptor that becomes readable when an asynchronous event is pending, for
+    /// `poll`/`epoll`.
+    pub fn async_fd(&self) -> RawFd {
+        // SAFETY: open context; `async_fd` is a plain field.
+        unsafe { (*self.as_raw()).async_fd }
+    }
+}
+
+/// An iterator over a device's asynchronous events; see [`Context::async_events`].
+#[derive(Debug)]
+pub struct AsyncEvents<'ctx> {
+    ctx: &'ctx Context,
+    timeout: Duration,
+}
+
+impl Iterator for AsyncEvents<'_> {
+    type Item = Result<AsyncEvent>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let start = Instant::now();
+        match self.ctx.next_async_event(self.timeout) {
+            Err(Error::Timeout { .. }) if start.elapsed() >= self.timeout => None,
+            other => Some(other),
+        }
+    }
+}
