@@ -40,6 +40,32 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Keeping resources together
+//! Borrows make a struct that owns a context *and* its PD self-referential. Lend the stack
+//! instead (build resources in `main` and pass references), or, for resources that live as long
+//! as the process, leak the parents once and keep `'static` references in any struct:
+//!
+//! ```no_run
+//! use rdma_verbs::*;
+//!
+//! struct Server {
+//!     pd: &'static ProtectionDomain<'static>,
+//!     cq: &'static CompletionQueue<'static>,
+//!     qp: QueuePair<'static, Rc, Init>,
+//!     buffer: MemoryRegion<'static>,
+//! }
+//!
+//! fn server() -> rdma_verbs::Result<Server> {
+//!     let ctx: &'static Context = Box::leak(Box::new(Context::open("rxe0")?));
+//!     let pd: &'static ProtectionDomain<'static> = Box::leak(Box::new(ctx.alloc_pd()?));
+//!     let cq: &'static CompletionQueue<'static> = Box::leak(Box::new(ctx.create_cq(256, None)?));
+//!     let qp = pd.create_qp::<Rc>(QpInit::new(cq, cq))?.init(InitAttr::new(1))?;
+//!     let buffer = pd.alloc_mr(1 << 20, AccessFlags::LOCAL_WRITE)?;
+//!     Ok(Server { pd, cq, qp, buffer })
+//! }
+//! ```
+//! `docs/safety.md` lists the options.
+//!
 //! # Memory the NIC writes
 //! See [`mr`] and `docs/safety.md`: regions own their buffers and are read by copy, plain slices
 //! exist only when no request or peer can write, and the safe [`QueuePair::scope`] keeps posted
