@@ -133,7 +133,10 @@ impl<'s, 'env, 'res, T: Transport, S: State> PostScope<'s, 'env, 'res, T, S> {
         for flushed in [false, true] {
             let deadline = Instant::now() + self.drain_timeout;
             while self.outstanding > 0 && Instant::now() < deadline {
-                for wc in self.poll(&mut buf)?.iter() {
+                // A polling error must not end the scope early (the borrows would end while the
+                // NIC may still write): keep trying until the deadline, then flush, then abort.
+                let Ok(got) = self.poll(&mut buf) else { continue };
+                for wc in got.iter() {
                     if first_error.is_none() && wc.qp_num() == self.qp.qp_num() && !wc.is_success() {
                         first_error = wc.ok().err();
                     }
