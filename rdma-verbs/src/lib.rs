@@ -112,7 +112,9 @@ pub use mr::{AccessFlags, AlignedBuffer, MemoryRegion, RegisteredBuffer, RemoteR
 pub use pd::ProtectionDomain;
 pub use port::{LinkLayer, Mtu, PortAttr, PortState};
 pub use qp::attr::{InitAttr, QpCaps, QpEndpoint, RtrAttr, RtsAttr};
-pub use qp::state::{Init, QpState, Rc, ReadyToReceive, ReadyToSend, Reset, Uc, Ud};
+pub use qp::state::{
+    CanPostRecv, Connected, Init, QpState, Rc, ReadyToReceive, ReadyToSend, Reset, State, Transport, Uc, Ud,
+};
 pub use qp::{QpInit, QueuePair, TransitionError};
 pub use scope::PostScope;
 pub use srq::SharedReceiveQueue;

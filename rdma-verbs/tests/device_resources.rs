@@ -1,27 +1,9 @@
 //! Device test: creating and dropping many resources leaves none behind, as the kernel counts
 //! them (`rdma resource show`, iproute2).
 
-use std::process::Command;
-
 use rdma_verbs::*;
 
-/// The kernel's count of each resource of `device`: `rdma resource show` prints
-/// `0: rxe0: pd 1 cq 2 qp 1 cm_id 0 mr 0 ctx 0 srq 0`.
-fn counts(device: &str) -> Vec<(String, u64)> {
-    let out = Command::new("rdma").args(["resource", "show"]).output().expect("running `rdma resource show`");
-    assert!(out.status.success(), "rdma resource show: {}", String::from_utf8_lossy(&out.stderr));
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text
-        .lines()
-        .find(|l| l.split_whitespace().nth(1) == Some(&format!("{device}:")))
-        .unwrap_or_else(|| panic!("{device} not in `rdma resource show`:\n{text}"));
-    let words: Vec<&str> = line.split_whitespace().skip(2).collect();
-    words.chunks(2).map(|kv| (kv[0].to_string(), kv[1].parse().unwrap())).collect()
-}
-
-fn count(device: &str, what: &str) -> u64 {
-    counts(device).into_iter().find(|(k, _)| k == what).map(|(_, v)| v).unwrap_or_else(|| panic!("no {what} count"))
-}
+use testkit::{resource_count as count, resource_counts as counts};
 
 #[test]
 fn ten_thousand_mrs_and_a_thousand_qps_leave_nothing_behind() {

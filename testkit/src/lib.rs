@@ -148,3 +148,41 @@ macro_rules! require_topology {
         }
     };
 }
+
+/// The kernel's count of each verbs and CM resource of `device`, as `rdma resource show`
+/// (iproute2) prints it: `0: rxe0: pd 1 cq 2 qp 1 cm_id 0 mr 0 ctx 0 srq 0`.
+///
+/// # Panics
+/// When the command fails or does not list `device` (this runs inside device tests).
+pub fn resource_counts(device: &str) -> Vec<(String, u64)> {
+    let out =
+        std::process::Command::new("rdma").args(["resource", "show"]).output().expect("running `rdma resource show`");
+    assert!(out.status.success(), "rdma resource show: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some(&format!("{device}:")))
+        .unwrap_or_else(|| panic!("{device} not in `rdma resource show`:\n{text}"));
+    let words: Vec<&str> = line.split_whitespace().skip(2).collect();
+    words.chunks(2).map(|kv| (kv[0].to_string(), kv[1].parse().unwrap_or(u64::MAX))).collect()
+}
+
+/// One resource's count from [`resource_counts`] (e.g. `"qp"`, `"cm_id"`).
+///
+/// # Panics
+/// When `what` is not listed.
+pub fn resource_count(device: &str, what: &str) -> u64 {
+    resource_counts(device)
+        .into_iter()
+        .find(|(k, _)| k == what)
+        .map(|(_, v)| v)
+        .unwrap_or_else(|| panic!("`rdma resource show` has no {what} count for {device}"))
+}
+
+/// How many file descriptors this process has open (entries of `/proc/self/fd`).
+///
+/// # Panics
+/// When `/proc/self/fd` cannot be read.
+pub fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").expect("reading /proc/self/fd").count()
+}

@@ -327,6 +327,45 @@ fn zeroed_attr(state: ffi::ibv_qp_state::Type) -> ffi::ibv_qp_attr {
     attr
 }
 
+impl<'res, T: Transport, S: State> QueuePair<'res, T, S> {
+    /// Moves the QP to state `N` with attributes computed elsewhere: `ibv_modify_qp(qp, attr,
+    /// mask)`, for attributes a connection manager derives for you (`rdma_init_qp_attr(3)`, used
+    /// by the `rdma-cm` crate) rather than the typed [`InitAttr`], [`RtrAttr`] and [`RtsAttr`].
+    ///
+    /// `attr.qp_state` must be `N`'s state and `N` may not be [`Reset`]; whether the transition
+    /// from `S` is legal, and the attributes valid for it, the device checks. A transition to the
+    /// same state (`Init -> Init`) updates attributes. When `mask` names the port, the QP
+    /// remembers it as [`port`](Self::port).
+    ///
+    /// # Errors
+    /// [`TransitionError`] with the QP back: `attr.qp_state` is not `N`'s, `N` is `Reset`, or
+    /// the verb failed.
+    ///
+    /// # References
+    /// - [`ibv_modify_qp(3)`](https://man7.org/linux/man-pages/man3/ibv_modify_qp.3.html)
+    /// - [`rdma_init_qp_attr(3)`](https://man7.org/linux/man-pages/man3/rdma_init_qp_attr.3.html)
+    #[doc(alias = "ibv_modify_qp")]
+    pub fn modify_with<N: State>(
+        mut self,
+        attr: &mut ffi::ibv_qp_attr,
+        mask: ffi::ibv_qp_attr_mask,
+    ) -> Transition<'res, T, S, N> {
+        if N::QP_STATE == ffi::ibv_qp_state::IBV_QPS_RESET {
+            return self.reject("moving to Reset is not a typed transition".to_owned());
+        }
+        if attr.qp_state != N::QP_STATE {
+            return self.reject(format!("attr.qp_state is {}, the target type's is {}", attr.qp_state, N::QP_STATE));
+        }
+        if mask.0 & ffi::ibv_qp_attr_mask::IBV_QP_PORT.0 != 0 {
+            if let Err(error) = self.inner.pd.context().check_port_arg("ibv_modify_qp", attr.port_num) {
+                return Err(TransitionError { qp: self, error });
+            }
+            self.inner.port = attr.port_num;
+        }
+        self.transition(attr, mask)
+    }
+}
+
 impl<'res, T: Transport> QueuePair<'res, T, Reset> {
     /// `Reset -> Init`: sets the port, P_Key index, and remote access (connected) or Q_Key (UD).
     ///

@@ -12,7 +12,10 @@ mod sealed {
 }
 
 /// A queue-pair state known at compile time. Sealed.
-pub trait State: sealed::Sealed + 'static {}
+pub trait State: sealed::Sealed + 'static {
+    /// The `enum ibv_qp_state` value.
+    const QP_STATE: ffi::ibv_qp_state::Type;
+}
 
 /// States in which receives may be posted: `Init`, `ReadyToReceive`, `ReadyToSend`. Sealed.
 pub trait CanPostRecv: State {}
@@ -34,10 +37,18 @@ impl sealed::Sealed for Reset {}
 impl sealed::Sealed for Init {}
 impl sealed::Sealed for ReadyToReceive {}
 impl sealed::Sealed for ReadyToSend {}
-impl State for Reset {}
-impl State for Init {}
-impl State for ReadyToReceive {}
-impl State for ReadyToSend {}
+impl State for Reset {
+    const QP_STATE: ffi::ibv_qp_state::Type = ffi::ibv_qp_state::IBV_QPS_RESET;
+}
+impl State for Init {
+    const QP_STATE: ffi::ibv_qp_state::Type = ffi::ibv_qp_state::IBV_QPS_INIT;
+}
+impl State for ReadyToReceive {
+    const QP_STATE: ffi::ibv_qp_state::Type = ffi::ibv_qp_state::IBV_QPS_RTR;
+}
+impl State for ReadyToSend {
+    const QP_STATE: ffi::ibv_qp_state::Type = ffi::ibv_qp_state::IBV_QPS_RTS;
+}
 impl CanPostRecv for Init {}
 impl CanPostRecv for ReadyToReceive {}
 impl CanPostRecv for ReadyToSend {}

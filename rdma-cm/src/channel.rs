@@ -1,0 +1,124 @@
+//! The event channel: the file descriptor connection-manager events arrive on.
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::ptr::NonNull;
+use std::time::{Duration, Instant};
+
+use rdma_sys as ffi;
+
+use crate::error::{Error, Result};
+use crate::event::RawEvent;
+
+/// An event channel (`struct rdma_event_channel`), destroyed on drop.
+///
+/// Every identifier of this crate owns one, so each connection has its own file descriptor:
+/// blocking calls wait on it with `poll(2)` and a timeout, and an async runtime can register it
+/// (it is non-blocking) and drive the `try_*` calls when it becomes readable.
+///
+/// # References
+/// - [`rdma_create_event_channel(3)`](https://man7.org/linux/man-pages/man3/rdma_create_event_channel.3.html)
+/// - [`rdma_get_cm_event(3)`](https://man7.org/linux/man-pages/man3/rdma_get_cm_event.3.html)
+#[doc(alias = "rdma_event_channel")]
+#[derive(Debug)]
+pub struct EventChannel {
+    raw: NonNull<ffi::rdma_event_channel>,
+}
+
+// SAFETY: the channel is a file descriptor; reading events from it is a `read(2)` that the
+// kernel serialises, and librdmacm keeps no per-channel state beyond the fd.
+unsafe impl Send for EventChannel {}
+// SAFETY: as above.
+unsafe impl Sync for EventChannel {}
+
+impl EventChannel {
+    /// Opens a channel: `rdma_create_event_channel()`, then makes its fd non-blocking.
+    ///
+    /// # Errors
+    /// [`Error::Cm`] when librdmacm cannot open `/dev/infiniband/rdma_cm` (`ENODEV`: no RDMA
+    /// device or no `rdma_cm` module) or the fd cannot be made non-blocking.
+    #[doc(alias = "rdma_create_event_channel")]
+    pub fn new() -> Result<Self> {
+        // SAFETY: no arguments; returns NULL with errno set on failure.
+        let raw = unsafe { ffi::rdma_create_event_channel() };
+        let channel =
+            EventChannel { raw: NonNull::new(raw).ok_or_else(|| Error::last_os_error("rdma_create_event_channel"))? };
+        let fd = channel.as_raw_fd();
+        // SAFETY: `fd` is the channel's open descriptor.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        // SAFETY: as above.
+        if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+            return Err(Error::last_os_error("fcntl(O_NONBLOCK)"));
+        }
+        Ok(channel)
+    }
+
+    /// The raw `struct rdma_event_channel *`; it stays owned by `self`.
+    pub fn as_raw(&self) -> *mut ffi::rdma_event_channel {
+        self.raw.as_ptr()
+    }
+
+    /// Reads the next event if one is queued: `rdma_get_cm_event()` on the non-blocking fd.
+    pub(crate) fn try_get(&self) -> Result<Option<RawEvent>> {
+        let mut event = std::ptr::null_mut();
+        // SAFETY: live channel; `event` is a valid out-pointer.
+        let rc = unsafe { ffi::rdma_get_cm_event(self.raw.as_ptr(), &mut event) };
+        if rc == 0 {
+            return match NonNull::new(event) {
+                // SAFETY: a fresh event, acknowledged only by the returned value.
+                Some(ev) => Ok(Some(unsafe { RawEvent::new(ev) })),
+                None => Err(Error::Cm { call: "rdma_get_cm_event", errno: libc::EIO }),
+            };
+        }
+        let err = Error::last_os_error("rdma_get_cm_event");
+        match err.errno() {
+            Some(libc::EAGAIN) | Some(libc::EINTR) => Ok(None),
+            _ => Err(err),
+        }
+    }
+
+    /// Waits up to `timeout` for the next event.
+    pub(crate) fn get(&self, timeout: Duration, what: &'static str) -> Result<RawEvent> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(ev) = self.try_get()? {
+                return Ok(ev);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::Timeout { what, after: timeout });
+            }
+            let mut pfd = libc::pollfd { fd: self.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+            let ms = libc::c_int::try_from(left.as_millis().max(1)).unwrap_or(libc::c_int::MAX);
+            // SAFETY: one valid pollfd.
+            if unsafe { libc::poll(&mut pfd, 1, ms) } < 0 {
+                let err = Error::last_os_error("poll");
+                if err.errno() != Some(libc::EINTR) {
+                    return Err(err);
+                }
+            }
+        }
+    }
+}
+
+impl AsRawFd for EventChannel {
+    fn as_raw_fd(&self) -> RawFd {
+        // SAFETY: live channel; `fd` is a plain field.
+        unsafe { (*self.raw.as_ptr()).fd }
+    }
+}
+
+impl AsFd for EventChannel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the fd stays open as long as `self`.
+        unsafe { BorrowedFd::borrow_raw(self.as_raw_fd()) }
+    }
+}
+
+impl Drop for EventChannel {
+    #[doc(alias = "rdma_destroy_event_channel")]
+    fn drop(&mut self) {
+        // SAFETY: created by `rdma_create_event_channel`; every identifier on it was destroyed
+        // first (identifiers own their channel and drop it after themselves).
+        unsafe { ffi::rdma_destroy_event_channel(self.raw.as_ptr()) };
+    }
+}

@@ -1,0 +1,198 @@
+//! An established connection: its queue pair, its identifier, and how it ends.
+
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, RawFd};
+use std::time::Duration;
+
+use rdma_sys as ffi;
+use rdma_verbs::{QueuePair, Rc, ReadyToSend};
+
+use crate::conn_id::{ConnId, CONNECTED, DONE};
+use crate::error::{Error, Result};
+use crate::event::{Event, EventKind, PeerParams};
+use crate::raw_id::RawId;
+
+/// An established RC connection: an `rdma-verbs` queue pair in `ReadyToSend` on the caller's PD
+/// and CQs, and the identifier that set it up.
+///
+/// Post work with [`qp`](Self::qp) (e.g. [`QueuePair::scope`]). End it with
+/// [`disconnect`](Self::disconnect) (this side leaves) or
+/// [`wait_disconnected`](Self::wait_disconnected) (the peer leaves). Dropping it disconnects,
+/// then destroys the identifier and its channel, then the queue pair.
+///
+/// # References
+/// - [`rdma_disconnect(3)`](https://man7.org/linux/man-pages/man3/rdma_disconnect.3.html)
+#[derive(Debug)]
+pub struct Connection<'res> {
+    // Declared first: dropped (disconnect, destroy) before the QP.
+    conn: ConnId,
+    qp: QueuePair<'res, Rc, ReadyToSend>,
+    peer: SocketAddr,
+    params: PeerParams,
+}
+
+impl<'res> Connection<'res> {
+    pub(crate) fn new(qp: QueuePair<'res, Rc, ReadyToSend>, id: RawId, peer: SocketAddr, params: PeerParams) -> Self {
+        Self::from_conn(qp, ConnId::new(id, CONNECTED), peer, params)
+    }
+
+    pub(crate) fn from_conn(
+        qp: QueuePair<'res, Rc, ReadyToSend>,
+        conn: ConnId,
+        peer: SocketAddr,
+        params: PeerParams,
+    ) -> Self {
+        Connection { conn, qp, peer, params }
+    }
+
+    /// The connection's queue pair, for posting work.
+    pub fn qp(&self) -> &QueuePair<'res, Rc, ReadyToSend> {
+        &self.qp
+    }
+
+    /// The private data the peer sent: with its acceptance (active side) or its request
+    /// (passive side); zero-padded to the CM message's fixed size.
+    pub fn private_data(&self) -> &[u8] {
+        &self.params.private_data
+    }
+
+    /// Everything the peer sent with its acceptance or request.
+    pub fn peer_params(&self) -> &PeerParams {
+        &self.params
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// The local address.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.conn.id.local_addr()
+    }
+
+    /// The RDMA device the connection runs on.
+    pub fn device_name(&self) -> String {
+        self.conn.id.device_name().unwrap_or_default()
+    }
+
+    /// True once the peer's disconnect has been seen (by [`next_event`](Self::next_event) or
+    /// [`try_event`](Self::try_event)).
+    pub fn peer_disconnected(&self) -> bool {
+        self.conn.phase() == DONE
+    }
+
+    fn note(&self, event: Event) -> Event {
+        if event.kind() == EventKind::Disconnected {
+            // The peer left: answer its DREQ now, so it does not wait for a timeout.
+            // SAFETY: live identifier.
+            unsafe { ffi::rdma_disconnect(self.conn.id.as_ptr()) };
+            self.conn.set_phase(DONE);
+        }
+        event
+    }
+
+    /// Waits up to `timeout` for the connection's next event (usually
+    /// [`Event::Disconnected`]).
+    ///
+    /// # Errors
+    /// [`Error::Timeout`]; [`Error::Cm`] when reading fails.
+    pub fn next_event(&self, timeout: Duration) -> Result<Event> {
+        let ev = self.conn.id.wait(timeout, "waiting for a connection event")?;
+        Ok(self.note(ev.to_event()))
+    }
+
+    /// Returns the next event if one is queued, without waiting.
+    ///
+    /// # Errors
+    /// [`Error::Cm`] when reading fails.
+    pub fn try_event(&self) -> Result<Option<Event>> {
+        Ok(self.conn.id.try_event()?.map(|ev| self.note(ev.to_event())))
+    }
+
+    /// Disconnects: moves the QP to the error state (flushing outstanding requests), calls
+    /// `rdma_disconnect()`, and waits up to `timeout` for `RDMA_CM_EVENT_DISCONNECTED` (the
+    /// peer's reply, or the CM giving up on it).
+    ///
+    /// # Errors
+    /// [`Error::Timeout`]; [`Error::UnexpectedEvent`]. The identifier is destroyed either way.
+    #[doc(alias = "rdma_disconnect")]
+    pub fn disconnect(self, timeout: Duration) -> Result<Disconnected<'res>> {
+        let Connection { conn, qp, peer, .. } = self;
+        qp.flush()?;
+        if conn.phase() == DONE {
+            return Ok(Disconnected { qp, peer });
+        }
+        // SAFETY: live, connected identifier.
+        let rc = unsafe { ffi::rdma_disconnect(conn.id.as_ptr()) };
+        conn.set_phase(DONE);
+        crate::error::check("rdma_disconnect", rc)?;
+        conn.id.expect(EventKind::Disconnected, timeout, "rdma_disconnect", "disconnecting", peer)?;
+        Ok(Disconnected { qp, peer })
+    }
+
+    /// Waits up to `timeout` for the peer to disconnect, then completes the disconnect on this
+    /// side (flushing the QP).
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] when the peer stays; [`Error::UnexpectedEvent`].
+    pub fn wait_disconnected(self, timeout: Duration) -> Result<Disconnected<'res>> {
+        if self.conn.phase() != DONE {
+            let ev = self.conn.id.expect(
+                EventKind::Disconnected,
+                timeout,
+                "waiting for the peer to disconnect",
+                "connected",
+                self.peer,
+            )?;
+            self.note(ev.to_event());
+        }
+        let Connection { qp, peer, .. } = self;
+        qp.flush()?;
+        Ok(Disconnected { qp, peer })
+    }
+
+    /// The raw `struct rdma_cm_id *`; it stays owned by `self`.
+    pub fn as_raw_id(&self) -> *mut ffi::rdma_cm_id {
+        self.conn.id.as_ptr()
+    }
+}
+
+impl AsRawFd for Connection<'_> {
+    /// The connection's own event channel (non-blocking).
+    fn as_raw_fd(&self) -> RawFd {
+        self.conn.id.fd()
+    }
+}
+
+/// A connection that has ended. Its identifier is destroyed; the queue pair, now in the error
+/// state, is kept so that flushed completions can still be polled from its CQs.
+#[derive(Debug)]
+pub struct Disconnected<'res> {
+    qp: QueuePair<'res, Rc, ReadyToSend>,
+    peer: SocketAddr,
+}
+
+impl<'res> Disconnected<'res> {
+    /// The queue pair (in the error state: anything posted completes with a flush error).
+    pub fn qp(&self) -> &QueuePair<'res, Rc, ReadyToSend> {
+        &self.qp
+    }
+
+    /// Takes the queue pair out.
+    pub fn into_qp(self) -> QueuePair<'res, Rc, ReadyToSend> {
+        self.qp
+    }
+
+    /// Who the connection was with.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer
+    }
+}
+
+impl From<Error> for std::io::Error {
+    fn from(e: Error) -> Self {
+        let kind = if e.is_timeout() { std::io::ErrorKind::TimedOut } else { std::io::ErrorKind::Other };
+        std::io::Error::new(kind, e)
+    }
+}

@@ -1,0 +1,340 @@
+//! The active side: an identifier whose state is its type, from creation to `connect`.
+
+use std::marker::PhantomData;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, RawFd};
+use std::time::{Duration, Instant};
+
+use rdma_sys as ffi;
+use rdma_verbs::{AccessFlags, Init, QueuePair, Rc, Reset};
+
+use crate::addr::RawAddr;
+use crate::connection::Connection;
+use crate::error::{check, Error, Result};
+use crate::event::EventKind;
+use crate::listener::Listener;
+use crate::params::{ConnParams, MAX_CONNECT_PRIVATE_DATA};
+use crate::raw_id::RawId;
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A state of a [`CmId`]. Sealed.
+pub trait IdState: sealed::Sealed + 'static {
+    /// The state's name, for messages.
+    const NAME: &'static str;
+}
+
+/// States in which the identifier is bound to a device: [`AddressResolved`], [`RouteResolved`].
+/// Sealed.
+pub trait Bound: IdState {}
+
+/// Just created: bound to nothing.
+#[derive(Debug)]
+pub enum Idle {}
+/// `rdma_resolve_addr` succeeded: bound to a local device and port, destination known.
+#[derive(Debug)]
+pub enum AddressResolved {}
+/// `rdma_resolve_route` succeeded: ready to create a QP and connect.
+#[derive(Debug)]
+pub enum RouteResolved {}
+
+impl sealed::Sealed for Idle {}
+impl sealed::Sealed for AddressResolved {}
+impl sealed::Sealed for RouteResolved {}
+impl IdState for Idle {
+    const NAME: &'static str = "idle";
+}
+impl IdState for AddressResolved {
+    const NAME: &'static str = "address resolved";
+}
+impl IdState for RouteResolved {
+    const NAME: &'static str = "route resolved";
+}
+impl Bound for AddressResolved {}
+impl Bound for RouteResolved {}
+
+/// A connection-manager identifier (`struct rdma_cm_id`) on the active side, in state `S`, with
+/// its own event channel. Destroyed (identifier, then channel) on drop.
+///
+/// ```text
+/// CmId<Idle> --resolve_addr--> CmId<AddressResolved> --resolve_route--> CmId<RouteResolved>
+///     |                                                                     | init_qp, connect
+///     +--listen--> Listener                                                 v
+///                                                                      Connection
+/// ```
+///
+/// Each step consumes the identifier and returns it in its next state, or an error (the
+/// identifier is then destroyed). Each step's wait is bounded by the timeout it takes.
+///
+/// # References
+/// - [`rdma_create_id(3)`](https://man7.org/linux/man-pages/man3/rdma_create_id.3.html)
+/// - [`rdma_cm(7)`](https://man7.org/linux/man-pages/man7/rdma_cm.7.html)
+#[doc(alias = "rdma_cm_id")]
+pub struct CmId<S: IdState> {
+    pub(crate) id: RawId,
+    dst: Option<SocketAddr>,
+    _state: PhantomData<S>,
+}
+
+impl<S: IdState> std::fmt::Debug for CmId<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CmId").field("state", &S::NAME).field("dst", &self.dst).finish()
+    }
+}
+
+impl<S: IdState> CmId<S> {
+    fn into_state<N: IdState>(self) -> CmId<N> {
+        CmId { id: self.id, dst: self.dst, _state: PhantomData }
+    }
+
+    /// The raw `struct rdma_cm_id *`; it stays owned by `self`.
+    pub fn as_raw(&self) -> *mut ffi::rdma_cm_id {
+        self.id.as_ptr()
+    }
+}
+
+impl<S: IdState> AsRawFd for CmId<S> {
+    /// The identifier's own event channel (non-blocking).
+    fn as_raw_fd(&self) -> RawFd {
+        self.id.fd()
+    }
+}
+
+/// How long each `rdma_resolve_addr` attempt may take (see [`CmId::resolve_addr`]).
+const RESOLVE_ATTEMPT: Duration = Duration::from_millis(250);
+
+fn timeout_ms(call: &'static str, timeout: Duration) -> Result<libc::c_int> {
+    match libc::c_int::try_from(timeout.as_millis()) {
+        Ok(0) | Err(_) => {
+            Err(Error::invalid(call, format!("timeout {timeout:?}: must be 1 ms to {} ms", libc::c_int::MAX)))
+        }
+        Ok(ms) => Ok(ms),
+    }
+}
+
+impl CmId<Idle> {
+    /// Creates an identifier in the reliable-connected port space (`RDMA_PS_TCP`), with an
+    /// event channel of its own.
+    ///
+    /// # Errors
+    /// [`Error::Cm`] when the channel or identifier cannot be created (`ENODEV`: no RDMA).
+    #[doc(alias = "rdma_create_id")]
+    pub fn new() -> Result<Self> {
+        Ok(CmId { id: RawId::create()?, dst: None, _state: PhantomData })
+    }
+
+    /// Resolves `dst` to a local RDMA device and port, leaving from `src` if given:
+    /// `rdma_resolve_addr()`, then waits for `RDMA_CM_EVENT_ADDR_RESOLVED`.
+    ///
+    /// # Errors
+    /// [`Error::AddressResolution`] with the `errno` the CM reported, from the call or its event:
+    /// `ENODEV` when `src`, or the interface the route to `dst` leaves through, has no RDMA
+    /// device; `EADDRNOTAVAIL` for a `src` that is not local; `ENETUNREACH` without a route.
+    /// [`Error::Timeout`] when the neighbour did not answer within `timeout`.
+    ///
+    /// The kernel is asked in attempts of 250 ms, repeated until `timeout`: Linux only re-reads
+    /// its neighbour table when a resolution's own timer fires if the ARP reply came before the
+    /// request was queued, which would otherwise stall the first resolution to a fresh neighbour
+    /// for the whole timeout.
+    ///
+    /// # References
+    /// - [`rdma_resolve_addr(3)`](https://man7.org/linux/man-pages/man3/rdma_resolve_addr.3.html)
+    #[doc(alias = "rdma_resolve_addr")]
+    pub fn resolve_addr(
+        self,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        timeout: Duration,
+    ) -> Result<CmId<AddressResolved>> {
+        timeout_ms("rdma_resolve_addr", timeout)?;
+        let deadline = Instant::now() + timeout;
+        let mut src_raw = src.map(RawAddr::new);
+        let mut dst_raw = RawAddr::new(dst);
+        let src_ptr = src_raw.as_mut().map_or(std::ptr::null_mut(), RawAddr::as_mut_ptr);
+        loop {
+            // The kernel re-checks the neighbour table only when its own timer fires if the ARP
+            // reply beat the request onto its queue (a race veth hits on the first resolution),
+            // so ask for short attempts and repeat them until our deadline.
+            let left = deadline.saturating_duration_since(Instant::now());
+            let attempt = left.min(RESOLVE_ATTEMPT).max(Duration::from_millis(1));
+            let ms = timeout_ms("rdma_resolve_addr", attempt)?;
+            // SAFETY: live identifier; the addresses are valid sockaddrs librdmacm copies.
+            let rc = unsafe { ffi::rdma_resolve_addr(self.id.as_ptr(), src_ptr, dst_raw.as_mut_ptr(), ms) };
+            if rc != 0 {
+                return Err(match Error::last_os_error("rdma_resolve_addr").errno() {
+                    Some(errno) => Error::AddressResolution { addr: dst, errno },
+                    None => Error::Cm { call: "rdma_resolve_addr", errno: libc::EIO },
+                });
+            }
+            let wait = deadline.saturating_duration_since(Instant::now()) + Duration::from_millis(50);
+            match self.id.expect(EventKind::AddressResolved, wait, "rdma_resolve_addr", "resolving an address", dst) {
+                Ok(_) => return Ok(CmId { id: self.id, dst: Some(dst), _state: PhantomData }),
+                Err(e) if e.is_timeout() && Instant::now() < deadline => continue,
+                Err(e) if e.is_timeout() => return Err(Error::Timeout { what: "rdma_resolve_addr", after: timeout }),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// [`resolve_addr`](Self::resolve_addr) then [`resolve_route`](CmId::resolve_route), both
+    /// within one `timeout`.
+    ///
+    /// # Errors
+    /// Those of the two steps.
+    pub fn resolve(self, src: Option<SocketAddr>, dst: SocketAddr, timeout: Duration) -> Result<CmId<RouteResolved>> {
+        let start = Instant::now();
+        let id = self.resolve_addr(src, dst, timeout)?;
+        let left = timeout.saturating_sub(start.elapsed()).max(Duration::from_millis(1));
+        id.resolve_route(left)
+    }
+
+    /// Binds to `addr` and listens: `rdma_bind_addr()` then `rdma_listen()`. Port 0 picks a
+    /// free port ([`Listener::local_addr`] tells which).
+    ///
+    /// # Errors
+    /// [`Error::Cm`]: `EADDRINUSE`, `EADDRNOTAVAIL` (not a local address), `ENODEV`.
+    ///
+    /// # References
+    /// - [`rdma_bind_addr(3)`](https://man7.org/linux/man-pages/man3/rdma_bind_addr.3.html)
+    /// - [`rdma_listen(3)`](https://man7.org/linux/man-pages/man3/rdma_listen.3.html)
+    #[doc(alias = "rdma_bind_addr")]
+    #[doc(alias = "rdma_listen")]
+    pub fn listen(self, addr: SocketAddr, backlog: u16) -> Result<Listener> {
+        let mut raw = RawAddr::new(addr);
+        // SAFETY: live identifier; a valid sockaddr librdmacm copies.
+        check("rdma_bind_addr", unsafe { ffi::rdma_bind_addr(self.id.as_ptr(), raw.as_mut_ptr()) })?;
+        // SAFETY: live, bound identifier.
+        check("rdma_listen", unsafe { ffi::rdma_listen(self.id.as_ptr(), backlog.into()) })?;
+        Ok(Listener::new(self.id))
+    }
+}
+
+impl CmId<AddressResolved> {
+    /// Resolves the route to the destination: `rdma_resolve_route()`, then waits for
+    /// `RDMA_CM_EVENT_ROUTE_RESOLVED`.
+    ///
+    /// # Errors
+    /// [`Error::RouteResolution`]; [`Error::Timeout`].
+    ///
+    /// # References
+    /// - [`rdma_resolve_route(3)`](https://man7.org/linux/man-pages/man3/rdma_resolve_route.3.html)
+    #[doc(alias = "rdma_resolve_route")]
+    pub fn resolve_route(self, timeout: Duration) -> Result<CmId<RouteResolved>> {
+        let ms = timeout_ms("rdma_resolve_route", timeout)?;
+        // SAFETY: live identifier with a resolved address.
+        check("rdma_resolve_route", unsafe { ffi::rdma_resolve_route(self.id.as_ptr(), ms) })?;
+        let dst = self.peer();
+        self.id.expect(EventKind::RouteResolved, timeout, "rdma_resolve_route", "resolving a route", dst)?;
+        Ok(self.into_state())
+    }
+}
+
+impl<S: Bound> CmId<S> {
+    fn peer(&self) -> SocketAddr {
+        self.dst.or_else(|| self.id.peer_addr()).unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)))
+    }
+
+    /// The name of the RDMA device the address resolved to (e.g. `"rxe0"`).
+    pub fn device_name(&self) -> String {
+        self.id.device_name().unwrap_or_default()
+    }
+
+    /// The device port the address resolved to.
+    pub fn port(&self) -> u8 {
+        self.id.port()
+    }
+
+    /// The local address (with the source port the CM picked).
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.id.local_addr()
+    }
+
+    /// The destination.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer()
+    }
+
+    /// Opens a verbs context on the device the address resolved to, for the PD, CQs and QP of
+    /// the connection. (librdmacm's own context for the device is not lent out, so that every
+    /// verbs object here is owned by `rdma-verbs` and its lifetimes.)
+    ///
+    /// # Errors
+    /// Opening the device failed.
+    pub fn open_context(&self) -> Result<rdma_verbs::Context> {
+        self.id.open_context()
+    }
+}
+
+impl CmId<RouteResolved> {
+    /// Moves a new RC queue pair to `Init` with the port and P_Key the CM resolved, and the
+    /// remote `access` this side grants (e.g. `REMOTE_WRITE | REMOTE_READ`). Receives can be
+    /// posted from here on, before [`connect`](Self::connect).
+    ///
+    /// # Errors
+    /// [`Error::DeviceMismatch`] when the QP's context is on another device than
+    /// [`device_name`](CmId::device_name); [`Error::Cm`] from `rdma_init_qp_attr`;
+    /// [`Error::Verbs`] when the transition fails (the QP is destroyed).
+    ///
+    /// # References
+    /// - [`rdma_init_qp_attr(3)`](https://man7.org/linux/man-pages/man3/rdma_init_qp_attr.3.html)
+    #[doc(alias = "rdma_init_qp_attr")]
+    pub fn init_qp<'res>(
+        &self,
+        qp: QueuePair<'res, Rc, Reset>,
+        access: AccessFlags,
+    ) -> Result<QueuePair<'res, Rc, Init>> {
+        self.id.init_qp(qp, access)
+    }
+
+    /// Connects with `qp`: `rdma_connect()`, then on the peer's acceptance
+    /// (`RDMA_CM_EVENT_CONNECT_RESPONSE`) moves the QP to `ReadyToSend` with the path, peer QP
+    /// and PSNs the CM negotiated, and completes the handshake with `rdma_establish()`.
+    ///
+    /// The whole exchange is bounded by `timeout`.
+    ///
+    /// # Errors
+    /// - [`Error::NoListener`]: the peer's CM answered that nothing listens on the port.
+    /// - [`Error::Rejected`]: the peer rejected, with its reason and private data.
+    /// - [`Error::Unreachable`], [`Error::ConnectError`]: the CM gave up.
+    /// - [`Error::Timeout`]: no answer within `timeout`.
+    /// - [`Error::InvalidArgument`]: more than [`MAX_CONNECT_PRIVATE_DATA`] bytes of private
+    ///   data, or retry counts over 7.
+    /// - [`Error::DeviceMismatch`], [`Error::Verbs`], [`Error::Cm`] as for
+    ///   [`init_qp`](Self::init_qp).
+    ///
+    /// On every error the identifier is destroyed, which tells the peer's CM (a REJ or DREQ), and
+    /// the QP is destroyed.
+    ///
+    /// # References
+    /// - [`rdma_connect(3)`](https://man7.org/linux/man-pages/man3/rdma_connect.3.html)
+    /// - [`rdma_establish(3)`](https://man7.org/linux/man-pages/man3/rdma_establish.3.html)
+    #[doc(alias = "rdma_connect")]
+    #[doc(alias = "rdma_establish")]
+    pub fn connect<'res>(
+        self,
+        qp: QueuePair<'res, Rc, Init>,
+        params: &ConnParams<'_>,
+        timeout: Duration,
+    ) -> Result<Connection<'res>> {
+        let (max_resp, max_init) = crate::raw_id::device_depths(qp.pd().context());
+        let resp = params.responder_resources.unwrap_or(max_resp);
+        let init = params.initiator_depth.unwrap_or(max_init);
+        let mut raw = params.to_raw("rdma_connect", MAX_CONNECT_PRIVATE_DATA, resp, init, qp.qp_num())?;
+        let peer = self.peer();
+        // SAFETY: live identifier with a resolved route; `raw` and the private data it points to
+        // live across the call, which copies them.
+        check("rdma_connect", unsafe { ffi::rdma_connect(self.id.as_ptr(), &mut raw) })?;
+        let ev = self.id.expect(EventKind::ConnectResponse, timeout, "rdma_connect", "connecting", peer)?;
+        let peer_params = match ev.to_event() {
+            crate::Event::ConnectResponse(p) => p,
+            _ => Default::default(),
+        };
+        drop(ev);
+        let (qp, _, _) = self.id.ready_qp(qp, None, None)?;
+        // SAFETY: live identifier that received a connect response and has no librdmacm QP.
+        check("rdma_establish", unsafe { ffi::rdma_establish(self.id.as_ptr()) })?;
+        Ok(Connection::new(qp, self.id, peer, peer_params))
+    }
+}

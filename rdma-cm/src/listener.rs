@@ -1,0 +1,269 @@
+//! The passive side: a listening identifier and the connection requests it receives.
+
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, RawFd};
+use std::ptr::NonNull;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use rdma_sys as ffi;
+use rdma_verbs::{AccessFlags, Init, QueuePair, Rc, Reset};
+
+use crate::conn_id::{ConnId, CONNECTED, DONE, REQUESTED};
+use crate::connection::Connection;
+use crate::error::{check, Error, Result};
+use crate::event::{Event, EventKind, PeerParams};
+use crate::id::CmId;
+use crate::params::{ConnParams, MAX_ACCEPT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA};
+use crate::raw_id::RawId;
+
+/// A bound, listening identifier (`rdma_listen`), with its own event channel. Destroyed on drop;
+/// requests already handed out as [`ConnectRequest`]s live on independently.
+///
+/// `&Listener` may be shared between threads: each [`get_request`](Self::get_request) returns a
+/// different request, and every request and connection has an event channel of its own, so
+/// connections can be accepted and served concurrently.
+///
+/// # References
+/// - [`rdma_listen(3)`](https://man7.org/linux/man-pages/man3/rdma_listen.3.html)
+/// - [`rdma_migrate_id(3)`](https://man7.org/linux/man-pages/man3/rdma_migrate_id.3.html)
+#[derive(Debug)]
+pub struct Listener {
+    id: RawId,
+    /// Held while an event is read and, for a request, its new identifier moved to a channel of
+    /// its own, so that no other reader can take that identifier's events meanwhile.
+    reading: Mutex<()>,
+}
+
+impl std::fmt::Debug for RawId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RawId").field("local", &self.local_addr()).field("peer", &self.peer_addr()).finish()
+    }
+}
+
+impl Listener {
+    pub(crate) fn new(id: RawId) -> Self {
+        Listener { id, reading: Mutex::new(()) }
+    }
+
+    /// Creates an identifier, binds it to `addr` and listens: shorthand for
+    /// [`CmId::new`]`()?.`[`listen`](CmId::listen)`(addr, backlog)`.
+    ///
+    /// # Errors
+    /// Those of the two calls.
+    pub fn bind(addr: SocketAddr, backlog: u16) -> Result<Self> {
+        CmId::new()?.listen(addr, backlog)
+    }
+
+    /// The address listened on, with the port the CM picked if 0 was asked for.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.id.local_addr().unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)))
+    }
+
+    /// Waits up to `timeout` for the next connection request.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`]; [`Error::DeviceRemoved`]; [`Error::UnexpectedEvent`] for an event a
+    /// listener cannot get; [`Error::Cm`] when the request's identifier cannot be moved to a
+    /// channel of its own.
+    #[doc(alias = "rdma_get_cm_event")]
+    pub fn get_request(&self, timeout: Duration) -> Result<ConnectRequest> {
+        let deadline = Instant::now() + timeout;
+        let timed_out = || Error::Timeout { what: "waiting for a connection request", after: timeout };
+        let _reading = self.reading.try_lock_for(timeout).ok_or_else(timed_out)?;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let ev = self.id.wait(left, "waiting for a connection request").map_err(|e| match e {
+                Error::Timeout { .. } => timed_out(),
+                other => other,
+            })?;
+            if let Some(request) = self.take(ev)? {
+                return Ok(request);
+            }
+        }
+    }
+
+    /// Returns the next connection request if one is queued, without waiting (for callers that
+    /// poll the listener's fd themselves).
+    ///
+    /// # Errors
+    /// As [`get_request`](Self::get_request), except timeouts.
+    pub fn try_get_request(&self) -> Result<Option<ConnectRequest>> {
+        let Some(_reading) = self.reading.try_lock() else { return Ok(None) };
+        while let Some(ev) = self.id.try_event()? {
+            if let Some(request) = self.take(ev)? {
+                return Ok(Some(request));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Turns a listener event into a request; `None` for events to skip.
+    fn take(&self, ev: crate::event::RawEvent) -> Result<Option<ConnectRequest>> {
+        match ev.kind() {
+            EventKind::ConnectRequest => {
+                let child = NonNull::new(ev.id());
+                let params = match ev.to_event() {
+                    Event::ConnectRequest(p) => p,
+                    _ => PeerParams::default(),
+                };
+                // Acknowledge before migrating: rdma_migrate_id waits for the identifier's
+                // events to be acknowledged.
+                drop(ev);
+                let Some(child) = child else { return Ok(None) };
+                // SAFETY: librdmacm created `child` for this request and hands it to us.
+                let id = unsafe { RawId::adopt(child) }?;
+                let peer = id.peer_addr().unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
+                let local = id.local_addr().unwrap_or_else(|| self.local_addr());
+                Ok(Some(ConnectRequest { conn: ConnId::new(id, REQUESTED), params, peer, local }))
+            }
+            EventKind::DeviceRemoval => Err(Error::DeviceRemoved),
+            EventKind::AddressChange | EventKind::TimewaitExit => Ok(None),
+            // An event of another identifier than the listener cannot arrive here (requests are
+            // migrated under the lock); skip it rather than fail the listener.
+            _ if ev.id() != self.id.as_ptr() => Ok(None),
+            kind => Err(Error::UnexpectedEvent { state: "listening", event: kind, status: ev.status() }),
+        }
+    }
+
+    /// The raw `struct rdma_cm_id *`; it stays owned by `self`.
+    pub fn as_raw(&self) -> *mut ffi::rdma_cm_id {
+        self.id.as_ptr()
+    }
+}
+
+impl AsRawFd for Listener {
+    /// The listener's event channel (non-blocking): readable when a request is queued.
+    fn as_raw_fd(&self) -> RawFd {
+        self.id.fd()
+    }
+}
+
+/// A peer's request to connect, with its own identifier and event channel. Answer it with
+/// [`accept`](Self::accept) or [`reject`](Self::reject); dropping it unanswered rejects it.
+///
+/// # References
+/// - [`rdma_accept(3)`](https://man7.org/linux/man-pages/man3/rdma_accept.3.html)
+/// - [`rdma_reject(3)`](https://man7.org/linux/man-pages/man3/rdma_reject.3.html)
+#[derive(Debug)]
+pub struct ConnectRequest {
+    conn: ConnId,
+    params: PeerParams,
+    peer: SocketAddr,
+    local: SocketAddr,
+}
+
+impl std::fmt::Debug for ConnId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnId").field("id", &self.id).field("phase", &self.phase()).finish()
+    }
+}
+
+impl ConnectRequest {
+    /// The private data the peer sent (zero-padded to 56 bytes by the InfiniBand CM).
+    pub fn private_data(&self) -> &[u8] {
+        &self.params.private_data
+    }
+
+    /// Everything the peer sent with its request.
+    pub fn peer_params(&self) -> &PeerParams {
+        &self.params
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// The local address the request came to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// The RDMA device the request arrived on.
+    pub fn device_name(&self) -> String {
+        self.conn.id.device_name().unwrap_or_default()
+    }
+
+    /// The device port the request arrived on.
+    pub fn port(&self) -> u8 {
+        self.conn.id.port()
+    }
+
+    /// Opens a verbs context on the device the request arrived on.
+    ///
+    /// # Errors
+    /// Opening the device failed.
+    pub fn open_context(&self) -> Result<rdma_verbs::Context> {
+        self.conn.id.open_context()
+    }
+
+    /// Moves a new RC queue pair to `Init` for this connection, granting the peer `access`.
+    /// Receives can be posted from here on, before [`accept`](Self::accept).
+    ///
+    /// # Errors
+    /// As [`CmId::init_qp`].
+    #[doc(alias = "rdma_init_qp_attr")]
+    pub fn init_qp<'res>(
+        &self,
+        qp: QueuePair<'res, Rc, Reset>,
+        access: AccessFlags,
+    ) -> Result<QueuePair<'res, Rc, Init>> {
+        self.conn.id.init_qp(qp, access)
+    }
+
+    /// Accepts with `qp`: moves it to `ReadyToSend` with the path, peer QP and PSNs from the
+    /// request, calls `rdma_accept()`, and waits up to `timeout` for `RDMA_CM_EVENT_ESTABLISHED`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for more than [`MAX_ACCEPT_PRIVATE_DATA`] bytes of private
+    /// data; [`Error::Timeout`]; [`Error::ConnectError`] or [`Error::Rejected`] when the peer
+    /// gave up meanwhile; [`Error::DeviceMismatch`], [`Error::Verbs`], [`Error::Cm`]. On error
+    /// the identifier and the QP are destroyed (the peer is told).
+    #[doc(alias = "rdma_accept")]
+    pub fn accept<'res>(
+        self,
+        qp: QueuePair<'res, Rc, Init>,
+        params: &ConnParams<'_>,
+        timeout: Duration,
+    ) -> Result<Connection<'res>> {
+        let ConnectRequest { conn, params: peer_params, peer, .. } = self;
+        let (qp, resp, init) = conn.id.ready_qp(qp, params.responder_resources, params.initiator_depth)?;
+        let mut raw = params.to_raw("rdma_accept", MAX_ACCEPT_PRIVATE_DATA, resp, init, qp.qp_num())?;
+        // SAFETY: live identifier of a connection request; `raw` and its private data live across
+        // the call, which copies them.
+        check("rdma_accept", unsafe { ffi::rdma_accept(conn.id.as_ptr(), &mut raw) })?;
+        conn.set_phase(DONE);
+        conn.id.expect(EventKind::Established, timeout, "rdma_accept", "accepting", peer)?;
+        conn.set_phase(CONNECTED);
+        Ok(Connection::from_conn(qp, conn, peer, peer_params))
+    }
+
+    /// Rejects the request, sending `private_data` (at most [`MAX_REJECT_PRIVATE_DATA`] bytes)
+    /// with reason "consumer defined".
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for too much private data (the request is then rejected
+    /// without any); [`Error::Cm`] when the call fails.
+    #[doc(alias = "rdma_reject")]
+    pub fn reject(self, private_data: &[u8]) -> Result<()> {
+        if private_data.len() > MAX_REJECT_PRIVATE_DATA {
+            return Err(Error::invalid(
+                "rdma_reject",
+                format!("{} bytes of private data: at most {MAX_REJECT_PRIVATE_DATA} fit", private_data.len()),
+            ));
+        }
+        let ptr = if private_data.is_empty() { std::ptr::null() } else { private_data.as_ptr().cast() };
+        // SAFETY: live identifier of an unanswered request; the data lives across the call.
+        let rc = unsafe { ffi::rdma_reject(self.conn.id.as_ptr(), ptr, private_data.len() as u8) };
+        self.conn.set_phase(DONE);
+        check("rdma_reject", rc)
+    }
+}
+
+impl AsRawFd for ConnectRequest {
+    /// The request's own event channel.
+    fn as_raw_fd(&self) -> RawFd {
+        self.conn.id.fd()
+    }
+}

@@ -1,0 +1,144 @@
+//! Connection parameters (`struct rdma_conn_param`) for connecting and accepting.
+
+use crate::error::{Error, Result};
+
+/// Most private-data bytes a connect request carries (an InfiniBand CM REQ holds 92, of which the
+/// RDMA CM's own header takes 36).
+pub const MAX_CONNECT_PRIVATE_DATA: usize = 56;
+/// Most private-data bytes an acceptance carries (IB CM REP).
+pub const MAX_ACCEPT_PRIVATE_DATA: usize = 196;
+/// Most private-data bytes a rejection carries (IB CM REJ).
+pub const MAX_REJECT_PRIVATE_DATA: usize = 148;
+
+/// What this side asks for when connecting or accepting (`struct rdma_conn_param`).
+///
+/// Defaults: no private data; READ/atomic depths chosen automatically (the device's limits when
+/// connecting, the peer's offer capped by the device's when accepting); 7 transport retries;
+/// 7 RNR retries (retry forever: a send that finds no receive posted waits rather than fails).
+///
+/// # References
+/// - [`rdma_connect(3)`](https://man7.org/linux/man-pages/man3/rdma_connect.3.html)
+/// - [`rdma_accept(3)`](https://man7.org/linux/man-pages/man3/rdma_accept.3.html)
+#[doc(alias = "rdma_conn_param")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnParams<'a> {
+    /// Bytes for the peer (at most [`MAX_CONNECT_PRIVATE_DATA`] when connecting,
+    /// [`MAX_ACCEPT_PRIVATE_DATA`] when accepting).
+    pub private_data: &'a [u8],
+    /// RDMA READ / atomic requests this side accepts outstanding from the peer; `None`: automatic.
+    pub responder_resources: Option<u8>,
+    /// RDMA READ / atomic requests this side will have outstanding at the peer; `None`: automatic.
+    pub initiator_depth: Option<u8>,
+    /// Transport retries after a timeout (at most 7).
+    pub retry_count: u8,
+    /// Retries after an RNR NAK (7 = forever).
+    pub rnr_retry_count: u8,
+}
+
+impl Default for ConnParams<'_> {
+    fn default() -> Self {
+        ConnParams {
+            private_data: &[],
+            responder_resources: None,
+            initiator_depth: None,
+            retry_count: 7,
+            rnr_retry_count: 7,
+        }
+    }
+}
+
+impl<'a> ConnParams<'a> {
+    /// The defaults.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sends `data` to the peer with the request or acceptance.
+    pub fn private_data(mut self, data: &'a [u8]) -> Self {
+        self.private_data = data;
+        self
+    }
+
+    /// Sets how many READ/atomic requests the peer may have outstanding here.
+    pub fn responder_resources(mut self, n: u8) -> Self {
+        self.responder_resources = Some(n);
+        self
+    }
+
+    /// Sets how many READ/atomic requests this side may have outstanding at the peer.
+    pub fn initiator_depth(mut self, n: u8) -> Self {
+        self.initiator_depth = Some(n);
+        self
+    }
+
+    /// Sets the transport retry count (0..=7).
+    pub fn retry_count(mut self, n: u8) -> Self {
+        self.retry_count = n;
+        self
+    }
+
+    /// Sets the RNR retry count (0..=7, 7 = forever).
+    pub fn rnr_retry_count(mut self, n: u8) -> Self {
+        self.rnr_retry_count = n;
+        self
+    }
+
+    /// Checks the parameters and lays them out for C.
+    pub(crate) fn to_raw(
+        self,
+        call: &'static str,
+        max_private: usize,
+        responder_resources: u8,
+        initiator_depth: u8,
+        qp_num: u32,
+    ) -> Result<rdma_sys::rdma_conn_param> {
+        if self.private_data.len() > max_private {
+            return Err(Error::invalid(
+                call,
+                format!("{} bytes of private data: at most {max_private} fit", self.private_data.len()),
+            ));
+        }
+        if self.retry_count > 7 || self.rnr_retry_count > 7 {
+            return Err(Error::invalid(
+                call,
+                format!("retry counts are 3-bit: got {} and {}", self.retry_count, self.rnr_retry_count),
+            ));
+        }
+        Ok(rdma_sys::rdma_conn_param {
+            private_data: if self.private_data.is_empty() {
+                std::ptr::null()
+            } else {
+                self.private_data.as_ptr().cast()
+            },
+            private_data_len: self.private_data.len() as u8,
+            responder_resources,
+            initiator_depth,
+            flow_control: 1,
+            retry_count: self.retry_count,
+            rnr_retry_count: self.rnr_retry_count,
+            srq: 0,
+            qp_num,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn private_data_over_the_limit_is_a_typed_error() {
+        let data = [7u8; MAX_CONNECT_PRIVATE_DATA + 1];
+        let err = ConnParams::new().private_data(&data).to_raw("rdma_connect", MAX_CONNECT_PRIVATE_DATA, 1, 1, 5);
+        assert!(matches!(err, Err(Error::InvalidArgument { call: "rdma_connect", .. })), "{:?}", err.err());
+        let ok = ConnParams::new().private_data(&data[..56]).to_raw("rdma_connect", MAX_CONNECT_PRIVATE_DATA, 1, 2, 5);
+        let raw = ok.unwrap();
+        assert_eq!((raw.private_data_len, raw.responder_resources, raw.initiator_depth, raw.qp_num), (56, 1, 2, 5));
+    }
+
+    #[test]
+    fn retry_counts_over_seven_are_refused() {
+        let err = ConnParams::new().rnr_retry_count(8).to_raw("rdma_accept", MAX_ACCEPT_PRIVATE_DATA, 1, 1, 1);
+        assert!(matches!(err, Err(Error::InvalidArgument { .. })));
+    }
+}

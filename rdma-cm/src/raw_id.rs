@@ -1,0 +1,241 @@
+//! The owned `struct rdma_cm_id` underneath every typed identifier.
+
+use std::ffi::CStr;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, RawFd};
+use std::ptr::NonNull;
+use std::time::Duration;
+
+use rdma_sys as ffi;
+use rdma_verbs::{AccessFlags, Init, QueuePair, Rc, ReadyToReceive, ReadyToSend, Reset};
+
+use crate::addr;
+use crate::channel::EventChannel;
+use crate::error::{check, Error, Result};
+use crate::event::RawEvent;
+
+/// An identifier and the channel its events arrive on. Drop destroys the identifier, then the
+/// channel.
+pub(crate) struct RawId {
+    raw: NonNull<ffi::rdma_cm_id>,
+    channel: EventChannel,
+}
+
+// SAFETY: librdmacm's calls on an identifier may come from any thread; this type only reads the
+// identifier's fields (written by librdmacm during calls this type serialises by `&mut`/by value).
+unsafe impl Send for RawId {}
+// SAFETY: `&RawId` only reads fields and reads events from the channel, both thread-safe.
+unsafe impl Sync for RawId {}
+
+impl RawId {
+    /// `rdma_create_id()` on a fresh channel, in the reliable-connected port space.
+    pub(crate) fn create() -> Result<Self> {
+        let channel = EventChannel::new()?;
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: live channel; `raw` is a valid out-pointer; no context pointer is attached.
+        let rc = unsafe {
+            ffi::rdma_create_id(channel.as_raw(), &mut raw, std::ptr::null_mut(), ffi::rdma_port_space::RDMA_PS_TCP)
+        };
+        check("rdma_create_id", rc)?;
+        let raw = NonNull::new(raw).ok_or(Error::Cm { call: "rdma_create_id", errno: libc::EIO })?;
+        Ok(RawId { raw, channel })
+    }
+
+    /// Takes ownership of the identifier a connection request created, moving it to a channel of
+    /// its own. Its request event must already be acknowledged.
+    ///
+    /// # Safety
+    /// `raw` is a live identifier nothing else owns.
+    pub(crate) unsafe fn adopt(raw: NonNull<ffi::rdma_cm_id>) -> Result<Self> {
+        let channel = match EventChannel::new() {
+            Ok(c) => c,
+            Err(e) => {
+                // SAFETY: we own `raw`; nothing else will destroy it.
+                unsafe { ffi::rdma_destroy_id(raw.as_ptr()) };
+                return Err(e);
+            }
+        };
+        // SAFETY: live identifier and channel; its events so far are acknowledged, so this does
+        // not block.
+        let rc = unsafe { ffi::rdma_migrate_id(raw.as_ptr(), channel.as_raw()) };
+        if let Err(e) = check("rdma_migrate_id", rc) {
+            // SAFETY: as above.
+            unsafe { ffi::rdma_destroy_id(raw.as_ptr()) };
+            return Err(e);
+        }
+        Ok(RawId { raw, channel })
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut ffi::rdma_cm_id {
+        self.raw.as_ptr()
+    }
+
+    fn id(&self) -> &ffi::rdma_cm_id {
+        // SAFETY: live identifier; librdmacm writes its fields only during calls we make.
+        unsafe { self.raw.as_ref() }
+    }
+
+    /// The RDMA device the identifier is bound to, once an address is.
+    pub(crate) fn device_name(&self) -> Option<String> {
+        let verbs = self.id().verbs;
+        if verbs.is_null() {
+            return None;
+        }
+        // SAFETY: librdmacm keeps the context (and its device) open while an identifier uses it.
+        let name = unsafe { ffi::ibv_get_device_name((*verbs).device) };
+        // SAFETY: a NUL-terminated name owned by the device.
+        (!name.is_null()).then(|| unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned())
+    }
+
+    pub(crate) fn port(&self) -> u8 {
+        self.id().port_num
+    }
+
+    pub(crate) fn local_addr(&self) -> Option<SocketAddr> {
+        // SAFETY: `src_addr_union` is a whole `sockaddr_storage` inside the identifier.
+        unsafe { addr::from_raw(std::ptr::addr_of!(self.id().route.addr.src_addr_union).cast()) }
+    }
+
+    pub(crate) fn peer_addr(&self) -> Option<SocketAddr> {
+        // SAFETY: `dst_addr_union` is a whole `sockaddr_storage` inside the identifier.
+        unsafe { addr::from_raw(std::ptr::addr_of!(self.id().route.addr.dst_addr_union).cast()) }
+    }
+
+    pub(crate) fn wait(&self, timeout: Duration, what: &'static str) -> Result<RawEvent> {
+        self.channel.get(timeout, what)
+    }
+
+    pub(crate) fn try_event(&self) -> Result<Option<RawEvent>> {
+        self.channel.try_get()
+    }
+
+    pub(crate) fn fd(&self) -> RawFd {
+        self.channel.as_raw_fd()
+    }
+
+    /// Opens a verbs context on the identifier's device.
+    pub(crate) fn open_context(&self) -> Result<rdma_verbs::Context> {
+        let name = self.device_name().ok_or_else(|| Error::invalid("ibv_open_device", "no device bound yet"))?;
+        Ok(rdma_verbs::Context::open(&name)?)
+    }
+
+    /// `rdma_init_qp_attr()`: what the CM says the QP needs to enter `state`.
+    fn qp_attr(&self, state: ffi::ibv_qp_state::Type) -> Result<(ffi::ibv_qp_attr, ffi::ibv_qp_attr_mask)> {
+        // SAFETY: all-zero is a valid `ibv_qp_attr` (integers and structs of them).
+        let mut attr: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = state;
+        let mut mask = 0;
+        // SAFETY: live identifier; both out-pointers are valid.
+        let rc = unsafe { ffi::rdma_init_qp_attr(self.as_ptr(), &mut attr, &mut mask) };
+        check("rdma_init_qp_attr", rc)?;
+        Ok((attr, ffi::ibv_qp_attr_mask(mask as u32)))
+    }
+
+    fn check_device<S: rdma_verbs::State>(&self, qp: &QueuePair<'_, Rc, S>) -> Result<()> {
+        let qp_device = qp.pd().context().name();
+        match self.device_name() {
+            Some(cm_device) if cm_device == qp_device => Ok(()),
+            Some(cm_device) => Err(Error::DeviceMismatch { cm_device, qp_device: qp_device.to_owned() }),
+            None => Err(Error::invalid("rdma_init_qp_attr", "the identifier has no device yet")),
+        }
+    }
+
+    /// `Reset -> Init` with the CM's port and P_Key and the caller's access flags.
+    pub(crate) fn init_qp<'res>(
+        &self,
+        qp: QueuePair<'res, Rc, Reset>,
+        access: AccessFlags,
+    ) -> Result<QueuePair<'res, Rc, Init>> {
+        self.check_device(&qp)?;
+        let (mut attr, mask) = self.qp_attr(ffi::ibv_qp_state::IBV_QPS_INIT)?;
+        attr.qp_access_flags = access.bits();
+        let mask = ffi::ibv_qp_attr_mask(mask.0 | ffi::ibv_qp_attr_mask::IBV_QP_ACCESS_FLAGS.0);
+        qp.modify_with(&mut attr, mask).map_err(|e| Error::Verbs(e.into()))
+    }
+
+    /// `Init -> ReadyToReceive -> ReadyToSend` with the CM's path, peer QP and PSNs. READ/atomic
+    /// depths are the given ones, or the CM's negotiated ones capped by the device's limits.
+    /// Returns the QP and the depths used, `(responder_resources, initiator_depth)`.
+    pub(crate) fn ready_qp<'res>(
+        &self,
+        qp: QueuePair<'res, Rc, Init>,
+        responder_resources: Option<u8>,
+        initiator_depth: Option<u8>,
+    ) -> Result<(QueuePair<'res, Rc, ReadyToSend>, u8, u8)> {
+        self.check_device(&qp)?;
+        let (max_resp, max_init) = device_depths(qp.pd().context());
+        let (mut attr, mask) = self.qp_attr(ffi::ibv_qp_state::IBV_QPS_RTR)?;
+        let resp = responder_resources.unwrap_or_else(|| attr.max_dest_rd_atomic.min(max_resp));
+        attr.max_dest_rd_atomic = resp;
+        let qp: QueuePair<'res, Rc, ReadyToReceive> =
+            qp.modify_with(&mut attr, mask).map_err(|e| Error::Verbs(e.into()))?;
+        let (mut attr, mask) = self.qp_attr(ffi::ibv_qp_state::IBV_QPS_RTS)?;
+        let init = initiator_depth.unwrap_or_else(|| attr.max_rd_atomic.min(max_init));
+        attr.max_rd_atomic = init;
+        let qp = qp.modify_with(&mut attr, mask).map_err(|e| Error::Verbs(e.into()))?;
+        Ok((qp, resp, init))
+    }
+}
+
+/// The device's READ/atomic depth limits as `(responder_resources, initiator_depth)`.
+pub(crate) fn device_depths(ctx: &rdma_verbs::Context) -> (u8, u8) {
+    let cap = |n: u32| u8::try_from(n).unwrap_or(u8::MAX);
+    (cap(ctx.attr().max_qp_rd_atom), cap(ctx.attr().max_qp_init_rd_atom))
+}
+
+impl Drop for RawId {
+    #[doc(alias = "rdma_destroy_id")]
+    fn drop(&mut self) {
+        // SAFETY: owned identifier, destroyed once. Every event we read was acknowledged when its
+        // `RawEvent` dropped, so this does not wait. The channel is dropped after this.
+        unsafe { ffi::rdma_destroy_id(self.raw.as_ptr()) };
+    }
+}
+
+impl RawId {
+    /// Waits up to `timeout` for an event of kind `want`. Benign events (address change,
+    /// timewait exit) are skipped; failures become their own [`Error`] variants, anything else
+    /// [`Error::UnexpectedEvent`].
+    pub(crate) fn expect(
+        &self,
+        want: crate::EventKind,
+        timeout: Duration,
+        what: &'static str,
+        state: &'static str,
+        peer: SocketAddr,
+    ) -> Result<RawEvent> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let ev = self.wait(left, what).map_err(|e| match e {
+                Error::Timeout { what, .. } => Error::Timeout { what, after: timeout },
+                other => other,
+            })?;
+            let kind = ev.kind();
+            if kind == want {
+                return Ok(ev);
+            }
+            if matches!(kind, crate::EventKind::AddressChange | crate::EventKind::TimewaitExit) {
+                continue;
+            }
+            return Err(failure(&ev, state, peer));
+        }
+    }
+}
+
+/// The error an event that ends an attempt stands for.
+pub(crate) fn failure(ev: &RawEvent, state: &'static str, addr: SocketAddr) -> Error {
+    use crate::event::Event;
+    use crate::RejectReason;
+    match ev.to_event() {
+        Event::AddressError { errno } => Error::AddressResolution { addr, errno },
+        Event::RouteError { errno } => Error::RouteResolution { addr, errno },
+        Event::Rejected { reason: RejectReason::InvalidServiceId, .. } => Error::NoListener { addr },
+        Event::Rejected { reason, private_data } => Error::Rejected { addr, reason, private_data },
+        Event::Unreachable { status } => Error::Unreachable { addr, status },
+        Event::ConnectError { status } => Error::ConnectError { addr, status },
+        Event::Disconnected => Error::Disconnected { addr },
+        Event::DeviceRemoval => Error::DeviceRemoved,
+        other => Error::UnexpectedEvent { state, event: other.kind(), status: ev.status() },
+    }
+}

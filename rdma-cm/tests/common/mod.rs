@@ -1,0 +1,106 @@
+//! Fixtures shared by rdma-cm's device tests.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use rdma_cm::*;
+use rdma_verbs::*;
+
+/// The bound every wait in these tests gets.
+pub const T: Duration = Duration::from_secs(5);
+
+/// Where servers listen: the server port's address, a port the CM picks.
+pub fn server_any_port(topo: &testkit::Topology) -> SocketAddr {
+    SocketAddr::new(topo.server.addr.into(), 0)
+}
+
+/// Where clients leave from: the client port's address (so traffic crosses the veth wire).
+pub fn client_src(topo: &testkit::Topology) -> SocketAddr {
+    SocketAddr::new(topo.client.addr.into(), 0)
+}
+
+/// Completions of a scope, each checked for success: `(wr_id, opcode, byte_len)`.
+pub fn complete<S: State>(s: &mut PostScope<'_, '_, '_, Rc, S>, n: usize) -> Vec<(u64, WcOpcode, u32)> {
+    let mut wcs: [WorkCompletion; 8] = Default::default();
+    let got = s.wait(n, &mut wcs, T).unwrap();
+    got.iter()
+        .map(|wc| {
+            wc.ok().unwrap_or_else(|e| panic!("{e}"));
+            (wc.wr_id(), wc.opcode(), wc.byte_len())
+        })
+        .collect()
+}
+
+/// A connection on fresh verbs resources, handed to `f`. The client side: resolve from the
+/// client address, connect with `data` as private data.
+pub fn client<R>(
+    topo: &testkit::Topology,
+    dst: SocketAddr,
+    data: &[u8],
+    f: impl FnOnce(rdma_cm::Result<Connection<'_>>, &ProtectionDomain<'_>) -> R,
+) -> R {
+    let id = CmId::new().unwrap().resolve(Some(client_src(topo)), dst, T).unwrap();
+    let ctx = id.open_context().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(32, None).unwrap();
+    let qp = pd.create_qp::<Rc>(QpInit::new(&cq, &cq)).unwrap();
+    let qp = id.init_qp(qp, AccessFlags::REMOTE_WRITE).unwrap();
+    let conn = id.connect(qp, &ConnParams::new().private_data(data), T);
+    f(conn, &pd)
+}
+
+/// Accepts `req` on fresh verbs resources with `data` as private data, and hands the connection
+/// to `f`.
+pub fn accept<R>(req: ConnectRequest, data: &[u8], f: impl FnOnce(Connection<'_>, &ProtectionDomain<'_>) -> R) -> R {
+    let ctx = req.open_context().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(32, None).unwrap();
+    let qp = pd.create_qp::<Rc>(QpInit::new(&cq, &cq)).unwrap();
+    let qp = req.init_qp(qp, AccessFlags::REMOTE_WRITE).unwrap();
+    let conn = req.accept(qp, &ConnParams::new().private_data(data), T).unwrap();
+    f(conn, &pd)
+}
+
+/// One ping: the client sends `n`, the server answers `n + 1`; both check.
+pub fn ping_client(conn: &Connection<'_>, pd: &ProtectionDomain<'_>, n: u64) {
+    let mr = pd.alloc_mr(16, AccessFlags::LOCAL_WRITE).unwrap();
+    mr.write_at(0, &n.to_le_bytes()).unwrap();
+    conn.qp()
+        .scope(T, |s| {
+            let (out, back) = ([mr.sge(0..8).unwrap()], [mr.sge(8..16).unwrap()]);
+            s.post_recv(&mut [RecvRequest::new(2, &back)]).unwrap();
+            s.post_send(&mut [SendRequest::send(1, &out)]).unwrap();
+            let mut got = complete(s, 2);
+            got.sort_by_key(|c| c.0);
+            assert_eq!(got, [(1, WcOpcode::Send, 8), (2, WcOpcode::Recv, 8)]);
+        })
+        .unwrap();
+    let mut back = [0u8; 8];
+    mr.read_at(8, &mut back).unwrap();
+    assert_eq!(u64::from_le_bytes(back), n + 1, "the server's answer");
+}
+
+/// The server's half of [`ping_client`].
+pub fn ping_server(conn: &Connection<'_>, pd: &ProtectionDomain<'_>) -> u64 {
+    let mr = pd.alloc_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
+    conn.qp()
+        .scope(T, |s| {
+            let buf = [mr.sge(..).unwrap()];
+            s.post_recv(&mut [RecvRequest::new(1, &buf)]).unwrap();
+            assert_eq!(complete(s, 1), [(1, WcOpcode::Recv, 8)]);
+        })
+        .unwrap();
+    let mut n = [0u8; 8];
+    mr.read_at(0, &mut n).unwrap();
+    let n = u64::from_le_bytes(n);
+    mr.write_at(0, &(n + 1).to_le_bytes()).unwrap();
+    conn.qp()
+        .scope(T, |s| {
+            let buf = [mr.sge(..).unwrap()];
+            s.post_send(&mut [SendRequest::send(1, &buf)]).unwrap();
+            assert_eq!(complete(s, 1), [(1, WcOpcode::Send, 8)]);
+        })
+        .unwrap();
+    n
+}
