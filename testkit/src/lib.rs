@@ -19,6 +19,8 @@
 //! | `RDMA_TEST_GID_INDEX` | `1` | GID index of the RoCE v2 GID of those addresses |
 //! | `RDMA_TEST_MTU` | `4096` | the ports' expected active MTU, in bytes |
 //! | `RDMA_TEST_PORT` | `1` | the port number on both devices |
+//! | `RDMA_TEST_PLAIN_ADDR` | `10.78.0.1` | a local IPv4 address on an interface **without** an RDMA device |
+//! | `RDMA_TEST_PLAIN_PEER` | `10.78.0.2` | a neighbour reached through that interface (no RDMA device) |
 
 #![allow(missing_docs)]
 
@@ -47,6 +49,10 @@ pub struct Topology {
     pub port: u8,
     pub gid_index: u32,
     pub mtu: u32,
+    /// A local address on an interface without an RDMA device (errors tests).
+    pub plain_addr: Ipv4Addr,
+    /// An address reached through that interface.
+    pub plain_peer: Ipv4Addr,
 }
 
 impl Topology {
@@ -84,6 +90,8 @@ pub fn configured() -> Topology {
         port: var("RDMA_TEST_PORT", 1),
         gid_index: var("RDMA_TEST_GID_INDEX", 1),
         mtu: var("RDMA_TEST_MTU", 4096),
+        plain_addr: var("RDMA_TEST_PLAIN_ADDR", Ipv4Addr::new(10, 78, 0, 1)),
+        plain_peer: var("RDMA_TEST_PLAIN_PEER", Ipv4Addr::new(10, 78, 0, 2)),
     }
 }
 
