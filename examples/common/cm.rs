@@ -1,0 +1,63 @@
+//! Shared by the connection-manager examples (and their interop tests): waiting for a set of
+//! completions while watching for the peer's disconnect.
+#![allow(dead_code)]
+
+use std::time::{Duration, Instant};
+
+use rdma_cm::{Connection, Event};
+use rdma_verbs::{PostScope, Rc, ReadyToSend, WcStatus, WorkCompletion};
+
+/// The examples' error type.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Waits up to `timeout` until each request in `ids` has completed, and returns each one's
+/// `(wr_id, byte_len)` in completion order. `Ok(None)` when the peer disconnected first: the QP is
+/// then flushed and what the scope had outstanding drained.
+///
+/// # Errors
+/// A failed completion, an unknown `wr_id`, or the timeout.
+pub fn await_ids(
+    s: &mut PostScope<'_, '_, '_, Rc, ReadyToSend>,
+    conn: &Connection<'_>,
+    ids: &[u64],
+    timeout: Duration,
+) -> Result<Option<Vec<(u64, u32)>>, BoxError> {
+    let deadline = Instant::now() + timeout;
+    let mut got = Vec::with_capacity(ids.len());
+    let mut wcs: [WorkCompletion; 4] = Default::default();
+    while got.len() < ids.len() {
+        let done = s.poll(&mut wcs)?;
+        for wc in done.iter() {
+            wc.ok()?;
+            if !ids.contains(&wc.wr_id()) {
+                return Err(format!("completion of unexpected request {}", wc.wr_id()).into());
+            }
+            got.push((wc.wr_id(), wc.byte_len()));
+        }
+        if !done.is_empty() {
+            continue;
+        }
+        if conn.peer_disconnected() || matches!(conn.try_event()?, Some(Event::Disconnected)) {
+            conn.qp().flush()?;
+            drain(s, timeout);
+            return Ok(None);
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("requests {ids:?} not complete after {timeout:?}").into());
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    Ok(Some(got))
+}
+
+/// Polls away whatever the scope has outstanding (flushed requests), up to `timeout`.
+pub fn drain(s: &mut PostScope<'_, '_, '_, Rc, ReadyToSend>, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    let mut wcs: [WorkCompletion; 4] = Default::default();
+    while s.outstanding() > 0 && Instant::now() < deadline {
+        match s.poll(&mut wcs) {
+            Ok(done) if done.iter().all(|wc| wc.is_success() || wc.status() == WcStatus::WrFlushError) => {}
+            _ => break,
+        }
+    }
+}
