@@ -34,6 +34,12 @@ impl ConnId {
     }
 }
 
+impl std::fmt::Debug for ConnId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnId").field("id", &self.id).field("phase", &self.phase()).finish()
+    }
+}
+
 impl Drop for ConnId {
     fn drop(&mut self) {
         match self.phase() {

@@ -8,7 +8,7 @@ use rdma_sys as ffi;
 use rdma_verbs::{QueuePair, Rc, ReadyToSend};
 
 use crate::conn_id::{ConnId, CONNECTED, DONE};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::event::{Event, EventKind, PeerParams};
 use crate::raw_id::RawId;
 
@@ -96,7 +96,7 @@ impl<'res> Connection<'res> {
     /// [`Event::Disconnected`]).
     ///
     /// # Errors
-    /// [`Error::Timeout`]; [`Error::Cm`] when reading fails.
+    /// [`Error::Timeout`](crate::Error::Timeout); [`Error::Cm`](crate::Error::Cm) when reading fails.
     pub fn next_event(&self, timeout: Duration) -> Result<Event> {
         let ev = self.conn.id.wait(timeout, "waiting for a connection event")?;
         Ok(self.note(ev.to_event()))
@@ -105,7 +105,7 @@ impl<'res> Connection<'res> {
     /// Returns the next event if one is queued, without waiting.
     ///
     /// # Errors
-    /// [`Error::Cm`] when reading fails.
+    /// [`Error::Cm`](crate::Error::Cm) when reading fails.
     pub fn try_event(&self) -> Result<Option<Event>> {
         Ok(self.conn.id.try_event()?.map(|ev| self.note(ev.to_event())))
     }
@@ -115,7 +115,7 @@ impl<'res> Connection<'res> {
     /// peer's reply, or the CM giving up on it).
     ///
     /// # Errors
-    /// [`Error::Timeout`]; [`Error::UnexpectedEvent`]. The identifier is destroyed either way.
+    /// [`Error::Timeout`](crate::Error::Timeout); [`Error::UnexpectedEvent`](crate::Error::UnexpectedEvent). The identifier is destroyed either way.
     #[doc(alias = "rdma_disconnect")]
     pub fn disconnect(self, timeout: Duration) -> Result<Disconnected<'res>> {
         let Connection { conn, qp, peer, .. } = self;
@@ -135,7 +135,7 @@ impl<'res> Connection<'res> {
     /// side (flushing the QP).
     ///
     /// # Errors
-    /// [`Error::Timeout`] when the peer stays; [`Error::UnexpectedEvent`].
+    /// [`Error::Timeout`](crate::Error::Timeout) when the peer stays; [`Error::UnexpectedEvent`](crate::Error::UnexpectedEvent).
     pub fn wait_disconnected(self, timeout: Duration) -> Result<Disconnected<'res>> {
         if self.conn.phase() != DONE {
             let ev = self.conn.id.expect(
@@ -187,12 +187,5 @@ impl<'res> Disconnected<'res> {
     /// Who the connection was with.
     pub fn peer_addr(&self) -> SocketAddr {
         self.peer
-    }
-}
-
-impl From<Error> for std::io::Error {
-    fn from(e: Error) -> Self {
-        let kind = if e.is_timeout() { std::io::ErrorKind::TimedOut } else { std::io::ErrorKind::Other };
-        std::io::Error::new(kind, e)
     }
 }

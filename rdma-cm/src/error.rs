@@ -155,6 +155,14 @@ impl Error {
     }
 }
 
+/// For callers that speak `std::io`: timeouts become [`std::io::ErrorKind::TimedOut`].
+impl From<Error> for std::io::Error {
+    fn from(e: Error) -> Self {
+        let kind = if e.is_timeout() { std::io::ErrorKind::TimedOut } else { std::io::ErrorKind::Other };
+        std::io::Error::new(kind, e)
+    }
+}
+
 /// Checks a librdmacm return code (0, or -1 with `errno` set).
 pub(crate) fn check(call: &'static str, rc: libc::c_int) -> Result<()> {
     if rc == 0 {

@@ -35,12 +35,6 @@ pub struct Listener {
     reading: Mutex<()>,
 }
 
-impl std::fmt::Debug for RawId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RawId").field("local", &self.local_addr()).field("peer", &self.peer_addr()).finish()
-    }
-}
-
 impl Listener {
     pub(crate) fn new(id: RawId) -> Self {
         Listener { id, reading: Mutex::new(()) }
@@ -151,12 +145,6 @@ pub struct ConnectRequest {
     params: PeerParams,
     peer: SocketAddr,
     local: SocketAddr,
-}
-
-impl std::fmt::Debug for ConnId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ConnId").field("id", &self.id).field("phase", &self.phase()).finish()
-    }
 }
 
 impl ConnectRequest {

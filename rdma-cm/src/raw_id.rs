@@ -27,6 +27,12 @@ unsafe impl Send for RawId {}
 // SAFETY: `&RawId` only reads fields and reads events from the channel, both thread-safe.
 unsafe impl Sync for RawId {}
 
+impl std::fmt::Debug for RawId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RawId").field("local", &self.local_addr()).field("peer", &self.peer_addr()).finish()
+    }
+}
+
 impl RawId {
     /// `rdma_create_id()` on a fresh channel, in the reliable-connected port space.
     pub(crate) fn create() -> Result<Self> {
