@@ -14,6 +14,9 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// `(wr_id, byte_len)` in completion order. `Ok(None)` when the peer disconnected first: the QP is
 /// then flushed and what the scope had outstanding drained.
 ///
+/// `ids` must name every request the scope has outstanding: a completion of any other is an
+/// error, since a send and the receive of the peer's answer to it may complete in either order.
+///
 /// # Errors
 /// A failed completion, an unknown `wr_id`, or the timeout.
 pub fn await_ids(

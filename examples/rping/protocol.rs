@@ -183,8 +183,10 @@ pub fn serve(listener: &Listener, o: &Options, mut on_ping: impl FnMut(u32, &[u8
         s.post_recv(&mut [RecvRequest::new(RECV, &rsge)])?;
         let mut ping = 0;
         while o.count == 0 || ping < o.count {
-            // The client's source buffer, or its disconnect.
-            let Some(_) = await_ids(s, &conn, &[RECV], o.timeout)? else { break };
+            // The client's source buffer, or its disconnect; and after the first ping the last
+            // "go ahead", whose completion may come before or after the client's answer to it.
+            let ids: &[u64] = if ping == 0 { &[RECV] } else { &[RECV, SEND] };
+            let Some(_) = await_ids(s, &conn, ids, o.timeout)? else { break };
             let source = peer_info()?;
             let len = source.len as usize;
             let dst = [buf.sge(..len)?];
@@ -202,10 +204,10 @@ pub fn serve(listener: &Listener, o: &Options, mut on_ping: impl FnMut(u32, &[u8
             let src = [buf.sge(..echo)?];
             s.post_send(&mut [SendRequest::write(RDMA, &src, sink)])?;
             let Some(_) = await_ids(s, &conn, &[RDMA], o.timeout)? else { break };
-            // "Go ahead" again, with a receive ready for the next ping.
+            // "Go ahead" again, with a receive ready for the next ping; both are awaited at the
+            // top of the loop.
             s.post_recv(&mut [RecvRequest::new(RECV, &rsge)])?;
             s.post_send(&mut [SendRequest::send(SEND, &ssge)])?;
-            let Some(_) = await_ids(s, &conn, &[SEND], o.timeout)? else { break };
             ping += 1;
         }
         // Done by count: the receive posted for a next ping will not complete; flush it.
