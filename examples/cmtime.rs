@@ -16,7 +16,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use rdma_cm::{CmId, ConnParams, Listener};
-use rdma_verbs::{AccessFlags, Context, QpInit, Rc};
+use rdma_verbs::{AccessFlags, Context, QpCreateAttr, Rc};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -55,7 +55,7 @@ fn server(listener: &Listener, n: u32, timeout: Duration) -> Result<Stat, BoxErr
         let pd = ctx.alloc_pd()?;
         let cq = ctx.create_cq(4, None)?;
         let start = Instant::now();
-        let qp = req.init_qp(pd.create_qp::<Rc>(QpInit::new(&cq, &cq))?, AccessFlags::empty())?;
+        let qp = req.init_qp(pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq))?, AccessFlags::empty())?;
         let conn = req.accept(qp, &ConnParams::new(), timeout)?;
         accept.0.push(start.elapsed());
         conn.wait_disconnected(timeout)?;
@@ -82,7 +82,7 @@ fn client(dst: SocketAddr, src: SocketAddr, n: u32, timeout: Duration) -> Result
         lap(&mut stats, 1);
         let id = id.resolve_route(timeout)?;
         lap(&mut stats, 2);
-        let qp = id.init_qp(pd.create_qp::<Rc>(QpInit::new(&cq, &cq))?, AccessFlags::empty())?;
+        let qp = id.init_qp(pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq))?, AccessFlags::empty())?;
         lap(&mut stats, 3);
         let conn = id.connect(qp, &ConnParams::new(), timeout)?;
         lap(&mut stats, 4);

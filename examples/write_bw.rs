@@ -29,12 +29,12 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let pd = ctx.alloc_pd()?;
     let cq = ctx.create_cq(args.tx_depth as u32 * 2, None)?;
     let caps = QpCaps { max_send_wr: args.tx_depth as u32, max_recv_wr: 1, ..QpCaps::default() };
-    let qp = pd.create_qp::<Rc>(QpInit::new(&cq, &cq).caps(caps))?;
+    let qp = pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq).caps(caps))?;
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
-    let qp = qp.init(InitAttr::new(args.ib_port).access(access)).map_err(Error::from)?;
+    let qp = qp.init(InitAttr::new(args.ib_port).access(access))?;
     let mr = pd.alloc_mr(args.size, access)?;
     let psn = std::process::id() & 0xff_ffff;
-    let me = Peer { endpoint: qp.endpoint(args.ib_port, args.gid_index, psn)?, region: mr.remote() };
+    let me = Peer { endpoint: qp.endpoint(args.gid_index, psn)?, region: mr.remote() };
     let mut oob = Oob::open(args)?;
     let peer = oob.exchange(&me)?;
     let qp = connect(&ctx, qp, args, psn, &peer)?;
@@ -69,7 +69,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             done += n;
         }
         Ok(())
-    })??;
+    })?;
     let total = start.elapsed();
     oob.sync()?;
     let bytes = args.size as f64;

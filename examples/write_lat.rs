@@ -32,14 +32,14 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let pd = ctx.alloc_pd()?;
     let cq = ctx.create_cq(64, None)?;
     let caps = QpCaps { max_send_wr: 2 * SIGNAL_EVERY as u32, max_recv_wr: 1, ..QpCaps::default() };
-    let qp = pd.create_qp::<Rc>(QpInit::new(&cq, &cq).caps(caps))?;
+    let qp = pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq).caps(caps))?;
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
-    let qp = qp.init(InitAttr::new(args.ib_port).access(access)).map_err(Error::from)?;
+    let qp = qp.init(InitAttr::new(args.ib_port).access(access))?;
     // Two halves: [0, size) is what we send, [size, 2 size) is where the peer writes to us.
     let mr = pd.alloc_mr(2 * args.size, access)?;
     let psn = std::process::id() & 0xff_ffff;
     let inbox = mr.remote().slice(args.size as u64, args.size as u64).ok_or("size")?;
-    let me = Peer { endpoint: qp.endpoint(args.ib_port, args.gid_index, psn)?, region: inbox };
+    let me = Peer { endpoint: qp.endpoint(args.gid_index, psn)?, region: inbox };
     let mut oob = Oob::open(args)?;
     let peer = oob.exchange(&me)?;
     let qp = connect(&ctx, qp, args, psn, &peer)?;

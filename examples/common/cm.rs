@@ -20,7 +20,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// # Errors
 /// A failed completion, an unknown `wr_id`, or the timeout.
 pub fn await_ids(
-    s: &mut PostScope<'_, '_, '_, Rc, ReadyToSend>,
+    s: &mut PostScope<'_, '_, Rc, ReadyToSend>,
     conn: &Connection<'_>,
     ids: &[u64],
     timeout: Duration,
@@ -54,7 +54,7 @@ pub fn await_ids(
 }
 
 /// Polls away whatever the scope has outstanding (flushed requests), up to `timeout`.
-pub fn drain(s: &mut PostScope<'_, '_, '_, Rc, ReadyToSend>, timeout: Duration) {
+pub fn drain(s: &mut PostScope<'_, '_, Rc, ReadyToSend>, timeout: Duration) {
     let deadline = Instant::now() + timeout;
     let mut wcs: [WorkCompletion; 4] = Default::default();
     while s.outstanding() > 0 && Instant::now() < deadline {

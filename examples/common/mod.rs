@@ -16,7 +16,7 @@ pub struct Args {
     /// `-i`: the port (default 1).
     pub ib_port: u8,
     /// `-x`: the GID index (default 1, the RoCE v2 IPv4 GID on Soft-RoCE).
-    pub gid_index: u32,
+    pub gid_index: u8,
     /// `-s`: message size in bytes.
     pub size: usize,
     /// `-n`: iterations.
@@ -158,8 +158,8 @@ pub fn connect<'r>(
     peer: &Peer,
 ) -> Result<QueuePair<'r, Rc, ReadyToSend>> {
     let mtu = ctx.query_port(args.ib_port)?.active_mtu;
-    let rtr = RtrAttr::new(peer.endpoint, args.ib_port, args.gid_index as u8, mtu);
-    Ok(qp.ready_to_receive(&rtr)?.ready_to_send(&RtsAttr::new(my_psn))?)
+    let rtr = RtrAttr::new(peer.endpoint, args.ib_port, args.gid_index, mtu);
+    qp.ready_to_receive(&rtr)?.ready_to_send(&RtsAttr::new(my_psn))
 }
 
 pub fn fail(name: &str, e: impl std::fmt::Display) -> ! {

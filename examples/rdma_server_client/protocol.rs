@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use rdma_cm::{CmId, ConnParams, Listener};
-use rdma_verbs::{AccessFlags, QpCaps, QpInit, Rc, RecvRequest, SendRequest};
+use rdma_verbs::{AccessFlags, QpCaps, QpCreateAttr, Rc, RecvRequest, SendRequest};
 
 use crate::cm::{await_ids, BoxError};
 
@@ -38,7 +38,7 @@ pub fn client(
     let ctx = id.open_context()?;
     let pd = ctx.alloc_pd()?;
     let cq = ctx.create_cq(4, None)?;
-    let qp = id.init_qp(pd.create_qp::<Rc>(QpInit::new(&cq, &cq).caps(caps()))?, AccessFlags::empty())?;
+    let qp = id.init_qp(pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq).caps(caps()))?, AccessFlags::empty())?;
     let mr = pd.alloc_mr(2 * MSG_LEN, AccessFlags::LOCAL_WRITE)?;
     mr.write_at(0, msg)?;
     let conn = id.connect(qp, &ConnParams::new(), timeout)?;
@@ -51,7 +51,7 @@ pub fn client(
             Some((_, len)) if *len as usize == MSG_LEN => Ok(()),
             other => Err(format!("the server's answer: {other:?}, not {MSG_LEN} bytes").into()),
         }
-    })??;
+    })?;
     let mut reply = [0u8; MSG_LEN];
     mr.read_at(MSG_LEN, &mut reply)?;
     conn.disconnect(timeout)?;
@@ -68,7 +68,7 @@ pub fn serve(listener: &Listener, reply: &[u8; MSG_LEN], timeout: Duration) -> R
     let ctx = req.open_context()?;
     let pd = ctx.alloc_pd()?;
     let cq = ctx.create_cq(4, None)?;
-    let qp = req.init_qp(pd.create_qp::<Rc>(QpInit::new(&cq, &cq).caps(caps()))?, AccessFlags::empty())?;
+    let qp = req.init_qp(pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq).caps(caps()))?, AccessFlags::empty())?;
     let mr = pd.alloc_mr(2 * MSG_LEN, AccessFlags::LOCAL_WRITE)?;
     mr.write_at(MSG_LEN, reply)?;
     let conn = req.accept(qp, &ConnParams::new(), timeout)?;
@@ -82,7 +82,7 @@ pub fn serve(listener: &Listener, reply: &[u8; MSG_LEN], timeout: Duration) -> R
         s.post_send(&mut [SendRequest::send(SEND, &out)])?;
         await_ids(s, &conn, &[SEND], timeout)?.ok_or("the client left before the answer")?;
         Ok(())
-    })??;
+    })?;
     let mut msg = [0u8; MSG_LEN];
     mr.read_at(0, &mut msg)?;
     conn.disconnect(timeout)?;

@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use rdma_cm::{CmId, ConnParams, Listener};
-use rdma_verbs::{AccessFlags, QpCaps, QpInit, Rc, RecvRequest, RemoteRegion, SendRequest};
+use rdma_verbs::{AccessFlags, QpCaps, QpCreateAttr, Rc, RecvRequest, RemoteRegion, SendRequest};
 
 use crate::cm::{await_ids, drain, BoxError};
 
@@ -109,7 +109,7 @@ pub fn client(
     let ctx = id.open_context()?;
     let pd = ctx.alloc_pd()?;
     let cq = ctx.create_cq(32, None)?;
-    let qp = pd.create_qp::<Rc>(QpInit::new(&cq, &cq).caps(caps()))?;
+    let qp = pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq).caps(caps()))?;
     // The server READs the source buffer and WRITEs the sink.
     let remote = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
     let qp = id.init_qp(qp, remote)?;
@@ -146,7 +146,7 @@ pub fn client(
             ping += 1;
         }
         Ok(ping)
-    })??;
+    })?;
     conn.disconnect(o.timeout)?;
     Ok(done)
 }
@@ -163,7 +163,7 @@ pub fn serve(listener: &Listener, o: &Options, mut on_ping: impl FnMut(u32, &[u8
     let ctx = req.open_context()?;
     let pd = ctx.alloc_pd()?;
     let cq = ctx.create_cq(32, None)?;
-    let qp = req.init_qp(pd.create_qp::<Rc>(QpInit::new(&cq, &cq).caps(caps()))?, AccessFlags::empty())?;
+    let qp = req.init_qp(pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq).caps(caps()))?, AccessFlags::empty())?;
     let recv = pd.alloc_mr(INFO_LEN, AccessFlags::LOCAL_WRITE)?;
     let send = pd.alloc_mr(INFO_LEN, AccessFlags::empty())?;
     let buf = pd.alloc_mr(o.size, AccessFlags::LOCAL_WRITE)?;
@@ -216,7 +216,7 @@ pub fn serve(listener: &Listener, o: &Options, mut on_ping: impl FnMut(u32, &[u8
             drain(s, o.timeout);
         }
         Ok(ping)
-    })??;
+    })?;
     if !conn.peer_disconnected() {
         conn.wait_disconnected(o.timeout)?;
     }

@@ -2,7 +2,9 @@
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::ptr::NonNull;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use rdma_verbs::Deadline;
 
 use rdma_sys as ffi;
 
@@ -78,17 +80,16 @@ impl EventChannel {
 
     /// Waits up to `timeout` for the next event.
     pub(crate) fn get(&self, timeout: Duration, what: &'static str) -> Result<RawEvent> {
-        let deadline = Instant::now() + timeout;
+        let deadline = Deadline::after(timeout);
         loop {
             if let Some(ev) = self.try_get()? {
                 return Ok(ev);
             }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
+            if deadline.has_passed() {
                 return Err(Error::Timeout { what, after: timeout });
             }
             let mut pfd = libc::pollfd { fd: self.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-            let ms = libc::c_int::try_from(left.as_millis().max(1)).unwrap_or(libc::c_int::MAX);
+            let ms = deadline.poll_timeout_ms();
             // SAFETY: one valid pollfd.
             if unsafe { libc::poll(&mut pfd, 1, ms) } < 0 {
                 let err = Error::last_os_error("poll");

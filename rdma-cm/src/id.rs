@@ -5,6 +5,8 @@ use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
+use rdma_verbs::Deadline;
+
 use rdma_sys as ffi;
 use rdma_verbs::{AccessFlags, Init, QueuePair, Rc, Reset};
 
@@ -105,12 +107,13 @@ impl<S: IdState> AsRawFd for CmId<S> {
 /// How long each `rdma_resolve_addr` attempt may take (see [`CmId::resolve_addr`]).
 const RESOLVE_ATTEMPT: Duration = Duration::from_millis(250);
 
+/// A timeout as librdmacm's milliseconds: at least 1 ms, and at most `c_int::MAX` (a longer
+/// one, such as `Duration::MAX`, is "no deadline" for our own wait; see [`Deadline`]).
 fn timeout_ms(call: &'static str, timeout: Duration) -> Result<libc::c_int> {
     match libc::c_int::try_from(timeout.as_millis()) {
-        Ok(0) | Err(_) => {
-            Err(Error::invalid(call, format!("timeout {timeout:?}: must be 1 ms to {} ms", libc::c_int::MAX)))
-        }
+        Ok(0) => Err(Error::invalid(call, format!("timeout {timeout:?}: must be at least 1 ms"))),
         Ok(ms) => Ok(ms),
+        Err(_) => Ok(libc::c_int::MAX),
     }
 }
 
@@ -149,7 +152,7 @@ impl CmId<Idle> {
         timeout: Duration,
     ) -> Result<CmId<AddressResolved>> {
         timeout_ms("rdma_resolve_addr", timeout)?;
-        let deadline = Instant::now() + timeout;
+        let deadline = Deadline::after(timeout);
         let mut src_raw = src.map(RawAddr::new);
         let mut dst_raw = RawAddr::new(dst);
         let src_ptr = src_raw.as_mut().map_or(std::ptr::null_mut(), RawAddr::as_mut_ptr);
@@ -157,8 +160,7 @@ impl CmId<Idle> {
             // The kernel re-checks the neighbour table only when its own timer fires if the ARP
             // reply beat the request onto its queue (a race veth hits on the first resolution),
             // so ask for short attempts and repeat them until our deadline.
-            let left = deadline.saturating_duration_since(Instant::now());
-            let attempt = left.min(RESOLVE_ATTEMPT).max(Duration::from_millis(1));
+            let attempt = deadline.remaining().min(RESOLVE_ATTEMPT).max(Duration::from_millis(1));
             let ms = timeout_ms("rdma_resolve_addr", attempt)?;
             // SAFETY: live identifier; the addresses are valid sockaddrs librdmacm copies.
             let rc = unsafe { ffi::rdma_resolve_addr(self.id.as_ptr(), src_ptr, dst_raw.as_mut_ptr(), ms) };
@@ -168,10 +170,10 @@ impl CmId<Idle> {
                     None => Error::Cm { call: "rdma_resolve_addr", errno: libc::EIO },
                 });
             }
-            let wait = deadline.saturating_duration_since(Instant::now()) + Duration::from_millis(50);
+            let wait = deadline.remaining().saturating_add(Duration::from_millis(50));
             match self.id.expect(EventKind::AddressResolved, wait, "rdma_resolve_addr", "resolving an address", dst) {
                 Ok(_) => return Ok(CmId { id: self.id, dst: Some(dst), _state: PhantomData }),
-                Err(e) if e.is_timeout() && Instant::now() < deadline => continue,
+                Err(e) if e.is_timeout() && !deadline.has_passed() => continue,
                 Err(e) if e.is_timeout() => return Err(Error::Timeout { what: "rdma_resolve_addr", after: timeout }),
                 Err(e) => return Err(e),
             }

@@ -29,7 +29,7 @@
 //! ```no_run
 //! use std::time::Duration;
 //! use rdma_cm::{CmId, ConnParams};
-//! use rdma_verbs::{AccessFlags, QpInit, Rc, SendRequest};
+//! use rdma_verbs::{AccessFlags, QpCreateAttr, Rc, SendRequest};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let t = Duration::from_secs(2);
@@ -37,7 +37,7 @@
 //! let ctx = id.open_context()?;
 //! let pd = ctx.alloc_pd()?;
 //! let cq = ctx.create_cq(16, None)?;
-//! let qp = pd.create_qp::<Rc>(QpInit::new(&cq, &cq))?;
+//! let qp = pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq))?;
 //! let qp = id.init_qp(qp, AccessFlags::empty())?;
 //! let conn = id.connect(qp, &ConnParams::new().private_data(b"hello"), t)?;
 //!
@@ -49,7 +49,7 @@
 //!     let mut wc = [rdma_verbs::WorkCompletion::default(); 1];
 //!     s.wait(1, &mut wc, t)?;
 //!     Ok::<_, rdma_verbs::Error>(())
-//! })??;
+//! })?;
 //! conn.disconnect(t)?;
 //! # Ok(())
 //! # }

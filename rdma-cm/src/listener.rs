@@ -3,7 +3,9 @@
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::ptr::NonNull;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use rdma_verbs::Deadline;
 
 use parking_lot::Mutex;
 use rdma_sys as ffi;
@@ -62,12 +64,11 @@ impl Listener {
     /// channel of its own.
     #[doc(alias = "rdma_get_cm_event")]
     pub fn get_request(&self, timeout: Duration) -> Result<ConnectRequest> {
-        let deadline = Instant::now() + timeout;
+        let deadline = Deadline::after(timeout);
         let timed_out = || Error::Timeout { what: "waiting for a connection request", after: timeout };
         let _reading = self.reading.try_lock_for(timeout).ok_or_else(timed_out)?;
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let ev = self.id.wait(left, "waiting for a connection request").map_err(|e| match e {
+            let ev = self.id.wait(deadline.remaining(), "waiting for a connection request").map_err(|e| match e {
                 Error::Timeout { .. } => timed_out(),
                 other => other,
             })?;

@@ -156,7 +156,7 @@ impl RawId {
         let (mut attr, mask) = self.qp_attr(ffi::ibv_qp_state::IBV_QPS_INIT)?;
         attr.qp_access_flags = access.bits();
         let mask = ffi::ibv_qp_attr_mask(mask.0 | ffi::ibv_qp_attr_mask::IBV_QP_ACCESS_FLAGS.0);
-        qp.modify_with(&mut attr, mask).map_err(|e| Error::Verbs(e.into()))
+        qp.modify_with(&mut attr, mask).map_err(Error::Verbs)
     }
 
     /// `Init -> ReadyToReceive -> ReadyToSend` with the CM's path, peer QP and PSNs. READ/atomic
@@ -173,12 +173,11 @@ impl RawId {
         let (mut attr, mask) = self.qp_attr(ffi::ibv_qp_state::IBV_QPS_RTR)?;
         let resp = responder_resources.unwrap_or_else(|| attr.max_dest_rd_atomic.min(max_resp));
         attr.max_dest_rd_atomic = resp;
-        let qp: QueuePair<'res, Rc, ReadyToReceive> =
-            qp.modify_with(&mut attr, mask).map_err(|e| Error::Verbs(e.into()))?;
+        let qp: QueuePair<'res, Rc, ReadyToReceive> = qp.modify_with(&mut attr, mask).map_err(Error::Verbs)?;
         let (mut attr, mask) = self.qp_attr(ffi::ibv_qp_state::IBV_QPS_RTS)?;
         let init = initiator_depth.unwrap_or_else(|| attr.max_rd_atomic.min(max_init));
         attr.max_rd_atomic = init;
-        let qp = qp.modify_with(&mut attr, mask).map_err(|e| Error::Verbs(e.into()))?;
+        let qp = qp.modify_with(&mut attr, mask).map_err(Error::Verbs)?;
         Ok((qp, resp, init))
     }
 }
@@ -210,10 +209,9 @@ impl RawId {
         state: &'static str,
         peer: SocketAddr,
     ) -> Result<RawEvent> {
-        let deadline = std::time::Instant::now() + timeout;
+        let deadline = rdma_verbs::Deadline::after(timeout);
         loop {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            let ev = self.wait(left, what).map_err(|e| match e {
+            let ev = self.wait(deadline.remaining(), what).map_err(|e| match e {
                 Error::Timeout { what, .. } => Error::Timeout { what, after: timeout },
                 other => other,
             })?;

@@ -35,7 +35,7 @@ fn server(listener: &Listener, topo: &testkit::Topology, round: u8, client_leave
     let cq = ctx.create_cq(16, None).unwrap();
     let data = pd.alloc_mr(LEN, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).unwrap();
     let msg = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
-    let qp = req.init_qp(pd.create_qp::<Rc>(QpInit::new(&cq, &cq)).unwrap(), AccessFlags::REMOTE_WRITE).unwrap();
+    let qp = req.init_qp(pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq)).unwrap(), AccessFlags::REMOTE_WRITE).unwrap();
     let mut reply = WELCOME.to_vec();
     reply.extend(data.addr().to_le_bytes());
     reply.extend(data.rkey().to_le_bytes());
@@ -43,10 +43,11 @@ fn server(listener: &Listener, topo: &testkit::Topology, round: u8, client_leave
     assert_eq!(conn.peer_addr().ip(), topo.client.addr);
     assert_eq!(conn.device_name(), topo.server.device);
     conn.qp()
-        .scope(T, |s| {
+        .scope(T, |s| -> rdma_verbs::Result<_> {
             let buf = [msg.sge(..).unwrap()];
             s.post_recv(&mut [RecvRequest::new(7, &buf)]).unwrap();
             assert_eq!(complete(s, 1), [(7, WcOpcode::Recv, 5)]);
+            Ok(())
         })
         .unwrap();
     let mut text = [0u8; 5];
@@ -74,7 +75,7 @@ fn client_side(topo: &testkit::Topology, dst: SocketAddr, round: u8, client_leav
     let cq = ctx.create_cq(16, None).unwrap();
     let src = pd.alloc_mr(LEN, AccessFlags::LOCAL_WRITE).unwrap();
     src.write_at(0, &payload(round)).unwrap();
-    let qp = id.init_qp(pd.create_qp::<Rc>(QpInit::new(&cq, &cq)).unwrap(), AccessFlags::empty()).unwrap();
+    let qp = id.init_qp(pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq)).unwrap(), AccessFlags::empty()).unwrap();
     let conn = id.connect(qp, &ConnParams::new().private_data(HELLO), T).unwrap();
     let pdata = conn.private_data();
     assert_eq!(pdata.len(), MAX_ACCEPT_PRIVATE_DATA, "REP private data is zero-padded");
@@ -86,12 +87,13 @@ fn client_side(topo: &testkit::Topology, dst: SocketAddr, round: u8, client_leav
     assert_eq!(conn.peer_addr(), dst);
     assert_eq!(conn.local_addr().map(|a| a.ip()), Some(topo.client.addr.into()));
     conn.qp()
-        .scope(T, |s| {
+        .scope(T, |s| -> rdma_verbs::Result<_> {
             let whole = [src.sge(0..LEN).unwrap()];
             // The payload's last 5 bytes, "done!", go out again as a message.
             let tail = [src.sge(LEN - 5..LEN).unwrap()];
             s.post_send(&mut [SendRequest::write(1, &whole, remote), SendRequest::send(2, &tail)]).unwrap();
             assert_eq!(complete(s, 2), [(1, WcOpcode::RdmaWrite, LEN as u32), (2, WcOpcode::Send, 5)]);
+            Ok(())
         })
         .unwrap();
     let gone = if client_leaves { conn.disconnect(T) } else { conn.wait_disconnected(T) };

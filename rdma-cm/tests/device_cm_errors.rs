@@ -117,7 +117,7 @@ fn a_peer_that_never_answers_the_request_times_out_on_time() {
     let ctx = id.open_context().unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(8, None).unwrap();
-    let qp = id.init_qp(pd.create_qp::<Rc>(QpInit::new(&cq, &cq)).unwrap(), AccessFlags::empty()).unwrap();
+    let qp = id.init_qp(pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq)).unwrap(), AccessFlags::empty()).unwrap();
     let timeout = Duration::from_secs(2);
     let start = Instant::now();
     let err = id.connect(qp, &ConnParams::new(), timeout).unwrap_err();
@@ -131,7 +131,7 @@ fn a_peer_that_never_answers_the_request_times_out_on_time() {
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(8, None).unwrap();
     let late: Result<Connection<'_>> = req
-        .init_qp(pd.create_qp::<Rc>(QpInit::new(&cq, &cq)).unwrap(), AccessFlags::empty())
+        .init_qp(pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq)).unwrap(), AccessFlags::empty())
         .and_then(|qp| req.accept(qp, &ConnParams::new(), Duration::from_secs(2)));
     assert!(late.is_err(), "accepting a request whose sender gave up must fail");
 }
@@ -151,7 +151,7 @@ fn bad_arguments_fail_before_anything_is_sent() {
     let other = Context::open(&topo.server.device).unwrap();
     let pd = other.alloc_pd().unwrap();
     let cq = other.create_cq(8, None).unwrap();
-    let err = id.init_qp(pd.create_qp::<Rc>(QpInit::new(&cq, &cq)).unwrap(), AccessFlags::empty()).unwrap_err();
+    let err = id.init_qp(pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq)).unwrap(), AccessFlags::empty()).unwrap_err();
     match err {
         Error::DeviceMismatch { cm_device, qp_device } => {
             assert_eq!((cm_device, qp_device), (topo.client.device.clone(), topo.server.device.clone()));

@@ -69,9 +69,20 @@ impl Context {
         // SAFETY: `device` is a live entry of a device list (the caller borrows it).
         let raw = unsafe { ffi::ibv_open_device(device.as_ptr()) };
         let raw = NonNull::new(raw).ok_or_else(|| Error::last_os_error("ibv_open_device", Some(name)))?;
-        let attr = query_device(raw, name)?;
         // The limits are kept: requests over them are rejected by name before any verb is called.
-        Ok(Context { raw, name: name.to_owned(), attr })
+        let attr = query_device(raw, name);
+        let ctx = attr.map(|attr| Context { raw, name: name.to_owned(), attr });
+        let ctx = match ctx {
+            Ok(ctx) => ctx,
+            Err(e) => {
+                // SAFETY: opened above, not yet owned by a `Context`: closed once, here.
+                unsafe { ffi::ibv_close_device(raw.as_ptr()) };
+                return Err(e);
+            }
+        };
+        // Non-blocking, so that threads waiting for async events never block past a timeout.
+        crate::cq::set_nonblocking(ctx.async_fd(), "ibv_open_device", name)?;
+        Ok(ctx)
     }
 
     /// The device's name, e.g. `rxe0`.
@@ -133,9 +144,9 @@ impl Context {
     /// - [`ibv_query_gid_ex(3)`](https://man7.org/linux/man-pages/man3/ibv_query_gid_ex.3.html)
     #[doc(alias = "ibv_query_gid_ex")]
     #[doc(alias = "ibv_query_gid")]
-    pub fn query_gid(&self, port: u8, index: u32) -> Result<GidEntry> {
+    pub fn query_gid(&self, port: u8, index: u8) -> Result<GidEntry> {
         let table_len = self.query_port(port)?.gid_table_len;
-        if index >= table_len {
+        if u32::from(index) >= table_len {
             return Err(Error::invalid(
                 "ibv_query_gid_ex",
                 Some(&self.name),
@@ -149,7 +160,7 @@ impl Context {
             crate::ffi_ext::_ibv_query_gid_ex(
                 self.raw.as_ptr(),
                 u32::from(port),
-                index,
+                u32::from(index),
                 entry.as_mut_ptr(),
                 0,
                 std::mem::size_of::<ffi::ibv_gid_entry>(),
@@ -159,7 +170,8 @@ impl Context {
             return Err(Error::from_errno("ibv_query_gid_ex", Some(&self.name), rc));
         }
         // SAFETY: the verb succeeded and filled the entry.
-        Ok(GidEntry::from_raw(unsafe { &entry.assume_init() }))
+        GidEntry::from_raw(unsafe { &entry.assume_init() })
+            .ok_or_else(|| Error::invalid("ibv_query_gid_ex", Some(&self.name), "the entry names a port past 255"))
     }
 
     /// Every valid GID of every port: `ibv_query_gid_table()`. Empty slots are left out.
@@ -193,7 +205,7 @@ impl Context {
         let n = (n as usize).min(capacity);
         // SAFETY: the verb initialised the first `n` entries, and `n <= capacity`.
         unsafe { entries.set_len(n) };
-        Ok(entries.iter().map(GidEntry::from_raw).collect())
+        Ok(entries.iter().filter_map(GidEntry::from_raw).collect())
     }
 
     fn check_port(&self, verb: &'static str, port: u8) -> Result<()> {

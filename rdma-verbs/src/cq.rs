@@ -1,12 +1,14 @@
 //! Completion queues and channels: [`CompletionQueue`], [`CompletionChannel`].
 
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::ptr::NonNull;
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use rdma_sys as ffi;
 
 use crate::context::Context;
+use crate::deadline::Deadline;
 use crate::error::{Error, Result};
 use crate::wc::WorkCompletion;
 
@@ -40,7 +42,11 @@ impl Context {
         let raw = unsafe { ffi::ibv_create_comp_channel(self.as_raw()) };
         let raw =
             NonNull::new(raw).ok_or_else(|| Error::last_os_error("ibv_create_comp_channel", Some(self.name())))?;
-        Ok(CompletionChannel { raw, ctx: self })
+        let channel = CompletionChannel { raw, ctx: self };
+        // Non-blocking, so that a thread that lost an event to another (both saw the fd
+        // readable) gets EAGAIN and waits again instead of blocking past its timeout.
+        set_nonblocking(channel.as_raw_fd(), "ibv_create_comp_channel", self.name())?;
+        Ok(channel)
     }
 
     /// Creates a completion queue with room for at least `entries` completions, optionally
@@ -70,35 +76,96 @@ impl Context {
         // SAFETY: open context; `ch` is NULL or a live channel that the CQ borrows.
         let raw = unsafe { ffi::ibv_create_cq(self.as_raw(), entries as libc::c_int, std::ptr::null_mut(), ch, 0) };
         let raw = NonNull::new(raw).ok_or_else(|| Error::last_os_error("ibv_create_cq", Some(self.name())))?;
-        Ok(CompletionQueue { raw, ctx: self, channel })
+        // SAFETY: just created; `cqe` is the capacity the provider granted (at least `entries`).
+        let capacity = u32::try_from(unsafe { raw.as_ref().cqe }).unwrap_or(entries).max(entries);
+        Ok(CompletionQueue { raw, ctx: self, channel, capacity, users: AtomicUsize::new(0) })
+    }
+}
+
+/// Sets `O_NONBLOCK` on a verbs file descriptor.
+pub(crate) fn set_nonblocking(fd: RawFd, verb: &'static str, device: &str) -> Result<()> {
+    // SAFETY: fcntl on a descriptor the caller's live object owns; no memory is passed.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    // SAFETY: as above.
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(Error::last_os_error(verb, Some(device)));
+    }
+    Ok(())
+}
+
+/// A completion event read from a [`CompletionChannel`]: which CQ it was for.
+///
+/// Compare it with a queue through [`is_for`](Self::is_for). It holds no reference to the CQ
+/// and is acknowledged already.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CompletionEvent {
+    cq: *mut ffi::ibv_cq,
+}
+
+// SAFETY: an address compared, never dereferenced.
+unsafe impl Send for CompletionEvent {}
+// SAFETY: as above.
+unsafe impl Sync for CompletionEvent {}
+
+impl CompletionEvent {
+    /// Whether the event was raised by `cq`.
+    pub fn is_for(&self, cq: &CompletionQueue<'_>) -> bool {
+        self.cq == cq.as_raw()
+    }
+
+    /// The raw `struct ibv_cq *` the event named (for comparison only: the CQ may be gone).
+    pub fn cq_raw(&self) -> *mut ffi::ibv_cq {
+        self.cq
     }
 }
 
 impl<'ctx> CompletionChannel<'ctx> {
     /// Waits up to `timeout` for a completion event of a CQ of this channel
-    /// (`poll(2)` then `ibv_get_cq_event()`), and acknowledges it.
+    /// (`poll(2)` then `ibv_get_cq_event()`), and acknowledges it (`ibv_ack_cq_events()`).
     ///
-    /// Returns the raw CQ the event is for; compare it with [`CompletionQueue::as_raw`]. The CQ
-    /// must be armed again ([`CompletionQueue::arm`]) for the next event.
+    /// Returns which CQ the event is for ([`CompletionEvent::is_for`]). The CQ must be armed
+    /// again ([`CompletionQueue::arm`]) for the next event. Several threads may wait on one
+    /// channel: each event goes to one of them, the others go on waiting until their timeout.
+    /// [`Duration::MAX`] waits without a deadline (see [`Deadline`]).
     ///
     /// # Errors
     /// [`Error::Timeout`] when no event came in time; [`Error::Verb`] when waiting fails.
+    ///
+    /// # References
+    /// - [`ibv_get_cq_event(3)`](https://man7.org/linux/man-pages/man3/ibv_get_cq_event.3.html)
     #[doc(alias = "ibv_get_cq_event")]
     #[doc(alias = "ibv_ack_cq_events")]
-    pub fn wait(&self, timeout: Duration) -> Result<*mut ffi::ibv_cq> {
-        wait_readable(self.as_raw_fd(), timeout, "ibv_get_cq_event")?;
+    pub fn wait(&self, timeout: Duration) -> Result<CompletionEvent> {
+        let deadline = Deadline::after(timeout);
+        loop {
+            if let Some(event) = self.try_next()? {
+                return Ok(event);
+            }
+            wait_readable(self.as_raw_fd(), deadline, timeout, "ibv_get_cq_event")?;
+        }
+    }
+
+    /// Takes a pending completion event without waiting: `Ok(None)` when there is none.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] when reading the event fails.
+    #[doc(alias = "ibv_get_cq_event")]
+    pub fn try_next(&self) -> Result<Option<CompletionEvent>> {
         let mut cq = std::ptr::null_mut();
         let mut cq_context = std::ptr::null_mut();
-        // SAFETY: the channel is live; the fd is readable, so the call does not block for long
-        // (it blocks, not fails, if another thread took the event first).
+        // SAFETY: the channel is live and its fd non-blocking: the call returns at once.
         let rc = unsafe { ffi::ibv_get_cq_event(self.raw.as_ptr(), &mut cq, &mut cq_context) };
         if rc != 0 {
-            return Err(Error::last_os_error("ibv_get_cq_event", Some(self.ctx.name())));
+            let err = Error::last_os_error("ibv_get_cq_event", Some(self.ctx.name()));
+            return match err.errno() {
+                Some(libc::EAGAIN) | Some(libc::EINTR) => Ok(None),
+                _ => Err(err),
+            };
         }
         // SAFETY: `cq` is the live CQ the event is for (it cannot be destroyed before its
         // events are acknowledged, which happens here).
         unsafe { ffi::ibv_ack_cq_events(cq, 1) };
-        Ok(cq)
+        Ok(Some(CompletionEvent { cq }))
     }
 
     /// The raw `struct ibv_comp_channel *`. It stays owned by `self`.
@@ -115,6 +182,13 @@ impl AsRawFd for CompletionChannel<'_> {
     }
 }
 
+impl AsFd for CompletionChannel<'_> {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the fd stays open as long as `self`.
+        unsafe { BorrowedFd::borrow_raw(self.as_raw_fd()) }
+    }
+}
+
 impl Drop for CompletionChannel<'_> {
     #[doc(alias = "ibv_destroy_comp_channel")]
     fn drop(&mut self) {
@@ -124,17 +198,15 @@ impl Drop for CompletionChannel<'_> {
     }
 }
 
-pub(crate) fn wait_readable(fd: RawFd, timeout: Duration, what: &'static str) -> Result<()> {
-    let deadline = Instant::now() + timeout;
+/// Waits until `fd` is readable or `deadline` passes (then `Timeout { after: timeout }`).
+pub(crate) fn wait_readable(fd: RawFd, deadline: Deadline, timeout: Duration, what: &'static str) -> Result<()> {
     loop {
-        let left = deadline.saturating_duration_since(Instant::now());
         let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-        let ms = libc::c_int::try_from(left.as_millis().max(u128::from(!left.is_zero()))).unwrap_or(libc::c_int::MAX);
         // SAFETY: one valid pollfd.
-        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+        let n = unsafe { libc::poll(&mut pfd, 1, deadline.poll_timeout_ms()) };
         match n {
             1.. => return Ok(()),
-            0 if Instant::now() >= deadline => return Err(Error::Timeout { what, after: timeout }),
+            0 if deadline.has_passed() => return Err(Error::Timeout { what, after: timeout }),
             0 => continue,
             _ => {
                 let err = Error::last_os_error("poll", None);
@@ -157,7 +229,13 @@ pub struct CompletionQueue<'ctx> {
     raw: NonNull<ffi::ibv_cq>,
     ctx: &'ctx Context,
     channel: Option<&'ctx CompletionChannel<'ctx>>,
+    capacity: u32,
+    /// Direct pollers right now, plus [`SCOPED`] while a posting scope owns the CQ.
+    users: AtomicUsize,
 }
+
+/// The bit of `CompletionQueue::users` a posting scope holds.
+const SCOPED: usize = 1 << (usize::BITS - 1);
 
 // SAFETY: libibverbs providers lock a CQ for polling, so `&CompletionQueue` may be used from
 // several threads; the struct owns the pointer.
@@ -169,12 +247,50 @@ impl<'ctx> CompletionQueue<'ctx> {
     /// Polls up to `out.len()` completions into `out` and returns the filled part:
     /// `ibv_poll_cq()`. Never blocks, never allocates.
     ///
+    /// While a posting scope ([`QueuePair::scope`](crate::QueuePair::scope)) runs on a QP of
+    /// this CQ, the scope owns it: polling here would take completions the scope waits for.
+    /// Poll through the scope instead ([`PostScope::poll`](crate::PostScope::poll)).
+    ///
     /// # Errors
-    /// [`Error::Verb`] when polling fails (a provider error, not a failed request: those are
-    /// completions with an error [`status`](WorkCompletion::status)).
+    /// [`Error::Busy`] while a posting scope owns the CQ; [`Error::Verb`] when polling fails
+    /// (a provider error, not a failed request: those are completions with an error
+    /// [`status`](WorkCompletion::status)).
+    ///
+    /// # References
+    /// - [`ibv_poll_cq(3)`](https://man7.org/linux/man-pages/man3/ibv_poll_cq.3.html)
     #[doc(alias = "ibv_poll_cq")]
     #[inline]
     pub fn poll<'o>(&self, out: &'o mut [WorkCompletion]) -> Result<&'o mut [WorkCompletion]> {
+        if self.users.fetch_add(1, Ordering::Acquire) & SCOPED != 0 {
+            self.users.fetch_sub(1, Ordering::Release);
+            return Err(Error::Busy { what: "ibv_poll_cq", device: Some(self.ctx.name().to_owned()) });
+        }
+        let r = self.poll_owned(out);
+        self.users.fetch_sub(1, Ordering::Release);
+        r
+    }
+
+    /// Marks the CQ as owned by a posting scope; `false` if another scope owns it or a thread is
+    /// polling it right now (retried briefly).
+    pub(crate) fn claim_for_scope(&self) -> bool {
+        for _ in 0..1000 {
+            match self.users.compare_exchange(0, SCOPED, Ordering::Acquire, Ordering::Relaxed) {
+                Ok(_) => return true,
+                Err(now) if now & SCOPED != 0 => return false,
+                Err(_) => std::thread::yield_now(),
+            }
+        }
+        false
+    }
+
+    /// Ends a scope's ownership taken by [`claim_for_scope`](Self::claim_for_scope).
+    pub(crate) fn release_from_scope(&self) {
+        self.users.fetch_sub(SCOPED, Ordering::Release);
+    }
+
+    /// `ibv_poll_cq` for the CQ's owner (a posting scope), or for `poll` once it checked.
+    #[inline]
+    pub(crate) fn poll_owned<'o>(&self, out: &'o mut [WorkCompletion]) -> Result<&'o mut [WorkCompletion]> {
         let n = libc::c_int::try_from(out.len()).unwrap_or(libc::c_int::MAX);
         // SAFETY: `WorkCompletion` is `repr(transparent)` over `ibv_wc`, and `out` has room for
         // `n` of them; the CQ is live.
@@ -204,7 +320,8 @@ impl<'ctx> CompletionQueue<'ctx> {
     }
 
     /// Arms the CQ, then waits up to `timeout` for its channel to report it. Events of other CQs
-    /// on the same channel are acknowledged and skipped.
+    /// on the same channel are acknowledged and skipped. [`Duration::MAX`] waits without a
+    /// deadline.
     ///
     /// Completions that arrived before arming raise no event: poll once after this returns a
     /// timeout, or poll before waiting, as `ibv_get_cq_event(3)` describes.
@@ -216,16 +333,20 @@ impl<'ctx> CompletionQueue<'ctx> {
             Error::invalid("ibv_get_cq_event", Some(self.ctx.name()), "the CQ has no completion channel")
         })?;
         self.arm(false)?;
-        let deadline = Instant::now() + timeout;
+        let deadline = Deadline::after(timeout);
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match channel.wait(left) {
-                Ok(cq) if cq == self.raw.as_ptr() => return Ok(()),
+            match channel.wait(deadline.remaining()) {
+                Ok(event) if event.is_for(self) => return Ok(()),
                 Ok(_) => continue,
                 Err(Error::Timeout { what, .. }) => return Err(Error::Timeout { what, after: timeout }),
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// How many completions the CQ holds (`cqe`: at least what was asked at creation).
+    pub fn capacity(&self) -> u32 {
+        self.capacity
     }
 
     /// The channel this CQ reports to, if any.

@@ -59,6 +59,29 @@ pub enum Error {
         /// The provider's own error code.
         vendor_err: u32,
     },
+    /// A queue has no room for more requests: the QP's send or receive queue, or a completion
+    /// queue that could not hold their completions. Nothing was posted.
+    #[error("posting{}: the {queue} is full ({outstanding} of {capacity} entries in use)", OnDevice(.device))]
+    QueueFull {
+        /// The device.
+        device: Option<String>,
+        /// Which queue: `"send queue"`, `"receive queue"`, `"completion queue"`, ...
+        queue: &'static str,
+        /// How many entries it holds.
+        capacity: u32,
+        /// How many were in use.
+        outstanding: u32,
+    },
+    /// A completion queue is owned by a posting scope ([`QueuePair::scope`](crate::QueuePair::scope)):
+    /// a second scope on it, or polling it directly, would take completions the first one
+    /// waits for.
+    #[error("{what}{}: the completion queue is in use by a posting scope", OnDevice(.device))]
+    Busy {
+        /// What was refused, e.g. `"ibv_poll_cq"` or `"QueuePair::scope"`.
+        what: &'static str,
+        /// The device.
+        device: Option<String>,
+    },
     /// An argument was rejected before any verb was called.
     #[error("{verb}{}: invalid argument: {reason}", OnDevice(.device))]
     InvalidArgument {
@@ -86,7 +109,11 @@ impl Error {
             Error::Verb { verb, .. } | Error::InvalidArgument { verb, .. } | Error::PostFailed { verb, .. } => {
                 Some(verb)
             }
-            Error::NoDevice { .. } | Error::Timeout { .. } | Error::WorkCompletion { .. } => None,
+            Error::NoDevice { .. }
+            | Error::Timeout { .. }
+            | Error::WorkCompletion { .. }
+            | Error::Busy { .. }
+            | Error::QueueFull { .. } => None,
         }
     }
 

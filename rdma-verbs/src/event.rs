@@ -7,6 +7,7 @@ use rdma_sys as ffi;
 
 use crate::context::Context;
 use crate::cq::wait_readable;
+use crate::deadline::Deadline;
 use crate::error::{Error, Result};
 
 /// An asynchronous event of a device (`struct ibv_async_event`), already acknowledged.
@@ -131,19 +132,43 @@ impl Context {
     /// Waits up to `timeout` for the device's next asynchronous event (`poll(2)` on the async
     /// fd, then `ibv_get_async_event()`), and acknowledges it (`ibv_ack_async_event()`).
     ///
+    /// Several threads may wait at once: each event goes to one of them. [`Duration::MAX`]
+    /// waits without a deadline (see [`Deadline`]).
+    ///
     /// # Errors
     /// [`Error::Timeout`] when none came in time; [`Error::Verb`] when reading fails.
+    ///
+    /// # References
+    /// - [`ibv_get_async_event(3)`](https://man7.org/linux/man-pages/man3/ibv_get_async_event.3.html)
     #[doc(alias = "ibv_get_async_event")]
     #[doc(alias = "ibv_ack_async_event")]
     pub fn next_async_event(&self, timeout: Duration) -> Result<AsyncEvent> {
-        wait_readable(self.async_fd(), timeout, "ibv_get_async_event")?;
+        let deadline = Deadline::after(timeout);
+        loop {
+            if let Some(event) = self.try_next_async_event()? {
+                return Ok(event);
+            }
+            wait_readable(self.async_fd(), deadline, timeout, "ibv_get_async_event")?;
+        }
+    }
+
+    /// Takes the next asynchronous event if one is pending, without waiting.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] when reading fails.
+    #[doc(alias = "ibv_get_async_event")]
+    pub fn try_next_async_event(&self) -> Result<Option<AsyncEvent>> {
         // Kept uninitialised-typed: its `event_type` may hold a value the Rust enum lacks.
         let mut raw = std::mem::MaybeUninit::<ffi::ibv_async_event>::zeroed();
         let p = raw.as_mut_ptr();
-        // SAFETY: open context; `p` is writable. The fd is readable, so it returns promptly.
+        // SAFETY: open context; `p` is writable. The fd is non-blocking: it returns at once.
         let rc = unsafe { ffi::ibv_get_async_event(self.as_raw(), p) };
         if rc != 0 {
-            return Err(Error::last_os_error("ibv_get_async_event", Some(self.name())));
+            let err = Error::last_os_error("ibv_get_async_event", Some(self.name()));
+            return match err.errno() {
+                Some(libc::EAGAIN) | Some(libc::EINTR) => Ok(None),
+                _ => Err(err),
+            };
         }
         // SAFETY: the verb filled the event; both fields are read through raw pointers as plain
         // data (the type as `u32`, never as the Rust enum).
@@ -154,7 +179,7 @@ impl Context {
         let event = unsafe { AsyncEvent::from_raw(kind, &element) };
         // SAFETY: acknowledged exactly once, after its QP pointer was read.
         unsafe { ffi::ibv_ack_async_event(p) };
-        Ok(event)
+        Ok(Some(event))
     }
 
     /// The events of this device as an iterator: each `next()` waits up to `timeout`, and the

@@ -99,9 +99,9 @@ pub struct GidEntry {
     /// The GID.
     pub gid: Gid,
     /// Its index in the port's table: what QP attributes call `sgid_index` (perftest's `-x`).
-    pub index: u32,
+    pub index: u8,
     /// The port it belongs to.
-    pub port: u32,
+    pub port: u8,
     /// The protocol it is for.
     pub gid_type: GidType,
     /// The network interface (ifindex) it belongs to on RoCE; `None` on InfiniBand.
@@ -109,14 +109,16 @@ pub struct GidEntry {
 }
 
 impl GidEntry {
-    pub(crate) fn from_raw(raw: &ffi::ibv_gid_entry) -> Self {
-        GidEntry {
+    /// `None` for an entry past index 255 or port 255, which no QP or address handle can name
+    /// (their `sgid_index` and `port_num` are 8 bits).
+    pub(crate) fn from_raw(raw: &ffi::ibv_gid_entry) -> Option<Self> {
+        Some(GidEntry {
             gid: Gid::from_raw(&raw.gid),
-            index: raw.gid_index,
-            port: raw.port_num,
+            index: u8::try_from(raw.gid_index).ok()?,
+            port: u8::try_from(raw.port_num).ok()?,
             gid_type: GidType::from_raw(raw.gid_type),
             netdev_ifindex: (raw.ndev_ifindex != 0).then_some(raw.ndev_ifindex),
-        }
+        })
     }
 }
 

@@ -20,8 +20,8 @@
 //! let pd = ctx.alloc_pd()?;
 //! let cq = ctx.create_cq(64, None)?;
 //! let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?;
-//! let qp = pd.create_qp::<Rc>(QpInit::new(&cq, &cq))?.init(InitAttr::new(1))?;
-//! let me = qp.endpoint(1, 1, 0)?; // a loopback connection: the QP is its own peer
+//! let qp = pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq))?.init(InitAttr::new(1))?;
+//! let me = qp.endpoint(1, 0)?; // a loopback connection: the QP is its own peer
 //! let qp = qp.ready_to_receive(&RtrAttr::new(me, 1, 1, Mtu::Mtu1024))?.ready_to_send(&RtsAttr::new(0))?;
 //! mr.write_at(0, b"hello")?;
 //! qp.scope(Duration::from_secs(1), |s| -> rdma_verbs::Result<()> {
@@ -33,7 +33,7 @@
 //!         wc.ok()?;
 //!     }
 //!     Ok(())
-//! })??;
+//! })?;
 //! let mut got = [0u8; 5];
 //! mr.read_at(2048, &mut got)?;
 //! assert_eq!(&got, b"hello");
@@ -59,7 +59,7 @@
 //!     let ctx: &'static Context = Box::leak(Box::new(Context::open("rxe0")?));
 //!     let pd: &'static ProtectionDomain<'static> = Box::leak(Box::new(ctx.alloc_pd()?));
 //!     let cq: &'static CompletionQueue<'static> = Box::leak(Box::new(ctx.create_cq(256, None)?));
-//!     let qp = pd.create_qp::<Rc>(QpInit::new(cq, cq))?.init(InitAttr::new(1))?;
+//!     let qp = pd.create_qp::<Rc>(QpCreateAttr::new(cq, cq))?.init(InitAttr::new(1))?;
 //!     let buffer = pd.alloc_mr(1 << 20, AccessFlags::LOCAL_WRITE)?;
 //!     Ok(Server { pd, cq, qp, buffer })
 //! }
@@ -85,6 +85,7 @@
 mod ah;
 mod context;
 mod cq;
+mod deadline;
 mod device;
 mod device_attr;
 mod error;
@@ -102,7 +103,8 @@ mod wr;
 
 pub use ah::{AddressHandle, AddressVector};
 pub use context::Context;
-pub use cq::{CompletionChannel, CompletionQueue};
+pub use cq::{CompletionChannel, CompletionEvent, CompletionQueue};
+pub use deadline::Deadline;
 pub use device::{Device, DeviceList, NodeType};
 pub use device_attr::DeviceAttr;
 pub use error::{Error, Result};
@@ -115,11 +117,11 @@ pub use qp::attr::{InitAttr, QpCaps, QpEndpoint, RtrAttr, RtsAttr};
 pub use qp::state::{
     CanPostRecv, Connected, Init, QpState, Rc, ReadyToReceive, ReadyToSend, Reset, State, Transport, Uc, Ud,
 };
-pub use qp::{QpInit, QueuePair, TransitionError};
+pub use qp::{QpCreateAttr, QueuePair, TransitionError};
 pub use scope::PostScope;
 pub use srq::SharedReceiveQueue;
 pub use wc::{WcOpcode, WcStatus, WorkCompletion};
-pub use wr::{RecvRequest, SendRequest};
+pub use wr::{RecvRequest, SendRequest, RESERVED_WR_ID_BITS};
 
 /// The raw libibverbs bindings (the `rdma-sys` crate), for use with `as_raw()`.
 pub use rdma_sys as ffi;

@@ -165,7 +165,6 @@ unsafe impl RegisteredBuffer for AlignedBuffer {
 /// # References
 /// - [`ibv_reg_mr(3)`](https://man7.org/linux/man-pages/man3/ibv_reg_mr.3.html)
 #[doc(alias = "ibv_mr")]
-#[derive(Debug)]
 pub struct MemoryRegion<'pd, B: RegisteredBuffer = AlignedBuffer> {
     raw: NonNull<ffi::ibv_mr>,
     /// Owned, and reached only through `ptr` while registered.
@@ -178,9 +177,24 @@ pub struct MemoryRegion<'pd, B: RegisteredBuffer = AlignedBuffer> {
 
 // SAFETY: the region owns its buffer; the NIC's accesses are not Rust accesses; every method
 // that touches the bytes through `&self` copies through raw pointers (see the module docs).
+//
+// Not `Sync`, like `Cell`: `read_at` and `write_at` copy through `&self` without
+// synchronisation, so two threads sharing `&MemoryRegion` would race on the bytes. A region
+// moves to another thread whole, or is shared behind a lock.
 unsafe impl<B: RegisteredBuffer + Send> Send for MemoryRegion<'_, B> {}
-// SAFETY: as above; `&self` methods never create references to the bytes.
-unsafe impl<B: RegisteredBuffer + Sync> Sync for MemoryRegion<'_, B> {}
+
+impl<B: RegisteredBuffer> std::fmt::Debug for MemoryRegion<'_, B> {
+    /// The registration, never the bytes: a peer or a request may be writing them.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryRegion")
+            .field("addr", &format_args!("{:#x}", self.ptr as usize))
+            .field("len", &self.len)
+            .field("lkey", &format_args!("{:#x}", self.lkey()))
+            .field("rkey", &format_args!("{:#x}", self.rkey()))
+            .field("access", &self.access)
+            .finish()
+    }
+}
 
 impl<'ctx> ProtectionDomain<'ctx> {
     /// Allocates a zeroed, page-aligned buffer of `len` bytes and registers it: `ibv_reg_mr()`.
@@ -260,12 +274,15 @@ pub struct RemoteRegion {
 
 impl RemoteRegion {
     /// The part of this region from `offset` on, `len` bytes long; `None` if it does not fit.
+    ///
+    /// Sound on any numbers a peer sent: no arithmetic overflows or wraps.
     pub fn slice(&self, offset: u64, len: u64) -> Option<RemoteRegion> {
-        (offset.checked_add(len)? <= self.len).then_some(RemoteRegion {
-            addr: self.addr + offset,
-            rkey: self.rkey,
-            len,
-        })
+        if offset.checked_add(len)? > self.len {
+            return None;
+        }
+        let addr = self.addr.checked_add(offset)?;
+        addr.checked_add(len)?;
+        Some(RemoteRegion { addr, rkey: self.rkey, len })
     }
 }
 
@@ -503,6 +520,9 @@ mod tests {
         assert_eq!(r.slice(10, 90), Some(RemoteRegion { addr: 0x100a, rkey: 7, len: 90 }));
         assert_eq!(r.slice(10, 91), None);
         assert_eq!(r.slice(u64::MAX, 2), None);
+        // A peer's address near the top of the address space: no overflow, no wrap.
+        let high = RemoteRegion { addr: u64::MAX - 4, rkey: 7, len: 100 };
+        assert_eq!(high.slice(10, 10), None);
     }
 
     #[test]

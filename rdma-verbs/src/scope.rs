@@ -7,38 +7,96 @@
 //! ```compile_fail
 //! # use rdma_verbs::*;
 //! # use std::time::Duration;
-//! # fn f(qp: &QueuePair<'_, Rc, ReadyToSend>, mut mr: MemoryRegion<'_>) {
+//! # fn f(qp: &QueuePair<'_, Rc, ReadyToSend>, mut mr: MemoryRegion<'_>) -> Result<()> {
 //! qp.scope(Duration::from_secs(1), |s| {
-//!     let sge = [mr.sge(..).unwrap()];
-//!     s.post_send(&mut [SendRequest::send(1, &sge)]).unwrap();
-//!     mr.as_mut_slice().unwrap()[0] = 1; // error: `mr` is borrowed by the in-flight send
-//! });
+//!     let sge = [mr.sge(..)?];
+//!     s.post_send(&mut [SendRequest::send(1, &sge)])?;
+//!     mr.as_mut_slice()?[0] = 1; // error: `mr` is borrowed by the in-flight send
+//!     Ok(())
+//! })
 //! # }
 //! ```
 
 use std::marker::PhantomData;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use crate::cq::CompletionQueue;
+use crate::deadline::Deadline;
 use crate::error::{Error, Result};
 use crate::qp::state::{CanPostRecv, ReadyToSend, State, Transport};
 use crate::qp::QueuePair;
 use crate::wc::WorkCompletion;
-use crate::wr::{RecvRequest, SendRequest};
+use crate::wr::{RecvRequest, SendRequest, RESERVED_WR_ID_BITS};
+
+/// Marks a request posted by a scope.
+const SCOPE_TAG: u64 = 1 << 63;
+/// Marks a receive posted by a scope.
+const RECV_TAG: u64 = 1 << 62;
 
 /// Requests posted through a scope, all complete by the time the scope ends.
 ///
 /// Every send posted in a scope is signaled, so each request, sent or received, yields exactly
 /// one completion (success, error, or flush) that the scope counts. Completions are read with
-/// [`poll`](PostScope::poll); those left when the closure returns are drained by the scope.
+/// [`poll`](PostScope::poll) and [`wait`](PostScope::wait), which give back the requests'
+/// own `wr_id`s; those left when the closure returns are drained by the scope.
 ///
-/// The queue pair's CQs should serve only this QP while the scope runs: completions of other
-/// QPs that the scope drains at its end are discarded.
-pub struct PostScope<'s, 'env: 's, 'res, T: Transport, S: State> {
-    qp: &'env QueuePair<'res, T, S>,
-    outstanding: usize,
+/// Completions of other QPs on the scope's CQs are returned by `poll` like any other, and
+/// discarded by the drain.
+///
+/// # Which completions are the scope's
+/// A scope tags the `wr_id` of every request it posts (bits 62 and 63, which requests must leave
+/// clear) and counts only completions of its QP that carry its tag, so completions of requests
+/// posted otherwise (raw posts, a shared receive queue's receives consumed through the QP) never
+/// end it early. It owns its QP's completion queues while it runs: a second scope on the same
+/// QP or CQs (nested, or on another thread) is refused with [`Error::Busy`], and so is
+/// [`CompletionQueue::poll`](crate::CompletionQueue::poll) on them, which would take the
+/// completions the scope waits for.
+///
+/// # Ending
+/// When the closure returns (or panics), the scope waits for its requests up to its drain
+/// timeout; past that it flushes them (QP to the error state) and waits again; past that it
+/// resets the QP (which removes every request without a completion; the QP's type then no
+/// longer tells its state: [`QueuePair::state`] does). Only a device that refuses even the reset
+/// makes it abort the process, rather than end the borrows while the NIC may write.
+pub struct PostScope<'s, 'env: 's, T: Transport, S: State> {
+    qp: &'env QueuePair<'env, T, S>,
+    sends: usize,
+    recvs: usize,
     drain_timeout: Duration,
+    /// Dropped after `Drop::drop` drained: the CQs are released last.
+    _claim: CqClaim<'env>,
     /// Invariant in 's, like `std::thread::Scope`: borrows given to the scope last exactly 's.
     _scope: PhantomData<&'s mut &'s ()>,
+}
+
+/// A posting scope's ownership of its QP's completion queues.
+struct CqClaim<'a> {
+    send: &'a CompletionQueue<'a>,
+    recv: Option<&'a CompletionQueue<'a>>,
+}
+
+impl<'a> CqClaim<'a> {
+    fn take(send: &'a CompletionQueue<'a>, recv: &'a CompletionQueue<'a>) -> Result<Self> {
+        let busy = || Error::Busy { what: "QueuePair::scope", device: Some(send.context().name().to_owned()) };
+        if !send.claim_for_scope() {
+            return Err(busy());
+        }
+        let same = std::ptr::eq(send, recv);
+        if !same && !recv.claim_for_scope() {
+            send.release_from_scope();
+            return Err(busy());
+        }
+        Ok(CqClaim { send, recv: (!same).then_some(recv) })
+    }
+}
+
+impl Drop for CqClaim<'_> {
+    fn drop(&mut self) {
+        self.send.release_from_scope();
+        if let Some(recv) = self.recv {
+            recv.release_from_scope();
+        }
+    }
 }
 
 impl<'res, T: Transport, S: State> QueuePair<'res, T, S> {
@@ -48,52 +106,97 @@ impl<'res, T: Transport, S: State> QueuePair<'res, T, S> {
     /// Memory regions named by the scope's requests stay borrowed until the scope returns, so no
     /// plain slice of them can exist while the NIC may use them. If requests are still
     /// outstanding when `f` returns (or panics), the scope polls for them up to
-    /// `drain_timeout`; past that it moves the QP to the error state, which flushes them, and
-    /// polls again. If even the flush does not complete them, it aborts the process rather than
-    /// let the borrows end while the NIC may write.
+    /// `drain_timeout`, then flushes them and waits as long again, then resets the QP (see the
+    /// [`PostScope`] docs). [`Duration::MAX`] waits without a deadline.
+    ///
+    /// `f`'s error type is the scope's: anything an [`Error`] converts into (this crate's
+    /// `Error`, `Box<dyn std::error::Error>`, `anyhow::Error`, ...).
     ///
     /// # Errors
-    /// [`Error::Timeout`] when requests had to be flushed; [`Error::WorkCompletion`] for the
-    /// first failed completion drained at the end (those `f` polled are its own to check).
-    pub fn scope<'env, R>(
+    /// `f`'s own error first, whatever the drain found. Otherwise: [`Error::Busy`] when another
+    /// scope owns this QP's CQs (nothing ran); [`Error::WorkCompletion`] for the first failed
+    /// request drained at the end (those `f` polled are its own to check);
+    /// [`Error::Timeout`] when requests had to be flushed or the QP reset.
+    pub fn scope<'env, R, E>(
         &'env self,
         drain_timeout: Duration,
-        f: impl for<'s> FnOnce(&mut PostScope<'s, 'env, 'res, T, S>) -> R,
-    ) -> Result<R> {
-        let mut scope = PostScope { qp: self, outstanding: 0, drain_timeout, _scope: PhantomData };
+        f: impl for<'s> FnOnce(&mut PostScope<'s, 'env, T, S>) -> std::result::Result<R, E>,
+    ) -> std::result::Result<R, E>
+    where
+        E: From<Error>,
+    {
+        let claim = CqClaim::take(self.send_cq(), self.recv_cq())?;
+        let mut scope = PostScope { qp: self, sends: 0, recvs: 0, drain_timeout, _claim: claim, _scope: PhantomData };
         let r = f(&mut scope);
-        scope.drain()?;
-        Ok(r)
+        let drained = scope.drain();
+        match (r, drained) {
+            (Err(e), _) => Err(e),
+            (Ok(v), Ok(())) => Ok(v),
+            (Ok(_), Err(d)) => Err(d.into()),
+        }
     }
 }
 
-impl<'s, 'env, 'res, T: Transport, S: State> PostScope<'s, 'env, 'res, T, S> {
+impl<'s, 'env, T: Transport, S: State> PostScope<'s, 'env, T, S> {
     /// Requests posted in this scope that have not completed yet.
     pub fn outstanding(&self) -> usize {
-        self.outstanding
+        self.sends + self.recvs
+    }
+
+    /// The queue pair the scope posts to.
+    pub fn qp(&self) -> &'env QueuePair<'env, T, S> {
+        self.qp
     }
 
     /// Polls the QP's send and receive CQs into `out`: `ibv_poll_cq()`. Completions of this
-    /// QP's requests count down [`outstanding`](Self::outstanding).
+    /// scope's requests count down [`outstanding`](Self::outstanding) and carry the `wr_id` they
+    /// were posted with; other completions of the CQs are returned as they are.
     ///
     /// # Errors
     /// [`Error::Verb`] when polling fails.
     pub fn poll<'o>(&mut self, out: &'o mut [WorkCompletion]) -> Result<&'o mut [WorkCompletion]> {
-        let n = self.qp.send_cq().poll(out)?.len();
-        let m = if std::ptr::eq(self.qp.send_cq(), self.qp.recv_cq()) || n == out.len() {
+        self.poll_counting(out, |_| ())
+    }
+
+    /// `poll`, calling `ours` with each of this scope's completions.
+    fn poll_counting<'o>(
+        &mut self,
+        out: &'o mut [WorkCompletion],
+        mut ours: impl FnMut(&WorkCompletion),
+    ) -> Result<&'o mut [WorkCompletion]> {
+        let (send_cq, recv_cq) = (self.qp.send_cq(), self.qp.recv_cq());
+        let n = send_cq.poll_owned(out)?.len();
+        let m = if std::ptr::eq(send_cq, recv_cq) || n == out.len() {
             0
         } else {
-            self.qp.recv_cq().poll(&mut out[n..])?.len()
+            // A failure here must not lose the send completions already taken: report it on the
+            // next poll instead.
+            match recv_cq.poll_owned(&mut out[n..]) {
+                Ok(got) => got.len(),
+                Err(e) if n == 0 => return Err(e),
+                Err(_) => 0,
+            }
         };
         let got = &mut out[..n + m];
         let qpn = self.qp.qp_num();
-        let ours = got.iter().filter(|wc| wc.qp_num() == qpn).count();
-        self.outstanding = self.outstanding.saturating_sub(ours);
+        for wc in got.iter_mut() {
+            let id = wc.wr_id();
+            if wc.qp_num() != qpn || id & SCOPE_TAG == 0 {
+                continue;
+            }
+            if id & RECV_TAG != 0 {
+                self.recvs = self.recvs.saturating_sub(1);
+            } else {
+                self.sends = self.sends.saturating_sub(1);
+            }
+            wc.set_wr_id(id & !RESERVED_WR_ID_BITS);
+            ours(wc);
+        }
         Ok(got)
     }
 
     /// Polls until `n` completions arrived or `timeout` passed, writing them into `out`
-    /// (which must have room for `n`).
+    /// (which must have room for `n`). [`Duration::MAX`] waits without a deadline.
     ///
     /// # Errors
     /// [`Error::Timeout`] when fewer came in time (those that came are lost to the caller but
@@ -105,46 +208,74 @@ impl<'s, 'env, 'res, T: Transport, S: State> PostScope<'s, 'env, 'res, T, S> {
         timeout: Duration,
     ) -> Result<&'o mut [WorkCompletion]> {
         if out.len() < n {
-            return Err(Error::invalid("ibv_poll_cq", None, format!("room for {} completions, {n} wanted", out.len())));
+            return Err(Error::invalid(
+                "ibv_poll_cq",
+                Some(self.qp.pd().context().name()),
+                format!("room for {} completions, {n} wanted", out.len()),
+            ));
         }
-        let deadline = Instant::now() + timeout;
+        let deadline = Deadline::after(timeout);
         let mut got = 0;
         while got < n {
             got += self.poll(&mut out[got..n])?.len();
-            if got < n && Instant::now() >= deadline {
+            if got < n && deadline.has_passed() {
                 return Err(Error::Timeout { what: "completions", after: timeout });
             }
         }
         Ok(&mut out[..n])
     }
 
-    /// Counts what a post of `n` requests left outstanding: all, those before a refused one, or none.
-    fn count_posted(&mut self, r: &Result<()>, n: usize) {
-        self.outstanding += match r {
-            Ok(()) => n,
-            Err(Error::PostFailed { posted, .. }) => *posted,
-            Err(_) => 0,
+    /// Refuses `sends` + `recvs` more requests if the QP's queues or its CQs could not hold them
+    /// with those already outstanding: a CQ that overflows loses completions, and the scope
+    /// would wait for them forever.
+    fn check_room(&self, sends: usize, recvs: usize) -> Result<()> {
+        let caps = self.qp.caps();
+        let (send_cq, recv_cq) = (self.qp.send_cq(), self.qp.recv_cq());
+        let full = |queue: &'static str, capacity: u32, outstanding: usize| Error::QueueFull {
+            device: Some(self.qp.pd().context().name().to_owned()),
+            queue,
+            capacity,
+            outstanding: u32::try_from(outstanding).unwrap_or(u32::MAX),
         };
+        let fits = |have: usize, more: usize, cap: u32| have.saturating_add(more) <= cap as usize;
+        if !fits(self.sends, sends, caps.max_send_wr) {
+            return Err(full("send queue", caps.max_send_wr, self.sends));
+        }
+        if !fits(self.recvs, recvs, caps.max_recv_wr) {
+            return Err(full("receive queue", caps.max_recv_wr, self.recvs));
+        }
+        if std::ptr::eq(send_cq, recv_cq) {
+            let have = self.sends + self.recvs;
+            if !fits(have, sends + recvs, send_cq.capacity()) {
+                return Err(full("completion queue", send_cq.capacity(), have));
+            }
+        } else if !fits(self.sends, sends, send_cq.capacity()) {
+            return Err(full("completion queue of sends", send_cq.capacity(), self.sends));
+        } else if !fits(self.recvs, recvs, recv_cq.capacity()) {
+            return Err(full("completion queue of receives", recv_cq.capacity(), self.recvs));
+        }
+        Ok(())
     }
 
     fn drain(&mut self) -> Result<()> {
         let mut first_error = None;
         let mut buf: [WorkCompletion; 16] = Default::default();
         for flushed in [false, true] {
-            let deadline = Instant::now() + self.drain_timeout;
-            while self.outstanding > 0 && Instant::now() < deadline {
+            let deadline = Deadline::after(self.drain_timeout);
+            while self.outstanding() > 0 && !deadline.has_passed() {
                 // A polling error must not end the scope early (the borrows would end while the
-                // NIC may still write): keep trying until the deadline, then flush, then abort.
-                let Ok(got) = self.poll(&mut buf) else { continue };
-                for wc in got.iter() {
-                    if first_error.is_none() && wc.qp_num() == self.qp.qp_num() && !wc.is_success() {
+                // NIC may still write): keep trying until the deadline, then escalate.
+                let _ = self.poll_counting(&mut buf, |wc| {
+                    if first_error.is_none() {
                         first_error = wc.ok().err();
                     }
-                }
+                });
             }
-            if self.outstanding == 0 {
+            if self.outstanding() == 0 {
                 return match (flushed, first_error) {
-                    (true, _) => Err(Error::Timeout { what: "draining a posting scope", after: self.drain_timeout }),
+                    (true, _) => {
+                        Err(Error::Timeout { what: "draining a posting scope (flushed)", after: self.drain_timeout })
+                    }
                     (false, Some(e)) => Err(e),
                     (false, None) => Ok(()),
                 };
@@ -154,54 +285,107 @@ impl<'s, 'env, 'res, T: Transport, S: State> PostScope<'s, 'env, 'res, T, S> {
                 let _ = self.qp.flush();
             }
         }
+        // Not even flushed (rxe, for one, may drop receives posted to a QP in error): reset the
+        // QP, which removes every request without a completion; the device stops using them.
+        if self.qp.reset().is_ok() {
+            self.sends = 0;
+            self.recvs = 0;
+            // Completions the flush produced before the reset must not be counted by a later
+            // scope of this QP: take them now.
+            while self.poll_counting(&mut buf, |_| ()).is_ok_and(|got| !got.is_empty()) {}
+            return Err(Error::Timeout { what: "draining a posting scope (QP reset)", after: self.drain_timeout });
+        }
         // The NIC may still write memory the scope borrowed; ending the borrows would be unsound.
         eprintln!(
-            "rdma-verbs: {} request(s) of QP {} never completed, even flushed; aborting",
-            self.outstanding,
+            "rdma-verbs: {} request(s) of QP {} never completed, and the device refused to reset it; aborting",
+            self.outstanding(),
             self.qp.qp_num()
         );
         std::process::abort();
     }
+
+    /// Counts what a post of `n` requests left outstanding: all, those before a refused one
+    /// (all, when the provider did not say which), or none when it was refused before posting.
+    fn posted(r: &Result<()>, n: usize) -> usize {
+        match r {
+            Ok(()) => n,
+            Err(Error::PostFailed { posted, .. }) => *posted,
+            Err(_) => 0,
+        }
+    }
 }
 
-impl<T: Transport, S: State> Drop for PostScope<'_, '_, '_, T, S> {
+/// Refuses requests whose `wr_id` uses the bits a scope tags with.
+fn check_wr_ids(ids: impl Iterator<Item = u64>, verb: &'static str, device: &str) -> Result<()> {
+    for id in ids {
+        if id & RESERVED_WR_ID_BITS != 0 {
+            let reason = format!("wr_id {id:#x} uses bits 62-63, which a posting scope tags its requests with");
+            return Err(Error::invalid(verb, Some(device), reason));
+        }
+    }
+    Ok(())
+}
+
+impl<T: Transport, S: State> Drop for PostScope<'_, '_, T, S> {
     fn drop(&mut self) {
         // Reached with requests outstanding only when the closure panicked.
-        if self.outstanding > 0 {
+        if self.outstanding() > 0 {
             let _ = self.drain();
         }
     }
 }
 
-impl<'s, 'env, 'res, T: Transport> PostScope<'s, 'env, 'res, T, ReadyToSend> {
+impl<'s, 'env, T: Transport> PostScope<'s, 'env, T, ReadyToSend> {
     /// Posts a chain of send requests (one doorbell). Their memory regions stay borrowed until
     /// the scope ends; every request is made signaled.
     ///
     /// # Errors
-    /// As [`QueuePair::post_send`]; requests before a refused one were posted and are counted.
+    /// As [`QueuePair::post_send`], and [`Error::QueueFull`] when the QP's send queue or a CQ
+    /// could not hold the requests with those outstanding (nothing posted); a `wr_id` of
+    /// 2^62 or more is an [`Error::InvalidArgument`]. Requests before one the provider
+    /// refused were posted and are counted.
     pub fn post_send(&mut self, wrs: &mut [SendRequest<'_, 's>]) -> Result<()> {
+        let device = self.qp.pd().context().name();
+        check_wr_ids(wrs.iter().map(SendRequest::wr_id), "ibv_post_send", device)?;
+        self.check_room(wrs.len(), 0)?;
         for wr in wrs.iter_mut() {
             wr.set_signaled();
+            wr.set_wr_id(wr.wr_id() | SCOPE_TAG);
         }
         // SAFETY: every region the requests name is borrowed for 's, which lasts until this
-        // scope has seen each request complete (drain, also on panic): no plain slice of those
-        // regions can be made meanwhile (that needs `&mut` to the region).
-        let r = unsafe { self.qp.post_send(wrs) };
-        self.count_posted(&r, wrs.len());
+        // scope has seen each request complete, or reset the QP (drain, also on panic): no
+        // plain slice of those regions can be made meanwhile (that needs `&mut` to the region).
+        let r = unsafe { self.qp.post_send_checked(wrs, true) };
+        for wr in wrs.iter_mut() {
+            wr.set_wr_id(wr.wr_id() & !RESERVED_WR_ID_BITS);
+        }
+        self.sends += Self::posted(&r, wrs.len());
         r
     }
 }
 
-impl<'s, 'env, 'res, T: Transport, S: CanPostRecv> PostScope<'s, 'env, 'res, T, S> {
+impl<'s, 'env, T: Transport, S: CanPostRecv> PostScope<'s, 'env, T, S> {
     /// Posts a chain of receive requests (one doorbell). Their memory regions stay borrowed
     /// until the scope ends.
     ///
     /// # Errors
-    /// As [`QueuePair::post_recv`].
+    /// As [`QueuePair::post_recv`], and as [`post_send`](PostScope::post_send) for a full
+    /// receive queue or CQ and for reserved `wr_id` bits.
     pub fn post_recv(&mut self, wrs: &mut [RecvRequest<'_, 's>]) -> Result<()> {
+        let device = self.qp.pd().context().name();
+        check_wr_ids(wrs.iter().map(RecvRequest::wr_id), "ibv_post_recv", device)?;
+        if !self.qp.has_srq() {
+            self.check_room(0, wrs.len())?;
+        }
+        for wr in wrs.iter_mut() {
+            wr.set_wr_id(wr.wr_id() | SCOPE_TAG | RECV_TAG);
+        }
         // SAFETY: as in `post_send`.
-        let r = unsafe { self.qp.post_recv(wrs) };
-        self.count_posted(&r, wrs.len());
+        let r = unsafe { self.qp.post_recv_checked(wrs, true) };
+        for wr in wrs.iter_mut() {
+            wr.set_wr_id(wr.wr_id() & !RESERVED_WR_ID_BITS);
+        }
+        self.recvs += Self::posted(&r, wrs.len());
         r
     }
 }

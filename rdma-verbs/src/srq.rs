@@ -20,6 +20,7 @@ use crate::wr::RecvRequest;
 pub struct SharedReceiveQueue<'pd> {
     raw: NonNull<ffi::ibv_srq>,
     max_sge: u32,
+    device: String,
     _pd: PhantomData<&'pd ProtectionDomain<'pd>>,
 }
 
@@ -50,7 +51,12 @@ impl ProtectionDomain<'_> {
         // SAFETY: live PD, initialised attributes.
         let raw = unsafe { ffi::ibv_create_srq(self.as_raw(), &mut attr) };
         let raw = NonNull::new(raw).ok_or_else(|| Error::last_os_error("ibv_create_srq", Some(ctx.name())))?;
-        Ok(SharedReceiveQueue { raw, max_sge: attr.attr.max_sge.max(max_sge), _pd: PhantomData })
+        Ok(SharedReceiveQueue {
+            raw,
+            max_sge: attr.attr.max_sge.max(max_sge),
+            device: ctx.name().to_owned(),
+            _pd: PhantomData,
+        })
     }
 }
 
@@ -66,7 +72,7 @@ impl SharedReceiveQueue<'_> {
     /// refuses a request (`ENOMEM`: full).
     #[doc(alias = "ibv_post_srq_recv")]
     pub unsafe fn post_recv(&self, wrs: &mut [RecvRequest<'_, '_>]) -> Result<()> {
-        let Some(first) = crate::wr::link_recv(wrs, self.max_sge)? else {
+        let Some(first) = crate::wr::link_recv(wrs, self.max_sge, "ibv_post_srq_recv", &self.device, false)? else {
             return Ok(());
         };
         let mut bad = std::ptr::null_mut();

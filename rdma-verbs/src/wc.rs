@@ -11,27 +11,50 @@ use crate::error::{Error, Result};
 /// `repr(transparent)` over `ibv_wc`: [`CompletionQueue::poll`](crate::CompletionQueue::poll)
 /// writes completions straight into a caller's `[WorkCompletion]`, with no copy or allocation.
 #[doc(alias = "ibv_wc")]
+#[derive(Clone, Copy, Default)]
 #[repr(transparent)]
-pub struct WorkCompletion(ffi::ibv_wc);
+pub struct WorkCompletion(RawWc);
 
-impl Default for WorkCompletion {
-    fn default() -> Self {
-        // SAFETY: `ibv_wc` is plain integers and a union of integers: all-zero is valid.
-        WorkCompletion(unsafe { std::mem::zeroed() })
-    }
+/// `struct ibv_wc`, field for field, as plain `Copy` data (rdma-sys's has a union that is not
+/// `Copy`): `ibv_poll_cq` writes it, and [`WorkCompletion::as_raw`] views it as `ibv_wc`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct RawWc {
+    wr_id: u64,
+    status: ffi::ibv_wc_status::Type,
+    opcode: ffi::ibv_wc_opcode::Type,
+    vendor_err: u32,
+    byte_len: u32,
+    /// `imm_data` (network byte order) or `invalidated_rkey`.
+    imm_data: u32,
+    qp_num: u32,
+    src_qp: u32,
+    wc_flags: libc::c_uint,
+    pkey_index: u16,
+    slid: u16,
+    sl: u8,
+    dlid_path_bits: u8,
 }
 
-impl Clone for WorkCompletion {
-    fn clone(&self) -> Self {
-        // SAFETY: `ibv_wc` is plain old data; a bitwise copy is a valid copy.
-        WorkCompletion(unsafe { std::ptr::read(&self.0) })
-    }
-}
+// The layouts must agree for `ibv_poll_cq` to write `RawWc`s.
+const _: () = {
+    use std::mem::{align_of, offset_of, size_of};
+    assert!(size_of::<RawWc>() == size_of::<ffi::ibv_wc>());
+    assert!(align_of::<RawWc>() == align_of::<ffi::ibv_wc>());
+    assert!(offset_of!(RawWc, imm_data) == offset_of!(ffi::ibv_wc, imm_data_invalidated_rkey_union));
+    assert!(offset_of!(RawWc, qp_num) == offset_of!(ffi::ibv_wc, qp_num));
+    assert!(offset_of!(RawWc, wc_flags) == offset_of!(ffi::ibv_wc, wc_flags));
+    assert!(offset_of!(RawWc, dlid_path_bits) == offset_of!(ffi::ibv_wc, dlid_path_bits));
+};
 
 impl WorkCompletion {
     /// The `wr_id` of the request that completed.
     pub fn wr_id(&self) -> u64 {
         self.0.wr_id
+    }
+
+    pub(crate) fn set_wr_id(&mut self, wr_id: u64) {
+        self.0.wr_id = wr_id;
     }
 
     /// Whether it succeeded, or why not.
@@ -70,8 +93,8 @@ impl WorkCompletion {
     /// The immediate data of a send or write with immediate, in host byte order.
     pub fn imm(&self) -> Option<u32> {
         (self.0.wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0)
-            // SAFETY: with IBV_WC_WITH_IMM the union holds the immediate (network byte order).
-            .then(|| u32::from_be(unsafe { self.0.imm_data_invalidated_rkey_union.imm_data }))
+            // With IBV_WC_WITH_IMM the field holds the immediate (network byte order).
+            .then(|| u32::from_be(self.0.imm_data))
     }
 
     /// The number of the local QP the request belonged to.
@@ -96,7 +119,9 @@ impl WorkCompletion {
 
     /// The `struct ibv_wc`.
     pub fn as_raw(&self) -> &ffi::ibv_wc {
-        &self.0
+        // SAFETY: `RawWc` has `ibv_wc`'s layout (checked above), and every bit pattern is a
+        // valid `ibv_wc` (integers and a union of integers).
+        unsafe { &*(self as *const Self).cast::<ffi::ibv_wc>() }
     }
 }
 

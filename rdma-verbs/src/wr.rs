@@ -10,10 +10,13 @@ use std::marker::PhantomData;
 use rdma_sys as ffi;
 
 use crate::ah::AddressHandle;
-use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::mr::{RemoteRegion, Sge};
 use crate::qp::attr::QpCaps;
+
+/// The `wr_id` bits reserved to posting scopes, which tag their own requests with them: a
+/// request's `wr_id` must leave them clear (`wr_id < 2^62`).
+pub const RESERVED_WR_ID_BITS: u64 = 0b11 << 62;
 
 /// A send-queue work request (`struct ibv_send_wr`): send, RDMA WRITE/READ, atomics.
 ///
@@ -33,7 +36,13 @@ pub struct SendRequest<'a, 'mr> {
     raw: ffi::ibv_send_wr,
     /// Storage for the one SGE of inline data given as a plain slice.
     inline_sge: ffi::ibv_sge,
+    /// The length of that slice, in full (the SGE's length is 32 bits).
+    inline_slice_len: usize,
     uses_inline_sge: bool,
+    /// The length of the remote region of an RDMA or atomic request.
+    remote_len: u64,
+    /// Whether `.to()` gave a UD address.
+    has_ah: bool,
     _borrows: PhantomData<(&'a [u8], Sge<'mr>)>,
 }
 
@@ -62,7 +71,10 @@ impl<'a, 'mr> SendRequest<'a, 'mr> {
         SendRequest {
             raw,
             inline_sge: ffi::ibv_sge { addr: 0, length: 0, lkey: 0 },
+            inline_slice_len: 0,
             uses_inline_sge: false,
+            remote_len: 0,
+            has_ah: false,
             _borrows: PhantomData,
         }
     }
@@ -84,24 +96,30 @@ impl<'a, 'mr> SendRequest<'a, 'mr> {
     /// needed, and `data` may be reused as soon as the post returns.
     pub fn send_inline(wr_id: u64, data: &'a [u8]) -> Self {
         let mut wr = Self::blank(wr_id, ffi::ibv_wr_opcode::IBV_WR_SEND);
+        // The length is checked in full at post time; over u32 it is refused, never truncated.
         wr.inline_sge = ffi::ibv_sge { addr: data.as_ptr() as u64, length: data.len() as u32, lkey: 0 };
+        wr.inline_slice_len = data.len();
         wr.uses_inline_sge = true;
         wr.raw.num_sge = 1;
         wr.raw.send_flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
         wr
     }
 
-    /// An RDMA WRITE of the bytes `sges` name into `remote`.
+    /// An RDMA WRITE of the bytes `sges` name into `remote` (RC and UC). Posting refuses it if
+    /// the bytes are more than `remote.len`.
     pub fn write(wr_id: u64, sges: &'a [Sge<'mr>], remote: RemoteRegion) -> Self {
         let mut wr = Self::new(wr_id, ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE, sges);
         wr.raw.wr.rdma = ffi::rdma_t { remote_addr: remote.addr, rkey: remote.rkey };
+        wr.remote_len = remote.len;
         wr
     }
 
-    /// An RDMA READ of `remote` into the bytes `sges` name.
+    /// An RDMA READ of `remote` into the bytes `sges` name (RC only). Posting refuses it if the
+    /// bytes are more than `remote.len`.
     pub fn read(wr_id: u64, sges: &'a [Sge<'mr>], remote: RemoteRegion) -> Self {
         let mut wr = Self::new(wr_id, ffi::ibv_wr_opcode::IBV_WR_RDMA_READ, sges);
         wr.raw.wr.rdma = ffi::rdma_t { remote_addr: remote.addr, rkey: remote.rkey };
+        wr.remote_len = remote.len;
         wr
     }
 
@@ -110,6 +128,7 @@ impl<'a, 'mr> SendRequest<'a, 'mr> {
     pub fn compare_swap(wr_id: u64, result: &'a [Sge<'mr>; 1], remote: RemoteRegion, compare: u64, swap: u64) -> Self {
         let mut wr = Self::new(wr_id, ffi::ibv_wr_opcode::IBV_WR_ATOMIC_CMP_AND_SWP, result);
         wr.raw.wr.atomic = ffi::atomic_t { remote_addr: remote.addr, compare_add: compare, swap, rkey: remote.rkey };
+        wr.remote_len = remote.len;
         wr
     }
 
@@ -118,6 +137,7 @@ impl<'a, 'mr> SendRequest<'a, 'mr> {
     pub fn fetch_add(wr_id: u64, result: &'a [Sge<'mr>; 1], remote: RemoteRegion, add: u64) -> Self {
         let mut wr = Self::new(wr_id, ffi::ibv_wr_opcode::IBV_WR_ATOMIC_FETCH_AND_ADD, result);
         wr.raw.wr.atomic = ffi::atomic_t { remote_addr: remote.addr, compare_add: add, swap: 0, rkey: remote.rkey };
+        wr.remote_len = remote.len;
         wr
     }
 
@@ -136,7 +156,8 @@ impl<'a, 'mr> SendRequest<'a, 'mr> {
     }
 
     /// Copies the data into the queue at post time (`IBV_SEND_INLINE`), up to the QP's
-    /// `max_inline_data`.
+    /// `max_inline_data`. Only sends and RDMA WRITEs carry inline data (`ibv_post_send(3)`):
+    /// posting refuses it on READs and atomics.
     pub fn inline(mut self) -> Self {
         self.raw.send_flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
         self
@@ -161,9 +182,12 @@ impl<'a, 'mr> SendRequest<'a, 'mr> {
         self
     }
 
-    /// Addresses a UD send: through `ah`, to QP `remote_qpn` with Q_Key `qkey`.
+    /// Addresses a UD send: through `ah`, to QP `remote_qpn` with Q_Key `qkey`. Every send on a
+    /// UD QP needs it; posting refuses it on RC and UC QPs (their peer is fixed).
     pub fn to(mut self, ah: &'a AddressHandle<'_>, remote_qpn: u32, qkey: u32) -> Self {
         self.raw.wr.ud = ffi::ud_t { ah: ah.as_raw(), remote_qpn, remote_qkey: qkey };
+        self.remote_len = 0;
+        self.has_ah = true;
         self
     }
 
@@ -181,16 +205,109 @@ impl<'a, 'mr> SendRequest<'a, 'mr> {
         self.raw.wr_id
     }
 
-    fn inline_len(&self) -> u64 {
-        let sges: &[ffi::ibv_sge] = if self.uses_inline_sge {
+    pub(crate) fn set_wr_id(&mut self, wr_id: u64) {
+        self.raw.wr_id = wr_id;
+    }
+
+    fn sges(&self) -> &[ffi::ibv_sge] {
+        if self.uses_inline_sge {
             std::slice::from_ref(&self.inline_sge)
         } else if self.raw.num_sge > 0 {
             // SAFETY: `sg_list` points at `num_sge` entries borrowed for 'a (see `new`).
             unsafe { std::slice::from_raw_parts(self.raw.sg_list, self.raw.num_sge as usize) }
         } else {
             &[]
+        }
+    }
+
+    /// The bytes the request sends, writes or reads, in full.
+    fn byte_len(&self) -> u64 {
+        if self.uses_inline_sge {
+            self.inline_slice_len as u64
+        } else {
+            self.sges().iter().map(|s| u64::from(s.length)).sum()
+        }
+    }
+
+    /// Why the QP would refuse this request, or what the device would do wrong with it.
+    fn check(&self, caps: &QpCaps, qp_type: ffi::ibv_qp_type::Type, scoped: bool) -> std::result::Result<(), String> {
+        use ffi::ibv_wr_opcode::*;
+        let id = self.raw.wr_id;
+        let op = self.raw.opcode;
+        if !scoped && id & RESERVED_WR_ID_BITS != 0 {
+            return Err(format!("wr_id {id:#x} uses bits 62-63, which are reserved to posting scopes"));
+        }
+        let name = opcode_name(op);
+        let (sends, rdma, atomic) = (
+            op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM,
+            op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM || op == IBV_WR_RDMA_READ,
+            op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD,
+        );
+        let transport_ok = match qp_type {
+            ffi::ibv_qp_type::IBV_QPT_UD => sends,
+            ffi::ibv_qp_type::IBV_QPT_UC => sends || op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM,
+            _ => sends || rdma || atomic,
         };
-        sges.iter().map(|s| u64::from(s.length)).sum()
+        let transport = match qp_type {
+            ffi::ibv_qp_type::IBV_QPT_UD => "UD",
+            ffi::ibv_qp_type::IBV_QPT_UC => "UC",
+            _ => "RC",
+        };
+        if !transport_ok {
+            return Err(format!("request with wr_id {id}: {name} is not available on a {transport} QP"));
+        }
+        if qp_type == ffi::ibv_qp_type::IBV_QPT_UD && !self.has_ah {
+            return Err(format!("request with wr_id {id}: a send on a UD QP needs an address (`.to(ah, qpn, qkey)`)"));
+        }
+        if qp_type != ffi::ibv_qp_type::IBV_QPT_UD && self.has_ah {
+            return Err(format!("request with wr_id {id}: `.to()` addresses UD sends; a {transport} QP has one peer"));
+        }
+        if !self.uses_inline_sge && self.raw.num_sge as u32 > caps.max_send_sge {
+            return Err(format!(
+                "request with wr_id {id} has {} SGEs; the QP takes {}",
+                self.raw.num_sge, caps.max_send_sge
+            ));
+        }
+        let len = self.byte_len();
+        if self.uses_inline_sge || self.raw.send_flags & ffi::ibv_send_flags::IBV_SEND_INLINE.0 != 0 {
+            if !(sends || op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM) {
+                return Err(format!("request with wr_id {id}: {name} cannot carry inline data"));
+            }
+            if len > u64::from(caps.max_inline_data) {
+                return Err(format!(
+                    "request with wr_id {id} has {len} inline bytes; the QP takes {}",
+                    caps.max_inline_data
+                ));
+            }
+        }
+        if rdma && len > self.remote_len {
+            return Err(format!(
+                "request with wr_id {id}: {name} of {len} bytes does not fit its remote region of {}",
+                self.remote_len
+            ));
+        }
+        if atomic && (len != 8 || self.remote_len < 8) {
+            return Err(format!(
+                "request with wr_id {id}: {name} needs an 8-byte local SGE and remote region (got {len} and {})",
+                self.remote_len
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The verbs name of a send opcode, for messages.
+fn opcode_name(op: ffi::ibv_wr_opcode::Type) -> &'static str {
+    use ffi::ibv_wr_opcode::*;
+    match op {
+        IBV_WR_SEND => "SEND",
+        IBV_WR_SEND_WITH_IMM => "SEND with immediate",
+        IBV_WR_RDMA_WRITE => "RDMA WRITE",
+        IBV_WR_RDMA_WRITE_WITH_IMM => "RDMA WRITE with immediate",
+        IBV_WR_RDMA_READ => "RDMA READ",
+        IBV_WR_ATOMIC_CMP_AND_SWP => "atomic compare-and-swap",
+        IBV_WR_ATOMIC_FETCH_AND_ADD => "atomic fetch-and-add",
+        _ => "this opcode",
     }
 }
 
@@ -230,31 +347,23 @@ impl<'a, 'mr> RecvRequest<'a, 'mr> {
     pub fn wr_id(&self) -> u64 {
         self.raw.wr_id
     }
+
+    pub(crate) fn set_wr_id(&mut self, wr_id: u64) {
+        self.raw.wr_id = wr_id;
+    }
 }
 
-/// Checks the requests against the QP's sizes and links them into one chain, in place.
+/// Checks the requests against the QP (transport, sizes) and links them into one chain, in
+/// place. `scoped`: the caller is a posting scope, whose tags may use the reserved `wr_id` bits.
 pub(crate) fn link_send(
     wrs: &mut [SendRequest<'_, '_>],
     caps: &QpCaps,
-    ctx: &Context,
+    qp_type: ffi::ibv_qp_type::Type,
+    device: &str,
+    scoped: bool,
 ) -> Result<Option<*mut ffi::ibv_send_wr>> {
     for wr in wrs.iter() {
-        if !wr.uses_inline_sge && wr.raw.num_sge as u32 > caps.max_send_sge {
-            let reason =
-                format!("request {} has {} SGEs; the QP takes {}", wr.wr_id(), wr.raw.num_sge, caps.max_send_sge);
-            return Err(Error::invalid("ibv_post_send", Some(ctx.name()), reason));
-        }
-        if wr.raw.send_flags & ffi::ibv_send_flags::IBV_SEND_INLINE.0 != 0
-            && wr.inline_len() > u64::from(caps.max_inline_data)
-        {
-            let reason = format!(
-                "request {} has {} inline bytes; the QP takes {}",
-                wr.wr_id(),
-                wr.inline_len(),
-                caps.max_inline_data
-            );
-            return Err(Error::invalid("ibv_post_send", Some(ctx.name()), reason));
-        }
+        wr.check(caps, qp_type, scoped).map_err(|reason| Error::invalid("ibv_post_send", Some(device), reason))?;
     }
     let n = wrs.len();
     for i in 0..n {
@@ -268,11 +377,23 @@ pub(crate) fn link_send(
     Ok(wrs.first_mut().map(|w| &mut w.raw as *mut _))
 }
 
-pub(crate) fn link_recv(wrs: &mut [RecvRequest<'_, '_>], max_sge: u32) -> Result<Option<*mut ffi::ibv_recv_wr>> {
+pub(crate) fn link_recv(
+    wrs: &mut [RecvRequest<'_, '_>],
+    max_sge: u32,
+    verb: &'static str,
+    device: &str,
+    scoped: bool,
+) -> Result<Option<*mut ffi::ibv_recv_wr>> {
     let n = wrs.len();
-    if let Some(wr) = wrs.iter().find(|w| w.raw.num_sge as u32 > max_sge) {
-        let reason = format!("request {} has {} SGEs; the queue takes {max_sge}", wr.wr_id(), wr.raw.num_sge);
-        return Err(Error::invalid("ibv_post_recv", None, reason));
+    for wr in wrs.iter() {
+        let reason = if wr.raw.num_sge as u32 > max_sge {
+            format!("request with wr_id {} has {} SGEs; the queue takes {max_sge}", wr.wr_id(), wr.raw.num_sge)
+        } else if !scoped && wr.raw.wr_id & RESERVED_WR_ID_BITS != 0 {
+            format!("wr_id {:#x} uses bits 62-63, which are reserved to posting scopes", wr.raw.wr_id)
+        } else {
+            continue;
+        };
+        return Err(Error::invalid(verb, Some(device), reason));
     }
     for i in 0..n {
         let next = if i + 1 < n { &mut wrs[i + 1].raw as *mut ffi::ibv_recv_wr } else { std::ptr::null_mut() };
@@ -281,10 +402,28 @@ pub(crate) fn link_recv(wrs: &mut [RecvRequest<'_, '_>], max_sge: u32) -> Result
     Ok(wrs.first_mut().map(|w| &mut w.raw as *mut _))
 }
 
+/// How many requests of a refused chain may have been posted: those before `bad`, or all of them
+/// when the provider names no request of the chain (rxe leaves `bad_wr` NULL when its doorbell
+/// fails after queueing every request).
 pub(crate) fn index_of_send(wrs: &[SendRequest<'_, '_>], bad: *mut ffi::ibv_send_wr) -> usize {
-    wrs.iter().position(|w| std::ptr::eq(&w.raw, bad)).unwrap_or(0)
+    wrs.iter().position(|w| std::ptr::eq(&w.raw, bad)).unwrap_or(wrs.len())
 }
 
+/// As [`index_of_send`], for receives.
 pub(crate) fn index_of_recv(wrs: &[RecvRequest<'_, '_>], bad: *mut ffi::ibv_recv_wr) -> usize {
-    wrs.iter().position(|w| std::ptr::eq(&w.raw, bad)).unwrap_or(0)
+    wrs.iter().position(|w| std::ptr::eq(&w.raw, bad)).unwrap_or(wrs.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_wr_outside_the_chain_counts_every_request_as_maybe_posted() {
+        let sges: [crate::mr::Sge<'_>; 0] = [];
+        let wrs = [SendRequest::send(1, &sges), SendRequest::send(2, &sges)];
+        // The provider may leave bad_wr NULL (rxe does when the doorbell fails after queueing).
+        assert_eq!(index_of_send(&wrs, std::ptr::null_mut()), 2);
+        assert_eq!(index_of_send(&wrs, &wrs[1].raw as *const _ as *mut _), 1);
+    }
 }

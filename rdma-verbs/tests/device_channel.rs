@@ -16,11 +16,11 @@ fn channel_wait_returns_on_a_completion_and_times_out_without_one() {
     let channel = ctx.create_completion_channel().unwrap();
     assert!(channel.as_raw_fd() >= 0);
     let cq = ctx.create_cq(16, Some(&channel)).unwrap();
-    let qp = pd.create_qp::<Rc>(QpInit::new(&cq, &cq)).unwrap().init(InitAttr::new(topo.port)).unwrap();
-    let me = qp.endpoint(topo.port, topo.gid_index, 1).unwrap();
+    let qp = pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq)).unwrap().init(InitAttr::new(topo.port)).unwrap();
+    let me = qp.endpoint(topo.gid_index, 1).unwrap();
     let mtu = ctx.query_port(topo.port).unwrap().active_mtu;
     let qp = qp
-        .ready_to_receive(&RtrAttr::new(me, topo.port, topo.gid_index as u8, mtu))
+        .ready_to_receive(&RtrAttr::new(me, topo.port, topo.gid_index, mtu))
         .unwrap()
         .ready_to_send(&RtsAttr::new(1))
         .unwrap();
@@ -37,13 +37,13 @@ fn channel_wait_returns_on_a_completion_and_times_out_without_one() {
     // A loopback send: the event comes, then the completions are polled.
     let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
     let mut wcs: [WorkCompletion; 4] = Default::default();
-    qp.scope(T, |s| {
+    qp.scope(T, |s| -> rdma_verbs::Result<_> {
         let (buf, msg) = ([mr.sge(2048..).unwrap()], [mr.sge(..100).unwrap()]);
         s.post_recv(&mut [RecvRequest::new(1, &buf)]).unwrap();
         cq.arm(false).unwrap();
         s.post_send(&mut [SendRequest::send(2, &msg)]).unwrap();
         let got = channel.wait(T).expect("an event for the completion");
-        assert_eq!(got, cq.as_raw());
+        assert!(got.is_for(&cq));
         let mut n = s.poll(&mut wcs).unwrap().len();
         while n < 2 {
             // The second completion may land after the event; wait for its own event.
@@ -52,6 +52,7 @@ fn channel_wait_returns_on_a_completion_and_times_out_without_one() {
             }
             n = 2 - s.outstanding();
         }
+        Ok(())
     })
     .unwrap();
 

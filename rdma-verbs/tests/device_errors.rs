@@ -13,7 +13,7 @@ fn one_completion(cq: &CompletionQueue<'_>) -> WorkCompletion {
     let deadline = Instant::now() + T;
     while Instant::now() < deadline {
         if cq.poll(&mut wcs).unwrap().len() == 1 {
-            return wcs[0].clone();
+            return wcs[0];
         }
     }
     panic!("no completion within {T:?}");
@@ -25,9 +25,10 @@ fn write_with_a_wrong_rkey_is_a_remote_access_error_and_the_qp_goes_to_error() {
     for (da, db) in device_pairs(&topo) {
         with_rc_pair(&topo, &da, &db, ALL, |a, b| {
             let bad = RemoteRegion { rkey: b.remote().rkey ^ 0x5a5a, ..b.remote() };
-            let r = a.qp.scope(T, |sa| {
+            let r = a.qp.scope(T, |sa| -> rdma_verbs::Result<_> {
                 let src = [a.mr.sge(0..64).unwrap()];
                 sa.post_send(&mut [SendRequest::write(1, &src, bad)]).unwrap();
+                Ok(())
             });
             match r {
                 Err(Error::WorkCompletion { wr_id: 1, status: WcStatus::RemoteAccessError, .. }) => {}
@@ -84,14 +85,14 @@ fn bad_input_is_refused_before_any_verb() {
     invalid(ctx.create_cq(dev.max_cqe + 1, None).map(drop), "ibv_create_cq");
     let cq = ctx.create_cq(16, None).unwrap();
     let too_deep = QpCaps { max_send_wr: dev.max_qp_wr + 1, ..QpCaps::default() };
-    invalid(pd.create_qp::<Rc>(QpInit::new(&cq, &cq).caps(too_deep)).map(drop), "ibv_create_qp");
+    invalid(pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq).caps(too_deep)).map(drop), "ibv_create_qp");
     let too_wide = QpCaps { max_send_sge: dev.max_sge + 1, ..QpCaps::default() };
-    invalid(pd.create_qp::<Rc>(QpInit::new(&cq, &cq).caps(too_wide)).map(drop), "ibv_create_qp");
+    invalid(pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq).caps(too_wide)).map(drop), "ibv_create_qp");
     invalid(ctx.query_port(0).map(drop), "ibv_query_port");
 
     // A wrong port in a transition gives the QP back, still in Reset.
-    let qp = pd.create_qp::<Rc>(QpInit::new(&cq, &cq)).unwrap();
-    let err = qp.init(InitAttr::new(9)).unwrap_err();
+    let qp = pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq)).unwrap();
+    let err = qp.try_init(InitAttr::new(9)).unwrap_err();
     assert!(matches!(err.error, Error::InvalidArgument { .. }), "{}", err.error);
     let qp = err.qp.init(InitAttr::new(topo.port)).unwrap();
     assert_eq!(qp.state().unwrap(), QpState::Init);
@@ -110,23 +111,38 @@ fn posting_more_than_the_queue_holds_is_a_typed_error() {
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(64, None).unwrap();
     let caps = QpCaps { max_recv_wr: 4, ..QpCaps::default() };
-    let qp = pd.create_qp::<Rc>(QpInit::new(&cq, &cq).caps(caps)).unwrap().init(InitAttr::new(topo.port)).unwrap();
+    let qp =
+        pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq).caps(caps)).unwrap().init(InitAttr::new(topo.port)).unwrap();
     let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
     let room = qp.caps().max_recv_wr as usize;
     let sge = [mr.sge(0..64).unwrap()];
-    let r = qp.scope(Duration::from_millis(200), |s| {
+    let r = qp.scope(Duration::from_millis(200), |s| -> rdma_verbs::Result<_> {
         let mut wrs: Vec<RecvRequest<'_, '_>> = (0..room as u64).map(|i| RecvRequest::new(i, &sge)).collect();
-        s.post_recv(&mut wrs)
+        Ok(s.post_recv(&mut wrs))
     });
     // The receives never complete (nobody sends): the scope flushes them and says so.
     match r {
-        Err(Error::Timeout { what: "draining a posting scope", .. }) => {}
+        Err(Error::Timeout { what: "draining a posting scope (flushed)", .. }) => {}
         Ok(Err(e)) => panic!("posting {room} receives into a queue of {room} failed: {e}"),
         other => panic!("expected the scope to flush, got {other:?}"),
     }
     assert_eq!(qp.state().unwrap(), QpState::Error, "flushing moved the QP to the error state");
+    // A scope refuses, by name and before posting anything, more than the queue holds.
+    let r = qp.scope(Duration::from_millis(200), |s| -> rdma_verbs::Result<_> {
+        let mut wrs: Vec<RecvRequest<'_, '_>> = (0..=room as u64).map(|i| RecvRequest::new(i, &sge)).collect();
+        let r = s.post_recv(&mut wrs);
+        assert_eq!(s.outstanding(), 0, "nothing was posted");
+        Ok(r)
+    });
+    match r {
+        Ok(Err(e @ Error::QueueFull { queue: "receive queue", .. })) => {
+            assert!(e.to_string().contains("receive queue is full"), "{e}")
+        }
+        other => panic!("expected QueueFull, got {other:?}"),
+    }
     // And the post itself, on a fresh QP:
-    let qp2 = pd.create_qp::<Rc>(QpInit::new(&cq, &cq).caps(caps)).unwrap().init(InitAttr::new(topo.port)).unwrap();
+    let qp2 =
+        pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq).caps(caps)).unwrap().init(InitAttr::new(topo.port)).unwrap();
     // Providers may round the queue up (rxe does), so post far more than it was asked to hold.
     let mut wrs: Vec<RecvRequest<'_, '_>> = (0..room as u64 * 8 + 64).map(|i| RecvRequest::new(i, &sge)).collect();
     // SAFETY: no slice of `mr` exists while these receives are outstanding; qp2 is destroyed

@@ -55,19 +55,21 @@ fn post_and_poll_allocate_nothing() {
         let remote = b.remote().slice(0, 4096).unwrap();
         let src = [a.mr.sge(0..4096).unwrap()];
         // Warm up once (lazy initialisation in libraries is not the hot path).
-        a.qp.scope(T, |s| {
+        a.qp.scope(T, |s| -> rdma_verbs::Result<_> {
             s.post_send(&mut [SendRequest::write(0, &src, remote)]).unwrap();
             s.wait(1, &mut wcs, T).unwrap();
+            Ok(())
         })
         .unwrap();
 
         let n = allocations_during(|| {
             // The safe layer: 200 writes, each posted and polled.
-            a.qp.scope(T, |s| {
+            a.qp.scope(T, |s| -> rdma_verbs::Result<_> {
                 for i in 0..200u64 {
                     s.post_send(&mut [SendRequest::write(i, &src, remote)]).unwrap();
                     s.wait(1, &mut wcs, T).unwrap();
                 }
+                Ok(())
             })
             .unwrap();
             // The raw layer: chains of 4 with one doorbell.

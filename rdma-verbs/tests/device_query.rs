@@ -29,7 +29,7 @@ fn ports_are_active_ethernet_with_the_topology_mtu() {
         assert_eq!(port.state, PortState::Active, "{} port {}", end.device, topo.port);
         assert_eq!(port.link_layer, LinkLayer::Ethernet, "{} is not RoCE", end.device);
         assert_eq!(port.active_mtu.bytes(), Some(topo.mtu), "{} active MTU", end.device);
-        assert!(port.gid_table_len > topo.gid_index, "{}: GID table of {}", end.device, port.gid_table_len);
+        assert!(port.gid_table_len > u32::from(topo.gid_index), "{}: GID table of {}", end.device, port.gid_table_len);
     }
 }
 
@@ -41,7 +41,7 @@ fn roce_v2_gid_of_each_address_is_at_the_topology_index() {
         let entry = ctx.query_gid(topo.port, topo.gid_index).unwrap();
         assert_eq!(entry.gid_type, GidType::RoceV2, "{} GID[{}] = {}", end.device, topo.gid_index, entry.gid);
         assert_eq!(entry.gid.to_ipv4_mapped(), Some(end.addr), "{} GID[{}]", end.device, topo.gid_index);
-        assert_eq!((entry.index, entry.port), (topo.gid_index, u32::from(topo.port)));
+        assert_eq!((entry.index, entry.port), (topo.gid_index, topo.port));
         assert!(entry.netdev_ifindex.is_some(), "a RoCE GID belongs to a netdev");
 
         let table = ctx.gid_table().unwrap();
@@ -63,7 +63,11 @@ fn bad_port_gid_index_and_name_are_typed_errors() {
         }
     }
     let len = ctx.query_port(topo.port).unwrap().gid_table_len;
-    assert!(matches!(ctx.query_gid(topo.port, len), Err(Error::InvalidArgument { verb: "ibv_query_gid_ex", .. })));
+    // Past the table: refused by name (rxe's table has 1024 entries, more than a u8 can name).
+    if let Ok(len) = u8::try_from(len) {
+        let r = ctx.query_gid(topo.port, len);
+        assert!(matches!(r, Err(Error::InvalidArgument { verb: "ibv_query_gid_ex", .. })), "{r:?}");
+    }
 
     match Context::open("no-such-rdma-device") {
         Err(Error::NoDevice { name: Some(n), available }) => {

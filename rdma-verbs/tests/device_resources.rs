@@ -16,7 +16,7 @@ fn ten_thousand_mrs_and_a_thousand_qps_leave_nothing_behind() {
         let cq = ctx.create_cq(16, None).unwrap();
         // The counts move while resources live: the check below can fail.
         let held: Vec<_> = (0..10).map(|_| pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap()).collect();
-        let qp = pd.create_qp::<Rc>(QpInit::new(&cq, &cq)).unwrap();
+        let qp = pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq)).unwrap();
         assert_eq!(count(dev, "mr"), count_in(&before, "mr") + 10);
         assert_eq!(count(dev, "qp"), count_in(&before, "qp") + 1);
         drop((held, qp));
@@ -30,7 +30,7 @@ fn ten_thousand_mrs_and_a_thousand_qps_leave_nothing_behind() {
             drop(pd.alloc_mr(4096, access).unwrap());
         }
         for i in 0..1_000 {
-            let qp = pd.create_qp::<Rc>(QpInit::new(&cq, &cq)).unwrap();
+            let qp = pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq)).unwrap();
             if i % 2 == 0 {
                 // Half of them reach Init before being dropped.
                 qp.init(InitAttr::new(topo.port)).unwrap();

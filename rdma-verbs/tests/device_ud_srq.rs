@@ -10,7 +10,7 @@ const QKEY: u32 = 0x1111_2222;
 const GRH: usize = 40;
 
 fn ud_qp<'r>(pd: &'r ProtectionDomain<'r>, cq: &'r CompletionQueue<'r>, port: u8) -> QueuePair<'r, Ud, ReadyToSend> {
-    let qp = pd.create_qp::<Ud>(QpInit::new(cq, cq)).unwrap().init(InitAttr::new(port).qkey(QKEY)).unwrap();
+    let qp = pd.create_qp::<Ud>(QpCreateAttr::new(cq, cq)).unwrap().init(InitAttr::new(port).qkey(QKEY)).unwrap();
     qp.ready_to_receive().unwrap().ready_to_send(0).unwrap()
 }
 
@@ -28,17 +28,18 @@ fn ud_send_and_receive_through_an_address_handle() {
             pb.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap(),
         );
         let b_gid = cb.query_gid(topo.port, topo.gid_index).unwrap().gid;
-        let ah = pa.create_ah(&AddressVector::roce(topo.port, b_gid, topo.gid_index as u8)).unwrap();
+        let ah = pa.create_ah(&AddressVector::roce(topo.port, b_gid, topo.gid_index)).unwrap();
         let msg = pattern(512, 5);
         ma.write_at(0, &msg).unwrap();
-        b.scope(T, |sb| {
+        b.scope(T, |sb| -> rdma_verbs::Result<_> {
             let buf = [mb.sge(0..GRH + 1024).unwrap()];
             sb.post_recv(&mut [RecvRequest::new(7, &buf)]).unwrap();
-            a.scope(T, |sa| {
+            a.scope(T, |sa| -> rdma_verbs::Result<_> {
                 let src = [ma.sge(0..512).unwrap()];
                 sa.post_send(&mut [SendRequest::send(8, &src).to(&ah, b.qp_num(), QKEY)]).unwrap();
                 let mut wcs: [WorkCompletion; 1] = Default::default();
                 sa.wait(1, &mut wcs, T).unwrap()[0].ok().unwrap();
+                Ok(())
             })
             .unwrap();
             let mut wcs: [WorkCompletion; 1] = Default::default();
@@ -46,6 +47,7 @@ fn ud_send_and_receive_through_an_address_handle() {
             wc.ok().unwrap();
             assert_eq!((wc.wr_id(), wc.opcode(), wc.byte_len() as usize), (7, WcOpcode::Recv, GRH + 512), "{da}->{db}");
             assert_eq!(wc.src_qp(), a.qp_num(), "{da}->{db}: the sender's QP number");
+            Ok(())
         })
         .unwrap();
         assert_eq!(read(&mb, GRH, 512), msg, "{da}->{db}");
@@ -65,11 +67,11 @@ fn two_qps_consume_receives_from_one_shared_receive_queue() {
     let mtu = ctx.query_port(topo.port).unwrap().active_mtu;
     // Two receivers on the SRQ, each connected to its own sender, all on one device.
     let mk = |with_srq: bool| {
-        let init = if with_srq { QpInit::new(&cq, &cq).srq(&srq) } else { QpInit::new(&send_cq, &send_cq) };
+        let init = if with_srq { QpCreateAttr::new(&cq, &cq).srq(&srq) } else { QpCreateAttr::new(&send_cq, &send_cq) };
         pd.create_qp::<Rc>(init).unwrap().init(InitAttr::new(topo.port)).unwrap()
     };
     let (r1, r2, s1, s2) = (mk(true), mk(true), mk(false), mk(false));
-    let ep = |qp: &QueuePair<'_, Rc, Init>| qp.endpoint(topo.port, topo.gid_index, 0).unwrap();
+    let ep = |qp: &QueuePair<'_, Rc, Init>| qp.endpoint(topo.gid_index, 0).unwrap();
     let (e_r1, e_r2, e_s1, e_s2) = (ep(&r1), ep(&r2), ep(&s1), ep(&s2));
     // Every endpoint above announced PSN 0.
     let up = |qp, peer| connect(qp, 0, peer, &topo, mtu);
@@ -81,14 +83,16 @@ fn two_qps_consume_receives_from_one_shared_receive_queue() {
     unsafe { srq.post_recv(&mut recvs).unwrap() };
     mr.write_at(4096, b"from s1").unwrap();
     mr.write_at(5000, b"from s2").unwrap();
-    s1.scope(T, |s| {
+    s1.scope(T, |s| -> rdma_verbs::Result<_> {
         let m = [mr.sge(4096..4103).unwrap()];
         s.post_send(&mut [SendRequest::send(1, &m)]).unwrap();
+        Ok(())
     })
     .unwrap();
-    s2.scope(T, |s| {
+    s2.scope(T, |s| -> rdma_verbs::Result<_> {
         let m = [mr.sge(5000..5007).unwrap()];
         s.post_send(&mut [SendRequest::send(2, &m)]).unwrap();
+        Ok(())
     })
     .unwrap();
     let mut wcs: [WorkCompletion; 8] = Default::default();
@@ -114,21 +118,26 @@ fn uc_send_and_rdma_write() {
         let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
         let (qa, qb) = (ca.create_cq(16, None).unwrap(), cb.create_cq(16, None).unwrap());
         let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
-        let a =
-            pa.create_qp::<Uc>(QpInit::new(&qa, &qa)).unwrap().init(InitAttr::new(topo.port).access(access)).unwrap();
-        let b =
-            pb.create_qp::<Uc>(QpInit::new(&qb, &qb)).unwrap().init(InitAttr::new(topo.port).access(access)).unwrap();
-        let (ea, eb) =
-            (a.endpoint(topo.port, topo.gid_index, 0).unwrap(), b.endpoint(topo.port, topo.gid_index, 0).unwrap());
+        let a = pa
+            .create_qp::<Uc>(QpCreateAttr::new(&qa, &qa))
+            .unwrap()
+            .init(InitAttr::new(topo.port).access(access))
+            .unwrap();
+        let b = pb
+            .create_qp::<Uc>(QpCreateAttr::new(&qb, &qb))
+            .unwrap()
+            .init(InitAttr::new(topo.port).access(access))
+            .unwrap();
+        let (ea, eb) = (a.endpoint(topo.gid_index, 0).unwrap(), b.endpoint(topo.gid_index, 0).unwrap());
         let mtu = ca.query_port(topo.port).unwrap().active_mtu;
         let (a, b) = (connect(a, 0, eb, &topo, mtu), connect(b, 0, ea, &topo, mtu));
         let (ma, mb) = (pa.alloc_mr(8192, access).unwrap(), pb.alloc_mr(8192, access).unwrap());
         let msg = pattern(1000, 2);
         ma.write_at(0, &msg).unwrap();
-        b.scope(T, |sb| {
+        b.scope(T, |sb| -> rdma_verbs::Result<_> {
             let buf = [mb.sge(0..4096).unwrap()];
             sb.post_recv(&mut [RecvRequest::new(1, &buf)]).unwrap();
-            a.scope(T, |sa| {
+            a.scope(T, |sa| -> rdma_verbs::Result<_> {
                 let src = [ma.sge(0..1000).unwrap()];
                 sa.post_send(&mut [
                     SendRequest::send(2, &src),
@@ -139,10 +148,12 @@ fn uc_send_and_rdma_write() {
                 for wc in sa.wait(2, &mut wcs, T).unwrap().iter() {
                     wc.ok().unwrap();
                 }
+                Ok(())
             })
             .unwrap();
             let mut wcs: [WorkCompletion; 1] = Default::default();
             assert_eq!(sb.wait(1, &mut wcs, T).unwrap()[0].byte_len(), 1000);
+            Ok(())
         })
         .unwrap();
         assert_eq!(read(&mb, 0, 1000), msg, "{da}->{db}: UC send");

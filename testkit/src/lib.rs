@@ -47,7 +47,7 @@ pub struct Topology {
     pub server: Endpoint,
     pub client: Endpoint,
     pub port: u8,
-    pub gid_index: u32,
+    pub gid_index: u8,
     pub mtu: u32,
     /// A local address on an interface without an RDMA device (errors tests).
     pub plain_addr: Ipv4Addr,

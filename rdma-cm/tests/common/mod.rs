@@ -21,7 +21,7 @@ pub fn client_src(topo: &testkit::Topology) -> SocketAddr {
 }
 
 /// Completions of a scope, each checked for success: `(wr_id, opcode, byte_len)`.
-pub fn complete<S: State>(s: &mut PostScope<'_, '_, '_, Rc, S>, n: usize) -> Vec<(u64, WcOpcode, u32)> {
+pub fn complete<S: State>(s: &mut PostScope<'_, '_, Rc, S>, n: usize) -> Vec<(u64, WcOpcode, u32)> {
     let mut wcs: [WorkCompletion; 8] = Default::default();
     let got = s.wait(n, &mut wcs, T).unwrap();
     got.iter()
@@ -44,7 +44,7 @@ pub fn client<R>(
     let ctx = id.open_context().unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(32, None).unwrap();
-    let qp = pd.create_qp::<Rc>(QpInit::new(&cq, &cq)).unwrap();
+    let qp = pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq)).unwrap();
     let qp = id.init_qp(qp, AccessFlags::REMOTE_WRITE).unwrap();
     let conn = id.connect(qp, &ConnParams::new().private_data(data), T);
     f(conn, &pd)
@@ -56,7 +56,7 @@ pub fn accept<R>(req: ConnectRequest, data: &[u8], f: impl FnOnce(Connection<'_>
     let ctx = req.open_context().unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(32, None).unwrap();
-    let qp = pd.create_qp::<Rc>(QpInit::new(&cq, &cq)).unwrap();
+    let qp = pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq)).unwrap();
     let qp = req.init_qp(qp, AccessFlags::REMOTE_WRITE).unwrap();
     let conn = req.accept(qp, &ConnParams::new().private_data(data), T).unwrap();
     f(conn, &pd)
@@ -67,13 +67,14 @@ pub fn ping_client(conn: &Connection<'_>, pd: &ProtectionDomain<'_>, n: u64) {
     let mr = pd.alloc_mr(16, AccessFlags::LOCAL_WRITE).unwrap();
     mr.write_at(0, &n.to_le_bytes()).unwrap();
     conn.qp()
-        .scope(T, |s| {
+        .scope(T, |s| -> rdma_verbs::Result<_> {
             let (out, back) = ([mr.sge(0..8).unwrap()], [mr.sge(8..16).unwrap()]);
             s.post_recv(&mut [RecvRequest::new(2, &back)]).unwrap();
             s.post_send(&mut [SendRequest::send(1, &out)]).unwrap();
             let mut got = complete(s, 2);
             got.sort_by_key(|c| c.0);
             assert_eq!(got, [(1, WcOpcode::Send, 8), (2, WcOpcode::Recv, 8)]);
+            Ok(())
         })
         .unwrap();
     let mut back = [0u8; 8];
@@ -85,10 +86,11 @@ pub fn ping_client(conn: &Connection<'_>, pd: &ProtectionDomain<'_>, n: u64) {
 pub fn ping_server(conn: &Connection<'_>, pd: &ProtectionDomain<'_>) -> u64 {
     let mr = pd.alloc_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
     conn.qp()
-        .scope(T, |s| {
+        .scope(T, |s| -> rdma_verbs::Result<_> {
             let buf = [mr.sge(..).unwrap()];
             s.post_recv(&mut [RecvRequest::new(1, &buf)]).unwrap();
             assert_eq!(complete(s, 1), [(1, WcOpcode::Recv, 8)]);
+            Ok(())
         })
         .unwrap();
     let mut n = [0u8; 8];
@@ -96,10 +98,11 @@ pub fn ping_server(conn: &Connection<'_>, pd: &ProtectionDomain<'_>) -> u64 {
     let n = u64::from_le_bytes(n);
     mr.write_at(0, &(n + 1).to_le_bytes()).unwrap();
     conn.qp()
-        .scope(T, |s| {
+        .scope(T, |s| -> rdma_verbs::Result<_> {
             let buf = [mr.sge(..).unwrap()];
             s.post_send(&mut [SendRequest::send(1, &buf)]).unwrap();
             assert_eq!(complete(s, 1), [(1, WcOpcode::Send, 8)]);
+            Ok(())
         })
         .unwrap();
     n

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use rdma_cm::{CmId, ConnParams};
-use rdma_verbs::{AccessFlags, Context, QpInit, Rc};
+use rdma_verbs::{AccessFlags, Context, QpCreateAttr, Rc};
 
 fn main() {
     let t = Duration::from_secs(1);
@@ -11,7 +11,7 @@ fn main() {
     let ctx = Context::open("rxe0").unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(4, None).unwrap();
-    let qp = pd.create_qp::<Rc>(QpInit::new(&cq, &cq)).unwrap();
+    let qp = pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq)).unwrap();
     let qp = qp.init(rdma_verbs::InitAttr::new(1).access(AccessFlags::empty())).unwrap();
     let _conn = id.connect(qp, &ConnParams::new(), t);
 }

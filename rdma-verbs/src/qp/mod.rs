@@ -6,7 +6,9 @@
 //!   .ready_to_receive(..)    QueuePair<Rc, ReadyToReceive>
 //!   .ready_to_send(..)       QueuePair<Rc, ReadyToSend>     sends may be posted
 //! ```
-//! A transition consumes the QP; on failure it is given back inside [`TransitionError`].
+//! A transition consumes the QP and returns it in its new state. On failure, the plain form
+//! (`init`, ...) returns an [`Error`] and drops the QP, so `?` works into any error type; the
+//! `try_` form (`try_init`, ...) gives the QP back inside a [`TransitionError`].
 //! Only a `QueuePair<_, ReadyToSend>` has send methods:
 //!
 //! ```compile_fail
@@ -34,9 +36,11 @@ use crate::wr::{RecvRequest, SendRequest};
 use attr::{InitAttr, QpCaps, QpEndpoint, RtrAttr, RtsAttr};
 use state::{CanPostRecv, Connected, Init, QpState, ReadyToReceive, ReadyToSend, Reset, State, Transport, Ud};
 
-/// What a queue pair is created with: its completion queues, optional SRQ, and queue sizes.
+/// What a queue pair is created with (`struct ibv_qp_init_attr`): its completion queues,
+/// optional SRQ, and queue sizes.
+#[doc(alias = "ibv_qp_init_attr")]
 #[derive(Debug, Clone, Copy)]
-pub struct QpInit<'res> {
+pub struct QpCreateAttr<'res> {
     send_cq: &'res CompletionQueue<'res>,
     recv_cq: &'res CompletionQueue<'res>,
     srq: Option<&'res SharedReceiveQueue<'res>>,
@@ -44,10 +48,10 @@ pub struct QpInit<'res> {
     sq_sig_all: bool,
 }
 
-impl<'res> QpInit<'res> {
+impl<'res> QpCreateAttr<'res> {
     /// Completions of sends go to `send_cq`, of receives to `recv_cq` (they may be the same).
     pub fn new(send_cq: &'res CompletionQueue<'res>, recv_cq: &'res CompletionQueue<'res>) -> Self {
-        QpInit { send_cq, recv_cq, srq: None, caps: QpCaps::default(), sq_sig_all: false }
+        QpCreateAttr { send_cq, recv_cq, srq: None, caps: QpCaps::default(), sq_sig_all: false }
     }
 
     /// Sets the queue sizes.
@@ -122,9 +126,8 @@ impl<T: Transport, S: State> fmt::Debug for QueuePair<'_, T, S> {
 
 /// A failed transition: the error, and the queue pair in the state it had.
 ///
-/// `?` converts it into [`Error`] (dropping the QP). It borrows the QP's resources, so it is not
-/// `'static`: into `Box<dyn std::error::Error>` or `anyhow::Error`, convert first with
-/// `.map_err(rdma_verbs::Error::from)?`.
+/// Returned by the `try_` transitions. `?` converts it into [`Error`] (dropping the QP); the
+/// plain transitions (`init`, ...) return that `Error` directly.
 #[derive(Debug, thiserror::Error)]
 #[error("{error}")]
 pub struct TransitionError<Q: fmt::Debug> {
@@ -152,7 +155,7 @@ impl<'ctx> ProtectionDomain<'ctx> {
     /// [`Error::InvalidArgument`] for queue sizes over the device's limits (`max_qp_wr`,
     /// `max_sge`) or CQs of another device; [`Error::Verb`] when creation fails.
     #[doc(alias = "ibv_create_qp")]
-    pub fn create_qp<'res, T: Transport>(&'res self, init: QpInit<'res>) -> Result<QueuePair<'res, T, Reset>> {
+    pub fn create_qp<'res, T: Transport>(&'res self, init: QpCreateAttr<'res>) -> Result<QueuePair<'res, T, Reset>> {
         let ctx = self.context();
         let dev = ctx.attr();
         let c = init.caps;
@@ -288,6 +291,18 @@ impl<'res, T: Transport, S: State> QueuePair<'res, T, S> {
         self.modify(&mut attr, ffi::ibv_qp_attr_mask::IBV_QP_STATE)
     }
 
+    /// Moves the QP to the reset state, which removes every outstanding request without a
+    /// completion: the device no longer touches their memory. A posting scope's last resort.
+    pub(crate) fn reset(&self) -> Result<()> {
+        let mut attr = zeroed_attr(ffi::ibv_qp_state::IBV_QPS_RESET);
+        self.modify(&mut attr, ffi::ibv_qp_attr_mask::IBV_QP_STATE)
+    }
+
+    /// Whether receives come from a shared receive queue.
+    pub(crate) fn has_srq(&self) -> bool {
+        self.inner.has_srq
+    }
+
     /// The raw `struct ibv_qp *`. It stays owned by `self`; changing its state behind this
     /// type's back makes the type lie, not the program unsound.
     pub fn as_raw(&self) -> *mut ffi::ibv_qp {
@@ -332,20 +347,21 @@ impl<'res, T: Transport, S: State> QueuePair<'res, T, S> {
     /// mask)`, for attributes a connection manager derives for you (`rdma_init_qp_attr(3)`, used
     /// by the `rdma-cm` crate) rather than the typed [`InitAttr`], [`RtrAttr`] and [`RtsAttr`].
     ///
-    /// `attr.qp_state` must be `N`'s state and `N` may not be [`Reset`]; whether the transition
+    /// `attr.qp_state` must be `N`'s state, `mask` must hold `IBV_QP_STATE`, and `N` may not be
+    /// [`Reset`]; whether the transition
     /// from `S` is legal, and the attributes valid for it, the device checks. A transition to the
     /// same state (`Init -> Init`) updates attributes. When `mask` names the port, the QP
     /// remembers it as [`port`](Self::port).
     ///
     /// # Errors
-    /// [`TransitionError`] with the QP back: `attr.qp_state` is not `N`'s, `N` is `Reset`, or
-    /// the verb failed.
+    /// [`TransitionError`], with the QP back: `attr.qp_state` is not `N`'s, `mask` lacks
+    /// `IBV_QP_STATE`, `N` is `Reset`, or the verb failed.
     ///
     /// # References
     /// - [`ibv_modify_qp(3)`](https://man7.org/linux/man-pages/man3/ibv_modify_qp.3.html)
     /// - [`rdma_init_qp_attr(3)`](https://man7.org/linux/man-pages/man3/rdma_init_qp_attr.3.html)
     #[doc(alias = "ibv_modify_qp")]
-    pub fn modify_with<N: State>(
+    pub fn try_modify_with<N: State>(
         mut self,
         attr: &mut ffi::ibv_qp_attr,
         mask: ffi::ibv_qp_attr_mask,
@@ -355,6 +371,11 @@ impl<'res, T: Transport, S: State> QueuePair<'res, T, S> {
         }
         if attr.qp_state != N::QP_STATE {
             return self.reject(format!("attr.qp_state is {}, the target type's is {}", attr.qp_state, N::QP_STATE));
+        }
+        if mask.0 & ffi::ibv_qp_attr_mask::IBV_QP_STATE.0 == 0 {
+            // Without it the device would change attributes in the current state, and the type
+            // would claim a state the QP is not in.
+            return self.reject("the mask lacks IBV_QP_STATE: a typed transition must change the state".to_owned());
         }
         if mask.0 & ffi::ibv_qp_attr_mask::IBV_QP_PORT.0 != 0 {
             if let Err(error) = self.inner.pd.context().check_port_arg("ibv_modify_qp", attr.port_num) {
@@ -370,8 +391,8 @@ impl<'res, T: Transport> QueuePair<'res, T, Reset> {
     /// `Reset -> Init`: sets the port, P_Key index, and remote access (connected) or Q_Key (UD).
     ///
     /// # Errors
-    /// [`TransitionError`] with the QP back: a port the device does not have, or the verb failed.
-    pub fn init(mut self, attr: InitAttr) -> Transition<'res, T, Reset, Init> {
+    /// [`TransitionError`], with the QP back: a port the device does not have, or the verb failed.
+    pub fn try_init(mut self, attr: InitAttr) -> Transition<'res, T, Reset, Init> {
         if let Err(error) = self.inner.pd.context().check_port_arg("ibv_modify_qp", attr.port) {
             return Err(TransitionError { qp: self, error });
         }
@@ -395,9 +416,9 @@ impl<'res, T: Connected> QueuePair<'res, T, Init> {
     /// `Init -> ReadyToReceive` for RC and UC: names the peer QP and the path to it.
     ///
     /// # Errors
-    /// [`TransitionError`] with the QP back: a GID index past the port's table, READ/atomic depth
+    /// [`TransitionError`], with the QP back: a GID index past the port's table, READ/atomic depth
     /// over the device's limit, or the verb failed.
-    pub fn ready_to_receive(self, attr: &RtrAttr) -> Transition<'res, T, Init, ReadyToReceive> {
+    pub fn try_ready_to_receive(self, attr: &RtrAttr) -> Transition<'res, T, Init, ReadyToReceive> {
         let ctx = self.inner.pd.context();
         if let Err(error) = ctx.check_port_arg("ibv_modify_qp", attr.path.port) {
             return Err(TransitionError { qp: self, error });
@@ -431,9 +452,9 @@ impl<'res, T: Connected> QueuePair<'res, T, ReadyToReceive> {
     /// `ReadyToReceive -> ReadyToSend` for RC and UC.
     ///
     /// # Errors
-    /// [`TransitionError`] with the QP back: READ/atomic depth over the device's limit, or the
+    /// [`TransitionError`], with the QP back: READ/atomic depth over the device's limit, or the
     /// verb failed.
-    pub fn ready_to_send(self, attr: &RtsAttr) -> Transition<'res, T, ReadyToReceive, ReadyToSend> {
+    pub fn try_ready_to_send(self, attr: &RtsAttr) -> Transition<'res, T, ReadyToReceive, ReadyToSend> {
         let rc = T::QP_TYPE == ffi::ibv_qp_type::IBV_QPT_RC;
         let max = self.inner.pd.context().attr().max_qp_init_rd_atom;
         if rc && u32::from(attr.max_rd_atomic) > max {
@@ -458,8 +479,8 @@ impl<'res> QueuePair<'res, Ud, Init> {
     /// `Init -> ReadyToReceive` for UD (no peer to name).
     ///
     /// # Errors
-    /// [`TransitionError`] with the QP back when the verb fails.
-    pub fn ready_to_receive(self) -> Transition<'res, Ud, Init, ReadyToReceive> {
+    /// [`TransitionError`], with the QP back, when the verb fails.
+    pub fn try_ready_to_receive(self) -> Transition<'res, Ud, Init, ReadyToReceive> {
         let mut raw = zeroed_attr(ffi::ibv_qp_state::IBV_QPS_RTR);
         self.transition(&mut raw, ffi::ibv_qp_attr_mask::IBV_QP_STATE)
     }
@@ -469,8 +490,8 @@ impl<'res> QueuePair<'res, Ud, ReadyToReceive> {
     /// `ReadyToReceive -> ReadyToSend` for UD, starting at `sq_psn`.
     ///
     /// # Errors
-    /// [`TransitionError`] with the QP back when the verb fails.
-    pub fn ready_to_send(self, sq_psn: u32) -> Transition<'res, Ud, ReadyToReceive, ReadyToSend> {
+    /// [`TransitionError`], with the QP back, when the verb fails.
+    pub fn try_ready_to_send(self, sq_psn: u32) -> Transition<'res, Ud, ReadyToReceive, ReadyToSend> {
         let mut raw = zeroed_attr(ffi::ibv_qp_state::IBV_QPS_RTS);
         raw.sq_psn = sq_psn;
         use ffi::ibv_qp_attr_mask as m;
@@ -480,12 +501,17 @@ impl<'res> QueuePair<'res, Ud, ReadyToReceive> {
 
 impl<'res, T: Transport, S: State> QueuePair<'res, T, S> {
     /// This side's [`QpEndpoint`] to give the peer: QP number, the PSN this side will start
-    /// sending at, and the GID at `gid_index` of `port`.
+    /// sending at, and the GID at `gid_index` of the QP's port (set by `init`).
     ///
     /// # Errors
-    /// What [`Context::query_gid`](crate::Context::query_gid) returns.
-    pub fn endpoint(&self, port: u8, gid_index: u32, psn: u32) -> Result<QpEndpoint> {
+    /// [`Error::InvalidArgument`] before `init` (no port yet); what
+    /// [`Context::query_gid`](crate::Context::query_gid) returns.
+    pub fn endpoint(&self, gid_index: u8, psn: u32) -> Result<QpEndpoint> {
         let ctx = self.inner.pd.context();
+        let port = self.inner.port;
+        if port == 0 {
+            return Err(Error::invalid("ibv_query_gid_ex", Some(ctx.name()), "the QP has no port before init"));
+        }
         let gid = ctx.query_gid(port, gid_index)?.gid;
         let lid = ctx.query_port(port)?.lid;
         Ok(QpEndpoint { qp_num: self.qp_num(), psn: psn & 0x00ff_ffff, gid, lid })
@@ -515,7 +541,19 @@ impl<'res, T: Transport> QueuePair<'res, T, ReadyToSend> {
     #[doc(alias = "ibv_post_send")]
     #[inline]
     pub unsafe fn post_send(&self, wrs: &mut [SendRequest<'_, '_>]) -> Result<()> {
-        let Some(first) = crate::wr::link_send(wrs, &self.inner.caps, self.inner.pd.context())? else {
+        // SAFETY: the caller keeps this function's contract.
+        unsafe { self.post_send_checked(wrs, false) }
+    }
+
+    /// [`post_send`](Self::post_send); `scoped`: the caller is a posting scope, whose tags use
+    /// the reserved `wr_id` bits.
+    ///
+    /// # Safety
+    /// As `post_send`.
+    #[inline]
+    pub(crate) unsafe fn post_send_checked(&self, wrs: &mut [SendRequest<'_, '_>], scoped: bool) -> Result<()> {
+        let device = self.inner.pd.context().name();
+        let Some(first) = crate::wr::link_send(wrs, &self.inner.caps, T::QP_TYPE, device, scoped)? else {
             return Ok(());
         };
         let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
@@ -544,10 +582,22 @@ impl<'res, T: Transport, S: CanPostRecv> QueuePair<'res, T, S> {
     #[doc(alias = "ibv_post_recv")]
     #[inline]
     pub unsafe fn post_recv(&self, wrs: &mut [RecvRequest<'_, '_>]) -> Result<()> {
+        // SAFETY: the caller keeps this function's contract.
+        unsafe { self.post_recv_checked(wrs, false) }
+    }
+
+    /// [`post_recv`](Self::post_recv), for a posting scope when `scoped`.
+    ///
+    /// # Safety
+    /// As `post_recv`.
+    #[inline]
+    pub(crate) unsafe fn post_recv_checked(&self, wrs: &mut [RecvRequest<'_, '_>], scoped: bool) -> Result<()> {
+        let device = self.inner.pd.context().name();
         if self.inner.has_srq {
-            return Err(Error::invalid("ibv_post_recv", None, "this QP takes its receives from an SRQ"));
+            return Err(Error::invalid("ibv_post_recv", Some(device), "this QP takes its receives from an SRQ"));
         }
-        let Some(first) = crate::wr::link_recv(wrs, self.inner.caps.max_recv_sge)? else {
+        let Some(first) = crate::wr::link_recv(wrs, self.inner.caps.max_recv_sge, "ibv_post_recv", device, scoped)?
+        else {
             return Ok(());
         };
         let mut bad: *mut ffi::ibv_recv_wr = std::ptr::null_mut();
@@ -558,5 +608,76 @@ impl<'res, T: Transport, S: CanPostRecv> QueuePair<'res, T, S> {
             return Err(Error::PostFailed { verb: "ibv_post_recv", errno: rc, posted });
         }
         Ok(())
+    }
+}
+
+/// The transitions with plain errors: the QP is dropped (destroyed) on failure, and `?` works
+/// into any error type, `Box<dyn std::error::Error>` included. The `try_` forms give it back.
+impl<'res, T: Transport, S: State> QueuePair<'res, T, S> {
+    /// [`try_modify_with`](Self::try_modify_with), dropping the QP on failure.
+    ///
+    /// # Errors
+    /// As `try_modify_with`.
+    #[doc(alias = "ibv_modify_qp")]
+    pub fn modify_with<N: State>(
+        self,
+        attr: &mut ffi::ibv_qp_attr,
+        mask: ffi::ibv_qp_attr_mask,
+    ) -> Result<QueuePair<'res, T, N>> {
+        self.try_modify_with(attr, mask).map_err(Error::from)
+    }
+}
+
+impl<'res, T: Transport> QueuePair<'res, T, Reset> {
+    /// `Reset -> Init`: [`try_init`](Self::try_init), dropping the QP on failure.
+    ///
+    /// # Errors
+    /// As `try_init`.
+    pub fn init(self, attr: InitAttr) -> Result<QueuePair<'res, T, Init>> {
+        self.try_init(attr).map_err(Error::from)
+    }
+}
+
+impl<'res, T: Connected> QueuePair<'res, T, Init> {
+    /// `Init -> ReadyToReceive` for RC and UC: [`try_ready_to_receive`](Self::try_ready_to_receive),
+    /// dropping the QP on failure.
+    ///
+    /// # Errors
+    /// As `try_ready_to_receive`.
+    pub fn ready_to_receive(self, attr: &RtrAttr) -> Result<QueuePair<'res, T, ReadyToReceive>> {
+        self.try_ready_to_receive(attr).map_err(Error::from)
+    }
+}
+
+impl<'res, T: Connected> QueuePair<'res, T, ReadyToReceive> {
+    /// `ReadyToReceive -> ReadyToSend` for RC and UC: [`try_ready_to_send`](Self::try_ready_to_send),
+    /// dropping the QP on failure.
+    ///
+    /// # Errors
+    /// As `try_ready_to_send`.
+    pub fn ready_to_send(self, attr: &RtsAttr) -> Result<QueuePair<'res, T, ReadyToSend>> {
+        self.try_ready_to_send(attr).map_err(Error::from)
+    }
+}
+
+impl<'res> QueuePair<'res, Ud, Init> {
+    /// `Init -> ReadyToReceive` for UD: [`try_ready_to_receive`](Self::try_ready_to_receive),
+    /// dropping the QP on failure.
+    ///
+    /// # Errors
+    /// As `try_ready_to_receive`.
+    pub fn ready_to_receive(self) -> Result<QueuePair<'res, Ud, ReadyToReceive>> {
+        self.try_ready_to_receive().map_err(Error::from)
+    }
+}
+
+impl<'res> QueuePair<'res, Ud, ReadyToReceive> {
+    /// `ReadyToReceive -> ReadyToSend` for UD: [`try_ready_to_send`](Self::try_ready_to_send),
+    /// dropping the QP on failure.
+    ///
+    /// # Errors
+    /// As `try_ready_to_send`.
+    pub fn ready_to_send(self, sq_psn: u32) -> Result<QueuePair<'res, Ud, ReadyToSend>> {
+        self.try_ready_to_send(sq_psn).map_err(Error::from)
     }
 }

@@ -42,14 +42,14 @@ pub fn with_rc_pair(
     let (pd_a, pd_b) = (ctx_a.alloc_pd().unwrap(), ctx_b.alloc_pd().unwrap());
     let (cq_a, cq_b) = (ctx_a.create_cq(256, None).unwrap(), ctx_b.create_cq(256, None).unwrap());
     let caps = QpCaps { max_send_wr: 64, max_recv_wr: 64, max_send_sge: 4, max_recv_sge: 4, max_inline_data: 64 };
-    let qp_a = pd_a.create_qp::<Rc>(QpInit::new(&cq_a, &cq_a).caps(caps)).unwrap();
-    let qp_b = pd_b.create_qp::<Rc>(QpInit::new(&cq_b, &cq_b).caps(caps)).unwrap();
+    let qp_a = pd_a.create_qp::<Rc>(QpCreateAttr::new(&cq_a, &cq_a).caps(caps)).unwrap();
+    let qp_b = pd_b.create_qp::<Rc>(QpCreateAttr::new(&cq_b, &cq_b).caps(caps)).unwrap();
     let init = InitAttr::new(topo.port).access(access);
     let (qp_a, qp_b) = (qp_a.init(init).unwrap(), qp_b.init(init).unwrap());
-    let ep_a = qp_a.endpoint(topo.port, topo.gid_index, 100).unwrap();
-    let ep_b = qp_b.endpoint(topo.port, topo.gid_index, 200).unwrap();
+    let ep_a = qp_a.endpoint(topo.gid_index, 100).unwrap();
+    let ep_b = qp_b.endpoint(topo.gid_index, 200).unwrap();
     let mtu = ctx_a.query_port(topo.port).unwrap().active_mtu;
-    let sgid = topo.gid_index as u8;
+    let sgid = topo.gid_index;
     let qp_a = qp_a.ready_to_receive(&RtrAttr::new(ep_b, topo.port, sgid, mtu)).unwrap();
     let qp_b = qp_b.ready_to_receive(&RtrAttr::new(ep_a, topo.port, sgid, mtu)).unwrap();
     // Short timeouts so that error tests finish quickly.
@@ -79,7 +79,7 @@ pub fn read(mr: &MemoryRegion<'_>, offset: usize, len: usize) -> Vec<u8> {
 
 /// Waits for `n` completions of the scope, all successful, and returns (wr_id, opcode, byte_len, imm).
 pub fn complete<S: rdma_verbs::qp::state::State>(
-    s: &mut PostScope<'_, '_, '_, Rc, S>,
+    s: &mut PostScope<'_, '_, Rc, S>,
     n: usize,
 ) -> Vec<(u64, WcOpcode, u32, Option<u32>)> {
     let mut wcs: [WorkCompletion; 8] = Default::default();
@@ -101,7 +101,7 @@ pub fn connect<'r, X: rdma_verbs::qp::state::Connected>(
     topo: &testkit::Topology,
     mtu: Mtu,
 ) -> QueuePair<'r, X, ReadyToSend> {
-    qp.ready_to_receive(&RtrAttr::new(peer, topo.port, topo.gid_index as u8, mtu))
+    qp.ready_to_receive(&RtrAttr::new(peer, topo.port, topo.gid_index, mtu))
         .unwrap()
         .ready_to_send(&RtsAttr::new(my_psn))
         .unwrap()

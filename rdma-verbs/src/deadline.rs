@@ -1,0 +1,84 @@
+//! [`Deadline`]: the end of a wait, from a timeout that may be "forever".
+
+use std::time::{Duration, Instant};
+
+/// When a wait gives up: a timeout turned into a point in time once, at the start of the wait.
+///
+/// Every wait of this crate (and of `rdma-cm`) takes a [`Duration`]. A timeout too large to be
+/// added to [`Instant::now`], such as [`Duration::MAX`], means **no deadline**: the wait lasts
+/// until what it waits for happens. Nothing panics on such a timeout.
+///
+/// ```
+/// use std::time::Duration;
+/// use rdma_verbs::Deadline;
+///
+/// assert_eq!(Deadline::after(Duration::MAX).remaining(), Duration::MAX);
+/// assert!(Deadline::after(Duration::ZERO).has_passed());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadline(Option<Instant>);
+
+impl Deadline {
+    /// `timeout` from now; no deadline when `now + timeout` cannot be represented.
+    pub fn after(timeout: Duration) -> Self {
+        Deadline(Instant::now().checked_add(timeout))
+    }
+
+    /// No deadline at all.
+    pub fn never() -> Self {
+        Deadline(None)
+    }
+
+    /// The instant, or `None` for no deadline.
+    pub fn instant(&self) -> Option<Instant> {
+        self.0
+    }
+
+    /// The time left: zero once passed, [`Duration::MAX`] without a deadline.
+    pub fn remaining(&self) -> Duration {
+        self.0.map_or(Duration::MAX, |d| d.saturating_duration_since(Instant::now()))
+    }
+
+    /// Whether the deadline has passed (never, without one).
+    pub fn has_passed(&self) -> bool {
+        self.0.is_some_and(|d| Instant::now() >= d)
+    }
+
+    /// The time left as a `poll(2)` timeout: milliseconds rounded up, `-1` (wait forever)
+    /// without a deadline, at most `c_int::MAX`.
+    pub fn poll_timeout_ms(&self) -> libc::c_int {
+        match self.0 {
+            None => -1,
+            Some(_) => {
+                let left = self.remaining();
+                let ms = left.as_millis() + u128::from(left.subsec_nanos() % 1_000_000 != 0);
+                libc::c_int::try_from(ms).unwrap_or(libc::c_int::MAX)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn huge_timeouts_mean_no_deadline() {
+        for t in [Duration::MAX, Duration::from_secs(u64::MAX / 2)] {
+            let d = Deadline::after(t);
+            assert_eq!(d, Deadline::never());
+            assert!(!d.has_passed());
+            assert_eq!(d.poll_timeout_ms(), -1);
+        }
+    }
+
+    #[test]
+    fn finite_timeouts_round_up_to_milliseconds() {
+        let d = Deadline::after(Duration::from_micros(1500));
+        assert!((1..=2).contains(&d.poll_timeout_ms()), "{}", d.poll_timeout_ms());
+        let d = Deadline::after(Duration::from_secs(60 * 60 * 24 * 365 * 100));
+        assert_eq!(d.poll_timeout_ms(), libc::c_int::MAX);
+        assert!(Deadline::after(Duration::ZERO).has_passed());
+        assert_eq!(Deadline::after(Duration::ZERO).poll_timeout_ms(), 0);
+    }
+}
