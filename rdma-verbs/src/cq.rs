@@ -141,7 +141,7 @@ impl<'ctx> CompletionChannel<'ctx> {
             if let Some(event) = self.try_next()? {
                 return Ok(event);
             }
-            wait_readable(self.as_raw_fd(), deadline, timeout, "ibv_get_cq_event")?;
+            wait_readable(self.as_raw_fd(), deadline, timeout, "ibv_get_cq_event", self.ctx.name())?;
         }
     }
 
@@ -199,7 +199,13 @@ impl Drop for CompletionChannel<'_> {
 }
 
 /// Waits until `fd` is readable or `deadline` passes (then `Timeout { after: timeout }`).
-pub(crate) fn wait_readable(fd: RawFd, deadline: Deadline, timeout: Duration, what: &'static str) -> Result<()> {
+pub(crate) fn wait_readable(
+    fd: RawFd,
+    deadline: Deadline,
+    timeout: Duration,
+    what: &'static str,
+    device: &str,
+) -> Result<()> {
     loop {
         let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
         // SAFETY: one valid pollfd.
@@ -209,7 +215,8 @@ pub(crate) fn wait_readable(fd: RawFd, deadline: Deadline, timeout: Duration, wh
             0 if deadline.has_passed() => return Err(Error::Timeout { what, after: timeout }),
             0 => continue,
             _ => {
-                let err = Error::last_os_error("poll", None);
+                // poll(2) failed while waiting for the verb `what`'s event: report it as `what`'s.
+                let err = Error::last_os_error(what, Some(device));
                 if err.errno() != Some(libc::EINTR) {
                     return Err(err);
                 }

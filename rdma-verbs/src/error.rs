@@ -31,14 +31,19 @@ pub enum Error {
         /// The names of the devices that do exist.
         available: Vec<String>,
     },
-    /// `ibv_post_send` / `ibv_post_recv` refused a request of a chain; those before it were posted.
-    #[error("{verb}: {} (the first {posted} request(s) of the chain were posted)", std::io::Error::from_raw_os_error(*.errno))]
+    /// `ibv_post_send` / `ibv_post_recv` / `ibv_post_srq_recv` refused a request of a chain;
+    /// those before it were posted.
+    #[error("{verb}{}: {} (the first {posted} request(s) of the chain may have been posted)", OnDevice(.device), PostErrno(*.errno))]
     PostFailed {
         /// The verb.
         verb: &'static str,
+        /// The device.
+        device: Option<String>,
         /// The `errno` it returned (`ENOMEM`: the queue is full).
         errno: i32,
-        /// How many requests of the chain were posted before the refused one.
+        /// How many requests of the chain (counted from 0, in slice order) may have been
+        /// posted: those before the refused one, or all of them when the provider did not say
+        /// which it refused.
         posted: usize,
     },
     /// A wait ran out of time.
@@ -82,6 +87,25 @@ pub enum Error {
         /// The device.
         device: Option<String>,
     },
+    /// A range of a memory region outside it (or an SGE over 4 GiB). No verb was called.
+    #[error("{what}: {len} bytes at offset {offset} do not fit the {region_len}-byte region")]
+    OutOfBounds {
+        /// The method, e.g. `"MemoryRegion::read_at"`.
+        what: &'static str,
+        /// The first byte asked for.
+        offset: usize,
+        /// How many bytes.
+        len: usize,
+        /// The region's (or, for an SGE, the 4 GiB limit's) length.
+        region_len: usize,
+    },
+    /// A plain slice of a region a peer may write at any time (`REMOTE_WRITE` or
+    /// `REMOTE_ATOMIC`) was asked for: copy with `read_at` instead.
+    #[error("{what}: a peer may write this region at any time (it has remote write access)")]
+    RemotelyWritable {
+        /// The method, e.g. `"MemoryRegion::as_mut_slice"`.
+        what: &'static str,
+    },
     /// An argument was rejected before any verb was called.
     #[error("{verb}{}: invalid argument: {reason}", OnDevice(.device))]
     InvalidArgument {
@@ -110,6 +134,8 @@ impl Error {
                 Some(verb)
             }
             Error::NoDevice { .. }
+            | Error::OutOfBounds { .. }
+            | Error::RemotelyWritable { .. }
             | Error::Timeout { .. }
             | Error::WorkCompletion { .. }
             | Error::Busy { .. }
@@ -130,6 +156,19 @@ impl Error {
 
     pub(crate) fn invalid(verb: &'static str, device: Option<&str>, reason: impl Into<String>) -> Self {
         Error::InvalidArgument { verb, device: device.map(str::to_owned), reason: reason.into() }
+    }
+}
+
+/// An errno as text, saying so plainly when the queue is full.
+struct PostErrno(i32);
+
+impl fmt::Display for PostErrno {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0 == libc::ENOMEM {
+            write!(f, "the queue is full (ENOMEM)")
+        } else {
+            write!(f, "{}", std::io::Error::from_raw_os_error(self.0))
+        }
     }
 }
 
@@ -179,6 +218,29 @@ mod tests {
         assert!(text.contains("os error 22"), "{text}");
         assert_eq!(e.errno(), Some(libc::EINVAL));
         assert_eq!(e.verb(), Some("ibv_query_port"));
+    }
+
+    #[test]
+    fn converts_with_question_mark_into_boxed_errors() {
+        fn boxed() -> std::result::Result<(), Box<dyn std::error::Error + Send + Sync>> {
+            Err(Error::from_errno("ibv_alloc_pd", Some("rxe0"), libc::ENOMEM))?;
+            Ok(())
+        }
+        let e = boxed().unwrap_err();
+        assert!(e.to_string().starts_with("ibv_alloc_pd on rxe0: "), "{e}");
+        assert!(e.downcast_ref::<Error>().is_some_and(|e| e.errno() == Some(libc::ENOMEM)));
+    }
+
+    #[test]
+    fn a_full_queue_says_so() {
+        let e =
+            Error::PostFailed { verb: "ibv_post_send", device: Some("rxe0".into()), errno: libc::ENOMEM, posted: 3 };
+        assert_eq!(
+            e.to_string(),
+            "ibv_post_send on rxe0: the queue is full (ENOMEM) (the first 3 request(s) of the chain may have been posted)"
+        );
+        let e = Error::QueueFull { device: None, queue: "send queue", capacity: 64, outstanding: 64 };
+        assert_eq!(e.to_string(), "posting: the send queue is full (64 of 64 entries in use)");
     }
 
     #[test]

@@ -41,9 +41,15 @@
 //! ```
 //!
 //! # Keeping resources together
-//! Borrows make a struct that owns a context *and* its PD self-referential. Lend the stack
-//! instead (build resources in `main` and pass references), or, for resources that live as long
-//! as the process, leak the parents once and keep `'static` references in any struct:
+//! Borrows make a struct that owns a context *and* its PD self-referential. Three ways out, in
+//! order of preference:
+//! 1. **Lend the stack**: build the context, PD and CQs in `main` (or a setup function's frame)
+//!    and pass references down, or hand a closure a struct of references.
+//! 2. **Threads** borrow the same way through [`std::thread::scope`]. Every wrapper is `Send`,
+//!    and `Sync` where libibverbs is thread-safe; a [`MemoryRegion`] is `Send` but not `Sync`
+//!    (its bytes are copied through `&self`), so it moves into the thread that uses it.
+//! 3. **Process-lifetime resources**: leak the parents once and keep `'static` references in
+//!    any struct (the device is released at process exit):
 //!
 //! ```no_run
 //! use rdma_verbs::*;
@@ -64,17 +70,41 @@
 //!     Ok(Server { pd, cq, qp, buffer })
 //! }
 //! ```
-//! `docs/safety.md` lists the options.
 //!
-//! # Memory the NIC writes
-//! See [`mr`] and `docs/safety.md`: regions own their buffers and are read by copy, plain slices
-//! exist only when no request or peer can write, and the safe [`QueuePair::scope`] keeps posted
-//! regions borrowed until their requests complete. The raw `post_*` functions are `unsafe`.
+//! # Safety model
+//! A NIC (and, with a remote key, a peer) writes registered memory behind the compiler's back.
+//! No safe call of this crate lets that happen to bytes Rust code holds a reference to:
+//! - **Regions own their memory** ([`mr`]). [`MemoryRegion::read_at`] and
+//!   [`MemoryRegion::write_at`] copy through raw pointers and are always sound;
+//!   [`MemoryRegion::as_mut_slice`] needs `&mut` (no scope is using the region) and refuses a
+//!   remotely writable region. Dropping a region deregisters it before freeing the memory, so a
+//!   request still in flight fails instead of writing freed memory. `Debug` never reads the
+//!   bytes.
+//! - **Posting is `unsafe`, the scope is the safe layer.** [`QueuePair::post_send`] and
+//!   friends state their contract; [`QueuePair::scope`] keeps every region its requests name
+//!   borrowed until it has seen each of *its* requests complete (it tags their `wr_id`s and
+//!   owns the QP's CQs while it runs), on return and on panic, flushing and finally resetting
+//!   the QP if the device does not answer in time. See [`PostScope`].
+//! - **Requests are checked before the provider sees them**: opcode against transport (UD:
+//!   sends with an address handle; UC: sends and writes; RC: everything), inline data only on
+//!   sends and writes and within the QP's limit, RDMA lengths within the [`RemoteRegion`],
+//!   SGE counts, and `wr_id`s below 2^62 ([`RESERVED_WR_ID_BITS`]).
+//! - **Typestates tell the truth**: a transition's mask must change the state.
+//! - **Waits end**: every wait takes a timeout, [`Duration::MAX`](std::time::Duration::MAX)
+//!   meaning none ([`Deadline`]); event fds are non-blocking.
+//! - **A hostile peer** holding an rkey can change a remotely writable region at any moment, and
+//!   nothing else: such regions are only ever copied from.
+//!
+//! The full argument, with the measured rxe behaviour behind each rule, is in the repository's
+//! [safety model](https://github.com/rdma-rs/rdma-rs/blob/main/docs/safety.md).
 //!
 //! # Errors
-//! Every fallible call returns [`Result`]; its [`Error`] names the verb that failed, the device
-//! and the `errno`. Bad arguments (a port the device does not have, a queue over the device's
-//! limits, an empty registration) are rejected before any verb is called.
+//! Every fallible call returns [`Result`]; its [`Error`] names the verb that failed (only ever a
+//! libibverbs function: [`Error::verb`]), the device where one is known, and the `errno`
+//! ([`Error::errno`]). Bad arguments (a port the device does not have, a queue over the
+//! device's limits, an empty registration, a request the QP cannot carry) are rejected before
+//! any verb is called. The error converts with `?` into `Box<dyn std::error::Error + Send +
+//! Sync>`, `anyhow::Error` and `rdma_cm::Error`.
 //!
 //! # Raw access
 //! Each wrapper has `as_raw()`, and the bindings are re-exported as [`ffi`].

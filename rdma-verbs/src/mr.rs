@@ -15,7 +15,7 @@
 //!   is freed: a request still in flight then fails, it cannot write freed memory;
 //! - [`MemoryRegion::into_inner`] deregisters and gives the buffer back as a plain value.
 //!
-//! See `docs/safety.md` for the whole argument.
+//! The [crate docs](crate#safety-model) summarise the whole safety model.
 
 use std::alloc::{self, Layout};
 use std::marker::PhantomData;
@@ -172,7 +172,7 @@ pub struct MemoryRegion<'pd, B: RegisteredBuffer = AlignedBuffer> {
     ptr: *mut u8,
     len: usize,
     access: AccessFlags,
-    _pd: PhantomData<&'pd ProtectionDomain<'pd>>,
+    pd: &'pd ProtectionDomain<'pd>,
 }
 
 // SAFETY: the region owns its buffer; the NIC's accesses are not Rust accesses; every method
@@ -240,7 +240,7 @@ impl<'ctx> ProtectionDomain<'ctx> {
         // owns until it deregisters (RegisteredBuffer's contract).
         let raw = unsafe { ffi::ibv_reg_mr(self.as_raw(), ptr.cast(), len, access.bits() as libc::c_int) };
         let raw = NonNull::new(raw).ok_or_else(|| Error::last_os_error("ibv_reg_mr", dev))?;
-        Ok(MemoryRegion { raw, buf: Some(buf), ptr, len, access, _pd: PhantomData })
+        Ok(MemoryRegion { raw, buf: Some(buf), ptr, len, access, pd: self })
     }
 
     fn check_mr_len(&self, len: usize) -> Result<()> {
@@ -380,12 +380,33 @@ impl<'pd, B: RegisteredBuffer> MemoryRegion<'pd, B> {
     /// A scatter/gather entry for `range` of the region.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when the range is outside the region or over 4 GiB.
+    /// [`Error::OutOfBounds`] when the range is outside the region or over 4 GiB.
     pub fn sge(&self, range: impl RangeBounds<usize>) -> Result<Sge<'_>> {
-        let (start, end) = bounds(range, self.len)
-            .ok_or_else(|| Error::invalid("ibv_sge", None, format!("range outside the {}-byte region", self.len)))?;
-        let length =
-            u32::try_from(end - start).map_err(|_| Error::invalid("ibv_sge", None, "one SGE covers at most 4 GiB"))?;
+        let asked = (range.start_bound().cloned(), range.end_bound().cloned());
+        let (start, end) = bounds(asked, self.len).ok_or_else(|| {
+            let start = match asked.0 {
+                Bound::Included(s) => s,
+                Bound::Excluded(s) => s.saturating_add(1),
+                Bound::Unbounded => 0,
+            };
+            let end = match asked.1 {
+                Bound::Included(e) => e.saturating_add(1),
+                Bound::Excluded(e) => e,
+                Bound::Unbounded => self.len,
+            };
+            Error::OutOfBounds {
+                what: "MemoryRegion::sge",
+                offset: start,
+                len: end.saturating_sub(start),
+                region_len: self.len,
+            }
+        })?;
+        let length = u32::try_from(end - start).map_err(|_| Error::OutOfBounds {
+            what: "MemoryRegion::sge (one SGE covers at most 4 GiB)",
+            offset: start,
+            len: end - start,
+            region_len: u32::MAX as usize,
+        })?;
         Ok(Sge { raw: ffi::ibv_sge { addr: self.addr() + start as u64, length, lkey: self.lkey() }, _mr: PhantomData })
     }
 
@@ -396,9 +417,9 @@ impl<'pd, B: RegisteredBuffer> MemoryRegion<'pd, B> {
     /// protocol's business (wait for its completion, or the peer's message saying it is done).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when the range is outside the region.
+    /// [`Error::OutOfBounds`] when the range is outside the region.
     pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
-        let (start, _) = self.range_of(offset, dst.len())?;
+        let (start, _) = self.range_of("MemoryRegion::read_at", offset, dst.len())?;
         // SAFETY: `start..start + dst.len()` is inside the registered buffer, which lives as
         // long as `self`; `dst` is a distinct Rust allocation. u8 has no invalid values, and the
         // NIC's DMA is not a Rust access, so a concurrent write yields some bytes, not UB.
@@ -412,9 +433,9 @@ impl<'pd, B: RegisteredBuffer> MemoryRegion<'pd, B> {
     /// while they are copied may carry old or new bytes.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when the range is outside the region.
+    /// [`Error::OutOfBounds`] when the range is outside the region.
     pub fn write_at(&self, offset: usize, src: &[u8]) -> Result<()> {
-        let (start, _) = self.range_of(offset, src.len())?;
+        let (start, _) = self.range_of("MemoryRegion::write_at", offset, src.len())?;
         // SAFETY: as in `read_at`; no Rust reference to the region's bytes exists while `&self`
         // is shared (plain slices need `&mut self`).
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.add(start), src.len()) };
@@ -428,11 +449,11 @@ impl<'pd, B: RegisteredBuffer> MemoryRegion<'pd, B> {
     /// Requests posted with the `unsafe` raw post functions are the caller's to finish first.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a remotely writable region: use [`read_at`](Self::read_at),
+    /// [`Error::RemotelyWritable`] for a remotely writable region: use [`read_at`](Self::read_at),
     /// or [`as_mut_slice_unchecked`](Self::as_mut_slice_unchecked).
     pub fn as_mut_slice(&mut self) -> Result<&mut [u8]> {
         if self.access.remotely_writable() {
-            return Err(Error::invalid("MemoryRegion::as_mut_slice", None, "a peer may write this region at any time"));
+            return Err(Error::RemotelyWritable { what: "MemoryRegion::as_mut_slice" });
         }
         // SAFETY: see above; `&mut self` is exclusive for the slice's lifetime.
         Ok(unsafe { self.as_mut_slice_unchecked() })
@@ -463,7 +484,7 @@ impl<'pd, B: RegisteredBuffer> MemoryRegion<'pd, B> {
         // and drop skips deregistration when `buf` is `None`).
         let rc = unsafe { ffi::ibv_dereg_mr(self.raw.as_ptr()) };
         if rc != 0 {
-            return Err(Error::from_errno("ibv_dereg_mr", None, rc));
+            return Err(Error::from_errno("ibv_dereg_mr", Some(self.pd.context().name()), rc));
         }
         Ok(self.buf.take().expect("buffer present until into_inner"))
     }
@@ -473,13 +494,12 @@ impl<'pd, B: RegisteredBuffer> MemoryRegion<'pd, B> {
         self.raw.as_ptr()
     }
 
-    fn range_of(&self, offset: usize, len: usize) -> Result<(usize, usize)> {
-        bounds(offset..offset.saturating_add(len), self.len).ok_or_else(|| {
-            Error::invalid(
-                "MemoryRegion",
-                None,
-                format!("{len} bytes at {offset} is outside the {}-byte region", self.len),
-            )
+    fn range_of(&self, what: &'static str, offset: usize, len: usize) -> Result<(usize, usize)> {
+        bounds(offset..offset.saturating_add(len), self.len).ok_or(Error::OutOfBounds {
+            what,
+            offset,
+            len,
+            region_len: self.len,
         })
     }
 }

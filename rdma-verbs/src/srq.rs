@@ -80,7 +80,12 @@ impl SharedReceiveQueue<'_> {
         let rc = unsafe { ffi::ibv_post_srq_recv(self.raw.as_ptr(), first, &mut bad) };
         if rc != 0 {
             let posted = crate::wr::index_of_recv(wrs, bad);
-            return Err(Error::PostFailed { verb: "ibv_post_srq_recv", errno: rc, posted });
+            return Err(Error::PostFailed {
+                verb: "ibv_post_srq_recv",
+                device: Some(self.device.clone()),
+                errno: rc,
+                posted,
+            });
         }
         Ok(())
     }

@@ -99,9 +99,15 @@ fn bad_input_is_refused_before_any_verb() {
 
     // Out-of-range region accesses.
     let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
-    invalid(mr.sge(4000..4097).map(drop), "ibv_sge");
-    assert!(matches!(mr.read_at(4090, &mut [0; 7]), Err(Error::InvalidArgument { .. })));
-    assert!(matches!(mr.write_at(usize::MAX, &[1]), Err(Error::InvalidArgument { .. })));
+    let e = mr.sge(4000..4097).unwrap_err();
+    assert!(matches!(e, Error::OutOfBounds { what: "MemoryRegion::sge", offset: 4000, len: 97, .. }), "{e}");
+    assert_eq!(e.verb(), None, "no verb was called");
+    let e = mr.read_at(4090, &mut [0; 7]).unwrap_err();
+    assert!(matches!(e, Error::OutOfBounds { offset: 4090, len: 7, region_len: 4096, .. }), "{e}");
+    assert_eq!(e.to_string(), "MemoryRegion::read_at: 7 bytes at offset 4090 do not fit the 4096-byte region");
+    assert!(matches!(mr.write_at(usize::MAX, &[1]), Err(Error::OutOfBounds { what: "MemoryRegion::write_at", .. })));
+    let mut remote = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).unwrap();
+    assert!(matches!(remote.as_mut_slice(), Err(Error::RemotelyWritable { .. })));
 }
 
 #[test]
@@ -151,6 +157,8 @@ fn posting_more_than_the_queue_holds_is_a_typed_error() {
         Err(e @ Error::PostFailed { verb: "ibv_post_recv", posted, .. }) => {
             assert!(posted >= room && posted < wrs.len(), "{e}");
             assert_eq!(e.errno(), Some(libc::ENOMEM), "{e}");
+            let text = e.to_string();
+            assert!(text.contains("the queue is full") && text.contains(&topo.server.device), "{text}");
         }
         other => panic!("expected PostFailed, got {other:?}"),
     }
