@@ -68,7 +68,7 @@ impl EventChannel {
             return match NonNull::new(event) {
                 // SAFETY: a fresh event, acknowledged only by the returned value.
                 Some(ev) => Ok(Some(unsafe { RawEvent::new(ev) })),
-                None => Err(Error::Cm { call: "rdma_get_cm_event", errno: libc::EIO }),
+                None => Err(Error::Cm { call: "rdma_get_cm_event", device: None, errno: libc::EIO }),
             };
         }
         let err = Error::last_os_error("rdma_get_cm_event");
@@ -86,7 +86,7 @@ impl EventChannel {
                 return Ok(ev);
             }
             if deadline.has_passed() {
-                return Err(Error::Timeout { what, after: timeout });
+                return Err(Error::Timeout { what, device: None, after: timeout });
             }
             let mut pfd = libc::pollfd { fd: self.as_raw_fd(), events: libc::POLLIN, revents: 0 };
             let ms = deadline.poll_timeout_ms();

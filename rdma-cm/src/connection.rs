@@ -8,7 +8,7 @@ use rdma_sys as ffi;
 use rdma_verbs::{QueuePair, Rc, ReadyToSend};
 
 use crate::conn_id::{ConnId, CONNECTED, DONE};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::event::{Event, EventKind, PeerParams};
 use crate::raw_id::RawId;
 
@@ -17,8 +17,9 @@ use crate::raw_id::RawId;
 ///
 /// Post work with [`qp`](Self::qp) (e.g. [`QueuePair::scope`]). End it with
 /// [`disconnect`](Self::disconnect) (this side leaves) or
-/// [`wait_disconnected`](Self::wait_disconnected) (the peer leaves). Dropping it disconnects,
-/// then destroys the identifier and its channel, then the queue pair.
+/// [`wait_disconnected`](Self::wait_disconnected) (the peer leaves); both return a
+/// [`ClosedConnection`]. Dropping it disconnects (`rdma_disconnect`), then destroys the
+/// identifier and its channel, then the queue pair.
 ///
 /// # References
 /// - [`rdma_disconnect(3)`](https://man7.org/linux/man-pages/man3/rdma_disconnect.3.html)
@@ -28,21 +29,32 @@ pub struct Connection<'res> {
     conn: ConnId,
     qp: QueuePair<'res, Rc, ReadyToSend>,
     peer: SocketAddr,
+    local: SocketAddr,
+    device: String,
     params: PeerParams,
 }
 
 impl<'res> Connection<'res> {
-    pub(crate) fn new(qp: QueuePair<'res, Rc, ReadyToSend>, id: RawId, peer: SocketAddr, params: PeerParams) -> Self {
-        Self::from_conn(qp, ConnId::new(id, CONNECTED), peer, params)
+    pub(crate) fn new(
+        qp: QueuePair<'res, Rc, ReadyToSend>,
+        id: RawId,
+        peer: SocketAddr,
+        local: SocketAddr,
+        device: String,
+        params: PeerParams,
+    ) -> Self {
+        Self::from_conn(qp, ConnId::new(id, CONNECTED), peer, local, device, params)
     }
 
     pub(crate) fn from_conn(
         qp: QueuePair<'res, Rc, ReadyToSend>,
         conn: ConnId,
         peer: SocketAddr,
+        local: SocketAddr,
+        device: String,
         params: PeerParams,
     ) -> Self {
-        Connection { conn, qp, peer, params }
+        Connection { conn, qp, peer, local, device, params }
     }
 
     /// The connection's queue pair, for posting work.
@@ -67,13 +79,13 @@ impl<'res> Connection<'res> {
     }
 
     /// The local address.
-    pub fn local_addr(&self) -> Option<SocketAddr> {
-        self.conn.id.local_addr()
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
     }
 
     /// The RDMA device the connection runs on.
-    pub fn device_name(&self) -> String {
-        self.conn.id.device_name().unwrap_or_default()
+    pub fn device_name(&self) -> &str {
+        &self.device
     }
 
     /// True once the peer's disconnect has been seen (by [`next_event`](Self::next_event) or
@@ -92,22 +104,29 @@ impl<'res> Connection<'res> {
         event
     }
 
-    /// Waits up to `timeout` for the connection's next event (usually
+    /// Waits up to `timeout` for the connection's next event (`rdma_get_cm_event()`; usually
     /// [`Event::Disconnected`]).
     ///
     /// # Errors
-    /// [`Error::Timeout`](crate::Error::Timeout); [`Error::Cm`](crate::Error::Cm) when reading fails.
+    /// [`Error::Timeout`]; [`Error::Cm`] when reading fails. Each names the device.
+    #[doc(alias = "rdma_get_cm_event")]
     pub fn next_event(&self, timeout: Duration) -> Result<Event> {
-        let ev = self.conn.id.wait(timeout, "waiting for a connection event")?;
+        let ev = self.conn.id.wait(timeout, "waiting for a connection event").map_err(|e| self.on_device(e))?;
         Ok(self.note(ev.to_event()))
     }
 
-    /// Returns the next event if one is queued, without waiting.
+    /// Returns the next event if one is queued, without waiting (`rdma_get_cm_event()` on the
+    /// non-blocking channel).
     ///
     /// # Errors
-    /// [`Error::Cm`](crate::Error::Cm) when reading fails.
+    /// [`Error::Cm`] when reading fails; it names the device.
+    #[doc(alias = "rdma_get_cm_event")]
     pub fn try_event(&self) -> Result<Option<Event>> {
-        Ok(self.conn.id.try_event()?.map(|ev| self.note(ev.to_event())))
+        Ok(self.conn.id.try_event().map_err(|e| self.on_device(e))?.map(|ev| self.note(ev.to_event())))
+    }
+
+    fn on_device(&self, e: Error) -> Error {
+        e.on_device(&self.device)
     }
 
     /// Disconnects: moves the QP to the error state (flushing outstanding requests), calls
@@ -115,45 +134,49 @@ impl<'res> Connection<'res> {
     /// peer's reply, or the CM giving up on it).
     ///
     /// # Errors
-    /// [`Error::Timeout`](crate::Error::Timeout); [`Error::UnexpectedEvent`](crate::Error::UnexpectedEvent). The identifier is destroyed either way.
+    /// [`Error::Timeout`]; [`Error::UnexpectedEvent`]; [`Error::Cm`]; [`Error::Verbs`] when the
+    /// QP cannot be flushed. Each names the device. The identifier is destroyed either way.
     #[doc(alias = "rdma_disconnect")]
-    pub fn disconnect(self, timeout: Duration) -> Result<Disconnected<'res>> {
-        let Connection { conn, qp, peer, .. } = self;
+    pub fn disconnect(self, timeout: Duration) -> Result<ClosedConnection<'res>> {
+        let Connection { conn, qp, peer, device, .. } = self;
+        let on_device = |e: Error| e.on_device(&device);
         qp.flush()?;
         if conn.phase() == DONE {
-            return Ok(Disconnected { qp, peer });
+            return Ok(ClosedConnection { qp, peer });
         }
         // SAFETY: live, connected identifier.
         let rc = unsafe { ffi::rdma_disconnect(conn.id.as_ptr()) };
         conn.set_phase(DONE);
-        crate::error::check("rdma_disconnect", rc)?;
-        conn.id.expect(EventKind::Disconnected, timeout, "rdma_disconnect", "disconnecting", peer)?;
-        Ok(Disconnected { qp, peer })
+        crate::error::check("rdma_disconnect", rc).map_err(on_device)?;
+        conn.id
+            .expect(EventKind::Disconnected, timeout, "rdma_disconnect", "disconnecting", peer)
+            .map_err(on_device)?;
+        Ok(ClosedConnection { qp, peer })
     }
 
-    /// Waits up to `timeout` for the peer to disconnect, then completes the disconnect on this
-    /// side (flushing the QP).
+    /// Waits up to `timeout` for the peer to disconnect (`RDMA_CM_EVENT_DISCONNECTED`), then
+    /// completes the disconnect on this side (`rdma_disconnect()`, flushing the QP).
     ///
     /// # Errors
-    /// [`Error::Timeout`](crate::Error::Timeout) when the peer stays; [`Error::UnexpectedEvent`](crate::Error::UnexpectedEvent).
-    pub fn wait_disconnected(self, timeout: Duration) -> Result<Disconnected<'res>> {
+    /// [`Error::Timeout`] when the peer stays; [`Error::UnexpectedEvent`]; [`Error::Verbs`]
+    /// when the QP cannot be flushed. Each names the device.
+    #[doc(alias = "rdma_disconnect")]
+    pub fn wait_disconnected(self, timeout: Duration) -> Result<ClosedConnection<'res>> {
         if self.conn.phase() != DONE {
-            let ev = self.conn.id.expect(
-                EventKind::Disconnected,
-                timeout,
-                "waiting for the peer to disconnect",
-                "connected",
-                self.peer,
-            )?;
+            let ev = self
+                .conn
+                .id
+                .expect(EventKind::Disconnected, timeout, "waiting for the peer to disconnect", "connected", self.peer)
+                .map_err(|e| self.on_device(e))?;
             self.note(ev.to_event());
         }
         let Connection { qp, peer, .. } = self;
         qp.flush()?;
-        Ok(Disconnected { qp, peer })
+        Ok(ClosedConnection { qp, peer })
     }
 
     /// The raw `struct rdma_cm_id *`; it stays owned by `self`.
-    pub fn as_raw_id(&self) -> *mut ffi::rdma_cm_id {
+    pub fn as_raw(&self) -> *mut ffi::rdma_cm_id {
         self.conn.id.as_ptr()
     }
 }
@@ -165,15 +188,20 @@ impl AsRawFd for Connection<'_> {
     }
 }
 
-/// A connection that has ended. Its identifier is destroyed; the queue pair, now in the error
-/// state, is kept so that flushed completions can still be polled from its CQs.
+/// A connection that has ended, as [`Connection::disconnect`] and
+/// [`Connection::wait_disconnected`] return it. Its identifier is destroyed (`rdma_destroy_id`);
+/// the queue pair, now in the error state, is kept so that flushed completions can still be
+/// polled from its CQs.
+///
+/// (Not to be confused with [`Event::Disconnected`], the `RDMA_CM_EVENT_DISCONNECTED` event, nor
+/// with [`Error::PeerDisconnected`], the peer leaving while an answer was awaited.)
 #[derive(Debug)]
-pub struct Disconnected<'res> {
+pub struct ClosedConnection<'res> {
     qp: QueuePair<'res, Rc, ReadyToSend>,
     peer: SocketAddr,
 }
 
-impl<'res> Disconnected<'res> {
+impl<'res> ClosedConnection<'res> {
     /// The queue pair (in the error state: anything posted completes with a flush error).
     pub fn qp(&self) -> &QueuePair<'res, Rc, ReadyToSend> {
         &self.qp

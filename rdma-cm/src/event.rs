@@ -5,7 +5,7 @@ use std::ptr::NonNull;
 use rdma_sys as ffi;
 use rdma_sys::rdma_cm_event_type as t;
 
-use crate::error::RejectReason;
+use crate::error::{status_errno, RejectReason};
 
 /// The kind of an event, without its payload: what errors and logs name.
 ///
@@ -47,8 +47,9 @@ pub enum EventKind {
     AddressChange,
     /// `RDMA_CM_EVENT_TIMEWAIT_EXIT`.
     TimewaitExit,
-    /// A value this crate does not know (from a newer librdmacm).
-    Unknown(u32),
+    /// A value this crate does not know (from a newer librdmacm): the raw
+    /// `enum rdma_cm_event_type` value.
+    Other(u32),
 }
 
 impl EventKind {
@@ -71,7 +72,7 @@ impl EventKind {
             t::RDMA_CM_EVENT_MULTICAST_ERROR => EventKind::MulticastError,
             t::RDMA_CM_EVENT_ADDR_CHANGE => EventKind::AddressChange,
             t::RDMA_CM_EVENT_TIMEWAIT_EXIT => EventKind::TimewaitExit,
-            other => EventKind::Unknown(other),
+            other => EventKind::Other(other),
         }
     }
 
@@ -94,7 +95,7 @@ impl EventKind {
             EventKind::MulticastError => "RDMA_CM_EVENT_MULTICAST_ERROR",
             EventKind::AddressChange => "RDMA_CM_EVENT_ADDR_CHANGE",
             EventKind::TimewaitExit => "RDMA_CM_EVENT_TIMEWAIT_EXIT",
-            EventKind::Unknown(_) => "unknown RDMA CM event",
+            EventKind::Other(_) => "unknown RDMA CM event",
         }
     }
 }
@@ -150,19 +151,20 @@ pub enum Event {
     ConnectRequest(PeerParams),
     /// The peer accepted; the active side must now ready its QP and call `rdma_establish`.
     ConnectResponse(PeerParams),
-    /// The handshake failed.
+    /// The handshake failed (a positive `errno`).
     ConnectError {
-        /// The event's status.
-        status: i32,
+        /// Why.
+        errno: i32,
     },
-    /// The peer's CM never answered.
+    /// The peer's CM never answered (a positive `errno`, usually `ETIMEDOUT`).
     Unreachable {
-        /// The event's status.
-        status: i32,
+        /// Why.
+        errno: i32,
     },
     /// The peer refused.
     Rejected {
-        /// The reject reason.
+        /// The reject reason (the event's status, an InfiniBand CM reject reason, not an
+        /// `errno`).
         reason: RejectReason,
         /// The private data sent with the rejection.
         private_data: Vec<u8>,
@@ -175,20 +177,20 @@ pub enum Event {
     DeviceRemoval,
     /// A multicast join completed.
     MulticastJoin,
-    /// A multicast join failed.
+    /// A multicast join failed (a positive `errno`).
     MulticastError {
-        /// The event's status.
-        status: i32,
+        /// Why.
+        errno: i32,
     },
     /// The address's network device changed.
     AddressChange,
     /// The QP left the timewait state.
     TimewaitExit,
-    /// An event kind this crate does not know.
-    Unknown {
+    /// An event kind this crate does not know (from a newer librdmacm).
+    Other {
         /// The raw `enum rdma_cm_event_type` value.
         code: u32,
-        /// The event's status.
+        /// The event's raw status (librdmacm's convention: 0, or a negative `errno`).
         status: i32,
     },
 }
@@ -213,7 +215,7 @@ impl Event {
             Event::MulticastError { .. } => EventKind::MulticastError,
             Event::AddressChange => EventKind::AddressChange,
             Event::TimewaitExit => EventKind::TimewaitExit,
-            Event::Unknown { code, .. } => EventKind::Unknown(*code),
+            Event::Other { code, .. } => EventKind::Other(*code),
         }
     }
 }
@@ -242,6 +244,13 @@ impl RawEvent {
 
     pub(crate) fn status(&self) -> i32 {
         self.raw().status
+    }
+
+    /// The status as a positive `errno`, for an event that carries one: every negative status
+    /// except a rejection's (whose status is a reject reason).
+    pub(crate) fn errno(&self) -> Option<i32> {
+        let status = self.status();
+        (status < 0 && self.kind() != EventKind::Rejected).then(|| status_errno(status))
     }
 
     /// The identifier the event is about (for a connection request: the new one).
@@ -279,13 +288,13 @@ impl RawEvent {
         let status = self.status();
         match self.kind() {
             EventKind::AddressResolved => Event::AddressResolved,
-            EventKind::AddressError => Event::AddressError { errno: status.abs() },
+            EventKind::AddressError => Event::AddressError { errno: status_errno(status) },
             EventKind::RouteResolved => Event::RouteResolved,
-            EventKind::RouteError => Event::RouteError { errno: status.abs() },
+            EventKind::RouteError => Event::RouteError { errno: status_errno(status) },
             EventKind::ConnectRequest => Event::ConnectRequest(self.conn()),
             EventKind::ConnectResponse => Event::ConnectResponse(self.conn()),
-            EventKind::ConnectError => Event::ConnectError { status },
-            EventKind::Unreachable => Event::Unreachable { status },
+            EventKind::ConnectError => Event::ConnectError { errno: status_errno(status) },
+            EventKind::Unreachable => Event::Unreachable { errno: status_errno(status) },
             EventKind::Rejected => {
                 Event::Rejected { reason: RejectReason::from_status(status), private_data: self.conn().private_data }
             }
@@ -293,10 +302,10 @@ impl RawEvent {
             EventKind::Disconnected => Event::Disconnected,
             EventKind::DeviceRemoval => Event::DeviceRemoval,
             EventKind::MulticastJoin => Event::MulticastJoin,
-            EventKind::MulticastError => Event::MulticastError { status },
+            EventKind::MulticastError => Event::MulticastError { errno: status_errno(status) },
             EventKind::AddressChange => Event::AddressChange,
             EventKind::TimewaitExit => Event::TimewaitExit,
-            EventKind::Unknown(code) => Event::Unknown { code, status },
+            EventKind::Other(code) => Event::Other { code, status },
         }
     }
 }
@@ -319,13 +328,13 @@ mod tests {
         let mut names = std::collections::HashSet::new();
         for raw in 0..=15 {
             let kind = EventKind::from_raw(raw);
-            assert!(!matches!(kind, EventKind::Unknown(_)), "{raw}");
+            assert!(!matches!(kind, EventKind::Other(_)), "{raw}");
             assert!(names.insert(kind.name()), "{raw} repeats a name");
             // SAFETY: rdma_event_str returns a static string for any value.
             let c = unsafe { std::ffi::CStr::from_ptr(ffi::rdma_event_str(raw)) };
             assert_eq!(c.to_str().unwrap(), kind.name(), "librdmacm names {raw} differently");
         }
-        assert_eq!(EventKind::from_raw(99), EventKind::Unknown(99));
+        assert_eq!(EventKind::from_raw(99), EventKind::Other(99));
         assert_eq!(EventKind::from_raw(t::RDMA_CM_EVENT_ESTABLISHED).name(), "RDMA_CM_EVENT_ESTABLISHED");
     }
 }

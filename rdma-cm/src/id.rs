@@ -19,8 +19,24 @@ use crate::params::{ConnParams, MAX_CONNECT_PRIVATE_DATA};
 use crate::raw_id::RawId;
 
 mod sealed {
-    pub trait Sealed {}
+    use std::net::SocketAddr;
+
+    /// What a state knows about its identifier, captured by the step that entered it.
+    pub trait Sealed {
+        type Known: std::fmt::Debug + Send + Sync;
+    }
+
+    /// What address resolution establishes: the identifier's device, its local address (with
+    /// the source port the CM picked) and the destination.
+    #[derive(Debug)]
+    pub struct Resolved {
+        pub(crate) device: String,
+        pub(crate) local: SocketAddr,
+        pub(crate) peer: SocketAddr,
+    }
 }
+
+use sealed::Resolved;
 
 /// A state of a [`CmId`]. Sealed.
 pub trait IdState: sealed::Sealed + 'static {
@@ -30,7 +46,7 @@ pub trait IdState: sealed::Sealed + 'static {
 
 /// States in which the identifier is bound to a device: [`AddressResolved`], [`RouteResolved`].
 /// Sealed.
-pub trait Bound: IdState {}
+pub trait Bound: IdState + sealed::Sealed<Known = Resolved> {}
 
 /// Just created: bound to nothing.
 #[derive(Debug)]
@@ -42,9 +58,15 @@ pub enum AddressResolved {}
 #[derive(Debug)]
 pub enum RouteResolved {}
 
-impl sealed::Sealed for Idle {}
-impl sealed::Sealed for AddressResolved {}
-impl sealed::Sealed for RouteResolved {}
+impl sealed::Sealed for Idle {
+    type Known = ();
+}
+impl sealed::Sealed for AddressResolved {
+    type Known = Resolved;
+}
+impl sealed::Sealed for RouteResolved {
+    type Known = Resolved;
+}
 impl IdState for Idle {
     const NAME: &'static str = "idle";
 }
@@ -57,8 +79,9 @@ impl IdState for RouteResolved {
 impl Bound for AddressResolved {}
 impl Bound for RouteResolved {}
 
-/// A connection-manager identifier (`struct rdma_cm_id`) on the active side, in state `S`, with
-/// its own event channel. Destroyed (identifier, then channel) on drop.
+/// A connection-manager identifier (`struct rdma_cm_id`, from `rdma_create_id`) on the active
+/// side, in state `S`, with its own event channel. Destroyed (`rdma_destroy_id`, then the
+/// channel) on drop.
 ///
 /// ```text
 /// CmId<Idle> --resolve_addr--> CmId<AddressResolved> --resolve_route--> CmId<RouteResolved>
@@ -76,21 +99,17 @@ impl Bound for RouteResolved {}
 #[doc(alias = "rdma_cm_id")]
 pub struct CmId<S: IdState> {
     pub(crate) id: RawId,
-    dst: Option<SocketAddr>,
+    known: <S as sealed::Sealed>::Known,
     _state: PhantomData<S>,
 }
 
 impl<S: IdState> std::fmt::Debug for CmId<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CmId").field("state", &S::NAME).field("dst", &self.dst).finish()
+        f.debug_struct("CmId").field("state", &S::NAME).field("known", &self.known).finish()
     }
 }
 
 impl<S: IdState> CmId<S> {
-    fn into_state<N: IdState>(self) -> CmId<N> {
-        CmId { id: self.id, dst: self.dst, _state: PhantomData }
-    }
-
     /// The raw `struct rdma_cm_id *`; it stays owned by `self`.
     pub fn as_raw(&self) -> *mut ffi::rdma_cm_id {
         self.id.as_ptr()
@@ -119,23 +138,33 @@ fn timeout_ms(call: &'static str, timeout: Duration) -> Result<libc::c_int> {
 
 impl CmId<Idle> {
     /// Creates an identifier in the reliable-connected port space (`RDMA_PS_TCP`), with an
-    /// event channel of its own.
+    /// event channel of its own: `rdma_create_event_channel()` then `rdma_create_id()`.
     ///
     /// # Errors
     /// [`Error::Cm`] when the channel or identifier cannot be created (`ENODEV`: no RDMA).
     #[doc(alias = "rdma_create_id")]
     pub fn new() -> Result<Self> {
-        Ok(CmId { id: RawId::create()?, dst: None, _state: PhantomData })
+        Ok(CmId { id: RawId::create()?, known: (), _state: PhantomData })
+    }
+
+    /// The local address, if the identifier has one: an idle identifier is bound to nothing,
+    /// so this is `None` unless librdmacm reports otherwise (the state does not guarantee an
+    /// address; see the crate docs on addresses and devices).
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.id.local_addr()
     }
 
     /// Resolves `dst` to a local RDMA device and port, leaving from `src` if given:
-    /// `rdma_resolve_addr()`, then waits for `RDMA_CM_EVENT_ADDR_RESOLVED`.
+    /// `rdma_resolve_addr()`, then waits for `RDMA_CM_EVENT_ADDR_RESOLVED`. The device and
+    /// local address it binds the identifier to are read once, here.
     ///
     /// # Errors
     /// [`Error::AddressResolution`] with the `errno` the CM reported, from the call or its event:
     /// `ENODEV` when `src`, or the interface the route to `dst` leaves through, has no RDMA
     /// device; `EADDRNOTAVAIL` for a `src` that is not local; `ENETUNREACH` without a route.
     /// [`Error::Timeout`] when the neighbour did not answer within `timeout`.
+    /// [`Error::Incomplete`] if librdmacm resolved the address but reports no device or local
+    /// address for it.
     ///
     /// The kernel is asked in attempts of 250 ms, repeated until `timeout`: Linux only re-reads
     /// its neighbour table when a resolution's own timer fires if the ARP reply came before the
@@ -167,17 +196,22 @@ impl CmId<Idle> {
             if rc != 0 {
                 return Err(match Error::last_os_error("rdma_resolve_addr").errno() {
                     Some(errno) => Error::AddressResolution { addr: dst, errno },
-                    None => Error::Cm { call: "rdma_resolve_addr", errno: libc::EIO },
+                    None => Error::Cm { call: "rdma_resolve_addr", device: None, errno: libc::EIO },
                 });
             }
             let wait = deadline.remaining().saturating_add(Duration::from_millis(50));
             match self.id.expect(EventKind::AddressResolved, wait, "rdma_resolve_addr", "resolving an address", dst) {
-                Ok(_) => return Ok(CmId { id: self.id, dst: Some(dst), _state: PhantomData }),
+                Ok(_) => break,
                 Err(e) if e.is_timeout() && !deadline.has_passed() => continue,
-                Err(e) if e.is_timeout() => return Err(Error::Timeout { what: "rdma_resolve_addr", after: timeout }),
+                Err(e) if e.is_timeout() => {
+                    return Err(Error::Timeout { what: "rdma_resolve_addr", device: None, after: timeout })
+                }
                 Err(e) => return Err(e),
             }
         }
+        let device = self.id.require_device("rdma_resolve_addr")?;
+        let local = self.id.require_local_addr("rdma_resolve_addr").map_err(|e| e.on_device(&device))?;
+        Ok(CmId { id: self.id, known: Resolved { device, local, peer: dst }, _state: PhantomData })
     }
 
     /// [`resolve_addr`](Self::resolve_addr) then [`resolve_route`](CmId::resolve_route), both
@@ -193,10 +227,12 @@ impl CmId<Idle> {
     }
 
     /// Binds to `addr` and listens: `rdma_bind_addr()` then `rdma_listen()`. Port 0 picks a
-    /// free port ([`Listener::local_addr`] tells which).
+    /// free port ([`Listener::local_addr`] tells which). The bound address (and device, for an
+    /// address that is not a wildcard) is read once, here.
     ///
     /// # Errors
     /// [`Error::Cm`]: `EADDRINUSE`, `EADDRNOTAVAIL` (not a local address), `ENODEV`.
+    /// [`Error::Incomplete`] if librdmacm bound the identifier but reports no address for it.
     ///
     /// # References
     /// - [`rdma_bind_addr(3)`](https://man7.org/linux/man-pages/man3/rdma_bind_addr.3.html)
@@ -207,9 +243,16 @@ impl CmId<Idle> {
         let mut raw = RawAddr::new(addr);
         // SAFETY: live identifier; a valid sockaddr librdmacm copies.
         check("rdma_bind_addr", unsafe { ffi::rdma_bind_addr(self.id.as_ptr(), raw.as_mut_ptr()) })?;
+        // A wildcard address binds no device; a specific one binds its device.
+        let device = self.id.device_name();
+        let on_device = |e: Error| match &device {
+            Some(d) => e.on_device(d),
+            None => e,
+        };
+        let local = self.id.require_local_addr("rdma_bind_addr").map_err(on_device)?;
         // SAFETY: live, bound identifier.
-        check("rdma_listen", unsafe { ffi::rdma_listen(self.id.as_ptr(), backlog.into()) })?;
-        Ok(Listener::new(self.id))
+        check("rdma_listen", unsafe { ffi::rdma_listen(self.id.as_ptr(), backlog.into()) }).map_err(on_device)?;
+        Ok(Listener::new(self.id, local, device))
     }
 }
 
@@ -218,29 +261,28 @@ impl CmId<AddressResolved> {
     /// `RDMA_CM_EVENT_ROUTE_RESOLVED`.
     ///
     /// # Errors
-    /// [`Error::RouteResolution`]; [`Error::Timeout`].
+    /// [`Error::RouteResolution`]; [`Error::Timeout`]. Each names the device.
     ///
     /// # References
     /// - [`rdma_resolve_route(3)`](https://man7.org/linux/man-pages/man3/rdma_resolve_route.3.html)
     #[doc(alias = "rdma_resolve_route")]
     pub fn resolve_route(self, timeout: Duration) -> Result<CmId<RouteResolved>> {
-        let ms = timeout_ms("rdma_resolve_route", timeout)?;
+        let on_device = |e: Error| e.on_device(&self.known.device);
+        let ms = timeout_ms("rdma_resolve_route", timeout).map_err(on_device)?;
         // SAFETY: live identifier with a resolved address.
-        check("rdma_resolve_route", unsafe { ffi::rdma_resolve_route(self.id.as_ptr(), ms) })?;
-        let dst = self.peer();
-        self.id.expect(EventKind::RouteResolved, timeout, "rdma_resolve_route", "resolving a route", dst)?;
-        Ok(self.into_state())
+        check("rdma_resolve_route", unsafe { ffi::rdma_resolve_route(self.id.as_ptr(), ms) }).map_err(on_device)?;
+        let dst = self.known.peer;
+        self.id
+            .expect(EventKind::RouteResolved, timeout, "rdma_resolve_route", "resolving a route", dst)
+            .map_err(on_device)?;
+        Ok(CmId { id: self.id, known: self.known, _state: PhantomData })
     }
 }
 
 impl<S: Bound> CmId<S> {
-    fn peer(&self) -> SocketAddr {
-        self.dst.or_else(|| self.id.peer_addr()).unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)))
-    }
-
     /// The name of the RDMA device the address resolved to (e.g. `"rxe0"`).
-    pub fn device_name(&self) -> String {
-        self.id.device_name().unwrap_or_default()
+    pub fn device_name(&self) -> &str {
+        &self.known.device
     }
 
     /// The device port the address resolved to.
@@ -249,30 +291,32 @@ impl<S: Bound> CmId<S> {
     }
 
     /// The local address (with the source port the CM picked).
-    pub fn local_addr(&self) -> Option<SocketAddr> {
-        self.id.local_addr()
+    pub fn local_addr(&self) -> SocketAddr {
+        self.known.local
     }
 
     /// The destination.
     pub fn peer_addr(&self) -> SocketAddr {
-        self.peer()
+        self.known.peer
     }
 
-    /// Opens a verbs context on the device the address resolved to, for the PD, CQs and QP of
-    /// the connection. (librdmacm's own context for the device is not lent out, so that every
-    /// verbs object here is owned by `rdma-verbs` and its lifetimes.)
+    /// Opens a verbs context (`ibv_open_device`) on the device the address resolved to, for the
+    /// PD, CQs and QP of the connection. (librdmacm's own context for the device is not lent
+    /// out, so that every verbs object here is owned by `rdma-verbs` and its lifetimes.)
     ///
     /// # Errors
-    /// Opening the device failed.
+    /// [`Error::Verbs`]: opening the device failed.
+    #[doc(alias = "ibv_open_device")]
     pub fn open_context(&self) -> Result<rdma_verbs::Context> {
-        self.id.open_context()
+        Ok(rdma_verbs::Context::open(&self.known.device)?)
     }
 }
 
 impl CmId<RouteResolved> {
-    /// Moves a new RC queue pair to `Init` with the port and P_Key the CM resolved, and the
-    /// remote `access` this side grants (e.g. `REMOTE_WRITE | REMOTE_READ`). Receives can be
-    /// posted from here on, before [`connect`](Self::connect).
+    /// Moves a new RC queue pair to `Init` with the port and P_Key the CM resolved
+    /// (`rdma_init_qp_attr()`, then `ibv_modify_qp()`), and the remote `access` this side grants
+    /// (e.g. `REMOTE_WRITE | REMOTE_READ`). Receives can be posted from here on, before
+    /// [`connect`](Self::connect).
     ///
     /// # Errors
     /// [`Error::DeviceMismatch`] when the QP's context is on another device than
@@ -287,7 +331,7 @@ impl CmId<RouteResolved> {
         qp: QueuePair<'res, Rc, Reset>,
         access: AccessFlags,
     ) -> Result<QueuePair<'res, Rc, Init>> {
-        self.id.init_qp(qp, access)
+        self.id.init_qp(qp, access, &self.known.device).map_err(|e| e.on_device(&self.known.device))
     }
 
     /// Connects with `qp`: `rdma_connect()`, then on the peer's acceptance
@@ -300,14 +344,15 @@ impl CmId<RouteResolved> {
     /// - [`Error::NoListener`]: the peer's CM answered that nothing listens on the port.
     /// - [`Error::Rejected`]: the peer rejected, with its reason and private data.
     /// - [`Error::Unreachable`], [`Error::ConnectError`]: the CM gave up.
+    /// - [`Error::PeerDisconnected`]: the peer left during the handshake.
     /// - [`Error::Timeout`]: no answer within `timeout`.
     /// - [`Error::InvalidArgument`]: more than [`MAX_CONNECT_PRIVATE_DATA`] bytes of private
     ///   data, or retry counts over 7.
     /// - [`Error::DeviceMismatch`], [`Error::Verbs`], [`Error::Cm`] as for
     ///   [`init_qp`](Self::init_qp).
     ///
-    /// On every error the identifier is destroyed, which tells the peer's CM (a REJ or DREQ), and
-    /// the QP is destroyed.
+    /// Each names the device. On every error the identifier is destroyed, which tells the
+    /// peer's CM (a REJ or DREQ), and the QP is destroyed.
     ///
     /// # References
     /// - [`rdma_connect(3)`](https://man7.org/linux/man-pages/man3/rdma_connect.3.html)
@@ -320,23 +365,37 @@ impl CmId<RouteResolved> {
         params: &ConnParams<'_>,
         timeout: Duration,
     ) -> Result<Connection<'res>> {
+        let CmId { id, known, .. } = self;
+        match Self::handshake(&id, &known, qp, params, timeout) {
+            Ok((qp, peer_params)) => Ok(Connection::new(qp, id, known.peer, known.local, known.device, peer_params)),
+            Err(e) => Err(e.on_device(&known.device)),
+        }
+    }
+
+    /// `connect`'s steps, with errors that do not name the device yet.
+    fn handshake<'res>(
+        id: &RawId,
+        known: &Resolved,
+        qp: QueuePair<'res, Rc, Init>,
+        params: &ConnParams<'_>,
+        timeout: Duration,
+    ) -> Result<(QueuePair<'res, Rc, rdma_verbs::ReadyToSend>, crate::PeerParams)> {
         let (max_resp, max_init) = crate::raw_id::device_depths(qp.pd().context());
         let resp = params.responder_resources.unwrap_or(max_resp);
         let init = params.initiator_depth.unwrap_or(max_init);
         let mut raw = params.to_raw("rdma_connect", MAX_CONNECT_PRIVATE_DATA, resp, init, qp.qp_num())?;
-        let peer = self.peer();
         // SAFETY: live identifier with a resolved route; `raw` and the private data it points to
         // live across the call, which copies them.
-        check("rdma_connect", unsafe { ffi::rdma_connect(self.id.as_ptr(), &mut raw) })?;
-        let ev = self.id.expect(EventKind::ConnectResponse, timeout, "rdma_connect", "connecting", peer)?;
+        check("rdma_connect", unsafe { ffi::rdma_connect(id.as_ptr(), &mut raw) })?;
+        let ev = id.expect(EventKind::ConnectResponse, timeout, "rdma_connect", "connecting", known.peer)?;
         let peer_params = match ev.to_event() {
             crate::Event::ConnectResponse(p) => p,
             _ => Default::default(),
         };
         drop(ev);
-        let (qp, _, _) = self.id.ready_qp(qp, None, None)?;
+        let (qp, _, _) = id.ready_qp(qp, None, None, &known.device)?;
         // SAFETY: live identifier that received a connect response and has no librdmacm QP.
-        check("rdma_establish", unsafe { ffi::rdma_establish(self.id.as_ptr()) })?;
-        Ok(Connection::new(qp, self.id, peer, peer_params))
+        check("rdma_establish", unsafe { ffi::rdma_establish(id.as_ptr()) })?;
+        Ok((qp, peer_params))
     }
 }

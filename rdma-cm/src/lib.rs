@@ -3,23 +3,104 @@
 //!
 //! Connection setup is where RDMA programs fail first and explain least. Here every state is a
 //! type, every event a variant, every failure a distinct [`Error`], and every wait takes a
-//! timeout:
+//! timeout ([`Duration::MAX`](std::time::Duration::MAX) waits without a deadline). Each wrapper's
+//! documentation names the librdmacm call it makes.
+//!
+//! # States
 //!
 //! ```text
 //! active:  CmId<Idle> -resolve_addr-> CmId<AddressResolved> -resolve_route-> CmId<RouteResolved>
-//!          -init_qp, connect-> Connection -disconnect-> Disconnected
+//!          -init_qp, connect-> Connection -disconnect-> ClosedConnection
 //! passive: CmId<Idle> -listen-> Listener -get_request-> ConnectRequest
-//!          -accept-> Connection -wait_disconnected-> Disconnected
+//!          -init_qp, accept-> Connection -wait_disconnected-> ClosedConnection
 //!                                 ConnectRequest -reject-> ()
 //! ```
+//!
+//! Each transition consumes its input and returns the next state, or an [`Error`] after
+//! destroying what it consumed (identifier, then QP); destroying an identifier mid-handshake
+//! tells the peer's CM (a REJ or a DREQ).
 //!
 //! The connection's queue pair is an ordinary `rdma-verbs` [`QueuePair`](rdma_verbs::QueuePair)
 //! created by the caller on a context, PD and CQs of their choosing (open the context on the
 //! device the CM resolved with [`CmId::open_context`] or [`ConnectRequest::open_context`]); the
 //! CM only computes its attributes (`rdma_init_qp_attr`) and the state types follow it from
-//! `Reset` to `ReadyToSend`. Work is posted with `rdma-verbs`' safe [`QueuePair::scope`].
+//! `Reset` to `ReadyToSend`. A QP on another device is refused ([`Error::DeviceMismatch`]).
+//! Work is posted with `rdma-verbs`' safe [`QueuePair::scope`].
 //!
 //! [`QueuePair::scope`]: rdma_verbs::QueuePair::scope
+//!
+//! # Which call waits for which event
+//!
+//! | call | librdmacm | waits for | failure events become |
+//! |---|---|---|---|
+//! | [`CmId::resolve_addr`] | `rdma_resolve_addr` | `ADDR_RESOLVED` | `ADDR_ERROR`: [`Error::AddressResolution`] |
+//! | [`CmId::resolve_route`] | `rdma_resolve_route` | `ROUTE_RESOLVED` | `ROUTE_ERROR`: [`Error::RouteResolution`] |
+//! | [`CmId::connect`] | `rdma_connect`, then `rdma_establish` | `CONNECT_RESPONSE` | `REJECTED` reason 8: [`Error::NoListener`]; other `REJECTED`: [`Error::Rejected`]; `UNREACHABLE`: [`Error::Unreachable`]; `CONNECT_ERROR`: [`Error::ConnectError`] |
+//! | [`Listener::get_request`] | `rdma_get_cm_event`, `rdma_migrate_id` | `CONNECT_REQUEST` | |
+//! | [`ConnectRequest::accept`] | `rdma_accept` | `ESTABLISHED` | `CONNECT_ERROR`, `REJECTED`; `DISCONNECTED`: [`Error::PeerDisconnected`] |
+//! | [`Connection::disconnect`] | `rdma_disconnect` | `DISCONNECTED` (the peer's reply) | |
+//! | [`Connection::wait_disconnected`] | `rdma_disconnect` once the event came | `DISCONNECTED` (the peer leaving) | |
+//!
+//! In every wait, `ADDR_CHANGE` and `TIMEWAIT_EXIT` are skipped, `DEVICE_REMOVAL` becomes
+//! [`Error::DeviceRemoved`], any other event [`Error::UnexpectedEvent`], and no event before the
+//! deadline [`Error::Timeout`]. [`Error::is_timeout`] is also true when the kernel's own timer
+//! fired first (`ETIMEDOUT`). [`Connection::next_event`] and [`Connection::try_event`] return
+//! the typed [`Event`] for callers that watch a connection.
+//!
+//! # Addresses and devices
+//!
+//! Accessors never make a value up. Where the state guarantees an address or a device, it is
+//! read from librdmacm once, by the transition that establishes it, and returned plainly
+//! (`SocketAddr`, `&str`); if librdmacm has none, that transition fails with
+//! [`Error::Incomplete`]:
+//! - [`CmId<AddressResolved>`](CmId) and [`CmId<RouteResolved>`](CmId): `local_addr`,
+//!   `peer_addr`, `device_name`, from [`CmId::resolve_addr`];
+//! - [`Listener::local_addr`], from [`CmId::listen`];
+//! - [`ConnectRequest`] and [`Connection`]: `local_addr`, `peer_addr`, `device_name`, from the
+//!   request (passive side) or address resolution (active side).
+//!
+//! Where it may legitimately be missing, the accessor returns an `Option`:
+//! [`CmId<Idle>::local_addr`](CmId::local_addr) (an idle identifier is bound to nothing) and
+//! [`Listener::device_name`] (a wildcard address such as `0.0.0.0` binds no device).
+//!
+//! # Errors, and mixing with `rdma-verbs`
+//!
+//! [`Error`] follows `rdma-verbs`' [`Error`](rdma_verbs::Error): every `errno` is positive (a
+//! CM event's negative `status` is negated) and shows as [`std::io::Error`] shows it, and the
+//! error names the RDMA device once it is known. A rejection's status is not an `errno` but a
+//! [`RejectReason`].
+//!
+//! **When a function uses both crates, return [`rdma_cm::Result`](Result)**: every
+//! `rdma_verbs::Error` converts into [`Error::Verbs`] with `?` (get it back with
+//! [`Error::as_verbs`]), including in a posting scope's closure, whose error type is any type
+//! an `rdma_verbs::Error` converts into. Both error types are `Send + Sync + 'static`, so
+//! `Box<dyn std::error::Error + Send + Sync>` (or `anyhow::Error`) takes either, for
+//! applications that mix in other errors too.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use rdma_verbs::{AccessFlags, SendRequest, WorkCompletion};
+//!
+//! /// Sends `msg` on `conn` and waits for its completion.
+//! fn send(conn: &rdma_cm::Connection<'_>, pd: &rdma_verbs::ProtectionDomain<'_>, msg: &[u8]) -> rdma_cm::Result<()> {
+//!     let t = Duration::from_secs(2);
+//!     let mr = pd.alloc_mr(msg.len(), AccessFlags::LOCAL_WRITE)?; // rdma_verbs::Error
+//!     mr.write_at(0, msg)?;
+//!     conn.qp().scope(t, |s| -> rdma_cm::Result<()> {
+//!         let sge = [mr.sge(..)?];
+//!         s.post_send(&mut [SendRequest::send(1, &sge)])?;
+//!         let mut wc = [WorkCompletion::default(); 1];
+//!         s.wait(1, &mut wc, t)?;
+//!         if conn.peer_disconnected() {
+//!             return Err(rdma_cm::Error::PeerDisconnected {
+//!                 addr: conn.peer_addr(),
+//!                 device: Some(conn.device_name().to_owned()),
+//!             });
+//!         }
+//!         Ok(())
+//!     })
+//! }
+//! ```
 //!
 //! # Example
 //!
@@ -31,7 +112,7 @@
 //! use rdma_cm::{CmId, ConnParams};
 //! use rdma_verbs::{AccessFlags, QpCreateAttr, Rc, SendRequest};
 //!
-//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 //! let t = Duration::from_secs(2);
 //! let id = CmId::new()?.resolve(None, "10.77.0.1:7471".parse()?, t)?;
 //! let ctx = id.open_context()?;
@@ -43,12 +124,12 @@
 //!
 //! let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE)?;
 //! mr.write_at(0, b"ping")?;
-//! conn.qp().scope(t, |s| {
+//! conn.qp().scope(t, |s| -> rdma_cm::Result<()> {
 //!     let sge = [mr.sge(..4)?];
 //!     s.post_send(&mut [SendRequest::send(1, &sge)])?;
 //!     let mut wc = [rdma_verbs::WorkCompletion::default(); 1];
 //!     s.wait(1, &mut wc, t)?;
-//!     Ok::<_, rdma_verbs::Error>(())
+//!     Ok(())
 //! })?;
 //! conn.disconnect(t)?;
 //! # Ok(())
@@ -61,11 +142,49 @@
 //! channel, so its events never mix with another's, and its non-blocking fd
 //! ([`AsRawFd`](std::os::fd::AsRawFd)) can be handed to `poll`/`epoll` or an async reactor. The
 //! blocking calls poll that fd with their timeout; [`Listener::try_get_request`] and
-//! [`Connection::try_event`] are the non-blocking steps an async front drives.
+//! [`Connection::try_event`] are the non-blocking steps an async front drives. A request is
+//! moved off the listener's channel (`rdma_migrate_id`) under the listener's lock, so
+//! `&Listener` can be shared between threads, and [`ConnectRequest`] and [`Connection`] are
+//! `Send`.
+//!
+//! # Release order
+//!
+//! - An identifier is destroyed (`rdma_destroy_id`) before its event channel.
+//! - Dropping a [`ConnectRequest`] unanswered rejects it; dropping a [`Connection`] disconnects
+//!   it; after `rdma_accept` or `rdma_reject` nothing more is sent.
+//! - A [`Connection`] drops its identifier before its queue pair; a [`ClosedConnection`] keeps
+//!   only the queue pair.
+//! - Every event is acknowledged (`rdma_ack_cm_event`) as soon as it has been copied, so
+//!   `rdma_destroy_id` never waits for one.
+//!
+//! # Measured on Soft-RoCE (rxe, Linux 6.1)
+//!
+//! - **Private data arrives zero-padded** to the InfiniBand CM message's fixed size: 56 bytes in
+//!   a request ([`MAX_CONNECT_PRIVATE_DATA`]), 196 in an acceptance
+//!   ([`MAX_ACCEPT_PRIVATE_DATA`]), 148 in a rejection ([`MAX_REJECT_PRIVATE_DATA`]). A protocol
+//!   that needs the exact length must carry it; longer data is [`Error::InvalidArgument`]
+//!   before anything is sent.
+//! - **No listener on the port is an immediate `REJECTED`** with reason 8 (invalid service ID):
+//!   [`Error::NoListener`], not a timeout.
+//! - **An address without an RDMA device is `ENODEV`**, for a source address on such an
+//!   interface and for a destination routed through one: [`Error::AddressResolution`].
+//! - **The first address resolution to a fresh neighbour can stall** for the kernel's whole
+//!   timer when the ARP reply beats the request; [`CmId::resolve_addr`] therefore asks in 250 ms
+//!   attempts until its own timeout.
+//! - **librdmacm keeps one verbs context per device open until the process exits** (`ctx` +1
+//!   and 2 fds per device in `rdma resource show`): a fixed cost, not a leak.
+//! - **Receives posted to a QP already in the error state are not flushed** until it is moved
+//!   to the error state again: code that polls a [`ClosedConnection`]'s queue pair by hand calls
+//!   [`QueuePair::flush`](rdma_verbs::QueuePair::flush) after posting (a posting scope's drain
+//!   does it).
+//! - Each identifier's own event channel costs one open of `/dev/infiniband/rdma_cm` (about
+//!   200 µs under emulation).
 //!
 //! # References
 //! - [`rdma_cm(7)`](https://man7.org/linux/man-pages/man7/rdma_cm.7.html)
-//! - The workspace's `docs/rdma-cm.md`: the state diagram and the events of each state.
+//! - The long version of the above, with the full state diagram and how each fact was measured:
+//!   [`docs/rdma-cm.md`](https://github.com/rdma-rs/rdma-rs/blob/main/docs/rdma-cm.md) in the
+//!   repository.
 
 mod addr;
 mod channel;
@@ -79,7 +198,7 @@ mod params;
 mod raw_id;
 
 pub use channel::EventChannel;
-pub use connection::{Connection, Disconnected};
+pub use connection::{ClosedConnection, Connection};
 pub use error::{Error, RejectReason, Result};
 pub use event::{Event, EventKind, PeerParams};
 pub use id::{AddressResolved, Bound, CmId, IdState, Idle, RouteResolved};

@@ -19,8 +19,9 @@ use crate::id::CmId;
 use crate::params::{ConnParams, MAX_ACCEPT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA};
 use crate::raw_id::RawId;
 
-/// A bound, listening identifier (`rdma_listen`), with its own event channel. Destroyed on drop;
-/// requests already handed out as [`ConnectRequest`]s live on independently.
+/// A bound, listening identifier (`rdma_bind_addr` then `rdma_listen`), with its own event
+/// channel. Destroyed (`rdma_destroy_id`) on drop; requests already handed out as
+/// [`ConnectRequest`]s live on independently.
 ///
 /// `&Listener` may be shared between threads: each [`get_request`](Self::get_request) returns a
 /// different request, and every request and connection has an event channel of its own, so
@@ -32,17 +33,30 @@ use crate::raw_id::RawId;
 #[derive(Debug)]
 pub struct Listener {
     id: RawId,
+    /// The bound address, read once when binding.
+    local: SocketAddr,
+    /// The device, for an address that is not a wildcard.
+    device: Option<String>,
     /// Held while an event is read and, for a request, its new identifier moved to a channel of
     /// its own, so that no other reader can take that identifier's events meanwhile.
     reading: Mutex<()>,
 }
 
 impl Listener {
-    pub(crate) fn new(id: RawId) -> Self {
-        Listener { id, reading: Mutex::new(()) }
+    pub(crate) fn new(id: RawId, local: SocketAddr, device: Option<String>) -> Self {
+        Listener { id, local, device, reading: Mutex::new(()) }
     }
 
-    /// Creates an identifier, binds it to `addr` and listens: shorthand for
+    /// Names the listener's device, if it has one, in `e`.
+    fn on_device(&self, e: Error) -> Error {
+        match &self.device {
+            Some(d) => e.on_device(d),
+            None => e,
+        }
+    }
+
+    /// Creates an identifier, binds it to `addr` and listens (`rdma_create_id()`,
+    /// `rdma_bind_addr()`, `rdma_listen()`): shorthand for
     /// [`CmId::new`]`()?.`[`listen`](CmId::listen)`(addr, backlog)`.
     ///
     /// # Errors
@@ -53,19 +67,34 @@ impl Listener {
 
     /// The address listened on, with the port the CM picked if 0 was asked for.
     pub fn local_addr(&self) -> SocketAddr {
-        self.id.local_addr().unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)))
+        self.local
     }
 
-    /// Waits up to `timeout` for the next connection request.
+    /// The RDMA device the listener is bound to; `None` when it listens on a wildcard address
+    /// (`0.0.0.0`, `::`), where requests may come through any device (each
+    /// [`ConnectRequest::device_name`] tells which).
+    pub fn device_name(&self) -> Option<&str> {
+        self.device.as_deref()
+    }
+
+    /// Waits up to `timeout` for the next connection request (`rdma_get_cm_event()` for
+    /// `RDMA_CM_EVENT_CONNECT_REQUEST`), and moves the request's identifier to an event channel
+    /// of its own (`rdma_migrate_id()`).
     ///
     /// # Errors
     /// [`Error::Timeout`]; [`Error::DeviceRemoved`]; [`Error::UnexpectedEvent`] for an event a
     /// listener cannot get; [`Error::Cm`] when the request's identifier cannot be moved to a
-    /// channel of its own.
+    /// channel of its own; [`Error::Incomplete`] when librdmacm reports no device or address for
+    /// the request (it is then rejected).
     #[doc(alias = "rdma_get_cm_event")]
+    #[doc(alias = "rdma_migrate_id")]
     pub fn get_request(&self, timeout: Duration) -> Result<ConnectRequest> {
+        self.get_request_inner(timeout).map_err(|e| self.on_device(e))
+    }
+
+    fn get_request_inner(&self, timeout: Duration) -> Result<ConnectRequest> {
         let deadline = Deadline::after(timeout);
-        let timed_out = || Error::Timeout { what: "waiting for a connection request", after: timeout };
+        let timed_out = || Error::Timeout { what: "waiting for a connection request", device: None, after: timeout };
         let _reading = self.reading.try_lock_for(timeout).ok_or_else(timed_out)?;
         loop {
             let ev = self.id.wait(deadline.remaining(), "waiting for a connection request").map_err(|e| match e {
@@ -78,12 +107,18 @@ impl Listener {
         }
     }
 
-    /// Returns the next connection request if one is queued, without waiting (for callers that
-    /// poll the listener's fd themselves).
+    /// Returns the next connection request if one is queued, without waiting
+    /// (`rdma_get_cm_event()` on the non-blocking channel, then `rdma_migrate_id()`), for
+    /// callers that poll the listener's fd themselves.
     ///
     /// # Errors
     /// As [`get_request`](Self::get_request), except timeouts.
+    #[doc(alias = "rdma_get_cm_event")]
     pub fn try_get_request(&self) -> Result<Option<ConnectRequest>> {
+        self.try_get_request_inner().map_err(|e| self.on_device(e))
+    }
+
+    fn try_get_request_inner(&self) -> Result<Option<ConnectRequest>> {
         let Some(_reading) = self.reading.try_lock() else { return Ok(None) };
         while let Some(ev) = self.id.try_event()? {
             if let Some(request) = self.take(ev)? {
@@ -108,16 +143,21 @@ impl Listener {
                 let Some(child) = child else { return Ok(None) };
                 // SAFETY: librdmacm created `child` for this request and hands it to us.
                 let id = unsafe { RawId::adopt(child) }?;
-                let peer = id.peer_addr().unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
-                let local = id.local_addr().unwrap_or_else(|| self.local_addr());
-                Ok(Some(ConnectRequest { conn: ConnId::new(id, REQUESTED), params, peer, local }))
+                // Owned from here: an early return drops it, which rejects the request.
+                let conn = ConnId::new(id, REQUESTED);
+                const CALL: &str = "RDMA_CM_EVENT_CONNECT_REQUEST";
+                let device = conn.id.require_device(CALL)?;
+                let on_device = |e: Error| e.on_device(&device);
+                let peer = conn.id.require_peer_addr(CALL).map_err(on_device)?;
+                let local = conn.id.require_local_addr(CALL).map_err(on_device)?;
+                Ok(Some(ConnectRequest { conn, params, peer, local, device }))
             }
-            EventKind::DeviceRemoval => Err(Error::DeviceRemoved),
+            EventKind::DeviceRemoval => Err(Error::DeviceRemoved { device: None }),
             EventKind::AddressChange | EventKind::TimewaitExit => Ok(None),
             // An event of another identifier than the listener cannot arrive here (requests are
             // migrated under the lock); skip it rather than fail the listener.
             _ if ev.id() != self.id.as_ptr() => Ok(None),
-            kind => Err(Error::UnexpectedEvent { state: "listening", event: kind, status: ev.status() }),
+            kind => Err(Error::UnexpectedEvent { state: "listening", device: None, event: kind, errno: ev.errno() }),
         }
     }
 
@@ -134,8 +174,9 @@ impl AsRawFd for Listener {
     }
 }
 
-/// A peer's request to connect, with its own identifier and event channel. Answer it with
-/// [`accept`](Self::accept) or [`reject`](Self::reject); dropping it unanswered rejects it.
+/// A peer's request to connect (`RDMA_CM_EVENT_CONNECT_REQUEST`), with its own identifier and
+/// event channel. Answer it with [`accept`](Self::accept) or [`reject`](Self::reject); dropping
+/// it unanswered rejects it (`rdma_reject`).
 ///
 /// # References
 /// - [`rdma_accept(3)`](https://man7.org/linux/man-pages/man3/rdma_accept.3.html)
@@ -146,6 +187,7 @@ pub struct ConnectRequest {
     params: PeerParams,
     peer: SocketAddr,
     local: SocketAddr,
+    device: String,
 }
 
 impl ConnectRequest {
@@ -170,8 +212,8 @@ impl ConnectRequest {
     }
 
     /// The RDMA device the request arrived on.
-    pub fn device_name(&self) -> String {
-        self.conn.id.device_name().unwrap_or_default()
+    pub fn device_name(&self) -> &str {
+        &self.device
     }
 
     /// The device port the request arrived on.
@@ -179,16 +221,23 @@ impl ConnectRequest {
         self.conn.id.port()
     }
 
-    /// Opens a verbs context on the device the request arrived on.
+    /// Opens a verbs context (`ibv_open_device`) on the device the request arrived on.
     ///
     /// # Errors
-    /// Opening the device failed.
+    /// [`Error::Verbs`]: opening the device failed.
+    #[doc(alias = "ibv_open_device")]
     pub fn open_context(&self) -> Result<rdma_verbs::Context> {
-        self.conn.id.open_context()
+        Ok(rdma_verbs::Context::open(&self.device)?)
     }
 
-    /// Moves a new RC queue pair to `Init` for this connection, granting the peer `access`.
-    /// Receives can be posted from here on, before [`accept`](Self::accept).
+    /// The raw `struct rdma_cm_id *` of the request; it stays owned by `self`.
+    pub fn as_raw(&self) -> *mut ffi::rdma_cm_id {
+        self.conn.id.as_ptr()
+    }
+
+    /// Moves a new RC queue pair to `Init` for this connection (`rdma_init_qp_attr()`, then
+    /// `ibv_modify_qp()`), granting the peer `access`. Receives can be posted from here on,
+    /// before [`accept`](Self::accept).
     ///
     /// # Errors
     /// As [`CmId::init_qp`].
@@ -198,7 +247,7 @@ impl ConnectRequest {
         qp: QueuePair<'res, Rc, Reset>,
         access: AccessFlags,
     ) -> Result<QueuePair<'res, Rc, Init>> {
-        self.conn.id.init_qp(qp, access)
+        self.conn.id.init_qp(qp, access, &self.device).map_err(|e| e.on_device(&self.device))
     }
 
     /// Accepts with `qp`: moves it to `ReadyToSend` with the path, peer QP and PSNs from the
@@ -207,8 +256,9 @@ impl ConnectRequest {
     /// # Errors
     /// [`Error::InvalidArgument`] for more than [`MAX_ACCEPT_PRIVATE_DATA`] bytes of private
     /// data; [`Error::Timeout`]; [`Error::ConnectError`] or [`Error::Rejected`] when the peer
-    /// gave up meanwhile; [`Error::DeviceMismatch`], [`Error::Verbs`], [`Error::Cm`]. On error
-    /// the identifier and the QP are destroyed (the peer is told).
+    /// gave up meanwhile, [`Error::PeerDisconnected`] when it left; [`Error::DeviceMismatch`],
+    /// [`Error::Verbs`], [`Error::Cm`]. Each names the device. On error the identifier and the
+    /// QP are destroyed (the peer is told).
     #[doc(alias = "rdma_accept")]
     pub fn accept<'res>(
         self,
@@ -216,37 +266,41 @@ impl ConnectRequest {
         params: &ConnParams<'_>,
         timeout: Duration,
     ) -> Result<Connection<'res>> {
-        let ConnectRequest { conn, params: peer_params, peer, .. } = self;
-        let (qp, resp, init) = conn.id.ready_qp(qp, params.responder_resources, params.initiator_depth)?;
-        let mut raw = params.to_raw("rdma_accept", MAX_ACCEPT_PRIVATE_DATA, resp, init, qp.qp_num())?;
+        let ConnectRequest { conn, params: peer_params, peer, local, device } = self;
+        let on_device = |e: Error| e.on_device(&device);
+        let (qp, resp, init) =
+            conn.id.ready_qp(qp, params.responder_resources, params.initiator_depth, &device).map_err(on_device)?;
+        let mut raw =
+            params.to_raw("rdma_accept", MAX_ACCEPT_PRIVATE_DATA, resp, init, qp.qp_num()).map_err(on_device)?;
         // SAFETY: live identifier of a connection request; `raw` and its private data live across
         // the call, which copies them.
-        check("rdma_accept", unsafe { ffi::rdma_accept(conn.id.as_ptr(), &mut raw) })?;
+        check("rdma_accept", unsafe { ffi::rdma_accept(conn.id.as_ptr(), &mut raw) }).map_err(on_device)?;
         conn.set_phase(DONE);
-        conn.id.expect(EventKind::Established, timeout, "rdma_accept", "accepting", peer)?;
+        conn.id.expect(EventKind::Established, timeout, "rdma_accept", "accepting", peer).map_err(on_device)?;
         conn.set_phase(CONNECTED);
-        Ok(Connection::from_conn(qp, conn, peer, peer_params))
+        Ok(Connection::from_conn(qp, conn, peer, local, device, peer_params))
     }
 
-    /// Rejects the request, sending `private_data` (at most [`MAX_REJECT_PRIVATE_DATA`] bytes)
-    /// with reason "consumer defined".
+    /// Rejects the request: `rdma_reject()`, sending `private_data` (at most
+    /// [`MAX_REJECT_PRIVATE_DATA`] bytes) with reason "consumer defined".
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for too much private data (the request is then rejected
-    /// without any); [`Error::Cm`] when the call fails.
+    /// without any); [`Error::Cm`] when the call fails. Each names the device.
     #[doc(alias = "rdma_reject")]
     pub fn reject(self, private_data: &[u8]) -> Result<()> {
         if private_data.len() > MAX_REJECT_PRIVATE_DATA {
             return Err(Error::invalid(
                 "rdma_reject",
                 format!("{} bytes of private data: at most {MAX_REJECT_PRIVATE_DATA} fit", private_data.len()),
-            ));
+            )
+            .on_device(&self.device));
         }
         let ptr = if private_data.is_empty() { std::ptr::null() } else { private_data.as_ptr().cast() };
         // SAFETY: live identifier of an unanswered request; the data lives across the call.
         let rc = unsafe { ffi::rdma_reject(self.conn.id.as_ptr(), ptr, private_data.len() as u8) };
         self.conn.set_phase(DONE);
-        check("rdma_reject", rc)
+        check("rdma_reject", rc).map_err(|e| e.on_device(&self.device))
     }
 }
 

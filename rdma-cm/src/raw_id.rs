@@ -43,7 +43,7 @@ impl RawId {
             ffi::rdma_create_id(channel.as_raw(), &mut raw, std::ptr::null_mut(), ffi::rdma_port_space::RDMA_PS_TCP)
         };
         check("rdma_create_id", rc)?;
-        let raw = NonNull::new(raw).ok_or(Error::Cm { call: "rdma_create_id", errno: libc::EIO })?;
+        let raw = NonNull::new(raw).ok_or(Error::Cm { call: "rdma_create_id", device: None, errno: libc::EIO })?;
         Ok(RawId { raw, channel })
     }
 
@@ -81,7 +81,8 @@ impl RawId {
         unsafe { self.raw.as_ref() }
     }
 
-    /// The RDMA device the identifier is bound to, once an address is.
+    /// The RDMA device the identifier is bound to, once an address is (read from librdmacm
+    /// each time: the typed identifiers capture it once, with [`require_device`](Self::require_device)).
     pub(crate) fn device_name(&self) -> Option<String> {
         let verbs = self.id().verbs;
         if verbs.is_null() {
@@ -107,6 +108,24 @@ impl RawId {
         unsafe { addr::from_raw(std::ptr::addr_of!(self.id().route.addr.dst_addr_union).cast()) }
     }
 
+    /// The device, which `call` has just bound the identifier to; [`Error::Incomplete`] if
+    /// librdmacm has none.
+    pub(crate) fn require_device(&self, call: &'static str) -> Result<String> {
+        self.device_name().ok_or_else(|| Error::incomplete(call, "RDMA device"))
+    }
+
+    /// The local address, which `call` has just established; [`Error::Incomplete`] if
+    /// librdmacm has none.
+    pub(crate) fn require_local_addr(&self, call: &'static str) -> Result<SocketAddr> {
+        self.local_addr().ok_or_else(|| Error::incomplete(call, "local address"))
+    }
+
+    /// The peer's address, which `call` has just established; [`Error::Incomplete`] if
+    /// librdmacm has none.
+    pub(crate) fn require_peer_addr(&self, call: &'static str) -> Result<SocketAddr> {
+        self.peer_addr().ok_or_else(|| Error::incomplete(call, "peer address"))
+    }
+
     pub(crate) fn wait(&self, timeout: Duration, what: &'static str) -> Result<RawEvent> {
         self.channel.get(timeout, what)
     }
@@ -117,12 +136,6 @@ impl RawId {
 
     pub(crate) fn fd(&self) -> RawFd {
         self.channel.as_raw_fd()
-    }
-
-    /// Opens a verbs context on the identifier's device.
-    pub(crate) fn open_context(&self) -> Result<rdma_verbs::Context> {
-        let name = self.device_name().ok_or_else(|| Error::invalid("ibv_open_device", "no device bound yet"))?;
-        Ok(rdma_verbs::Context::open(&name)?)
     }
 
     /// `rdma_init_qp_attr()`: what the CM says the QP needs to enter `state`.
@@ -137,22 +150,25 @@ impl RawId {
         Ok((attr, ffi::ibv_qp_attr_mask(mask as u32)))
     }
 
-    fn check_device<S: rdma_verbs::State>(&self, qp: &QueuePair<'_, Rc, S>) -> Result<()> {
+    /// Refuses a QP on another device than `device`, the one the identifier is bound to.
+    fn check_device<S: rdma_verbs::State>(qp: &QueuePair<'_, Rc, S>, device: &str) -> Result<()> {
         let qp_device = qp.pd().context().name();
-        match self.device_name() {
-            Some(cm_device) if cm_device == qp_device => Ok(()),
-            Some(cm_device) => Err(Error::DeviceMismatch { cm_device, qp_device: qp_device.to_owned() }),
-            None => Err(Error::invalid("rdma_init_qp_attr", "the identifier has no device yet")),
+        if qp_device == device {
+            Ok(())
+        } else {
+            Err(Error::DeviceMismatch { cm_device: device.to_owned(), qp_device: qp_device.to_owned() })
         }
     }
 
-    /// `Reset -> Init` with the CM's port and P_Key and the caller's access flags.
+    /// `Reset -> Init` with the CM's port and P_Key and the caller's access flags, for an
+    /// identifier bound to `device`.
     pub(crate) fn init_qp<'res>(
         &self,
         qp: QueuePair<'res, Rc, Reset>,
         access: AccessFlags,
+        device: &str,
     ) -> Result<QueuePair<'res, Rc, Init>> {
-        self.check_device(&qp)?;
+        Self::check_device(&qp, device)?;
         let (mut attr, mask) = self.qp_attr(ffi::ibv_qp_state::IBV_QPS_INIT)?;
         attr.qp_access_flags = access.bits();
         let mask = ffi::ibv_qp_attr_mask(mask.0 | ffi::ibv_qp_attr_mask::IBV_QP_ACCESS_FLAGS.0);
@@ -167,8 +183,9 @@ impl RawId {
         qp: QueuePair<'res, Rc, Init>,
         responder_resources: Option<u8>,
         initiator_depth: Option<u8>,
+        device: &str,
     ) -> Result<(QueuePair<'res, Rc, ReadyToSend>, u8, u8)> {
-        self.check_device(&qp)?;
+        Self::check_device(&qp, device)?;
         let (max_resp, max_init) = device_depths(qp.pd().context());
         let (mut attr, mask) = self.qp_attr(ffi::ibv_qp_state::IBV_QPS_RTR)?;
         let resp = responder_resources.unwrap_or_else(|| attr.max_dest_rd_atomic.min(max_resp));
@@ -200,7 +217,7 @@ impl Drop for RawId {
 impl RawId {
     /// Waits up to `timeout` for an event of kind `want`. Benign events (address change,
     /// timewait exit) are skipped; failures become their own [`Error`] variants, anything else
-    /// [`Error::UnexpectedEvent`].
+    /// [`Error::UnexpectedEvent`]. The errors name no device: the typed callers add theirs.
     pub(crate) fn expect(
         &self,
         want: crate::EventKind,
@@ -212,7 +229,7 @@ impl RawId {
         let deadline = rdma_verbs::Deadline::after(timeout);
         loop {
             let ev = self.wait(deadline.remaining(), what).map_err(|e| match e {
-                Error::Timeout { what, .. } => Error::Timeout { what, after: timeout },
+                Error::Timeout { what, device, .. } => Error::Timeout { what, device, after: timeout },
                 other => other,
             })?;
             let kind = ev.kind();
@@ -231,15 +248,16 @@ impl RawId {
 pub(crate) fn failure(ev: &RawEvent, state: &'static str, addr: SocketAddr) -> Error {
     use crate::event::Event;
     use crate::RejectReason;
+    let device = None;
     match ev.to_event() {
         Event::AddressError { errno } => Error::AddressResolution { addr, errno },
-        Event::RouteError { errno } => Error::RouteResolution { addr, errno },
-        Event::Rejected { reason: RejectReason::InvalidServiceId, .. } => Error::NoListener { addr },
-        Event::Rejected { reason, private_data } => Error::Rejected { addr, reason, private_data },
-        Event::Unreachable { status } => Error::Unreachable { addr, status },
-        Event::ConnectError { status } => Error::ConnectError { addr, status },
-        Event::Disconnected => Error::Disconnected { addr },
-        Event::DeviceRemoval => Error::DeviceRemoved,
-        other => Error::UnexpectedEvent { state, event: other.kind(), status: ev.status() },
+        Event::RouteError { errno } => Error::RouteResolution { addr, device, errno },
+        Event::Rejected { reason: RejectReason::InvalidServiceId, .. } => Error::NoListener { addr, device },
+        Event::Rejected { reason, private_data } => Error::Rejected { addr, device, reason, private_data },
+        Event::Unreachable { errno } => Error::Unreachable { addr, device, errno },
+        Event::ConnectError { errno } => Error::ConnectError { addr, device, errno },
+        Event::Disconnected => Error::PeerDisconnected { addr, device },
+        Event::DeviceRemoval => Error::DeviceRemoved { device },
+        other => Error::UnexpectedEvent { state, device, event: other.kind(), errno: ev.errno() },
     }
 }

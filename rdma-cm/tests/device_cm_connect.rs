@@ -41,6 +41,7 @@ fn server(listener: &Listener, topo: &testkit::Topology, round: u8, client_leave
     reply.extend(data.rkey().to_le_bytes());
     let conn = req.accept(qp, &ConnParams::new().private_data(&reply), T).unwrap();
     assert_eq!(conn.peer_addr().ip(), topo.client.addr);
+    assert_eq!(conn.local_addr(), listener.local_addr());
     assert_eq!(conn.device_name(), topo.server.device);
     conn.qp()
         .scope(T, |s| -> rdma_verbs::Result<_> {
@@ -69,6 +70,9 @@ fn client_side(topo: &testkit::Topology, dst: SocketAddr, round: u8, client_leav
     assert_eq!(id.device_name(), topo.client.device, "10.77.0.2 resolves to the client port");
     assert_eq!(id.port(), topo.port);
     assert_eq!(id.peer_addr(), dst);
+    assert_eq!(id.local_addr().ip(), topo.client.addr);
+    assert_ne!(id.local_addr().port(), 0, "the CM picked a source port");
+    let local = id.local_addr();
     let id = id.resolve_route(T).unwrap();
     let ctx = id.open_context().unwrap();
     let pd = ctx.alloc_pd().unwrap();
@@ -85,7 +89,9 @@ fn client_side(topo: &testkit::Topology, dst: SocketAddr, round: u8, client_leav
     let rkey = u32::from_le_bytes(pdata[at + 8..at + 12].try_into().unwrap());
     let remote = RemoteRegion { addr, rkey, len: LEN as u64 };
     assert_eq!(conn.peer_addr(), dst);
-    assert_eq!(conn.local_addr().map(|a| a.ip()), Some(topo.client.addr.into()));
+    assert_eq!(conn.local_addr(), local);
+    assert_eq!(conn.local_addr().ip(), topo.client.addr);
+    assert_eq!(conn.device_name(), topo.client.device);
     conn.qp()
         .scope(T, |s| -> rdma_verbs::Result<_> {
             let whole = [src.sge(0..LEN).unwrap()];
@@ -109,6 +115,7 @@ fn connect_with_private_data_send_write_and_disconnect_from_either_side() {
     let dst = listener.local_addr();
     assert_eq!(dst.ip(), topo.server.addr);
     assert_ne!(dst.port(), 0, "the CM picked a port");
+    assert_eq!(listener.device_name(), Some(topo.server.device.as_str()), "a specific address binds its device");
     for (round, client_leaves) in [(1, true), (2, false)] {
         std::thread::scope(|s| {
             let srv = s.spawn(|| server(&listener, &topo, round, client_leaves));

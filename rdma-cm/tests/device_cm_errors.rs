@@ -26,8 +26,9 @@ fn a_rejection_carries_the_reason_and_the_private_data() {
             req.reject(b"go away: server full").unwrap();
         });
         client(&topo, dst, b"knock?!", |conn, _| match conn {
-            Err(Error::Rejected { addr, reason: RejectReason::ConsumerDefined, private_data }) => {
+            Err(Error::Rejected { addr, device, reason: RejectReason::ConsumerDefined, private_data }) => {
                 assert_eq!(addr, dst);
+                assert_eq!(device.as_deref(), Some(topo.client.device.as_str()), "the error names the device");
                 assert_eq!(&private_data[..20], b"go away: server full");
                 assert_eq!(private_data.len(), MAX_REJECT_PRIVATE_DATA, "REJ private data is zero-padded");
             }
@@ -60,7 +61,10 @@ fn no_listener_on_the_port_is_its_own_error_and_prompt() {
     let dst = Listener::bind(server_any_port(&topo), 1).unwrap().local_addr();
     let start = Instant::now();
     client(&topo, dst, b"", |conn, _| match conn {
-        Err(Error::NoListener { addr }) => assert_eq!(addr, dst),
+        Err(Error::NoListener { addr, device }) => {
+            assert_eq!(addr, dst);
+            assert_eq!(device.as_deref(), Some(topo.client.device.as_str()));
+        }
         other => panic!("expected NoListener, got {:?}", other.map(|_| ())),
     });
     assert!(start.elapsed() < T, "took {:?}", start.elapsed());
@@ -102,7 +106,7 @@ fn a_neighbour_that_never_answers_arp_times_out_on_time() {
     let start = Instant::now();
     let err = CmId::new().unwrap().resolve_addr(Some(client_src(&topo)), dst, timeout).unwrap_err();
     let took = start.elapsed();
-    assert!(matches!(err, Error::Timeout { what: "rdma_resolve_addr", .. }), "{err:?}");
+    assert!(matches!(err, Error::Timeout { what: "rdma_resolve_addr", device: None, .. }), "{err:?}");
     assert!(err.is_timeout());
     assert!(took >= timeout && took < timeout + SLACK, "took {took:?}");
 }
@@ -123,6 +127,7 @@ fn a_peer_that_never_answers_the_request_times_out_on_time() {
     let err = id.connect(qp, &ConnParams::new(), timeout).unwrap_err();
     let took = start.elapsed();
     assert!(matches!(err, Error::Timeout { what: "rdma_connect", .. }), "{err:?}");
+    assert!(err.to_string().starts_with(&format!("rdma_connect on {}: ", topo.client.device)), "{err}");
     assert!(took >= timeout && took < timeout + SLACK, "took {took:?}");
     // The request did reach the listener; answering it now finds the client gone: the CM has
     // already dropped the request's state, so the QP cannot even be initialised.
