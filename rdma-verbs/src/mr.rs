@@ -303,6 +303,12 @@ impl std::fmt::Debug for Sge<'_> {
 }
 
 impl Sge<'_> {
+    /// An SGE of `len` bytes naming no memory, for tests of request checks that never post.
+    #[cfg(test)]
+    pub(crate) fn unregistered(len: u32) -> Sge<'static> {
+        Sge { raw: ffi::ibv_sge { addr: 0x2000, length: len, lkey: 1 }, _mr: PhantomData }
+    }
+
     /// The address of the first byte.
     pub fn addr(&self) -> u64 {
         self.raw.addr

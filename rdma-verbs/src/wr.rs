@@ -417,6 +417,99 @@ pub(crate) fn index_of_recv(wrs: &[RecvRequest<'_, '_>], bad: *mut ffi::ibv_recv
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ffi::ibv_qp_type::{IBV_QPT_RC as RC, IBV_QPT_UC as UC, IBV_QPT_UD as UD};
+
+    const CAPS: QpCaps =
+        QpCaps { max_send_wr: 8, max_recv_wr: 8, max_send_sge: 2, max_recv_sge: 2, max_inline_data: 64 };
+
+    /// Every opcode the builders make, with the transports that may carry it.
+    fn every_opcode<'a>(
+        sges: &'a [Sge<'a>],
+        result: &'a [Sge<'a>; 1],
+    ) -> Vec<(&'static str, SendRequest<'a, 'a>, [bool; 3])> {
+        let remote = RemoteRegion { addr: 0x1000, rkey: 1, len: 4096 };
+        //                                                                          RC     UC     UD
+        vec![
+            ("send", SendRequest::send(1, sges), [true, true, true]),
+            ("send with imm", SendRequest::send(2, sges).with_imm(7), [true, true, true]),
+            ("write", SendRequest::write(3, sges, remote), [true, true, false]),
+            ("write with imm", SendRequest::write(4, sges, remote).with_imm(7), [true, true, false]),
+            ("read", SendRequest::read(5, sges, remote), [true, false, false]),
+            ("compare-swap", SendRequest::compare_swap(6, result, remote, 0, 1), [true, false, false]),
+            ("fetch-add", SendRequest::fetch_add(7, result, remote, 1), [true, false, false]),
+        ]
+    }
+
+    /// An SGE of `len` bytes at a made-up address (the checks never dereference it).
+    fn sge(len: u32) -> Sge<'static> {
+        Sge::unregistered(len)
+    }
+
+    #[test]
+    fn only_valid_opcode_and_transport_pairs_reach_the_device() {
+        let (sges, result) = ([sge(8)], [sge(8)]);
+        for (name, wr, allowed) in every_opcode(&sges, &result) {
+            for (i, qp_type) in [RC, UC, UD].into_iter().enumerate() {
+                let mut wr_ud = SendRequest { has_ah: true, ..clone_wr(&wr) };
+                wr_ud.raw.wr.ud.remote_qpn = 1;
+                // UD needs an address, and only UD takes one.
+                let (with_ah, without_ah) = (wr_ud.check(&CAPS, qp_type, false), wr.check(&CAPS, qp_type, false));
+                if qp_type == UD {
+                    assert_eq!(with_ah.is_ok(), allowed[i], "{name} with an AH on UD: {with_ah:?}");
+                    assert!(without_ah.is_err(), "{name} without an AH on UD was accepted");
+                } else {
+                    assert_eq!(without_ah.is_ok(), allowed[i], "{name} on {i}: {without_ah:?}");
+                    assert!(with_ah.is_err(), "{name} with an AH on a connected QP was accepted");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn inline_only_on_sends_and_writes_and_within_the_limit() {
+        let (sges, result) = ([sge(8)], [sge(8)]);
+        for (name, wr, _) in every_opcode(&sges, &result) {
+            let carries = ["send", "send with imm", "write", "write with imm"].contains(&name);
+            let r = wr.inline().check(&CAPS, RC, false);
+            assert_eq!(r.is_ok(), carries, "inline {name}: {r:?}");
+        }
+        let big = [sge(65)];
+        assert!(SendRequest::send(1, &big).inline().check(&CAPS, RC, false).is_err(), "over max_inline_data");
+    }
+
+    #[test]
+    fn rdma_must_fit_its_remote_region_and_atomics_are_8_bytes() {
+        let (sges, small) = ([sge(100)], RemoteRegion { addr: 0x1000, rkey: 1, len: 99 });
+        assert!(SendRequest::write(1, &sges, small).check(&CAPS, RC, false).is_err());
+        assert!(SendRequest::read(1, &sges, small).check(&CAPS, RC, false).is_err());
+        assert!(SendRequest::write(1, &sges, RemoteRegion { len: 100, ..small }).check(&CAPS, RC, false).is_ok());
+        let wide = [sge(16)];
+        let remote = RemoteRegion { addr: 0x1000, rkey: 1, len: 8 };
+        assert!(SendRequest::fetch_add(1, &wide, remote, 1).check(&CAPS, RC, false).is_err());
+        let short = RemoteRegion { len: 4, ..remote };
+        assert!(SendRequest::fetch_add(1, &[sge(8)], short, 1).check(&CAPS, RC, false).is_err());
+    }
+
+    #[test]
+    fn reserved_wr_id_bits_are_refused_outside_scopes() {
+        let sges = [sge(8)];
+        let wr = SendRequest::send(1 << 62, &sges);
+        assert!(wr.check(&CAPS, RC, false).is_err());
+        assert!(wr.check(&CAPS, RC, true).is_ok(), "a scope's own tags pass");
+    }
+
+    fn clone_wr<'a>(wr: &SendRequest<'a, 'a>) -> SendRequest<'a, 'a> {
+        SendRequest {
+            // SAFETY: `ibv_send_wr` is plain data (integers, pointers, unions of them).
+            raw: unsafe { std::ptr::read(&wr.raw) },
+            inline_sge: wr.inline_sge,
+            inline_slice_len: wr.inline_slice_len,
+            uses_inline_sge: wr.uses_inline_sge,
+            remote_len: wr.remote_len,
+            has_ah: wr.has_ah,
+            _borrows: PhantomData,
+        }
+    }
 
     #[test]
     fn a_bad_wr_outside_the_chain_counts_every_request_as_maybe_posted() {
