@@ -107,7 +107,10 @@ impl<'res, T: Transport, S: State> QueuePair<'res, T, S> {
     /// plain slice of them can exist while the NIC may use them. If requests are still
     /// outstanding when `f` returns (or panics), the scope polls for them up to
     /// `drain_timeout`, then flushes them and waits as long again, then resets the QP (see the
-    /// [`PostScope`] docs). [`Duration::MAX`] waits without a deadline.
+    /// [`PostScope`] docs). [`Duration::MAX`] waits without a deadline. A short timeout is a
+    /// decision to tear the connection down if requests are still in flight when `f` returns:
+    /// with [`Duration::ZERO`] the scope only looks once per phase, so requests still on the wire
+    /// are flushed and usually end in a reset of the QP.
     ///
     /// `f`'s error type is the scope's: anything an [`Error`] converts into (this crate's
     /// `Error`, `Box<dyn std::error::Error>`, `anyhow::Error`, ...).
@@ -262,7 +265,9 @@ impl<'s, 'env, T: Transport, S: State> PostScope<'s, 'env, T, S> {
         let mut buf: [WorkCompletion; 16] = Default::default();
         for flushed in [false, true] {
             let deadline = Deadline::after(self.drain_timeout);
-            while self.outstanding() > 0 && !deadline.has_passed() {
+            // Poll at least once per phase, whatever the timeout: requests that already
+            // completed must not be flushed (or reset) for want of a look.
+            loop {
                 // A polling error must not end the scope early (the borrows would end while the
                 // NIC may still write): keep trying until the deadline, then escalate.
                 let _ = self.poll_counting(&mut buf, |wc| {
@@ -270,6 +275,9 @@ impl<'s, 'env, T: Transport, S: State> PostScope<'s, 'env, T, S> {
                         first_error = wc.ok().err();
                     }
                 });
+                if self.outstanding() == 0 || deadline.has_passed() {
+                    break;
+                }
             }
             if self.outstanding() == 0 {
                 return match (flushed, first_error) {
