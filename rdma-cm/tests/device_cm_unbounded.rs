@@ -25,6 +25,9 @@ fn connect_accept_and_disconnect_with_no_deadline() {
             let qp =
                 req.init_qp(pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq)).unwrap(), AccessFlags::empty()).unwrap();
             let conn = req.accept(qp, &ConnParams::new(), NO_DEADLINE).unwrap();
+            // The connection's event wait, then the disconnect it saw.
+            assert_eq!(conn.next_event(NO_DEADLINE).unwrap(), Event::Disconnected);
+            assert!(conn.peer_disconnected());
             conn.wait_disconnected(NO_DEADLINE).unwrap();
         });
         let id = CmId::new().unwrap().resolve(Some(client_src(&topo)), dst, NO_DEADLINE).unwrap();
