@@ -41,17 +41,63 @@ fn port_down_and_up_are_typed_async_events() {
     assert!(ctx.async_events(Duration::from_millis(100)).next().is_none());
 
     let _restore = Restore(&ctx, netdev, topo.port);
-    link(netdev, "down");
-    // No deadline: `Duration::MAX` waits until the event comes (it used to overflow and panic).
-    assert_eq!(ctx.next_async_event(Duration::MAX).unwrap(), AsyncEvent::PortError { port: topo.port });
-    assert_ne!(ctx.query_port(topo.port).unwrap().state, PortState::Active);
-    link(netdev, "up");
+    // Three threads wait for the one event link-down raises: one with no deadline
+    // (`Duration::MAX` used to overflow and panic), two with 2 s. One of them gets it; the others
+    // must return by their timeout (the async fd was blocking: a thread that saw it readable but
+    // lost the event to another blocked in ibv_get_async_event for good).
+    let (tx, rx) = std::sync::mpsc::channel();
+    let wait = Duration::from_secs(2);
+    let mut got: Vec<(Duration, Result<AsyncEvent>)> = Vec::new();
     let mut seen = Vec::new();
-    for ev in ctx.async_events(Duration::from_secs(5)) {
-        let ev = ev.unwrap();
-        seen.push(ev);
-        if ev == (AsyncEvent::PortActive { port: topo.port }) {
-            break;
+    let mut down_state = None;
+    // Nothing in the scope may panic while the unbounded waiter waits: it would never be joined.
+    // Results are collected here and checked after the scope.
+    std::thread::scope(|t| {
+        for timeout in [Duration::MAX, wait, wait] {
+            let (ctx, tx) = (&ctx, tx.clone());
+            t.spawn(move || {
+                let r = ctx.next_async_event(timeout);
+                let _ = tx.send((timeout, r));
+            });
+        }
+        std::thread::sleep(Duration::from_millis(200)); // the waiters are in poll(2)
+        link(netdev, "down");
+        let finite = |got: &[(Duration, Result<AsyncEvent>)]| got.iter().filter(|(t, _)| *t == wait).count();
+        while finite(&got) < 2 || !got.iter().any(|(_, r)| r.is_ok()) {
+            match rx.recv_timeout(wait + Duration::from_secs(3)) {
+                Ok(r) => got.push(r),
+                Err(_) => {
+                    eprintln!("an async-event waiter blocked past its timeout; returned: {got:?}");
+                    std::process::exit(101); // a blocked waiter would keep the scope from ending
+                }
+            }
+        }
+        down_state = ctx.query_port(topo.port).ok().map(|p| p.state);
+        link(netdev, "up");
+        if got.len() < 3 {
+            // The unbounded waiter is still waiting: link-up's first event ends it.
+            match rx.recv_timeout(Duration::from_secs(10)) {
+                Ok((_, Ok(ev))) => seen.push(ev),
+                other => {
+                    eprintln!("the unbounded waiter after link up: {other:?}");
+                    std::process::exit(101);
+                }
+            }
+        }
+    });
+    let events: Vec<_> = got.iter().filter_map(|(_, r)| r.as_ref().ok().copied()).collect();
+    assert!(events.contains(&AsyncEvent::PortError { port: topo.port }), "{got:?}");
+    assert!(got.iter().all(|(_, r)| r.is_ok() || matches!(r, Err(Error::Timeout { .. }))), "{got:?}");
+    assert!(got.iter().any(|(_, r)| r.is_err()), "a waiter that got no event returned by its timeout: {got:?}");
+    assert_ne!(down_state, Some(PortState::Active));
+    let active = AsyncEvent::PortActive { port: topo.port };
+    if !seen.contains(&active) {
+        for ev in ctx.async_events(Duration::from_secs(5)) {
+            let ev = ev.unwrap();
+            seen.push(ev);
+            if ev == active {
+                break;
+            }
         }
     }
     assert_eq!(seen.last(), Some(&AsyncEvent::PortActive { port: topo.port }), "events after link up: {seen:?}");
