@@ -1,12 +1,12 @@
 //! Address vectors and handles: [`AddressVector`], [`AddressHandle`].
 
-use std::marker::PhantomData;
 use std::ptr::NonNull;
 
 use rdma_sys as ffi;
 
 use crate::error::{Error, Result};
 use crate::gid::Gid;
+use crate::parent::Parent;
 use crate::pd::ProtectionDomain;
 
 /// Where packets go: the remote port's GID (RoCE) or LID (InfiniBand), and how to get there
@@ -64,7 +64,7 @@ impl AddressVector {
 #[derive(Debug)]
 pub struct AddressHandle<'pd> {
     raw: NonNull<ffi::ibv_ah>,
-    _pd: PhantomData<&'pd ProtectionDomain<'pd>>,
+    _pd: Parent<'pd, ProtectionDomain<'pd>>,
 }
 
 // SAFETY: an AH is immutable after creation; verbs using it are thread-safe.
@@ -80,13 +80,27 @@ impl ProtectionDomain<'_> {
     /// destination cannot be resolved or creation fails.
     #[doc(alias = "ibv_create_ah")]
     pub fn create_ah(&self, av: &AddressVector) -> Result<AddressHandle<'_>> {
-        self.context().check_port_arg("ibv_create_ah", av.port)?;
+        AddressHandle::new(self, av)
+    }
+}
+
+impl<'pd> AddressHandle<'pd> {
+    /// Creates an address handle in `pd`, borrowed or shared (see [`Parent`]): `ibv_create_ah()`.
+    ///
+    /// # Errors
+    /// As [`ProtectionDomain::create_ah`].
+    ///
+    /// # References
+    /// - [`ibv_create_ah(3)`](https://man7.org/linux/man-pages/man3/ibv_create_ah.3.html)
+    #[doc(alias = "ibv_create_ah")]
+    pub fn new(pd: impl Into<Parent<'pd, ProtectionDomain<'pd>>>, av: &AddressVector) -> Result<Self> {
+        let pd = pd.into();
+        pd.context().check_port_arg("ibv_create_ah", av.port)?;
         let mut attr = av.to_raw();
-        // SAFETY: live PD and a fully initialised attribute struct.
-        let raw = unsafe { ffi::ibv_create_ah(self.as_raw(), &mut attr) };
-        let raw =
-            NonNull::new(raw).ok_or_else(|| Error::last_os_error("ibv_create_ah", Some(self.context().name())))?;
-        Ok(AddressHandle { raw, _pd: PhantomData })
+        // SAFETY: live PD (held by `pd`) and a fully initialised attribute struct.
+        let raw = unsafe { ffi::ibv_create_ah(pd.as_raw(), &mut attr) };
+        let raw = NonNull::new(raw).ok_or_else(|| Error::last_os_error("ibv_create_ah", Some(pd.context().name())))?;
+        Ok(AddressHandle { raw, _pd: pd })
     }
 }
 

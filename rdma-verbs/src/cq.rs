@@ -10,6 +10,7 @@ use rdma_sys as ffi;
 use crate::context::Context;
 use crate::deadline::Deadline;
 use crate::error::{Error, Result};
+use crate::parent::Parent;
 use crate::wc::WorkCompletion;
 
 /// A completion channel (`struct ibv_comp_channel`): a file descriptor that becomes readable when
@@ -22,11 +23,11 @@ use crate::wc::WorkCompletion;
 #[derive(Debug)]
 pub struct CompletionChannel<'ctx> {
     raw: NonNull<ffi::ibv_comp_channel>,
-    ctx: &'ctx Context,
+    ctx: Parent<'ctx, Context>,
 }
 
 // SAFETY: ibv_get_cq_event on one channel from several threads is allowed by libibverbs; the
-// struct is a pointer and a shared borrow.
+// struct is a pointer and a handle to a `Sync` context.
 unsafe impl Send for CompletionChannel<'_> {}
 // SAFETY: as above.
 unsafe impl Sync for CompletionChannel<'_> {}
@@ -38,15 +39,7 @@ impl Context {
     /// [`Error::Verb`] with `errno`.
     #[doc(alias = "ibv_create_comp_channel")]
     pub fn create_completion_channel(&self) -> Result<CompletionChannel<'_>> {
-        // SAFETY: `as_raw()` is an open context.
-        let raw = unsafe { ffi::ibv_create_comp_channel(self.as_raw()) };
-        let raw =
-            NonNull::new(raw).ok_or_else(|| Error::last_os_error("ibv_create_comp_channel", Some(self.name())))?;
-        let channel = CompletionChannel { raw, ctx: self };
-        // Non-blocking, so that a thread that lost an event to another (both saw the fd
-        // readable) gets EAGAIN and waits again instead of blocking past its timeout.
-        set_nonblocking(channel.as_raw_fd(), "ibv_create_comp_channel", self.name())?;
-        Ok(channel)
+        CompletionChannel::new(self)
     }
 
     /// Creates a completion queue with room for at least `entries` completions, optionally
@@ -64,21 +57,69 @@ impl Context {
         entries: u32,
         channel: Option<&'a CompletionChannel<'a>>,
     ) -> Result<CompletionQueue<'a>> {
-        let max = self.attr().max_cqe;
+        CompletionQueue::new(self, entries, channel.map(Parent::from))
+    }
+}
+
+impl<'ctx> CompletionChannel<'ctx> {
+    /// Creates a completion channel of `ctx`, borrowed or shared (see [`Parent`]):
+    /// `ibv_create_comp_channel()`. Its file descriptor is non-blocking.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] with `errno`.
+    ///
+    /// # References
+    /// - [`ibv_create_comp_channel(3)`](https://man7.org/linux/man-pages/man3/ibv_create_comp_channel.3.html)
+    #[doc(alias = "ibv_create_comp_channel")]
+    pub fn new(ctx: impl Into<Parent<'ctx, Context>>) -> Result<Self> {
+        let ctx = ctx.into();
+        // SAFETY: `as_raw()` is an open context, kept open by `ctx`.
+        let raw = unsafe { ffi::ibv_create_comp_channel(ctx.as_raw()) };
+        let raw = NonNull::new(raw).ok_or_else(|| Error::last_os_error("ibv_create_comp_channel", Some(ctx.name())))?;
+        let channel = CompletionChannel { raw, ctx };
+        // Non-blocking, so that a thread that lost an event to another (both saw the fd
+        // readable) gets EAGAIN and waits again instead of blocking past its timeout.
+        set_nonblocking(channel.as_raw_fd(), "ibv_create_comp_channel", channel.ctx.name())?;
+        Ok(channel)
+    }
+}
+
+impl<'ctx> CompletionQueue<'ctx> {
+    /// Creates a completion queue of `ctx` with room for at least `entries` completions,
+    /// optionally reporting to `channel`; both parents borrowed or shared (see [`Parent`]):
+    /// `ibv_create_cq()`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for 0 entries, more than the device's `max_cqe`, or a channel
+    /// of another context; [`Error::Verb`] when creation fails.
+    ///
+    /// # References
+    /// - [`ibv_create_cq(3)`](https://man7.org/linux/man-pages/man3/ibv_create_cq.3.html)
+    #[doc(alias = "ibv_create_cq")]
+    pub fn new(
+        ctx: impl Into<Parent<'ctx, Context>>,
+        entries: u32,
+        channel: Option<Parent<'ctx, CompletionChannel<'ctx>>>,
+    ) -> Result<Self> {
+        let ctx = ctx.into();
+        let max = ctx.attr().max_cqe;
         if entries == 0 || entries > max {
             return Err(Error::invalid(
                 "ibv_create_cq",
-                Some(self.name()),
+                Some(ctx.name()),
                 format!("{entries} entries: the device allows 1..={max}"),
             ));
         }
-        let ch = channel.map_or(std::ptr::null_mut(), |c| c.raw.as_ptr());
-        // SAFETY: open context; `ch` is NULL or a live channel that the CQ borrows.
-        let raw = unsafe { ffi::ibv_create_cq(self.as_raw(), entries as libc::c_int, std::ptr::null_mut(), ch, 0) };
-        let raw = NonNull::new(raw).ok_or_else(|| Error::last_os_error("ibv_create_cq", Some(self.name())))?;
+        if channel.as_ref().is_some_and(|c| !std::ptr::eq(c.context(), &*ctx)) {
+            return Err(Error::invalid("ibv_create_cq", Some(ctx.name()), "the channel belongs to another context"));
+        }
+        let ch = channel.as_ref().map_or(std::ptr::null_mut(), |c| c.raw.as_ptr());
+        // SAFETY: open context; `ch` is NULL or a live channel that the CQ holds.
+        let raw = unsafe { ffi::ibv_create_cq(ctx.as_raw(), entries as libc::c_int, std::ptr::null_mut(), ch, 0) };
+        let raw = NonNull::new(raw).ok_or_else(|| Error::last_os_error("ibv_create_cq", Some(ctx.name())))?;
         // SAFETY: just created; `cqe` is the capacity the provider granted (at least `entries`).
         let capacity = u32::try_from(unsafe { raw.as_ref().cqe }).unwrap_or(entries).max(entries);
-        Ok(CompletionQueue { raw, ctx: self, channel, capacity, users: AtomicUsize::new(0) })
+        Ok(CompletionQueue { raw, ctx, channel, capacity, users: AtomicUsize::new(0) })
     }
 }
 
@@ -172,6 +213,11 @@ impl<'ctx> CompletionChannel<'ctx> {
     pub fn as_raw(&self) -> *mut ffi::ibv_comp_channel {
         self.raw.as_ptr()
     }
+
+    /// The context the channel belongs to.
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
 }
 
 impl AsRawFd for CompletionChannel<'_> {
@@ -234,8 +280,8 @@ pub(crate) fn wait_readable(
 #[derive(Debug)]
 pub struct CompletionQueue<'ctx> {
     raw: NonNull<ffi::ibv_cq>,
-    ctx: &'ctx Context,
-    channel: Option<&'ctx CompletionChannel<'ctx>>,
+    ctx: Parent<'ctx, Context>,
+    channel: Option<Parent<'ctx, CompletionChannel<'ctx>>>,
     capacity: u32,
     /// Direct pollers right now, plus [`SCOPED`] while a posting scope owns the CQ.
     users: AtomicUsize,
@@ -336,7 +382,7 @@ impl<'ctx> CompletionQueue<'ctx> {
     /// # Errors
     /// [`Error::Timeout`] when no event came in time; [`Error::InvalidArgument`] without a channel.
     pub fn wait(&self, timeout: Duration) -> Result<()> {
-        let channel = self.channel.ok_or_else(|| {
+        let channel = self.channel.as_deref().ok_or_else(|| {
             Error::invalid("ibv_get_cq_event", Some(self.ctx.name()), "the CQ has no completion channel")
         })?;
         self.arm(false)?;
@@ -357,13 +403,13 @@ impl<'ctx> CompletionQueue<'ctx> {
     }
 
     /// The channel this CQ reports to, if any.
-    pub fn channel(&self) -> Option<&'ctx CompletionChannel<'ctx>> {
-        self.channel
+    pub fn channel(&self) -> Option<&CompletionChannel<'ctx>> {
+        self.channel.as_deref()
     }
 
     /// The context the CQ belongs to.
-    pub fn context(&self) -> &'ctx Context {
-        self.ctx
+    pub fn context(&self) -> &Context {
+        &self.ctx
     }
 
     /// The raw `struct ibv_cq *`. It stays owned by `self`.

@@ -25,6 +25,7 @@ use std::ptr::NonNull;
 use rdma_sys as ffi;
 
 use crate::error::{Error, Result};
+use crate::parent::Parent;
 use crate::pd::ProtectionDomain;
 
 bitflags::bitflags! {
@@ -172,7 +173,7 @@ pub struct MemoryRegion<'pd, B: RegisteredBuffer = AlignedBuffer> {
     ptr: *mut u8,
     len: usize,
     access: AccessFlags,
-    pd: &'pd ProtectionDomain<'pd>,
+    pd: Parent<'pd, ProtectionDomain<'pd>>,
 }
 
 // SAFETY: the region owns its buffer; the NIC's accesses are not Rust accesses; every method
@@ -204,10 +205,7 @@ impl<'ctx> ProtectionDomain<'ctx> {
     /// remote access without `LOCAL_WRITE`; [`Error::Verb`] when the registration fails.
     #[doc(alias = "ibv_reg_mr")]
     pub fn alloc_mr(&self, len: usize, access: AccessFlags) -> Result<MemoryRegion<'_, AlignedBuffer>> {
-        self.check_mr_len(len)?;
-        let buf = AlignedBuffer::zeroed(len)
-            .ok_or_else(|| Error::invalid("ibv_reg_mr", Some(self.context().name()), "cannot allocate the buffer"))?;
-        self.register(buf, access)
+        MemoryRegion::alloc(self, len, access)
     }
 
     /// Registers a buffer the caller made, taking ownership of it: `ibv_reg_mr()`.
@@ -223,24 +221,8 @@ impl<'ctx> ProtectionDomain<'ctx> {
     /// # References
     /// - [`ibv_reg_mr(3)`](https://man7.org/linux/man-pages/man3/ibv_reg_mr.3.html)
     #[doc(alias = "ibv_reg_mr")]
-    pub fn register<B: RegisteredBuffer>(&self, mut buf: B, access: AccessFlags) -> Result<MemoryRegion<'_, B>> {
-        let dev = Some(self.context().name());
-        let len = buf.len();
-        self.check_mr_len(len)?;
-        let ptr = buf.as_mut_ptr();
-        if access.contains(AccessFlags::REMOTE_ATOMIC) && ptr as usize % 8 != 0 {
-            return Err(Error::invalid("ibv_reg_mr", dev, "remote atomics need an 8-byte aligned buffer"));
-        }
-        if access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
-            && !access.contains(AccessFlags::LOCAL_WRITE)
-        {
-            return Err(Error::invalid("ibv_reg_mr", dev, "REMOTE_WRITE and REMOTE_ATOMIC need LOCAL_WRITE"));
-        }
-        // SAFETY: `ptr` is valid for `len` bytes for as long as `buf` lives, which the region
-        // owns until it deregisters (RegisteredBuffer's contract).
-        let raw = unsafe { ffi::ibv_reg_mr(self.as_raw(), ptr.cast(), len, access.bits() as libc::c_int) };
-        let raw = NonNull::new(raw).ok_or_else(|| Error::last_os_error("ibv_reg_mr", dev))?;
-        Ok(MemoryRegion { raw, buf: Some(buf), ptr, len, access, pd: self })
+    pub fn register<B: RegisteredBuffer>(&self, buf: B, access: AccessFlags) -> Result<MemoryRegion<'_, B>> {
+        MemoryRegion::register(self, buf, access)
     }
 
     fn check_mr_len(&self, len: usize) -> Result<()> {
@@ -345,7 +327,65 @@ fn bounds(range: impl RangeBounds<usize>, len: usize) -> Option<(usize, usize)> 
     (start <= end && end <= len).then_some((start, end))
 }
 
+impl<'pd> MemoryRegion<'pd, AlignedBuffer> {
+    /// Allocates a zeroed, page-aligned buffer of `len` bytes and registers it with `pd`,
+    /// borrowed or shared (see [`Parent`]): `ibv_reg_mr()`.
+    ///
+    /// # Errors
+    /// As [`ProtectionDomain::alloc_mr`].
+    ///
+    /// # References
+    /// - [`ibv_reg_mr(3)`](https://man7.org/linux/man-pages/man3/ibv_reg_mr.3.html)
+    #[doc(alias = "ibv_reg_mr")]
+    pub fn alloc(pd: impl Into<Parent<'pd, ProtectionDomain<'pd>>>, len: usize, access: AccessFlags) -> Result<Self> {
+        let pd = pd.into();
+        pd.check_mr_len(len)?;
+        let buf = AlignedBuffer::zeroed(len)
+            .ok_or_else(|| Error::invalid("ibv_reg_mr", Some(pd.context().name()), "cannot allocate the buffer"))?;
+        MemoryRegion::register(pd, buf, access)
+    }
+}
+
 impl<'pd, B: RegisteredBuffer> MemoryRegion<'pd, B> {
+    /// Registers `buf` with `pd`, borrowed or shared (see [`Parent`]), taking ownership of the
+    /// buffer: `ibv_reg_mr()`.
+    ///
+    /// # Errors
+    /// As [`ProtectionDomain::register`].
+    ///
+    /// # References
+    /// - [`ibv_reg_mr(3)`](https://man7.org/linux/man-pages/man3/ibv_reg_mr.3.html)
+    #[doc(alias = "ibv_reg_mr")]
+    pub fn register(
+        pd: impl Into<Parent<'pd, ProtectionDomain<'pd>>>,
+        mut buf: B,
+        access: AccessFlags,
+    ) -> Result<Self> {
+        let pd = pd.into();
+        let dev = Some(pd.context().name());
+        let len = buf.len();
+        pd.check_mr_len(len)?;
+        let ptr = buf.as_mut_ptr();
+        if access.contains(AccessFlags::REMOTE_ATOMIC) && ptr as usize % 8 != 0 {
+            return Err(Error::invalid("ibv_reg_mr", dev, "remote atomics need an 8-byte aligned buffer"));
+        }
+        if access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
+            && !access.contains(AccessFlags::LOCAL_WRITE)
+        {
+            return Err(Error::invalid("ibv_reg_mr", dev, "REMOTE_WRITE and REMOTE_ATOMIC need LOCAL_WRITE"));
+        }
+        // SAFETY: `ptr` is valid for `len` bytes for as long as `buf` lives, which the region
+        // owns until it deregisters (RegisteredBuffer's contract); the PD is held by `pd`.
+        let raw = unsafe { ffi::ibv_reg_mr(pd.as_raw(), ptr.cast(), len, access.bits() as libc::c_int) };
+        let raw = NonNull::new(raw).ok_or_else(|| Error::last_os_error("ibv_reg_mr", dev))?;
+        Ok(MemoryRegion { raw, buf: Some(buf), ptr, len, access, pd })
+    }
+
+    /// The protection domain the region is registered with.
+    pub fn pd(&self) -> &ProtectionDomain<'pd> {
+        &self.pd
+    }
+
     /// The local key, for scatter/gather entries.
     pub fn lkey(&self) -> u32 {
         // SAFETY: `raw` is a registered region until drop.

@@ -6,12 +6,13 @@ use rdma_sys as ffi;
 
 use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::parent::Parent;
 
 /// A protection domain (`struct ibv_pd`), deallocated on drop.
 ///
 /// Memory regions, queue pairs and address handles are made from a protection domain and borrow
-/// it, so it outlives them; it borrows its [`Context`] in turn. A queue pair can only use memory
-/// regions of its own protection domain.
+/// it (or hold it by reference count, see [`Parent`]), so it outlives them; it holds its
+/// [`Context`] in turn. A queue pair can only use memory regions of its own protection domain.
 ///
 /// ```compile_fail
 /// # use rdma_verbs::Context;
@@ -27,10 +28,11 @@ use crate::error::{Error, Result};
 #[derive(Debug)]
 pub struct ProtectionDomain<'ctx> {
     raw: NonNull<ffi::ibv_pd>,
-    ctx: &'ctx Context,
+    ctx: Parent<'ctx, Context>,
 }
 
-// SAFETY: the verbs that take a PD are thread-safe; the struct is a pointer and a shared borrow.
+// SAFETY: the verbs that take a PD are thread-safe; the struct is a pointer and a handle to a
+// `Sync` context.
 unsafe impl Send for ProtectionDomain<'_> {}
 // SAFETY: as above.
 unsafe impl Sync for ProtectionDomain<'_> {}
@@ -45,17 +47,31 @@ impl Context {
     /// - [`ibv_alloc_pd(3)`](https://man7.org/linux/man-pages/man3/ibv_alloc_pd.3.html)
     #[doc(alias = "ibv_alloc_pd")]
     pub fn alloc_pd(&self) -> Result<ProtectionDomain<'_>> {
-        // SAFETY: `as_raw()` is an open context.
-        let raw = unsafe { ffi::ibv_alloc_pd(self.as_raw()) };
-        let raw = NonNull::new(raw).ok_or_else(|| Error::last_os_error("ibv_alloc_pd", Some(self.name())))?;
-        Ok(ProtectionDomain { raw, ctx: self })
+        ProtectionDomain::new(self)
     }
 }
 
 impl<'ctx> ProtectionDomain<'ctx> {
+    /// Allocates a protection domain of `ctx`, borrowed (`&ctx`) or shared (`Arc<Context>`,
+    /// giving a `ProtectionDomain<'static>` that keeps the context open): `ibv_alloc_pd()`.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] with `errno` (`ENOMEM` when the device has no more).
+    ///
+    /// # References
+    /// - [`ibv_alloc_pd(3)`](https://man7.org/linux/man-pages/man3/ibv_alloc_pd.3.html)
+    #[doc(alias = "ibv_alloc_pd")]
+    pub fn new(ctx: impl Into<Parent<'ctx, Context>>) -> Result<Self> {
+        let ctx = ctx.into();
+        // SAFETY: `as_raw()` is an open context, kept open by `ctx` for the PD's life.
+        let raw = unsafe { ffi::ibv_alloc_pd(ctx.as_raw()) };
+        let raw = NonNull::new(raw).ok_or_else(|| Error::last_os_error("ibv_alloc_pd", Some(ctx.name())))?;
+        Ok(ProtectionDomain { raw, ctx })
+    }
+
     /// The context this protection domain belongs to.
-    pub fn context(&self) -> &'ctx Context {
-        self.ctx
+    pub fn context(&self) -> &Context {
+        &self.ctx
     }
 
     /// The raw `struct ibv_pd *`. It stays owned by `self`.

@@ -1,11 +1,11 @@
 //! Shared receive queues: [`SharedReceiveQueue`].
 
-use std::marker::PhantomData;
 use std::ptr::NonNull;
 
 use rdma_sys as ffi;
 
 use crate::error::{Error, Result};
+use crate::parent::Parent;
 use crate::pd::ProtectionDomain;
 use crate::wr::RecvRequest;
 
@@ -21,7 +21,7 @@ pub struct SharedReceiveQueue<'pd> {
     raw: NonNull<ffi::ibv_srq>,
     max_sge: u32,
     device: String,
-    _pd: PhantomData<&'pd ProtectionDomain<'pd>>,
+    pd: Parent<'pd, ProtectionDomain<'pd>>,
 }
 
 // SAFETY: ibv_post_srq_recv is thread-safe; the struct owns the pointer.
@@ -37,7 +37,23 @@ impl ProtectionDomain<'_> {
     /// [`Error::InvalidArgument`] over the device's `max_srq_wr` / `max_sge`; [`Error::Verb`].
     #[doc(alias = "ibv_create_srq")]
     pub fn create_srq(&self, max_wr: u32, max_sge: u32) -> Result<SharedReceiveQueue<'_>> {
-        let ctx = self.context();
+        SharedReceiveQueue::new(self, max_wr, max_sge)
+    }
+}
+
+impl<'pd> SharedReceiveQueue<'pd> {
+    /// Creates a shared receive queue of `pd`, borrowed or shared (see [`Parent`]), holding up
+    /// to `max_wr` receives of up to `max_sge` SGEs: `ibv_create_srq()`.
+    ///
+    /// # Errors
+    /// As [`ProtectionDomain::create_srq`].
+    ///
+    /// # References
+    /// - [`ibv_create_srq(3)`](https://man7.org/linux/man-pages/man3/ibv_create_srq.3.html)
+    #[doc(alias = "ibv_create_srq")]
+    pub fn new(pd: impl Into<Parent<'pd, ProtectionDomain<'pd>>>, max_wr: u32, max_sge: u32) -> Result<Self> {
+        let pd = pd.into();
+        let ctx = pd.context();
         let dev = ctx.attr();
         if max_wr == 0 || max_wr > dev.max_srq_wr || max_sge > dev.max_sge {
             let reason =
@@ -49,18 +65,24 @@ impl ProtectionDomain<'_> {
             attr: ffi::ibv_srq_attr { max_wr, max_sge, srq_limit: 0 },
         };
         // SAFETY: live PD, initialised attributes.
-        let raw = unsafe { ffi::ibv_create_srq(self.as_raw(), &mut attr) };
+        let raw = unsafe { ffi::ibv_create_srq(pd.as_raw(), &mut attr) };
         let raw = NonNull::new(raw).ok_or_else(|| Error::last_os_error("ibv_create_srq", Some(ctx.name())))?;
-        Ok(SharedReceiveQueue {
-            raw,
-            max_sge: attr.attr.max_sge.max(max_sge),
-            device: ctx.name().to_owned(),
-            _pd: PhantomData,
-        })
+        let device = ctx.name().to_owned();
+        Ok(SharedReceiveQueue { raw, max_sge: attr.attr.max_sge.max(max_sge), device, pd })
     }
 }
 
-impl SharedReceiveQueue<'_> {
+impl<'pd> SharedReceiveQueue<'pd> {
+    /// The protection domain.
+    pub fn pd(&self) -> &ProtectionDomain<'pd> {
+        &self.pd
+    }
+
+    /// The most SGEs a receive may have.
+    pub fn max_sge(&self) -> u32 {
+        self.max_sge
+    }
+
     /// Posts a chain of receives with one doorbell: `ibv_post_srq_recv()`.
     ///
     /// # Safety

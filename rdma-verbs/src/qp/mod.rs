@@ -25,11 +25,14 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
 
 use rdma_sys as ffi;
 
 use crate::cq::CompletionQueue;
 use crate::error::{Error, Result};
+use crate::parent::Parent;
 use crate::pd::ProtectionDomain;
 use crate::srq::SharedReceiveQueue;
 use crate::wr::{RecvRequest, SendRequest};
@@ -38,19 +41,26 @@ use state::{CanPostRecv, Connected, Init, QpState, ReadyToReceive, ReadyToSend, 
 
 /// What a queue pair is created with (`struct ibv_qp_init_attr`): its completion queues,
 /// optional SRQ, and queue sizes.
+///
+/// The CQs and SRQ are given borrowed (`&cq`) or shared (`Arc<CompletionQueue>`), see
+/// [`Parent`]; the QP holds them as given.
 #[doc(alias = "ibv_qp_init_attr")]
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct QpCreateAttr<'res> {
-    send_cq: &'res CompletionQueue<'res>,
-    recv_cq: &'res CompletionQueue<'res>,
-    srq: Option<&'res SharedReceiveQueue<'res>>,
+    send_cq: Parent<'res, CompletionQueue<'res>>,
+    recv_cq: Parent<'res, CompletionQueue<'res>>,
+    srq: Option<Parent<'res, SharedReceiveQueue<'res>>>,
     caps: QpCaps,
     sq_sig_all: bool,
 }
 
 impl<'res> QpCreateAttr<'res> {
     /// Completions of sends go to `send_cq`, of receives to `recv_cq` (they may be the same).
-    pub fn new(send_cq: &'res CompletionQueue<'res>, recv_cq: &'res CompletionQueue<'res>) -> Self {
+    pub fn new(
+        send_cq: impl Into<Parent<'res, CompletionQueue<'res>>>,
+        recv_cq: impl Into<Parent<'res, CompletionQueue<'res>>>,
+    ) -> Self {
+        let (send_cq, recv_cq) = (send_cq.into(), recv_cq.into());
         QpCreateAttr { send_cq, recv_cq, srq: None, caps: QpCaps::default(), sq_sig_all: false }
     }
 
@@ -61,8 +71,8 @@ impl<'res> QpCreateAttr<'res> {
     }
 
     /// Takes receives from a shared receive queue instead of the QP's own.
-    pub fn srq(mut self, srq: &'res SharedReceiveQueue<'res>) -> Self {
-        self.srq = Some(srq);
+    pub fn srq(mut self, srq: impl Into<Parent<'res, SharedReceiveQueue<'res>>>) -> Self {
+        self.srq = Some(srq.into());
         self
     }
 
@@ -76,30 +86,33 @@ impl<'res> QpCreateAttr<'res> {
 /// A queue pair (`struct ibv_qp`), destroyed on drop.
 ///
 /// `T` is its transport ([`Rc`](state::Rc), [`Uc`](state::Uc), [`Ud`]); `S` the state it was last
-/// moved to. It borrows its protection domain, completion queues and SRQ.
+/// moved to. It holds its protection domain, completion queues and SRQ, borrowed or shared (see
+/// [`Parent`]). The verbs QP is destroyed when the last of this value and the
+/// [`SendQueue`](crate::SendQueue)s and [`RecvRing`](crate::RecvRing)s made from it is gone.
 ///
 /// # References
 /// - [`ibv_create_qp(3)`](https://man7.org/linux/man-pages/man3/ibv_create_qp.3.html)
 /// - [`ibv_modify_qp(3)`](https://man7.org/linux/man-pages/man3/ibv_modify_qp.3.html)
 #[doc(alias = "ibv_qp")]
 pub struct QueuePair<'res, T: Transport, S: State> {
-    inner: Inner<'res>,
+    inner: Arc<Inner<'res>>,
     _type: PhantomData<(T, S)>,
 }
 
-struct Inner<'res> {
+/// The verbs QP and what it holds, shared by its typed handle and the posting layers made from it.
+pub(crate) struct Inner<'res> {
     raw: NonNull<ffi::ibv_qp>,
-    pd: &'res ProtectionDomain<'res>,
-    send_cq: &'res CompletionQueue<'res>,
-    recv_cq: &'res CompletionQueue<'res>,
-    has_srq: bool,
-    caps: QpCaps,
+    pub(crate) pd: Parent<'res, ProtectionDomain<'res>>,
+    pub(crate) send_cq: Parent<'res, CompletionQueue<'res>>,
+    pub(crate) recv_cq: Parent<'res, CompletionQueue<'res>>,
+    srq: Option<Parent<'res, SharedReceiveQueue<'res>>>,
+    pub(crate) caps: QpCaps,
     sq_sig_all: bool,
-    port: u8,
+    port: AtomicU8,
 }
 
 // SAFETY: ibv_post_send/recv and ibv_modify_qp are thread-safe in libibverbs providers (they lock
-// the queues); `Inner` owns the pointer and holds shared borrows.
+// the queues); `Inner` owns the pointer and holds `Sync` parents.
 unsafe impl Send for Inner<'_> {}
 // SAFETY: as above.
 unsafe impl Sync for Inner<'_> {}
@@ -156,7 +169,24 @@ impl<'ctx> ProtectionDomain<'ctx> {
     /// `max_sge`) or CQs of another device; [`Error::Verb`] when creation fails.
     #[doc(alias = "ibv_create_qp")]
     pub fn create_qp<'res, T: Transport>(&'res self, init: QpCreateAttr<'res>) -> Result<QueuePair<'res, T, Reset>> {
-        let ctx = self.context();
+        QueuePair::create(self, init)
+    }
+}
+
+impl<'res, T: Transport> QueuePair<'res, T, Reset> {
+    /// Creates a queue pair of transport `T` in `pd`, borrowed or shared (see [`Parent`]), in the
+    /// `Reset` state: `ibv_create_qp()`. With a shared PD and shared CQs the QP is
+    /// `QueuePair<'static, ..>`: a thread can own it.
+    ///
+    /// # Errors
+    /// As [`ProtectionDomain::create_qp`].
+    ///
+    /// # References
+    /// - [`ibv_create_qp(3)`](https://man7.org/linux/man-pages/man3/ibv_create_qp.3.html)
+    #[doc(alias = "ibv_create_qp")]
+    pub fn create(pd: impl Into<Parent<'res, ProtectionDomain<'res>>>, init: QpCreateAttr<'res>) -> Result<Self> {
+        let pd = pd.into();
+        let ctx = pd.context();
         let dev = ctx.attr();
         let c = init.caps;
         let bad = |reason: String| Err(Error::invalid("ibv_create_qp", Some(ctx.name()), reason));
@@ -179,7 +209,7 @@ impl<'ctx> ProtectionDomain<'ctx> {
             qp_context: std::ptr::null_mut(),
             send_cq: init.send_cq.as_raw(),
             recv_cq: init.recv_cq.as_raw(),
-            srq: init.srq.map_or(std::ptr::null_mut(), |s| s.as_raw()),
+            srq: init.srq.as_ref().map_or(std::ptr::null_mut(), |s| s.as_raw()),
             cap: ffi::ibv_qp_cap {
                 max_send_wr: c.max_send_wr,
                 max_recv_wr: if init.srq.is_some() { 0 } else { c.max_recv_wr },
@@ -190,8 +220,11 @@ impl<'ctx> ProtectionDomain<'ctx> {
             qp_type: T::QP_TYPE,
             sq_sig_all: i32::from(init.sq_sig_all),
         };
-        // SAFETY: live PD and CQs (borrowed for 'res by the QP); `attr` is initialised.
-        let raw = unsafe { ffi::ibv_create_qp(self.as_raw(), &mut attr) };
+        if init.srq.as_ref().is_some_and(|s| !std::ptr::eq(s.pd().context(), ctx)) {
+            return bad("the shared receive queue belongs to another device context".into());
+        }
+        // SAFETY: live PD, CQs and SRQ (held by the QP for its whole life); `attr` is initialised.
+        let raw = unsafe { ffi::ibv_create_qp(pd.as_raw(), &mut attr) };
         let raw = NonNull::new(raw).ok_or_else(|| Error::last_os_error("ibv_create_qp", Some(ctx.name())))?;
         // The provider wrote the sizes it actually gave back into `attr.cap`.
         let caps = QpCaps {
@@ -201,19 +234,17 @@ impl<'ctx> ProtectionDomain<'ctx> {
             max_recv_sge: attr.cap.max_recv_sge,
             max_inline_data: attr.cap.max_inline_data,
         };
-        Ok(QueuePair {
-            inner: Inner {
-                raw,
-                pd: self,
-                send_cq: init.send_cq,
-                recv_cq: init.recv_cq,
-                has_srq: init.srq.is_some(),
-                caps,
-                sq_sig_all: init.sq_sig_all,
-                port: 0,
-            },
-            _type: PhantomData,
-        })
+        let inner = Inner {
+            raw,
+            pd,
+            send_cq: init.send_cq,
+            recv_cq: init.recv_cq,
+            srq: init.srq,
+            caps,
+            sq_sig_all: init.sq_sig_all,
+            port: AtomicU8::new(0),
+        };
+        Ok(QueuePair { inner: Arc::new(inner), _type: PhantomData })
     }
 }
 
@@ -230,18 +261,23 @@ impl<'res, T: Transport, S: State> QueuePair<'res, T, S> {
     }
 
     /// The protection domain.
-    pub fn pd(&self) -> &'res ProtectionDomain<'res> {
-        self.inner.pd
+    pub fn pd(&self) -> &ProtectionDomain<'res> {
+        &self.inner.pd
     }
 
     /// The completion queue of sends.
-    pub fn send_cq(&self) -> &'res CompletionQueue<'res> {
-        self.inner.send_cq
+    pub fn send_cq(&self) -> &CompletionQueue<'res> {
+        &self.inner.send_cq
     }
 
     /// The completion queue of receives.
-    pub fn recv_cq(&self) -> &'res CompletionQueue<'res> {
-        self.inner.recv_cq
+    pub fn recv_cq(&self) -> &CompletionQueue<'res> {
+        &self.inner.recv_cq
+    }
+
+    /// The shared receive queue receives come from, if any.
+    pub fn srq(&self) -> Option<&SharedReceiveQueue<'res>> {
+        self.inner.srq.as_deref()
     }
 
     /// Whether every send is signaled (`sq_sig_all`).
@@ -251,7 +287,7 @@ impl<'res, T: Transport, S: State> QueuePair<'res, T, S> {
 
     /// The port set by [`init`](QueuePair::init); 0 before.
     pub fn port(&self) -> u8 {
-        self.inner.port
+        self.inner.port.load(Ordering::Relaxed)
     }
 
     /// The state the device reports now: `ibv_query_qp()`. This is how the error state, which
@@ -300,7 +336,12 @@ impl<'res, T: Transport, S: State> QueuePair<'res, T, S> {
 
     /// Whether receives come from a shared receive queue.
     pub(crate) fn has_srq(&self) -> bool {
-        self.inner.has_srq
+        self.inner.srq.is_some()
+    }
+
+    /// The shared state, for the posting layers that keep the QP alive.
+    pub(crate) fn shared(&self) -> &Arc<Inner<'res>> {
+        &self.inner
     }
 
     /// The raw `struct ibv_qp *`. It stays owned by `self`; changing its state behind this
@@ -362,7 +403,7 @@ impl<'res, T: Transport, S: State> QueuePair<'res, T, S> {
     /// - [`rdma_init_qp_attr(3)`](https://man7.org/linux/man-pages/man3/rdma_init_qp_attr.3.html)
     #[doc(alias = "ibv_modify_qp")]
     pub fn try_modify_with<N: State>(
-        mut self,
+        self,
         attr: &mut ffi::ibv_qp_attr,
         mask: ffi::ibv_qp_attr_mask,
     ) -> Transition<'res, T, S, N> {
@@ -381,7 +422,7 @@ impl<'res, T: Transport, S: State> QueuePair<'res, T, S> {
             if let Err(error) = self.inner.pd.context().check_port_arg("ibv_modify_qp", attr.port_num) {
                 return Err(TransitionError { qp: self, error });
             }
-            self.inner.port = attr.port_num;
+            self.inner.port.store(attr.port_num, Ordering::Relaxed);
         }
         self.transition(attr, mask)
     }
@@ -392,7 +433,7 @@ impl<'res, T: Transport> QueuePair<'res, T, Reset> {
     ///
     /// # Errors
     /// [`TransitionError`], with the QP back: a port the device does not have, or the verb failed.
-    pub fn try_init(mut self, attr: InitAttr) -> Transition<'res, T, Reset, Init> {
+    pub fn try_init(self, attr: InitAttr) -> Transition<'res, T, Reset, Init> {
         if let Err(error) = self.inner.pd.context().check_port_arg("ibv_modify_qp", attr.port) {
             return Err(TransitionError { qp: self, error });
         }
@@ -407,7 +448,7 @@ impl<'res, T: Transport> QueuePair<'res, T, Reset> {
             raw.qp_access_flags = attr.access.bits();
             m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_ACCESS_FLAGS
         };
-        self.inner.port = attr.port;
+        self.inner.port.store(attr.port, Ordering::Relaxed);
         self.transition(&mut raw, mask)
     }
 }
@@ -508,7 +549,7 @@ impl<'res, T: Transport, S: State> QueuePair<'res, T, S> {
     /// [`Context::query_gid`](crate::Context::query_gid) returns.
     pub fn endpoint(&self, gid_index: u8, psn: u32) -> Result<QpEndpoint> {
         let ctx = self.inner.pd.context();
-        let port = self.inner.port;
+        let port = self.port();
         if port == 0 {
             return Err(Error::invalid("ibv_query_gid_ex", Some(ctx.name()), "the QP has no port before init"));
         }
@@ -598,7 +639,7 @@ impl<'res, T: Transport, S: CanPostRecv> QueuePair<'res, T, S> {
     #[inline]
     pub(crate) unsafe fn post_recv_checked(&self, wrs: &mut [RecvRequest<'_, '_>], scoped: bool) -> Result<()> {
         let device = self.inner.pd.context().name();
-        if self.inner.has_srq {
+        if self.inner.srq.is_some() {
             return Err(Error::invalid("ibv_post_recv", Some(device), "this QP takes its receives from an SRQ"));
         }
         let Some(first) = crate::wr::link_recv(wrs, self.inner.caps.max_recv_sge, "ibv_post_recv", device, scoped)?
