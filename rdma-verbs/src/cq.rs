@@ -426,3 +426,34 @@ impl Drop for CompletionQueue<'_> {
         let _ = unsafe { ffi::ibv_destroy_cq(self.raw.as_ptr()) };
     }
 }
+
+/// Exclusive ownership of a CQ's completions by a [`SendQueue`](crate::SendQueue) or
+/// [`RecvRing`](crate::RecvRing) (the same mark a posting scope takes): direct polls and scopes
+/// get [`Error::Busy`] meanwhile. Released on drop; forgetting it leaves the CQ owned for good.
+pub(crate) struct CqOwner<'res> {
+    cq: Parent<'res, CompletionQueue<'res>>,
+}
+
+impl<'res> CqOwner<'res> {
+    pub(crate) fn claim(cq: Parent<'res, CompletionQueue<'res>>, what: &'static str) -> Result<Self> {
+        if !cq.claim_for_scope() {
+            return Err(Error::Busy { what, device: Some(cq.context().name().to_owned()) });
+        }
+        Ok(CqOwner { cq })
+    }
+
+    #[inline]
+    pub(crate) fn poll<'o>(&self, out: &'o mut [WorkCompletion]) -> Result<&'o mut [WorkCompletion]> {
+        self.cq.poll_owned(out)
+    }
+
+    pub(crate) fn cq(&self) -> &CompletionQueue<'res> {
+        &self.cq
+    }
+}
+
+impl Drop for CqOwner<'_> {
+    fn drop(&mut self) {
+        self.cq.release_from_scope();
+    }
+}

@@ -535,6 +535,11 @@ impl<'pd, B: RegisteredBuffer> MemoryRegion<'pd, B> {
         Ok(self.buf.take().expect("buffer present until into_inner"))
     }
 
+    /// The first byte, for a pool carving the region into slots.
+    pub(crate) fn base_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
     /// The raw `struct ibv_mr *`. It stays owned by `self`.
     pub fn as_raw(&self) -> *mut ffi::ibv_mr {
         self.raw.as_ptr()

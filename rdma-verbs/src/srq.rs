@@ -19,6 +19,7 @@ use crate::wr::RecvRequest;
 #[derive(Debug)]
 pub struct SharedReceiveQueue<'pd> {
     raw: NonNull<ffi::ibv_srq>,
+    max_wr: u32,
     max_sge: u32,
     device: String,
     pd: Parent<'pd, ProtectionDomain<'pd>>,
@@ -68,7 +69,13 @@ impl<'pd> SharedReceiveQueue<'pd> {
         let raw = unsafe { ffi::ibv_create_srq(pd.as_raw(), &mut attr) };
         let raw = NonNull::new(raw).ok_or_else(|| Error::last_os_error("ibv_create_srq", Some(ctx.name())))?;
         let device = ctx.name().to_owned();
-        Ok(SharedReceiveQueue { raw, max_sge: attr.attr.max_sge.max(max_sge), device, pd })
+        Ok(SharedReceiveQueue {
+            raw,
+            max_wr: attr.attr.max_wr.max(max_wr),
+            max_sge: attr.attr.max_sge.max(max_sge),
+            device,
+            pd,
+        })
     }
 }
 
@@ -76,6 +83,31 @@ impl<'pd> SharedReceiveQueue<'pd> {
     /// The protection domain.
     pub fn pd(&self) -> &ProtectionDomain<'pd> {
         &self.pd
+    }
+
+    /// The most receives it holds.
+    pub fn max_wr(&self) -> u32 {
+        self.max_wr
+    }
+
+    /// The device's name.
+    pub(crate) fn device(&self) -> &str {
+        &self.device
+    }
+
+    /// Destroys the SRQ, reporting failure (then it stays alive, leaked: its receives may
+    /// still be used).
+    pub(crate) fn destroy(self) -> Result<()> {
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: created by `ibv_create_srq`; `this` is never dropped, so this is the only
+        // destruction. On failure the SRQ is leaked on purpose.
+        let rc = unsafe { ffi::ibv_destroy_srq(this.raw.as_ptr()) };
+        if rc != 0 {
+            return Err(Error::from_errno("ibv_destroy_srq", Some(&this.device), rc));
+        }
+        // SAFETY: the fields are moved out once, from a value that is never dropped.
+        drop(unsafe { (std::ptr::read(&this.device), std::ptr::read(&this.pd)) });
+        Ok(())
     }
 
     /// The most SGEs a receive may have.

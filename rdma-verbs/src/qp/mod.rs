@@ -117,6 +117,38 @@ unsafe impl Send for Inner<'_> {}
 // SAFETY: as above.
 unsafe impl Sync for Inner<'_> {}
 
+impl Inner<'_> {
+    pub(crate) fn raw(&self) -> *mut ffi::ibv_qp {
+        self.raw.as_ptr()
+    }
+
+    pub(crate) fn qp_num(&self) -> u32 {
+        // SAFETY: the QP is live; `qp_num` is a plain field set at creation.
+        unsafe { self.raw.as_ref().qp_num }
+    }
+
+    pub(crate) fn device(&self) -> &str {
+        self.pd.context().name()
+    }
+
+    pub(crate) fn has_srq(&self) -> bool {
+        self.srq.is_some()
+    }
+
+    /// `ibv_modify_qp` to `state` with only `IBV_QP_STATE` (error or reset).
+    pub(crate) fn set_state(&self, state: ffi::ibv_qp_state::Type) -> Result<()> {
+        let mut attr = zeroed_attr(state);
+        // SAFETY: live QP; `attr` holds the state the mask names.
+        let rc = unsafe {
+            ffi::ibv_modify_qp(self.raw.as_ptr(), &mut attr, ffi::ibv_qp_attr_mask::IBV_QP_STATE.0 as libc::c_int)
+        };
+        if rc != 0 {
+            return Err(Error::from_errno("ibv_modify_qp", Some(self.device()), rc));
+        }
+        Ok(())
+    }
+}
+
 impl Drop for Inner<'_> {
     #[doc(alias = "ibv_destroy_qp")]
     fn drop(&mut self) {

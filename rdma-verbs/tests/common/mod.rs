@@ -106,3 +106,44 @@ pub fn connect<'r, X: rdma_verbs::qp::state::Connected>(
         .ready_to_send(&RtsAttr::new(my_psn))
         .unwrap()
 }
+
+/// A QP in `Init` whose parents are all shared (`Arc`): `'static`, so a thread can own it.
+/// Separate send and receive CQs of `cq_entries` each, so a `SendQueue` and a `RecvRing` can
+/// each own one.
+pub fn owned_qp(
+    topo: &testkit::Topology,
+    ctx: &std::sync::Arc<Context>,
+    pd: &std::sync::Arc<ProtectionDomain<'static>>,
+    caps: QpCaps,
+    cq_entries: u32,
+    access: AccessFlags,
+) -> QueuePair<'static, Rc, Init> {
+    use std::sync::Arc;
+    let send_cq = Arc::new(CompletionQueue::new(ctx.clone(), cq_entries, None).unwrap());
+    let recv_cq = Arc::new(CompletionQueue::new(ctx.clone(), cq_entries, None).unwrap());
+    let attr = QpCreateAttr::new(send_cq, recv_cq).caps(caps);
+    QueuePair::<Rc, Reset>::create(pd.clone(), attr).unwrap().init(InitAttr::new(topo.port).access(access)).unwrap()
+}
+
+/// Opens `device` as a shared context and a shared PD of it.
+pub fn open_shared(device: &str) -> (std::sync::Arc<Context>, std::sync::Arc<ProtectionDomain<'static>>) {
+    let ctx = std::sync::Arc::new(Context::open(device).unwrap());
+    let pd = std::sync::Arc::new(ProtectionDomain::new(ctx.clone()).unwrap());
+    (ctx, pd)
+}
+
+/// Connects two QPs in `Init` to each other (RC), retrying receiver-not-ready for good.
+pub fn connect_pair<'a, 'b>(
+    topo: &testkit::Topology,
+    a: QueuePair<'a, Rc, Init>,
+    b: QueuePair<'b, Rc, Init>,
+) -> (QueuePair<'a, Rc, ReadyToSend>, QueuePair<'b, Rc, ReadyToSend>) {
+    let ep_a = a.endpoint(topo.gid_index, 1000).unwrap();
+    let ep_b = b.endpoint(topo.gid_index, 2000).unwrap();
+    let mtu = a.pd().context().query_port(topo.port).unwrap().active_mtu;
+    let rtr = |ep| RtrAttr::new(ep, topo.port, topo.gid_index, mtu).min_rnr_timer(1).max_dest_rd_atomic(4);
+    let a = a.ready_to_receive(&rtr(ep_b)).unwrap();
+    let b = b.ready_to_receive(&rtr(ep_a)).unwrap();
+    let rts = |psn| RtsAttr::new(psn).timeout(14).retry_cnt(7).rnr_retry(7);
+    (a.ready_to_send(&rts(1000)).unwrap(), b.ready_to_send(&rts(2000)).unwrap())
+}

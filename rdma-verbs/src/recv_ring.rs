@@ -1,0 +1,502 @@
+//! Receives that stay posted: [`RecvRing`] and [`Message`].
+//!
+//! A ring posts `depth` slots of a [`SlotPool`] as receives once, and re-posts each slot when
+//! the application releases the [`Message`] it arrived in. Between completion and release the
+//! message owns its slot, so its bytes are a plain `&[u8]`: the NIC cannot write a slot that is
+//! not posted, and a ring's pool is never remotely writable. A write-with-immediate consumes a
+//! receive without data: its message has the immediate and no bytes.
+//!
+//! ```no_run
+//! # use std::time::Duration;
+//! # use rdma_verbs::*;
+//! # fn f(qp: &QueuePair<'_, Rc, Init>, pool: SlotPool<'_>) -> Result<()> {
+//! let mut ring = RecvRing::new(qp, pool, 64, Duration::from_secs(1))?; // 64 receives posted
+//! // ... connect the QP; the receives stay posted through the transitions ...
+//! let msg = ring.next(Duration::from_secs(5))?;
+//! msg.ok()?;
+//! println!("{} bytes, imm {:?}", msg.bytes().len(), msg.imm());
+//! ring.release(msg)?; // posted again
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+use std::io;
+use std::os::fd::AsFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdma_sys as ffi;
+
+use crate::cq::{CompletionQueue, CqOwner};
+use crate::deadline::Deadline;
+use crate::error::{Error, Result};
+use crate::mr::AccessFlags;
+use crate::parent::Parent;
+use crate::pool::{Slot, SlotPool};
+use crate::qp::state::{CanPostRecv, Transport};
+use crate::qp::{Inner, QueuePair};
+use crate::send_queue::{next_generation, tag, untag, POLL_BATCH};
+use crate::srq::SharedReceiveQueue;
+use crate::wc::{WcOpcode, WcStatus, WorkCompletion};
+
+/// A receive that completed, owning the slot it arrived in until it is
+/// [released](RecvRing::release) (posted again) or dropped (the slot returns to the pool).
+pub struct Message<'pd> {
+    slot: Slot<'pd>,
+    /// Bytes that landed in the slot (0 for a write-with-immediate).
+    byte_len: u32,
+    /// The length of the peer's RDMA WRITE, for a write-with-immediate.
+    write_len: u32,
+    imm: Option<u32>,
+    status: WcStatus,
+    opcode: WcOpcode,
+    qp_num: u32,
+    src_qp: u32,
+    vendor_err: u32,
+}
+
+impl fmt::Debug for Message<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Message")
+            .field("slot", &self.slot.index())
+            .field("byte_len", &self.byte_len)
+            .field("imm", &self.imm)
+            .field("status", &self.status)
+            .field("qp_num", &self.qp_num)
+            .finish()
+    }
+}
+
+impl<'pd> Message<'pd> {
+    /// The bytes received (none for a write-with-immediate or a failed receive). For a UD QP
+    /// they start with the 40-byte GRH.
+    pub fn bytes(&self) -> &[u8] {
+        // The ring's pool is never remotely writable, so `as_slice` cannot fail.
+        self.slot.as_slice().map(|s| &s[..(self.byte_len as usize).min(s.len())]).unwrap_or_default()
+    }
+
+    /// The immediate data of a send or write with immediate.
+    pub fn imm(&self) -> Option<u32> {
+        self.imm
+    }
+
+    /// Whether a write-with-immediate consumed this receive (no bytes landed in it).
+    pub fn is_write_with_imm(&self) -> bool {
+        self.opcode == WcOpcode::RecvRdmaWithImm
+    }
+
+    /// For a write-with-immediate, how many bytes the peer's WRITE placed in its target
+    /// region (the completion's `byte_len`, which for this opcode does not describe the
+    /// receive's own slot); 0 otherwise.
+    pub fn write_len(&self) -> u32 {
+        self.write_len
+    }
+
+    /// The receive's outcome.
+    pub fn status(&self) -> WcStatus {
+        self.status
+    }
+
+    /// `Ok` on success, else [`Error::WorkCompletion`] with the status.
+    ///
+    /// # Errors
+    /// [`Error::WorkCompletion`] when the receive failed or was flushed.
+    pub fn ok(&self) -> Result<()> {
+        if self.status == WcStatus::Success {
+            return Ok(());
+        }
+        Err(Error::WorkCompletion {
+            wr_id: u64::from(self.slot.index()),
+            status: self.status,
+            vendor_err: self.vendor_err,
+        })
+    }
+
+    /// The local QP it arrived on (tells connections apart on a shared receive queue).
+    pub fn qp_num(&self) -> u32 {
+        self.qp_num
+    }
+
+    /// The sending QP, for UD.
+    pub fn src_qp(&self) -> u32 {
+        self.src_qp
+    }
+
+    /// The slot the message arrived in.
+    pub fn slot(&self) -> &Slot<'pd> {
+        &self.slot
+    }
+
+    /// Writes the received bytes to `file` at `file_offset` with `pwrite(2)` straight from the
+    /// registered slot ([`Slot::write_file`]).
+    ///
+    /// # Errors
+    /// As [`Slot::write_file`].
+    pub fn write_file(&self, file: &impl AsFd, file_offset: u64) -> io::Result<()> {
+        self.slot.write_file(file, file_offset, self.bytes().len())
+    }
+
+    /// Keeps the slot, out of the ring (which then has one receive fewer posted until
+    /// [`RecvRing::refill`]).
+    pub fn into_slot(self) -> Slot<'pd> {
+        self.slot
+    }
+}
+
+/// A ring of receives posted from a [`SlotPool`] to a QP's receive queue or to a shared receive
+/// queue, re-posted as the application releases each [`Message`].
+///
+/// It owns the CQ its receives complete on (the QP's receive CQ; for an SRQ, the CQ given) and
+/// discards completions of other requests there. It holds its QP or SRQ (no borrow), and is
+/// `Send`: with shared parents a thread can own it.
+///
+/// # Dropping
+/// Receives still posted must be out of the device's reach before their slots return to the
+/// pool. On a QP: if the ring is the QP's last holder, the QP is reset and destroyed;
+/// otherwise the QP is flushed (error state: the connection ends) and the ring waits up to its
+/// `drain_timeout` for the flushed receives, twice, then resets the QP. On an SRQ: if the ring
+/// is its last holder, the SRQ is destroyed. Slots the device might still reach are leaked,
+/// never reused. Forgetting the ring leaks its posted slots (and their pool).
+pub struct RecvRing<'res> {
+    /// Dropped before `posted`: the QP or SRQ goes before the slots it may write.
+    qp: Option<Arc<Inner<'res>>>,
+    srq: Option<Arc<SharedReceiveQueue<'res>>>,
+    cq: CqOwner<'res>,
+    pool: SlotPool<'res>,
+    generation: u64,
+    depth: u32,
+    posted: Box<[Option<Slot<'res>>]>,
+    posted_count: u32,
+    wcs: [WorkCompletion; POLL_BATCH],
+    wc_next: usize,
+    wc_len: usize,
+    drain_timeout: Duration,
+}
+
+impl fmt::Debug for RecvRing<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RecvRing")
+            .field("depth", &self.depth)
+            .field("posted", &self.posted_count)
+            .field("slot_size", &self.pool.slot_size())
+            .finish()
+    }
+}
+
+impl<'res> RecvRing<'res> {
+    /// Posts `depth` slots of `pool` as receives on `qp` (in `Init` or later: before or after
+    /// the connection is established) and owns the QP's receive CQ.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the QP takes receives from an SRQ, the pool is remotely
+    /// writable, lacks `LOCAL_WRITE` or belongs to another protection domain, or `depth` is 0
+    /// or over the QP's `max_recv_wr` or the CQ's capacity; [`Error::QueueFull`] when the pool
+    /// has fewer than `depth` free slots; [`Error::Busy`] when the CQ is owned already;
+    /// [`Error::PostFailed`] when posting fails.
+    pub fn new<T: Transport, S: CanPostRecv>(
+        qp: &QueuePair<'res, T, S>,
+        pool: SlotPool<'res>,
+        depth: u32,
+        drain_timeout: Duration,
+    ) -> Result<Self> {
+        let inner = Arc::clone(qp.shared());
+        let device = inner.device();
+        if inner.has_srq() {
+            return Err(Error::invalid("ibv_post_recv", Some(device), "this QP takes its receives from an SRQ"));
+        }
+        if !std::ptr::eq(pool.pd(), &*inner.pd) {
+            return Err(Error::invalid("ibv_post_recv", Some(device), "the pool belongs to another protection domain"));
+        }
+        let limit = inner.caps.max_recv_wr.min(inner.recv_cq.capacity());
+        check(&pool, depth, limit, device)?;
+        let cq = CqOwner::claim(inner.recv_cq.clone(), "RecvRing::new")?;
+        Self::start(Some(inner), None, cq, pool, depth, drain_timeout)
+    }
+
+    /// Posts `depth` slots of `pool` to the shared receive queue `srq`, whose QPs must all
+    /// deliver their receive completions to `cq` (the ring owns it); messages tell their QP by
+    /// [`Message::qp_num`].
+    ///
+    /// # Errors
+    /// As [`new`](Self::new), with the SRQ's `max_wr` as the limit.
+    pub fn with_srq(
+        srq: Arc<SharedReceiveQueue<'res>>,
+        cq: impl Into<Parent<'res, CompletionQueue<'res>>>,
+        pool: SlotPool<'res>,
+        depth: u32,
+        drain_timeout: Duration,
+    ) -> Result<Self> {
+        let cq = cq.into();
+        let device = srq.device();
+        if !std::ptr::eq(pool.pd(), srq.pd()) {
+            return Err(Error::invalid(
+                "ibv_post_srq_recv",
+                Some(device),
+                "the pool belongs to another protection domain",
+            ));
+        }
+        check(&pool, depth, srq.max_wr().min(cq.capacity()), device)?;
+        let cq = CqOwner::claim(cq, "RecvRing::with_srq")?;
+        Self::start(None, Some(srq), cq, pool, depth, drain_timeout)
+    }
+
+    fn start(
+        qp: Option<Arc<Inner<'res>>>,
+        srq: Option<Arc<SharedReceiveQueue<'res>>>,
+        cq: CqOwner<'res>,
+        pool: SlotPool<'res>,
+        depth: u32,
+        drain_timeout: Duration,
+    ) -> Result<Self> {
+        let posted = (0..pool.count()).map(|_| None).collect();
+        let mut ring = RecvRing {
+            qp,
+            srq,
+            cq,
+            pool,
+            generation: next_generation(),
+            depth,
+            posted,
+            posted_count: 0,
+            wcs: [WorkCompletion::default(); POLL_BATCH],
+            wc_next: 0,
+            wc_len: 0,
+            drain_timeout,
+        };
+        ring.refill()?;
+        Ok(ring)
+    }
+
+    /// The number of receives the ring keeps posted.
+    pub fn depth(&self) -> u32 {
+        self.depth
+    }
+
+    /// The number posted right now.
+    pub fn posted(&self) -> u32 {
+        self.posted_count
+    }
+
+    /// The pool the slots come from.
+    pub fn pool(&self) -> &SlotPool<'res> {
+        &self.pool
+    }
+
+    /// Posts slots from the pool until [`depth`](Self::depth) receives are posted (after
+    /// messages were dropped or kept with [`Message::into_slot`]). Returns how many it posted.
+    ///
+    /// # Errors
+    /// [`Error::PostFailed`] when posting fails.
+    pub fn refill(&mut self) -> Result<u32> {
+        let mut n = 0;
+        while self.posted_count < self.depth {
+            let Some(slot) = self.pool.try_take() else { break };
+            self.post(slot)?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Posts the message's slot again: `ibv_post_recv()` (or `ibv_post_srq_recv()`).
+    /// Allocates nothing.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a message of another ring's pool (dropped);
+    /// [`Error::PostFailed`] when posting fails (the slot returns to the pool).
+    #[doc(alias = "ibv_post_recv")]
+    pub fn release(&mut self, msg: Message<'res>) -> Result<()> {
+        if !msg.slot.is_from(&self.pool) {
+            return Err(Error::invalid(
+                "ibv_post_recv",
+                Some(self.device()),
+                "the message is from another ring's pool",
+            ));
+        }
+        self.post(msg.slot)
+    }
+
+    fn device(&self) -> &str {
+        match (&self.qp, &self.srq) {
+            (Some(qp), _) => qp.device(),
+            (_, Some(srq)) => srq.device(),
+            _ => "",
+        }
+    }
+
+    fn post(&mut self, slot: Slot<'res>) -> Result<()> {
+        let index = slot.index();
+        let mut sge = ffi::ibv_sge { addr: slot.addr(), length: slot.len() as u32, lkey: slot.lkey() };
+        let mut wr = ffi::ibv_recv_wr {
+            wr_id: tag(self.generation, u64::from(index)),
+            next: std::ptr::null_mut(),
+            sg_list: &mut sge,
+            num_sge: 1,
+        };
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: one receive naming the slot's bytes, which move into `posted` below, so no
+        // Rust code reaches them until the receive's completion gives the slot back; the QP or
+        // SRQ is live (held by `self`).
+        let (rc, verb) = unsafe {
+            match (&self.qp, &self.srq) {
+                (Some(qp), _) => (ffi::ibv_post_recv(qp.raw(), &mut wr, &mut bad), "ibv_post_recv"),
+                (_, Some(srq)) => (ffi::ibv_post_srq_recv(srq.as_raw(), &mut wr, &mut bad), "ibv_post_srq_recv"),
+                _ => (libc::EINVAL, "ibv_post_recv"),
+            }
+        };
+        // rxe may report a failure with `bad` NULL after queueing: only a named request is
+        // certainly not posted.
+        let posted = rc == 0 || bad.is_null();
+        if posted {
+            self.posted[index as usize] = Some(slot);
+            self.posted_count += 1;
+        }
+        if rc != 0 {
+            return Err(Error::PostFailed {
+                verb,
+                device: Some(self.device().to_owned()),
+                errno: rc,
+                posted: usize::from(posted),
+            });
+        }
+        Ok(())
+    }
+
+    /// The next message that arrived, without waiting: polls the CQ (`ibv_poll_cq()`) when the
+    /// completions already taken are used up. Allocates nothing.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] when polling fails.
+    #[doc(alias = "ibv_poll_cq")]
+    pub fn try_next(&mut self) -> Result<Option<Message<'res>>> {
+        loop {
+            if self.wc_next == self.wc_len {
+                self.wc_next = 0;
+                self.wc_len = self.cq.poll(&mut self.wcs)?.len();
+                if self.wc_len == 0 {
+                    return Ok(None);
+                }
+            }
+            let wc = self.wcs[self.wc_next];
+            self.wc_next += 1;
+            if let Some(msg) = self.take(&wc) {
+                return Ok(Some(msg));
+            }
+        }
+    }
+
+    /// Waits up to `timeout` for the next message ([`Duration::MAX`]: no deadline).
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] when none came in time; as [`try_next`](Self::try_next).
+    pub fn next(&mut self, timeout: Duration) -> Result<Message<'res>> {
+        let deadline = Deadline::after(timeout);
+        loop {
+            if let Some(msg) = self.try_next()? {
+                return Ok(msg);
+            }
+            if deadline.has_passed() {
+                return Err(Error::Timeout { what: "a received message", after: timeout });
+            }
+        }
+    }
+
+    /// The message of a completion that is one of this ring's receives.
+    fn take(&mut self, wc: &WorkCompletion) -> Option<Message<'res>> {
+        if let Some(qp) = &self.qp {
+            if wc.qp_num() != qp.qp_num() {
+                return None;
+            }
+        }
+        let index = usize::try_from(untag(wc.wr_id(), self.generation)?).ok()?;
+        let slot = self.posted.get_mut(index)?.take()?;
+        self.posted_count -= 1;
+        let ok = wc.is_success();
+        // For RECV_RDMA_WITH_IMM, `byte_len` is the length of the peer's WRITE (rxe and mlx5
+        // both report it), not bytes in the receive buffer: the slot holds nothing new.
+        let write = ok && wc.opcode() == WcOpcode::RecvRdmaWithImm;
+        Some(Message {
+            slot,
+            byte_len: if ok && !write { wc.byte_len() } else { 0 },
+            write_len: if write { wc.byte_len() } else { 0 },
+            imm: if ok { wc.imm() } else { None },
+            status: wc.status(),
+            opcode: if ok { wc.opcode() } else { WcOpcode::Recv },
+            qp_num: wc.qp_num(),
+            src_qp: wc.src_qp(),
+            vendor_err: wc.vendor_err(),
+        })
+    }
+
+    /// Takes every completion there is, dropping the messages (their slots return to the pool).
+    fn discard_all(&mut self) {
+        while let Ok(Some(_)) = self.try_next() {}
+    }
+
+    /// Puts every posted receive out of the device's reach; `false` if that could not be done.
+    fn quiesce(&mut self) -> bool {
+        use ffi::ibv_qp_state::{IBV_QPS_ERR, IBV_QPS_RESET};
+        if let Some(srq) = self.srq.take() {
+            return Arc::into_inner(srq).is_some_and(|srq| srq.destroy().is_ok());
+        }
+        let Some(qp) = self.qp.clone() else { return true };
+        if Arc::strong_count(&qp) > 2 {
+            // Flushing twice: rxe completes receives posted to a QP already in error only when
+            // it is moved to error again.
+            for _ in 0..2 {
+                let _ = qp.set_state(IBV_QPS_ERR);
+                let deadline = Deadline::after(self.drain_timeout);
+                loop {
+                    self.discard_all();
+                    if self.posted_count == 0 {
+                        return true;
+                    }
+                    if deadline.has_passed() {
+                        break;
+                    }
+                }
+            }
+        }
+        if qp.set_state(IBV_QPS_RESET).is_ok() {
+            self.discard_all();
+            return true;
+        }
+        false
+    }
+}
+
+fn check(pool: &SlotPool<'_>, depth: u32, limit: u32, device: &str) -> Result<()> {
+    let bad = |reason: String| Err(Error::invalid("ibv_post_recv", Some(device), reason));
+    let access = pool.access();
+    if access.remotely_writable() {
+        return bad("a receive ring's pool must not be remotely writable: its messages are read as slices".into());
+    }
+    if !access.contains(AccessFlags::LOCAL_WRITE) {
+        return bad("a receive ring's pool needs LOCAL_WRITE".into());
+    }
+    if u32::try_from(pool.slot_size()).is_err() {
+        return bad("slots over 4 GiB".into());
+    }
+    if depth == 0 || depth > limit || depth > pool.count() {
+        return bad(format!("depth {depth}: the queue and its CQ take 1..={limit}, the pool has {}", pool.count()));
+    }
+    if pool.available() < depth as usize {
+        return Err(Error::QueueFull {
+            device: Some(device.to_owned()),
+            queue: "slot pool",
+            capacity: pool.count(),
+            outstanding: pool.count() - pool.available() as u32,
+        });
+    }
+    Ok(())
+}
+
+impl Drop for RecvRing<'_> {
+    fn drop(&mut self) {
+        if self.posted_count > 0 && !self.quiesce() {
+            for slot in self.posted.iter_mut().filter_map(Option::take) {
+                // The device may still write it: never hand it out again.
+                std::mem::forget(slot);
+            }
+        }
+    }
+}

@@ -1,0 +1,624 @@
+//! Posting with owned buffers: [`SendQueue`], [`Request`], [`Completion`].
+//!
+//! A [`SendQueue`] posts requests that *own* their [`Slot`]: the slot moves into the request,
+//! so no Rust code can touch its bytes while the NIC may, and comes back in the request's
+//! [`Completion`]. Send queues complete in order, so one signaled completion returns every slot
+//! posted before it: a pipeline signals once per batch (the last request of each
+//! [`submit`](SendQueue::submit) is signaled), keeps hundreds of requests in flight, and
+//! allocates nothing per request.
+//!
+//! ```no_run
+//! # use std::time::Duration;
+//! # use rdma_verbs::*;
+//! # fn f(qp: &QueuePair<'_, Rc, ReadyToSend>, pool: &SlotPool<'_>, peer: RemoteRegion) -> Result<()> {
+//! let mut sq = SendQueue::new(qp, Duration::from_secs(1))?;
+//! let mut slot = pool.try_take().expect("a free slot");
+//! slot.as_mut_slice()?[..5].copy_from_slice(b"hello");
+//! sq.push(Request::write(slot, 5, peer))?; // the slot is the request's now
+//! sq.submit()?;                            // one doorbell for everything pushed
+//! sq.wait(Duration::from_secs(1), |done| {
+//!     done.ok().expect("written");
+//!     let slot = done.slot.expect("the slot comes back"); // reuse it, or drop it into the pool
+//! })?;
+//! # Ok(()) }
+//! ```
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdma_sys as ffi;
+
+use crate::cq::CqOwner;
+use crate::deadline::Deadline;
+use crate::error::{Error, Result};
+use crate::mr::{AccessFlags, RemoteRegion};
+use crate::pool::Slot;
+use crate::qp::state::{Connected, ReadyToSend};
+use crate::qp::{Inner, QueuePair};
+use crate::wc::{WcStatus, WorkCompletion};
+
+/// `wr_id` bits 63..62 = `01`: a request of a [`SendQueue`] or [`RecvRing`](crate::RecvRing)
+/// (a posting scope uses `1x`).
+const OWNED_TAG: u64 = 1 << 62;
+const GEN_SHIFT: u32 = 40;
+const GEN_MASK: u64 = (1 << 22) - 1;
+/// The low bits: a request's sequence number, or a receive's slot index.
+pub(crate) const LOW_MASK: u64 = (1 << GEN_SHIFT) - 1;
+/// How many completions one poll takes.
+pub(crate) const POLL_BATCH: usize = 32;
+
+/// A number telling this queue's or ring's requests from those of any other on the same QP.
+pub(crate) fn next_generation() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed) & GEN_MASK
+}
+
+#[inline]
+pub(crate) fn tag(generation: u64, low: u64) -> u64 {
+    OWNED_TAG | generation << GEN_SHIFT | (low & LOW_MASK)
+}
+
+/// The low bits of a `wr_id` tagged by `generation`, or `None` for anyone else's.
+#[inline]
+pub(crate) fn untag(wr_id: u64, generation: u64) -> Option<u64> {
+    (wr_id >> 62 == 0b01 && (wr_id >> GEN_SHIFT) & GEN_MASK == generation).then_some(wr_id & LOW_MASK)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Send,
+    Write,
+    Read,
+}
+
+/// A send-queue request that owns its [`Slot`]: SEND, RDMA WRITE (either with immediate data)
+/// or RDMA READ of the slot's first `len` bytes.
+///
+/// Pushed into a [`SendQueue`]; the slot comes back in the request's [`Completion`].
+#[derive(Debug)]
+pub struct Request<'pd> {
+    op: Op,
+    slot: Slot<'pd>,
+    len: usize,
+    remote: RemoteRegion,
+    imm: Option<u32>,
+    wr_id: u64,
+    signaled: bool,
+}
+
+impl<'pd> Request<'pd> {
+    fn new(op: Op, slot: Slot<'pd>, len: usize, remote: RemoteRegion) -> Self {
+        Request { op, slot, len, remote, imm: None, wr_id: 0, signaled: false }
+    }
+
+    /// A send of the slot's first `len` bytes, consuming a receive at the peer.
+    pub fn send(slot: Slot<'pd>, len: usize) -> Self {
+        Self::new(Op::Send, slot, len, RemoteRegion { addr: 0, rkey: 0, len: 0 })
+    }
+
+    /// An RDMA WRITE of the slot's first `len` bytes to `remote` (at most `remote.len` bytes).
+    pub fn write(slot: Slot<'pd>, len: usize, remote: RemoteRegion) -> Self {
+        Self::new(Op::Write, slot, len, remote)
+    }
+
+    /// An RDMA READ of `len` bytes from `remote` into the start of the slot (RC only; the pool
+    /// needs `LOCAL_WRITE`).
+    pub fn read(slot: Slot<'pd>, len: usize, remote: RemoteRegion) -> Self {
+        Self::new(Op::Read, slot, len, remote)
+    }
+
+    /// Adds immediate data (a send or write with immediate; a write with immediate consumes a
+    /// receive at the peer). Ignored on a READ, which cannot carry it.
+    pub fn with_imm(mut self, imm: u32) -> Self {
+        self.imm = Some(imm);
+        self
+    }
+
+    /// Sets the `wr_id` the request's [`Completion`] carries (any 64 bits).
+    pub fn with_wr_id(mut self, wr_id: u64) -> Self {
+        self.wr_id = wr_id;
+        self
+    }
+
+    /// Asks for a completion even if the request is not the last of its batch.
+    pub fn signaled(mut self) -> Self {
+        self.signaled = true;
+        self
+    }
+
+    /// Gives the slot back, unposted.
+    pub fn into_slot(self) -> Slot<'pd> {
+        self.slot
+    }
+
+    fn opcode(&self) -> ffi::ibv_wr_opcode::Type {
+        use ffi::ibv_wr_opcode::*;
+        match (self.op, self.imm.is_some()) {
+            (Op::Send, false) => IBV_WR_SEND,
+            (Op::Send, true) => IBV_WR_SEND_WITH_IMM,
+            (Op::Write, false) => IBV_WR_RDMA_WRITE,
+            (Op::Write, true) => IBV_WR_RDMA_WRITE_WITH_IMM,
+            (Op::Read, _) => IBV_WR_RDMA_READ,
+        }
+    }
+}
+
+/// A request [`SendQueue::push`] refused, given back with the reason.
+///
+/// `?` converts it into [`Error`], dropping the request (its slot returns to the pool).
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct Rejected<'pd> {
+    /// Why it was refused.
+    #[source]
+    pub error: Error,
+    /// The request, unposted, with its slot.
+    pub request: Request<'pd>,
+}
+
+impl From<Rejected<'_>> for Error {
+    fn from(r: Rejected<'_>) -> Error {
+        r.error
+    }
+}
+
+/// A request that completed, with its slot back.
+#[derive(Debug)]
+pub struct Completion<'pd> {
+    /// The `wr_id` it was pushed with.
+    pub wr_id: u64,
+    /// Its outcome. A request covered by a later signaled completion succeeded (a failed
+    /// request always completes on its own).
+    pub status: WcStatus,
+    /// The slot it owned; `None` for inline data.
+    pub slot: Option<Slot<'pd>>,
+    vendor_err: u32,
+}
+
+impl Completion<'_> {
+    /// `Ok` on success, else [`Error::WorkCompletion`] with the status.
+    ///
+    /// # Errors
+    /// [`Error::WorkCompletion`] when the request failed (or was flushed).
+    pub fn ok(&self) -> Result<()> {
+        if self.status == WcStatus::Success {
+            return Ok(());
+        }
+        Err(Error::WorkCompletion { wr_id: self.wr_id, status: self.status, vendor_err: self.vendor_err })
+    }
+}
+
+/// A request in flight: what it owns until its completion (or a later one) comes.
+struct Held<'pd> {
+    seq: u64,
+    wr_id: u64,
+    slot: Option<Slot<'pd>>,
+}
+
+/// The send queue of a ready-to-send RC or UC queue pair, posting requests that own their
+/// [`Slot`]s and giving each slot back with its completion.
+///
+/// It owns the QP's send CQ while it lives (a posting scope or a direct
+/// [`CompletionQueue::poll`](crate::CompletionQueue::poll) on it gets [`Error::Busy`]); give
+/// the QP separate send and receive CQs to use a [`RecvRing`](crate::RecvRing) beside it.
+/// Completions of other QPs on that CQ are discarded. It holds the QP (the verbs QP lives until
+/// the queue is gone too), needs no borrow of it, and is `Send`: with shared parents (see
+/// [`Parent`](crate::Parent)) it is `'static` and a thread can own it.
+///
+/// # Capacity
+/// At most [`depth`](Self::depth) requests are pushed and in flight at once: the QP's
+/// `max_send_wr`, or the CQ's capacity if smaller, so the CQ never overflows.
+///
+/// # Dropping
+/// Requests pushed but not submitted are dropped (their slots return to the pool). Requests
+/// in flight: if the queue is the QP's last holder, the QP is reset, then destroyed, and the
+/// slots return. Otherwise the queue waits for them up to its `drain_timeout`, then flushes
+/// the QP (error state) and waits as long again, then resets it. A slot the device might still
+/// reach is never returned: if even the reset fails, those slots are leaked, not reused.
+/// Forgetting the queue leaks the slots in flight (and their pool), and leaves the CQ owned.
+pub struct SendQueue<'res, T: Connected> {
+    /// Dropped before `held`: when this is the last handle, the QP is destroyed before the
+    /// slots it may use return to their pool.
+    qp: Arc<Inner<'res>>,
+    cq: CqOwner<'res>,
+    generation: u64,
+    next_seq: u64,
+    depth: usize,
+    held: VecDeque<Held<'res>>,
+    staged: Vec<Request<'res>>,
+    /// Scratch for one doorbell, allocated once.
+    wrs: Vec<ffi::ibv_send_wr>,
+    sges: Vec<ffi::ibv_sge>,
+    wcs: [WorkCompletion; POLL_BATCH],
+    drain_timeout: Duration,
+    _transport: PhantomData<T>,
+}
+
+// SAFETY: the raw pointers in `wrs`/`sges` are scratch, written and used only inside `submit`;
+// everything else (the QP's shared state, slots, the CQ handle) is `Send`.
+unsafe impl<T: Connected> Send for SendQueue<'_, T> {}
+
+impl<T: Connected> fmt::Debug for SendQueue<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SendQueue")
+            .field("qp_num", &self.qp.qp_num())
+            .field("depth", &self.depth)
+            .field("in_flight", &self.held.len())
+            .field("staged", &self.staged.len())
+            .finish()
+    }
+}
+
+impl<'res, T: Connected> SendQueue<'res, T> {
+    /// Takes over the send queue of `qp` (and its send CQ).
+    ///
+    /// # Errors
+    /// [`Error::Busy`] when a posting scope, another `SendQueue` or a
+    /// [`RecvRing`](crate::RecvRing) owns the QP's send CQ.
+    pub fn new(qp: &QueuePair<'res, T, ReadyToSend>, drain_timeout: Duration) -> Result<Self> {
+        let inner = Arc::clone(qp.shared());
+        let cq = CqOwner::claim(inner.send_cq.clone(), "SendQueue::new")?;
+        let depth = inner.caps.max_send_wr.min(cq.cq().capacity()) as usize;
+        Ok(SendQueue {
+            qp: inner,
+            cq,
+            generation: next_generation(),
+            next_seq: 0,
+            depth,
+            held: VecDeque::with_capacity(depth),
+            staged: Vec::with_capacity(depth),
+            wrs: Vec::with_capacity(depth + 1),
+            sges: Vec::with_capacity(depth + 1),
+            wcs: [WorkCompletion::default(); POLL_BATCH],
+            drain_timeout,
+            _transport: PhantomData,
+        })
+    }
+
+    /// The most requests pushed and in flight at once.
+    pub fn depth(&self) -> usize {
+        self.depth
+    }
+
+    /// Requests submitted whose completion has not come back yet.
+    pub fn in_flight(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Requests pushed and not yet submitted.
+    pub fn staged(&self) -> usize {
+        self.staged.len()
+    }
+
+    /// How many more requests can be pushed now.
+    pub fn room(&self) -> usize {
+        self.depth - self.held.len() - self.staged.len()
+    }
+
+    /// The QP's number.
+    pub fn qp_num(&self) -> u32 {
+        self.qp.qp_num()
+    }
+
+    /// Adds a request to the next doorbell, after checking it: nothing reaches the device
+    /// until [`submit`](Self::submit). Allocates nothing.
+    ///
+    /// # Errors
+    /// The request comes back in [`Rejected`] with [`Error::QueueFull`] when
+    /// [`room`](Self::room) is 0, or [`Error::InvalidArgument`] when its length exceeds the slot
+    /// or the remote region, the slot's pool is of another protection domain, or a READ is
+    /// posted on UC or into a pool without `LOCAL_WRITE`.
+    pub fn push(&mut self, request: Request<'res>) -> std::result::Result<(), Rejected<'res>> {
+        match self.check(&request) {
+            Ok(()) => {
+                self.staged.push(request);
+                Ok(())
+            }
+            Err(error) => Err(Rejected { error, request }),
+        }
+    }
+
+    fn check(&self, r: &Request<'_>) -> Result<()> {
+        let device = self.qp.device();
+        if self.room() == 0 {
+            return Err(Error::QueueFull {
+                device: Some(device.to_owned()),
+                queue: "send queue",
+                capacity: self.depth as u32,
+                outstanding: (self.held.len() + self.staged.len()) as u32,
+            });
+        }
+        let bad = |reason: String| Err(Error::invalid("ibv_post_send", Some(device), reason));
+        if r.len > r.slot.len() {
+            return bad(format!("{} bytes do not fit a slot of {}", r.len, r.slot.len()));
+        }
+        if r.slot.pd_raw() != self.qp.pd.as_raw() {
+            return bad("the slot's pool is registered with another protection domain".into());
+        }
+        match r.op {
+            Op::Send => {}
+            Op::Write | Op::Read if r.len as u64 > r.remote.len => {
+                return bad(format!("{} bytes do not fit the remote region of {}", r.len, r.remote.len));
+            }
+            Op::Write => {}
+            Op::Read if T::QP_TYPE != ffi::ibv_qp_type::IBV_QPT_RC => {
+                return bad("RDMA READ needs an RC queue pair".into());
+            }
+            Op::Read if !r.slot.access().contains(AccessFlags::LOCAL_WRITE) => {
+                return bad("RDMA READ into a pool without LOCAL_WRITE".into());
+            }
+            Op::Read => {}
+        }
+        Ok(())
+    }
+
+    /// Posts every pushed request with one doorbell (`ibv_post_send()` of one chain); the last
+    /// is signaled. Returns how many were posted. Allocates nothing.
+    ///
+    /// # Errors
+    /// [`Error::PostFailed`] when the provider refused a request: those before it are in
+    /// flight, it and those after stay pushed (submit again, or drop the queue).
+    #[doc(alias = "ibv_post_send")]
+    pub fn submit(&mut self) -> Result<usize> {
+        self.post_chain(None)
+    }
+
+    /// Pushes `request` and submits everything pushed.
+    ///
+    /// # Errors
+    /// As [`push`](Self::push) (nothing posted), and as [`submit`](Self::submit), which gives
+    /// the request back too if it was not posted.
+    pub fn post(&mut self, request: Request<'res>) -> std::result::Result<(), Rejected<'res>> {
+        self.push(request)?;
+        match self.submit() {
+            Ok(_) => Ok(()),
+            Err(error) => {
+                let request = self.staged.pop().expect("a refused submit leaves the last request pushed");
+                Err(Rejected { error, request })
+            }
+        }
+    }
+
+    /// Sends `data` as inline data (copied into the queue by the post; at most the QP's
+    /// `max_inline_data` bytes), with optional immediate data, after everything pushed, in the
+    /// same doorbell. Its [`Completion`] carries `wr_id` and no slot.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `data` is over the QP's inline limit; [`Error::QueueFull`]
+    /// without room; as [`submit`](Self::submit).
+    pub fn send_inline(&mut self, data: &[u8], imm: Option<u32>, wr_id: u64) -> Result<()> {
+        let device = self.qp.device();
+        let max = self.qp.caps.max_inline_data;
+        if data.len() > max as usize {
+            let reason = format!("{} bytes of inline data: the QP takes {max}", data.len());
+            return Err(Error::invalid("ibv_post_send", Some(device), reason));
+        }
+        if self.room() == 0 {
+            return Err(Error::QueueFull {
+                device: Some(device.to_owned()),
+                queue: "send queue",
+                capacity: self.depth as u32,
+                outstanding: (self.held.len() + self.staged.len()) as u32,
+            });
+        }
+        self.post_chain(Some((data, imm, wr_id))).map(|_| ())
+    }
+
+    fn post_chain(&mut self, inline: Option<(&[u8], Option<u32>, u64)>) -> Result<usize> {
+        const SIGNALED: u32 = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        const INLINE: u32 = ffi::ibv_send_flags::IBV_SEND_INLINE.0;
+        let n = self.staged.len();
+        let total = n + usize::from(inline.is_some());
+        if total == 0 {
+            return Ok(0);
+        }
+        self.sges.clear();
+        self.wrs.clear();
+        for r in &self.staged {
+            self.sges.push(ffi::ibv_sge { addr: r.slot.addr(), length: r.len as u32, lkey: r.slot.lkey() });
+        }
+        if let Some((data, _, _)) = inline {
+            self.sges.push(ffi::ibv_sge { addr: data.as_ptr() as u64, length: data.len() as u32, lkey: 0 });
+        }
+        let sges = self.sges.as_mut_ptr();
+        for i in 0..total {
+            // SAFETY: `ibv_send_wr` is integers, raw pointers and unions of them: zero is valid.
+            let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
+            wr.wr_id = tag(self.generation, self.next_seq + i as u64);
+            // SAFETY: `i < total == sges.len()`.
+            wr.sg_list = unsafe { sges.add(i) };
+            let signaled = i + 1 == total;
+            if let Some(r) = self.staged.get(i) {
+                wr.num_sge = i32::from(r.len > 0);
+                wr.opcode = r.opcode();
+                if let Some(imm) = r.imm {
+                    wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+                }
+                if r.op != Op::Send {
+                    wr.wr.rdma = ffi::rdma_t { remote_addr: r.remote.addr, rkey: r.remote.rkey };
+                }
+                if signaled || r.signaled {
+                    wr.send_flags = SIGNALED;
+                }
+            } else if let Some((data, imm, _)) = inline {
+                wr.num_sge = i32::from(!data.is_empty());
+                wr.opcode = match imm {
+                    Some(imm) => {
+                        wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+                        ffi::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM
+                    }
+                    None => ffi::ibv_wr_opcode::IBV_WR_SEND,
+                };
+                wr.send_flags = SIGNALED | INLINE;
+            }
+            self.wrs.push(wr);
+        }
+        let wrs = self.wrs.as_mut_ptr();
+        for i in 0..total - 1 {
+            // SAFETY: both indices are inside `wrs`, which is not resized until the next chain.
+            unsafe { (*wrs.add(i)).next = wrs.add(i + 1) };
+        }
+        let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: a chain of `total` checked requests in `wrs`, each naming one SGE in `sges`;
+        // every slot named is owned by `staged` and moves into `held` below, so no Rust code can
+        // reach its bytes until its completion (or a later one) is seen; inline data is copied
+        // by the call. The QP is live (held by `self.qp`).
+        let rc = unsafe { ffi::ibv_post_send(self.qp.raw(), wrs, &mut bad) };
+        let posted = if rc == 0 {
+            total
+        } else {
+            // A NULL or unknown `bad` means the provider did not say: count all as maybe posted.
+            (0..total).find(|&i| std::ptr::eq(wrs.wrapping_add(i), bad)).unwrap_or(total)
+        };
+        let from_staged = posted.min(n);
+        for (i, r) in self.staged.drain(..from_staged).enumerate() {
+            self.held.push_back(Held { seq: self.next_seq + i as u64, wr_id: r.wr_id, slot: Some(r.slot) });
+        }
+        if let Some((_, _, wr_id)) = inline.filter(|_| posted == total) {
+            self.held.push_back(Held { seq: self.next_seq + n as u64, wr_id, slot: None });
+        }
+        self.next_seq += posted as u64;
+        if rc != 0 {
+            return Err(Error::PostFailed {
+                verb: "ibv_post_send",
+                device: Some(self.qp.device().to_owned()),
+                errno: rc,
+                posted,
+            });
+        }
+        Ok(posted)
+    }
+
+    /// Polls the send CQ once (`ibv_poll_cq()`, never blocking) and calls `f` with each request
+    /// that completed, in posting order: a signaled completion completes every request posted
+    /// before it. Returns how many requests completed. Allocates nothing.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] when polling fails.
+    #[doc(alias = "ibv_poll_cq")]
+    pub fn poll(&mut self, mut f: impl FnMut(Completion<'res>)) -> Result<usize> {
+        let got = self.cq.poll(&mut self.wcs)?.len();
+        let qp_num = self.qp.qp_num();
+        let mut done = 0;
+        for i in 0..got {
+            let wc = self.wcs[i];
+            if wc.qp_num() != qp_num {
+                continue;
+            }
+            let (Some(low), Some(front)) = (untag(wc.wr_id(), self.generation), self.held.front()) else {
+                continue;
+            };
+            // The full sequence number from its low bits: in flight means within 2^40 of the front.
+            let seq = front.seq + (low.wrapping_sub(front.seq) & LOW_MASK);
+            if seq >= self.next_seq {
+                continue;
+            }
+            while self.held.front().is_some_and(|h| h.seq <= seq) {
+                let h = self.held.pop_front().expect("checked");
+                let (status, vendor_err) =
+                    if h.seq == seq { (wc.status(), wc.vendor_err()) } else { (WcStatus::Success, 0) };
+                f(Completion { wr_id: h.wr_id, status, slot: h.slot, vendor_err });
+                done += 1;
+            }
+        }
+        Ok(done)
+    }
+
+    /// Polls until at least one request completed or `timeout` passed, calling `f` as
+    /// [`poll`](Self::poll) does. [`Duration::MAX`] waits without a deadline.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] when nothing completed in time (also when nothing is in flight);
+    /// as `poll`.
+    pub fn wait(&mut self, timeout: Duration, mut f: impl FnMut(Completion<'res>)) -> Result<usize> {
+        let deadline = Deadline::after(timeout);
+        loop {
+            let n = self.poll(&mut f)?;
+            if n > 0 {
+                return Ok(n);
+            }
+            if deadline.has_passed() {
+                return Err(Error::Timeout { what: "send completions", after: timeout });
+            }
+        }
+    }
+
+    /// Polls until nothing is in flight or `timeout` passed, calling `f` as
+    /// [`poll`](Self::poll) does.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] when requests are still in flight at the deadline; as `poll`.
+    pub fn drain(&mut self, timeout: Duration, mut f: impl FnMut(Completion<'res>)) -> Result<()> {
+        let deadline = Deadline::after(timeout);
+        while !self.held.is_empty() {
+            self.poll(&mut f)?;
+            if !self.held.is_empty() && deadline.has_passed() {
+                return Err(Error::Timeout { what: "draining a send queue", after: timeout });
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes sure the device no longer uses any slot in flight, so they may return to the pool:
+    /// see the type's docs. `false` if the device refused even a reset.
+    fn quiesce(&mut self) -> bool {
+        use ffi::ibv_qp_state::{IBV_QPS_ERR, IBV_QPS_RESET};
+        if Arc::strong_count(&self.qp) > 1 {
+            for flush in [false, true] {
+                let deadline = Deadline::after(self.drain_timeout);
+                loop {
+                    let _ = self.poll(drop);
+                    if self.held.is_empty() {
+                        return true;
+                    }
+                    if deadline.has_passed() {
+                        break;
+                    }
+                }
+                if !flush {
+                    let _ = self.qp.set_state(IBV_QPS_ERR);
+                }
+            }
+        }
+        // Reset removes every request without a completion: the device stops using them.
+        if self.qp.set_state(IBV_QPS_RESET).is_ok() {
+            while self.poll(drop).is_ok_and(|n| n > 0) {}
+            return true;
+        }
+        false
+    }
+}
+
+impl<T: Connected> Drop for SendQueue<'_, T> {
+    fn drop(&mut self) {
+        self.staged.clear();
+        if !self.held.is_empty() && !self.quiesce() {
+            for h in self.held.drain(..) {
+                // The device may still use the slot: never hand it out again.
+                std::mem::forget(h.slot);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tags_tell_generations_and_scopes_apart() {
+        let (a, b) = (next_generation(), next_generation());
+        assert_ne!(a, b);
+        let id = tag(a, 12345);
+        assert_eq!(untag(id, a), Some(12345));
+        assert_eq!(untag(id, b), None);
+        assert_eq!(id & (1 << 63), 0, "a posting scope's tag bit stays clear");
+        assert_eq!(untag(12345, a), None, "an untagged wr_id is nobody's");
+        assert_eq!(untag(1 << 63 | 1 << 62 | a << GEN_SHIFT | 5, a), None, "a scope's receive is not ours");
+        assert_eq!(untag(tag(a, LOW_MASK + 7), a), Some(6), "sequence numbers wrap in the low bits");
+    }
+}

@@ -1,0 +1,275 @@
+//! Device tests of the pipelined data path: slot pools, send queues, receive rings, file I/O,
+//! and resources owned by threads.
+
+mod common;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use rdma_verbs::*;
+
+const LONG: Duration = Duration::from_secs(60);
+
+fn caps(send: u32, recv: u32) -> QpCaps {
+    QpCaps { max_send_wr: send, max_recv_wr: recv, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 64 }
+}
+
+/// The pattern the stream test writes for sequence number `seq`.
+fn fill(slot: &mut Slot<'_>, seq: u32) {
+    let bytes = slot.as_mut_slice().unwrap();
+    for (i, chunk) in bytes.chunks_mut(4).enumerate() {
+        chunk.copy_from_slice(&(seq.wrapping_mul(2_654_435_761) ^ i as u32).to_le_bytes()[..chunk.len()]);
+    }
+}
+
+fn expected(seq: u32, len: usize, out: &mut Vec<u8>) {
+    out.clear();
+    for i in 0..len.div_ceil(4) {
+        out.extend_from_slice(&(seq.wrapping_mul(2_654_435_761) ^ i as u32).to_le_bytes());
+    }
+    out.truncate(len);
+}
+
+/// imm of a stream write: which of the receiver's slots (high 8 bits) and the sequence number.
+fn imm_of(k: u32, seq: u32) -> u32 {
+    k << 24 | seq
+}
+
+#[test]
+fn a_write_stream_reuses_16_slots_a_thousand_times_each() {
+    let topo = testkit::require_topology!();
+    const SLOTS: u32 = 16;
+    const SLOT: usize = 4096;
+    const TOTAL: u32 = SLOTS * 1000 + SLOTS;
+    let (ctx_s, pd_s) = open_shared(&topo.client.device); // sender on rxe1
+    let (ctx_r, pd_r) = open_shared(&topo.server.device); // receiver on rxe0
+    let qp_s = owned_qp(&topo, &ctx_s, &pd_s, caps(64, 64), 128, AccessFlags::LOCAL_WRITE);
+    let qp_r = owned_qp(&topo, &ctx_r, &pd_r, caps(64, 64), 128, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE);
+    let (qp_s, qp_r) = connect_pair(&topo, qp_s, qp_r);
+    // The receiver's slots, remotely writable: granted to the sender once.
+    let granted = SlotPool::new(pd_r.clone(), SLOT, SLOTS, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).unwrap();
+    let targets: Vec<Slot<'static>> = (0..SLOTS).map(|_| granted.try_take().unwrap()).collect();
+    let grants: Vec<RemoteRegion> = targets.iter().map(Slot::remote).collect();
+
+    let receiver = std::thread::spawn(move || {
+        let notes = SlotPool::new(pd_r.clone(), 64, 64, AccessFlags::LOCAL_WRITE).unwrap();
+        let mut ring = RecvRing::new(&qp_r, notes, 32, T).unwrap();
+        let mut credits = SendQueue::new(&qp_r, T).unwrap();
+        let mut want = Vec::with_capacity(SLOT);
+        let mut got = vec![0u8; SLOT];
+        for n in 0..TOTAL {
+            let msg = ring.next(LONG).unwrap();
+            msg.ok().unwrap();
+            assert!(msg.is_write_with_imm() && msg.bytes().is_empty(), "{msg:?}");
+            assert_eq!(msg.write_len() as usize, SLOT);
+            let imm = msg.imm().unwrap();
+            let (k, seq) = (imm >> 24, imm & 0xff_ffff);
+            assert_eq!(seq, n, "writes arrive in order");
+            ring.release(msg).unwrap();
+            // The data is there: read it (a copy: peers may write this pool) and check it.
+            targets[k as usize].read_at(0, &mut got).unwrap();
+            expected(seq, SLOT, &mut want);
+            assert!(got == want, "write {seq} into slot {k} arrived corrupted");
+            // Give slot k back to the sender.
+            while credits.room() == 0 {
+                credits.wait(LONG, |c| c.ok().unwrap()).unwrap();
+            }
+            credits.send_inline(&[], Some(k), u64::from(seq)).unwrap();
+            credits.poll(|c| c.ok().unwrap()).unwrap();
+        }
+        credits.drain(LONG, |c| c.ok().unwrap()).unwrap();
+        (ctx_r, granted)
+    });
+
+    let notes = SlotPool::new(pd_s.clone(), 64, 64, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut ring = RecvRing::new(&qp_s, notes, 32, T).unwrap();
+    let pool = SlotPool::new(pd_s.clone(), SLOT, SLOTS, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut sq = SendQueue::new(&qp_s, T).unwrap();
+    let mut free: VecDeque<Slot<'static>> = (0..SLOTS).map(|_| pool.try_take().unwrap()).collect();
+    let mut remote_free: VecDeque<u32> = (0..SLOTS).collect();
+    let mut uses = [0u32; SLOTS as usize];
+    let mut max_in_flight = 0;
+    let (mut seq, start) = (0u32, Instant::now());
+    while seq < TOTAL {
+        while let Some(msg) = ring.try_next().unwrap() {
+            msg.ok().unwrap();
+            remote_free.push_back(msg.imm().unwrap());
+            ring.release(msg).unwrap();
+        }
+        sq.poll(|c| {
+            c.ok().unwrap();
+            free.push_back(c.slot.expect("a write's slot comes back"));
+        })
+        .unwrap();
+        let mut batch = 0;
+        while seq < TOTAL && !free.is_empty() && !remote_free.is_empty() {
+            let (mut slot, k) = (free.pop_front().unwrap(), remote_free.pop_front().unwrap());
+            fill(&mut slot, seq);
+            uses[slot.index() as usize] += 1;
+            sq.push(Request::write(slot, SLOT, grants[k as usize]).with_imm(imm_of(k, seq))).unwrap();
+            seq += 1;
+            batch += 1;
+        }
+        if batch > 0 {
+            sq.submit().unwrap();
+            max_in_flight = max_in_flight.max(sq.in_flight());
+        }
+        assert!(start.elapsed() < Duration::from_secs(300), "stuck at write {seq}");
+    }
+    sq.drain(LONG, |c| c.ok().unwrap()).unwrap();
+    let (_ctx_r, _granted) = receiver.join().expect("the receiver checked every write");
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "{TOTAL} writes of {SLOT} B through {SLOTS} slots in {secs:.1} s ({:.0} MB/s), at most {max_in_flight} in flight",
+        f64::from(TOTAL) * SLOT as f64 / secs / 1e6
+    );
+    assert!(uses.iter().all(|&u| u >= 1000), "every slot was reused 1000+ times: {uses:?}");
+    assert_eq!((free.len(), pool.available()), (SLOTS as usize, 0), "every slot came back from the NIC");
+    drop(free);
+    assert_eq!(pool.available(), SLOTS as usize, "every slot came back to the pool");
+}
+
+/// Sends `total` messages of `len` bytes (each its sequence number, repeated) from `sq`,
+/// keeping up to 64 in flight, with write-with-immediate into `remote` when given.
+fn send_numbered(sq: &mut SendQueue<'static, Rc>, pool: &SlotPool<'static>, total: u32, remote: Option<RemoteRegion>) {
+    let mut seq = 0;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while seq < total {
+        sq.poll(|c| c.ok().unwrap()).unwrap();
+        let mut batch = 0;
+        while seq < total && batch < 16 {
+            let Some(mut slot) = pool.try_take() else { break };
+            slot.as_mut_slice().unwrap()[..8].copy_from_slice(&u64::from(seq).to_le_bytes());
+            let request = match remote {
+                Some(r) => Request::write(slot, 8, r.slice(u64::from(seq % 16) * 8, 8).unwrap()).with_imm(seq),
+                None => Request::send(slot, 8),
+            };
+            sq.push(request).unwrap();
+            seq += 1;
+            batch += 1;
+        }
+        if batch > 0 {
+            sq.submit().unwrap();
+        }
+        assert!(Instant::now() < deadline, "stuck sending message {seq}");
+    }
+    sq.drain(LONG, |c| c.ok().unwrap()).unwrap();
+}
+
+fn ring_pair(
+    topo: &testkit::Topology,
+) -> (Arc<ProtectionDomain<'static>>, QueuePair<'static, Rc, ReadyToSend>, RecvRing<'static>, MemoryRegion<'static>) {
+    let (ctx_s, pd_s) = open_shared(&topo.client.device);
+    let (ctx_r, pd_r) = open_shared(&topo.server.device);
+    let qp_s = owned_qp(topo, &ctx_s, &pd_s, caps(128, 16), 256, AccessFlags::LOCAL_WRITE);
+    let qp_r = owned_qp(topo, &ctx_r, &pd_r, caps(16, 128), 256, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE);
+    // The ring is posted before the connection is established; it stays posted through it.
+    let pool = SlotPool::new(pd_r.clone(), 256, 64, AccessFlags::LOCAL_WRITE).unwrap();
+    let ring = RecvRing::new(&qp_r, pool, 64, T).unwrap();
+    assert_eq!(ring.posted(), 64);
+    let (qp_s, _qp_r) = connect_pair(topo, qp_s, qp_r);
+    let target = MemoryRegion::alloc(pd_r, 16 * 8, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).unwrap();
+    (pd_s, qp_s, ring, target)
+}
+
+#[test]
+fn a_receive_ring_carries_ten_thousand_messages() {
+    let topo = testkit::require_topology!();
+    const TOTAL: u32 = 10_000;
+    let (pd_s, qp_s, mut ring, _target) = ring_pair(&topo);
+    let sender = std::thread::spawn(move || {
+        let pool = SlotPool::new(pd_s, 64, 128, AccessFlags::LOCAL_WRITE).unwrap();
+        let mut sq = SendQueue::new(&qp_s, T).unwrap();
+        send_numbered(&mut sq, &pool, TOTAL, None);
+        (qp_s, sq)
+    });
+    for n in 0..TOTAL {
+        let msg = ring.next(LONG).unwrap();
+        msg.ok().unwrap();
+        // Readable as a plain slice between completion and release.
+        let bytes: &[u8] = msg.bytes();
+        assert_eq!(bytes.len(), 8);
+        assert_eq!(u64::from_le_bytes(bytes.try_into().unwrap()), u64::from(n), "message {n}");
+        assert!(!msg.is_write_with_imm());
+        ring.release(msg).unwrap();
+        assert_eq!(ring.posted(), 64, "every released slot is posted again");
+    }
+    let _ = sender.join().unwrap();
+    assert!(ring.try_next().unwrap().is_none(), "nothing more arrived");
+}
+
+#[test]
+fn a_receive_ring_carries_ten_thousand_writes_with_immediate() {
+    let topo = testkit::require_topology!();
+    const TOTAL: u32 = 10_000;
+    let (pd_s, qp_s, mut ring, target) = ring_pair(&topo);
+    let remote = target.remote();
+    let sender = std::thread::spawn(move || {
+        let pool = SlotPool::new(pd_s, 64, 128, AccessFlags::LOCAL_WRITE).unwrap();
+        let mut sq = SendQueue::new(&qp_s, T).unwrap();
+        send_numbered(&mut sq, &pool, TOTAL, Some(remote));
+        (qp_s, sq)
+    });
+    for n in 0..TOTAL {
+        let msg = ring.next(LONG).unwrap();
+        msg.ok().unwrap();
+        assert!(msg.is_write_with_imm(), "{msg:?}");
+        assert!(msg.bytes().is_empty(), "a write-with-immediate leaves no bytes in the receive");
+        assert_eq!(msg.write_len(), 8, "the length of the peer's write");
+        assert_eq!(msg.imm(), Some(n));
+        ring.release(msg).unwrap();
+    }
+    let _ = sender.join().unwrap();
+    // The last 16 writes' data landed where they were aimed.
+    for k in 0..16u32 {
+        let seq = TOTAL - 16 + k;
+        let mut got = [0u8; 8];
+        target.read_at((seq % 16) as usize * 8, &mut got).unwrap();
+        assert_eq!(u64::from_le_bytes(got), u64::from(seq));
+    }
+}
+
+#[test]
+fn hundreds_of_writes_stay_in_flight_with_one_signal_per_batch() {
+    let topo = testkit::require_topology!();
+    let (ctx_s, pd_s) = open_shared(&topo.client.device);
+    let (ctx_r, pd_r) = open_shared(&topo.server.device);
+    let qp_s = owned_qp(&topo, &ctx_s, &pd_s, caps(512, 16), 1024, AccessFlags::LOCAL_WRITE);
+    let qp_r = owned_qp(&topo, &ctx_r, &pd_r, caps(16, 16), 64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE);
+    let (qp_s, _qp_r) = connect_pair(&topo, qp_s, qp_r);
+    let target = MemoryRegion::alloc(pd_r, 512 * 1024, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).unwrap();
+    let pool = SlotPool::new(pd_s, 1024, 512, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut sq = SendQueue::new(&qp_s, T).unwrap();
+    assert_eq!(sq.depth(), 512);
+    // 16 chains of 32 writes, one doorbell and one signaled completion each.
+    for chain in 0..16u64 {
+        for i in 0..32u64 {
+            let n = chain * 32 + i;
+            let mut slot = pool.try_take().unwrap();
+            slot.as_mut_slice().unwrap().fill(n as u8);
+            let at = target.remote().slice(n * 1024, 1024).unwrap();
+            sq.push(Request::write(slot, 1024, at).with_wr_id(n)).unwrap();
+        }
+        assert_eq!(sq.submit().unwrap(), 32);
+    }
+    assert!(sq.in_flight() >= 256, "{} in flight", sq.in_flight());
+    assert_eq!(pool.available(), 0);
+    let full = pool.try_take();
+    assert!(full.is_none(), "every slot is with the NIC");
+    assert_eq!(sq.room(), 0);
+    let mut ids = Vec::new();
+    sq.drain(LONG, |c| {
+        c.ok().unwrap();
+        ids.push(c.wr_id);
+        assert!(c.slot.is_some());
+    })
+    .unwrap();
+    assert_eq!(ids, (0..512).collect::<Vec<_>>(), "every request completed, in order");
+    assert_eq!(pool.available(), 512);
+    for n in [0usize, 255, 511] {
+        assert!(read(&target, n * 1024, 1024).iter().all(|&b| b == n as u8), "write {n} landed");
+    }
+}
+
