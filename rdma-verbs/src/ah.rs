@@ -64,7 +64,7 @@ impl AddressVector {
 #[derive(Debug)]
 pub struct AddressHandle<'pd> {
     raw: NonNull<ffi::ibv_ah>,
-    _pd: Parent<'pd, ProtectionDomain<'pd>>,
+    pd: Parent<'pd, ProtectionDomain<'pd>>,
 }
 
 // SAFETY: an AH is immutable after creation; verbs using it are thread-safe.
@@ -100,7 +100,8 @@ impl<'pd> AddressHandle<'pd> {
         // SAFETY: live PD (held by `pd`) and a fully initialised attribute struct.
         let raw = unsafe { ffi::ibv_create_ah(pd.as_raw(), &mut attr) };
         let raw = NonNull::new(raw).ok_or_else(|| Error::last_os_error("ibv_create_ah", Some(pd.context().name())))?;
-        Ok(AddressHandle { raw, _pd: pd })
+        pd.context().registry().add(crate::registry::Kind::Ah, raw.as_ptr());
+        Ok(AddressHandle { raw, pd })
     }
 }
 
@@ -117,6 +118,8 @@ impl Drop for AddressHandle<'_> {
         // SAFETY: created by `ibv_create_ah`, destroyed only here. Requests in flight do not use
         // the handle's memory (providers copy the address, or look the handle up by number, at
         // post time), so destroying it can at worst make such a request fail.
-        let _ = unsafe { ffi::ibv_destroy_ah(self.raw.as_ptr()) };
+        if unsafe { ffi::ibv_destroy_ah(self.raw.as_ptr()) } == 0 {
+            self.pd.context().registry().remove(self.raw.as_ptr());
+        }
     }
 }

@@ -33,6 +33,7 @@ pub struct Context {
     raw: NonNull<ffi::ibv_context>,
     name: String,
     attr: DeviceAttr,
+    registry: crate::registry::Registry,
 }
 
 // SAFETY: libibverbs' device verbs are thread-safe (rdma-core documents every verb as safe to call
@@ -71,7 +72,7 @@ impl Context {
         let raw = NonNull::new(raw).ok_or_else(|| Error::last_os_error("ibv_open_device", Some(name)))?;
         // The limits are kept: requests over them are rejected by name before any verb is called.
         let attr = query_device(raw, name);
-        let ctx = attr.map(|attr| Context { raw, name: name.to_owned(), attr });
+        let ctx = attr.map(|attr| Context { raw, name: name.to_owned(), attr, registry: Default::default() });
         let ctx = match ctx {
             Ok(ctx) => ctx,
             Err(e) => {
@@ -219,6 +220,11 @@ impl Context {
         Ok(())
     }
 
+    /// The objects of this context still alive.
+    pub(crate) fn registry(&self) -> &crate::registry::Registry {
+        &self.registry
+    }
+
     pub(crate) fn check_port_arg(&self, verb: &'static str, port: u8) -> Result<()> {
         self.check_port(verb, port)
     }
@@ -252,6 +258,9 @@ fn query_device(raw: NonNull<ffi::ibv_context>, name: &str) -> Result<DeviceAttr
 impl Drop for Context {
     #[doc(alias = "ibv_close_device")]
     fn drop(&mut self) {
+        // SAFETY: this is the context's drop: every object still registered belongs to a
+        // wrapper that was forgotten (see `registry`), so nothing will use it again.
+        unsafe { self.registry.destroy_leftovers() };
         // SAFETY: `raw` was opened by `ibv_open_device` and is closed only here; every resource
         // made from it borrows `self`, so none is alive any more.
         // It fails only while resources of the context are alive, which the borrows rule out;

@@ -76,6 +76,7 @@ impl<'ctx> CompletionChannel<'ctx> {
         // SAFETY: `as_raw()` is an open context, kept open by `ctx`.
         let raw = unsafe { ffi::ibv_create_comp_channel(ctx.as_raw()) };
         let raw = NonNull::new(raw).ok_or_else(|| Error::last_os_error("ibv_create_comp_channel", Some(ctx.name())))?;
+        ctx.registry().add(crate::registry::Kind::Channel, raw.as_ptr());
         let channel = CompletionChannel { raw, ctx };
         // Non-blocking, so that a thread that lost an event to another (both saw the fd
         // readable) gets EAGAIN and waits again instead of blocking past its timeout.
@@ -119,6 +120,7 @@ impl<'ctx> CompletionQueue<'ctx> {
         let raw = NonNull::new(raw).ok_or_else(|| Error::last_os_error("ibv_create_cq", Some(ctx.name())))?;
         // SAFETY: just created; `cqe` is the capacity the provider granted (at least `entries`).
         let capacity = u32::try_from(unsafe { raw.as_ref().cqe }).unwrap_or(entries).max(entries);
+        ctx.registry().add(crate::registry::Kind::Cq, raw.as_ptr());
         Ok(CompletionQueue { raw, ctx, channel, capacity, users: AtomicUsize::new(0) })
     }
 }
@@ -240,7 +242,9 @@ impl Drop for CompletionChannel<'_> {
     fn drop(&mut self) {
         // SAFETY: created by `ibv_create_comp_channel`, destroyed only here, after every CQ
         // that borrows it.
-        let _ = unsafe { ffi::ibv_destroy_comp_channel(self.raw.as_ptr()) };
+        if unsafe { ffi::ibv_destroy_comp_channel(self.raw.as_ptr()) } == 0 {
+            self.ctx.registry().remove(self.raw.as_ptr());
+        }
     }
 }
 
@@ -423,7 +427,9 @@ impl Drop for CompletionQueue<'_> {
     fn drop(&mut self) {
         // SAFETY: created by `ibv_create_cq`, destroyed only here; QPs using it borrow it, and
         // every event of it was acknowledged when it was received (`CompletionChannel::wait`).
-        let _ = unsafe { ffi::ibv_destroy_cq(self.raw.as_ptr()) };
+        if unsafe { ffi::ibv_destroy_cq(self.raw.as_ptr()) } == 0 {
+            self.ctx.registry().remove(self.raw.as_ptr());
+        }
     }
 }
 

@@ -129,6 +129,7 @@ pub mod pool;
 mod port;
 pub mod qp;
 mod recv_ring;
+mod registry;
 mod scope;
 mod send_queue;
 mod srq;

@@ -378,6 +378,7 @@ impl<'pd, B: RegisteredBuffer> MemoryRegion<'pd, B> {
         // owns until it deregisters (RegisteredBuffer's contract); the PD is held by `pd`.
         let raw = unsafe { ffi::ibv_reg_mr(pd.as_raw(), ptr.cast(), len, access.bits() as libc::c_int) };
         let raw = NonNull::new(raw).ok_or_else(|| Error::last_os_error("ibv_reg_mr", dev))?;
+        pd.context().registry().add(crate::registry::Kind::Mr, raw.as_ptr());
         Ok(MemoryRegion { raw, buf: Some(buf), ptr, len, access, pd })
     }
 
@@ -532,6 +533,7 @@ impl<'pd, B: RegisteredBuffer> MemoryRegion<'pd, B> {
         if rc != 0 {
             return Err(Error::from_errno("ibv_dereg_mr", Some(self.pd.context().name()), rc));
         }
+        self.pd.context().registry().remove(self.raw.as_ptr());
         Ok(self.buf.take().expect("buffer present until into_inner"))
     }
 
@@ -564,6 +566,8 @@ impl<B: RegisteredBuffer> Drop for MemoryRegion<'_, B> {
             if rc != 0 {
                 // The NIC may still reach the buffer: leak it rather than free memory it could write.
                 std::mem::forget(self.buf.take());
+            } else {
+                self.pd.context().registry().remove(self.raw.as_ptr());
             }
         }
     }

@@ -66,6 +66,7 @@ impl<'ctx> ProtectionDomain<'ctx> {
         // SAFETY: `as_raw()` is an open context, kept open by `ctx` for the PD's life.
         let raw = unsafe { ffi::ibv_alloc_pd(ctx.as_raw()) };
         let raw = NonNull::new(raw).ok_or_else(|| Error::last_os_error("ibv_alloc_pd", Some(ctx.name())))?;
+        ctx.registry().add(crate::registry::Kind::Pd, raw.as_ptr());
         Ok(ProtectionDomain { raw, ctx })
     }
 
@@ -85,6 +86,8 @@ impl Drop for ProtectionDomain<'_> {
     fn drop(&mut self) {
         // SAFETY: allocated by `ibv_alloc_pd`, deallocated only here; everything made from it
         // borrows `self` and is gone. A failure (EBUSY) cannot happen for that reason.
-        let _ = unsafe { ffi::ibv_dealloc_pd(self.raw.as_ptr()) };
+        if unsafe { ffi::ibv_dealloc_pd(self.raw.as_ptr()) } == 0 {
+            self.ctx.registry().remove(self.raw.as_ptr());
+        }
     }
 }

@@ -312,6 +312,8 @@ impl<'res, T: Connected> SendQueue<'res, T> {
     /// [`room`](Self::room) is 0, or [`Error::InvalidArgument`] when its length exceeds the slot
     /// or the remote region, the slot's pool is of another protection domain, or a READ is
     /// posted on UC or into a pool without `LOCAL_WRITE`.
+    // The refused request comes back by value: boxing it would allocate on the refusal path.
+    #[allow(clippy::result_large_err)]
     pub fn push(&mut self, request: Request<'res>) -> std::result::Result<(), Rejected<'res>> {
         match self.check(&request) {
             Ok(()) => {
@@ -372,6 +374,8 @@ impl<'res, T: Connected> SendQueue<'res, T> {
     /// # Errors
     /// As [`push`](Self::push) (nothing posted), and as [`submit`](Self::submit), which gives
     /// the request back too if it was not posted.
+    // The refused request comes back by value: boxing it would allocate on the refusal path.
+    #[allow(clippy::result_large_err)]
     pub fn post(&mut self, request: Request<'res>) -> std::result::Result<(), Rejected<'res>> {
         self.push(request)?;
         match self.submit() {

@@ -69,6 +69,7 @@ impl<'pd> SharedReceiveQueue<'pd> {
         let raw = unsafe { ffi::ibv_create_srq(pd.as_raw(), &mut attr) };
         let raw = NonNull::new(raw).ok_or_else(|| Error::last_os_error("ibv_create_srq", Some(ctx.name())))?;
         let device = ctx.name().to_owned();
+        ctx.registry().add(crate::registry::Kind::Srq, raw.as_ptr());
         Ok(SharedReceiveQueue {
             raw,
             max_wr: attr.attr.max_wr.max(max_wr),
@@ -105,6 +106,7 @@ impl<'pd> SharedReceiveQueue<'pd> {
         if rc != 0 {
             return Err(Error::from_errno("ibv_destroy_srq", Some(&this.device), rc));
         }
+        this.pd.context().registry().remove(this.raw.as_ptr());
         // SAFETY: the fields are moved out once, from a value that is never dropped.
         drop(unsafe { (std::ptr::read(&this.device), std::ptr::read(&this.pd)) });
         Ok(())
@@ -154,6 +156,8 @@ impl Drop for SharedReceiveQueue<'_> {
     #[doc(alias = "ibv_destroy_srq")]
     fn drop(&mut self) {
         // SAFETY: created by `ibv_create_srq`, destroyed only here, after the QPs borrowing it.
-        let _ = unsafe { ffi::ibv_destroy_srq(self.raw.as_ptr()) };
+        if unsafe { ffi::ibv_destroy_srq(self.raw.as_ptr()) } == 0 {
+            self.pd.context().registry().remove(self.raw.as_ptr());
+        }
     }
 }

@@ -49,7 +49,8 @@ fn a_write_stream_reuses_16_slots_a_thousand_times_each() {
     let qp_r = owned_qp(&topo, &ctx_r, &pd_r, caps(64, 64), 128, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE);
     let (qp_s, qp_r) = connect_pair(&topo, qp_s, qp_r);
     // The receiver's slots, remotely writable: granted to the sender once.
-    let granted = SlotPool::new(pd_r.clone(), SLOT, SLOTS, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).unwrap();
+    let granted =
+        SlotPool::new(pd_r.clone(), SLOT, SLOTS, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).unwrap();
     let targets: Vec<Slot<'static>> = (0..SLOTS).map(|_| granted.try_take().unwrap()).collect();
     let grants: Vec<RemoteRegion> = targets.iter().map(Slot::remote).collect();
 
@@ -118,7 +119,11 @@ fn a_write_stream_reuses_16_slots_a_thousand_times_each() {
         }
         assert!(start.elapsed() < Duration::from_secs(300), "stuck at write {seq}");
     }
-    sq.drain(LONG, |c| c.ok().unwrap()).unwrap();
+    sq.drain(LONG, |c| {
+        c.ok().unwrap();
+        free.push_back(c.slot.unwrap());
+    })
+    .unwrap();
     let (_ctx_r, _granted) = receiver.join().expect("the receiver checked every write");
     let secs = start.elapsed().as_secs_f64();
     println!(
@@ -272,4 +277,3 @@ fn hundreds_of_writes_stay_in_flight_with_one_signal_per_batch() {
         assert!(read(&target, n * 1024, 1024).iter().all(|&b| b == n as u8), "write {n} landed");
     }
 }
-

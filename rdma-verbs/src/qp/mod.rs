@@ -155,7 +155,9 @@ impl Drop for Inner<'_> {
         // SAFETY: created by `ibv_create_qp`, destroyed only here. Requests still in flight are
         // discarded by the device; the memory they name stays registered (regions outlive no
         // borrow they do not have) or was deregistered, which revoked the NIC's access.
-        let _ = unsafe { ffi::ibv_destroy_qp(self.raw.as_ptr()) };
+        if unsafe { ffi::ibv_destroy_qp(self.raw.as_ptr()) } == 0 {
+            self.pd.context().registry().remove(self.raw.as_ptr());
+        }
     }
 }
 
@@ -266,6 +268,7 @@ impl<'res, T: Transport> QueuePair<'res, T, Reset> {
             max_recv_sge: attr.cap.max_recv_sge,
             max_inline_data: attr.cap.max_inline_data,
         };
+        pd.context().registry().add(crate::registry::Kind::Qp, raw.as_ptr());
         let inner = Inner {
             raw,
             pd,
