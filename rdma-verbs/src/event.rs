@@ -188,6 +188,14 @@ impl Context {
         AsyncEvents { ctx: self, timeout }
     }
 
+    /// The file descriptor, non-blocking, that becomes readable when an asynchronous event is
+    /// pending, borrowed for `poll`/`epoll` (or an async runtime's readiness API); then take
+    /// the event with [`try_next_async_event`](Self::try_next_async_event).
+    pub fn async_event_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        // SAFETY: the fd belongs to the open context and stays open as long as `self`.
+        unsafe { std::os::fd::BorrowedFd::borrow_raw(self.async_fd()) }
+    }
+
     /// The file descriptor that becomes readable when an asynchronous event is pending, for
     /// `poll`/`epoll`.
     pub fn async_fd(&self) -> RawFd {

@@ -40,36 +40,63 @@
 //! # Ok(()) }
 //! ```
 //!
-//! # Keeping resources together
-//! Borrows make a struct that owns a context *and* its PD self-referential. Three ways out, in
-//! order of preference:
-//! 1. **Lend the stack**: build the context, PD and CQs in `main` (or a setup function's frame)
-//!    and pass references down, or hand a closure a struct of references.
-//! 2. **Threads** borrow the same way through [`std::thread::scope`]. Every wrapper is `Send`,
-//!    and `Sync` where libibverbs is thread-safe; a [`MemoryRegion`] is `Send` but not `Sync`
-//!    (its bytes are copied through `&self`), so it moves into the thread that uses it.
-//! 3. **Process-lifetime resources**: leak the parents once and keep `'static` references in
-//!    any struct (the device is released at process exit):
+//! # Keeping resources together: borrow or share
+//! Every resource holds its parent through a [`Parent`]: a **borrow** (the compile-time ties
+//! above, no run-time cost) or an **`Arc`** (the parent lives as long as its children), chosen
+//! by what the constructor is given. Shared parents give `'static` resources that a thread or a
+//! task can own and one struct can store:
 //!
 //! ```no_run
+//! use std::sync::Arc;
+//! use std::time::Duration;
 //! use rdma_verbs::*;
 //!
-//! struct Server {
-//!     pd: &'static ProtectionDomain<'static>,
-//!     cq: &'static CompletionQueue<'static>,
-//!     qp: QueuePair<'static, Rc, Init>,
-//!     buffer: MemoryRegion<'static>,
+//! /// One connection, owned: no borrow ties it to a stack frame.
+//! struct Connection {
+//!     sends: SendQueue<'static, Rc>,
+//!     receives: RecvRing<'static>,
+//!     slots: SlotPool<'static>,
 //! }
 //!
-//! fn server() -> rdma_verbs::Result<Server> {
-//!     let ctx: &'static Context = Box::leak(Box::new(Context::open("rxe0")?));
-//!     let pd: &'static ProtectionDomain<'static> = Box::leak(Box::new(ctx.alloc_pd()?));
-//!     let cq: &'static CompletionQueue<'static> = Box::leak(Box::new(ctx.create_cq(256, None)?));
-//!     let qp = pd.create_qp::<Rc>(QpCreateAttr::new(cq, cq))?.init(InitAttr::new(1))?;
-//!     let buffer = pd.alloc_mr(1 << 20, AccessFlags::LOCAL_WRITE)?;
-//!     Ok(Server { pd, cq, qp, buffer })
+//! fn connect(ctx: &Arc<Context>, pd: &Arc<ProtectionDomain<'static>>, peer: QpEndpoint) -> Result<Connection> {
+//!     let t = Duration::from_secs(1);
+//!     let send_cq = Arc::new(CompletionQueue::new(ctx.clone(), 256, None)?);
+//!     let recv_cq = Arc::new(CompletionQueue::new(ctx.clone(), 256, None)?);
+//!     let qp = QueuePair::<Rc, Reset>::create(pd.clone(), QpCreateAttr::new(send_cq, recv_cq))?
+//!         .init(InitAttr::new(1))?;
+//!     // Receives posted before the connection is up stay posted through it.
+//!     let receives = RecvRing::new(&qp, SlotPool::new(pd.clone(), 4096, 64, AccessFlags::LOCAL_WRITE)?, 64, t)?;
+//!     let mtu = ctx.query_port(1)?.active_mtu;
+//!     let qp = qp.ready_to_receive(&RtrAttr::new(peer, 1, 1, mtu))?.ready_to_send(&RtsAttr::new(0))?;
+//!     let sends = SendQueue::new(&qp, t)?; // holds the QP: `qp` may go
+//!     let slots = SlotPool::new(pd.clone(), 1 << 20, 64, AccessFlags::LOCAL_WRITE)?;
+//!     Ok(Connection { sends, receives, slots })
 //! }
+//!
+//! # fn main() -> Result<()> {
+//! # let peer: QpEndpoint = unimplemented!();
+//! let ctx = Arc::new(Context::open("rxe0")?);
+//! let pd = Arc::new(ProtectionDomain::new(ctx.clone())?);
+//! let conn = connect(&ctx, &pd, peer)?;
+//! std::thread::spawn(move || {
+//!     let Connection { mut sends, mut receives, slots } = conn; // the thread owns it all
+//! #   let _ = (&mut sends, &mut receives, slots);
+//! });
+//! # Ok(()) }
 //! ```
+//!
+//! [`std::thread::scope`] lends borrowed resources to threads too. Every wrapper is `Send`, and
+//! `Sync` where libibverbs is thread-safe; a [`MemoryRegion`] is `Send` but not `Sync` (its bytes
+//! are copied through `&self`), so it moves into the thread that uses it.
+//!
+//! # Pipelines: slots that travel
+//! A [`SlotPool`] carves one registered region into slots. Posting through a [`SendQueue`] moves
+//! each [`Slot`] into its [`Request`]; the request's [`Completion`] gives it back (one signaled
+//! completion per doorbell returns every slot before it). A [`RecvRing`] keeps receives posted
+//! and hands each arrival over as a [`Message`] that owns its slot until it is released. While
+//! the application holds a slot, nothing else can touch it, so it is a plain `&mut [u8]`;
+//! [`Slot::read_file`] and [`Slot::write_file`] move file data with `pread`/`pwrite` straight
+//! into and out of registered memory. Nothing is allocated per request.
 //!
 //! # Safety model
 //! A NIC (and, with a remote key, a peer) writes registered memory behind the compiler's back.
@@ -80,11 +107,16 @@
 //!   remotely writable region. Dropping a region deregisters it before freeing the memory, so a
 //!   request still in flight fails instead of writing freed memory. `Debug` never reads the
 //!   bytes.
-//! - **Posting is `unsafe`, the scope is the safe layer.** [`QueuePair::post_send`] and
-//!   friends state their contract; [`QueuePair::scope`] keeps every region its requests name
+//! - **Posting is `unsafe`; two safe layers sit on it.** [`QueuePair::post_send`] and
+//!   friends state their contract. [`QueuePair::scope`] keeps every region its requests name
 //!   borrowed until it has seen each of *its* requests complete (it tags their `wr_id`s and
 //!   owns the QP's CQs while it runs), on return and on panic, flushing and finally resetting
-//!   the QP if the device does not answer in time. See [`PostScope`].
+//!   the QP if the device does not answer in time. See [`PostScope`]. [`SendQueue`] and
+//!   [`RecvRing`] *move* owned [`Slot`]s into the requests and back out with the completions;
+//!   dropping them mid-flight quiesces the QP (or leaks the slots the device may still reach),
+//!   never hands such a slot out again.
+//! - **Forgetting is sound.** A forgotten value leaks memory, never frees it under the device;
+//!   the verbs objects of forgotten wrappers are destroyed when their context closes.
 //! - **Requests are checked before the provider sees them**: opcode against transport (UD:
 //!   sends with an address handle; UC: sends and writes; RC: everything), inline data only on
 //!   sends and writes and within the QP's limit, RDMA lengths within the [`RemoteRegion`],

@@ -277,6 +277,13 @@ impl<'res> RecvRing<'res> {
         self.posted_count
     }
 
+    /// The CQ this ring owns, to [`arm`](crate::CompletionQueue::arm) it and wait on its
+    /// [channel](crate::CompletionQueue::channel)'s file descriptor before calling
+    /// [`try_next`](Self::try_next). Polling it directly is refused while the ring lives.
+    pub fn cq(&self) -> &CompletionQueue<'res> {
+        self.cq.cq()
+    }
+
     /// The pool the slots come from.
     pub fn pool(&self) -> &SlotPool<'res> {
         &self.pool

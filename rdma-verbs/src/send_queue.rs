@@ -234,6 +234,10 @@ pub struct SendQueue<'res, T: Connected> {
     wrs: Vec<ffi::ibv_send_wr>,
     sges: Vec<ffi::ibv_sge>,
     wcs: [WorkCompletion; POLL_BATCH],
+    /// Completions taken from the CQ and not yet delivered (`wcs[wc_next..wc_len]`): kept
+    /// if a callback panics, so none is lost.
+    wc_next: usize,
+    wc_len: usize,
     drain_timeout: Duration,
     _transport: PhantomData<T>,
 }
@@ -274,6 +278,8 @@ impl<'res, T: Connected> SendQueue<'res, T> {
             wrs: Vec::with_capacity(depth + 1),
             sges: Vec::with_capacity(depth + 1),
             wcs: [WorkCompletion::default(); POLL_BATCH],
+            wc_next: 0,
+            wc_len: 0,
             drain_timeout,
             _transport: PhantomData,
         })
@@ -297,6 +303,14 @@ impl<'res, T: Connected> SendQueue<'res, T> {
     /// How many more requests can be pushed now.
     pub fn room(&self) -> usize {
         self.depth - self.held.len() - self.staged.len()
+    }
+
+    /// The send CQ this queue owns, to [`arm`](crate::CompletionQueue::arm) it and wait on its
+    /// [channel](crate::CompletionQueue::channel)'s file descriptor (`poll`/`epoll`, or an
+    /// async runtime) before calling [`poll`](Self::poll). Polling it directly is refused
+    /// ([`Error::Busy`]) while the queue lives.
+    pub fn cq(&self) -> &crate::CompletionQueue<'res> {
+        self.cq.cq()
     }
 
     /// The QP's number.
@@ -505,31 +519,40 @@ impl<'res, T: Connected> SendQueue<'res, T> {
     /// [`Error::Verb`] when polling fails.
     #[doc(alias = "ibv_poll_cq")]
     pub fn poll(&mut self, mut f: impl FnMut(Completion<'res>)) -> Result<usize> {
-        let got = self.cq.poll(&mut self.wcs)?.len();
-        let qp_num = self.qp.qp_num();
+        if self.wc_next == self.wc_len {
+            self.wc_next = 0;
+            self.wc_len = 0;
+            self.wc_len = self.cq.poll(&mut self.wcs)?.len();
+        }
         let mut done = 0;
-        for i in 0..got {
-            let wc = self.wcs[i];
-            if wc.qp_num() != qp_num {
-                continue;
+        while self.wc_next < self.wc_len {
+            let wc = self.wcs[self.wc_next];
+            if let Some(seq) = self.sequence_of(&wc) {
+                while self.held.front().is_some_and(|h| h.seq <= seq) {
+                    let h = self.held.pop_front().expect("checked");
+                    let (status, vendor_err) =
+                        if h.seq == seq { (wc.status(), wc.vendor_err()) } else { (WcStatus::Success, 0) };
+                    done += 1;
+                    // If `f` panics, this slot goes back to the pool (the device is done with
+                    // it), and the completion stays in `wcs`: the next poll delivers the rest.
+                    f(Completion { wr_id: h.wr_id, status, slot: h.slot, vendor_err });
+                }
             }
-            let (Some(low), Some(front)) = (untag(wc.wr_id(), self.generation), self.held.front()) else {
-                continue;
-            };
-            // The full sequence number from its low bits: in flight means within 2^40 of the front.
-            let seq = front.seq + (low.wrapping_sub(front.seq) & LOW_MASK);
-            if seq >= self.next_seq {
-                continue;
-            }
-            while self.held.front().is_some_and(|h| h.seq <= seq) {
-                let h = self.held.pop_front().expect("checked");
-                let (status, vendor_err) =
-                    if h.seq == seq { (wc.status(), wc.vendor_err()) } else { (WcStatus::Success, 0) };
-                f(Completion { wr_id: h.wr_id, status, slot: h.slot, vendor_err });
-                done += 1;
-            }
+            self.wc_next += 1;
         }
         Ok(done)
+    }
+
+    /// The sequence number a completion is for, if it is one of this queue's requests in flight.
+    fn sequence_of(&self, wc: &WorkCompletion) -> Option<u64> {
+        if wc.qp_num() != self.qp.qp_num() {
+            return None;
+        }
+        let low = untag(wc.wr_id(), self.generation)?;
+        let front = self.held.front()?;
+        // The full number from its low bits: in flight means within 2^40 of the oldest held.
+        let seq = front.seq + (low.wrapping_sub(front.seq) & LOW_MASK);
+        (seq < self.next_seq).then_some(seq)
     }
 
     /// Polls until at least one request completed or `timeout` passed, calling `f` as

@@ -277,3 +277,83 @@ fn hundreds_of_writes_stay_in_flight_with_one_signal_per_batch() {
         assert!(read(&target, n * 1024, 1024).iter().all(|&b| b == n as u8), "write {n} landed");
     }
 }
+
+#[test]
+fn a_panic_in_a_completion_callback_loses_no_slot() {
+    let topo = testkit::require_topology!();
+    let (ctx_s, pd_s) = open_shared(&topo.client.device);
+    let (ctx_r, pd_r) = open_shared(&topo.server.device);
+    let qp_s = owned_qp(&topo, &ctx_s, &pd_s, caps(64, 16), 128, AccessFlags::LOCAL_WRITE);
+    let qp_r = owned_qp(&topo, &ctx_r, &pd_r, caps(16, 16), 64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE);
+    let (qp_s, _qp_r) = connect_pair(&topo, qp_s, qp_r);
+    let target = MemoryRegion::alloc(pd_r, 4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).unwrap();
+    let pool = SlotPool::new(pd_s, 64, 8, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut sq = SendQueue::new(&qp_s, T).unwrap();
+    // One doorbell of 8 writes: one signaled completion covers all 8.
+    for i in 0..8 {
+        sq.push(Request::write(pool.try_take().unwrap(), 64, target.remote()).with_wr_id(i)).unwrap();
+    }
+    sq.submit().unwrap();
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + T;
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        while Instant::now() < deadline {
+            sq.poll(|c| {
+                seen.push(c.wr_id);
+                assert!(c.wr_id != 2, "the application's callback fails on request 2");
+            })
+            .unwrap();
+        }
+    }));
+    assert!(panicked.is_err());
+    assert_eq!(seen, [0, 1, 2]);
+    // The panic dropped the slot of request 2 (back to the pool) and kept its completion: the
+    // next poll delivers requests 3..8 without waiting for another completion.
+    let mut rest = Vec::new();
+    let mut kept = Vec::new();
+    sq.poll(|c| {
+        rest.push(c.wr_id);
+        kept.push(c.slot.unwrap());
+    })
+    .unwrap();
+    assert_eq!(rest, [3, 4, 5, 6, 7]);
+    assert_eq!(sq.in_flight(), 0);
+    assert_eq!(pool.available(), 3, "slots 0-2 went back to the pool, 3-7 are held here");
+    drop(kept);
+    assert_eq!(pool.available(), 8);
+}
+
+/// What an async front does: wait for the ring's CQ through its channel's non-blocking fd with
+/// `poll(2)`, then take the message without blocking.
+#[test]
+fn a_ring_is_driven_by_readiness_of_its_channel_fd() {
+    use std::os::fd::AsRawFd;
+    let topo = testkit::require_topology!();
+    let ctx_s = Context::open(&topo.client.device).unwrap();
+    let ctx_r = Context::open(&topo.server.device).unwrap();
+    let (pd_s, pd_r) = (ctx_s.alloc_pd().unwrap(), ctx_r.alloc_pd().unwrap());
+    let channel = ctx_r.create_completion_channel().unwrap();
+    let (scq_s, rcq_s) = (ctx_s.create_cq(16, None).unwrap(), ctx_s.create_cq(16, None).unwrap());
+    let (scq_r, rcq_r) = (ctx_r.create_cq(16, None).unwrap(), ctx_r.create_cq(16, Some(&channel)).unwrap());
+    let init = InitAttr::new(topo.port).access(AccessFlags::LOCAL_WRITE);
+    let qp_s = pd_s.create_qp::<Rc>(QpCreateAttr::new(&scq_s, &rcq_s).caps(caps(16, 16))).unwrap().init(init).unwrap();
+    let qp_r = pd_r.create_qp::<Rc>(QpCreateAttr::new(&scq_r, &rcq_r).caps(caps(16, 16))).unwrap().init(init).unwrap();
+    let mut ring = RecvRing::new(&qp_r, SlotPool::new(&pd_r, 64, 4, AccessFlags::LOCAL_WRITE).unwrap(), 4, T).unwrap();
+    let (qp_s, _qp_r) = connect_pair(&topo, qp_s, qp_r);
+    let mut sq = SendQueue::new(&qp_s, T).unwrap();
+    for round in 0..3u8 {
+        assert!(ring.try_next().unwrap().is_none(), "nothing yet, and no blocking");
+        ring.cq().arm(false).unwrap();
+        sq.send_inline(&[round; 5], None, 0).unwrap();
+        let mut pfd = libc::pollfd { fd: ring.cq().channel().unwrap().as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd.
+        let ready = unsafe { libc::poll(&mut pfd, 1, 5000) };
+        assert_eq!(ready, 1, "the channel's fd became readable");
+        let event = channel.try_next().unwrap().expect("an event is pending");
+        assert!(event.is_for(ring.cq()));
+        let msg = ring.try_next().unwrap().expect("the message is there once the fd was readable");
+        assert_eq!(msg.bytes(), &[round; 5]);
+        ring.release(msg).unwrap();
+        sq.drain(T, |c| c.ok().unwrap()).unwrap();
+    }
+}
