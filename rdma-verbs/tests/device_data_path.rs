@@ -357,3 +357,62 @@ fn a_ring_is_driven_by_readiness_of_its_channel_fd() {
         sq.drain(T, |c| c.ok().unwrap()).unwrap();
     }
 }
+
+#[test]
+fn one_srq_backed_ring_serves_four_connections() {
+    let topo = testkit::require_topology!();
+    const CONNS: usize = 4;
+    const EACH: u64 = 250;
+    let (ctx_c, pd_c) = open_shared(&topo.client.device);
+    let (ctx_r, pd_r) = open_shared(&topo.server.device);
+    let srq = Arc::new(SharedReceiveQueue::new(pd_r.clone(), 64, 1).unwrap());
+    let recv_cq = Arc::new(CompletionQueue::new(ctx_r.clone(), 256, None).unwrap());
+    let pool = SlotPool::new(pd_r.clone(), 64, 48, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut ring = RecvRing::with_srq(srq.clone(), recv_cq.clone(), pool.clone(), 32, T).unwrap();
+    assert_eq!(ring.posted(), 32);
+    let mut server_qps = Vec::new();
+    let mut senders = Vec::new();
+    for id in 0..CONNS as u64 {
+        let send_cq = Arc::new(CompletionQueue::new(ctx_r.clone(), 16, None).unwrap());
+        let attr = QpCreateAttr::new(send_cq, recv_cq.clone()).srq(srq.clone()).caps(caps(16, 0));
+        let server_qp = QueuePair::<Rc, Reset>::create(pd_r.clone(), attr)
+            .unwrap()
+            .init(InitAttr::new(topo.port).access(AccessFlags::LOCAL_WRITE))
+            .unwrap();
+        let client_qp = owned_qp(&topo, &ctx_c, &pd_c, caps(64, 4), 64, AccessFlags::LOCAL_WRITE);
+        let (client_qp, server_qp) = connect_pair(&topo, client_qp, server_qp);
+        server_qps.push((server_qp.qp_num(), server_qp));
+        senders.push(std::thread::spawn(move || {
+            let mut sq = SendQueue::new(&client_qp, T).unwrap();
+            for n in 0..EACH {
+                while sq.room() == 0 {
+                    sq.wait(LONG, |c| c.ok().unwrap()).unwrap();
+                }
+                sq.send_inline(&(id << 32 | n).to_le_bytes(), None, n).unwrap();
+                sq.poll(|c| c.ok().unwrap()).unwrap();
+            }
+            sq.drain(LONG, |c| c.ok().unwrap()).unwrap();
+        }));
+    }
+    let mut next = [0u64; CONNS];
+    for _ in 0..CONNS as u64 * EACH {
+        let msg = ring.next(LONG).unwrap();
+        msg.ok().unwrap();
+        let v = u64::from_le_bytes(msg.bytes().try_into().unwrap());
+        let id = (v >> 32) as usize;
+        // The message says which connection it came on, and each connection's arrive in order.
+        assert_eq!(server_qps[id].0, msg.qp_num(), "message {v:#x} arrived on its connection's QP");
+        assert_eq!(v & 0xffff_ffff, next[id], "connection {id} in order");
+        next[id] += 1;
+        ring.release(msg).unwrap();
+    }
+    for s in senders {
+        s.join().unwrap();
+    }
+    assert_eq!(next, [EACH; CONNS]);
+    // The QPs and our SRQ handle go first: the ring is then the SRQ's last holder, destroys it,
+    // and every slot returns to the pool.
+    drop((server_qps, srq));
+    drop(ring);
+    assert_eq!(pool.available(), 48);
+}
