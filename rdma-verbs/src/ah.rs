@@ -118,8 +118,10 @@ impl Drop for AddressHandle<'_> {
         // SAFETY: created by `ibv_create_ah`, destroyed only here. Requests in flight do not use
         // the handle's memory (providers copy the address, or look the handle up by number, at
         // post time), so destroying it can at worst make such a request fail.
-        if unsafe { ffi::ibv_destroy_ah(self.raw.as_ptr()) } == 0 {
-            self.pd.context().registry().remove(self.raw.as_ptr());
-        }
+        let _ = self
+            .pd
+            .context()
+            .registry()
+            .release(self.raw.as_ptr(), || unsafe { ffi::ibv_destroy_ah(self.raw.as_ptr()) });
     }
 }

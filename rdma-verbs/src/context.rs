@@ -14,7 +14,9 @@ use crate::port::PortAttr;
 
 /// An open RDMA device (`struct ibv_context`), closed on drop.
 ///
-/// Every other verbs resource borrows its context, so a context outlives all of them.
+/// Every other verbs resource holds its context (borrowed, or by `Arc`: see
+/// [`Parent`](crate::Parent)), so a context outlives all of them. When it drops, it destroys the
+/// objects whose wrappers were forgotten (or failed to destroy them), then closes the device.
 /// libibverbs is thread-safe: a `Context` can be shared between threads.
 ///
 /// ```no_run
@@ -259,12 +261,12 @@ impl Drop for Context {
     #[doc(alias = "ibv_close_device")]
     fn drop(&mut self) {
         // SAFETY: this is the context's drop: every object still registered belongs to a
-        // wrapper that was forgotten (see `registry`), so nothing will use it again.
+        // wrapper that was forgotten or failed to destroy it (see `registry`); no live wrapper
+        // can exist (they borrow the context or hold its `Arc`), so nothing will use it again.
         unsafe { self.registry.destroy_leftovers() };
         // SAFETY: `raw` was opened by `ibv_open_device` and is closed only here; every resource
-        // made from it borrows `self`, so none is alive any more.
-        // It fails only while resources of the context are alive, which the borrows rule out;
-        // a destructor has nobody to report to either way.
+        // made from it is gone (dropped, or forgotten and destroyed just above).
+        // A destructor has nobody to report a failure to.
         let _ = unsafe { ffi::ibv_close_device(self.raw.as_ptr()) };
     }
 }

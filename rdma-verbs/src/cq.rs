@@ -242,9 +242,10 @@ impl Drop for CompletionChannel<'_> {
     fn drop(&mut self) {
         // SAFETY: created by `ibv_create_comp_channel`, destroyed only here, after every CQ
         // that borrows it.
-        if unsafe { ffi::ibv_destroy_comp_channel(self.raw.as_ptr()) } == 0 {
-            self.ctx.registry().remove(self.raw.as_ptr());
-        }
+        let _ = self
+            .ctx
+            .registry()
+            .release(self.raw.as_ptr(), || unsafe { ffi::ibv_destroy_comp_channel(self.raw.as_ptr()) });
     }
 }
 
@@ -305,11 +306,12 @@ impl<'ctx> CompletionQueue<'ctx> {
     /// `ibv_poll_cq()`. Never blocks, never allocates.
     ///
     /// While a posting scope ([`QueuePair::scope`](crate::QueuePair::scope)) runs on a QP of
-    /// this CQ, the scope owns it: polling here would take completions the scope waits for.
-    /// Poll through the scope instead ([`PostScope::poll`](crate::PostScope::poll)).
+    /// this CQ, or a [`SendQueue`](crate::SendQueue) or [`RecvRing`](crate::RecvRing) uses it,
+    /// that owner owns it: polling here would take completions it waits for. Poll through the
+    /// owner instead.
     ///
     /// # Errors
-    /// [`Error::Busy`] while a posting scope owns the CQ; [`Error::Verb`] when polling fails
+    /// [`Error::Busy`] while a posting scope, send queue or receive ring owns the CQ; [`Error::Verb`] when polling fails
     /// (a provider error, not a failed request: those are completions with an error
     /// [`status`](WorkCompletion::status)).
     ///
@@ -427,9 +429,7 @@ impl Drop for CompletionQueue<'_> {
     fn drop(&mut self) {
         // SAFETY: created by `ibv_create_cq`, destroyed only here; QPs using it borrow it, and
         // every event of it was acknowledged when it was received (`CompletionChannel::wait`).
-        if unsafe { ffi::ibv_destroy_cq(self.raw.as_ptr()) } == 0 {
-            self.ctx.registry().remove(self.raw.as_ptr());
-        }
+        let _ = self.ctx.registry().release(self.raw.as_ptr(), || unsafe { ffi::ibv_destroy_cq(self.raw.as_ptr()) });
     }
 }
 
@@ -438,6 +438,7 @@ impl Drop for CompletionQueue<'_> {
 /// get [`Error::Busy`] meanwhile. Released on drop; forgetting it leaves the CQ owned for good.
 pub(crate) struct CqOwner<'res> {
     cq: Parent<'res, CompletionQueue<'res>>,
+    keep: bool,
 }
 
 impl<'res> CqOwner<'res> {
@@ -445,7 +446,13 @@ impl<'res> CqOwner<'res> {
         if !cq.claim_for_scope() {
             return Err(Error::Busy { what, device: Some(cq.context().name().to_owned()) });
         }
-        Ok(CqOwner { cq })
+        Ok(CqOwner { cq, keep: false })
+    }
+
+    /// Keeps the CQ owned for good: its owner leaked requests whose completions may still
+    /// come, and no later owner may count them as its own.
+    pub(crate) fn keep_forever(&mut self) {
+        self.keep = true;
     }
 
     #[inline]
@@ -460,6 +467,8 @@ impl<'res> CqOwner<'res> {
 
 impl Drop for CqOwner<'_> {
     fn drop(&mut self) {
-        self.cq.release_from_scope();
+        if !self.keep {
+            self.cq.release_from_scope();
+        }
     }
 }

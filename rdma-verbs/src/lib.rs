@@ -115,13 +115,18 @@
 //!   [`RecvRing`] *move* owned [`Slot`]s into the requests and back out with the completions;
 //!   dropping them mid-flight quiesces the QP (or leaks the slots the device may still reach),
 //!   never hands such a slot out again.
-//! - **Forgetting is sound.** A forgotten value leaks memory, never frees it under the device;
-//!   the verbs objects of forgotten wrappers are destroyed when their context closes.
+//! - **Forgetting is sound.** A forgotten value leaks memory, never frees it under the device.
+//!   With borrowed parents, the verbs objects of forgotten wrappers are destroyed when their
+//!   context closes; with shared parents, a forgotten value that holds a count keeps its
+//!   context (and all it holds) open until the process exits.
 //! - **Requests are checked before the provider sees them**: opcode against transport (UD:
 //!   sends with an address handle; UC: sends and writes; RC: everything), inline data only on
 //!   sends and writes and within the QP's limit, RDMA lengths within the [`RemoteRegion`],
 //!   SGE counts, and `wr_id`s below 2^62 ([`RESERVED_WR_ID_BITS`]).
-//! - **Typestates tell the truth**: a transition's mask must change the state.
+//! - **Typestates tell the truth about transitions**: a transition's mask must change the
+//!   state. The device may still move a QP on its own (to the error state), and a posting
+//!   layer's last resort (a drain that resets the QP) leaves the typed handle as it was:
+//!   [`QueuePair::state`] tells. Posting then fails or flushes; it is never unsound.
 //! - **Waits end**: every wait takes a timeout, [`Duration::MAX`](std::time::Duration::MAX)
 //!   meaning none ([`Deadline`]); event fds are non-blocking.
 //! - **A hostile peer** holding an rkey can change a remotely writable region at any moment, and
@@ -189,7 +194,7 @@ pub use qp::state::{
 pub use qp::{QpCreateAttr, QueuePair, TransitionError};
 pub use recv_ring::{Message, RecvRing};
 pub use scope::PostScope;
-pub use send_queue::{Completion, Rejected, Request, SendQueue};
+pub use send_queue::{Completion, PostError, Rejected, Request, SendQueue};
 pub use srq::SharedReceiveQueue;
 pub use wc::{WcOpcode, WcStatus, WorkCompletion};
 pub use wr::{RecvRequest, SendRequest, RESERVED_WR_ID_BITS};

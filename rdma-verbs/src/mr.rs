@@ -529,11 +529,11 @@ impl<'pd, B: RegisteredBuffer> MemoryRegion<'pd, B> {
     pub fn into_inner(mut self) -> Result<B> {
         // SAFETY: `raw` is registered; after success it is never used again (`buf` is taken,
         // and drop skips deregistration when `buf` is `None`).
-        let rc = unsafe { ffi::ibv_dereg_mr(self.raw.as_ptr()) };
+        let rc =
+            self.pd.context().registry().release(self.raw.as_ptr(), || unsafe { ffi::ibv_dereg_mr(self.raw.as_ptr()) });
         if rc != 0 {
             return Err(Error::from_errno("ibv_dereg_mr", Some(self.pd.context().name()), rc));
         }
-        self.pd.context().registry().remove(self.raw.as_ptr());
         Ok(self.buf.take().expect("buffer present until into_inner"))
     }
 
@@ -562,12 +562,14 @@ impl<B: RegisteredBuffer> Drop for MemoryRegion<'_, B> {
         if self.buf.is_some() {
             // SAFETY: registered and not yet deregistered. Deregistration revokes the NIC's
             // access before `buf` (dropped after this) frees the memory.
-            let rc = unsafe { ffi::ibv_dereg_mr(self.raw.as_ptr()) };
+            let rc = self
+                .pd
+                .context()
+                .registry()
+                .release(self.raw.as_ptr(), || unsafe { ffi::ibv_dereg_mr(self.raw.as_ptr()) });
             if rc != 0 {
                 // The NIC may still reach the buffer: leak it rather than free memory it could write.
                 std::mem::forget(self.buf.take());
-            } else {
-                self.pd.context().registry().remove(self.raw.as_ptr());
             }
         }
     }

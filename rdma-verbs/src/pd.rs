@@ -86,8 +86,6 @@ impl Drop for ProtectionDomain<'_> {
     fn drop(&mut self) {
         // SAFETY: allocated by `ibv_alloc_pd`, deallocated only here; everything made from it
         // borrows `self` and is gone. A failure (EBUSY) cannot happen for that reason.
-        if unsafe { ffi::ibv_dealloc_pd(self.raw.as_ptr()) } == 0 {
-            self.ctx.registry().remove(self.raw.as_ptr());
-        }
+        let _ = self.ctx.registry().release(self.raw.as_ptr(), || unsafe { ffi::ibv_dealloc_pd(self.raw.as_ptr()) });
     }
 }

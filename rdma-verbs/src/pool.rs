@@ -17,7 +17,7 @@
 //! # Why forgetting is sound
 //! A slot holds a reference count on the pool's memory, and the pool's bit for the slot stays
 //! "taken" until the slot value is dropped. Forgetting a slot (or anything that holds posted
-//! slots: a `SendQueue`, a `RecvRing`, a QP) therefore leaks the slot and the pool's memory; it
+//! slots: a `SendQueue`, a `RecvRing`) therefore leaks the slot and the pool's memory; it
 //! never frees memory the device may still reach, and never hands the slot out again.
 //!
 //! # File I/O without a copy
@@ -103,9 +103,12 @@ impl<'pd> SlotPool<'pd> {
         let Some(total) = slot_size.checked_mul(count as usize) else {
             return bad(format!("{count} slots of {slot_size} bytes overflow the address space"));
         };
+        let Some(free) = FreeSet::full(count) else {
+            return bad(format!("cannot allocate the free list of {count} slots"));
+        };
         let mr = MemoryRegion::alloc(pd, total, access)?;
         let base = mr.base_ptr();
-        Ok(SlotPool { shared: Arc::new(PoolShared { mr, base, slot_size, count, free: FreeSet::full(count) }) })
+        Ok(SlotPool { shared: Arc::new(PoolShared { mr, base, slot_size, count, free }) })
     }
 
     /// Takes a free slot, or `None` when every slot is out (with the application or the NIC).
@@ -387,15 +390,16 @@ pub(crate) struct FreeSet {
 }
 
 impl FreeSet {
-    fn full(count: u32) -> Self {
-        let words = (count as usize).div_ceil(64);
-        let words = (0..words)
-            .map(|w| {
-                let in_word = (count as usize - w * 64).min(64);
-                AtomicU64::new(if in_word == 64 { u64::MAX } else { (1u64 << in_word) - 1 })
-            })
-            .collect();
-        FreeSet { words }
+    /// Every slot free; `None` if the bitmap cannot be allocated.
+    fn full(count: u32) -> Option<Self> {
+        let n = (count as usize).div_ceil(64);
+        let mut words = Vec::new();
+        words.try_reserve_exact(n).ok()?;
+        words.extend((0..n).map(|w| {
+            let in_word = (count as usize - w * 64).min(64);
+            AtomicU64::new(if in_word == 64 { u64::MAX } else { (1u64 << in_word) - 1 })
+        }));
+        Some(FreeSet { words: words.into_boxed_slice() })
     }
 
     #[inline]
@@ -432,7 +436,7 @@ mod tests {
     #[test]
     fn every_slot_is_handed_out_once_until_given_back() {
         for count in [1u32, 63, 64, 65, 200] {
-            let set = FreeSet::full(count);
+            let set = FreeSet::full(count).unwrap();
             assert_eq!(set.len(), count as usize);
             let mut got: Vec<u32> = std::iter::from_fn(|| set.take()).collect();
             got.sort_unstable();
@@ -446,7 +450,7 @@ mod tests {
 
     #[test]
     fn threads_never_get_the_same_slot() {
-        let set = Arc::new(FreeSet::full(128));
+        let set = Arc::new(FreeSet::full(128).unwrap());
         let seen: Vec<Vec<u32>> = (0..4)
             .map(|_| {
                 let set = set.clone();

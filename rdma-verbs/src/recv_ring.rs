@@ -35,8 +35,8 @@ use crate::parent::Parent;
 use crate::pool::{Slot, SlotPool};
 use crate::qp::state::{CanPostRecv, Transport};
 use crate::qp::{Inner, QueuePair};
-use crate::send_queue::{next_generation, tag, untag, POLL_BATCH};
-use crate::srq::SharedReceiveQueue;
+use crate::send_queue::{next_generation, tag, untag, Space, POLL_BATCH};
+use crate::srq::{RingRefusal, SharedReceiveQueue};
 use crate::wc::{WcOpcode, WcStatus, WorkCompletion};
 
 /// A receive that completed, owning the slot it arrived in until it is
@@ -146,9 +146,15 @@ impl<'pd> Message<'pd> {
 /// A ring of receives posted from a [`SlotPool`] to a QP's receive queue or to a shared receive
 /// queue, re-posted as the application releases each [`Message`].
 ///
-/// It owns the CQ its receives complete on (the QP's receive CQ; for an SRQ, the CQ given) and
-/// discards completions of other requests there. It holds its QP or SRQ (no borrow), and is
-/// `Send`: with shared parents a thread can own it.
+/// It owns the CQ its receives complete on (the QP's receive CQ; for an SRQ, the CQ given, which
+/// every QP of the SRQ must use) and discards completions of other requests there. It holds its
+/// QP or SRQ (no borrow), and is `Send`: with shared parents a thread can own it.
+///
+/// # When another layer resets the QP
+/// A posting scope, a [`SendQueue`](crate::SendQueue) or another holder that resets the QP in
+/// its drain removes this ring's receives without completions: their slots stay with the ring
+/// (never handed out) and [`posted`](Self::posted) keeps counting them, so the ring receives no
+/// more. Such a QP is a dead connection; drop the ring with it.
 ///
 /// # Dropping
 /// Receives still posted must be out of the device's reach before their slots return to the
@@ -165,7 +171,10 @@ pub struct RecvRing<'res> {
     pool: SlotPool<'res>,
     generation: u64,
     depth: u32,
+    /// Posted slots by position (`0..depth`, the low bits of their `wr_id`).
     posted: Box<[Option<Slot<'res>>]>,
+    /// Positions with nothing posted.
+    free_positions: Vec<u32>,
     posted_count: u32,
     wcs: [WorkCompletion; POLL_BATCH],
     wc_next: usize,
@@ -192,7 +201,10 @@ impl<'res> RecvRing<'res> {
     /// writable, lacks `LOCAL_WRITE` or belongs to another protection domain, or `depth` is 0
     /// or over the QP's `max_recv_wr` or the CQ's capacity; [`Error::QueueFull`] when the pool
     /// has fewer than `depth` free slots; [`Error::Busy`] when the CQ is owned already;
-    /// [`Error::PostFailed`] when posting fails.
+    /// [`Error::PostFailed`] when posting fails; the receives posted before it are then
+    /// flushed (the QP goes to the error state) as the ring is dropped.
+    ///
+    /// With `drain_timeout` = [`Duration::MAX`], dropping the ring may wait without a deadline.
     pub fn new<T: Transport, S: CanPostRecv>(
         qp: &QueuePair<'res, T, S>,
         pool: SlotPool<'res>,
@@ -213,12 +225,14 @@ impl<'res> RecvRing<'res> {
         Self::start(Some(inner), None, cq, pool, depth, drain_timeout)
     }
 
-    /// Posts `depth` slots of `pool` to the shared receive queue `srq`, whose QPs must all
-    /// deliver their receive completions to `cq` (the ring owns it); messages tell their QP by
-    /// [`Message::qp_num`].
+    /// Posts `depth` slots of `pool` to the shared receive queue `srq` and owns it: every QP of
+    /// the SRQ must deliver its receive completions to `cq` (the ring owns that CQ), which is
+    /// checked both ways (QPs made before with another CQ refuse the ring; QPs made after with
+    /// another CQ are refused). Messages tell their QP by [`Message::qp_num`].
     ///
     /// # Errors
-    /// As [`new`](Self::new), with the SRQ's `max_wr` as the limit.
+    /// As [`new`](Self::new), with the SRQ's `max_wr` as the limit; [`Error::Busy`] when another
+    /// ring owns the SRQ; [`Error::InvalidArgument`] when a QP of the SRQ uses another CQ.
     pub fn with_srq(
         srq: Arc<SharedReceiveQueue<'res>>,
         cq: impl Into<Parent<'res, CompletionQueue<'res>>>,
@@ -236,8 +250,18 @@ impl<'res> RecvRing<'res> {
             ));
         }
         check(&pool, depth, srq.max_wr().min(cq.capacity()), device)?;
-        let cq = CqOwner::claim(cq, "RecvRing::with_srq")?;
-        Self::start(None, Some(srq), cq, pool, depth, drain_timeout)
+        let owner = CqOwner::claim(cq.clone(), "RecvRing::with_srq")?;
+        match srq.attach_ring(cq.as_raw()) {
+            Ok(()) => {}
+            Err(RingRefusal::Busy) => {
+                return Err(Error::Busy { what: "RecvRing::with_srq", device: Some(device.to_owned()) })
+            }
+            Err(RingRefusal::OtherCq) => {
+                let reason = "a QP of this SRQ delivers its receive completions to another CQ";
+                return Err(Error::invalid("ibv_post_srq_recv", Some(device), reason));
+            }
+        }
+        Self::start(None, Some(srq), owner, pool, depth, drain_timeout)
     }
 
     fn start(
@@ -248,7 +272,7 @@ impl<'res> RecvRing<'res> {
         depth: u32,
         drain_timeout: Duration,
     ) -> Result<Self> {
-        let posted = (0..pool.count()).map(|_| None).collect();
+        let posted = (0..depth).map(|_| None).collect();
         let mut ring = RecvRing {
             qp,
             srq,
@@ -257,6 +281,7 @@ impl<'res> RecvRing<'res> {
             generation: next_generation(),
             depth,
             posted,
+            free_positions: (0..depth).rev().collect(),
             posted_count: 0,
             wcs: [WorkCompletion::default(); POLL_BATCH],
             wc_next: 0,
@@ -304,8 +329,9 @@ impl<'res> RecvRing<'res> {
         Ok(n)
     }
 
-    /// Posts the message's slot again: `ibv_post_recv()` (or `ibv_post_srq_recv()`).
-    /// Allocates nothing.
+    /// Posts the message's slot again: `ibv_post_recv()` (or `ibv_post_srq_recv()`); if
+    /// [`depth`](Self::depth) receives are posted already (after a [`refill`](Self::refill)),
+    /// the slot goes back to the pool instead. Allocates nothing.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a message of another ring's pool (dropped);
@@ -331,10 +357,11 @@ impl<'res> RecvRing<'res> {
     }
 
     fn post(&mut self, slot: Slot<'res>) -> Result<()> {
-        let index = slot.index();
+        // Never more than `depth` posted: the CQ is sized for them.
+        let Some(position) = self.free_positions.pop() else { return Ok(()) };
         let mut sge = ffi::ibv_sge { addr: slot.addr(), length: slot.len() as u32, lkey: slot.lkey() };
         let mut wr = ffi::ibv_recv_wr {
-            wr_id: tag(self.generation, u64::from(index)),
+            wr_id: tag(Space::Recv, self.generation, u64::from(position)),
             next: std::ptr::null_mut(),
             sg_list: &mut sge,
             num_sge: 1,
@@ -354,8 +381,10 @@ impl<'res> RecvRing<'res> {
         // certainly not posted.
         let posted = rc == 0 || bad.is_null();
         if posted {
-            self.posted[index as usize] = Some(slot);
+            self.posted[position as usize] = Some(slot);
             self.posted_count += 1;
+        } else {
+            self.free_positions.push(position);
         }
         if rc != 0 {
             return Err(Error::PostFailed {
@@ -414,8 +443,9 @@ impl<'res> RecvRing<'res> {
                 return None;
             }
         }
-        let index = usize::try_from(untag(wc.wr_id(), self.generation)?).ok()?;
-        let slot = self.posted.get_mut(index)?.take()?;
+        let position = u32::try_from(untag(Space::Recv, wc.wr_id(), self.generation)?).ok()?;
+        let slot = self.posted.get_mut(position as usize)?.take()?;
+        self.free_positions.push(position);
         self.posted_count -= 1;
         let ok = wc.is_success();
         // For RECV_RDMA_WITH_IMM, `byte_len` is the length of the peer's WRITE (rxe and mlx5
@@ -443,7 +473,10 @@ impl<'res> RecvRing<'res> {
     fn quiesce(&mut self) -> bool {
         use ffi::ibv_qp_state::{IBV_QPS_ERR, IBV_QPS_RESET};
         if let Some(srq) = self.srq.take() {
-            return Arc::into_inner(srq).is_some_and(|srq| srq.destroy().is_ok());
+            return match Arc::into_inner(srq) {
+                Some(srq) => srq.destroy().is_ok(),
+                None => false,
+            };
         }
         let Some(qp) = self.qp.clone() else { return true };
         if Arc::strong_count(&qp) > 2 {
@@ -499,11 +532,18 @@ fn check(pool: &SlotPool<'_>, depth: u32, limit: u32, device: &str) -> Result<()
 
 impl Drop for RecvRing<'_> {
     fn drop(&mut self) {
-        if self.posted_count > 0 && !self.quiesce() {
+        if self.posted_count == 0 {
+            if let Some(srq) = &self.srq {
+                srq.detach_ring();
+            }
+        } else if !self.quiesce() {
             for slot in self.posted.iter_mut().filter_map(Option::take) {
                 // The device may still write it: never hand it out again.
                 std::mem::forget(slot);
             }
+            // Their completions may still come: no later owner of the CQ (or, kept attached,
+            // of the SRQ) may take them for its own.
+            self.cq.keep_forever();
         }
     }
 }

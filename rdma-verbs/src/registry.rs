@@ -36,8 +36,16 @@ impl Registry {
         self.live.lock().unwrap_or_else(|e| e.into_inner()).insert(raw as usize, kind);
     }
 
-    pub(crate) fn remove<T>(&self, raw: *mut T) {
-        self.live.lock().unwrap_or_else(|e| e.into_inner()).remove(&(raw as usize));
+    /// Runs `destroy` for `raw` and unregisters it if that succeeded (returned 0), under the
+    /// registry's lock: another object created at the same address meanwhile cannot have its
+    /// entry removed by mistake. Returns what `destroy` returned.
+    pub(crate) fn release<T>(&self, raw: *mut T, destroy: impl FnOnce() -> libc::c_int) -> libc::c_int {
+        let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        let rc = destroy();
+        if rc == 0 {
+            live.remove(&(raw as usize));
+        }
+        rc
     }
 
     /// Destroys every object still registered; returns how many there were.

@@ -44,28 +44,41 @@ use crate::wc::{WcStatus, WorkCompletion};
 /// `wr_id` bits 63..62 = `01`: a request of a [`SendQueue`] or [`RecvRing`](crate::RecvRing)
 /// (a posting scope uses `1x`).
 const OWNED_TAG: u64 = 1 << 62;
+/// Bit 61: a receive. Sends and receives never take each other's `wr_id`s, whatever their
+/// generations, so a receive completion that lands on a send queue's CQ is never counted.
+const RECV_SPACE: u64 = 1 << 61;
 const GEN_SHIFT: u32 = 40;
-const GEN_MASK: u64 = (1 << 22) - 1;
-/// The low bits: a request's sequence number, or a receive's slot index.
+const GEN_MASK: u64 = (1 << 21) - 1;
+/// The low bits: a request's sequence number, or a receive's position in its ring.
 pub(crate) const LOW_MASK: u64 = (1 << GEN_SHIFT) - 1;
 /// How many completions one poll takes.
 pub(crate) const POLL_BATCH: usize = 32;
 
-/// A number telling this queue's or ring's requests from those of any other on the same QP.
+/// Which requests a tag is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Space {
+    Send,
+    Recv,
+}
+
+/// A number telling this queue's or ring's requests from those of the previous 2^21 queues and
+/// rings (defence in depth: a CQ has one owner at a time, which drains it before letting go).
 pub(crate) fn next_generation() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
     NEXT.fetch_add(1, Ordering::Relaxed) & GEN_MASK
 }
 
 #[inline]
-pub(crate) fn tag(generation: u64, low: u64) -> u64 {
-    OWNED_TAG | generation << GEN_SHIFT | (low & LOW_MASK)
+pub(crate) fn tag(space: Space, generation: u64, low: u64) -> u64 {
+    let space = if space == Space::Recv { RECV_SPACE } else { 0 };
+    OWNED_TAG | space | generation << GEN_SHIFT | (low & LOW_MASK)
 }
 
-/// The low bits of a `wr_id` tagged by `generation`, or `None` for anyone else's.
+/// The low bits of a `wr_id` tagged in `space` by `generation`, or `None` for anyone else's.
 #[inline]
-pub(crate) fn untag(wr_id: u64, generation: u64) -> Option<u64> {
-    (wr_id >> 62 == 0b01 && (wr_id >> GEN_SHIFT) & GEN_MASK == generation).then_some(wr_id & LOW_MASK)
+pub(crate) fn untag(space: Space, wr_id: u64, generation: u64) -> Option<u64> {
+    (wr_id & !(GEN_MASK << GEN_SHIFT | LOW_MASK) == tag(space, 0, 0) && (wr_id >> GEN_SHIFT) & GEN_MASK == generation)
+        .then_some(wr_id & LOW_MASK)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -166,6 +179,26 @@ impl From<Rejected<'_>> for Error {
     }
 }
 
+/// Why [`SendQueue::post`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PostError<'pd> {
+    /// Not posted: the request is given back.
+    #[error(transparent)]
+    Rejected(Rejected<'pd>),
+    /// The provider failed without naming the request: it may be posted, and stays in flight.
+    #[error(transparent)]
+    MaybePosted(Error),
+}
+
+impl From<PostError<'_>> for Error {
+    fn from(e: PostError<'_>) -> Error {
+        match e {
+            PostError::Rejected(r) => r.error,
+            PostError::MaybePosted(e) => e,
+        }
+    }
+}
+
 /// A request that completed, with its slot back.
 #[derive(Debug)]
 pub struct Completion<'pd> {
@@ -220,6 +253,13 @@ struct Held<'pd> {
 /// the QP (error state) and waits as long again, then resets it. A slot the device might still
 /// reach is never returned: if even the reset fails, those slots are leaked, not reused.
 /// Forgetting the queue leaks the slots in flight (and their pool), and leaves the CQ owned.
+///
+/// # When another layer resets the QP
+/// A drain that resets the QP (a posting scope's, a ring's, another queue's) removes this
+/// queue's requests without completions: their slots stay held (never handed out) until this
+/// queue is dropped, whose own drain resets again and returns them. The typed handle still says
+/// `ReadyToSend`; posts to a reset QP fail (rxe: `EINVAL` without naming the request, so
+/// [`post`](Self::post) reports [`PostError::MaybePosted`]).
 pub struct SendQueue<'res, T: Connected> {
     /// Dropped before `held`: when this is the last handle, the QP is destroyed before the
     /// slots it may use return to their pool.
@@ -258,7 +298,10 @@ impl<T: Connected> fmt::Debug for SendQueue<'_, T> {
 }
 
 impl<'res, T: Connected> SendQueue<'res, T> {
-    /// Takes over the send queue of `qp` (and its send CQ).
+    /// Takes over the send queue of `qp` (and its send CQ). `drain_timeout` bounds each phase
+    /// of the drop's drain (see the type's docs); with [`Duration::MAX`] dropping the queue with
+    /// requests in flight may wait without a deadline (a peer that never answers under
+    /// `rnr_retry = 7`, say).
     ///
     /// # Errors
     /// [`Error::Busy`] when a posting scope, another `SendQueue` or a
@@ -386,18 +429,21 @@ impl<'res, T: Connected> SendQueue<'res, T> {
     /// Pushes `request` and submits everything pushed.
     ///
     /// # Errors
-    /// As [`push`](Self::push) (nothing posted), and as [`submit`](Self::submit), which gives
-    /// the request back too if it was not posted.
+    /// As [`push`](Self::push) (nothing posted, the request comes back), and as
+    /// [`submit`](Self::submit): the request comes back if it is certainly not posted;
+    /// when the provider did not say which request it refused, every request counts as
+    /// maybe posted and stays in flight (its slot returns with a completion, or when the
+    /// queue is dropped), and the error carries a request-less [`Error`] only.
     // The refused request comes back by value: boxing it would allocate on the refusal path.
     #[allow(clippy::result_large_err)]
-    pub fn post(&mut self, request: Request<'res>) -> std::result::Result<(), Rejected<'res>> {
-        self.push(request)?;
+    pub fn post(&mut self, request: Request<'res>) -> std::result::Result<(), PostError<'res>> {
+        self.push(request).map_err(PostError::Rejected)?;
         match self.submit() {
             Ok(_) => Ok(()),
-            Err(error) => {
-                let request = self.staged.pop().expect("a refused submit leaves the last request pushed");
-                Err(Rejected { error, request })
-            }
+            Err(error) => match self.staged.pop() {
+                Some(request) => Err(PostError::Rejected(Rejected { error, request })),
+                None => Err(PostError::MaybePosted(error)),
+            },
         }
     }
 
@@ -446,7 +492,7 @@ impl<'res, T: Connected> SendQueue<'res, T> {
         for i in 0..total {
             // SAFETY: `ibv_send_wr` is integers, raw pointers and unions of them: zero is valid.
             let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
-            wr.wr_id = tag(self.generation, self.next_seq + i as u64);
+            wr.wr_id = tag(Space::Send, self.generation, self.next_seq + i as u64);
             // SAFETY: `i < total == sges.len()`.
             wr.sg_list = unsafe { sges.add(i) };
             let signaled = i + 1 == total;
@@ -548,7 +594,7 @@ impl<'res, T: Connected> SendQueue<'res, T> {
         if wc.qp_num() != self.qp.qp_num() {
             return None;
         }
-        let low = untag(wc.wr_id(), self.generation)?;
+        let low = untag(Space::Send, wc.wr_id(), self.generation)?;
         let front = self.held.front()?;
         // The full number from its low bits: in flight means within 2^40 of the oldest held.
         let seq = front.seq + (low.wrapping_sub(front.seq) & LOW_MASK);
@@ -628,6 +674,8 @@ impl<T: Connected> Drop for SendQueue<'_, T> {
                 // The device may still use the slot: never hand it out again.
                 std::mem::forget(h.slot);
             }
+            // Their completions may still come: no later owner of the CQ may see them.
+            self.cq.keep_forever();
         }
     }
 }
@@ -637,15 +685,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn tags_tell_generations_and_scopes_apart() {
+    fn tags_tell_generations_spaces_and_scopes_apart() {
         let (a, b) = (next_generation(), next_generation());
         assert_ne!(a, b);
-        let id = tag(a, 12345);
-        assert_eq!(untag(id, a), Some(12345));
-        assert_eq!(untag(id, b), None);
+        let id = tag(Space::Send, a, 12345);
+        assert_eq!(untag(Space::Send, id, a), Some(12345));
+        assert_eq!(untag(Space::Send, id, b), None);
+        assert_eq!(untag(Space::Recv, id, a), None, "a send is never a receive");
+        assert_eq!(untag(Space::Send, tag(Space::Recv, a, 5), a), None, "a receive is never a send");
+        assert_eq!(untag(Space::Recv, tag(Space::Recv, a, 5), a), Some(5));
         assert_eq!(id & (1 << 63), 0, "a posting scope's tag bit stays clear");
-        assert_eq!(untag(12345, a), None, "an untagged wr_id is nobody's");
-        assert_eq!(untag(1 << 63 | 1 << 62 | a << GEN_SHIFT | 5, a), None, "a scope's receive is not ours");
-        assert_eq!(untag(tag(a, LOW_MASK + 7), a), Some(6), "sequence numbers wrap in the low bits");
+        assert_eq!(untag(Space::Send, 12345, a), None, "an untagged wr_id is nobody's");
+        assert_eq!(
+            untag(Space::Send, 1 << 63 | 1 << 62 | a << GEN_SHIFT | 5, a),
+            None,
+            "a scope's receive is not ours"
+        );
+        assert_eq!(untag(Space::Send, tag(Space::Send, a, LOW_MASK + 7), a), Some(6), "sequences wrap in the low bits");
+        // Generations repeat only after 2^21 queues and rings.
+        let g = next_generation();
+        let mut later = g;
+        for _ in 0..GEN_MASK {
+            later = next_generation();
+        }
+        assert_eq!(later, g.wrapping_sub(1) & GEN_MASK);
     }
 }

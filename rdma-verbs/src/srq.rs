@@ -1,6 +1,7 @@
 //! Shared receive queues: [`SharedReceiveQueue`].
 
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rdma_sys as ffi;
 
@@ -23,6 +24,19 @@ pub struct SharedReceiveQueue<'pd> {
     max_sge: u32,
     device: String,
     pd: Parent<'pd, ProtectionDomain<'pd>>,
+    /// The receive CQ its QPs complete on (the pointer), [`MIXED`] once two differ, plus
+    /// [`RING`] while a [`RecvRing`](crate::RecvRing) owns the SRQ.
+    binding: AtomicUsize,
+}
+
+const MIXED: usize = 1;
+const RING: usize = 4;
+const FLAGS: usize = 7;
+
+/// Why [`SharedReceiveQueue::attach_ring`] refused.
+pub(crate) enum RingRefusal {
+    Busy,
+    OtherCq,
 }
 
 // SAFETY: ibv_post_srq_recv is thread-safe; the struct owns the pointer.
@@ -76,6 +90,7 @@ impl<'pd> SharedReceiveQueue<'pd> {
             max_sge: attr.attr.max_sge.max(max_sge),
             device,
             pd,
+            binding: AtomicUsize::new(0),
         })
     }
 }
@@ -91,6 +106,50 @@ impl<'pd> SharedReceiveQueue<'pd> {
         self.max_wr
     }
 
+    /// Records that a QP completes this SRQ's receives on `cq`; `false` if a ring owns the SRQ
+    /// and polls another CQ (the ring would never see those completions).
+    pub(crate) fn note_qp_cq(&self, cq: *mut ffi::ibv_cq) -> bool {
+        let cq = cq as usize;
+        let mut cur = self.binding.load(Ordering::Acquire);
+        loop {
+            let (bound, ring) = (cur & !FLAGS, cur & RING != 0);
+            let next = match () {
+                _ if cur & MIXED != 0 || bound == cq => return true,
+                _ if bound == 0 => cq | (cur & RING),
+                _ if ring => return false,
+                _ => MIXED,
+            };
+            match self.binding.compare_exchange(cur, next, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return true,
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// Lets one ring own the SRQ, polling `cq`, which every QP of the SRQ must use.
+    pub(crate) fn attach_ring(&self, cq: *mut ffi::ibv_cq) -> std::result::Result<(), RingRefusal> {
+        let cq = cq as usize;
+        let mut cur = self.binding.load(Ordering::Acquire);
+        loop {
+            if cur & RING != 0 {
+                return Err(RingRefusal::Busy);
+            }
+            let bound = cur & !FLAGS;
+            if cur & MIXED != 0 || (bound != 0 && bound != cq) {
+                return Err(RingRefusal::OtherCq);
+            }
+            match self.binding.compare_exchange(cur, cq | RING, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Ok(()),
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// Ends a ring's ownership (only when none of its receives is left posted).
+    pub(crate) fn detach_ring(&self) {
+        self.binding.fetch_and(!RING, Ordering::AcqRel);
+    }
+
     /// The device's name.
     pub(crate) fn device(&self) -> &str {
         &self.device
@@ -102,11 +161,14 @@ impl<'pd> SharedReceiveQueue<'pd> {
         let this = std::mem::ManuallyDrop::new(self);
         // SAFETY: created by `ibv_create_srq`; `this` is never dropped, so this is the only
         // destruction. On failure the SRQ is leaked on purpose.
-        let rc = unsafe { ffi::ibv_destroy_srq(this.raw.as_ptr()) };
+        let rc = this
+            .pd
+            .context()
+            .registry()
+            .release(this.raw.as_ptr(), || unsafe { ffi::ibv_destroy_srq(this.raw.as_ptr()) });
         if rc != 0 {
             return Err(Error::from_errno("ibv_destroy_srq", Some(&this.device), rc));
         }
-        this.pd.context().registry().remove(this.raw.as_ptr());
         // SAFETY: the fields are moved out once, from a value that is never dropped.
         drop(unsafe { (std::ptr::read(&this.device), std::ptr::read(&this.pd)) });
         Ok(())
@@ -156,8 +218,10 @@ impl Drop for SharedReceiveQueue<'_> {
     #[doc(alias = "ibv_destroy_srq")]
     fn drop(&mut self) {
         // SAFETY: created by `ibv_create_srq`, destroyed only here, after the QPs borrowing it.
-        if unsafe { ffi::ibv_destroy_srq(self.raw.as_ptr()) } == 0 {
-            self.pd.context().registry().remove(self.raw.as_ptr());
-        }
+        let _ = self
+            .pd
+            .context()
+            .registry()
+            .release(self.raw.as_ptr(), || unsafe { ffi::ibv_destroy_srq(self.raw.as_ptr()) });
     }
 }

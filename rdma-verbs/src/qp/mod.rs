@@ -155,9 +155,11 @@ impl Drop for Inner<'_> {
         // SAFETY: created by `ibv_create_qp`, destroyed only here. Requests still in flight are
         // discarded by the device; the memory they name stays registered (regions outlive no
         // borrow they do not have) or was deregistered, which revoked the NIC's access.
-        if unsafe { ffi::ibv_destroy_qp(self.raw.as_ptr()) } == 0 {
-            self.pd.context().registry().remove(self.raw.as_ptr());
-        }
+        let _ = self
+            .pd
+            .context()
+            .registry()
+            .release(self.raw.as_ptr(), || unsafe { ffi::ibv_destroy_qp(self.raw.as_ptr()) });
     }
 }
 
@@ -254,8 +256,15 @@ impl<'res, T: Transport> QueuePair<'res, T, Reset> {
             qp_type: T::QP_TYPE,
             sq_sig_all: i32::from(init.sq_sig_all),
         };
-        if init.srq.as_ref().is_some_and(|s| !std::ptr::eq(s.pd().context(), ctx)) {
-            return bad("the shared receive queue belongs to another device context".into());
+        if let Some(srq) = &init.srq {
+            if !std::ptr::eq(srq.pd().context(), ctx) {
+                return bad("the shared receive queue belongs to another device context".into());
+            }
+            if !srq.note_qp_cq(init.recv_cq.as_raw()) {
+                return bad(
+                    "a receive ring owns the SRQ and polls another CQ: use the ring's CQ as the receive CQ".into()
+                );
+            }
         }
         // SAFETY: live PD, CQs and SRQ (held by the QP for its whole life); `attr` is initialised.
         let raw = unsafe { ffi::ibv_create_qp(pd.as_raw(), &mut attr) };
