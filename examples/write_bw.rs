@@ -16,6 +16,8 @@ use common::*;
 use rdma_verbs::*;
 
 const NAME: &str = "write_bw";
+/// perftest's "MB": 2^20 bytes (its help says "MiB=2^20 byte"; `format_factor` 0x100000).
+const MB: f64 = (1 << 20) as f64;
 
 fn main() {
     let args = parse_args(NAME, 65536, 1000);
@@ -73,7 +75,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let total = start.elapsed();
     oob.sync()?;
     let bytes = args.size as f64;
-    let avg = bytes * args.iters as f64 / total.as_secs_f64() / 1e6;
+    let avg = bytes * args.iters as f64 / total.as_secs_f64() / MB;
     // Peak: the best of ten consecutive segments of the run. rxe completes writes in bursts, so
     // shorter or sliding windows would report bursts, not bandwidth.
     let seg = (args.iters / 10).max(1);
@@ -83,12 +85,12 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         let to = *chunk.last().unwrap_or(&from);
         let dt = (to - from).as_secs_f64();
         if chunk.len() == seg && dt > 0.0 {
-            peak = peak.max(bytes * seg as f64 / dt / 1e6);
+            peak = peak.max(bytes * seg as f64 / dt / MB);
         }
         from = to;
     }
     let peak = peak.max(avg);
     println!(" #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]");
-    println!(" {:<10} {:<14} {:<18.2} {:<20.2} {:.6}", args.size, args.iters, peak, avg, avg / bytes);
+    println!(" {:<10} {:<14} {:<18.2} {:<20.2} {:.6}", args.size, args.iters, peak, avg, avg * MB / bytes / 1e6);
     Ok(())
 }
