@@ -21,7 +21,7 @@ const NAME: &str = "write_lat";
 const SIGNAL_EVERY: usize = 32;
 
 fn main() {
-    let args = parse_args(NAME, 8, 1000);
+    let args = parse_args(NAME, 8, 1000, &[]);
     if let Err(e) = run(&args) {
         fail(NAME, e);
     }

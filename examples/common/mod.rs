@@ -25,11 +25,22 @@ pub struct Args {
     pub tcp_port: u16,
     /// `-t`: send queue depth (default 128).
     pub tx_depth: usize,
+    /// `-Q`: every how many requests one is signaled (perftest's default 100, at most `-t`),
+    /// where the tool signals in batches.
+    pub cq_mod: usize,
+    /// `--api A[,B...]`: the posting paths to measure, among the names the tool accepts (the
+    /// first by default; empty when the tool has only one path). Not perftest's.
+    pub apis: Vec<&'static str>,
+    /// `--repeat N`: measurements in this one run, cycling through `apis` (default 1; only
+    /// with `--api`). Not perftest's.
+    pub repeat: usize,
     /// The server's address: present on the client, absent on the server.
     pub server: Option<Ipv4Addr>,
 }
 
-pub fn parse_args(name: &str, default_size: usize, default_iters: usize) -> Args {
+/// Parses perftest's flags; `apis` lists the values `--api` takes (the first is the default),
+/// empty for a tool without the flag.
+pub fn parse_args(name: &str, default_size: usize, default_iters: usize, apis: &[&'static str]) -> Args {
     let mut a = Args {
         device: None,
         ib_port: 1,
@@ -38,11 +49,18 @@ pub fn parse_args(name: &str, default_size: usize, default_iters: usize) -> Args
         iters: default_iters,
         tcp_port: 18515,
         tx_depth: 128,
+        cq_mod: 100,
+        apis: apis.first().copied().into_iter().collect(),
+        repeat: 1,
         server: None,
     };
     let mut it = std::env::args().skip(1);
     let usage = || -> ! {
-        eprintln!("usage: {name} [-d DEV] [-i PORT] [-x GID_INDEX] [-s SIZE] [-n ITERS] [-p TCP_PORT] [-t TX_DEPTH] [-F] [SERVER_ADDR]");
+        let api = match apis {
+            [] => String::new(),
+            _ => format!(" [--api {}[,...]] [--repeat N]", apis.join("|")),
+        };
+        eprintln!("usage: {name} [-d DEV] [-i PORT] [-x GID_INDEX] [-s SIZE] [-n ITERS] [-p TCP_PORT] [-t TX_DEPTH] [-Q CQ_MOD] [-F]{api} [SERVER_ADDR]");
         std::process::exit(2)
     };
     while let Some(arg) = it.next() {
@@ -55,15 +73,25 @@ pub fn parse_args(name: &str, default_size: usize, default_iters: usize) -> Args
             "-n" | "--iters" => a.iters = val().parse().unwrap_or_else(|_| usage()),
             "-p" | "--port" => a.tcp_port = val().parse().unwrap_or_else(|_| usage()),
             "-t" | "--tx-depth" => a.tx_depth = val().parse().unwrap_or_else(|_| usage()),
+            "-Q" | "--cq-mod" => a.cq_mod = val().parse().unwrap_or_else(|_| usage()),
+            "--api" if !apis.is_empty() => {
+                let v = val();
+                let known = |x: &str| apis.iter().copied().find(|&k| k == x).unwrap_or_else(|| usage());
+                a.apis = v.split(',').map(known).collect();
+            }
+            "--repeat" if !apis.is_empty() => a.repeat = val().parse().unwrap_or_else(|_| usage()),
             "-F" | "--CPU-freq" => {} // perftest's frequency warning switch: nothing to silence here
             "-h" | "--help" => usage(),
             s if !s.starts_with('-') && a.server.is_none() => a.server = Some(s.parse().unwrap_or_else(|_| usage())),
             _ => usage(),
         }
     }
-    if a.size == 0 || a.iters == 0 || a.tx_depth == 0 {
+    if a.size == 0 || a.iters == 0 || a.tx_depth == 0 || a.cq_mod == 0 || a.repeat == 0 {
         usage();
     }
+    // As perftest: no deeper than the run is long, no rarer signal than the queue is deep.
+    a.tx_depth = a.tx_depth.min(a.iters);
+    a.cq_mod = a.cq_mod.min(a.tx_depth);
     a
 }
 
