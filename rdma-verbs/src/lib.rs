@@ -73,16 +73,17 @@
 //!     Ok(Connection { sends, receives, slots })
 //! }
 //!
-//! # fn main() -> Result<()> {
-//! # let peer: QpEndpoint = unimplemented!();
-//! let ctx = Arc::new(Context::open("rxe0")?);
-//! let pd = Arc::new(ProtectionDomain::new(ctx.clone())?);
-//! let conn = connect(&ctx, &pd, peer)?;
-//! std::thread::spawn(move || {
-//!     let Connection { mut sends, mut receives, slots } = conn; // the thread owns it all
-//! #   let _ = (&mut sends, &mut receives, slots);
-//! });
-//! # Ok(()) }
+//! fn serve(peer: QpEndpoint) -> Result<()> {
+//!     let ctx = Arc::new(Context::open("rxe0")?);
+//!     let pd = Arc::new(ProtectionDomain::new(ctx.clone())?);
+//!     let conn = connect(&ctx, &pd, peer)?;
+//!     std::thread::spawn(move || {
+//!         let Connection { mut sends, mut receives, slots } = conn; // the thread owns it all
+//! #       let _ = (&mut sends, &mut receives, slots);
+//!     });
+//!     Ok(())
+//! }
+//! # fn main() {}
 //! ```
 //!
 //! [`std::thread::scope`] lends borrowed resources to threads too. Every wrapper is `Send`, and

@@ -310,32 +310,13 @@ impl<'pd> Slot<'pd> {
     /// - [`pread(2)`](https://man7.org/linux/man-pages/man2/pread.2.html)
     #[doc(alias = "pread")]
     pub fn read_file(&mut self, file: &impl AsFd, file_offset: u64, len: usize) -> io::Result<usize> {
-        if len > self.len() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{len} bytes do not fit a slot of {}", self.len()),
-            ));
-        }
-        let fd = file.as_fd().as_raw_fd();
-        let mut done = 0usize;
-        while done < len {
-            let offset = offset_of(file_offset, done)?;
-            // SAFETY: `ptr()+done .. ptr()+len` lies inside the slot; `&mut self` means no Rust
-            // reference to it is alive, and the slot is not posted (posting moves it), so the
-            // kernel is the only writer.
-            let n = unsafe { libc::pread(fd, self.ptr().add(done).cast(), len - done, offset) };
-            match n {
-                0 => break,
-                1.. => done += n as usize,
-                _ => {
-                    let e = io::Error::last_os_error();
-                    if e.kind() != io::ErrorKind::Interrupted {
-                        return Err(e);
-                    }
-                }
-            }
-        }
-        Ok(done)
+        let ptr = self.ptr();
+        // SAFETY: `ptr` .. `ptr + len` lies inside the slot (checked by `positional_io`);
+        // `&mut self` means no Rust reference to it is alive, and the slot is not posted
+        // (posting moves it), so the kernel is the only writer.
+        self.positional_io(file, file_offset, len, |fd, done, left, off| unsafe {
+            libc::pread(fd, ptr.add(done).cast(), left, off)
+        })
     }
 
     /// Writes the first `len` bytes of the slot to `file` at `file_offset` with `pwrite(2)`
@@ -350,22 +331,37 @@ impl<'pd> Slot<'pd> {
     /// - [`pwrite(2)`](https://man7.org/linux/man-pages/man2/pwrite.2.html)
     #[doc(alias = "pwrite")]
     pub fn write_file(&self, file: &impl AsFd, file_offset: u64, len: usize) -> io::Result<()> {
+        let ptr = self.ptr();
+        // SAFETY: `ptr` .. `ptr + len` lies inside the slot's live region (checked by
+        // `positional_io`); the kernel only reads it.
+        let done = self.positional_io(file, file_offset, len, |fd, done, left, off| unsafe {
+            libc::pwrite(fd, ptr.add(done).cast(), left, off)
+        })?;
+        if done < len {
+            return Err(io::Error::new(io::ErrorKind::WriteZero, "pwrite wrote nothing"));
+        }
+        Ok(())
+    }
+
+    /// Calls `call(fd, done, left, file_offset + done)` until `len` bytes are done or it returns
+    /// 0, retrying `EINTR`; returns the bytes done. `len` is checked against the slot first.
+    fn positional_io(
+        &self,
+        file: &impl AsFd,
+        file_offset: u64,
+        len: usize,
+        mut call: impl FnMut(libc::c_int, usize, usize, libc::off_t) -> isize,
+    ) -> io::Result<usize> {
         if len > self.len() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{len} bytes do not fit a slot of {}", self.len()),
-            ));
+            let reason = format!("{len} bytes do not fit a slot of {}", self.len());
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, reason));
         }
         let fd = file.as_fd().as_raw_fd();
         let mut done = 0usize;
         while done < len {
-            let offset = offset_of(file_offset, done)?;
-            // SAFETY: `ptr()+done .. ptr()+len` lies inside the slot's live region; the kernel
-            // only reads it.
-            let n = unsafe { libc::pwrite(fd, self.ptr().add(done).cast(), len - done, offset) };
-            match n {
-                0 => return Err(io::Error::new(io::ErrorKind::WriteZero, "pwrite wrote nothing")),
-                1.. => done += n as usize,
+            match call(fd, done, len - done, offset_of(file_offset, done)?) {
+                0 => break,
+                n @ 1.. => done += n as usize,
                 _ => {
                     let e = io::Error::last_os_error();
                     if e.kind() != io::ErrorKind::Interrupted {
@@ -374,7 +370,7 @@ impl<'pd> Slot<'pd> {
                 }
             }
         }
-        Ok(())
+        Ok(done)
     }
 }
 

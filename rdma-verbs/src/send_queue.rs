@@ -381,16 +381,22 @@ impl<'res, T: Connected> SendQueue<'res, T> {
         }
     }
 
-    fn check(&self, r: &Request<'_>) -> Result<()> {
-        let device = self.qp.device();
-        if self.room() == 0 {
-            return Err(Error::QueueFull {
-                device: Some(device.to_owned()),
-                queue: "send queue",
-                capacity: self.depth as u32,
-                outstanding: (self.held.len() + self.staged.len()) as u32,
-            });
+    /// `QueueFull` when nothing more can be pushed.
+    fn check_room(&self) -> Result<()> {
+        if self.room() > 0 {
+            return Ok(());
         }
+        Err(Error::QueueFull {
+            device: Some(self.qp.device().to_owned()),
+            queue: "send queue",
+            capacity: self.depth as u32,
+            outstanding: (self.held.len() + self.staged.len()) as u32,
+        })
+    }
+
+    fn check(&self, r: &Request<'_>) -> Result<()> {
+        self.check_room()?;
+        let device = self.qp.device();
         let bad = |reason: String| Err(Error::invalid("ibv_post_send", Some(device), reason));
         if r.len > r.slot.len() {
             return bad(format!("{} bytes do not fit a slot of {}", r.len, r.slot.len()));
@@ -461,14 +467,7 @@ impl<'res, T: Connected> SendQueue<'res, T> {
             let reason = format!("{} bytes of inline data: the QP takes {max}", data.len());
             return Err(Error::invalid("ibv_post_send", Some(device), reason));
         }
-        if self.room() == 0 {
-            return Err(Error::QueueFull {
-                device: Some(device.to_owned()),
-                queue: "send queue",
-                capacity: self.depth as u32,
-                outstanding: (self.held.len() + self.staged.len()) as u32,
-            });
-        }
+        self.check_room()?;
         self.post_chain(Some((data, imm, wr_id))).map(|_| ())
     }
 
