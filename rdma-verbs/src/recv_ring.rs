@@ -28,7 +28,7 @@ use std::time::Duration;
 use rdma_sys as ffi;
 
 use crate::cq::{CompletionQueue, CqOwner};
-use crate::deadline::Deadline;
+use crate::deadline::{flush_wait, Deadline};
 use crate::error::{Error, Result};
 use crate::mr::AccessFlags;
 use crate::parent::Parent;
@@ -158,11 +158,13 @@ impl<'pd> Message<'pd> {
 ///
 /// # Dropping
 /// Receives still posted must be out of the device's reach before their slots return to the
-/// pool. On a QP: if the ring is the QP's last holder, the QP is reset and destroyed;
-/// otherwise the QP is flushed (error state: the connection ends) and the ring waits up to its
-/// `drain_timeout` for the flushed receives, twice, then resets the QP. On an SRQ: if the ring
-/// is its last holder, the SRQ is destroyed. Slots the device might still reach are leaked,
-/// never reused. Forgetting the ring leaks its posted slots (and their pool).
+/// pool. On a QP: if the ring is the QP's last holder, the QP is destroyed before the slots
+/// return. Otherwise the QP is flushed (error state: the connection ends) and the ring waits
+/// up to its `drain_timeout` for the flushed receives, then flushes again and waits at least
+/// five seconds (the local device alone makes those completions). A slot returns only with its
+/// completion: if some never come, the QP is reset and those slots are leaked, never reused.
+/// On an SRQ: if the ring is its last holder, the SRQ is destroyed; otherwise the posted slots
+/// are leaked. Forgetting the ring leaks its posted slots (and their pool).
 pub struct RecvRing<'res> {
     /// Dropped before `posted`: the QP or SRQ goes before the slots it may write.
     qp: Option<Arc<Inner<'res>>>,
@@ -479,27 +481,32 @@ impl<'res> RecvRing<'res> {
             };
         }
         let Some(qp) = self.qp.clone() else { return true };
-        if Arc::strong_count(&qp) > 2 {
-            // Flushing twice: rxe completes receives posted to a QP already in error only when
-            // it is moved to error again.
-            for _ in 0..2 {
-                let _ = qp.set_state(IBV_QPS_ERR);
-                let deadline = Deadline::after(self.drain_timeout);
-                loop {
-                    self.discard_all();
-                    if self.posted_count == 0 {
-                        return true;
-                    }
-                    if deadline.has_passed() {
-                        break;
-                    }
+        if Arc::strong_count(&qp) == 2 {
+            // The last handle besides this clone: the QP is destroyed (`qp` is dropped before
+            // `posted`), and a destroyed QP is done with every receive.
+            if qp.set_state(IBV_QPS_RESET).is_ok() {
+                self.discard_all();
+            }
+            return true;
+        }
+        // Flushing twice: rxe completes receives posted to a QP already in error only when it is
+        // moved to error again. The second wait is long enough for the local device's flush.
+        for wait in [self.drain_timeout, flush_wait(self.drain_timeout)] {
+            let _ = qp.set_state(IBV_QPS_ERR);
+            let deadline = Deadline::after(wait);
+            loop {
+                self.discard_all();
+                if self.posted_count == 0 {
+                    return true;
+                }
+                if deadline.has_passed() {
+                    break;
                 }
             }
         }
-        if qp.set_state(IBV_QPS_RESET).is_ok() {
-            self.discard_all();
-            return true;
-        }
+        // Completions are missing even after two flushes: stop the device with a reset, but do
+        // not take its word for it (rxe can finish a packet after a reset returns): leak.
+        let _ = qp.set_state(IBV_QPS_RESET);
         false
     }
 }

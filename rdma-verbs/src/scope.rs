@@ -21,9 +21,9 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 use crate::cq::CompletionQueue;
-use crate::deadline::Deadline;
+use crate::deadline::{flush_wait, Deadline};
 use crate::error::{Error, Result};
-use crate::qp::state::{CanPostRecv, ReadyToSend, State, Transport};
+use crate::qp::state::{CanPostRecv, QpState, ReadyToSend, State, Transport};
 use crate::qp::QueuePair;
 use crate::wc::WorkCompletion;
 use crate::wr::{RecvRequest, SendRequest, RESERVED_WR_ID_BITS};
@@ -54,10 +54,13 @@ const RECV_TAG: u64 = 1 << 62;
 ///
 /// # Ending
 /// When the closure returns (or panics), the scope waits for its requests up to its drain
-/// timeout; past that it flushes them (QP to the error state) and waits again; past that it
-/// resets the QP (which removes every request without a completion; the QP's type then no
-/// longer tells its state: [`QueuePair::state`] does). Only a device that refuses even the reset
-/// makes it abort the process, rather than end the borrows while the NIC may write.
+/// timeout; past that it flushes them (QP to the error state) and waits for the flushed
+/// completions, at least five seconds. Only if some never come (lost to a CQ that other QPs
+/// overran) does it reset the QP, after that long in the error state (a reset that races a
+/// packet in progress is not enough on rxe: see `docs/safety.md`); the reset removes every
+/// request without a completion, and the QP's type then no longer tells its state
+/// ([`QueuePair::state`] does). Only a device that refuses even the reset makes it abort the
+/// process, rather than end the borrows while the NIC may write.
 pub struct PostScope<'s, 'env: 's, T: Transport, S: State> {
     qp: &'env QueuePair<'env, T, S>,
     sends: usize,
@@ -106,11 +109,12 @@ impl<'res, T: Transport, S: State> QueuePair<'res, T, S> {
     /// Memory regions named by the scope's requests stay borrowed until the scope returns, so no
     /// plain slice of them can exist while the NIC may use them. If requests are still
     /// outstanding when `f` returns (or panics), the scope polls for them up to
-    /// `drain_timeout`, then flushes them and waits as long again, then resets the QP (see the
-    /// [`PostScope`] docs). [`Duration::MAX`] waits without a deadline. A short timeout is a
-    /// decision to tear the connection down if requests are still in flight when `f` returns:
-    /// with [`Duration::ZERO`] the scope only looks once per phase, so requests still on the wire
-    /// are flushed and usually end in a reset of the QP.
+    /// `drain_timeout`, then flushes them (error state) and waits for the flushed completions,
+    /// as long again but at least five seconds (the local device alone makes them), and resets
+    /// the QP only if some never come (see the [`PostScope`] docs). [`Duration::MAX`] waits
+    /// without a deadline. A short timeout is a decision to tear the connection down if
+    /// requests are still in flight when `f` returns: with [`Duration::ZERO`] the scope looks
+    /// once, then flushes.
     ///
     /// `f`'s error type is the scope's: anything an [`Error`] converts into (this crate's
     /// `Error`, `Box<dyn std::error::Error>`, `anyhow::Error`, ...).
@@ -264,7 +268,8 @@ impl<'s, 'env, T: Transport, S: State> PostScope<'s, 'env, T, S> {
         let mut first_error = None;
         let mut buf: [WorkCompletion; 16] = Default::default();
         for flushed in [false, true] {
-            let deadline = Deadline::after(self.drain_timeout);
+            let wait = if flushed { flush_wait(self.drain_timeout) } else { self.drain_timeout };
+            let deadline = Deadline::after(wait);
             // Poll at least once per phase, whatever the timeout: requests that already
             // completed must not be flushed (or reset) for want of a look.
             loop {
@@ -293,8 +298,10 @@ impl<'s, 'env, T: Transport, S: State> PostScope<'s, 'env, T, S> {
                 let _ = self.qp.flush();
             }
         }
-        // Not even flushed (rxe, for one, may drop receives posted to a QP in error): reset the
-        // QP, which removes every request without a completion; the device stops using them.
+        // Flushed, yet not every completion came within `FLUSH_CONFIRM` (a CQ overrun by other
+        // QPs loses completions): reset the QP, which removes every request without a
+        // completion. After that long in the error state nothing is left in progress, so the
+        // device no longer uses them, rxe included (see `FLUSH_CONFIRM`).
         if self.qp.reset().is_ok() {
             self.sends = 0;
             self.recvs = 0;
@@ -314,9 +321,16 @@ impl<'s, 'env, T: Transport, S: State> PostScope<'s, 'env, T, S> {
 
     /// Counts what a post of `n` requests left outstanding: all, those before a refused one
     /// (all, when the provider did not say which), or none when it was refused before posting.
-    fn posted(r: &Result<()>, n: usize) -> usize {
+    /// A QP in the reset state takes no request (the verbs spec; rxe refuses with `EINVAL` and
+    /// names none): then nothing was posted, and the drain must not wait for it.
+    fn posted(&self, r: &Result<()>, n: usize) -> usize {
         match r {
             Ok(()) => n,
+            Err(Error::PostFailed { posted, .. })
+                if *posted == n && self.qp.state().is_ok_and(|s| s == QpState::Reset) =>
+            {
+                0
+            }
             Err(Error::PostFailed { posted, .. }) => *posted,
             Err(_) => 0,
         }
@@ -367,7 +381,7 @@ impl<'s, 'env, T: Transport> PostScope<'s, 'env, T, ReadyToSend> {
         for wr in wrs.iter_mut() {
             wr.set_wr_id(wr.wr_id() & !RESERVED_WR_ID_BITS);
         }
-        self.sends += Self::posted(&r, wrs.len());
+        self.sends += self.posted(&r, wrs.len());
         r
     }
 }
@@ -393,7 +407,7 @@ impl<'s, 'env, T: Transport, S: CanPostRecv> PostScope<'s, 'env, T, S> {
         for wr in wrs.iter_mut() {
             wr.set_wr_id(wr.wr_id() & !RESERVED_WR_ID_BITS);
         }
-        self.recvs += Self::posted(&r, wrs.len());
+        self.recvs += self.posted(&r, wrs.len());
         r
     }
 }

@@ -33,7 +33,7 @@ use std::time::Duration;
 use rdma_sys as ffi;
 
 use crate::cq::CqOwner;
-use crate::deadline::Deadline;
+use crate::deadline::{flush_wait, Deadline};
 use crate::error::{Error, Result};
 use crate::mr::{AccessFlags, RemoteRegion};
 use crate::pool::Slot;
@@ -248,16 +248,18 @@ struct Held<'pd> {
 ///
 /// # Dropping
 /// Requests pushed but not submitted are dropped (their slots return to the pool). Requests
-/// in flight: if the queue is the QP's last holder, the QP is reset, then destroyed, and the
-/// slots return. Otherwise the queue waits for them up to its `drain_timeout`, then flushes
-/// the QP (error state) and waits as long again, then resets it. A slot the device might still
-/// reach is never returned: if even the reset fails, those slots are leaked, not reused.
+/// in flight: if the queue is the QP's last holder, the QP is destroyed before the slots
+/// return. Otherwise the queue waits for them up to its `drain_timeout`, then flushes the QP
+/// (error state) and waits for the flushed completions (at least five seconds: the local device
+/// alone makes them). A slot returns only with its completion: if some never come (a CQ overrun
+/// by other QPs loses them), the QP is reset and those slots are leaked, not reused.
 /// Forgetting the queue leaks the slots in flight (and their pool), and leaves the CQ owned.
 ///
 /// # When another layer resets the QP
 /// A drain that resets the QP (a posting scope's, a ring's, another queue's) removes this
-/// queue's requests without completions: their slots stay held (never handed out) until this
-/// queue is dropped, whose own drain resets again and returns them. The typed handle still says
+/// queue's requests without completions: their slots stay held (never handed out); when this
+/// queue is dropped they return only if it holds the QP's last handle (the QP is destroyed
+/// first), and are leaked otherwise. The typed handle still says
 /// `ReadyToSend`; posts to a reset QP fail (rxe: `EINVAL` without naming the request, so
 /// [`post`](Self::post) reports [`PostError::MaybePosted`]).
 pub struct SendQueue<'res, T: Connected> {
@@ -636,31 +638,36 @@ impl<'res, T: Connected> SendQueue<'res, T> {
     }
 
     /// Makes sure the device no longer uses any slot in flight, so they may return to the pool:
-    /// see the type's docs. `false` if the device refused even a reset.
+    /// see the type's docs. `false` when that is not proven: the slots must then be leaked.
     fn quiesce(&mut self) -> bool {
         use ffi::ibv_qp_state::{IBV_QPS_ERR, IBV_QPS_RESET};
-        if Arc::strong_count(&self.qp) > 1 {
-            for flush in [false, true] {
-                let deadline = Deadline::after(self.drain_timeout);
-                loop {
-                    let _ = self.poll(drop);
-                    if self.held.is_empty() {
-                        return true;
-                    }
-                    if deadline.has_passed() {
-                        break;
-                    }
-                }
-                if !flush {
-                    let _ = self.qp.set_state(IBV_QPS_ERR);
-                }
+        if Arc::strong_count(&self.qp) == 1 {
+            // The last handle: the QP is destroyed (`qp` is dropped before `held`), and a
+            // destroyed QP is done with every request. The reset clears its requests first.
+            if self.qp.set_state(IBV_QPS_RESET).is_ok() {
+                while self.poll(drop).is_ok_and(|n| n > 0) {}
             }
-        }
-        // Reset removes every request without a completion: the device stops using them.
-        if self.qp.set_state(IBV_QPS_RESET).is_ok() {
-            while self.poll(drop).is_ok_and(|n| n > 0) {}
             return true;
         }
+        for flushed in [false, true] {
+            let wait = if flushed { flush_wait(self.drain_timeout) } else { self.drain_timeout };
+            let deadline = Deadline::after(wait);
+            loop {
+                let _ = self.poll(drop);
+                if self.held.is_empty() {
+                    return true;
+                }
+                if deadline.has_passed() {
+                    break;
+                }
+            }
+            if !flushed {
+                let _ = self.qp.set_state(IBV_QPS_ERR);
+            }
+        }
+        // Completions are missing even after a flush: stop the device with a reset, but do not
+        // take its word for it (rxe can finish a packet after a reset returns): leak the slots.
+        let _ = self.qp.set_state(IBV_QPS_RESET);
         false
     }
 }

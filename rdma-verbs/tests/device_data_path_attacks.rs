@@ -69,3 +69,49 @@ fn a_ring_never_posts_more_than_its_depth() {
     assert_eq!(pool.available(), 4);
     sq.drain(T, |c| c.ok().unwrap()).unwrap();
 }
+
+fn changed_bytes(p: *const u8, len: usize) -> usize {
+    // SAFETY: the caller passes a pointer into a live slice of at least `len` bytes.
+    (0..len).filter(|&i| unsafe { std::ptr::read_volatile(p.add(i)) } != 0).count()
+}
+
+/// Before: a send queue dropped with a 1 MiB READ in flight, on a QP someone else still held,
+/// flushed the QP, waited only its drain timeout for the flushed completion, then reset the
+/// QP and handed the slot back. rxe can finish copying a packet of the READ response after the
+/// reset returns (CI saw 4 KiB land behind a live slice that way in a posting scope). Now the
+/// slot returns only with its (flushed) completion, so the QP ends in the error state, never
+/// reset, and nothing changes behind the slice.
+#[test]
+fn a_slot_returns_from_a_dropped_queue_only_with_its_completion() {
+    let topo = testkit::require_topology!();
+    let (ctx_a, pd_a) = open_shared(&topo.client.device);
+    let (ctx_b, pd_b) = open_shared(&topo.server.device);
+    const LEN: usize = 1 << 20;
+    let remote = MemoryRegion::alloc(pd_b.clone(), LEN, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ).unwrap();
+    remote.write_at(0, &vec![0x5a; LEN]).unwrap();
+    let pool = SlotPool::new(pd_a.clone(), LEN, 1, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut changed = Vec::new();
+    for run in 0..16 {
+        let qa = owned_qp(&topo, &ctx_a, &pd_a, caps(4, 4), 8, AccessFlags::LOCAL_WRITE);
+        let qb = owned_qp(&topo, &ctx_b, &pd_b, caps(4, 4), 8, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ);
+        let (qa, _qb) = connect_pair(&topo, qa, qb);
+        let mut sq = SendQueue::new(&qa, std::time::Duration::ZERO).unwrap();
+        sq.push(Request::read(pool.try_take().unwrap(), LEN, remote.remote())).unwrap();
+        sq.submit().unwrap();
+        drop(sq);
+        let state = qa.state().unwrap();
+        let Some(mut slot) = pool.try_take() else {
+            panic!("run {run}: the slot was leaked although its completion came (QP {state:?})");
+        };
+        let s = slot.as_mut_slice().unwrap();
+        s.fill(0);
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let nz = changed_bytes(s.as_ptr(), LEN);
+        eprintln!("run {run}: QP {state:?} after the drop; {nz} bytes changed behind the slice");
+        assert_ne!(state, QpState::Reset, "run {run}: the queue reset the QP instead of waiting for the flush");
+        if nz != 0 {
+            changed.push((run, nz));
+        }
+    }
+    assert!(changed.is_empty(), "late READ data behind a live &mut [u8]: {changed:?}");
+}
