@@ -1,0 +1,36 @@
+//! What a whole-file digest costs here, against a plain copy: the measurement behind
+//! rdma-copy's choice of BLAKE3 (`docs/protocol.md`). Run it where the transfer runs (in the VM:
+//! `scripts/softroce run -- target/release/examples/digest-cost`).
+//!
+//! Prints MB/s (10^6 bytes) over 1 MiB buffers for: memcpy, BLAKE3 (its SIMD as detected),
+//! XXH3-128 (not cryptographic).
+
+use std::hint::black_box;
+use std::time::Instant;
+
+fn rate(name: &str, bytes: usize, mut f: impl FnMut()) {
+    f(); // warm-up
+    let rounds = 64;
+    let t = Instant::now();
+    for _ in 0..rounds {
+        f();
+    }
+    let s = t.elapsed().as_secs_f64();
+    println!("{name:>12}: {:8.1} MB/s", (bytes * rounds) as f64 / s / 1e6);
+}
+
+fn main() {
+    const LEN: usize = 1 << 20;
+    let src: Vec<u8> = (0..LEN).map(|i| (i * 31 % 251) as u8).collect();
+    let mut dst = vec![0u8; LEN];
+    rate("memcpy", LEN, || {
+        dst.copy_from_slice(black_box(&src));
+        black_box(&dst);
+    });
+    rate("blake3", LEN, || {
+        black_box(blake3::hash(black_box(&src)));
+    });
+    rate("xxh3-128", LEN, || {
+        black_box(xxhash_rust::xxh3::xxh3_128(black_box(&src)));
+    });
+}

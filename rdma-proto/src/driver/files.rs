@@ -1,0 +1,99 @@
+//! The receiver's files: a temporary in the destination directory, renamed into place only
+//! after the digest matched and the data is synced; removed on every failure.
+
+use std::ffi::CString;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use crate::Status;
+
+/// The status an I/O error on the receiver's files maps to.
+pub(crate) fn io_status(e: &io::Error) -> Status {
+    match e.raw_os_error() {
+        Some(libc::ENOSPC) | Some(libc::EDQUOT) | Some(libc::EFBIG) => Status::NoSpace,
+        _ => Status::DiskIo,
+    }
+}
+
+/// A file being received: `dir/.NAME.SESSION.rdcp-tmp` until [`commit`](Self::commit).
+/// Dropping it uncommitted removes the temporary.
+#[derive(Debug)]
+pub(crate) struct Incoming {
+    pub(crate) file: File,
+    temp: PathBuf,
+    target: PathBuf,
+    overwrite: bool,
+    committed: bool,
+}
+
+impl Incoming {
+    /// Creates the temporary (exclusively) for `name`.
+    ///
+    /// # Errors
+    /// [`Status::Exists`] when `name` exists and `overwrite` is off; the I/O status otherwise.
+    pub(crate) fn create(dir: &Path, name: &str, session: u64, overwrite: bool) -> Result<Self, (Status, String)> {
+        let target = dir.join(name);
+        if !overwrite && target.symlink_metadata().is_ok() {
+            return Err((Status::Exists, format!("{name} exists")));
+        }
+        let temp = dir.join(format!(".{name}.{session:016x}.rdcp-tmp"));
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(&temp)
+            .map_err(|e| (io_status(&e), format!("creating {}: {e}", temp.display())))?;
+        Ok(Incoming { file, temp, target, overwrite, committed: false })
+    }
+
+    /// Syncs the data and renames the temporary into place (without replacing an existing file
+    /// unless `overwrite`), then syncs the directory.
+    ///
+    /// # Errors
+    /// The status and a sentence; the temporary is then removed when `self` drops.
+    pub(crate) fn commit(mut self) -> Result<(), (Status, String)> {
+        let io = |what: &str, e: io::Error| (io_status(&e), format!("{what}: {e}"));
+        self.file.sync_all().map_err(|e| io("fsync", e))?;
+        if self.overwrite {
+            std::fs::rename(&self.temp, &self.target).map_err(|e| io("rename", e))?;
+        } else {
+            rename_noreplace(&self.temp, &self.target).map_err(|e| {
+                if e.raw_os_error() == Some(libc::EEXIST) {
+                    (Status::Exists, format!("{} appeared meanwhile", self.target.display()))
+                } else {
+                    io("rename", e)
+                }
+            })?;
+        }
+        self.committed = true;
+        if let Some(dir) = self.target.parent() {
+            File::open(dir).and_then(|d| d.sync_all()).map_err(|e| io("fsync of the directory", e))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Incoming {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = std::fs::remove_file(&self.temp);
+        }
+    }
+}
+
+/// `renameat2(RENAME_NOREPLACE)`: fails with `EEXIST` rather than replace `to`.
+fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
+    let c = |p: &Path| CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL));
+    let (from, to) = (c(from)?, c(to)?);
+    // SAFETY: both are NUL-terminated paths that live across the call.
+    let r =
+        unsafe { libc::renameat2(libc::AT_FDCWD, from.as_ptr(), libc::AT_FDCWD, to.as_ptr(), libc::RENAME_NOREPLACE) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}

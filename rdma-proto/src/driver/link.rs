@@ -1,0 +1,119 @@
+//! One side's verbs resources for a session, and its control channel: a send queue shared by
+//! control messages and data WRITEs, and a receive ring posted before the connection exists.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdma_verbs::qp::state::Rc;
+use rdma_verbs::qp::state::{Init, Reset};
+use rdma_verbs::{
+    AccessFlags, CompletionQueue, Context, ProtectionDomain, QpCaps, QpCreateAttr, QueuePair, RecvRing, Request,
+    SendQueue, SlotPool,
+};
+
+use crate::wire::MAX_MESSAGE_LEN;
+
+/// `wr_id` of control sends; data WRITEs use their chunk number (below 2^63).
+pub(crate) const CONTROL_WR_ID: u64 = u64::MAX;
+/// Control messages one side may have in flight.
+const CONTROL_SLOTS: u32 = 16;
+/// How long a dropped queue or ring waits for its requests before flushing.
+pub(crate) const DRAIN: Duration = Duration::from_millis(200);
+
+/// A QP in `Init` with its receive ring posted, on resources the thread owns.
+pub(crate) struct Endpoint {
+    pub(crate) pd: Arc<ProtectionDomain<'static>>,
+    pub(crate) qp: QueuePair<'static, Rc, Init>,
+    pub(crate) ring: RecvRing<'static>,
+    pub(crate) control: SlotPool<'static>,
+}
+
+impl Endpoint {
+    /// Creates the PD, CQs, QP (in `Reset`, handed to `init`) and the control pools; posts
+    /// `ring_depth` receives. `send_depth` is the data requests in flight.
+    pub(crate) fn new(
+        ctx: Context,
+        send_depth: u32,
+        ring_depth: u32,
+        init: impl FnOnce(QueuePair<'static, Rc, Reset>) -> rdma_cm::Result<QueuePair<'static, Rc, Init>>,
+    ) -> rdma_cm::Result<Self> {
+        let ctx = Arc::new(ctx);
+        let pd = Arc::new(ProtectionDomain::new(ctx.clone())?);
+        let send_wr = send_depth + CONTROL_SLOTS;
+        let send_cq = Arc::new(CompletionQueue::new(ctx.clone(), send_wr, None)?);
+        let recv_cq = Arc::new(CompletionQueue::new(ctx.clone(), ring_depth, None)?);
+        let caps = QpCaps {
+            max_send_wr: send_wr,
+            max_recv_wr: ring_depth,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let qp = QueuePair::<Rc, Reset>::create(pd.clone(), QpCreateAttr::new(send_cq, recv_cq).caps(caps))?;
+        let qp = init(qp)?;
+        let ring_pool = SlotPool::new(pd.clone(), MAX_MESSAGE_LEN, ring_depth, AccessFlags::LOCAL_WRITE)?;
+        let ring = RecvRing::new(&qp, ring_pool, ring_depth, DRAIN)?;
+        let control = SlotPool::new(pd.clone(), MAX_MESSAGE_LEN, CONTROL_SLOTS, AccessFlags::LOCAL_WRITE)?;
+        Ok(Endpoint { pd, qp, ring, control })
+    }
+}
+
+/// Sends one encoded control message, waiting (polling the queue, passing every completion to
+/// `on_completion`) up to `timeout` for a free control slot.
+pub(crate) fn send_control(
+    sq: &mut SendQueue<'static, Rc>,
+    control: &SlotPool<'static>,
+    bytes: &[u8],
+    timeout: Duration,
+    mut on_completion: impl FnMut(rdma_verbs::Completion<'static>),
+) -> rdma_verbs::Result<()> {
+    let deadline = rdma_verbs::Deadline::after(timeout);
+    let mut slot = loop {
+        if let Some(s) = control.try_take() {
+            if sq.room() > 0 {
+                break s;
+            }
+            drop(s);
+        }
+        sq.poll(&mut on_completion)?;
+        if deadline.has_passed() {
+            return Err(rdma_verbs::Error::Timeout { what: "a free control slot", after: timeout });
+        }
+    };
+    slot.write_at(0, bytes)?;
+    sq.push(Request::send(slot, bytes.len()).with_wr_id(CONTROL_WR_ID)).map_err(|r| r.error)?;
+    sq.submit()?;
+    Ok(())
+}
+
+/// Paces a polling loop: it spins while work comes, and sleeps 50 µs per round once idle for
+/// 2^16 rounds (a stalled peer costs no whole core).
+#[derive(Debug, Default)]
+pub(crate) struct Pacer {
+    idle: u32,
+}
+
+impl Pacer {
+    /// Ends a round; `true` every 1024 idle rounds: time for the slow checks (timeouts, CM).
+    pub(crate) fn idle_round(&mut self, progressed: bool) -> bool {
+        if progressed {
+            self.idle = 0;
+            return false;
+        }
+        self.idle = self.idle.saturating_add(1);
+        if self.idle % 1024 != 0 {
+            std::hint::spin_loop();
+            return false;
+        }
+        if self.idle >= 1 << 16 {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        true
+    }
+}
+
+/// Whether the peer disconnected (reads the connection's pending CM events).
+pub(crate) fn peer_left(conn: &rdma_cm::Connection<'_>) -> bool {
+    let _ = conn.try_event();
+    conn.peer_disconnected()
+}

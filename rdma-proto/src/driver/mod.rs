@@ -1,0 +1,88 @@
+//! The driver: runs the [`sender`](crate::sender) and [`receiver`](crate::receiver) machines
+//! over `rdma-cm` connections, with `rdma-verbs`' slot pools, send queue and receive ring, and
+//! the files.
+//!
+//! - [`send_file`] connects to a receiver and sends one file.
+//! - [`Server`] listens and serves senders, each connection on its own thread with its own
+//!   context, PD, queues and memory budget (`'static` resources shared by `Arc`).
+//!
+//! Every wait is bounded: connection setup by `connect_timeout`, each protocol phase by the
+//! machines' `timeout` (no progress for that long ends the session).
+
+mod files;
+mod link;
+mod recv;
+mod send;
+
+pub use recv::{ReceiveOptions, ReceiveReport, Server};
+pub use send::{send_file, SendOptions, SendReport};
+
+use std::time::Duration;
+
+use crate::{ProtocolError, Status};
+
+/// Why a transfer failed (on either side).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Setting up or running the connection failed.
+    #[error("connection: {0}")]
+    Cm(#[from] rdma_cm::Error),
+    /// A verbs call failed.
+    #[error("RDMA: {0}")]
+    Verbs(#[from] rdma_verbs::Error),
+    /// A local file could not be read.
+    #[error("{path}: {source}")]
+    File {
+        /// The file.
+        path: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The protocol ended without the receiver's verdict.
+    #[error("{0}")]
+    Protocol(#[from] ProtocolError),
+    /// The receiver's verdict was not OK.
+    #[error("the receiver answered: {status}{}", if detail.is_empty() { String::new() } else { format!(" ({detail})") })]
+    Refused {
+        /// The verdict.
+        status: Status,
+        /// Its detail.
+        detail: String,
+    },
+    /// The peer disconnected before the session ended.
+    #[error("the peer disconnected mid-transfer")]
+    PeerGone,
+}
+
+impl Error {
+    /// The exit code a tool should use: the status's for a verdict ([`Status::exit_code`]),
+    /// 2 for a connection failure, 3 for a timeout, 4 for a protocol error, 5 for a local file
+    /// error, 6 when the peer left.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Error::Refused { status, .. } => status.exit_code(),
+            Error::Protocol(ProtocolError::Timeout { .. }) => 3,
+            Error::Cm(e) if e.is_timeout() => 3,
+            Error::Cm(_) | Error::Verbs(_) => 2,
+            Error::Protocol(_) => 4,
+            Error::File { .. } => 5,
+            Error::PeerGone => 6,
+        }
+    }
+}
+
+/// Time spent in each phase of a transfer.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Phases {
+    /// Address and route resolution, connection setup.
+    pub connect: Duration,
+    /// HELLO to GRANT.
+    pub grant: Duration,
+    /// First chunk to the last WRITE's completion (sender) or the last chunk stored (receiver).
+    pub data: Duration,
+    /// Sender: FIN to ACK. Receiver: the digest comparison.
+    pub digest: Duration,
+    /// Receiver: fsync and rename.
+    pub sync_rename: Duration,
+}

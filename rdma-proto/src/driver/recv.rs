@@ -1,0 +1,333 @@
+//! [`Server`]: listen, and receive files from senders, each on its own thread.
+
+use std::net::SocketAddr;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdma_cm::{ConnParams, ConnectRequest, Listener};
+use rdma_verbs::{AccessFlags, SendQueue, Slot, SlotPool};
+
+use xxhash_rust::xxh3::Xxh3;
+
+use super::files::{io_status, Incoming};
+use super::link::{peer_left, send_control, Endpoint, Pacer, DRAIN};
+use super::{Error, Phases};
+use crate::receiver::{Action, Input, Receiver, ReceiverConfig};
+use crate::{Outcome, Status};
+
+/// What a receiver accepts, and where it stores files.
+#[derive(Debug, Clone)]
+pub struct ReceiveOptions {
+    /// The directory files are stored in; `None` receives into memory only (the data is
+    /// checked against the digest, then thrown away).
+    pub dir: Option<PathBuf>,
+    /// Replace existing files.
+    pub overwrite: bool,
+    /// Largest file accepted.
+    pub max_size: u64,
+    /// Largest chunk granted.
+    pub max_chunk: u32,
+    /// Memory for one transfer's slot ring.
+    pub memory_budget: u64,
+    /// Most slots per transfer.
+    pub max_slots: u32,
+    /// Transfers served at the same time; more are refused with [`Status::Busy`].
+    pub max_sessions: usize,
+    /// How long a phase may make no progress.
+    pub timeout: Duration,
+    /// Bound on accepting a connection.
+    pub accept_timeout: Duration,
+    /// Test hook: flip one byte of this chunk as it arrives (to prove the digest check).
+    #[doc(hidden)]
+    pub corrupt_chunk: Option<u64>,
+}
+
+impl Default for ReceiveOptions {
+    fn default() -> Self {
+        ReceiveOptions {
+            dir: None,
+            overwrite: false,
+            max_size: 1 << 40,
+            max_chunk: 4 << 20,
+            memory_budget: 64 << 20,
+            max_slots: 64,
+            max_sessions: 8,
+            timeout: Duration::from_secs(30),
+            accept_timeout: Duration::from_secs(10),
+            corrupt_chunk: None,
+        }
+    }
+}
+
+/// What one session did.
+#[derive(Debug, Clone)]
+pub struct ReceiveReport {
+    /// The session id (0 if no HELLO came).
+    pub session: u64,
+    /// The sender's address.
+    pub peer: SocketAddr,
+    /// The file name, if a valid HELLO came.
+    pub name: Option<String>,
+    /// Bytes stored.
+    pub bytes: u64,
+    /// The verdict sent, or why the session failed.
+    pub result: Result<Status, String>,
+    /// Time per phase.
+    pub phases: Phases,
+    /// Wall time from the connection request.
+    pub total: Duration,
+}
+
+/// A listening receiver.
+pub struct Server {
+    listener: Listener,
+    opts: Arc<ReceiveOptions>,
+    active: Arc<AtomicUsize>,
+}
+
+impl Server {
+    /// Listens on `addr` (an address of an RDMA device, or a wildcard).
+    ///
+    /// # Errors
+    /// [`Error::Cm`] when binding or listening fails.
+    pub fn bind(addr: SocketAddr, opts: ReceiveOptions) -> Result<Self, Error> {
+        Ok(Server { listener: Listener::bind(addr, 64)?, opts: Arc::new(opts), active: Arc::new(AtomicUsize::new(0)) })
+    }
+
+    /// The address listened on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener.local_addr()
+    }
+
+    /// Serves senders until `sessions` sessions ended (forever with `None`), each on its own
+    /// thread; `report` is called (from that thread) as each ends.
+    ///
+    /// # Errors
+    /// [`Error::Cm`] when the listener fails; a failed session is only reported.
+    pub fn serve(
+        &self,
+        sessions: Option<usize>,
+        report: impl Fn(ReceiveReport) + Send + Sync + 'static,
+    ) -> Result<(), Error> {
+        let report = Arc::new(report);
+        let started = AtomicUsize::new(0);
+        std::thread::scope(|scope| -> Result<(), Error> {
+            while sessions.map_or(true, |n| started.load(Ordering::Relaxed) < n) {
+                let req = match self.listener.get_request(Duration::from_millis(500)) {
+                    Ok(r) => r,
+                    Err(e) if e.is_timeout() => continue,
+                    Err(e) => return Err(e.into()),
+                };
+                started.fetch_add(1, Ordering::Relaxed);
+                let (opts, active, report) = (self.opts.clone(), self.active.clone(), report.clone());
+                let busy = active.fetch_add(1, Ordering::AcqRel) >= opts.max_sessions;
+                scope.spawn(move || {
+                    let r = receive(req, &opts, busy);
+                    active.fetch_sub(1, Ordering::AcqRel);
+                    report(r);
+                });
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Serves one connection request to its end.
+fn receive(req: ConnectRequest, opts: &ReceiveOptions, busy: bool) -> ReceiveReport {
+    let start = Instant::now();
+    let peer = req.peer_addr();
+    let mut report = ReceiveReport {
+        session: 0,
+        peer,
+        name: None,
+        bytes: 0,
+        result: Err(String::new()),
+        phases: Phases::default(),
+        total: Duration::ZERO,
+    };
+    report.result = match session(req, opts, busy, &mut report, start) {
+        Ok(status) => Ok(status),
+        Err(e) => Err(e.to_string()),
+    };
+    report.total = start.elapsed();
+    match &report.result {
+        Ok(status) => {
+            tracing::info!(session = format_args!("{:016x}", report.session), %peer, %status, bytes = report.bytes, "session ended")
+        }
+        Err(e) => {
+            tracing::warn!(session = format_args!("{:016x}", report.session), %peer, error = %e, "session failed")
+        }
+    }
+    report
+}
+
+fn session(
+    req: ConnectRequest,
+    opts: &ReceiveOptions,
+    busy: bool,
+    report: &mut ReceiveReport,
+    start: Instant,
+) -> Result<Status, Error> {
+    let ctx = req.open_context()?;
+    let ring_depth = opts.max_slots + 16;
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    let ep = Endpoint::new(ctx, 0, ring_depth, |qp| req.init_qp(qp, access))?;
+    let Endpoint { pd, qp, mut ring, control } = ep;
+    let conn = req.accept(qp, &ConnParams::new(), opts.accept_timeout)?;
+    report.phases.connect = start.elapsed();
+    let mut sq = SendQueue::new(conn.qp(), DRAIN)?;
+
+    let cfg = ReceiverConfig {
+        max_size: opts.max_size,
+        max_chunk: opts.max_chunk,
+        memory_budget: opts.memory_budget,
+        max_slots: if busy { 1 } else { opts.max_slots },
+        timeout: opts.timeout,
+    };
+    let mut machine = Receiver::new(cfg, Instant::now());
+    let mut file: Option<Incoming> = None;
+    let mut slots: Vec<Slot<'static>> = Vec::new();
+    let mut copy: Vec<u8> = Vec::new();
+    let mut hasher = Xxh3::new();
+    let (mut data_start, mut data_end) = (None, None);
+    let mut pacer = Pacer::default();
+    let outcome = 'run: loop {
+        let mut progressed = false;
+        while let Some(action) = machine.poll_action() {
+            progressed = true;
+            let now = Instant::now();
+            match action {
+                Action::Open { name, size, slot_size, slot_count } => {
+                    report.session = machine.session();
+                    report.name = Some(name.clone());
+                    tracing::info!(session = format_args!("{:016x}", machine.session()), %name, size, slot_size, slot_count, "receiving");
+                    if busy {
+                        let why = format!("already serving {} transfers", opts.max_sessions);
+                        machine.handle(Input::OpenFailed(Status::Busy, why), now);
+                        continue;
+                    }
+                    if let Some(dir) = &opts.dir {
+                        match Incoming::create(dir, &name, machine.session(), opts.overwrite) {
+                            Ok(f) => file = Some(f),
+                            Err((status, why)) => {
+                                machine.handle(Input::OpenFailed(status, why), now);
+                                continue;
+                            }
+                        }
+                    }
+                    let pool = match SlotPool::new(pd.clone(), slot_size as usize, slot_count, access) {
+                        Ok(p) => p,
+                        Err(e) => {
+                            machine.handle(Input::OpenFailed(Status::Internal, e.to_string()), now);
+                            continue;
+                        }
+                    };
+                    slots = std::iter::from_fn(|| pool.try_take()).collect();
+                    slots.sort_by_key(Slot::index);
+                    copy = vec![0; slot_size as usize];
+                    let remote = pool.remote();
+                    data_start = Some(now);
+                    machine.handle(Input::Ready { addr: remote.addr, rkey: remote.rkey }, now);
+                }
+                Action::Send(bytes) => {
+                    if let Err(e) = send_control(&mut sq, &control, &bytes, opts.timeout, drop) {
+                        break 'run Err(e.into());
+                    }
+                }
+                Action::StoreChunk { seq, slot, offset, len } => {
+                    // The slot is writable by the peer: copy it out once (no reference to it is
+                    // made), then hash and store that copy, so the bytes hashed are the bytes
+                    // stored whatever the peer does meanwhile.
+                    let buf = &mut copy[..len as usize];
+                    if let Err(e) = slots[slot as usize].read_at(0, buf) {
+                        machine.handle(Input::StoreFailed(Status::Internal, e.to_string()), now);
+                        continue;
+                    }
+                    if opts.corrupt_chunk == Some(seq) && !buf.is_empty() {
+                        buf[0] ^= 0xff;
+                    }
+                    hasher.update(buf);
+                    if let Some(f) = &file {
+                        if let Err(e) = f.file.write_all_at(buf, offset) {
+                            machine.handle(Input::StoreFailed(io_status(&e), format!("writing at {offset}: {e}")), now);
+                            continue;
+                        }
+                    }
+                    machine.handle(Input::ChunkStored { seq }, now);
+                }
+                Action::Finalize { digest } => {
+                    data_end = Some(now);
+                    let ours = hasher.digest128().to_be_bytes();
+                    report.phases.digest = now.elapsed(); // the hashing itself ran with the data
+                    let (status, why) = if ours[..] != digest[..] {
+                        (Status::ChecksumMismatch, "the data does not match the sender's digest".to_owned())
+                    } else if let Some(f) = file.take() {
+                        let t = Instant::now();
+                        let r = f.commit();
+                        report.phases.sync_rename = t.elapsed();
+                        match r {
+                            Ok(()) => (Status::Ok, String::new()),
+                            Err((status, why)) => (status, why),
+                        }
+                    } else {
+                        (Status::Ok, String::new())
+                    };
+                    machine.handle(Input::Finalized(status, why), Instant::now());
+                }
+                Action::Discard => {
+                    file = None; // removes the temporary
+                }
+                Action::Finish(o) => break 'run Ok(o),
+            }
+        }
+        // Arrivals: control messages and WRITEs with immediate.
+        loop {
+            match ring.try_next() {
+                Ok(Some(msg)) => {
+                    progressed = true;
+                    if msg.ok().is_err() {
+                        break 'run Err(Error::PeerGone);
+                    }
+                    let now = Instant::now();
+                    if msg.is_write_with_imm() {
+                        let imm = msg.imm().unwrap_or(u32::MAX);
+                        machine.handle(Input::WriteArrived { imm, len: msg.write_len() }, now);
+                    } else {
+                        machine.handle(Input::Message(msg.bytes()), now);
+                    }
+                    if let Err(e) = ring.release(msg) {
+                        break 'run Err(e.into());
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => break 'run Err(e.into()),
+            }
+        }
+        match sq.poll(drop) {
+            Ok(n) => progressed |= n > 0,
+            Err(e) => break 'run Err(e.into()),
+        }
+        if pacer.idle_round(progressed) {
+            machine.handle_timeout(Instant::now());
+            if peer_left(&conn) {
+                break 'run Err(Error::PeerGone);
+            }
+        }
+    };
+    drop(file); // an uncommitted temporary is removed
+    report.bytes = machine.bytes_stored();
+    if let (Some(a), Some(b)) = (data_start, data_end) {
+        report.phases.data = b - a;
+    }
+    // The ACK must reach the sender before the connection goes.
+    let _ = sq.drain(opts.timeout.min(Duration::from_secs(5)), drop);
+    drop(sq);
+    let _ = conn.wait_disconnected(opts.timeout.min(Duration::from_secs(5)));
+    match outcome? {
+        Outcome::Acked { status, .. } => Ok(status),
+        Outcome::Failed(e) => Err(e.into()),
+    }
+}

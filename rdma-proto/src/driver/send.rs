@@ -1,0 +1,255 @@
+//! [`send_file`]: connect to a receiver and send one file.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use rdma_cm::{CmId, ConnParams};
+use rdma_verbs::{AccessFlags, RemoteRegion, Request, SendQueue, Slot, SlotPool};
+use xxhash_rust::xxh3::Xxh3;
+
+use super::link::{peer_left, send_control, Endpoint, Pacer, CONTROL_WR_ID, DRAIN};
+use super::{Error, Phases};
+use crate::sender::{Action, Input, Sender, SenderConfig};
+use crate::{Outcome, ProtocolError, Status};
+
+/// How to send.
+#[derive(Debug, Clone)]
+pub struct SendOptions {
+    /// The receiver's address.
+    pub to: SocketAddr,
+    /// The local address to send from (picks the RDMA device); `None`: the route decides.
+    pub from: Option<SocketAddr>,
+    /// The name the receiver stores the file under (default: the file's own name).
+    pub name: Option<String>,
+    /// Bytes per chunk (one WRITE).
+    pub chunk: u32,
+    /// Chunks in flight.
+    pub depth: u32,
+    /// Bound on address/route resolution and the connection handshake.
+    pub connect_timeout: Duration,
+    /// How long a phase may make no progress.
+    pub timeout: Duration,
+}
+
+impl SendOptions {
+    /// Defaults for sending to `to`: 1 MiB chunks, 16 in flight (measured on rxe:
+    /// `docs/protocol.md`), 10 s to connect, 30 s without progress.
+    pub fn new(to: SocketAddr) -> Self {
+        SendOptions {
+            to,
+            from: None,
+            name: None,
+            chunk: 1 << 20,
+            depth: 16,
+            connect_timeout: Duration::from_secs(10),
+            timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What a finished send did.
+#[derive(Debug, Clone)]
+pub struct SendReport {
+    /// The session id.
+    pub session: u64,
+    /// Bytes sent.
+    pub bytes: u64,
+    /// Chunk size and depth the receiver granted.
+    pub chunk: u32,
+    /// Slots the receiver granted.
+    pub slots: u32,
+    /// Time per phase.
+    pub phases: Phases,
+    /// Wall time from start to ACK.
+    pub total: Duration,
+}
+
+/// Sends `path` to a receiver; `progress(bytes_written, total)` is called as chunks complete.
+///
+/// # Errors
+/// [`Error::Refused`] with the receiver's status when it did not store the file; otherwise
+/// the connection, file, protocol or timeout error.
+pub fn send_file(path: &Path, opts: &SendOptions, mut progress: impl FnMut(u64, u64)) -> Result<SendReport, Error> {
+    let start = Instant::now();
+    let file_err = |e| Error::File { path: path.display().to_string(), source: e };
+    let file = File::open(path).map_err(file_err)?;
+    let size = file.metadata().map_err(file_err)?.len();
+    let name = match &opts.name {
+        Some(n) => n.clone(),
+        None => path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+    };
+    let session = session_id();
+    let cfg = SenderConfig { chunk: opts.chunk, depth: opts.depth, timeout: opts.timeout };
+    let mut machine = Sender::new(session, &name, size, cfg, Instant::now())?;
+    tracing::info!(session = format_args!("{session:016x}"), %name, size, to = %opts.to, "sending");
+
+    // Connect, with the receive ring posted before the peer can send.
+    let id = CmId::new()?.resolve(opts.from, opts.to, opts.connect_timeout)?;
+    let ctx = id.open_context()?;
+    let ep = Endpoint::new(ctx, opts.depth, 32, |qp| id.init_qp(qp, AccessFlags::LOCAL_WRITE))?;
+    let Endpoint { pd, qp, mut ring, control } = ep;
+    let conn = id.connect(qp, &ConnParams::new(), opts.connect_timeout)?;
+    let mut phases = Phases { connect: start.elapsed(), ..Phases::default() };
+    let data = SlotPool::new(pd.clone(), opts.chunk as usize, opts.depth, AccessFlags::LOCAL_WRITE)?;
+    let mut sq = SendQueue::new(conn.qp(), DRAIN)?;
+
+    let mut hasher = Xxh3::new();
+    let mut read: VecDeque<(u64, Slot<'static>)> = VecDeque::new();
+    let mut done: Vec<u64> = Vec::new();
+    let mut failed: Option<Error> = None;
+    let (mut granted_at, mut data_end, mut fin_at) = (None, None, None);
+    let mut pacer = Pacer::default();
+    let outcome = 'run: loop {
+        // Do what the machine asks.
+        let mut pushed = false;
+        while let Some(action) = machine.poll_action() {
+            match action {
+                Action::Send(bytes) => {
+                    // After the HELLO, the only message a sender sends is its FIN.
+                    if machine.grant().is_some() && fin_at.is_none() {
+                        fin_at = Some(Instant::now());
+                    }
+                    let r =
+                        send_control(&mut sq, &control, &bytes, opts.timeout, |c| collect(c, &mut done, &mut failed));
+                    if let Err(e) = r {
+                        break 'run Err(e.into());
+                    }
+                }
+                Action::ReadChunk { seq, offset, len } => {
+                    let Some(mut slot) = data.try_take() else {
+                        break 'run Err(ProtocolError::Local("no free data slot: depth exceeded".into()).into());
+                    };
+                    match slot.read_file(&file, offset, len as usize) {
+                        Ok(n) if n == len as usize => {}
+                        Ok(n) => {
+                            let e = std::io::Error::new(
+                                std::io::ErrorKind::UnexpectedEof,
+                                format!("file shrank: {n} of {len} bytes at {offset}"),
+                            );
+                            break 'run Err(file_err(e));
+                        }
+                        Err(e) => break 'run Err(file_err(e)),
+                    }
+                    // The data pool is not remotely writable: a plain slice of it is sound.
+                    if let Ok(bytes) = slot.as_slice() {
+                        hasher.update(&bytes[..len as usize]);
+                    }
+                    read.push_back((seq, slot));
+                    machine.handle(Input::ChunkRead { seq }, Instant::now());
+                }
+                Action::WriteChunk { seq, len, remote_addr, rkey, imm } => {
+                    let Some(pos) = read.iter().position(|(s, _)| *s == seq) else {
+                        break 'run Err(ProtocolError::Local(format!("chunk {seq} was not read")).into());
+                    };
+                    let (_, slot) = read.remove(pos).expect("position found above");
+                    let remote = RemoteRegion { addr: remote_addr, rkey, len: u64::from(len) };
+                    let req = Request::write(slot, len as usize, remote).with_imm(imm).with_wr_id(seq);
+                    if let Err(r) = sq.push(req) {
+                        break 'run Err(r.error.into());
+                    }
+                    pushed = true;
+                }
+                Action::NeedDigest => {
+                    let digest = hasher.digest128().to_be_bytes();
+                    machine.handle(Input::Digest(digest.to_vec()), Instant::now());
+                }
+                Action::Finish(o) => break 'run Ok(o),
+            }
+        }
+        if pushed {
+            if let Err(e) = sq.submit() {
+                break 'run Err(e.into());
+            }
+        }
+        // Completions.
+        let mut progressed = pushed;
+        match sq.poll(|c| collect(c, &mut done, &mut failed)) {
+            Ok(n) => progressed |= n > 0,
+            Err(e) => break 'run Err(e.into()),
+        }
+        if let Some(e) = failed.take() {
+            break 'run Err(e);
+        }
+        if let Some(&last) = done.last() {
+            done.clear();
+            machine.handle(Input::WriteDone { seq: last }, Instant::now());
+            let written = machine.chunks_written();
+            progress((written * u64::from(machine.grant().map_or(1, |g| g.slot_size))).min(size), size);
+            if written == machine.chunks() && data_end.is_none() {
+                data_end = Some(Instant::now());
+            }
+        }
+        // Control messages.
+        loop {
+            match ring.try_next() {
+                Ok(Some(msg)) => {
+                    progressed = true;
+                    if msg.ok().is_err() {
+                        break 'run Err(Error::PeerGone);
+                    }
+                    let was_granted = machine.grant().is_some();
+                    machine.handle(Input::Message(msg.bytes()), Instant::now());
+                    if !was_granted && machine.grant().is_some() {
+                        granted_at = Some(Instant::now());
+                    }
+                    if let Err(e) = ring.release(msg) {
+                        break 'run Err(e.into());
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => break 'run Err(e.into()),
+            }
+        }
+        if pacer.idle_round(progressed) {
+            machine.handle_timeout(Instant::now());
+            if peer_left(&conn) {
+                break 'run Err(Error::PeerGone);
+            }
+        }
+    };
+    let end = Instant::now();
+    // Let the last sends complete before the connection goes.
+    let _ = sq.drain(DRAIN, drop);
+    drop(sq);
+    let _ = conn.disconnect(opts.connect_timeout);
+    match outcome? {
+        Outcome::Acked { status: Status::Ok, .. } => {
+            let g = *machine.grant().expect("an OK ACK follows a grant");
+            let fin = fin_at.unwrap_or(end);
+            let data_start = granted_at.unwrap_or(start);
+            phases.grant = data_start.duration_since(start).saturating_sub(phases.connect);
+            phases.data = data_end.unwrap_or(fin).duration_since(data_start);
+            phases.digest = end.duration_since(fin);
+            Ok(SendReport { session, bytes: size, chunk: g.slot_size, slots: g.slot_count, phases, total: end - start })
+        }
+        Outcome::Acked { status, detail } => Err(Error::Refused { status, detail }),
+        Outcome::Failed(e) => Err(e.into()),
+    }
+}
+
+/// Sorts a completion: data WRITEs report their chunk; a failure ends the session.
+fn collect(c: rdma_verbs::Completion<'static>, done: &mut Vec<u64>, failed: &mut Option<Error>) {
+    if let Err(e) = c.ok() {
+        failed.get_or_insert(e.into());
+        return;
+    }
+    if c.wr_id != CONTROL_WR_ID {
+        done.push(c.wr_id);
+    }
+}
+
+/// A session id: random enough to tell sessions apart in logs and on the wire.
+pub(crate) fn session_id() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: `b` is writable for its 8 bytes.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    let id = u64::from_ne_bytes(b);
+    if n == 8 && id != 0 {
+        id
+    } else {
+        (std::process::id() as u64) << 32 | Instant::now().elapsed().subsec_nanos() as u64 | 1
+    }
+}

@@ -1,0 +1,418 @@
+//! The receiver's state machine: no I/O, no clock of its own.
+//!
+//! ```text
+//!  new ──HELLO──▶ Opening ──Ready──▶ Data ──FIN + every chunk stored──▶ Finalizing ──Finalized──▶ Done
+//!    │ bad HELLO     │ open failed      │ bad WRITE / timeout                     (ACK sent)
+//!    └───────────────┴──────────────────┴──────────▶ Done (ACK with the status, when the peer can hear it)
+//! ```
+//!
+//! The driver feeds it [`Input`]s: control messages, WRITE-with-immediate arrivals, and the
+//! results of the work it asked for (open the file and register the ring; store chunk `n`;
+//! check the digest, sync and rename). Every arrival is checked against what the sender may
+//! do: the immediate must be the next chunk number, the length that chunk's, and the chunk
+//! within the credit the receiver gave. Anything else ends the session with
+//! [`Status::ProtocolMismatch`].
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use crate::status::Status;
+use crate::wire::{self, caps, Ack, Credit, Grant, Message};
+use crate::{Outcome, ProtocolError};
+
+/// What a receiver accepts.
+#[derive(Debug, Clone)]
+pub struct ReceiverConfig {
+    /// Largest file accepted.
+    pub max_size: u64,
+    /// Largest chunk (slot) size granted.
+    pub max_chunk: u32,
+    /// Memory for the slot ring of one transfer: slots granted = min(depth wanted,
+    /// budget / chunk, `max_slots`).
+    pub memory_budget: u64,
+    /// Most slots granted (each chunk in flight also takes one posted receive).
+    pub max_slots: u32,
+    /// How long any phase may pass without progress.
+    pub timeout: Duration,
+}
+
+/// An event the driver reports to the machine.
+#[derive(Debug)]
+pub enum Input<'a> {
+    /// A control message arrived.
+    Message(&'a [u8]),
+    /// A WRITE with immediate `imm` of `len` bytes landed.
+    WriteArrived {
+        /// The immediate data.
+        imm: u32,
+        /// The WRITE's length.
+        len: u32,
+    },
+    /// The file is open and the ring registered (answers [`Action::Open`]).
+    Ready {
+        /// Address of slot 0.
+        addr: u64,
+        /// The ring's rkey.
+        rkey: u32,
+    },
+    /// [`Action::Open`] failed.
+    OpenFailed(Status, String),
+    /// Chunk `seq` left its slot (stored, or checked in memory-only mode).
+    ChunkStored {
+        /// The chunk.
+        seq: u64,
+    },
+    /// Storing a chunk failed.
+    StoreFailed(Status, String),
+    /// [`Action::Finalize`] is done: `Ok` (renamed into place) or why not.
+    Finalized(Status, String),
+}
+
+/// Work the machine asks the driver to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Open a temporary file for `name` (`size` bytes) and register a ring of `slot_count`
+    /// slots of `slot_size` bytes; answer with [`Input::Ready`] or [`Input::OpenFailed`].
+    Open {
+        /// The (checked) file name.
+        name: String,
+        /// Its size.
+        size: u64,
+        /// Bytes per slot.
+        slot_size: u32,
+        /// Slots.
+        slot_count: u32,
+    },
+    /// Send this message (already encoded) on the control plane.
+    Send(Vec<u8>),
+    /// Take chunk `seq` (`len` bytes in slot `slot`) out of the ring: hash it and write it at
+    /// `offset`; answer with [`Input::ChunkStored`] or [`Input::StoreFailed`].
+    StoreChunk {
+        /// The chunk.
+        seq: u64,
+        /// Its slot.
+        slot: u32,
+        /// File offset.
+        offset: u64,
+        /// Bytes.
+        len: u32,
+    },
+    /// Compare the digest with the data's, sync and rename into place; answer with
+    /// [`Input::Finalized`].
+    Finalize {
+        /// The sender's digest.
+        digest: Vec<u8>,
+    },
+    /// Remove the temporary file (the transfer failed).
+    Discard,
+    /// The session is over (an ACK, if any, was queued before this).
+    Finish(Outcome),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    AwaitHello,
+    Opening,
+    Data,
+    Finalizing,
+    Done,
+}
+
+/// The receiver of one file.
+#[derive(Debug)]
+pub struct Receiver {
+    cfg: ReceiverConfig,
+    session: u64,
+    phase: Phase,
+    size: u64,
+    slot_size: u32,
+    slot_count: u32,
+    chunks: u64,
+    arrived: u64,
+    stored: u64,
+    credited: u64,
+    fin: Option<Vec<u8>>,
+    opened: bool,
+    deadline: Instant,
+    actions: VecDeque<Action>,
+    scratch: Vec<u8>,
+}
+
+impl Receiver {
+    /// A receiver waiting for a HELLO.
+    pub fn new(cfg: ReceiverConfig, now: Instant) -> Self {
+        Receiver {
+            deadline: now + cfg.timeout,
+            cfg,
+            session: 0,
+            phase: Phase::AwaitHello,
+            size: 0,
+            slot_size: 0,
+            slot_count: 0,
+            chunks: 0,
+            arrived: 0,
+            stored: 0,
+            credited: 0,
+            fin: None,
+            opened: false,
+            actions: VecDeque::new(),
+            scratch: Vec::new(),
+        }
+    }
+
+    /// The session id (0 until the HELLO).
+    pub fn session(&self) -> u64 {
+        self.session
+    }
+
+    /// Bytes stored so far.
+    pub fn bytes_stored(&self) -> u64 {
+        (self.stored * u64::from(self.slot_size)).min(self.size)
+    }
+
+    /// The file's size (0 until the HELLO).
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Whether the session is over.
+    pub fn is_done(&self) -> bool {
+        self.phase == Phase::Done
+    }
+
+    /// The next action, if any.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    /// When [`handle_timeout`](Self::handle_timeout) must be called, unless an input comes first.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        (self.phase != Phase::Done).then_some(self.deadline)
+    }
+
+    /// Time passed: ends the session if the current phase made no progress in time.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if self.phase == Phase::Done || now < self.deadline {
+            return;
+        }
+        let what = match self.phase {
+            Phase::AwaitHello => "the sender's HELLO",
+            Phase::Opening => "the file to open",
+            Phase::Data => "the sender's chunks or FIN",
+            _ => "the file to be synced",
+        };
+        self.fail(ProtocolError::Timeout { waiting_for: what, after: self.cfg.timeout }, None);
+    }
+
+    /// Reports an event.
+    pub fn handle(&mut self, input: Input<'_>, now: Instant) {
+        if self.phase == Phase::Done {
+            return;
+        }
+        let r = match input {
+            Input::Message(bytes) => self.on_message(bytes, now),
+            Input::WriteArrived { imm, len } => self.on_write(imm, len, now),
+            Input::Ready { addr, rkey } if self.phase == Phase::Opening => {
+                self.opened = true;
+                self.phase = Phase::Data;
+                self.deadline = now + self.cfg.timeout;
+                let g = Grant {
+                    version: *wire::PROTOCOL_VERSIONS.end(),
+                    caps: caps::DIGEST_XXH3_128,
+                    addr,
+                    rkey,
+                    slot_size: self.slot_size,
+                    slot_count: self.slot_count,
+                };
+                self.send(&Message::Grant(g));
+                Ok(())
+            }
+            Input::OpenFailed(status, why) if self.phase == Phase::Opening => {
+                self.refuse(status, why);
+                Ok(())
+            }
+            Input::ChunkStored { seq } if self.phase >= Phase::Data && seq == self.stored && seq < self.arrived => {
+                self.stored += 1;
+                self.deadline = now + self.cfg.timeout;
+                Ok(())
+            }
+            Input::StoreFailed(status, why) if self.phase >= Phase::Data => {
+                self.fail(ProtocolError::Local(why.clone()), Some((status, why)));
+                Ok(())
+            }
+            Input::Finalized(status, why) if self.phase == Phase::Finalizing => {
+                if status != Status::Ok {
+                    self.actions.push_back(Action::Discard);
+                }
+                self.ack(status, why.clone());
+                self.phase = Phase::Done;
+                let o = Outcome::Acked { status, detail: why };
+                self.actions.push_back(Action::Finish(o));
+                Ok(())
+            }
+            other => Err(ProtocolError::Local(format!("driver input {other:?} out of place"))),
+        };
+        if let Err(e) = r {
+            let status = match e {
+                ProtocolError::Local(_) => Status::Internal,
+                _ => Status::ProtocolMismatch,
+            };
+            let detail = e.to_string();
+            self.fail(e, Some((status, detail)));
+            return;
+        }
+        self.advance();
+    }
+
+    fn on_message(&mut self, bytes: &[u8], now: Instant) -> Result<(), ProtocolError> {
+        let (h, m) = wire::decode(bytes)?;
+        if self.phase != Phase::AwaitHello && h.session != self.session {
+            return Err(ProtocolError::Peer(format!(
+                "message of session {:#x}, ours is {:#x}",
+                h.session, self.session
+            )));
+        }
+        match (self.phase, m) {
+            (Phase::AwaitHello, Message::Hello(hello)) => {
+                self.session = h.session;
+                self.deadline = now + self.cfg.timeout;
+                let v = *wire::PROTOCOL_VERSIONS.end();
+                if hello.version_max < *wire::PROTOCOL_VERSIONS.start() || hello.version_min > v {
+                    let why = format!(
+                        "sender speaks versions {}..={}, receiver {:?}",
+                        hello.version_min,
+                        hello.version_max,
+                        wire::PROTOCOL_VERSIONS
+                    );
+                    self.refuse(Status::ProtocolMismatch, why);
+                } else if hello.caps & caps::DIGEST_XXH3_128 == 0 {
+                    self.refuse(Status::ProtocolMismatch, "sender offers no digest this receiver knows".into());
+                } else if let Err(why) = crate::name::check(&hello.name) {
+                    self.refuse(Status::BadName, why);
+                } else if hello.size > self.cfg.max_size {
+                    self.refuse(Status::TooLarge, format!("{} bytes, at most {}", hello.size, self.cfg.max_size));
+                } else if hello.chunk == 0 || hello.depth == 0 {
+                    self.refuse(Status::ProtocolMismatch, "chunk size and depth must be at least 1".into());
+                } else {
+                    self.size = hello.size;
+                    self.slot_size = hello.chunk.min(self.cfg.max_chunk).max(1);
+                    let fit = (self.cfg.memory_budget / u64::from(self.slot_size)).clamp(1, u64::from(u32::MAX));
+                    self.slot_count = hello.depth.min(fit as u32).min(self.cfg.max_slots).max(1);
+                    self.chunks = hello.size.div_ceil(u64::from(self.slot_size));
+                    self.phase = Phase::Opening;
+                    self.actions.push_back(Action::Open {
+                        name: hello.name,
+                        size: hello.size,
+                        slot_size: self.slot_size,
+                        slot_count: self.slot_count,
+                    });
+                }
+            }
+            (Phase::Data, Message::Fin(fin)) if self.fin.is_none() => {
+                if fin.chunks != self.chunks || fin.size != self.size || fin.chunks != self.arrived {
+                    return Err(ProtocolError::Peer(format!(
+                        "FIN for {} chunks / {} bytes; {} of {} chunks / {} bytes arrived",
+                        fin.chunks, fin.size, self.arrived, self.chunks, self.size
+                    )));
+                }
+                if fin.digest.len() != wire::DIGEST_LEN {
+                    let n = fin.digest.len();
+                    return Err(ProtocolError::Peer(format!(
+                        "an XXH3-128 digest has {} bytes, not {n}",
+                        wire::DIGEST_LEN
+                    )));
+                }
+                self.fin = Some(fin.digest);
+                self.deadline = now + self.cfg.timeout;
+            }
+            (phase, m) => return Err(ProtocolError::Peer(format!("unexpected {:?} while {phase:?}", m.kind()))),
+        }
+        Ok(())
+    }
+
+    fn on_write(&mut self, imm: u32, len: u32, now: Instant) -> Result<(), ProtocolError> {
+        let seq = self.arrived;
+        if self.phase != Phase::Data || self.fin.is_some() {
+            return Err(ProtocolError::Peer("a WRITE outside the data phase".into()));
+        }
+        if seq >= self.chunks {
+            return Err(ProtocolError::Peer(format!("a WRITE beyond the file's {} chunks", self.chunks)));
+        }
+        if imm != seq as u32 {
+            return Err(ProtocolError::Peer(format!("WRITE tagged chunk {imm}, expected chunk {}", seq as u32)));
+        }
+        if seq >= self.credited + u64::from(self.slot_count) {
+            return Err(ProtocolError::Peer(format!("chunk {seq} written before its slot was credited")));
+        }
+        let want = (self.size - seq * u64::from(self.slot_size)).min(u64::from(self.slot_size)) as u32;
+        if len != want {
+            return Err(ProtocolError::Peer(format!("chunk {seq} of {len} bytes, expected {want}")));
+        }
+        self.arrived += 1;
+        self.deadline = now + self.cfg.timeout;
+        self.actions.push_back(Action::StoreChunk {
+            seq,
+            slot: (seq % u64::from(self.slot_count)) as u32,
+            offset: seq * u64::from(self.slot_size),
+            len,
+        });
+        Ok(())
+    }
+
+    fn advance(&mut self) {
+        if self.phase != Phase::Data {
+            return;
+        }
+        // Credit slots in batches of a quarter ring (at least 1), and at once when the sender
+        // could otherwise stall on the last ones.
+        let batch = u64::from(self.slot_count / 4).max(1);
+        let pending = self.stored - self.credited;
+        if pending > 0 && (pending >= batch || self.stored == self.arrived) {
+            self.credited = self.stored;
+            self.send(&Message::Credit(Credit { consumed: self.credited }));
+        }
+        if self.stored == self.chunks {
+            if let Some(digest) = self.fin.take() {
+                self.phase = Phase::Finalizing;
+                self.actions.push_back(Action::Finalize { digest });
+            }
+        }
+    }
+
+    fn send(&mut self, m: &Message) {
+        if wire::encode(self.session, m, &mut self.scratch).is_ok() {
+            self.actions.push_back(Action::Send(self.scratch.clone()));
+        }
+    }
+
+    fn ack(&mut self, status: Status, detail: String) {
+        self.send(&Message::Ack(Ack { status, received: self.bytes_stored(), detail }));
+    }
+
+    /// Refuses the HELLO (nothing opened): ACK with `status`, session over.
+    fn refuse(&mut self, status: Status, detail: String) {
+        self.ack(status, detail.clone());
+        self.phase = Phase::Done;
+        self.actions.push_back(Action::Finish(Outcome::Acked { status, detail }));
+    }
+
+    /// Ends the session on an error: remove the temporary, tell the peer if `ack` is set.
+    fn fail(&mut self, e: ProtocolError, ack: Option<(Status, String)>) {
+        if self.opened {
+            self.actions.push_back(Action::Discard);
+        }
+        if let Some((status, detail)) = ack {
+            if self.session != 0 || self.phase != Phase::AwaitHello {
+                self.ack(status, detail);
+            }
+        }
+        self.phase = Phase::Done;
+        self.actions.push_back(Action::Finish(Outcome::Failed(e)));
+    }
+}
+
+impl PartialOrd for Phase {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some((*self as u8).cmp(&(*other as u8)))
+    }
+}

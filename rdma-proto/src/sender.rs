@@ -1,0 +1,357 @@
+//! The sender's state machine: no I/O, no clock of its own.
+//!
+//! ```text
+//!  new ──HELLO──▶ AwaitGrant ──GRANT──▶ Data ──all WRITEs done + digest──▶ AwaitAck ──ACK──▶ Done
+//!                     │ ACK (refused)                                          │
+//!                     └────────────────────────────────▶ Done ◀── timeout / protocol error (any state)
+//! ```
+//!
+//! The driver feeds it [`Input`]s and performs the [`Action`]s it queues: send a control
+//! message, read chunk `n` of the file into a local slot, WRITE that slot into the receiver's
+//! slot `n % slot_count` with `n` as immediate data. Reads and WRITEs are bounded by the local
+//! depth and by the receiver's credits, so memory stays bounded whatever the file size.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use crate::status::Status;
+use crate::wire::{self, caps, Credit, Fin, Grant, Hello, Message};
+use crate::{Outcome, ProtocolError};
+
+/// What the sender asks for; the receiver may grant less.
+#[derive(Debug, Clone)]
+pub struct SenderConfig {
+    /// Bytes per chunk (one WRITE).
+    pub chunk: u32,
+    /// Chunks in flight (local slots).
+    pub depth: u32,
+    /// How long any phase may pass without progress (no grant, no credit, no ACK).
+    pub timeout: Duration,
+}
+
+/// An event the driver reports to the machine.
+#[derive(Debug)]
+pub enum Input<'a> {
+    /// A control message arrived (the received bytes, possibly padded).
+    Message(&'a [u8]),
+    /// Chunk `seq` is in its local slot.
+    ChunkRead {
+        /// The chunk.
+        seq: u64,
+    },
+    /// The WRITE of chunk `seq` completed (and every earlier one: a send queue completes in order).
+    WriteDone {
+        /// The chunk.
+        seq: u64,
+    },
+    /// The whole-file digest, once every chunk was read.
+    Digest(Vec<u8>),
+}
+
+/// Work the machine asks the driver to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Send this message (already encoded) on the control plane.
+    Send(Vec<u8>),
+    /// Read `len` bytes of the file at `offset` into a local slot for chunk `seq`.
+    ReadChunk {
+        /// The chunk.
+        seq: u64,
+        /// File offset.
+        offset: u64,
+        /// Bytes.
+        len: u32,
+    },
+    /// WRITE chunk `seq` (in its local slot) to `remote_addr`, with immediate data `imm`.
+    WriteChunk {
+        /// The chunk.
+        seq: u64,
+        /// Bytes.
+        len: u32,
+        /// Address of the receiver's slot.
+        remote_addr: u64,
+        /// The receiver's rkey.
+        rkey: u32,
+        /// Immediate data: the chunk number's low 32 bits.
+        imm: u32,
+    },
+    /// Every chunk was read: report the whole-file digest ([`Input::Digest`]).
+    NeedDigest,
+    /// The session is over.
+    Finish(Outcome),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    AwaitGrant,
+    Data,
+    AwaitAck,
+    Done,
+}
+
+/// The sender of one file.
+#[derive(Debug)]
+pub struct Sender {
+    session: u64,
+    size: u64,
+    cfg: SenderConfig,
+    phase: Phase,
+    grant: Option<Grant>,
+    chunks: u64,
+    /// Next chunk to read; chunks read and not yet written wait in `ready`.
+    next_read: u64,
+    ready: VecDeque<u64>,
+    /// Next chunk whose read is reported.
+    next_read_done: u64,
+    next_write: u64,
+    write_done: u64,
+    consumed: u64,
+    digest: Option<Vec<u8>>,
+    digest_asked: bool,
+    deadline: Instant,
+    actions: VecDeque<Action>,
+    scratch: Vec<u8>,
+}
+
+impl Sender {
+    /// Starts a session offering `name` of `size` bytes: queues the HELLO.
+    ///
+    /// # Errors
+    /// [`ProtocolError::Local`] for a name the receiver would refuse or a zero chunk or depth.
+    pub fn new(session: u64, name: &str, size: u64, cfg: SenderConfig, now: Instant) -> Result<Self, ProtocolError> {
+        crate::name::check(name).map_err(|r| ProtocolError::Local(format!("file name {name:?}: {r}")))?;
+        if cfg.chunk == 0 || cfg.depth == 0 {
+            return Err(ProtocolError::Local("chunk size and depth must be at least 1".into()));
+        }
+        let mut s = Sender {
+            session,
+            size,
+            phase: Phase::AwaitGrant,
+            grant: None,
+            chunks: 0,
+            next_read: 0,
+            ready: VecDeque::new(),
+            next_read_done: 0,
+            next_write: 0,
+            write_done: 0,
+            consumed: 0,
+            digest: None,
+            digest_asked: false,
+            deadline: now + cfg.timeout,
+            actions: VecDeque::new(),
+            scratch: Vec::new(),
+            cfg,
+        };
+        let hello = Hello {
+            version_min: *wire::PROTOCOL_VERSIONS.start(),
+            version_max: *wire::PROTOCOL_VERSIONS.end(),
+            caps: caps::SUPPORTED,
+            size,
+            chunk: s.cfg.chunk,
+            depth: s.cfg.depth,
+            name: name.to_owned(),
+        };
+        s.send(&Message::Hello(hello));
+        Ok(s)
+    }
+
+    /// The session id.
+    pub fn session(&self) -> u64 {
+        self.session
+    }
+
+    /// The grant, once received.
+    pub fn grant(&self) -> Option<&Grant> {
+        self.grant.as_ref()
+    }
+
+    /// Chunks in the file (known once granted).
+    pub fn chunks(&self) -> u64 {
+        self.chunks
+    }
+
+    /// Chunks whose WRITE completed.
+    pub fn chunks_written(&self) -> u64 {
+        self.write_done
+    }
+
+    /// Whether the session is over.
+    pub fn is_done(&self) -> bool {
+        self.phase == Phase::Done
+    }
+
+    /// The next action, if any.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    /// When [`handle_timeout`](Self::handle_timeout) must be called, unless an input comes first.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        (self.phase != Phase::Done).then_some(self.deadline)
+    }
+
+    /// Time passed: ends the session if the current phase made no progress in time.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if self.phase != Phase::Done && now >= self.deadline {
+            let what = match self.phase {
+                Phase::AwaitGrant => "the receiver's grant",
+                Phase::Data => "the receiver's credit or the WRITEs' completions",
+                _ => "the receiver's ACK",
+            };
+            self.finish(Outcome::Failed(ProtocolError::Timeout { waiting_for: what, after: self.cfg.timeout }));
+        }
+    }
+
+    /// Reports an event.
+    pub fn handle(&mut self, input: Input<'_>, now: Instant) {
+        if self.phase == Phase::Done {
+            return;
+        }
+        let r = match input {
+            Input::Message(bytes) => self.on_message(bytes, now),
+            Input::ChunkRead { seq } => self.on_read(seq),
+            Input::WriteDone { seq } => self.on_write_done(seq, now),
+            Input::Digest(d) => {
+                self.digest = Some(d);
+                Ok(())
+            }
+        };
+        match r {
+            Ok(()) => self.advance(),
+            Err(e) => self.finish(Outcome::Failed(e)),
+        }
+    }
+
+    fn on_message(&mut self, bytes: &[u8], now: Instant) -> Result<(), ProtocolError> {
+        let (h, m) = wire::decode(bytes).map_err(ProtocolError::Wire)?;
+        if h.session != self.session {
+            return Err(ProtocolError::Peer(format!(
+                "message of session {:#x}, ours is {:#x}",
+                h.session, self.session
+            )));
+        }
+        match (self.phase, m) {
+            (Phase::AwaitGrant, Message::Grant(g)) => {
+                self.accept_grant(g)?;
+                self.deadline = now + self.cfg.timeout;
+            }
+            (Phase::Data | Phase::AwaitAck, Message::Credit(Credit { consumed })) => {
+                if consumed > self.next_write {
+                    return Err(ProtocolError::Peer(format!(
+                        "credit for {consumed} chunks, only {} written",
+                        self.next_write
+                    )));
+                }
+                if consumed > self.consumed {
+                    self.consumed = consumed;
+                    self.deadline = now + self.cfg.timeout;
+                }
+            }
+            (_, Message::Ack(a)) => {
+                // A refusal (in any phase) or the verdict after FIN.
+                if a.status == Status::Ok && self.phase != Phase::AwaitAck {
+                    return Err(ProtocolError::Peer("ACK ok before FIN".into()));
+                }
+                self.finish(Outcome::Acked { status: a.status, detail: a.detail });
+            }
+            (phase, m) => {
+                return Err(ProtocolError::Peer(format!("unexpected {:?} while {phase:?}", m.kind())));
+            }
+        }
+        Ok(())
+    }
+
+    fn accept_grant(&mut self, g: Grant) -> Result<(), ProtocolError> {
+        let bad = |r: String| Err(ProtocolError::Peer(format!("bad grant: {r}")));
+        if !wire::PROTOCOL_VERSIONS.contains(&g.version) {
+            return bad(format!("version {} not offered", g.version));
+        }
+        if g.caps & caps::DIGEST_XXH3_128 == 0 || g.caps & !caps::SUPPORTED != 0 {
+            return bad(format!("capabilities {:#x} not offered", g.caps));
+        }
+        if g.slot_size == 0 || g.slot_size > self.cfg.chunk || g.slot_count == 0 {
+            return bad(format!("{} slots of {} bytes", g.slot_count, g.slot_size));
+        }
+        let ring = u64::from(g.slot_size) * u64::from(g.slot_count);
+        if g.addr.checked_add(ring).is_none() {
+            return bad("the ring wraps the address space".into());
+        }
+        self.chunks = self.size.div_ceil(u64::from(g.slot_size));
+        self.grant = Some(g);
+        self.phase = Phase::Data;
+        Ok(())
+    }
+
+    fn on_read(&mut self, seq: u64) -> Result<(), ProtocolError> {
+        if seq != self.next_read_done || seq >= self.next_read {
+            return Err(ProtocolError::Local(format!("chunk {seq} read out of order")));
+        }
+        self.next_read_done += 1;
+        self.ready.push_back(seq);
+        Ok(())
+    }
+
+    fn on_write_done(&mut self, seq: u64, now: Instant) -> Result<(), ProtocolError> {
+        if seq < self.write_done || seq >= self.next_write {
+            return Err(ProtocolError::Local(format!("completion of chunk {seq}, not in flight")));
+        }
+        self.write_done = seq + 1;
+        self.deadline = now + self.cfg.timeout;
+        Ok(())
+    }
+
+    /// Queues every read, WRITE and the FIN that the windows allow.
+    fn advance(&mut self) {
+        let Some(g) = self.grant else { return };
+        if self.phase != Phase::Data {
+            return;
+        }
+        let slot = u64::from(g.slot_size);
+        // WRITE what was read, while the receiver has room: chunk n needs n < consumed + count.
+        while let Some(&seq) = self.ready.front() {
+            if seq >= self.consumed + u64::from(g.slot_count) {
+                break;
+            }
+            self.ready.pop_front();
+            let len = self.chunk_len(seq);
+            let remote_addr = g.addr + (seq % u64::from(g.slot_count)) * slot;
+            self.actions.push_back(Action::WriteChunk { seq, len, remote_addr, rkey: g.rkey, imm: seq as u32 });
+            self.next_write = seq + 1;
+        }
+        // Read ahead while local slots are free: reads, ready chunks and WRITEs in flight
+        // together use at most `depth` slots.
+        while self.next_read < self.chunks && self.next_read - self.write_done < u64::from(self.cfg.depth) {
+            let seq = self.next_read;
+            self.actions.push_back(Action::ReadChunk { seq, offset: seq * slot, len: self.chunk_len(seq) });
+            self.next_read += 1;
+        }
+        if self.next_read_done == self.chunks && !self.digest_asked {
+            self.digest_asked = true;
+            self.actions.push_back(Action::NeedDigest);
+        }
+        if self.write_done == self.chunks {
+            if let Some(digest) = self.digest.take() {
+                let fin = Fin { chunks: self.chunks, size: self.size, digest };
+                self.send(&Message::Fin(fin));
+                self.phase = Phase::AwaitAck;
+            }
+        }
+    }
+
+    fn chunk_len(&self, seq: u64) -> u32 {
+        let slot = u64::from(self.grant.map_or(self.cfg.chunk, |g| g.slot_size));
+        (self.size - seq * slot).min(slot) as u32
+    }
+
+    fn send(&mut self, m: &Message) {
+        match wire::encode(self.session, m, &mut self.scratch) {
+            Ok(()) => self.actions.push_back(Action::Send(self.scratch.clone())),
+            Err(e) => self.finish(Outcome::Failed(ProtocolError::Wire(e))),
+        }
+    }
+
+    fn finish(&mut self, o: Outcome) {
+        self.phase = Phase::Done;
+        self.actions.push_back(Action::Finish(o));
+    }
+}
