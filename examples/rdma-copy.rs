@@ -117,6 +117,9 @@ struct SendArgs {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Test hook: offer protocol versions MIN-MAX and send --name unchecked.
+    #[arg(long, hide = true)]
+    test_offer: Option<String>,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -248,6 +251,11 @@ fn send(a: SendArgs, json: bool) -> i32 {
     opts.depth = a.depth;
     opts.connect_timeout = Duration::from_secs(a.connect_timeout);
     opts.timeout = Duration::from_secs(a.timeout);
+    if let Some(v) = &a.test_offer {
+        let parsed = v.split_once('-').and_then(|(lo, hi)| Some((lo.parse().ok()?, hi.parse().ok()?)));
+        let Some((lo, hi)) = parsed else { return usage(format!("--test-offer {v:?}: MIN-MAX")) };
+        opts.test_offer = Some(lo..=hi);
+    }
     let mut code = 0;
     for path in &a.files {
         let bar = if a.quiet || json || !std::io::IsTerminal::is_terminal(&std::io::stderr()) {

@@ -120,6 +120,23 @@ impl Sender {
     /// [`ProtocolError::Local`] for a name the receiver would refuse or a zero chunk or depth.
     pub fn new(session: u64, name: &str, size: u64, cfg: SenderConfig, now: Instant) -> Result<Self, ProtocolError> {
         crate::name::check(name).map_err(|r| ProtocolError::Local(format!("file name {name:?}: {r}")))?;
+        Self::offering(session, name, size, cfg, now, wire::PROTOCOL_VERSIONS)
+    }
+
+    /// As [`new`](Self::new), but offering `versions` and sending `name` unchecked: a test
+    /// hook, to see a receiver refuse what this crate's senders never send.
+    ///
+    /// # Errors
+    /// As `new`, except for the name.
+    #[doc(hidden)]
+    pub fn offering(
+        session: u64,
+        name: &str,
+        size: u64,
+        cfg: SenderConfig,
+        now: Instant,
+        versions: std::ops::RangeInclusive<u16>,
+    ) -> Result<Self, ProtocolError> {
         if cfg.chunk == 0 || cfg.depth == 0 {
             return Err(ProtocolError::Local("chunk size and depth must be at least 1".into()));
         }
@@ -143,8 +160,8 @@ impl Sender {
             cfg,
         };
         let hello = Hello {
-            version_min: *wire::PROTOCOL_VERSIONS.start(),
-            version_max: *wire::PROTOCOL_VERSIONS.end(),
+            version_min: *versions.start(),
+            version_max: *versions.end(),
             caps: caps::SUPPORTED,
             size,
             chunk: s.cfg.chunk,

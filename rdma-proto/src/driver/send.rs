@@ -32,6 +32,9 @@ pub struct SendOptions {
     pub connect_timeout: Duration,
     /// How long a phase may make no progress.
     pub timeout: Duration,
+    /// Test hook: offer these protocol versions and send the name unchecked.
+    #[doc(hidden)]
+    pub test_offer: Option<std::ops::RangeInclusive<u16>>,
 }
 
 impl SendOptions {
@@ -46,6 +49,7 @@ impl SendOptions {
             depth: 16,
             connect_timeout: Duration::from_secs(10),
             timeout: Duration::from_secs(30),
+            test_offer: None,
         }
     }
 }
@@ -83,7 +87,10 @@ pub fn send_file(path: &Path, opts: &SendOptions, mut progress: impl FnMut(u64, 
     };
     let session = session_id();
     let cfg = SenderConfig { chunk: opts.chunk, depth: opts.depth, timeout: opts.timeout };
-    let mut machine = Sender::new(session, &name, size, cfg, Instant::now())?;
+    let mut machine = match &opts.test_offer {
+        None => Sender::new(session, &name, size, cfg, Instant::now())?,
+        Some(v) => Sender::offering(session, &name, size, cfg, Instant::now(), v.clone())?,
+    };
     tracing::info!(session = format_args!("{session:016x}"), %name, size, to = %opts.to, "sending");
 
     // Connect, with the receive ring posted before the peer can send.
