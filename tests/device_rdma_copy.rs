@@ -172,7 +172,8 @@ fn a_file_four_times_the_memory_budget_arrives_in_bounded_memory() {
     for (name, len) in [("tiny", 1000), ("big", 4 * BUDGET)] {
         let p = src.join(name);
         let data = random_file(&p, len, 7);
-        let rx = Receiver::start(&topo, 7502, &[&budget[..], &["--dir", dst.to_str().unwrap(), "--count", "1"]].concat());
+        let rx =
+            Receiver::start(&topo, 7502, &[&budget[..], &["--dir", dst.to_str().unwrap(), "--count", "1"]].concat());
         let out = send(&topo, 7502, &[p.to_str().unwrap()]);
         assert!(out.status.success(), "{name}: {}", text(&out.stderr));
         let (code, report, peak_kib) = rx.finish(Duration::from_secs(30));
