@@ -356,7 +356,8 @@ pub fn decode(buf: &[u8]) -> Result<(Header, Message), WireError> {
 /// Encodes `msg` of `session` into `out` (cleared first).
 ///
 /// # Errors
-/// [`WireError::Invalid`] for a name, digest or detail over its limit (nothing is sent).
+/// [`WireError::Invalid`] for a name or digest over its limit, or a HELLO whose version range
+/// is empty (what `decode` would refuse; nothing is sent). A detail over its limit is cut.
 pub fn encode(session: u64, msg: &Message, out: &mut Vec<u8>) -> Result<(), WireError> {
     out.clear();
     out.extend_from_slice(&MAGIC);
@@ -369,6 +370,10 @@ pub fn encode(session: u64, msg: &Message, out: &mut Vec<u8>) -> Result<(), Wire
         Message::Hello(h) => {
             if h.name.len() > MAX_NAME_LEN {
                 return Err(invalid("name", format!("{} bytes, at most {MAX_NAME_LEN}", h.name.len())));
+            }
+            // Refused as `decode` refuses it: never send what the peer cannot read.
+            if h.version_min > h.version_max {
+                return Err(invalid("version range", format!("{} > {}", h.version_min, h.version_max)));
             }
             out.extend_from_slice(&h.version_min.to_be_bytes());
             out.extend_from_slice(&h.version_max.to_be_bytes());
