@@ -1,5 +1,5 @@
 //! What a whole-file digest costs here, against a plain copy: the measurement behind
-//! rdma-copy's choice of BLAKE3 (`docs/protocol.md`). Run it where the transfer runs (in the VM:
+//! rdma-copy's choice of XXH3-128 over BLAKE3 (`docs/protocol.md`). Run it where the transfer runs (in the VM:
 //! `scripts/softroce run -- target/release/examples/digest-cost`).
 //!
 //! Prints MB/s (10^6 bytes) over 1 MiB buffers for: memcpy, BLAKE3 (its SIMD as detected),

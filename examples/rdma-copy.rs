@@ -4,12 +4,12 @@
 //! cargo run --release --example rdma-copy -- recv --listen 10.77.0.1:7471 --dir /srv/in
 //! cargo run --release --example rdma-copy -- send big.iso --to 10.77.0.1:7471 --from 10.77.0.2
 //! ```
-//! The receiver stores each file under a temporary name, checks the whole-file BLAKE3 digest,
+//! The receiver stores each file under a temporary name, checks the whole-file XXH3-128 digest,
 //! syncs, and only then renames it into place. `recv --discard` checks the data in memory and
 //! throws it away (network speed without the disk's). `--json` prints one JSON object per
 //! transfer for machines. Logs (`RUST_LOG=info`) carry each session's id.
 //!
-//! Exit codes (send): 0 stored; 2 connection failure; 3 timeout; 4 protocol error; 5 local file
+//! Exit codes (send): 0 stored; 1 usage error; 2 connection failure; 3 timeout; 4 protocol error; 5 local file
 //! error; 6 peer gone; 10 + the ACK status code when the receiver refused (see
 //! `docs/protocol.md`): 11 checksum mismatch, 12 disk I/O, 13 no space, 14 protocol mismatch,
 //! 15 too large, 16 bad name, 17 exists, 18 busy, 19 not authorized, 20 internal.
@@ -145,7 +145,14 @@ fn parse_addr(s: &str) -> Result<SocketAddr, String> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // Usage errors exit 1 (clap's own default, 2, is this tool's "connection failure").
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 1 } else { 0 });
+        }
+    };
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)

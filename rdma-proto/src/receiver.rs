@@ -124,6 +124,8 @@ pub struct Receiver {
     cfg: ReceiverConfig,
     session: u64,
     phase: Phase,
+    /// The protocol version granted: the highest both sides speak.
+    version: u16,
     size: u64,
     slot_size: u32,
     slot_count: u32,
@@ -146,6 +148,7 @@ impl Receiver {
             cfg,
             session: 0,
             phase: Phase::AwaitHello,
+            version: 0,
             size: 0,
             slot_size: 0,
             slot_count: 0,
@@ -217,7 +220,7 @@ impl Receiver {
                 self.phase = Phase::Data;
                 self.deadline = now + self.cfg.timeout;
                 let g = Grant {
-                    version: *wire::PROTOCOL_VERSIONS.end(),
+                    version: self.version,
                     caps: caps::DIGEST_XXH3_128,
                     addr,
                     rkey,
@@ -294,6 +297,7 @@ impl Receiver {
                 } else if hello.chunk == 0 || hello.depth == 0 {
                     self.refuse(Status::ProtocolMismatch, "chunk size and depth must be at least 1".into());
                 } else {
+                    self.version = hello.version_max.min(v);
                     self.size = hello.size;
                     self.slot_size = hello.chunk.min(self.cfg.max_chunk).max(1);
                     let fit = (self.cfg.memory_budget / u64::from(self.slot_size)).clamp(1, u64::from(u32::MAX));

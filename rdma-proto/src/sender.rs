@@ -349,8 +349,9 @@ impl Sender {
         if self.write_done == self.chunks {
             if let Some(digest) = self.digest.take() {
                 let fin = Fin { chunks: self.chunks, size: self.size, digest };
-                self.send(&Message::Fin(fin));
+                // The phase first: a FIN that does not encode ends the session in `send`.
                 self.phase = Phase::AwaitAck;
+                self.send(&Message::Fin(fin));
             }
         }
     }

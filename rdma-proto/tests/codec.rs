@@ -327,11 +327,19 @@ proptest! {
 
 #[test]
 fn invalid_field_values_are_invalid() {
-    let hello = |version_min, version_max, name: &[u8]| {
-        let mut buf = encoded(
-            9,
-            &Message::Hello(Hello { version_min, version_max, caps: 1, size: 1, chunk: 1, depth: 1, name: "x".into() }),
-        );
+    let hello = |version_min: u16, version_max: u16, name: &[u8]| {
+        let m = Message::Hello(Hello {
+            version_min: 1,
+            version_max: 1,
+            caps: 1,
+            size: 1,
+            chunk: 1,
+            depth: 1,
+            name: "x".into(),
+        });
+        let mut buf = encoded(9, &m);
+        buf[HEADER_LEN..HEADER_LEN + 2].copy_from_slice(&version_min.to_be_bytes());
+        buf[HEADER_LEN + 2..HEADER_LEN + 4].copy_from_slice(&version_max.to_be_bytes());
         buf.truncate(buf.len() - 3);
         buf.extend_from_slice(&(name.len() as u16).to_be_bytes());
         buf.extend_from_slice(name);
@@ -396,7 +404,9 @@ fn the_layout_is_the_documented_one() {
             }),
             [
                 header(1, 48),
-                vec![0, 1, 0, 2, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0x11, 0x22, 0, 0x10, 0, 0, 0, 0, 0, 16, 0, 2, b'a', b'b'],
+                vec![
+                    0, 1, 0, 2, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0x11, 0x22, 0, 0x10, 0, 0, 0, 0, 0, 16, 0, 2, b'a', b'b',
+                ],
             ]
             .concat(),
         ),
@@ -411,9 +421,7 @@ fn the_layout_is_the_documented_one() {
             }),
             [
                 header(2, 46),
-                vec![
-                    0, 1, 0, 0, 0, 1, 0xaa, 0xbb, 0xcc, 0xdd, 0, 0, 0x10, 0, 0, 0, 0, 0x55, 0, 0, 0x10, 0, 0, 0, 0, 8,
-                ],
+                vec![0, 1, 0, 0, 0, 1, 0xaa, 0xbb, 0xcc, 0xdd, 0, 0, 0x10, 0, 0, 0, 0, 0x55, 0, 0, 0x10, 0, 0, 0, 0, 8],
             ]
             .concat(),
         ),

@@ -539,8 +539,10 @@ impl Sim {
                     });
                     self.note(format!("sender WRITEs chunk {seq}"));
                     let data = data.unwrap_or_default();
-                    self.to_receiver
-                        .push_back(InFlight { packet: Packet::Write { seq, imm, remote_addr, rkey, data }, copy: false });
+                    self.to_receiver.push_back(InFlight {
+                        packet: Packet::Write { seq, imm, remote_addr, rkey, data },
+                        copy: false,
+                    });
                 }
                 sender::Action::NeedDigest => self.send_jobs.push_back(SendJob::Digest),
                 sender::Action::Finish(o) => {
@@ -575,9 +577,10 @@ impl Sim {
                 receiver::Action::StoreChunk { seq, slot, offset, len } => {
                     let (slot_size, count) = self.geometry.expect("stores follow the open");
                     let fits = offset + u64::from(len) <= self.output.len() as u64;
-                    self.check(seq == self.stores_asked && slot < count && u64::from(slot) == seq % u64::from(count), || {
-                        format!("store of chunk {seq} from slot {slot} of {count}")
-                    });
+                    self.check(
+                        seq == self.stores_asked && slot < count && u64::from(slot) == seq % u64::from(count),
+                        || format!("store of chunk {seq} from slot {slot} of {count}"),
+                    );
                     self.check(offset == seq * u64::from(slot_size) && len <= slot_size && fits, || {
                         format!("store of chunk {seq}: {len} bytes at {offset}")
                     });
@@ -706,7 +709,8 @@ fn files_of_every_edge_size_arrive_identical() {
     let chunk = 16;
     for size in [0, 1, chunk - 1, chunk, chunk + 1, 2 * chunk, 40 * chunk + 5] {
         for seed in 0..16 {
-            let sim = transfer(file_of(size, seed), sender_cfg(chunk as u32, 4), receiver_cfg(4), Hooks::default(), seed);
+            let sim =
+                transfer(file_of(size, seed), sender_cfg(chunk as u32, 4), receiver_cfg(4), Hooks::default(), seed);
             assert_ok(&sim);
             assert_eq!(sim.sender.chunks(), size.div_ceil(chunk) as u64);
             assert_eq!(sim.sender.chunks_written(), sim.sender.chunks());
@@ -839,7 +843,9 @@ fn bad_hellos_are_refused_with_their_status() {
         let (session, ack) = ack_in(&actions).unwrap_or_else(|| panic!("{what}: no ACK"));
         assert_eq!((session, ack.status, ack.received), (77, status, 0), "{what}");
         assert!(!actions.iter().any(|a| matches!(a, receiver::Action::Open { .. })), "{what}: opened");
-        assert!(matches!(actions.last(), Some(receiver::Action::Finish(Outcome::Acked { status: s, .. })) if *s == status));
+        assert!(
+            matches!(actions.last(), Some(receiver::Action::Finish(Outcome::Acked { status: s, .. })) if *s == status)
+        );
         assert!(r.is_done());
     }
     assert_eq!([Status::BadName, Status::TooLarge, Status::ProtocolMismatch].map(Status::exit_code), [16, 15, 14]);
@@ -961,6 +967,44 @@ fn every_write_arrival_is_checked() {
 }
 
 #[test]
+fn credits_go_in_quarter_rings_and_at_once_when_the_ring_is_drained() {
+    let t = Instant::now();
+    let mut r = Receiver::new(receiver_cfg(8), t);
+    let h = Hello { depth: 8, ..hello("f", 16 * 64) };
+    r.handle(receiver::Input::Message(&encode(9, &Message::Hello(h))), t);
+    r.handle(receiver::Input::Ready { addr: RING_ADDR, rkey: RKEY }, t);
+    actions_of_receiver(&mut r);
+    let credits = |r: &mut Receiver| -> Vec<u64> {
+        let decoded = actions_of_receiver(r).into_iter().filter_map(|a| match a {
+            receiver::Action::Send(b) => wire::decode(&b).ok(),
+            _ => None,
+        });
+        decoded.filter_map(|(_, m)| if let Message::Credit(c) = m { Some(c.consumed) } else { None }).collect()
+    };
+    let arrive = |r: &mut Receiver, seq: u32| r.handle(receiver::Input::WriteArrived { imm: seq, len: 16 }, t);
+    let store = |r: &mut Receiver, seq: u64| r.handle(receiver::Input::ChunkStored { seq }, t);
+    // 8 slots: a batch is 2 chunks.
+    arrive(&mut r, 0);
+    store(&mut r, 0);
+    assert_eq!(credits(&mut r), [1], "every chunk arrived is stored: credit at once");
+    for seq in 1..=3 {
+        arrive(&mut r, seq);
+    }
+    store(&mut r, 1);
+    assert_eq!(credits(&mut r), [], "1 chunk pending, 2 still in the ring");
+    store(&mut r, 2);
+    assert_eq!(credits(&mut r), [3], "a batch");
+    store(&mut r, 3);
+    assert_eq!(credits(&mut r), [4], "the ring is drained");
+    // The ring filled up: chunks 4..12 arrive (credit 4 allows up to chunk 11).
+    for seq in 4..12 {
+        arrive(&mut r, seq);
+    }
+    arrive(&mut r, 12);
+    assert_eq!(verdict(&mut r), (Some(Status::ProtocolMismatch), true), "chunk 12 before its credit");
+}
+
+#[test]
 fn the_receiver_refuses_messages_out_of_place() {
     let cases: [(&str, Message, u64); 4] = [
         ("a second HELLO", Message::Hello(hello("f", 16)), 9),
@@ -994,7 +1038,10 @@ fn timeouts_fire_at_the_deadline_and_not_before() {
     let actions = actions_of_sender(&mut s);
     assert!(matches!(
         actions.last(),
-        Some(sender::Action::Finish(Outcome::Failed(ProtocolError::Timeout { waiting_for: "the receiver's grant", .. })))
+        Some(sender::Action::Finish(Outcome::Failed(ProtocolError::Timeout {
+            waiting_for: "the receiver's grant",
+            ..
+        })))
     ));
 
     let mut r = Receiver::new(receiver_cfg(2), t);
@@ -1034,7 +1081,8 @@ fn failure(s: &mut Sender) -> Option<ProtocolError> {
 #[test]
 fn the_sender_refuses_bad_grants_and_messages_out_of_place() {
     let t = Instant::now();
-    let good = Grant { version: 1, caps: caps::DIGEST_XXH3_128, addr: RING_ADDR, rkey: RKEY, slot_size: 4, slot_count: 2 };
+    let good =
+        Grant { version: 1, caps: caps::DIGEST_XXH3_128, addr: RING_ADDR, rkey: RKEY, slot_size: 4, slot_count: 2 };
     let bad_grants = [
         Grant { version: 2, ..good },
         Grant { caps: 0, ..good },
@@ -1105,16 +1153,17 @@ fn hostile_case(seed: u64, tally: &mut Tally) {
     let mut rng = Rng::new(seed);
     let chunk = rng.pick(&[1u32, 2, 3, 7, 16, 64]);
     let size = rng.below(u64::from(chunk) * 24 + 2) as usize;
-    let depth = 1 + rng.below(6) as u32;
-    let timeout = Duration::from_millis(rng.pick(&[50, 1_000, 10_000]));
+    let depth = 1 + rng.below(12) as u32;
+    let faithful = rng.chance(250);
+    // A faithful network makes progress every few steps of a few milliseconds: give it time.
+    let timeout = Duration::from_millis(if faithful { 10_000 } else { rng.pick(&[50, 1_000, 10_000]) });
     let receiver = ReceiverConfig {
         max_size: if rng.chance(50) { rng.below(size as u64 + 1) } else { 1 << 20 },
         max_chunk: if rng.chance(300) { 1 + rng.below(u64::from(chunk)) as u32 } else { 1 << 20 },
         memory_budget: 1 + rng.below(u64::from(chunk) * 8),
-        max_slots: 1 + rng.below(6) as u32,
+        max_slots: 1 + rng.below(12) as u32,
         timeout,
     };
-    let faithful = rng.chance(250);
     let mut faults = Faults::default();
     if !faithful {
         faults = Faults {
@@ -1131,10 +1180,10 @@ fn hostile_case(seed: u64, tally: &mut Tally) {
     let label = format!("seed {seed}: {size} bytes, chunk {chunk}, depth {depth}, {receiver:?}, {faults:?}");
     let sender = SenderConfig { chunk, depth, timeout };
     let file = file_of(size, seed);
+    let chunks = size as u64 / u64::from(chunk.min(receiver.max_chunk)) + 1;
     let mut sim = Sim::new(label, seed.wrapping_add(1), file, "random.bin", sender, receiver, faults, Hooks::default());
     // Every packet is delivered at most twice and every job runs once, per chunk a handful of
     // moves; two clock jumps end both machines.
-    let chunks = size as u64 / u64::from(chunk.min(sim.receiver_max_chunk())) + 1;
     sim.run(32 * (chunks + 8));
 
     let receiver_status = acked(&sim.receiver_outcome);
@@ -1152,24 +1201,23 @@ fn hostile_case(seed: u64, tally: &mut Tally) {
     }
 }
 
-impl Sim {
-    fn receiver_max_chunk(&self) -> u32 {
-        // The receiver's slot size is not known before the run: the smallest possible.
-        1
-    }
-}
-
+/// Seeds 0..10,000 by default (about a second in a debug build); `MACHINES_CASES=N` runs N
+/// (a longer soak), `MACHINES_FIRST_SEED=S` starts elsewhere.
 #[test]
 fn a_hostile_network_never_breaks_either_side() {
+    let env = |name: &str, default: u64| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+    let (first, cases) = (env("MACHINES_FIRST_SEED", 0), env("MACHINES_CASES", 10_000));
     let mut tally = Tally::default();
-    let cases = 6_000;
-    for seed in 0..cases {
+    for seed in first..first + cases {
         hostile_case(seed, &mut tally);
     }
     eprintln!("{cases} cases: {tally:?}");
-    // The faults must reach every path: success, corruption caught, peers refused, timeouts.
-    assert!(tally.faithful_ok > cases as u32 / 8, "{tally:?}");
-    assert!(tally.ok > tally.faithful_ok, "{tally:?}");
-    assert!(tally.checksum_mismatch > 10 && tally.protocol_mismatch > 100, "{tally:?}");
-    assert!(tally.too_large > 10 && tally.timeout > 100, "{tally:?}");
+    // The faults must reach every path: success, corruption caught, peers refused, timeouts
+    // (in proportions measured over 10,000 cases: about 45%, 3%, 28%, 4% and 19%).
+    if cases >= 1_000 {
+        let per_mille = |n: u32| u64::from(n) * 1000 / cases;
+        assert!(per_mille(tally.faithful_ok) > 125 && tally.ok > tally.faithful_ok, "{tally:?}");
+        assert!(per_mille(tally.checksum_mismatch) > 1 && per_mille(tally.protocol_mismatch) > 10, "{tally:?}");
+        assert!(per_mille(tally.too_large) > 1 && per_mille(tally.timeout) > 10, "{tally:?}");
+    }
 }
