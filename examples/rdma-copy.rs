@@ -219,13 +219,18 @@ fn recv(a: RecvArgs, json: bool) -> i32 {
                 Ok(s) => s.to_string(),
                 Err(e) => format!("failed: {e}"),
             };
+            let ms = |d: Duration| d.as_secs_f64() * 1e3;
             println!(
-                "{:016x} from {}: {} ({} bytes, {:.1} MB/s): {what}",
+                "{:016x} from {}: {} ({} bytes, {:.1} MB/s): {what}; connect {:.1} ms, data {:.1} ms, digest {:.1} ms, fsync+rename {:.1} ms",
                 r.session,
                 r.peer,
                 r.name.as_deref().unwrap_or("-"),
                 r.bytes,
-                mb_per_s(r.bytes, r.phases.data)
+                mb_per_s(r.bytes, r.phases.data),
+                ms(r.phases.connect),
+                ms(r.phases.data),
+                ms(r.phases.digest),
+                ms(r.phases.sync_rename)
             );
         }
     });
