@@ -347,7 +347,7 @@ impl CmId<RouteResolved> {
     /// - [`Error::PeerDisconnected`]: the peer left during the handshake.
     /// - [`Error::Timeout`]: no answer within `timeout`.
     /// - [`Error::InvalidArgument`]: more than [`MAX_CONNECT_PRIVATE_DATA`] bytes of private
-    ///   data, or retry counts over 7.
+    ///   data, retry counts over 7, or an ACK timeout outside 1..=31.
     /// - [`Error::DeviceMismatch`], [`Error::Verbs`], [`Error::Cm`] as for
     ///   [`init_qp`](Self::init_qp).
     ///
@@ -393,7 +393,7 @@ impl CmId<RouteResolved> {
             _ => Default::default(),
         };
         drop(ev);
-        let (qp, _, _) = id.ready_qp(qp, None, None, &known.device)?;
+        let (qp, _, _) = id.ready_qp(qp, None, None, params.ack_timeout, &known.device)?;
         // SAFETY: live identifier that received a connect response and has no librdmacm QP.
         check("rdma_establish", unsafe { ffi::rdma_establish(id.as_ptr()) })?;
         Ok((qp, peer_params))

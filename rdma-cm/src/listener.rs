@@ -268,8 +268,11 @@ impl ConnectRequest {
     ) -> Result<Connection<'res>> {
         let ConnectRequest { conn, params: peer_params, peer, local, device } = self;
         let on_device = |e: Error| e.on_device(&device);
-        let (qp, resp, init) =
-            conn.id.ready_qp(qp, params.responder_resources, params.initiator_depth, &device).map_err(on_device)?;
+        let ack_timeout = params.checked_ack_timeout("rdma_accept").map_err(on_device)?;
+        let (qp, resp, init) = conn
+            .id
+            .ready_qp(qp, params.responder_resources, params.initiator_depth, ack_timeout, &device)
+            .map_err(on_device)?;
         let mut raw =
             params.to_raw("rdma_accept", MAX_ACCEPT_PRIVATE_DATA, resp, init, qp.qp_num()).map_err(on_device)?;
         // SAFETY: live identifier of a connection request; `raw` and its private data live across

@@ -33,6 +33,10 @@ pub struct ConnParams<'a> {
     pub retry_count: u8,
     /// Retries after an RNR NAK (7 = forever).
     pub rnr_retry_count: u8,
+    /// Local ACK timeout of the QP (`ibv_qp_attr.timeout`): a request not acknowledged within
+    /// 4.096 µs × 2^n is retransmitted. `None`: the CM's value, derived from the path's packet
+    /// lifetime. Set with [`ack_timeout`](Self::ack_timeout).
+    pub ack_timeout: Option<u8>,
 }
 
 impl Default for ConnParams<'_> {
@@ -43,6 +47,7 @@ impl Default for ConnParams<'_> {
             initiator_depth: None,
             retry_count: 7,
             rnr_retry_count: 7,
+            ack_timeout: None,
         }
     }
 }
@@ -83,6 +88,23 @@ impl<'a> ConnParams<'a> {
         self
     }
 
+    /// Sets the local ACK timeout exponent (1..=31; 4.096 µs × 2^n), in place of the CM's.
+    /// perftest uses 14 (67 ms).
+    pub fn ack_timeout(mut self, n: u8) -> Self {
+        self.ack_timeout = Some(n);
+        self
+    }
+
+    /// Checks the ACK timeout exponent (5 bits; 0 would mean an infinite timeout).
+    pub(crate) fn checked_ack_timeout(&self, call: &'static str) -> Result<Option<u8>> {
+        match self.ack_timeout {
+            Some(n) if n == 0 || n > 31 => {
+                Err(Error::invalid(call, format!("ACK timeout exponent {n}: must be 1..=31")))
+            }
+            t => Ok(t),
+        }
+    }
+
     /// Checks the parameters and lays them out for C.
     pub(crate) fn to_raw(
         self,
@@ -104,6 +126,7 @@ impl<'a> ConnParams<'a> {
                 format!("retry counts are 3-bit: got {} and {}", self.retry_count, self.rnr_retry_count),
             ));
         }
+        self.checked_ack_timeout(call)?;
         Ok(rdma_sys::rdma_conn_param {
             private_data: if self.private_data.is_empty() {
                 std::ptr::null()
@@ -134,6 +157,18 @@ mod tests {
         let ok = ConnParams::new().private_data(&data[..56]).to_raw("rdma_connect", MAX_CONNECT_PRIVATE_DATA, 1, 2, 5);
         let raw = ok.unwrap();
         assert_eq!((raw.private_data_len, raw.responder_resources, raw.initiator_depth, raw.qp_num), (56, 1, 2, 5));
+    }
+
+    #[test]
+    fn ack_timeouts_outside_five_bits_are_refused() {
+        for bad in [0u8, 32, 255] {
+            let err = ConnParams::new().ack_timeout(bad).to_raw("rdma_connect", MAX_CONNECT_PRIVATE_DATA, 1, 1, 5);
+            assert!(matches!(err, Err(Error::InvalidArgument { call: "rdma_connect", .. })), "{bad}: {:?}", err.err());
+        }
+        for good in [1u8, 14, 31] {
+            assert_eq!(ConnParams::new().ack_timeout(good).checked_ack_timeout("rdma_accept").unwrap(), Some(good));
+        }
+        assert_eq!(ConnParams::new().checked_ack_timeout("rdma_accept").unwrap(), None);
     }
 
     #[test]

@@ -177,12 +177,14 @@ impl RawId {
 
     /// `Init -> ReadyToReceive -> ReadyToSend` with the CM's path, peer QP and PSNs. READ/atomic
     /// depths are the given ones, or the CM's negotiated ones capped by the device's limits.
-    /// Returns the QP and the depths used, `(responder_resources, initiator_depth)`.
+    /// `ack_timeout` replaces the CM's local ACK timeout. Returns the QP and the depths used,
+    /// `(responder_resources, initiator_depth)`.
     pub(crate) fn ready_qp<'res>(
         &self,
         qp: QueuePair<'res, Rc, Init>,
         responder_resources: Option<u8>,
         initiator_depth: Option<u8>,
+        ack_timeout: Option<u8>,
         device: &str,
     ) -> Result<(QueuePair<'res, Rc, ReadyToSend>, u8, u8)> {
         Self::check_device(&qp, device)?;
@@ -194,6 +196,9 @@ impl RawId {
         let (mut attr, mask) = self.qp_attr(ffi::ibv_qp_state::IBV_QPS_RTS)?;
         let init = initiator_depth.unwrap_or_else(|| attr.max_rd_atomic.min(max_init));
         attr.max_rd_atomic = init;
+        if let Some(t) = ack_timeout {
+            attr.timeout = t;
+        }
         let qp = qp.modify_with(&mut attr, mask).map_err(Error::Verbs)?;
         Ok((qp, resp, init))
     }
