@@ -13,10 +13,16 @@
 //! error; 6 peer gone; 10 + the ACK status code when the receiver refused (see
 //! `docs/protocol.md`): 11 checksum mismatch, 12 disk I/O, 13 no space, 14 protocol mismatch,
 //! 15 too large, 16 bad name, 17 exists, 18 busy, 19 not authorized, 20 internal.
+//!
+//! Exit codes (recv): 0 every transfer stored; 1 usage error; 2 listening failed; 9 a transfer
+//! failed or was refused (see its report); 128 + N stopped by signal N (SIGINT, SIGTERM: the
+//! sessions in progress end and their temporaries are removed; a second signal kills at once).
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
@@ -71,14 +77,14 @@ struct RecvArgs {
     /// Largest chunk granted, in bytes.
     #[arg(long, default_value = "4M", value_parser = parse_size)]
     max_chunk: u64,
-    /// Most chunks in flight per transfer.
-    #[arg(long, default_value_t = 64)]
+    /// Most chunks in flight per transfer (1..=4096).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
     max_depth: u32,
     /// Transfers served at the same time; more are refused with status "busy".
     #[arg(long, default_value_t = 8)]
     max_sessions: usize,
-    /// Seconds a transfer may make no progress before it is ended.
-    #[arg(long, default_value_t = 30)]
+    /// Seconds a transfer may make no progress before it is ended (1..=31536000).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=31_536_000))]
     timeout: u64,
     /// Exit after this many transfers (default: serve forever).
     #[arg(long)]
@@ -86,6 +92,9 @@ struct RecvArgs {
     /// Test hook: corrupt this chunk on arrival (to see the digest check fail).
     #[arg(long, hide = true)]
     corrupt_chunk: Option<u64>,
+    /// Test hook: never ACK, repeat an old CREDIT every millisecond instead.
+    #[arg(long, hide = true)]
+    test_never_ack: bool,
 }
 
 #[derive(clap::Args)]
@@ -105,14 +114,14 @@ struct SendArgs {
     /// Bytes per chunk, one RDMA WRITE each (suffixes K, M, G).
     #[arg(long, default_value = "1M", value_parser = parse_size)]
     chunk: u64,
-    /// Chunks in flight.
-    #[arg(long, default_value_t = 16)]
+    /// Chunks in flight (1..=4096).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=4096))]
     depth: u32,
-    /// Seconds to resolve and connect.
-    #[arg(long, default_value_t = 10)]
+    /// Seconds to resolve and connect (1..=86400).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     connect_timeout: u64,
-    /// Seconds a transfer may make no progress before it is ended.
-    #[arg(long, default_value_t = 30)]
+    /// Seconds a transfer may make no progress before it is ended (1..=31536000).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=31_536_000))]
     timeout: u64,
     /// No progress bar.
     #[arg(long)]
@@ -185,8 +194,22 @@ fn recv(a: RecvArgs, json: bool) -> i32 {
         max_sessions: a.max_sessions.max(1),
         timeout: Duration::from_secs(a.timeout),
         accept_timeout: Duration::from_secs(a.timeout),
+        stop: Arc::new(AtomicBool::new(false)),
         corrupt_chunk: a.corrupt_chunk,
+        test_never_ack: a.test_never_ack,
     };
+    // SIGINT/SIGTERM: stop serving, end the sessions in progress (their temporaries are
+    // removed), exit 128 + the signal. A second signal kills at once.
+    let signal = Arc::new(AtomicUsize::new(0));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        let registered = signal_hook::flag::register_conditional_shutdown(sig, 1, opts.stop.clone())
+            .and_then(|_| signal_hook::flag::register(sig, opts.stop.clone()))
+            .and_then(|_| signal_hook::flag::register_usize(sig, signal.clone(), sig as usize));
+        if let Err(e) = registered {
+            eprintln!("rdma-copy: installing a signal handler: {e}");
+            return 2;
+        }
+    }
     let server = match Server::bind(listen, opts) {
         Ok(s) => s,
         Err(e) => {
@@ -197,11 +220,11 @@ fn recv(a: RecvArgs, json: bool) -> i32 {
     if !json {
         eprintln!("rdma-copy: listening on {}", server.local_addr());
     }
-    let failures = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let failures = Arc::new(AtomicUsize::new(0));
     let f = failures.clone();
     let r = server.serve(a.count, move |r: ReceiveReport| {
         if !matches!(r.result, Ok(rdma_proto::Status::Ok)) {
-            f.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            f.fetch_add(1, Ordering::Relaxed);
         }
         if json {
             let result = match &r.result {
@@ -239,7 +262,8 @@ fn recv(a: RecvArgs, json: bool) -> i32 {
             eprintln!("rdma-copy: {e}");
             2
         }
-        Ok(()) if failures.load(std::sync::atomic::Ordering::Relaxed) > 0 => 1,
+        Ok(()) if signal.load(Ordering::Relaxed) != 0 => 128 + signal.load(Ordering::Relaxed) as i32,
+        Ok(()) if failures.load(Ordering::Relaxed) > 0 => 9,
         Ok(()) => 0,
     }
 }

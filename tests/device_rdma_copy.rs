@@ -215,7 +215,7 @@ fn refusals_end_with_their_status_exit_code_and_no_file() {
         assert!(err.contains(message), "{args:?}: {err}");
     }
     let (code, report, _) = rx.finish(Duration::from_secs(30));
-    assert_eq!(code, 1, "the receiver reports failed sessions: {report}");
+    assert_eq!(code, 9, "the receiver reports failed sessions: {report}");
     assert_eq!(listing(&dst), ["small"], "nothing but the existing file");
     assert_eq!(std::fs::read(dst.join("small")).unwrap(), b"already here");
     assert!(!src.join("escape").exists() && !dst.parent().unwrap().join("escape").exists());
@@ -233,7 +233,7 @@ fn a_corrupted_chunk_is_a_checksum_mismatch_and_leaves_nothing() {
     assert_eq!(out.status.code(), Some(11), "{err}");
     assert!(err.contains("checksum mismatch"), "{err}");
     let (code, report, _) = rx.finish(Duration::from_secs(30));
-    assert_eq!(code, 1, "{report}");
+    assert_eq!(code, 9, "{report}");
     assert!(report.contains("checksum mismatch"), "{report}");
     assert!(listing(&dst).is_empty(), "{:?}", listing(&dst));
 }
@@ -267,7 +267,7 @@ fn a_killed_sender_leaves_nothing_and_the_receiver_keeps_serving() {
     assert!(out.status.success(), "the receiver kept serving: {}", text(&out.stderr));
     let (code, report, _) = rx.finish(Duration::from_secs(60));
     eprintln!("receiver: {report}");
-    assert_eq!(code, 1, "{report}");
+    assert_eq!(code, 9, "{report}");
     assert!(report.lines().any(|l| l.contains("big") && l.contains("failed")), "{report}");
     assert_eq!(listing(&dst), ["after"], "no final file and no temporary of the killed transfer");
     assert!(std::fs::read(dst.join("after")).unwrap() == data);
@@ -320,7 +320,7 @@ fn a_full_filesystem_is_the_no_space_status_and_leaves_nothing() {
     let (code, report, _) = rx.finish(Duration::from_secs(30));
     assert_eq!(out.status.code(), Some(13), "{err}");
     assert!(err.contains("no space"), "{err}");
-    assert_eq!(code, 1, "{report}");
+    assert_eq!(code, 9, "{report}");
     assert!(left.is_empty(), "{left:?}");
 }
 
@@ -350,4 +350,157 @@ fn two_senders_at_once_both_arrive() {
     assert!(std::fs::read(dst.join("a")).unwrap() == da);
     assert!(std::fs::read(dst.join("b")).unwrap() == db);
     let _ = std::io::stderr().flush();
+}
+
+/// Starts `rdma-copy send --quiet ARGS...` from rxe1's address to rxe0's `port`, its stderr
+/// piped.
+fn spawn_send(topo: &testkit::Topology, port: u16, args: &[&std::ffi::OsStr]) -> Child {
+    let to = format!("{}:{port}", topo.server.addr);
+    Command::new(tool())
+        .args(["send", "--quiet", "--to", &to, "--from", &topo.client.addr.to_string()])
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits up to `limit` for `child`; kills it and fails past that.
+fn wait_within(mut child: Child, limit: Duration, what: &str) -> (Option<i32>, String, Duration) {
+    let t = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut e, &mut err);
+            }
+            return (status.code(), err, t.elapsed());
+        }
+        if t.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what}: still running after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_receiver_that_repeats_credits_and_never_acks_times_the_sender_out() {
+    // The review found the sender's timeout checked only after 256 idle rounds in a row: a
+    // message every millisecond (an old CREDIT, no progress) kept it from ever firing.
+    let topo = testkit::require_topology!();
+    let src = scratch("flood-src");
+    let f = src.join("f");
+    random_file(&f, 4 << 20, 13);
+    let rx = Receiver::start(&topo, 7509, &["--discard", "--count", "1", "--timeout", "60", "--test-never-ack"]);
+    let sender = spawn_send(&topo, 7509, &["--timeout".as_ref(), "3".as_ref(), f.as_os_str()]);
+    let (code, err, took) = wait_within(sender, Duration::from_secs(40), "the sender facing a never-ACKing receiver");
+    eprintln!("sender exit {code:?} after {took:?}: {err}");
+    assert_eq!(code, Some(3), "a timeout: {err}");
+    assert!(took < Duration::from_secs(20), "3 s without progress took {took:?}");
+    let (rcode, report, _) = rx.finish(Duration::from_secs(70));
+    assert_eq!(rcode, 9, "{report}");
+}
+
+/// An RC connection to `port` that never sends anything (no HELLO).
+fn idle_connection(topo: &testkit::Topology, port: u16) -> rdma_cm::Connection<'static> {
+    use rdma_verbs::qp::state::{Rc, Reset};
+    use rdma_verbs::{AccessFlags, CompletionQueue, ProtectionDomain, QpCreateAttr, QueuePair};
+    use std::net::SocketAddr;
+    use std::sync::Arc;
+    let to = SocketAddr::new(topo.server.addr.into(), port);
+    let from = SocketAddr::new(topo.client.addr.into(), 0);
+    let id = rdma_cm::CmId::new().unwrap().resolve(Some(from), to, Duration::from_secs(5)).unwrap();
+    let ctx = Arc::new(id.open_context().unwrap());
+    let pd = Arc::new(ProtectionDomain::new(ctx.clone()).unwrap());
+    let cq = Arc::new(CompletionQueue::new(ctx, 4, None).unwrap());
+    let qp = QueuePair::<Rc, Reset>::create(pd, QpCreateAttr::new(cq.clone(), cq)).unwrap();
+    let qp = id.init_qp(qp, AccessFlags::LOCAL_WRITE).unwrap();
+    id.connect(qp, &rdma_cm::ConnParams::new(), Duration::from_secs(10)).unwrap()
+}
+
+#[test]
+fn idle_connections_do_not_lock_senders_out_and_past_the_limit_senders_hear_busy() {
+    // The review found every connection counted as a session from its request on: a few that
+    // never sent a HELLO made every real sender hear Busy.
+    let topo = testkit::require_topology!();
+    let src = scratch("idle-src");
+    let f = src.join("f");
+    random_file(&f, 1 << 20, 14);
+    // 2 sessions, so 2 + 4 connections get a thread; 4 + 1 + 2 + 1 connections in all.
+    let rx = Receiver::start(&topo, 7510, &["--discard", "--max-sessions", "2", "--timeout", "20", "--count", "8"]);
+    let mut idle: Vec<_> = (0..4).map(|_| idle_connection(&topo, 7510)).collect();
+    let out = send(&topo, 7510, &[f.to_str().unwrap()]);
+    assert!(out.status.success(), "4 idle connections locked a sender out: {}", text(&out.stderr));
+    idle.extend((0..2).map(|_| idle_connection(&topo, 7510)));
+    let t = Instant::now();
+    let out = send(&topo, 7510, &[f.to_str().unwrap()]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(18), "past the limit: {err}");
+    assert!(err.contains("busy"), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(10), "the refusal took {:?}", t.elapsed());
+    drop(idle);
+    let (code, report, _) = rx.finish(Duration::from_secs(60));
+    eprintln!("receiver: {report}");
+    assert_eq!(code, 9, "the idle connections failed: {report}");
+    assert_eq!(report.lines().filter(|l| l.contains(": ok")).count(), 1, "{report}");
+}
+
+#[test]
+fn sigterm_ends_the_receiver_and_removes_its_temporaries() {
+    let topo = testkit::require_topology!();
+    let (src, dst) = (scratch("term-src"), scratch("term-dst"));
+    let big = src.join("big");
+    random_file(&big, 128 << 20, 15);
+    let rx = Receiver::start(&topo, 7511, &["--dir", dst.to_str().unwrap()]);
+    let sender = spawn_send(&topo, 7511, &["--timeout".as_ref(), "5".as_ref(), big.as_os_str()]);
+    let t = Instant::now();
+    while !listing(&dst).iter().any(|n| n.ends_with(".rdcp-tmp")) {
+        assert!(t.elapsed() < Duration::from_secs(30), "no transfer started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: signals our own child.
+    assert_eq!(unsafe { libc::kill(rx.child.id() as libc::pid_t, libc::SIGTERM) }, 0);
+    let (code, report, _) = rx.finish(Duration::from_secs(15));
+    eprintln!("receiver: {report}");
+    assert_eq!(code, 128 + libc::SIGTERM, "{report}");
+    assert!(listing(&dst).is_empty(), "left behind: {:?}", listing(&dst));
+    let (scode, err, _) = wait_within(sender, Duration::from_secs(30), "the sender after the receiver stopped");
+    assert!(matches!(scode, Some(2..=7)), "{scode:?}: {err}");
+}
+
+#[test]
+fn what_cannot_be_sent_fails_before_connecting() {
+    // No device needed: each is refused before any connection (nothing listens at the address).
+    let src = scratch("unsendable");
+    let fifo = src.join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    let plain = src.join("plain");
+    std::fs::write(&plain, b"x").unwrap();
+    let reserved = src.join("x.rdcp-tmp");
+    std::fs::write(&reserved, b"x").unwrap();
+    let latin1 = src.join(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(b"r\xff.txt"));
+    std::fs::write(&latin1, b"x").unwrap();
+    let cases: [(&[&std::ffi::OsStr], i32, &str); 5] = [
+        (&[fifo.as_os_str()], 5, "not a regular file"),
+        (&[src.as_os_str()], 5, "not a regular file"),
+        (&[plain.as_os_str(), "--name".as_ref(), "a/b".as_ref()], 1, "'/'"),
+        (&[reserved.as_os_str()], 1, "reserved"),
+        (&[latin1.as_os_str()], 1, "not UTF-8"),
+    ];
+    for (args, want, says) in cases {
+        let child = Command::new(tool())
+            .args(["send", "--quiet", "--to", "127.0.0.1:9", "--connect-timeout", "2"])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (code, err, _) = wait_within(child, Duration::from_secs(10), &format!("send {args:?}"));
+        assert_eq!(code, Some(want), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
 }

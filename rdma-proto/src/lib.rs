@@ -62,3 +62,10 @@ pub enum ProtocolError {
     #[error("{0}")]
     Local(String),
 }
+
+/// `now + timeout`, for any `timeout`: one too far to represent (`Duration::MAX`, say) is a
+/// century, which no transfer waits out.
+pub(crate) fn deadline_after(now: std::time::Instant, timeout: std::time::Duration) -> std::time::Instant {
+    const CENTURY: std::time::Duration = std::time::Duration::from_secs(100 * 365 * 24 * 3600);
+    now.checked_add(timeout.min(CENTURY)).unwrap_or(now)
+}

@@ -2,8 +2,12 @@
 
 use crate::wire::MAX_NAME_LEN;
 
+/// The suffix of a receiver's temporary files (`.SESSION.rdcp-tmp`), which no name may end with,
+/// so that no sender can name another session's temporary.
+pub const TEMP_SUFFIX: &str = ".rdcp-tmp";
+
 /// Checks that `name` is one safe path component: not empty, at most [`MAX_NAME_LEN`] bytes,
-/// not `.` or `..`, no `/`, no NUL and no control characters.
+/// not `.` or `..`, no `/`, no NUL and no control characters, not ending with [`TEMP_SUFFIX`].
 ///
 /// # Errors
 /// A sentence saying what is wrong.
@@ -20,6 +24,9 @@ pub fn check(name: &str) -> Result<(), String> {
     if let Some(c) = name.chars().find(|&c| c == '/' || c == '\\' || c.is_control()) {
         return Err(format!("name contains {c:?}"));
     }
+    if name.ends_with(TEMP_SUFFIX) {
+        return Err(format!("names ending with {TEMP_SUFFIX:?} are reserved for the receiver's temporaries"));
+    }
     Ok(())
 }
 
@@ -32,7 +39,21 @@ mod tests {
         for good in ["a", "file.bin", "..hidden", "a..b", "é", &"x".repeat(255)] {
             assert!(check(good).is_ok(), "{good:?}");
         }
-        for bad in ["", ".", "..", "a/b", "/etc", "../x", "a\0b", "a\nb", "a\\b", "\u{7f}", &"x".repeat(256)] {
+        for bad in [
+            "",
+            ".",
+            "..",
+            "a/b",
+            "/etc",
+            "../x",
+            "a\0b",
+            "a\nb",
+            "a\\b",
+            "\u{7f}",
+            &"x".repeat(256),
+            ".0123456789abcdef.rdcp-tmp",
+            "a.rdcp-tmp",
+        ] {
             assert!(check(bad).is_err(), "{bad:?}");
         }
     }

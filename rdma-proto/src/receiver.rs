@@ -144,7 +144,7 @@ impl Receiver {
     /// A receiver waiting for a HELLO.
     pub fn new(cfg: ReceiverConfig, now: Instant) -> Self {
         Receiver {
-            deadline: now + cfg.timeout,
+            deadline: crate::deadline_after(now, cfg.timeout),
             cfg,
             session: 0,
             phase: Phase::AwaitHello,
@@ -218,7 +218,7 @@ impl Receiver {
             Input::Ready { addr, rkey } if self.phase == Phase::Opening => {
                 self.opened = true;
                 self.phase = Phase::Data;
-                self.deadline = now + self.cfg.timeout;
+                self.deadline = crate::deadline_after(now, self.cfg.timeout);
                 let g = Grant {
                     version: self.version,
                     caps: caps::DIGEST_XXH3_128,
@@ -236,7 +236,7 @@ impl Receiver {
             }
             Input::ChunkStored { seq } if self.phase >= Phase::Data && seq == self.stored && seq < self.arrived => {
                 self.stored += 1;
-                self.deadline = now + self.cfg.timeout;
+                self.deadline = crate::deadline_after(now, self.cfg.timeout);
                 Ok(())
             }
             Input::StoreFailed(status, why) if self.phase >= Phase::Data => {
@@ -278,7 +278,7 @@ impl Receiver {
         match (self.phase, m) {
             (Phase::AwaitHello, Message::Hello(hello)) => {
                 self.session = h.session;
-                self.deadline = now + self.cfg.timeout;
+                self.deadline = crate::deadline_after(now, self.cfg.timeout);
                 let v = *wire::PROTOCOL_VERSIONS.end();
                 if hello.version_max < *wire::PROTOCOL_VERSIONS.start() || hello.version_min > v {
                     let why = format!(
@@ -327,7 +327,7 @@ impl Receiver {
                     )));
                 }
                 self.fin = Some(fin.digest);
-                self.deadline = now + self.cfg.timeout;
+                self.deadline = crate::deadline_after(now, self.cfg.timeout);
             }
             (phase, m) => return Err(ProtocolError::Peer(format!("unexpected {:?} while {phase:?}", m.kind()))),
         }
@@ -353,7 +353,7 @@ impl Receiver {
             return Err(ProtocolError::Peer(format!("chunk {seq} of {len} bytes, expected {want}")));
         }
         self.arrived += 1;
-        self.deadline = now + self.cfg.timeout;
+        self.deadline = crate::deadline_after(now, self.cfg.timeout);
         self.actions.push_back(Action::StoreChunk {
             seq,
             slot: (seq % u64::from(self.slot_count)) as u32,

@@ -154,7 +154,7 @@ impl Sender {
             consumed: 0,
             digest: None,
             digest_asked: false,
-            deadline: now + cfg.timeout,
+            deadline: crate::deadline_after(now, cfg.timeout),
             actions: VecDeque::new(),
             scratch: Vec::new(),
             cfg,
@@ -250,7 +250,7 @@ impl Sender {
         match (self.phase, m) {
             (Phase::AwaitGrant, Message::Grant(g)) => {
                 self.accept_grant(g)?;
-                self.deadline = now + self.cfg.timeout;
+                self.deadline = crate::deadline_after(now, self.cfg.timeout);
             }
             (Phase::Data | Phase::AwaitAck, Message::Credit(Credit { consumed })) => {
                 if consumed > self.next_write {
@@ -261,7 +261,7 @@ impl Sender {
                 }
                 if consumed > self.consumed {
                     self.consumed = consumed;
-                    self.deadline = now + self.cfg.timeout;
+                    self.deadline = crate::deadline_after(now, self.cfg.timeout);
                 }
             }
             (_, Message::Ack(a)) => {
@@ -313,7 +313,7 @@ impl Sender {
             return Err(ProtocolError::Local(format!("completion of chunk {seq}, not in flight")));
         }
         self.write_done = seq + 1;
-        self.deadline = now + self.cfg.timeout;
+        self.deadline = crate::deadline_after(now, self.cfg.timeout);
         Ok(())
     }
 

@@ -787,6 +787,52 @@ fn a_link_gone_silent_times_both_sides_out() {
     }
 }
 
+#[test]
+fn a_timeout_too_large_to_represent_waits_without_panicking() {
+    // Duration::MAX is "no deadline" elsewhere in the workspace; here it must not overflow.
+    let mut cfg = sender_cfg(16, 2);
+    cfg.timeout = Duration::MAX;
+    let mut rcfg = receiver_cfg(2);
+    rcfg.timeout = Duration::MAX;
+    let sim = transfer(file_of(100, 4), cfg.clone(), rcfg, Hooks::default(), 4);
+    assert_ok(&sim);
+    let now = Instant::now();
+    let s = Sender::new(1, "f", 10, cfg, now).unwrap();
+    assert!(s.poll_timeout().unwrap() > now + Duration::from_secs(3600 * 24 * 365));
+}
+
+#[test]
+fn repeated_credits_do_not_hold_off_the_senders_timeout() {
+    // A receiver that never ACKs but keeps repeating an old CREDIT must not keep the sender
+    // waiting: only a credit for new slots is progress.
+    let t0 = Instant::now();
+    let cfg = sender_cfg(16, 2);
+    let timeout = cfg.timeout;
+    let mut s = Sender::new(7, "f", 0, cfg, t0).unwrap();
+    let _ = actions_of_sender(&mut s);
+    let grant = Grant { version: 1, caps: caps::DIGEST_XXH3_128, addr: 4096, rkey: 1, slot_size: 16, slot_count: 2 };
+    s.handle(sender::Input::Message(&encode(7, &Message::Grant(grant))), t0);
+    for a in actions_of_sender(&mut s) {
+        if let sender::Action::NeedDigest = a {
+            s.handle(sender::Input::Digest(digest(&[])), t0);
+        }
+    }
+    let _ = actions_of_sender(&mut s); // the FIN
+    let mut now = t0;
+    while now < t0 + timeout * 2 && !s.is_done() {
+        now += Duration::from_millis(100);
+        s.handle(sender::Input::Message(&encode(7, &Message::Credit(Credit { consumed: 0 }))), now);
+        s.handle_timeout(now);
+    }
+    assert!(s.is_done(), "still waiting after {:?}", now - t0);
+    assert!(now <= t0 + timeout + Duration::from_millis(100), "timed out only after {:?}", now - t0);
+    let outcome = actions_of_sender(&mut s).into_iter().find_map(|a| match a {
+        sender::Action::Finish(o) => Some(o),
+        _ => None,
+    });
+    assert!(matches!(outcome, Some(Outcome::Failed(ProtocolError::Timeout { .. }))), "{outcome:?}");
+}
+
 // ---- The receiver alone, fed hand-made messages. ----
 
 fn encode(session: u64, m: &Message) -> Vec<u8> {

@@ -18,7 +18,9 @@ pub(crate) fn io_status(e: &io::Error) -> Status {
     }
 }
 
-/// A file being received: `dir/.NAME.SESSION.rdcp-tmp` until [`commit`](Self::commit).
+/// A file being received: `dir/.SESSION.rdcp-tmp` until [`commit`](Self::commit). The
+/// temporary's name does not contain the file's, so every valid name (up to 255 bytes) fits,
+/// and no valid name is a temporary's ([`crate::name::TEMP_SUFFIX`] is refused).
 /// Dropping it uncommitted removes the temporary.
 #[derive(Debug)]
 pub(crate) struct Incoming {
@@ -39,7 +41,7 @@ impl Incoming {
         if !overwrite && target.symlink_metadata().is_ok() {
             return Err((Status::Exists, format!("{name} exists")));
         }
-        let temp = dir.join(format!(".{name}.{session:016x}.rdcp-tmp"));
+        let temp = dir.join(format!(".{session:016x}{}", crate::name::TEMP_SUFFIX));
         let file = OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -70,7 +72,10 @@ impl Incoming {
         }
         self.committed = true;
         if let Some(dir) = self.target.parent() {
-            File::open(dir).and_then(|d| d.sync_all()).map_err(|e| io("fsync of the directory", e))?;
+            File::open(dir).and_then(|d| d.sync_all()).map_err(|e| {
+                let (status, why) = io("fsync of the directory", e);
+                (status, format!("the file is in place, but not known durable: {why}"))
+            })?;
         }
         Ok(())
     }

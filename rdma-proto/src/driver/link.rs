@@ -7,10 +7,11 @@ use std::time::Duration;
 use rdma_verbs::qp::state::Rc;
 use rdma_verbs::qp::state::{Init, Reset};
 use rdma_verbs::{
-    AccessFlags, CompletionQueue, Context, ProtectionDomain, QpCaps, QpCreateAttr, QueuePair, RecvRing, Request,
-    SendQueue, SlotPool,
+    AccessFlags, CompletionQueue, Context, Message, ProtectionDomain, QpCaps, QpCreateAttr, QueuePair, RecvRing,
+    Request, SendQueue, SlotPool,
 };
 
+use super::Error;
 use crate::wire::MAX_MESSAGE_LEN;
 
 /// `wr_id` of control sends; data WRITEs use their chunk number (below 2^63).
@@ -89,32 +90,76 @@ pub(crate) fn send_control(
 /// Paces a polling loop: it spins a few rounds after work came, then sleeps `IDLE_SLEEP` per
 /// idle round. Under TCG a thread that spins takes the vCPU rxe's own packet processing needs
 /// (measured: the transfer reached 0.84x `ib_write_bw` spinning; see `docs/protocol.md`).
+///
+/// The slow checks (the machine's timeout, the CM's events, a stop request) are due every
+/// `SLOW_EVERY` rounds, busy or idle: a peer that keeps sending messages that are no progress
+/// (a repeated CREDIT, say) must not keep the timeout from being checked.
 #[derive(Debug, Default)]
 pub(crate) struct Pacer {
     idle: u32,
+    rounds: u32,
 }
 
 /// Idle rounds spent spinning before the loop sleeps.
 const SPIN_ROUNDS: u32 = 32;
 /// One idle round's sleep, once spinning ended.
 const IDLE_SLEEP: Duration = Duration::from_micros(20);
+/// Rounds between slow checks.
+const SLOW_EVERY: u32 = 256;
+/// Arrivals one round takes from the receive ring, so that a flood of messages cannot keep a
+/// round from ending.
+pub(crate) const ARRIVALS_PER_ROUND: usize = 64;
 
 impl Pacer {
-    /// Ends a round; `true` every 256 idle rounds: time for the slow checks (timeouts, CM).
-    pub(crate) fn idle_round(&mut self, progressed: bool) -> bool {
+    /// Ends a round; `true` when the slow checks are due.
+    pub(crate) fn round(&mut self, progressed: bool) -> bool {
+        self.rounds = self.rounds.wrapping_add(1);
         if progressed {
             self.idle = 0;
-            return false;
-        }
-        self.idle = self.idle.saturating_add(1);
-        if self.idle < SPIN_ROUNDS {
-            std::hint::spin_loop();
         } else {
-            std::thread::sleep(IDLE_SLEEP);
+            self.idle = self.idle.saturating_add(1);
+            if self.idle < SPIN_ROUNDS {
+                std::hint::spin_loop();
+            } else {
+                std::thread::sleep(IDLE_SLEEP);
+            }
         }
-        self.idle % 256 == 0
+        self.rounds % SLOW_EVERY == 0
     }
 }
+
+/// Takes up to [`ARRIVALS_PER_ROUND`] arrivals from `ring`, hands each to `on_arrival`, and
+/// reposts its buffer. Returns how many came.
+///
+/// # Errors
+/// [`Error::PeerGone`] when a receive completed in error (the connection broke); the ring's
+/// errors.
+pub(crate) fn take_arrivals(
+    ring: &mut RecvRing<'static>,
+    mut on_arrival: impl FnMut(&Message<'static>),
+) -> Result<usize, Error> {
+    for n in 0..ARRIVALS_PER_ROUND {
+        let Some(msg) = ring.try_next()? else { return Ok(n) };
+        if msg.ok().is_err() {
+            return Err(Error::PeerGone);
+        }
+        on_arrival(&msg);
+        ring.release(msg)?;
+    }
+    Ok(ARRIVALS_PER_ROUND)
+}
+
+/// The connection parameters both sides use: perftest's local ACK timeout, 4.096 µs × 2^14 =
+/// 67 ms, rather than the one the CM derives from the path's packet lifetime, so that a packet
+/// the fabric drops (rxe drops some under load: its `duplicate_request` and
+/// `completer_retry_err` counters) stalls the transfer no longer than it stalls `ib_write_bw`.
+/// In one VM run the difference was within the run-to-run noise (`docs/protocol.md`).
+pub(crate) fn conn_params() -> rdma_cm::ConnParams<'static> {
+    rdma_cm::ConnParams::new().ack_timeout(ACK_TIMEOUT)
+}
+
+/// The local ACK timeout exponent (see [`conn_params`]).
+const ACK_TIMEOUT: u8 = 14;
 
 /// Whether the peer disconnected (reads the connection's pending CM events).
 pub(crate) fn peer_left(conn: &rdma_cm::Connection<'_>) -> bool {

@@ -53,12 +53,19 @@ pub enum Error {
     /// The peer disconnected before the session ended.
     #[error("the peer disconnected mid-transfer")]
     PeerGone,
+    /// The caller's request cannot be carried out as given (a file name that is not a valid
+    /// name, say); nothing was sent.
+    #[error("{0}")]
+    Usage(String),
+    /// The receiver was asked to stop ([`ReceiveOptions::stop`]) mid-session.
+    #[error("the receiver is stopping")]
+    Stopped,
 }
 
 impl Error {
     /// The exit code a tool should use: the status's for a verdict ([`Status::exit_code`]),
-    /// 2 for a connection failure, 3 for a timeout, 4 for a protocol error, 5 for a local file
-    /// error, 6 when the peer left.
+    /// 1 for a usage error, 2 for a connection failure, 3 for a timeout, 4 for a protocol error,
+    /// 5 for a local file error, 6 when the peer left, 7 when the receiver was stopped.
     pub fn exit_code(&self) -> i32 {
         match self {
             Error::Refused { status, .. } => status.exit_code(),
@@ -68,6 +75,8 @@ impl Error {
             Error::Protocol(_) => 4,
             Error::File { .. } => 5,
             Error::PeerGone => 6,
+            Error::Usage(_) => 1,
+            Error::Stopped => 7,
         }
     }
 }

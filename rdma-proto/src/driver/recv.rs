@@ -3,19 +3,20 @@
 use std::net::SocketAddr;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdma_cm::{ConnParams, ConnectRequest, Listener};
+use rdma_cm::{ConnectRequest, Listener};
 use rdma_verbs::{AccessFlags, SendQueue, Slot, SlotPool};
 
 use xxhash_rust::xxh3::Xxh3;
 
 use super::files::{io_status, Incoming};
-use super::link::{peer_left, send_control, Endpoint, Pacer, DRAIN};
+use super::link::{conn_params, peer_left, send_control, take_arrivals, Endpoint, Pacer, DRAIN};
 use super::{Error, Phases};
 use crate::receiver::{Action, Input, Receiver, ReceiverConfig};
+use crate::wire::{self, Ack, Message};
 use crate::{Outcome, Status};
 
 /// What a receiver accepts, and where it stores files.
@@ -40,9 +41,17 @@ pub struct ReceiveOptions {
     pub timeout: Duration,
     /// Bound on accepting a connection.
     pub accept_timeout: Duration,
+    /// Set it to stop: [`Server::serve`] returns within about half a second, and sessions in
+    /// progress end with [`Error::Stopped`] (their temporaries removed). A signal handler can
+    /// set it (e.g. `signal_hook::flag::register`).
+    pub stop: Arc<AtomicBool>,
     /// Test hook: flip one byte of this chunk as it arrives (to prove the digest check).
     #[doc(hidden)]
     pub corrupt_chunk: Option<u64>,
+    /// Test hook: a hostile receiver that, once the FIN came, never ACKs but repeats an old
+    /// CREDIT every millisecond (to prove the sender's timeout still fires).
+    #[doc(hidden)]
+    pub test_never_ack: bool,
 }
 
 impl Default for ReceiveOptions {
@@ -57,7 +66,9 @@ impl Default for ReceiveOptions {
             max_sessions: 8,
             timeout: Duration::from_secs(30),
             accept_timeout: Duration::from_secs(10),
+            stop: Arc::new(AtomicBool::new(false)),
             corrupt_chunk: None,
+            test_never_ack: false,
         }
     }
 }
@@ -85,7 +96,35 @@ pub struct ReceiveReport {
 pub struct Server {
     listener: Listener,
     opts: Arc<ReceiveOptions>,
+    /// Sessions past their HELLO (at most `max_sessions`).
     active: Arc<AtomicUsize>,
+    /// Connections with a thread (at most `max_sessions + BUSY_SLACK`).
+    connections: Arc<AtomicUsize>,
+}
+
+/// Connections served beyond `max_sessions`: those waiting for their HELLO, or being told
+/// `Busy` by ACK. Past that, connection requests are rejected at once, with an ACK(Busy) as
+/// the rejection's private data.
+const BUSY_SLACK: usize = 4;
+
+/// Counts one holder of a shared count while it lives (a panicking session still gives its
+/// place back).
+struct Counted(Arc<AtomicUsize>);
+
+impl Counted {
+    /// Takes a place if fewer than `limit` are taken.
+    fn enter(count: &Arc<AtomicUsize>, limit: usize) -> Option<Counted> {
+        count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1))
+            .ok()
+            .map(|_| Counted(count.clone()))
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Server {
@@ -94,7 +133,12 @@ impl Server {
     /// # Errors
     /// [`Error::Cm`] when binding or listening fails.
     pub fn bind(addr: SocketAddr, opts: ReceiveOptions) -> Result<Self, Error> {
-        Ok(Server { listener: Listener::bind(addr, 64)?, opts: Arc::new(opts), active: Arc::new(AtomicUsize::new(0)) })
+        Ok(Server {
+            listener: Listener::bind(addr, 64)?,
+            opts: Arc::new(opts),
+            active: Arc::new(AtomicUsize::new(0)),
+            connections: Arc::new(AtomicUsize::new(0)),
+        })
     }
 
     /// The address listened on.
@@ -103,7 +147,10 @@ impl Server {
     }
 
     /// Serves senders until `sessions` sessions ended (forever with `None`), each on its own
-    /// thread; `report` is called (from that thread) as each ends.
+    /// thread; `report` is called (from that thread) as each ends. A connection counts toward
+    /// `max_sessions` from its valid HELLO on; connections past `max_sessions` and a small slack
+    /// are rejected at once (the sender sees [`Status::Busy`]). Returns when
+    /// [`ReceiveOptions::stop`] is set, once the sessions in progress ended.
     ///
     /// # Errors
     /// [`Error::Cm`] when the listener fails; a failed session is only reported.
@@ -113,20 +160,25 @@ impl Server {
         report: impl Fn(ReceiveReport) + Send + Sync + 'static,
     ) -> Result<(), Error> {
         let report = Arc::new(report);
-        let started = AtomicUsize::new(0);
+        let mut started = 0;
+        let stop = &self.opts.stop;
         std::thread::scope(|scope| -> Result<(), Error> {
-            while sessions.map_or(true, |n| started.load(Ordering::Relaxed) < n) {
+            while sessions.map_or(true, |n| started < n) && !stop.load(Ordering::Relaxed) {
                 let req = match self.listener.get_request(Duration::from_millis(500)) {
                     Ok(r) => r,
                     Err(e) if e.is_timeout() => continue,
                     Err(e) => return Err(e.into()),
                 };
-                started.fetch_add(1, Ordering::Relaxed);
+                started += 1;
+                let limit = self.opts.max_sessions.saturating_add(BUSY_SLACK);
+                let Some(place) = Counted::enter(&self.connections, limit) else {
+                    report(reject_busy(req, self.opts.max_sessions));
+                    continue;
+                };
                 let (opts, active, report) = (self.opts.clone(), self.active.clone(), report.clone());
-                let busy = active.fetch_add(1, Ordering::AcqRel) >= opts.max_sessions;
                 scope.spawn(move || {
-                    let r = receive(req, &opts, busy);
-                    active.fetch_sub(1, Ordering::AcqRel);
+                    let r = receive(req, &opts, &active);
+                    drop(place);
                     report(r);
                 });
             }
@@ -135,8 +187,23 @@ impl Server {
     }
 }
 
+/// Rejects a connection request past every limit, with an ACK(Busy) (session 0) as the
+/// rejection's private data.
+fn reject_busy(req: ConnectRequest, max_sessions: usize) -> ReceiveReport {
+    let peer = req.peer_addr();
+    let ack =
+        Message::Ack(Ack { status: Status::Busy, received: 0, detail: format!("serving {max_sessions} transfers") });
+    let mut bytes = Vec::new();
+    let result = match wire::encode(0, &ack, &mut bytes) {
+        Ok(()) => req.reject(&bytes).map(|()| Status::Busy).map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    tracing::warn!(%peer, "connection rejected: busy");
+    ReceiveReport { session: 0, peer, name: None, bytes: 0, result, phases: Phases::default(), total: Duration::ZERO }
+}
+
 /// Serves one connection request to its end.
-fn receive(req: ConnectRequest, opts: &ReceiveOptions, busy: bool) -> ReceiveReport {
+fn receive(req: ConnectRequest, opts: &ReceiveOptions, active: &Arc<AtomicUsize>) -> ReceiveReport {
     let start = Instant::now();
     let peer = req.peer_addr();
     let mut report = ReceiveReport {
@@ -148,7 +215,7 @@ fn receive(req: ConnectRequest, opts: &ReceiveOptions, busy: bool) -> ReceiveRep
         phases: Phases::default(),
         total: Duration::ZERO,
     };
-    report.result = match session(req, opts, busy, &mut report, start) {
+    report.result = match session(req, opts, active, &mut report, start) {
         Ok(status) => Ok(status),
         Err(e) => Err(e.to_string()),
     };
@@ -167,16 +234,16 @@ fn receive(req: ConnectRequest, opts: &ReceiveOptions, busy: bool) -> ReceiveRep
 fn session(
     req: ConnectRequest,
     opts: &ReceiveOptions,
-    busy: bool,
+    active: &Arc<AtomicUsize>,
     report: &mut ReceiveReport,
     start: Instant,
 ) -> Result<Status, Error> {
     let ctx = req.open_context()?;
-    let ring_depth = opts.max_slots + 16;
+    let ring_depth = opts.max_slots.saturating_add(16);
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
     let ep = Endpoint::new(ctx, 0, ring_depth, |qp| req.init_qp(qp, access))?;
     let Endpoint { pd, qp, mut ring, control } = ep;
-    let conn = req.accept(qp, &ConnParams::new(), opts.accept_timeout)?;
+    let conn = req.accept(qp, &conn_params(), opts.accept_timeout)?;
     report.phases.connect = start.elapsed();
     let mut sq = SendQueue::new(conn.qp(), DRAIN)?;
 
@@ -184,18 +251,32 @@ fn session(
         max_size: opts.max_size,
         max_chunk: opts.max_chunk,
         memory_budget: opts.memory_budget,
-        max_slots: if busy { 1 } else { opts.max_slots },
+        max_slots: opts.max_slots,
         timeout: opts.timeout,
     };
     let mut machine = Receiver::new(cfg, Instant::now());
+    let mut admitted: Option<Counted> = None;
     let mut file: Option<Incoming> = None;
     let mut slots: Vec<Slot<'static>> = Vec::new();
     let mut copy: Vec<u8> = Vec::new();
     let mut hasher = Xxh3::new();
     let (mut data_start, mut data_end) = (None, None);
     let mut pacer = Pacer::default();
+    let mut flood: Option<Instant> = None;
     let outcome = 'run: loop {
         let mut progressed = false;
+        if let Some(last) = flood {
+            if last.elapsed() >= Duration::from_millis(1) {
+                flood = Some(Instant::now());
+                let mut bytes = Vec::new();
+                let credit = Message::Credit(wire::Credit { consumed: 0 });
+                if wire::encode(machine.session(), &credit, &mut bytes).is_ok() {
+                    if let Err(e) = send_control(&mut sq, &control, &bytes, opts.timeout, drop) {
+                        break 'run Err(e.into());
+                    }
+                }
+            }
+        }
         while let Some(action) = machine.poll_action() {
             progressed = true;
             let now = Instant::now();
@@ -204,7 +285,8 @@ fn session(
                     report.session = machine.session();
                     report.name = Some(name.clone());
                     tracing::info!(session = format_args!("{:016x}", machine.session()), %name, size, slot_size, slot_count, "receiving");
-                    if busy {
+                    admitted = Counted::enter(active, opts.max_sessions);
+                    if admitted.is_none() {
                         let why = format!("already serving {} transfers", opts.max_sessions);
                         machine.handle(Input::OpenFailed(Status::Busy, why), now);
                         continue;
@@ -258,6 +340,7 @@ fn session(
                     }
                     machine.handle(Input::ChunkStored { seq }, now);
                 }
+                Action::Finalize { .. } if opts.test_never_ack => flood = Some(now),
                 Action::Finalize { digest } => {
                     data_end = Some(now);
                     let ours = hasher.digest128().to_be_bytes();
@@ -284,40 +367,35 @@ fn session(
             }
         }
         // Arrivals: control messages and WRITEs with immediate.
-        loop {
-            match ring.try_next() {
-                Ok(Some(msg)) => {
-                    progressed = true;
-                    if msg.ok().is_err() {
-                        break 'run Err(Error::PeerGone);
-                    }
-                    let now = Instant::now();
-                    if msg.is_write_with_imm() {
-                        let imm = msg.imm().unwrap_or(u32::MAX);
-                        machine.handle(Input::WriteArrived { imm, len: msg.write_len() }, now);
-                    } else {
-                        machine.handle(Input::Message(msg.bytes()), now);
-                    }
-                    if let Err(e) = ring.release(msg) {
-                        break 'run Err(e.into());
-                    }
-                }
-                Ok(None) => break,
-                Err(e) => break 'run Err(e.into()),
+        let arrivals = take_arrivals(&mut ring, |msg| {
+            let now = Instant::now();
+            if msg.is_write_with_imm() {
+                let imm = msg.imm().unwrap_or(u32::MAX);
+                machine.handle(Input::WriteArrived { imm, len: msg.write_len() }, now);
+            } else {
+                machine.handle(Input::Message(msg.bytes()), now);
             }
+        });
+        match arrivals {
+            Ok(n) => progressed |= n > 0,
+            Err(e) => break 'run Err(e),
         }
         match sq.poll(drop) {
             Ok(n) => progressed |= n > 0,
             Err(e) => break 'run Err(e.into()),
         }
-        if pacer.idle_round(progressed) {
+        if pacer.round(progressed) {
             machine.handle_timeout(Instant::now());
             if peer_left(&conn) {
                 break 'run Err(Error::PeerGone);
             }
+            if opts.stop.load(Ordering::Relaxed) {
+                break 'run Err(Error::Stopped);
+            }
         }
     };
     drop(file); // an uncommitted temporary is removed
+    drop(admitted);
     report.bytes = machine.bytes_stored();
     if let (Some(a), Some(b)) = (data_start, data_end) {
         report.phases.data = b - a;
@@ -326,6 +404,8 @@ fn session(
     let _ = sq.drain(opts.timeout.min(Duration::from_secs(5)), drop);
     drop(sq);
     let _ = conn.wait_disconnected(opts.timeout.min(Duration::from_secs(5)));
+    // Only now, with the QP destroyed, may the peer-writable slots go.
+    drop(slots);
     match outcome? {
         Outcome::Acked { status, .. } => Ok(status),
         Outcome::Failed(e) => Err(e.into()),

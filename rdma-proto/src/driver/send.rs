@@ -1,18 +1,20 @@
 //! [`send_file`]: connect to a receiver and send one file.
 
 use std::collections::VecDeque;
-use std::fs::File;
+use std::fs::OpenOptions;
 use std::net::SocketAddr;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use rdma_cm::{CmId, ConnParams};
+use rdma_cm::CmId;
 use rdma_verbs::{AccessFlags, RemoteRegion, Request, SendQueue, Slot, SlotPool};
 use xxhash_rust::xxh3::Xxh3;
 
-use super::link::{peer_left, send_control, Endpoint, Pacer, CONTROL_WR_ID, DRAIN};
+use super::link::{conn_params, peer_left, send_control, take_arrivals, Endpoint, Pacer, CONTROL_WR_ID, DRAIN};
 use super::{Error, Phases};
 use crate::sender::{Action, Input, Sender, SenderConfig};
+use crate::wire::{self, Message};
 use crate::{Outcome, ProtocolError, Status};
 
 /// How to send.
@@ -79,12 +81,27 @@ pub struct SendReport {
 pub fn send_file(path: &Path, opts: &SendOptions, mut progress: impl FnMut(u64, u64)) -> Result<SendReport, Error> {
     let start = Instant::now();
     let file_err = |e| Error::File { path: path.display().to_string(), source: e };
-    let file = File::open(path).map_err(file_err)?;
-    let size = file.metadata().map_err(file_err)?.len();
     let name = match &opts.name {
         Some(n) => n.clone(),
-        None => path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+        None => match path.file_name().map(|n| n.to_str()) {
+            Some(Some(n)) => n.to_owned(),
+            Some(None) => {
+                return Err(Error::Usage(format!("{}: the file name is not UTF-8: give a name", path.display())))
+            }
+            None => return Err(Error::Usage(format!("{}: no file name: give a name", path.display()))),
+        },
     };
+    if opts.test_offer.is_none() {
+        crate::name::check(&name).map_err(|why| Error::Usage(format!("{name:?}: {why}")))?;
+    }
+    // Non-blocking, so that a FIFO does not hang the open; then only regular files are sent
+    // (a device or /proc file reports no size, a directory no data).
+    let file = OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).map_err(file_err)?;
+    let meta = file.metadata().map_err(file_err)?;
+    if !meta.is_file() {
+        return Err(file_err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file")));
+    }
+    let size = meta.len();
     let session = session_id();
     let cfg = SenderConfig { chunk: opts.chunk, depth: opts.depth, timeout: opts.timeout };
     let mut machine = match &opts.test_offer {
@@ -98,7 +115,7 @@ pub fn send_file(path: &Path, opts: &SendOptions, mut progress: impl FnMut(u64, 
     let ctx = id.open_context()?;
     let ep = Endpoint::new(ctx, opts.depth, 32, |qp| id.init_qp(qp, AccessFlags::LOCAL_WRITE))?;
     let Endpoint { pd, qp, mut ring, control } = ep;
-    let conn = id.connect(qp, &ConnParams::new(), opts.connect_timeout)?;
+    let conn = id.connect(qp, &conn_params(), opts.connect_timeout).map_err(refusal)?;
     let mut phases = Phases { connect: start.elapsed(), ..Phases::default() };
     let data = SlotPool::new(pd.clone(), opts.chunk as usize, opts.depth, AccessFlags::LOCAL_WRITE)?;
     let mut sq = SendQueue::new(conn.qp(), DRAIN)?;
@@ -190,27 +207,18 @@ pub fn send_file(path: &Path, opts: &SendOptions, mut progress: impl FnMut(u64, 
             }
         }
         // Control messages.
-        loop {
-            match ring.try_next() {
-                Ok(Some(msg)) => {
-                    progressed = true;
-                    if msg.ok().is_err() {
-                        break 'run Err(Error::PeerGone);
-                    }
-                    let was_granted = machine.grant().is_some();
-                    machine.handle(Input::Message(msg.bytes()), Instant::now());
-                    if !was_granted && machine.grant().is_some() {
-                        granted_at = Some(Instant::now());
-                    }
-                    if let Err(e) = ring.release(msg) {
-                        break 'run Err(e.into());
-                    }
-                }
-                Ok(None) => break,
-                Err(e) => break 'run Err(e.into()),
+        let arrivals = take_arrivals(&mut ring, |msg| {
+            let was_granted = machine.grant().is_some();
+            machine.handle(Input::Message(msg.bytes()), Instant::now());
+            if !was_granted && machine.grant().is_some() {
+                granted_at = Some(Instant::now());
             }
+        });
+        match arrivals {
+            Ok(n) => progressed |= n > 0,
+            Err(e) => break 'run Err(e),
         }
-        if pacer.idle_round(progressed) {
+        if pacer.round(progressed) {
             machine.handle_timeout(Instant::now());
             if peer_left(&conn) {
                 break 'run Err(Error::PeerGone);
@@ -235,6 +243,17 @@ pub fn send_file(path: &Path, opts: &SendOptions, mut progress: impl FnMut(u64, 
         Outcome::Acked { status, detail } => Err(Error::Refused { status, detail }),
         Outcome::Failed(e) => Err(e.into()),
     }
+}
+
+/// A rejected connection request whose private data is an ACK (a receiver past its limits
+/// answers `Busy` so) is that ACK's verdict; any other CM error stays one.
+fn refusal(e: rdma_cm::Error) -> Error {
+    if let rdma_cm::Error::Rejected { private_data, .. } = &e {
+        if let Ok((_, Message::Ack(ack))) = wire::decode(private_data) {
+            return Error::Refused { status: ack.status, detail: ack.detail };
+        }
+    }
+    e.into()
 }
 
 /// Sorts a completion: data WRITEs report their chunk; a failure ends the session.
