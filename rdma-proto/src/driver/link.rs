@@ -18,6 +18,8 @@ use crate::wire::MAX_MESSAGE_LEN;
 pub(crate) const CONTROL_WR_ID: u64 = u64::MAX;
 /// Control messages one side may have in flight.
 const CONTROL_SLOTS: u32 = 16;
+/// How long a sender waits for the peer to confirm its disconnect once the session is over.
+pub(crate) const DISCONNECT_WAIT: Duration = Duration::from_secs(1);
 /// How long a dropped queue or ring waits for its requests before flushing.
 pub(crate) const DRAIN: Duration = Duration::from_millis(200);
 

@@ -11,7 +11,9 @@ use rdma_cm::CmId;
 use rdma_verbs::{AccessFlags, RemoteRegion, Request, SendQueue, Slot, SlotPool};
 use xxhash_rust::xxh3::Xxh3;
 
-use super::link::{conn_params, peer_left, send_control, take_arrivals, Endpoint, Pacer, CONTROL_WR_ID, DRAIN};
+use super::link::{
+    conn_params, peer_left, send_control, take_arrivals, Endpoint, Pacer, CONTROL_WR_ID, DISCONNECT_WAIT, DRAIN,
+};
 use super::{Error, Phases};
 use crate::sender::{Action, Input, Sender, SenderConfig};
 use crate::wire::{self, Message};
@@ -226,10 +228,18 @@ pub fn send_file(path: &Path, opts: &SendOptions, mut progress: impl FnMut(u64, 
         }
     };
     let end = Instant::now();
+    tracing::debug!(ok = outcome.is_ok(), after = ?end - start, "session over; tearing down");
     // Let the last sends complete before the connection goes.
     let _ = sq.drain(DRAIN, drop);
     drop(sq);
-    let _ = conn.disconnect(opts.connect_timeout);
+    tracing::debug!(after = ?end.elapsed(), "send queue drained");
+    // The peer's answer to the disconnect only confirms what is already decided; a peer that
+    // withholds it (measured: a never-ACKing receiver held a timed-out sender 10 s here) must
+    // not delay the exit. The connection is torn down either way.
+    let _ = conn.disconnect(DISCONNECT_WAIT.min(opts.connect_timeout));
+    tracing::debug!(after = ?end.elapsed(), "disconnected");
+    drop(ring);
+    tracing::debug!(after = ?end.elapsed(), "receive ring released");
     match outcome? {
         Outcome::Acked { status: Status::Ok, .. } => {
             let g = *machine.grant().expect("an OK ACK follows a grant");
