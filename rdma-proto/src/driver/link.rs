@@ -7,12 +7,13 @@ use std::time::Duration;
 use rdma_verbs::qp::state::Rc;
 use rdma_verbs::qp::state::{Init, Reset};
 use rdma_verbs::{
-    AccessFlags, CompletionQueue, Context, Message, ProtectionDomain, QpCaps, QpCreateAttr, QueuePair, RecvRing,
+    AccessFlags, CompletionChannel, CompletionQueue, Context, Message, ProtectionDomain, QpCaps, QpCreateAttr, QueuePair, RecvRing,
     Request, SendQueue, SlotPool,
 };
 
 use super::Error;
 use crate::wire::MAX_MESSAGE_LEN;
+use crate::ProtocolError;
 
 /// `wr_id` of control sends; data WRITEs use their chunk number (below 2^63).
 pub(crate) const CONTROL_WR_ID: u64 = u64::MAX;
@@ -43,8 +44,10 @@ impl Endpoint {
         let ctx = Arc::new(ctx);
         let pd = Arc::new(ProtectionDomain::new(ctx.clone())?);
         let send_wr = send_depth + CONTROL_SLOTS;
-        let send_cq = Arc::new(CompletionQueue::new(ctx.clone(), send_wr, None)?);
-        let recv_cq = Arc::new(CompletionQueue::new(ctx.clone(), ring_depth, None)?);
+        // One channel for both CQs: an idle loop blocks on it (`Pacer`).
+        let channel = Arc::new(CompletionChannel::new(ctx.clone())?);
+        let send_cq = Arc::new(CompletionQueue::new(ctx.clone(), send_wr, Some(channel.clone().into()))?);
+        let recv_cq = Arc::new(CompletionQueue::new(ctx.clone(), ring_depth, Some(channel.into()))?);
         let caps = QpCaps {
             max_send_wr: send_wr,
             max_recv_wr: ring_depth,
@@ -89,23 +92,31 @@ pub(crate) fn send_control(
     Ok(())
 }
 
-/// Paces a polling loop: it spins a few rounds after work came, then sleeps `IDLE_SLEEP` per
-/// idle round. Under TCG a thread that spins takes the vCPU rxe's own packet processing needs
-/// (measured: the transfer reached 0.84x `ib_write_bw` spinning; see `docs/protocol.md`).
+/// Paces a polling loop: it spins a few rounds after work came, then arms the loop's CQs and
+/// polls once more, then blocks on their completion channel until a completion (or
+/// `IDLE_WAIT`) wakes it.
+///
+/// Why block rather than spin or sleep (measured under TCG, `docs/protocol.md`): a spinning
+/// thread takes the vCPU rxe's own packet processing needs (the transfer reached 0.84x
+/// `ib_write_bw`), and short sleeps cost a timer interrupt each, tens of thousands a second
+/// (0.85x with 20 us sleeps, 0.93x with 1 ms ones). A thread woken by its completions costs
+/// neither.
 ///
 /// The slow checks (the machine's timeout, the CM's events, a stop request) are due every
-/// `SLOW_EVERY` rounds, busy or idle: a peer that keeps sending messages that are no progress
-/// (a repeated CREDIT, say) must not keep the timeout from being checked.
+/// `SLOW_EVERY` rounds, busy or idle, and after every wait that ended with no event: a peer
+/// that keeps sending messages that are no progress (a repeated CREDIT, say) must not keep the
+/// timeout from being checked, and a quiet loop checks at least every `IDLE_WAIT`.
 #[derive(Debug, Default)]
 pub(crate) struct Pacer {
     idle: u32,
     rounds: u32,
+    armed: bool,
 }
 
-/// Idle rounds spent spinning before the loop sleeps.
+/// Idle rounds spent spinning before the loop arms its CQs and blocks.
 const SPIN_ROUNDS: u32 = 32;
-/// One idle round's sleep, once spinning ended.
-const IDLE_SLEEP: Duration = Duration::from_micros(20);
+/// The longest one blocking wait lasts.
+const IDLE_WAIT: Duration = Duration::from_millis(20);
 /// Rounds between slow checks.
 const SLOW_EVERY: u32 = 256;
 /// Arrivals one round takes from the receive ring, so that a flood of messages cannot keep a
@@ -113,20 +124,41 @@ const SLOW_EVERY: u32 = 256;
 pub(crate) const ARRIVALS_PER_ROUND: usize = 64;
 
 impl Pacer {
-    /// Ends a round; `true` when the slow checks are due.
-    pub(crate) fn round(&mut self, progressed: bool) -> bool {
+    /// Ends a round of polling `cqs` (which share one completion channel); `true` when the
+    /// slow checks are due.
+    ///
+    /// # Errors
+    /// [`Error::Verbs`] when arming a CQ or reading the channel fails.
+    pub(crate) fn round(&mut self, progressed: bool, cqs: [&CompletionQueue<'static>; 2]) -> Result<bool, Error> {
         self.rounds = self.rounds.wrapping_add(1);
+        let mut quiet = false;
         if progressed {
             self.idle = 0;
+            self.armed = false;
         } else {
             self.idle = self.idle.saturating_add(1);
             if self.idle < SPIN_ROUNDS {
                 std::hint::spin_loop();
+            } else if !self.armed {
+                // Completions from now on raise an event; the next round polls once more, so
+                // that one that came before the arming is not waited for.
+                for cq in cqs {
+                    cq.arm(false)?;
+                }
+                self.armed = true;
             } else {
-                std::thread::sleep(IDLE_SLEEP);
+                self.armed = false;
+                let channel = cqs[0]
+                    .channel()
+                    .ok_or_else(|| ProtocolError::Local("the loop's CQs have no completion channel".into()))?;
+                match channel.wait(IDLE_WAIT) {
+                    Ok(_) => {}
+                    Err(rdma_verbs::Error::Timeout { .. }) => quiet = true,
+                    Err(e) => return Err(e.into()),
+                }
             }
         }
-        self.rounds % SLOW_EVERY == 0
+        Ok(quiet || self.rounds % SLOW_EVERY == 0)
     }
 }
 

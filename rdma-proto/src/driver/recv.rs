@@ -384,7 +384,11 @@ fn session(
             Ok(n) => progressed |= n > 0,
             Err(e) => break 'run Err(e.into()),
         }
-        if pacer.round(progressed) {
+        let slow = match pacer.round(progressed, [sq.cq(), ring.cq()]) {
+            Ok(slow) => slow,
+            Err(e) => break 'run Err(e),
+        };
+        if slow {
             machine.handle_timeout(Instant::now());
             if peer_left(&conn) {
                 break 'run Err(Error::PeerGone);

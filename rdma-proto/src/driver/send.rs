@@ -220,7 +220,11 @@ pub fn send_file(path: &Path, opts: &SendOptions, mut progress: impl FnMut(u64, 
             Ok(n) => progressed |= n > 0,
             Err(e) => break 'run Err(e),
         }
-        if pacer.round(progressed) {
+        let slow = match pacer.round(progressed, [sq.cq(), ring.cq()]) {
+            Ok(slow) => slow,
+            Err(e) => break 'run Err(e),
+        };
+        if slow {
             machine.handle_timeout(Instant::now());
             if peer_left(&conn) {
                 break 'run Err(Error::PeerGone);
