@@ -7,8 +7,8 @@ use std::time::Duration;
 use rdma_verbs::qp::state::Rc;
 use rdma_verbs::qp::state::{Init, Reset};
 use rdma_verbs::{
-    AccessFlags, CompletionChannel, CompletionQueue, Context, Message, ProtectionDomain, QpCaps, QpCreateAttr, QueuePair, RecvRing,
-    Request, SendQueue, SlotPool,
+    AccessFlags, CompletionChannel, CompletionQueue, Context, Message, ProtectionDomain, QpCaps, QpCreateAttr,
+    QueuePair, RecvRing, Request, SendQueue, SlotPool,
 };
 
 use super::Error;
