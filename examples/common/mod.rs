@@ -2,6 +2,9 @@
 //! (as perftest does), and bringing an RC queue pair up to ReadyToSend.
 #![allow(dead_code)]
 
+pub mod clock;
+pub mod lat;
+
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::time::Duration;
@@ -28,6 +31,16 @@ pub struct Args {
     /// `-Q`: every how many requests one is signaled (perftest's default 100, at most `-t`),
     /// where the tool signals in batches.
     pub cq_mod: usize,
+    /// Whether `-Q` was given (perftest signals every request above 8 KiB unless it was).
+    pub cq_mod_given: bool,
+    /// `-r`: receives kept posted, for the tools that receive (perftest's default 512, at most
+    /// `-n`).
+    pub rx_depth: usize,
+    /// `-l`: requests per doorbell (perftest's `--post_list`, default 1), where the tool takes it.
+    pub post_list: usize,
+    /// `-o`: outstanding RDMA READs (0, the default: the device's `max_qp_rd_atom`, as
+    /// perftest).
+    pub out_reads: u32,
     /// `--api A[,B...]`: the posting paths to measure, among the names the tool accepts (the
     /// first by default; empty when the tool has only one path). Not perftest's.
     pub apis: Vec<&'static str>,
@@ -50,6 +63,10 @@ pub fn parse_args(name: &str, default_size: usize, default_iters: usize, apis: &
         tcp_port: 18515,
         tx_depth: 128,
         cq_mod: 100,
+        cq_mod_given: false,
+        rx_depth: 512,
+        out_reads: 0,
+        post_list: 1,
         apis: apis.first().copied().into_iter().collect(),
         repeat: 1,
         server: None,
@@ -60,7 +77,7 @@ pub fn parse_args(name: &str, default_size: usize, default_iters: usize, apis: &
             [] => String::new(),
             _ => format!(" [--api {}[,...]] [--repeat N]", apis.join("|")),
         };
-        eprintln!("usage: {name} [-d DEV] [-i PORT] [-x GID_INDEX] [-s SIZE] [-n ITERS] [-p TCP_PORT] [-t TX_DEPTH] [-Q CQ_MOD] [-F]{api} [SERVER_ADDR]");
+        eprintln!("usage: {name} [-d DEV] [-i PORT] [-x GID_INDEX] [-s SIZE] [-n ITERS] [-p TCP_PORT] [-t TX_DEPTH] [-Q CQ_MOD] [-r RX_DEPTH] [-o OUT_READS] [-l POST_LIST] [-F]{api} [SERVER_ADDR]");
         std::process::exit(2)
     };
     while let Some(arg) = it.next() {
@@ -73,7 +90,13 @@ pub fn parse_args(name: &str, default_size: usize, default_iters: usize, apis: &
             "-n" | "--iters" => a.iters = val().parse().unwrap_or_else(|_| usage()),
             "-p" | "--port" => a.tcp_port = val().parse().unwrap_or_else(|_| usage()),
             "-t" | "--tx-depth" => a.tx_depth = val().parse().unwrap_or_else(|_| usage()),
-            "-Q" | "--cq-mod" => a.cq_mod = val().parse().unwrap_or_else(|_| usage()),
+            "-Q" | "--cq-mod" => {
+                a.cq_mod = val().parse().unwrap_or_else(|_| usage());
+                a.cq_mod_given = true;
+            }
+            "-r" | "--rx-depth" => a.rx_depth = val().parse().unwrap_or_else(|_| usage()),
+            "-o" | "--outs" => a.out_reads = val().parse().unwrap_or_else(|_| usage()),
+            "-l" | "--post_list" => a.post_list = val().parse().unwrap_or_else(|_| usage()),
             "--api" if !apis.is_empty() => {
                 let v = val();
                 let known = |x: &str| apis.iter().copied().find(|&k| k == x).unwrap_or_else(|| usage());
@@ -86,11 +109,20 @@ pub fn parse_args(name: &str, default_size: usize, default_iters: usize, apis: &
             _ => usage(),
         }
     }
-    if a.size == 0 || a.iters == 0 || a.tx_depth == 0 || a.cq_mod == 0 || a.repeat == 0 {
+    if a.size == 0
+        || a.iters == 0
+        || a.tx_depth == 0
+        || a.cq_mod == 0
+        || a.repeat == 0
+        || a.rx_depth == 0
+        || a.post_list == 0
+    {
         usage();
     }
     // As perftest: no deeper than the run is long, no rarer signal than the queue is deep.
     a.tx_depth = a.tx_depth.min(a.iters);
+    a.rx_depth = a.rx_depth.min(a.iters);
+    a.post_list = a.post_list.min(a.tx_depth);
     a.cq_mod = a.cq_mod.min(a.tx_depth);
     a
 }
@@ -162,6 +194,31 @@ impl Oob {
         Ok(Peer::decode(&b))
     }
 
+    /// Sends our number, receives theirs.
+    pub fn exchange_u64(&mut self, mine: u64) -> std::io::Result<u64> {
+        self.0.write_all(&mine.to_be_bytes())?;
+        let mut b = [0u8; 8];
+        self.0.read_exact(&mut b)?;
+        Ok(u64::from_be_bytes(b))
+    }
+
+    /// Checks that both sides run the same test: `plan` (say, the size, iterations and paths)
+    /// must be the peer's too, else both fail with a message naming both.
+    pub fn agree(&mut self, plan: &str) -> std::io::Result<()> {
+        let len = self.exchange_u64(plan.len() as u64)?;
+        self.0.write_all(plan.as_bytes())?;
+        let mut theirs = vec![0u8; len.min(4096) as usize];
+        self.0.read_exact(&mut theirs)?;
+        if theirs != plan.as_bytes() {
+            let msg = format!(
+                "the peer runs \"{}\", this side \"{plan}\": give both sides the same flags",
+                String::from_utf8_lossy(&theirs)
+            );
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, msg));
+        }
+        Ok(())
+    }
+
     /// A one-byte barrier: both sides wait for each other.
     pub fn sync(&mut self) -> std::io::Result<()> {
         self.0.write_all(&[1])?;
@@ -188,6 +245,22 @@ pub fn connect<'r>(
     let mtu = ctx.query_port(args.ib_port)?.active_mtu;
     let rtr = RtrAttr::new(peer.endpoint, args.ib_port, args.gid_index, mtu);
     qp.ready_to_receive(&rtr)?.ready_to_send(&RtsAttr::new(my_psn))
+}
+
+/// As [`connect`], with RDMA READ limits as perftest sets them from `-o`: `max_dest_rd_atomic`
+/// (READs this side serves at once) is ours, `max_rd_atomic` (READs it issues at once) the
+/// peer's.
+pub fn connect_reads<'r>(
+    ctx: &Context,
+    qp: QueuePair<'r, Rc, Init>,
+    args: &Args,
+    my_psn: u32,
+    peer: &Peer,
+    (mine, theirs): (u8, u8),
+) -> Result<QueuePair<'r, Rc, ReadyToSend>> {
+    let mtu = ctx.query_port(args.ib_port)?.active_mtu;
+    let rtr = RtrAttr::new(peer.endpoint, args.ib_port, args.gid_index, mtu).max_dest_rd_atomic(mine);
+    qp.ready_to_receive(&rtr)?.ready_to_send(&RtsAttr::new(my_psn).max_rd_atomic(theirs))
 }
 
 pub fn fail(name: &str, e: impl std::fmt::Display) -> ! {
