@@ -133,9 +133,19 @@ impl<'res> Connection<'res> {
     /// `rdma_disconnect()`, and waits up to `timeout` for `RDMA_CM_EVENT_DISCONNECTED` (the
     /// peer's reply, or the CM giving up on it).
     ///
+    /// # Which side disconnects
+    /// A receive completion here does not mean the peer's send has completed: the ACK may not
+    /// have left yet (rxe posts the receive completion first, then sends the ACK), and once the
+    /// QP is in the error state the ACK is dropped, so the peer's send retries and fails. The side
+    /// that sends the last message should disconnect, after that send's completion; a peer that
+    /// disconnects right after a receive must be one whose last send may fail.
+    ///
     /// # Errors
     /// [`Error::Timeout`]; [`Error::UnexpectedEvent`]; [`Error::Cm`]; [`Error::Verbs`] when the
     /// QP cannot be flushed. Each names the device. The identifier is destroyed either way.
+    ///
+    /// # References
+    /// [`rdma_disconnect(3)`](https://man7.org/linux/man-pages/man3/rdma_disconnect.3.html)
     #[doc(alias = "rdma_disconnect")]
     pub fn disconnect(self, timeout: Duration) -> Result<ClosedConnection<'res>> {
         let Connection { conn, qp, peer, device, .. } = self;
