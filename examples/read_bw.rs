@@ -114,7 +114,7 @@ fn run(args: &Args) -> BoxResult<()> {
     println!(" CQ Moderation   : {cq_mod} (pool: the last READ of each doorbell too)");
     println!(" Clock           : {} (kernel clocksource {})", clock::SOURCE, clock::clocksource());
     println!(" #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]");
-    let mut t = Times { posted: Vec::with_capacity(args.iters), completed: Vec::with_capacity(args.iters) };
+    let mut t = Times { posted: clock::stamp_buffer(args.iters), completed: clock::stamp_buffer(args.iters) };
     let n = args.apis.len();
     for m in 0..args.repeat {
         // Through the paths forwards, then backwards (A B B A A B ...): drift favours none.

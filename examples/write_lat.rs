@@ -70,7 +70,7 @@ fn run(args: &Args) -> BoxResult<()> {
     oob.sync()?;
 
     let client = args.server.is_some();
-    let mut stamps: Vec<u64> = Vec::with_capacity(args.iters);
+    let mut stamps = clock::stamp_buffer(args.iters);
     let mut periods: Vec<u64> = Vec::with_capacity(args.iters);
     if client {
         println!("{}", lat::HEADER);
