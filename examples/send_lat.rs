@@ -82,23 +82,7 @@ fn run(args: &Args) -> BoxResult<()> {
         // The last request of a doorbell is signaled: this one.
         let s = slot.take().ok_or("the slot did not come back")?;
         sq.push(Request::send(s, args.size)).map_err(Error::from)?;
-        sq.submit()?;
-        let mut failed = None;
-        let mut timeout = SpinTimeout::new(WAIT);
-        while sq.poll(|c| {
-            if let Err(e) = c.ok() {
-                failed = Some(e);
-            }
-            slot = c.slot;
-        })? == 0
-        {
-            if timeout.expired() {
-                return Err(format!("no send completion within {WAIT:?}").into());
-            }
-        }
-        if let Some(e) = failed {
-            return Err(e.into());
-        }
+        submit_and_wait_one(&mut sq, &mut slot, WAIT)?;
         if client {
             receive(&mut ring, args.size)?;
         }

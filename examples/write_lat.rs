@@ -200,23 +200,6 @@ fn pool_loop<'r>(
         s.write_at(size - 1, &[marker])?;
         // The last request of a doorbell is signaled: this one.
         sq.push(Request::write(s, size, remote)).map_err(Error::from)?;
-        sq.submit()?;
-        let mut failed = None;
-        let mut timeout = SpinTimeout::new(WAIT);
-        while sq.poll(|c| {
-            if let Err(e) = c.ok() {
-                failed = Some(e);
-            }
-            slot = c.slot;
-        })? == 0
-        {
-            if timeout.expired() {
-                return Err(format!("no completion within {:?}", timeout.limit()).into());
-            }
-        }
-        match failed {
-            Some(e) => Err(e.into()),
-            None => Ok(()),
-        }
+        submit_and_wait_one(&mut sq, &mut slot, WAIT)
     })
 }

@@ -267,3 +267,32 @@ pub fn fail(name: &str, e: impl std::fmt::Display) -> ! {
     eprintln!("{name}: {e}");
     std::process::exit(1)
 }
+
+/// Submits the requests pushed to `sq`, the last of them signaled, and spins until its
+/// completion comes back (at most `wait`), putting the slot it carried back into `slot`.
+///
+/// One round of the latency tools' owned-buffer path: one slot goes out and comes back.
+pub fn submit_and_wait_one<'r>(
+    sq: &mut SendQueue<'r, Rc>,
+    slot: &mut Option<Slot<'r>>,
+    wait: Duration,
+) -> std::result::Result<(), Box<dyn std::error::Error>> {
+    sq.submit()?;
+    let mut failed = None;
+    let mut timeout = clock::SpinTimeout::new(wait);
+    while sq.poll(|c| {
+        if let Err(e) = c.ok() {
+            failed = Some(e);
+        }
+        *slot = c.slot;
+    })? == 0
+    {
+        if timeout.expired() {
+            return Err(format!("no send completion within {wait:?}").into());
+        }
+    }
+    match failed {
+        Some(e) => Err(e.into()),
+        None => Ok(()),
+    }
+}
