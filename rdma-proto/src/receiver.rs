@@ -6,6 +6,9 @@
 //!    └───────────────┴──────────────────┴──────────▶ Done (ACK with the status, when the peer can hear it)
 //! ```
 //!
+//! Finalizing has one way out: the driver's answer to [`Action::Finalize`]. Inputs of the peer
+//! and timeouts are ignored there, so that the verdict sent is always what happened on disk.
+//!
 //! The driver feeds it [`Input`]s: control messages, WRITE-with-immediate arrivals, and the
 //! results of the work it asked for (open the file and register the ring; store chunk `n`;
 //! check the digest, sync and rename). Every arrival is checked against what the sender may
@@ -189,13 +192,16 @@ impl Receiver {
     }
 
     /// When [`handle_timeout`](Self::handle_timeout) must be called, unless an input comes first.
+    /// `None` once the session is over, and while [`Action::Finalize`] is the driver's: that
+    /// step is bounded by the driver's disk, not by the peer, and its result is the verdict.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        (self.phase != Phase::Done).then_some(self.deadline)
+        matches!(self.phase, Phase::AwaitHello | Phase::Opening | Phase::Data).then_some(self.deadline)
     }
 
-    /// Time passed: ends the session if the current phase made no progress in time.
+    /// Time passed: ends the session if the current phase made no progress in time. Ignored
+    /// once [`Action::Finalize`] was asked for (see [`poll_timeout`](Self::poll_timeout)).
     pub fn handle_timeout(&mut self, now: Instant) {
-        if self.phase == Phase::Done || now < self.deadline {
+        if self.poll_timeout().is_none() || now < self.deadline {
             return;
         }
         let what = match self.phase {
@@ -208,8 +214,16 @@ impl Receiver {
     }
 
     /// Reports an event.
+    ///
+    /// Once [`Action::Finalize`] was asked for, only its answer ([`Input::Finalized`]) counts:
+    /// the driver may already have committed the file, so nothing the peer sends after its FIN
+    /// (junk, a WRITE, a second FIN) can turn the verdict into a failure. The verdict sent is
+    /// always the one that matches the disk.
     pub fn handle(&mut self, input: Input<'_>, now: Instant) {
         if self.phase == Phase::Done {
+            return;
+        }
+        if self.phase == Phase::Finalizing && !matches!(input, Input::Finalized(..)) {
             return;
         }
         let r = match input {

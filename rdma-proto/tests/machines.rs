@@ -598,15 +598,25 @@ impl Sim {
                 }
                 receiver::Action::Discard => {
                     self.check(self.temp == Temp::Open, || format!("discard of a temporary that is {:?}", self.temp));
+                    // A driver commits when asked (the real one at once, before it reads the
+                    // next action): a discard after that comes too late.
+                    self.check(!self.commit_pending(), || "discard while the commit asked for is under way".into());
                     self.temp = Temp::Discarded;
                 }
                 receiver::Action::Finish(o) => {
+                    // The verdict must be the commit's: the session cannot end before it.
+                    self.check(!self.commit_pending(), || format!("{o:?} while the commit asked for is under way"));
                     self.note(format!("receiver finishes: {o:?}"));
                     self.recv_jobs.clear();
                     self.receiver_outcome = Some(o);
                 }
             }
         }
+    }
+
+    /// Whether the receiver asked for a commit whose answer it has not had.
+    fn commit_pending(&self) -> bool {
+        self.recv_jobs.iter().any(|j| matches!(j, RecvJob::Finalize { .. }))
     }
 
     /// What must hold once both sides are done.
@@ -1010,6 +1020,40 @@ fn every_write_arrival_is_checked() {
     actions_of_receiver(&mut r);
     r.handle(write(0, 16), t);
     assert_eq!(verdict(&mut r), (Some(Status::ProtocolMismatch), false), "a WRITE before the grant");
+}
+
+/// A hostile sender that follows its FIN at once with junk, a WRITE, a second FIN, or lets the
+/// clock run, before the driver committed: the commit asked for decides the verdict.
+#[test]
+fn nothing_after_the_fin_turns_a_commit_into_a_failure() {
+    let junk = [0xde, 0xad, 0xbe, 0xef, 1, 2, 3];
+    let fin = || Fin { chunks: 1, size: 16, digest: vec![7; wire::DIGEST_LEN] };
+    let second_fin = encode(9, &Message::Fin(fin()));
+    type Late<'a> = &'a dyn Fn(&mut Receiver, Instant);
+    let cases: [(&str, Late<'_>); 5] = [
+        ("junk", &|r, t| r.handle(receiver::Input::Message(&junk), t)),
+        ("a WRITE", &|r, t| r.handle(receiver::Input::WriteArrived { imm: 1, len: 16 }, t)),
+        ("a second FIN", &|r, t| r.handle(receiver::Input::Message(&second_fin), t)),
+        ("a chunk stored twice", &|r, t| r.handle(receiver::Input::ChunkStored { seq: 0 }, t)),
+        ("the clock past every deadline", &|r, t| r.handle_timeout(t + Duration::from_secs(3600))),
+    ];
+    for (what, late) in cases {
+        for committed in [Status::Ok, Status::DiskIo] {
+            let (mut r, t) = receiving(16);
+            r.handle(receiver::Input::WriteArrived { imm: 0, len: 16 }, t);
+            r.handle(receiver::Input::ChunkStored { seq: 0 }, t);
+            r.handle(receiver::Input::Message(&encode(9, &Message::Fin(fin()))), t);
+            let asked = actions_of_receiver(&mut r);
+            assert!(asked.iter().any(|a| matches!(a, receiver::Action::Finalize { .. })), "{what}: {asked:?}");
+            assert_eq!(r.poll_timeout(), None, "the commit is the driver's to time");
+            late(&mut r, t);
+            assert_eq!(actions_of_receiver(&mut r), [], "{what} while the commit is under way");
+            assert!(!r.is_done(), "{what} ended the session before the commit's answer");
+            r.handle(receiver::Input::Finalized(committed, String::new()), t);
+            assert_eq!(verdict(&mut r), (Some(committed), committed != Status::Ok), "{what}, then {committed}");
+            assert!(r.is_done());
+        }
+    }
 }
 
 #[test]
