@@ -106,6 +106,11 @@ impl<'pd> AddressHandle<'pd> {
 }
 
 impl AddressHandle<'_> {
+    /// The raw `struct ibv_pd *` of the protection domain it was made in.
+    pub(crate) fn pd_raw(&self) -> *mut ffi::ibv_pd {
+        self.pd.as_raw()
+    }
+
     /// The raw `struct ibv_ah *`. It stays owned by `self`.
     pub fn as_raw(&self) -> *mut ffi::ibv_ah {
         self.raw.as_ptr()

@@ -466,9 +466,29 @@ impl<'res> CqOwner<'res> {
 }
 
 impl Drop for CqOwner<'_> {
+    /// Discards what the CQ still holds, then lets it go.
+    ///
+    /// An owner lets go only when none of its requests can complete any more: each completed
+    /// and was taken, or its QP or SRQ is destroyed (fields drop in order: the owner's QP or
+    /// SRQ goes before its `CqOwner`). Completions it left unpolled (a ring whose SRQ or QP was
+    /// destroyed with receives done but not taken) must not reach a later owner, which could
+    /// take one for a request of its own that the device still holds: an owner's `wr_id` tags
+    /// tell owners apart only up to a counter that wraps. So they are discarded here, with
+    /// those of other QPs that every owner discards anyway. The CQ held at most `capacity`
+    /// completions when this started, and none of the owner's can come after them.
     fn drop(&mut self) {
-        if !self.keep {
-            self.cq.release_from_scope();
+        if self.keep {
+            return;
         }
+        let mut wcs = [WorkCompletion::default(); 16];
+        let mut left = self.cq.capacity() as usize;
+        while left > 0 {
+            let take = left.min(wcs.len());
+            match self.cq.poll_owned(&mut wcs[..take]) {
+                Ok(got) if !got.is_empty() => left -= got.len(),
+                _ => break,
+            }
+        }
+        self.cq.release_from_scope();
     }
 }

@@ -54,6 +54,15 @@ pub enum Error {
         /// How long it waited.
         after: std::time::Duration,
     },
+    /// A wait for completions or messages that nothing can end: nothing is in flight, posted or
+    /// outstanding that could complete (a send queue with no request in flight, a receive ring
+    /// with no receive posted, a posting scope asked for more completions than it has requests
+    /// outstanding). Returned at once, whatever the timeout.
+    #[error("{what}: nothing is outstanding, so nothing can arrive")]
+    NothingToWaitFor {
+        /// What was waited for, e.g. `"send completions"` or `"a received message"`.
+        what: &'static str,
+    },
     /// A work request completed with an error status.
     #[error("work request {wr_id} completed with {status:?} (vendor error {vendor_err:#x})")]
     WorkCompletion {
@@ -137,6 +146,7 @@ impl Error {
             | Error::OutOfBounds { .. }
             | Error::RemotelyWritable { .. }
             | Error::Timeout { .. }
+            | Error::NothingToWaitFor { .. }
             | Error::WorkCompletion { .. }
             | Error::Busy { .. }
             | Error::QueueFull { .. } => None,

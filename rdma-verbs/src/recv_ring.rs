@@ -163,8 +163,14 @@ impl<'pd> Message<'pd> {
 /// up to its `drain_timeout` for the flushed receives, then flushes again and waits at least
 /// five seconds (the local device alone makes those completions). A slot returns only with its
 /// completion: if some never come, the QP is reset and those slots are leaked, never reused.
-/// On an SRQ: if the ring is its last holder, the SRQ is destroyed; otherwise the posted slots
-/// are leaked. Forgetting the ring leaks its posted slots (and their pool).
+/// On an SRQ: if the ring is its last holder, the SRQ is destroyed. Otherwise the receives stay
+/// posted (an SRQ's receives cannot be flushed: its other QPs may still consume them) and the
+/// SRQ takes their slots, returning them to the pool when it is destroyed, after its last
+/// holder is dropped; until then no other ring may own the SRQ ([`Error::Busy`]) or the CQ.
+/// Forgetting the ring leaks its posted slots (and their pool).
+///
+/// Completions the ring did not take are discarded from its CQ before the CQ can have another
+/// owner, so none of them can ever be taken for a later owner's.
 pub struct RecvRing<'res> {
     /// Dropped before `posted`: the QP or SRQ goes before the slots it may write.
     qp: Option<Arc<Inner<'res>>>,
@@ -425,12 +431,18 @@ impl<'res> RecvRing<'res> {
     /// Waits up to `timeout` for the next message ([`Duration::MAX`]: no deadline).
     ///
     /// # Errors
-    /// [`Error::Timeout`] when none came in time; as [`try_next`](Self::try_next).
+    /// [`Error::Timeout`] when none came in time; [`Error::NothingToWaitFor`] at once when no
+    /// receive is posted (every slot is out in a message, or kept with
+    /// [`Message::into_slot`]): nothing can arrive until one is released or the ring
+    /// [refilled](Self::refill); as [`try_next`](Self::try_next).
     pub fn next(&mut self, timeout: Duration) -> Result<Message<'res>> {
         let deadline = Deadline::after(timeout);
         loop {
             if let Some(msg) = self.try_next()? {
                 return Ok(msg);
+            }
+            if self.posted_count == 0 {
+                return Err(Error::NothingToWaitFor { what: "a received message" });
             }
             if deadline.has_passed() {
                 return Err(Error::Timeout { what: "a received message", after: timeout });
@@ -471,23 +483,36 @@ impl<'res> RecvRing<'res> {
         while let Ok(Some(_)) = self.try_next() {}
     }
 
-    /// Puts every posted receive out of the device's reach; `false` if that could not be done.
-    fn quiesce(&mut self) -> bool {
+    /// Puts every posted receive out of the device's reach, or hands it to the SRQ that will
+    /// be: see [`Quiesced`].
+    fn quiesce(&mut self) -> Quiesced {
         use ffi::ibv_qp_state::{IBV_QPS_ERR, IBV_QPS_RESET};
         if let Some(srq) = self.srq.take() {
-            return match Arc::into_inner(srq) {
-                Some(srq) => srq.destroy().is_ok(),
-                None => false,
+            return match Arc::try_unwrap(srq) {
+                // The last holder: destroyed (no QP uses it any more), it is done with every
+                // receive. What completed and was not taken is still in the CQ: the CQ's
+                // release discards it (`CqOwner`), after this and before anyone else owns it.
+                Ok(srq) => match srq.destroy() {
+                    Ok(()) => Quiesced::Done,
+                    Err(_) => Quiesced::Failed,
+                },
+                // Others hold the SRQ, whose QPs may still consume these receives: they stay
+                // posted, and the SRQ returns their slots when it is destroyed.
+                Err(srq) => {
+                    srq.adopt_orphans(self.posted.iter_mut().filter_map(Option::take));
+                    self.posted_count = 0;
+                    Quiesced::HandedToSrq
+                }
             };
         }
-        let Some(qp) = self.qp.clone() else { return true };
+        let Some(qp) = self.qp.clone() else { return Quiesced::Done };
         if Arc::strong_count(&qp) == 2 {
             // The last handle besides this clone: the QP is destroyed (`qp` is dropped before
             // `posted`), and a destroyed QP is done with every receive.
             if qp.set_state(IBV_QPS_RESET).is_ok() {
                 self.discard_all();
             }
-            return true;
+            return Quiesced::Done;
         }
         // Flushing twice: rxe completes receives posted to a QP already in error only when it is
         // moved to error again. The second wait is long enough for the local device's flush.
@@ -497,7 +522,7 @@ impl<'res> RecvRing<'res> {
             loop {
                 self.discard_all();
                 if self.posted_count == 0 {
-                    return true;
+                    return Quiesced::Done;
                 }
                 if deadline.has_passed() {
                     break;
@@ -507,8 +532,19 @@ impl<'res> RecvRing<'res> {
         // Completions are missing even after two flushes: stop the device with a reset, but do
         // not take its word for it (rxe can finish a packet after a reset returns): leak.
         let _ = qp.set_state(IBV_QPS_RESET);
-        false
+        Quiesced::Failed
     }
+}
+
+/// What dropping a ring did with the receives it had posted.
+enum Quiesced {
+    /// The device is done with every one: their slots return to the pool.
+    Done,
+    /// The SRQ, still held by others, took them: it returns the slots when it is destroyed.
+    /// Their completions may still come to the ring's CQ.
+    HandedToSrq,
+    /// Not proven done: the slots must be leaked, and their completions may still come.
+    Failed,
 }
 
 fn check(pool: &SlotPool<'_>, depth: u32, limit: u32, device: &str) -> Result<()> {
@@ -543,14 +579,23 @@ impl Drop for RecvRing<'_> {
             if let Some(srq) = &self.srq {
                 srq.detach_ring();
             }
-        } else if !self.quiesce() {
-            for slot in self.posted.iter_mut().filter_map(Option::take) {
-                // The device may still write it: never hand it out again.
-                std::mem::forget(slot);
+            return;
+        }
+        match self.quiesce() {
+            Quiesced::Done => {}
+            Quiesced::HandedToSrq => {
+                // Their completions may still come: no later owner of the CQ may take them for
+                // its own (the SRQ stays attached, so no later ring owns it either).
+                self.cq.keep_forever();
             }
-            // Their completions may still come: no later owner of the CQ (or, kept attached,
-            // of the SRQ) may take them for its own.
-            self.cq.keep_forever();
+            Quiesced::Failed => {
+                for slot in self.posted.iter_mut().filter_map(Option::take) {
+                    // The device may still write it: never hand it out again.
+                    std::mem::forget(slot);
+                }
+                // As above: the CQ (and, kept attached, the SRQ) stays this ring's for good.
+                self.cq.keep_forever();
+            }
         }
     }
 }

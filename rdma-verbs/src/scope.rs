@@ -207,7 +207,10 @@ impl<'s, 'env, T: Transport, S: State> PostScope<'s, 'env, T, S> {
     ///
     /// # Errors
     /// [`Error::Timeout`] when fewer came in time (those that came are lost to the caller but
-    /// counted); [`Error::InvalidArgument`] if `out` is shorter than `n`.
+    /// counted); [`Error::NothingToWaitFor`] as soon as more completions are still wanted than
+    /// the scope has requests [outstanding](Self::outstanding) (at once when `n` is more than
+    /// that to begin with; completions taken by then are lost to the caller but counted);
+    /// [`Error::InvalidArgument`] if `out` is shorter than `n`.
     pub fn wait<'o>(
         &mut self,
         n: usize,
@@ -224,6 +227,9 @@ impl<'s, 'env, T: Transport, S: State> PostScope<'s, 'env, T, S> {
         let deadline = Deadline::after(timeout);
         let mut got = 0;
         while got < n {
+            if n - got > self.outstanding() {
+                return Err(Error::NothingToWaitFor { what: "completions of a posting scope" });
+            }
             got += self.poll(&mut out[got..n])?.len();
             if got < n && deadline.has_passed() {
                 return Err(Error::Timeout { what: "completions", after: timeout });

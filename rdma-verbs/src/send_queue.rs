@@ -62,7 +62,8 @@ pub(crate) enum Space {
 }
 
 /// A number telling this queue's or ring's requests from those of the previous 2^21 queues and
-/// rings (defence in depth: a CQ has one owner at a time, which drains it before letting go).
+/// rings. Defence in depth only, since it wraps: soundness rests on a CQ having one owner at a
+/// time, which leaves it empty of its completions before letting go (`CqOwner`'s drop).
 pub(crate) fn next_generation() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
     NEXT.fetch_add(1, Ordering::Relaxed) & GEN_MASK
@@ -606,14 +607,18 @@ impl<'res, T: Connected> SendQueue<'res, T> {
     /// [`poll`](Self::poll) does. [`Duration::MAX`] waits without a deadline.
     ///
     /// # Errors
-    /// [`Error::Timeout`] when nothing completed in time (also when nothing is in flight);
-    /// as `poll`.
+    /// [`Error::Timeout`] when nothing completed in time; [`Error::NothingToWaitFor`] at once
+    /// when nothing is in flight (requests pushed but not [submitted](Self::submit) cannot
+    /// complete); as `poll`.
     pub fn wait(&mut self, timeout: Duration, mut f: impl FnMut(Completion<'res>)) -> Result<usize> {
         let deadline = Deadline::after(timeout);
         loop {
             let n = self.poll(&mut f)?;
             if n > 0 {
                 return Ok(n);
+            }
+            if self.held.is_empty() {
+                return Err(Error::NothingToWaitFor { what: "send completions" });
             }
             if deadline.has_passed() {
                 return Err(Error::Timeout { what: "send completions", after: timeout });

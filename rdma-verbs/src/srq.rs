@@ -2,12 +2,14 @@
 
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 use rdma_sys as ffi;
 
 use crate::error::{Error, Result};
 use crate::parent::Parent;
 use crate::pd::ProtectionDomain;
+use crate::pool::Slot;
 use crate::wr::RecvRequest;
 
 /// A shared receive queue (`struct ibv_srq`): receives that several QPs consume. Destroyed on
@@ -27,6 +29,9 @@ pub struct SharedReceiveQueue<'pd> {
     /// The receive CQ its QPs complete on (the pointer), [`MIXED`] once two differ, plus
     /// [`RING`] while a [`RecvRing`](crate::RecvRing) owns the SRQ.
     binding: AtomicUsize,
+    /// Slots still posted here by a ring dropped while others held the SRQ (see
+    /// [`adopt_orphans`](Self::adopt_orphans)): returned to their pool once the SRQ is destroyed.
+    orphans: Mutex<Vec<Slot<'static>>>,
 }
 
 const MIXED: usize = 1;
@@ -91,6 +96,7 @@ impl<'pd> SharedReceiveQueue<'pd> {
             device,
             pd,
             binding: AtomicUsize::new(0),
+            orphans: Mutex::new(Vec::new()),
         })
     }
 }
@@ -150,6 +156,33 @@ impl<'pd> SharedReceiveQueue<'pd> {
         self.binding.fetch_and(!RING, Ordering::AcqRel);
     }
 
+    /// Takes the slots a dropping ring still has posted here, to return them to their pool when
+    /// the SRQ is destroyed (the only point after which the device is certainly done with
+    /// them: an SRQ's receives cannot be flushed or taken back one by one). The ring stays
+    /// attached: no other ring may own the SRQ, whose QPs may still complete those receives.
+    ///
+    /// The caller checked that the slots' pool is registered with this SRQ's protection domain
+    /// (`RecvRing::with_srq`).
+    pub(crate) fn adopt_orphans(&self, slots: impl Iterator<Item = Slot<'pd>>) {
+        // SAFETY: only the lifetime changes. A slot borrows nothing but its pool's protection
+        // domain (and, through it, the context); that PD is this SRQ's own (checked when the
+        // ring was made), which the SRQ holds for as long as it lives. The orphans are dropped
+        // in `Drop`/`destroy` before the SRQ lets go of its PD, so no slot outlives a borrow.
+        let slots = slots.map(|slot| unsafe { std::mem::transmute::<Slot<'pd>, Slot<'static>>(slot) });
+        self.orphans.lock().unwrap_or_else(|e| e.into_inner()).extend(slots);
+    }
+
+    /// After the SRQ was destroyed (`destroyed`) its orphaned slots return to their pool;
+    /// otherwise the device may still write them: leaked, never handed out again.
+    fn release_orphans(orphans: &mut Mutex<Vec<Slot<'static>>>, destroyed: bool) {
+        let slots = std::mem::take(orphans.get_mut().unwrap_or_else(|e| e.into_inner()));
+        if destroyed {
+            drop(slots);
+        } else {
+            std::mem::forget(slots);
+        }
+    }
+
     /// The device's name.
     pub(crate) fn device(&self) -> &str {
         &self.device
@@ -158,7 +191,7 @@ impl<'pd> SharedReceiveQueue<'pd> {
     /// Destroys the SRQ, reporting failure (then it stays alive, leaked: its receives may
     /// still be used).
     pub(crate) fn destroy(self) -> Result<()> {
-        let this = std::mem::ManuallyDrop::new(self);
+        let mut this = std::mem::ManuallyDrop::new(self);
         // SAFETY: created by `ibv_create_srq`; `this` is never dropped, so this is the only
         // destruction. On failure the SRQ is leaked on purpose.
         let rc = this
@@ -166,11 +199,13 @@ impl<'pd> SharedReceiveQueue<'pd> {
             .context()
             .registry()
             .release(this.raw.as_ptr(), || unsafe { ffi::ibv_destroy_srq(this.raw.as_ptr()) });
+        Self::release_orphans(&mut this.orphans, rc == 0);
         if rc != 0 {
             return Err(Error::from_errno("ibv_destroy_srq", Some(&this.device), rc));
         }
-        // SAFETY: the fields are moved out once, from a value that is never dropped.
-        drop(unsafe { (std::ptr::read(&this.device), std::ptr::read(&this.pd)) });
+        // SAFETY: the fields are moved out once, from a value that is never dropped; the
+        // orphans went first, before the PD they borrow.
+        drop(unsafe { (std::ptr::read(&this.orphans), std::ptr::read(&this.device), std::ptr::read(&this.pd)) });
         Ok(())
     }
 
@@ -218,10 +253,12 @@ impl Drop for SharedReceiveQueue<'_> {
     #[doc(alias = "ibv_destroy_srq")]
     fn drop(&mut self) {
         // SAFETY: created by `ibv_create_srq`, destroyed only here, after the QPs borrowing it.
-        let _ = self
+        let rc = self
             .pd
             .context()
             .registry()
             .release(self.raw.as_ptr(), || unsafe { ffi::ibv_destroy_srq(self.raw.as_ptr()) });
+        // Before the PD field goes: the orphans borrow it.
+        Self::release_orphans(&mut self.orphans, rc == 0);
     }
 }

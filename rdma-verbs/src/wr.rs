@@ -41,8 +41,9 @@ pub struct SendRequest<'a, 'mr> {
     uses_inline_sge: bool,
     /// The length of the remote region of an RDMA or atomic request.
     remote_len: u64,
-    /// Whether `.to()` gave a UD address.
-    has_ah: bool,
+    /// The protection domain (`struct ibv_pd *`, as an address) of the address handle `.to()`
+    /// gave, 0 without one: ibv_post_send(3) requires it to be the QP's.
+    ah_pd: usize,
     _borrows: PhantomData<(&'a [u8], Sge<'mr>)>,
 }
 
@@ -74,7 +75,7 @@ impl<'a, 'mr> SendRequest<'a, 'mr> {
             inline_slice_len: 0,
             uses_inline_sge: false,
             remote_len: 0,
-            has_ah: false,
+            ah_pd: 0,
             _borrows: PhantomData,
         }
     }
@@ -183,12 +184,18 @@ impl<'a, 'mr> SendRequest<'a, 'mr> {
     }
 
     /// Addresses a UD send: through `ah`, to QP `remote_qpn` with Q_Key `qkey`. Every send on a
-    /// UD QP needs it; posting refuses it on RC and UC QPs (their peer is fixed).
+    /// UD QP needs it; posting refuses it on RC and UC QPs (their peer is fixed), and refuses an
+    /// `ah` made in another protection domain than the QP's (or on another device), as
+    /// `ibv_post_send(3)` requires (rxe would report such a send as successful and drop it).
     pub fn to(mut self, ah: &'a AddressHandle<'_>, remote_qpn: u32, qkey: u32) -> Self {
         self.raw.wr.ud = ffi::ud_t { ah: ah.as_raw(), remote_qpn, remote_qkey: qkey };
         self.remote_len = 0;
-        self.has_ah = true;
+        self.ah_pd = ah.pd_raw() as usize;
         self
+    }
+
+    fn has_ah(&self) -> bool {
+        self.ah_pd != 0
     }
 
     /// Whether it asks for a completion on success.
@@ -229,6 +236,18 @@ impl<'a, 'mr> SendRequest<'a, 'mr> {
         }
     }
 
+    /// Refuses an address handle of another protection domain than the QP's `pd` (or of
+    /// another device, whose PDs are all others).
+    fn check_ah_pd(&self, pd: *mut ffi::ibv_pd) -> std::result::Result<(), String> {
+        if self.has_ah() && self.ah_pd != pd as usize {
+            let id = self.raw.wr_id;
+            return Err(format!(
+                "request with wr_id {id}: its address handle belongs to another protection domain (or device) than the QP"
+            ));
+        }
+        Ok(())
+    }
+
     /// Why the QP would refuse this request, or what the device would do wrong with it.
     fn check(&self, caps: &QpCaps, qp_type: ffi::ibv_qp_type::Type, scoped: bool) -> std::result::Result<(), String> {
         use ffi::ibv_wr_opcode::*;
@@ -256,10 +275,10 @@ impl<'a, 'mr> SendRequest<'a, 'mr> {
         if !transport_ok {
             return Err(format!("request with wr_id {id}: {name} is not available on a {transport} QP"));
         }
-        if qp_type == ffi::ibv_qp_type::IBV_QPT_UD && !self.has_ah {
+        if qp_type == ffi::ibv_qp_type::IBV_QPT_UD && !self.has_ah() {
             return Err(format!("request with wr_id {id}: a send on a UD QP needs an address (`.to(ah, qpn, qkey)`)"));
         }
-        if qp_type != ffi::ibv_qp_type::IBV_QPT_UD && self.has_ah {
+        if qp_type != ffi::ibv_qp_type::IBV_QPT_UD && self.has_ah() {
             return Err(format!("request with wr_id {id}: `.to()` addresses UD sends; a {transport} QP has one peer"));
         }
         if !self.uses_inline_sge && self.raw.num_sge as u32 > caps.max_send_sge {
@@ -359,11 +378,14 @@ pub(crate) fn link_send(
     wrs: &mut [SendRequest<'_, '_>],
     caps: &QpCaps,
     qp_type: ffi::ibv_qp_type::Type,
+    pd: *mut ffi::ibv_pd,
     device: &str,
     scoped: bool,
 ) -> Result<Option<*mut ffi::ibv_send_wr>> {
     for wr in wrs.iter() {
-        wr.check(caps, qp_type, scoped).map_err(|reason| Error::invalid("ibv_post_send", Some(device), reason))?;
+        wr.check(caps, qp_type, scoped)
+            .and_then(|()| wr.check_ah_pd(pd))
+            .map_err(|reason| Error::invalid("ibv_post_send", Some(device), reason))?;
     }
     let n = wrs.len();
     for i in 0..n {
@@ -450,7 +472,7 @@ mod tests {
         let (sges, result) = ([sge(8)], [sge(8)]);
         for (name, wr, allowed) in every_opcode(&sges, &result) {
             for (i, qp_type) in [RC, UC, UD].into_iter().enumerate() {
-                let mut wr_ud = SendRequest { has_ah: true, ..clone_wr(&wr) };
+                let mut wr_ud = SendRequest { ah_pd: 0x1000, ..clone_wr(&wr) };
                 wr_ud.raw.wr.ud.remote_qpn = 1;
                 // UD needs an address, and only UD takes one.
                 let (with_ah, without_ah) = (wr_ud.check(&CAPS, qp_type, false), wr.check(&CAPS, qp_type, false));
@@ -491,6 +513,15 @@ mod tests {
     }
 
     #[test]
+    fn an_address_handle_must_share_the_qps_protection_domain() {
+        let sges = [sge(8)];
+        let wr = SendRequest { ah_pd: 0x1000, ..clone_wr(&SendRequest::send(1, &sges)) };
+        assert!(wr.check_ah_pd(0x1000 as *mut _).is_ok());
+        assert!(wr.check_ah_pd(0x2000 as *mut _).is_err(), "an AH of another PD was accepted");
+        assert!(SendRequest::send(1, &sges).check_ah_pd(0x2000 as *mut _).is_ok(), "no AH: nothing to check");
+    }
+
+    #[test]
     fn reserved_wr_id_bits_are_refused_outside_scopes() {
         let sges = [sge(8)];
         let wr = SendRequest::send(1 << 62, &sges);
@@ -506,7 +537,7 @@ mod tests {
             inline_slice_len: wr.inline_slice_len,
             uses_inline_sge: wr.uses_inline_sge,
             remote_len: wr.remote_len,
-            has_ah: wr.has_ah,
+            ah_pd: wr.ah_pd,
             _borrows: PhantomData,
         }
     }

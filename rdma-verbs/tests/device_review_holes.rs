@@ -225,11 +225,6 @@ fn inline_is_refused_on_read_and_atomics() {
     });
 }
 
-fn ud_qp<'r>(pd: &'r ProtectionDomain<'r>, cq: &'r CompletionQueue<'r>, port: u8) -> QueuePair<'r, Ud, ReadyToSend> {
-    let qp = pd.create_qp::<Ud>(QpCreateAttr::new(cq, cq)).unwrap().init(InitAttr::new(port).qkey(1)).unwrap();
-    qp.ready_to_receive().unwrap().ready_to_send(0).unwrap()
-}
-
 // 1.3: a UD send without an address handle crashed inside ibv_post_send.
 #[test]
 fn a_ud_send_without_an_address_handle_is_refused() {

@@ -180,3 +180,59 @@ fn dropping_or_forgetting_anything_mid_flight_200_times_is_sound() {
         SLOT * SLOTS as usize / 1024
     );
 }
+
+/// In which order the handles of an SRQ-backed ring's setup go.
+#[derive(Debug, Clone, Copy)]
+enum SrqOrder {
+    /// The ring while the QP and the application still hold the SRQ.
+    RingQpsSrq,
+    /// The ring, then the SRQ handle, then the QP (its last holder).
+    RingSrqQps,
+    /// The QP first: the ring goes while the application holds the SRQ.
+    QpsRingSrq,
+    /// The QP and the SRQ handle first: the ring is the SRQ's last holder.
+    QpsSrqRing,
+}
+
+/// An SRQ-backed ring with receives posted (some consumed, some not) and its setup dropped in
+/// `order`, with shared parents: every verbs resource must come back.
+fn srq_round(topo: &testkit::Topology, order: SrqOrder) {
+    use std::sync::Arc;
+    let (ctx_c, pd_c) = open_shared(&topo.client.device);
+    let (ctx_r, pd_r) = open_shared(&topo.server.device);
+    let srq = Arc::new(SharedReceiveQueue::new(pd_r.clone(), 32, 1).unwrap());
+    let recv_cq = Arc::new(CompletionQueue::new(ctx_r.clone(), 64, None).unwrap());
+    let pool = SlotPool::new(pd_r.clone(), 64, 16, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut ring = RecvRing::with_srq(srq.clone(), recv_cq.clone(), pool, 16, DRAIN).unwrap();
+    let send_cq = Arc::new(CompletionQueue::new(ctx_r.clone(), 16, None).unwrap());
+    let attr = QpCreateAttr::new(send_cq, recv_cq).srq(srq.clone()).caps(caps());
+    let server = QueuePair::<Rc, Reset>::create(pd_r.clone(), attr).unwrap().init(InitAttr::new(topo.port)).unwrap();
+    let client = owned_qp(topo, &ctx_c, &pd_c, caps(), 64, AccessFlags::LOCAL_WRITE);
+    let (client, server) = connect_pair(topo, client, server);
+    let mut sq = SendQueue::new(&client, DRAIN).unwrap();
+    for i in 0..4u64 {
+        sq.send_inline(&i.to_le_bytes(), None, i).unwrap();
+    }
+    sq.drain(T, |c| c.ok().unwrap()).unwrap();
+    let msg = ring.next(T).unwrap();
+    ring.release(msg).unwrap();
+    drop((sq, client, ctx_c, pd_c, ctx_r, pd_r));
+    match order {
+        SrqOrder::RingQpsSrq => drop((ring, server, srq)),
+        SrqOrder::RingSrqQps => drop((ring, srq, server)),
+        SrqOrder::QpsRingSrq => drop((server, ring, srq)),
+        SrqOrder::QpsSrqRing => drop((server, srq, ring)),
+    }
+}
+
+#[test]
+fn an_srq_ring_and_its_qps_dropped_in_any_order_give_every_resource_back() {
+    let topo = testkit::require_topology!();
+    let devices = [topo.client.device.clone(), topo.server.device.clone()];
+    let base: Vec<_> = devices.iter().map(|d| resource_counts(d)).collect();
+    for order in [SrqOrder::RingQpsSrq, SrqOrder::RingSrqQps, SrqOrder::QpsRingSrq, SrqOrder::QpsSrqRing] {
+        srq_round(&topo, order);
+        let now: Vec<_> = devices.iter().map(|d| resource_counts(d)).collect();
+        assert_eq!(now, base, "after dropping {order:?}: every verbs resource is back");
+    }
+}

@@ -5,14 +5,8 @@ mod common;
 use common::*;
 use rdma_verbs::*;
 
-const QKEY: u32 = 0x1111_2222;
 /// A UD receive starts with the 40-byte GRH on RoCE.
 const GRH: usize = 40;
-
-fn ud_qp<'r>(pd: &'r ProtectionDomain<'r>, cq: &'r CompletionQueue<'r>, port: u8) -> QueuePair<'r, Ud, ReadyToSend> {
-    let qp = pd.create_qp::<Ud>(QpCreateAttr::new(cq, cq)).unwrap().init(InitAttr::new(port).qkey(QKEY)).unwrap();
-    qp.ready_to_receive().unwrap().ready_to_send(0).unwrap()
-}
 
 #[test]
 fn ud_send_and_receive_through_an_address_handle() {

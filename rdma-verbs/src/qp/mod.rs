@@ -638,7 +638,9 @@ impl<'res, T: Transport> QueuePair<'res, T, ReadyToSend> {
     #[inline]
     pub(crate) unsafe fn post_send_checked(&self, wrs: &mut [SendRequest<'_, '_>], scoped: bool) -> Result<()> {
         let device = self.inner.pd.context().name();
-        let Some(first) = crate::wr::link_send(wrs, &self.inner.caps, T::QP_TYPE, device, scoped)? else {
+        let Some(first) =
+            crate::wr::link_send(wrs, &self.inner.caps, T::QP_TYPE, self.inner.pd.as_raw(), device, scoped)?
+        else {
             return Ok(());
         };
         let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();

@@ -147,3 +147,16 @@ pub fn connect_pair<'a, 'b>(
     let rts = |psn| RtsAttr::new(psn).timeout(14).retry_cnt(7).rnr_retry(7);
     (a.ready_to_send(&rts(1000)).unwrap(), b.ready_to_send(&rts(2000)).unwrap())
 }
+
+/// The Q_Key the UD fixtures use.
+pub const QKEY: u32 = 0x1111_2222;
+
+/// A UD QP on `cq` (both queues), ready to send, taking datagrams with [`QKEY`].
+pub fn ud_qp<'r>(
+    pd: &'r ProtectionDomain<'r>,
+    cq: &'r CompletionQueue<'r>,
+    port: u8,
+) -> QueuePair<'r, Ud, ReadyToSend> {
+    let qp = pd.create_qp::<Ud>(QpCreateAttr::new(cq, cq)).unwrap().init(InitAttr::new(port).qkey(QKEY)).unwrap();
+    qp.ready_to_receive().unwrap().ready_to_send(0).unwrap()
+}
