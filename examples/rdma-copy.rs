@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use rdma_proto::driver::{send_file, Phases, ReceiveOptions, ReceiveReport, SendOptions, SendReport, Server};
+use rdma_proto::driver::{send_file, AfterFin, Phases, ReceiveOptions, ReceiveReport, SendOptions, SendReport, Server};
 
 /// Port used when an address has none.
 const DEFAULT_PORT: u16 = 7471;
@@ -129,6 +129,9 @@ struct SendArgs {
     /// Test hook: offer protocol versions MIN-MAX and send --name unchecked.
     #[arg(long, hide = true)]
     test_offer: Option<String>,
+    /// Test hook: right after the FIN, send junk, a second FIN, or a WRITE.
+    #[arg(long, hide = true)]
+    test_after_fin: Option<String>,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -292,6 +295,13 @@ fn send(a: SendArgs, json: bool) -> i32 {
         let Some((lo, hi)) = parsed else { return usage(format!("--test-offer {v:?}: MIN-MAX")) };
         opts.test_offer = Some(lo..=hi);
     }
+    opts.test_after_fin = match a.test_after_fin.as_deref() {
+        None => None,
+        Some("junk") => Some(AfterFin::Junk),
+        Some("fin") => Some(AfterFin::SecondFin),
+        Some("write") => Some(AfterFin::Write),
+        Some(v) => return usage(format!("--test-after-fin {v:?}: junk, fin or write")),
+    };
     let mut code = 0;
     for path in &a.files {
         let bar = if a.quiet || json || !std::io::IsTerminal::is_terminal(&std::io::stderr()) {

@@ -561,3 +561,40 @@ fn what_cannot_be_sent_fails_before_connecting() {
         assert!(err.contains(says), "{args:?}: {err}");
     }
 }
+
+/// A hostile sender follows its FIN at once with junk, a second FIN or a WRITE (hidden
+/// `--test-after-fin`), racing the receiver's commit: whatever the receiver decides, its verdict
+/// and its disk agree. An OK leaves the file, identical; any other verdict leaves nothing.
+#[test]
+fn messages_racing_the_commit_never_make_the_verdict_disagree_with_the_disk() {
+    let topo = testkit::require_topology!();
+    let (src, dst) = (scratch("after-fin-src"), scratch("after-fin-dst"));
+    let f = src.join("data");
+    let data = random_file(&f, 2 << 20, 21);
+    let modes = ["junk", "fin", "write"];
+    const ROUNDS: usize = 3;
+    let count = (modes.len() * ROUNDS).to_string();
+    let rx = Receiver::start(&topo, 7521, &["--dir", dst.to_str().unwrap(), "--count", &count, "--overwrite"]);
+    let mut ok = 0;
+    for round in 0..ROUNDS {
+        for mode in modes {
+            let name = format!("{mode}-{round}");
+            let out =
+                send(&topo, 7521, &[f.to_str().unwrap(), "--name", &name, "--chunk", "256K", "--test-after-fin", mode]);
+            let stored = dst.join(&name);
+            let code = out.status.code();
+            println!("{name}: exit {code:?}, file {}", if stored.exists() { "in place" } else { "absent" });
+            if code == Some(0) {
+                ok += 1;
+                let got = std::fs::read(&stored).unwrap_or_else(|e| panic!("{name}: OK but no file: {e}"));
+                assert!(got == data, "{name}: OK but the file differs");
+            } else {
+                assert!(!stored.exists(), "{name}: exit {code:?} ({}) but the file is in place", text(&out.stderr));
+            }
+        }
+    }
+    let (code, report) = rx.finish(Duration::from_secs(30));
+    println!("{ok} of {count} hostile sends were acknowledged OK; receiver exit {code}");
+    let left: Vec<_> = listing(&dst).into_iter().filter(|n| n.ends_with(".rdcp-tmp")).collect();
+    assert!(left.is_empty(), "temporaries left: {left:?}\n{report}");
+}

@@ -15,7 +15,7 @@ mod recv;
 mod send;
 
 pub use recv::{ReceiveOptions, ReceiveReport, Server};
-pub use send::{send_file, SendOptions, SendReport};
+pub use send::{send_file, AfterFin, SendOptions, SendReport};
 
 use std::time::Duration;
 

@@ -39,6 +39,22 @@ pub struct SendOptions {
     /// Test hook: offer these protocol versions and send the name unchecked.
     #[doc(hidden)]
     pub test_offer: Option<std::ops::RangeInclusive<u16>>,
+    /// Test hook: a hostile sender that follows its FIN at once with this (to prove the
+    /// receiver's verdict still matches its disk).
+    #[doc(hidden)]
+    pub test_after_fin: Option<AfterFin>,
+}
+
+/// What a hostile test sender sends right after its FIN ([`SendOptions::test_after_fin`]).
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterFin {
+    /// Bytes that decode as no message.
+    Junk,
+    /// The FIN again.
+    SecondFin,
+    /// A WRITE with immediate into slot 0, tagged as the chunk after the last.
+    Write,
 }
 
 impl SendOptions {
@@ -54,6 +70,7 @@ impl SendOptions {
             connect_timeout: Duration::from_secs(10),
             timeout: Duration::from_secs(30),
             test_offer: None,
+            test_after_fin: None,
         }
     }
 }
@@ -135,13 +152,20 @@ pub fn send_file(path: &Path, opts: &SendOptions, mut progress: impl FnMut(u64, 
             match action {
                 Action::Send(bytes) => {
                     // After the HELLO, the only message a sender sends is its FIN.
-                    if machine.grant().is_some() && fin_at.is_none() {
+                    let fin = machine.grant().is_some() && fin_at.is_none();
+                    if fin {
                         fin_at = Some(Instant::now());
                     }
                     let r =
                         send_control(&mut sq, &control, &bytes, opts.timeout, |c| collect(c, &mut done, &mut failed));
                     if let Err(e) = r {
                         break 'run Err(e.into());
+                    }
+                    if let Some(after) = opts.test_after_fin.filter(|_| fin) {
+                        let r = send_after_fin(after, &mut sq, &control, &bytes, &machine, opts.timeout);
+                        if let Err(e) = r {
+                            break 'run Err(e.into());
+                        }
                     }
                 }
                 Action::ReadChunk { seq, offset, len } => {
@@ -256,6 +280,30 @@ pub fn send_file(path: &Path, opts: &SendOptions, mut progress: impl FnMut(u64, 
         }
         Outcome::Acked { status, detail } => Err(Error::Refused { status, detail }),
         Outcome::Failed(e) => Err(e.into()),
+    }
+}
+
+/// The test hook [`SendOptions::test_after_fin`]: what a hostile sender sends right after its
+/// FIN (`fin`), without waiting for anything.
+fn send_after_fin(
+    after: AfterFin,
+    sq: &mut SendQueue<'static, rdma_verbs::Rc>,
+    control: &SlotPool<'static>,
+    fin: &[u8],
+    machine: &Sender,
+    timeout: Duration,
+) -> rdma_verbs::Result<()> {
+    match after {
+        AfterFin::Junk => send_control(sq, control, &[0xde, 0xad, 0xbe, 0xef, 1, 2, 3], timeout, drop),
+        AfterFin::SecondFin => send_control(sq, control, fin, timeout, drop),
+        AfterFin::Write => {
+            let (Some(g), Some(slot)) = (machine.grant(), control.try_take()) else { return Ok(()) };
+            let len = g.slot_size.min(8) as usize;
+            let remote = RemoteRegion { addr: g.addr, rkey: g.rkey, len: len as u64 };
+            let imm = machine.chunks() as u32;
+            sq.push(Request::write(slot, len, remote).with_imm(imm).with_wr_id(CONTROL_WR_ID)).map_err(|r| r.error)?;
+            sq.submit().map(drop)
+        }
     }
 }
 
