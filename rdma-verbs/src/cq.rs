@@ -24,6 +24,8 @@ use crate::wc::WorkCompletion;
 pub struct CompletionChannel<'ctx> {
     raw: NonNull<ffi::ibv_comp_channel>,
     ctx: Parent<'ctx, Context>,
+    /// The CQs that report to it now.
+    cqs: AtomicUsize,
 }
 
 // SAFETY: ibv_get_cq_event on one channel from several threads is allowed by libibverbs; the
@@ -77,7 +79,7 @@ impl<'ctx> CompletionChannel<'ctx> {
         let raw = unsafe { ffi::ibv_create_comp_channel(ctx.as_raw()) };
         let raw = NonNull::new(raw).ok_or_else(|| Error::last_os_error("ibv_create_comp_channel", Some(ctx.name())))?;
         ctx.registry().add(crate::registry::Kind::Channel, raw.as_ptr());
-        let channel = CompletionChannel { raw, ctx };
+        let channel = CompletionChannel { raw, ctx, cqs: AtomicUsize::new(0) };
         // Non-blocking, so that a thread that lost an event to another (both saw the fd
         // readable) gets EAGAIN and waits again instead of blocking past its timeout.
         set_nonblocking(channel.as_raw_fd(), "ibv_create_comp_channel", channel.ctx.name())?;
@@ -121,6 +123,9 @@ impl<'ctx> CompletionQueue<'ctx> {
         // SAFETY: just created; `cqe` is the capacity the provider granted (at least `entries`).
         let capacity = u32::try_from(unsafe { raw.as_ref().cqe }).unwrap_or(entries).max(entries);
         ctx.registry().add(crate::registry::Kind::Cq, raw.as_ptr());
+        if let Some(c) = &channel {
+            c.cqs.fetch_add(1, Ordering::Relaxed);
+        }
         Ok(CompletionQueue { raw, ctx, channel, capacity, users: AtomicUsize::new(0) })
     }
 }
@@ -378,19 +383,30 @@ impl<'ctx> CompletionQueue<'ctx> {
         Ok(())
     }
 
-    /// Arms the CQ, then waits up to `timeout` for its channel to report it. Events of other CQs
-    /// on the same channel are acknowledged and skipped. [`Duration::MAX`] waits without a
-    /// deadline.
+    /// Arms the CQ, then waits up to `timeout` for its channel to report it. [`Duration::MAX`]
+    /// waits without a deadline. Only for a CQ that has its channel to itself: an event read
+    /// from a shared channel may be another CQ's, and could not be given back (its waiter would
+    /// never wake), so with other CQs on the channel wait on the channel
+    /// ([`CompletionChannel::wait`]) and dispatch by [`CompletionEvent::is_for`].
     ///
     /// Completions that arrived before arming raise no event: poll once after this returns a
     /// timeout, or poll before waiting, as `ibv_get_cq_event(3)` describes.
     ///
     /// # Errors
-    /// [`Error::Timeout`] when no event came in time; [`Error::InvalidArgument`] without a channel.
+    /// [`Error::Timeout`] when no event came in time; [`Error::InvalidArgument`] without a
+    /// channel, or when other CQs report to the same channel.
     pub fn wait(&self, timeout: Duration) -> Result<()> {
         let channel = self.channel.as_deref().ok_or_else(|| {
             Error::invalid("ibv_get_cq_event", Some(self.ctx.name()), "the CQ has no completion channel")
         })?;
+        let sharing = channel.cqs.load(Ordering::Relaxed);
+        if sharing > 1 {
+            let reason = format!(
+                "{sharing} CQs report to this channel: wait on the channel (CompletionChannel::wait), \
+                 or another CQ's event would be lost"
+            );
+            return Err(Error::invalid("ibv_get_cq_event", Some(self.ctx.name()), reason));
+        }
         self.arm(false)?;
         let deadline = Deadline::after(timeout);
         loop {
@@ -430,6 +446,9 @@ impl Drop for CompletionQueue<'_> {
         // SAFETY: created by `ibv_create_cq`, destroyed only here; QPs using it borrow it, and
         // every event of it was acknowledged when it was received (`CompletionChannel::wait`).
         let _ = self.ctx.registry().release(self.raw.as_ptr(), || unsafe { ffi::ibv_destroy_cq(self.raw.as_ptr()) });
+        if let Some(c) = &self.channel {
+            c.cqs.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 }
 

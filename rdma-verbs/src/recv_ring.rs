@@ -166,7 +166,10 @@ impl<'pd> Message<'pd> {
 /// On an SRQ: if the ring is its last holder, the SRQ is destroyed. Otherwise the receives stay
 /// posted (an SRQ's receives cannot be flushed: its other QPs may still consume them) and the
 /// SRQ takes their slots, returning them to the pool when it is destroyed, after its last
-/// holder is dropped; until then no other ring may own the SRQ ([`Error::Busy`]) or the CQ.
+/// holder is dropped. No other ring may own that SRQ ([`Error::Busy`]), and the CQ stays owned
+/// for good (direct polls and new owners get [`Error::Busy`], even after the SRQ is gone):
+/// completions of those receives may be in it, and only an owner that posted them could tell
+/// them apart.
 /// Forgetting the ring leaks its posted slots (and their pool).
 ///
 /// Completions the ring did not take are discarded from its CQ before the CQ can have another
@@ -240,7 +243,8 @@ impl<'res> RecvRing<'res> {
     ///
     /// # Errors
     /// As [`new`](Self::new), with the SRQ's `max_wr` as the limit; [`Error::Busy`] when another
-    /// ring owns the SRQ; [`Error::InvalidArgument`] when a QP of the SRQ uses another CQ.
+    /// ring owns the SRQ; [`Error::InvalidArgument`] when a QP of the SRQ uses another CQ, or the
+    /// CQ is of another device context than the SRQ.
     pub fn with_srq(
         srq: Arc<SharedReceiveQueue<'res>>,
         cq: impl Into<Parent<'res, CompletionQueue<'res>>>,
@@ -250,6 +254,10 @@ impl<'res> RecvRing<'res> {
     ) -> Result<Self> {
         let cq = cq.into();
         let device = srq.device();
+        if !std::ptr::eq(cq.context(), srq.pd().context()) {
+            let reason = "the CQ belongs to another device context than the SRQ: no QP of the SRQ could use it";
+            return Err(Error::invalid("ibv_post_srq_recv", Some(device), reason));
+        }
         if !std::ptr::eq(pool.pd(), srq.pd()) {
             return Err(Error::invalid(
                 "ibv_post_srq_recv",
@@ -435,14 +443,25 @@ impl<'res> RecvRing<'res> {
     /// receive is posted (every slot is out in a message, or kept with
     /// [`Message::into_slot`]): nothing can arrive until one is released or the ring
     /// [refilled](Self::refill); as [`try_next`](Self::try_next).
+    ///
+    /// On a QP in the error state its receives complete flushed (rxe needs the QP moved to error
+    /// again for that: the ring does it when nothing came for 50 ms), so this wait ends there
+    /// too.
     pub fn next(&mut self, timeout: Duration) -> Result<Message<'res>> {
         let deadline = Deadline::after(timeout);
+        let mut reflush = Deadline::after(REFLUSH_AFTER);
         loop {
             if let Some(msg) = self.try_next()? {
                 return Ok(msg);
             }
             if self.posted_count == 0 {
                 return Err(Error::NothingToWaitFor { what: "a received message" });
+            }
+            if reflush.has_passed() {
+                if let Some(qp) = &self.qp {
+                    qp.reflush_if_in_error();
+                }
+                reflush = Deadline::after(REFLUSH_AFTER);
             }
             if deadline.has_passed() {
                 return Err(Error::Timeout { what: "a received message", after: timeout });
@@ -535,6 +554,11 @@ impl<'res> RecvRing<'res> {
         Quiesced::Failed
     }
 }
+
+/// How long a wait for receives goes without one before it checks whether the QP is in the
+/// error state, whose receives rxe completes only when moved to error again
+/// (`reflush_if_in_error`).
+pub(crate) const REFLUSH_AFTER: Duration = Duration::from_millis(50);
 
 /// What dropping a ring did with the receives it had posted.
 enum Quiesced {

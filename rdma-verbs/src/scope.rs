@@ -225,10 +225,19 @@ impl<'s, 'env, T: Transport, S: State> PostScope<'s, 'env, T, S> {
             ));
         }
         let deadline = Deadline::after(timeout);
+        let mut reflush = Deadline::after(crate::recv_ring::REFLUSH_AFTER);
         let mut got = 0;
         while got < n {
             if n - got > self.outstanding() {
                 return Err(Error::NothingToWaitFor { what: "completions of a posting scope" });
+            }
+            if reflush.has_passed() {
+                // Receives posted to a QP in the error state complete only when it is moved to
+                // error again, on rxe: see `reflush_if_in_error`.
+                if self.recvs > 0 {
+                    self.qp.shared().reflush_if_in_error();
+                }
+                reflush = Deadline::after(crate::recv_ring::REFLUSH_AFTER);
             }
             got += self.poll(&mut out[got..n])?.len();
             if got < n && deadline.has_passed() {

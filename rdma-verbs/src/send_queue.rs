@@ -270,6 +270,10 @@ pub struct SendQueue<'res, T: Connected> {
     cq: CqOwner<'res>,
     generation: u64,
     next_seq: u64,
+    /// One past the last request posted signaled: requests before it complete visibly (a
+    /// signaled completion covers every earlier one). Requests from it on are unsignaled and
+    /// complete silently when they succeed: only after a chain the provider refused part of.
+    covered_upto: u64,
     depth: usize,
     held: VecDeque<Held<'res>>,
     staged: Vec<Request<'res>>,
@@ -318,6 +322,7 @@ impl<'res, T: Connected> SendQueue<'res, T> {
             cq,
             generation: next_generation(),
             next_seq: 0,
+            covered_upto: 0,
             depth,
             held: VecDeque::with_capacity(depth),
             staged: Vec::with_capacity(depth),
@@ -406,6 +411,11 @@ impl<'res, T: Connected> SendQueue<'res, T> {
         }
         if r.slot.pd_raw() != self.qp.pd.as_raw() {
             return bad("the slot's pool is registered with another protection domain".into());
+        }
+        // Refused here rather than by the provider in the middle of a chain: the requests
+        // before it would then be posted unsignaled, with no completion to give their slots back.
+        if r.len > 0 && self.qp.caps.max_send_sge == 0 {
+            return bad(format!("{} bytes need one SGE: the QP takes none (max_send_sge 0)", r.len));
         }
         match r.op {
             Op::Send => {}
@@ -540,6 +550,10 @@ impl<'res, T: Connected> SendQueue<'res, T> {
             // A NULL or unknown `bad` means the provider did not say: count all as maybe posted.
             (0..total).find(|&i| std::ptr::eq(wrs.wrapping_add(i), bad)).unwrap_or(total)
         };
+        // Which of the posted requests the provider will report: up to the last signaled one.
+        if let Some(last) = (0..posted).rev().find(|&i| self.wrs[i].send_flags & SIGNALED != 0) {
+            self.covered_upto = self.next_seq + last as u64 + 1;
+        }
         let from_staged = posted.min(n);
         for (i, r) in self.staged.drain(..from_staged).enumerate() {
             self.held.push_back(Held { seq: self.next_seq + i as u64, wr_id: r.wr_id, slot: Some(r.slot) });
@@ -609,7 +623,9 @@ impl<'res, T: Connected> SendQueue<'res, T> {
     /// # Errors
     /// [`Error::Timeout`] when nothing completed in time; [`Error::NothingToWaitFor`] at once
     /// when nothing is in flight (requests pushed but not [submitted](Self::submit) cannot
-    /// complete); as `poll`.
+    /// complete), or when only requests posted unsignaled are (after a [`submit`](Self::submit)
+    /// the provider refused part of: they report only a failure; the next submit covers them);
+    /// as `poll`.
     pub fn wait(&mut self, timeout: Duration, mut f: impl FnMut(Completion<'res>)) -> Result<usize> {
         let deadline = Deadline::after(timeout);
         loop {
@@ -617,7 +633,7 @@ impl<'res, T: Connected> SendQueue<'res, T> {
             if n > 0 {
                 return Ok(n);
             }
-            if self.held.is_empty() {
+            if !self.can_complete() {
                 return Err(Error::NothingToWaitFor { what: "send completions" });
             }
             if deadline.has_passed() {
@@ -630,16 +646,27 @@ impl<'res, T: Connected> SendQueue<'res, T> {
     /// [`poll`](Self::poll) does.
     ///
     /// # Errors
-    /// [`Error::Timeout`] when requests are still in flight at the deadline; as `poll`.
+    /// [`Error::Timeout`] when requests are still in flight at the deadline;
+    /// [`Error::NothingToWaitFor`] when those left were posted unsignaled (see
+    /// [`wait`](Self::wait)); as `poll`.
     pub fn drain(&mut self, timeout: Duration, mut f: impl FnMut(Completion<'res>)) -> Result<()> {
         let deadline = Deadline::after(timeout);
         while !self.held.is_empty() {
             self.poll(&mut f)?;
+            if !self.held.is_empty() && !self.can_complete() {
+                return Err(Error::NothingToWaitFor { what: "draining a send queue" });
+            }
             if !self.held.is_empty() && deadline.has_passed() {
                 return Err(Error::Timeout { what: "draining a send queue", after: timeout });
             }
         }
         Ok(())
+    }
+
+    /// Whether a completion will come for a request in flight even if all succeed: one of them
+    /// was posted signaled, or is covered by one that was.
+    fn can_complete(&self) -> bool {
+        self.held.front().is_some_and(|h| h.seq < self.covered_upto)
     }
 
     /// Makes sure the device no longer uses any slot in flight, so they may return to the pool:
@@ -654,6 +681,7 @@ impl<'res, T: Connected> SendQueue<'res, T> {
             }
             return true;
         }
+        let mut in_error = false;
         for flushed in [false, true] {
             let wait = if flushed { flush_wait(self.drain_timeout) } else { self.drain_timeout };
             let deadline = Deadline::after(wait);
@@ -667,8 +695,15 @@ impl<'res, T: Connected> SendQueue<'res, T> {
                 }
             }
             if !flushed {
-                let _ = self.qp.set_state(IBV_QPS_ERR);
+                in_error = self.qp.set_state(IBV_QPS_ERR).is_ok();
             }
+        }
+        // Only requests posted unsignaled left, after the flush had `FLUSH_CONFIRM` to complete
+        // them: a request still queued would have been flushed with a completion (an error
+        // completes whatever the flags), so these completed successfully, silently, before.
+        if in_error && !self.can_complete() {
+            self.held.clear();
+            return true;
         }
         // Completions are missing even after a flush: stop the device with a reset, but do not
         // take its word for it (rxe can finish a packet after a reset returns): leak the slots.

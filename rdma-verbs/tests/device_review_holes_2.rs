@@ -220,3 +220,116 @@ fn an_address_handle_of_another_pd_or_device_is_refused() {
         })
         .unwrap();
 }
+
+// Found by the adversarial review of the fixes above.
+
+/// A send with data on a QP that takes no SGE was accepted into a batch; the provider then
+/// refused it mid-chain, leaving the request before it posted unsignaled: no completion ever came
+/// for it, waits spun forever, and dropping the queue leaked the slot, the CQ and the parents.
+#[test]
+fn a_request_the_qp_cannot_take_is_refused_before_it_can_split_a_batch() {
+    let topo = testkit::require_topology!();
+    let (ctx_c, pd_c) = open_shared(&topo.client.device);
+    let (ctx_r, pd_r) = open_shared(&topo.server.device);
+    let no_sge = QpCaps { max_send_wr: 16, max_recv_wr: 1, max_send_sge: 0, max_recv_sge: 1, max_inline_data: 0 };
+    let client = owned_qp(&topo, &ctx_c, &pd_c, no_sge, 16, AccessFlags::LOCAL_WRITE);
+    let server = owned_qp(&topo, &ctx_r, &pd_r, caps(16, 16), 16, AccessFlags::LOCAL_WRITE);
+    let mut ring =
+        RecvRing::new(&server, SlotPool::new(pd_r.clone(), 64, 8, AccessFlags::LOCAL_WRITE).unwrap(), 8, T).unwrap();
+    let (client, _server) = connect_pair(&topo, client, server);
+    let pool = SlotPool::new(pd_c.clone(), 64, 4, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut sq = SendQueue::new(&client, T).unwrap();
+    sq.push(Request::send(pool.try_take().unwrap(), 0)).unwrap(); // no data: no SGE needed
+    let refused = sq.push(Request::send(pool.try_take().unwrap(), 8));
+    assert!(
+        matches!(refused, Err(Rejected { error: Error::InvalidArgument { .. }, .. })),
+        "8 bytes on a QP without SGEs: {refused:?}"
+    );
+    assert_eq!(sq.submit().unwrap(), 1);
+    let limit = Duration::from_secs(10);
+    let (sq, pool) = returns_within("the batch's completion", limit, move || {
+        let mut sq = sq;
+        assert_eq!(sq.wait(Duration::MAX, |c| c.ok().unwrap()).unwrap(), 1);
+        (sq, pool)
+    });
+    drop((refused, sq));
+    assert_eq!(pool.available(), 4, "every slot is back");
+    ring.next(T).unwrap().ok().unwrap();
+    drop((ctx_c, ctx_r));
+}
+
+/// Receives posted to a QP already in the error state complete flushed (the verbs spec); rxe
+/// completes them only when the QP is moved to error again, so a ring's `next` and a scope's
+/// `wait` spun forever on them.
+#[test]
+fn receives_posted_to_a_qp_in_error_complete_flushed() {
+    let topo = testkit::require_topology!();
+    let (ctx_c, pd_c) = open_shared(&topo.client.device);
+    let (ctx_r, pd_r) = open_shared(&topo.server.device);
+    let client = owned_qp(&topo, &ctx_c, &pd_c, caps(16, 16), 16, AccessFlags::LOCAL_WRITE);
+    let server = owned_qp(&topo, &ctx_r, &pd_r, caps(16, 16), 16, AccessFlags::LOCAL_WRITE);
+    let mut ring =
+        RecvRing::new(&server, SlotPool::new(pd_r.clone(), 64, 4, AccessFlags::LOCAL_WRITE).unwrap(), 4, T).unwrap();
+    let (_client, server) = connect_pair(&topo, client, server);
+    server.flush().unwrap();
+    for _ in 0..4 {
+        let msg = ring.next(T).unwrap();
+        assert_eq!(msg.status(), WcStatus::WrFlushError);
+        ring.release(msg).unwrap(); // posted again, to a QP in error
+    }
+    let limit = Duration::from_secs(10);
+    let ring = returns_within("RecvRing::next on a QP in error", limit, move || {
+        let msg = ring.next(Duration::MAX).unwrap();
+        assert_eq!(msg.status(), WcStatus::WrFlushError);
+        drop(msg);
+        ring
+    });
+    drop(ring);
+    let pd = pd_r.clone();
+    returns_within("PostScope::wait on a QP in error", limit, move || {
+        let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        server
+            .scope(T, |s| -> Result<()> {
+                let sge = [mr.sge(..).unwrap()];
+                s.post_recv(&mut [RecvRequest::new(1, &sge)])?;
+                let mut wcs: [WorkCompletion; 1] = Default::default();
+                let wc = &s.wait(1, &mut wcs, Duration::MAX)?[0];
+                assert_eq!(wc.status(), WcStatus::WrFlushError);
+                Ok(())
+            })
+            .unwrap();
+        drop((mr, server));
+    });
+    drop((ctx_c, pd_c, ctx_r, pd_r));
+}
+
+#[test]
+fn an_srq_ring_on_a_cq_of_another_device_is_refused() {
+    let topo = testkit::require_topology!();
+    let (_ctx_r, pd_r) = open_shared(&topo.server.device);
+    let (ctx_o, _pd_o) = open_shared(&topo.client.device);
+    let srq = Arc::new(SharedReceiveQueue::new(pd_r.clone(), 16, 1).unwrap());
+    let foreign_cq = Arc::new(CompletionQueue::new(ctx_o.clone(), 16, None).unwrap());
+    let pool = SlotPool::new(pd_r.clone(), 64, 8, AccessFlags::LOCAL_WRITE).unwrap();
+    let ring = RecvRing::with_srq(srq, foreign_cq, pool.clone(), 8, T);
+    assert!(matches!(ring, Err(Error::InvalidArgument { .. })), "{ring:?}");
+    assert_eq!(pool.available(), 8, "nothing was posted");
+}
+
+/// `CompletionQueue::wait` on a channel other CQs report to read their events too, and could
+/// not give them back: the other CQ's waiter never woke.
+#[test]
+fn waiting_on_a_cq_whose_channel_other_cqs_share_is_refused() {
+    let topo = testkit::require_topology!();
+    let ctx = Context::open(&topo.server.device).unwrap();
+    let channel = ctx.create_completion_channel().unwrap();
+    let cq1 = ctx.create_cq(16, Some(&channel)).unwrap();
+    {
+        let _cq2 = ctx.create_cq(16, Some(&channel)).unwrap();
+        let r = cq1.wait(Duration::from_millis(200));
+        assert!(matches!(r, Err(Error::InvalidArgument { .. })), "with a second CQ on the channel: {r:?}");
+    }
+    // Alone on its channel again: it waits (and times out, nothing completes).
+    let r = cq1.wait(Duration::from_millis(200));
+    assert!(matches!(r, Err(Error::Timeout { .. })), "alone: {r:?}");
+}

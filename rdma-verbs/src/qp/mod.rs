@@ -136,6 +136,37 @@ impl Inner<'_> {
     }
 
     /// `ibv_modify_qp` to `state` with only `IBV_QP_STATE` (error or reset).
+    /// The QP's state as the device has it: `ibv_query_qp()`.
+    pub(crate) fn query_state(&self) -> Result<ffi::ibv_qp_state::Type> {
+        let mut attr = MaybeUninit::<ffi::ibv_qp_attr>::zeroed();
+        let mut init = MaybeUninit::<ffi::ibv_qp_init_attr>::zeroed();
+        // SAFETY: live QP; both out-structs are writable.
+        let rc = unsafe {
+            ffi::ibv_query_qp(
+                self.raw.as_ptr(),
+                attr.as_mut_ptr(),
+                ffi::ibv_qp_attr_mask::IBV_QP_STATE.0 as libc::c_int,
+                init.as_mut_ptr(),
+            )
+        };
+        if rc != 0 {
+            return Err(Error::from_errno("ibv_query_qp", Some(self.device()), rc));
+        }
+        // SAFETY: the query succeeded and set `qp_state` (the rest is zeroed plain data).
+        Ok(unsafe { attr.assume_init() }.qp_state)
+    }
+
+    /// Moves a QP that is in the error state to the error state again, so that receives posted
+    /// to it since complete (flushed). The verbs spec has such receives complete flushed at
+    /// once; rxe (Linux 6.1) completes them only when the QP is moved to error again, so a wait
+    /// for them would never end. Waits that receives could end call this now and then when
+    /// nothing came. Does nothing to a QP in any other state.
+    pub(crate) fn reflush_if_in_error(&self) {
+        if self.query_state().is_ok_and(|s| s == ffi::ibv_qp_state::IBV_QPS_ERR) {
+            let _ = self.set_state(ffi::ibv_qp_state::IBV_QPS_ERR);
+        }
+    }
+
     pub(crate) fn set_state(&self, state: ffi::ibv_qp_state::Type) -> Result<()> {
         let mut attr = zeroed_attr(state);
         // SAFETY: live QP; `attr` holds the state the mask names.
@@ -341,22 +372,7 @@ impl<'res, T: Transport, S: State> QueuePair<'res, T, S> {
     /// [`Error::Verb`] when the query fails.
     #[doc(alias = "ibv_query_qp")]
     pub fn state(&self) -> Result<QpState> {
-        let mut attr = MaybeUninit::<ffi::ibv_qp_attr>::zeroed();
-        let mut init = MaybeUninit::<ffi::ibv_qp_init_attr>::zeroed();
-        // SAFETY: live QP; both out-structs are writable.
-        let rc = unsafe {
-            ffi::ibv_query_qp(
-                self.inner.raw.as_ptr(),
-                attr.as_mut_ptr(),
-                ffi::ibv_qp_attr_mask::IBV_QP_STATE.0 as libc::c_int,
-                init.as_mut_ptr(),
-            )
-        };
-        if rc != 0 {
-            return Err(Error::from_errno("ibv_query_qp", Some(self.inner.pd.context().name()), rc));
-        }
-        // SAFETY: the query succeeded and set `qp_state`.
-        Ok(QpState::from_raw(unsafe { attr.assume_init() }.qp_state))
+        self.inner.query_state().map(QpState::from_raw)
     }
 
     /// Moves the QP to the error state (`ibv_modify_qp` to `IBV_QPS_ERR`): every outstanding
