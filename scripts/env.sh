@@ -7,20 +7,28 @@
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 export SOFTROCE_CACHE=${SOFTROCE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rdma-rs/softroce}
 
-# rdma-sys 0.3.0 generates its bindings with bindgen 0.59, which panics on the headers as parsed by
-# libclang 16 and newer. clang-sys picks the newest libclang it finds, so pin LLVM 14 (Debian 12's
-# default) or 15 (packaged by Debian 13 and Ubuntu 24.04) unless the caller already chose one.
-if [ -z "${LIBCLANG_PATH:-}" ]; then
-    for v in 14 15; do
-        if [ -e "/usr/lib/llvm-$v/lib/libclang.so" ] || [ -e "/usr/lib/llvm-$v/lib/libclang-$v.so.1" ]; then
-            export LIBCLANG_PATH=/usr/lib/llvm-$v/lib
-            break
-        fi
-    done
-fi
+# The default build needs no libclang (rdma-verbs-sys's bindings are checked in). Only the optional
+# `rdma-sys` feature does: rdma-sys 0.3.0 generates its bindings with bindgen 0.59, which panics on
+# the headers as parsed by libclang 16 and newer, and clang-sys picks the newest libclang it finds.
+# `rdma_sys_env CMD...` runs CMD with LLVM 14 (Debian 12's default) or 15 pinned, unless the caller
+# chose a libclang already.
+rdma_sys_env() {
+    local path=${LIBCLANG_PATH:-} v
+    if [ -z "$path" ]; then
+        for v in 14 15; do
+            if [ -e "/usr/lib/llvm-$v/lib/libclang.so" ] || [ -e "/usr/lib/llvm-$v/lib/libclang-$v.so.1" ]; then
+                path=/usr/lib/llvm-$v/lib
+                break
+            fi
+        done
+    fi
+    [ -n "$path" ] || die "the rdma-sys feature needs libclang 14 or 15 (apt install libclang-14-dev)"
+    LIBCLANG_PATH=$path "$@"
+}
 
 # Pinned tool versions.
 VIRTME_NG_VERSION=1.42
+BINDGEN_VERSION=0.73.2
 
 VENV="$SOFTROCE_CACHE/venv"
 KERNEL_DIR="$SOFTROCE_CACHE/kernel"

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use rdma_verbs::Deadline;
 
-use rdma_sys as ffi;
+use rdma_verbs::ffi;
 
 use crate::error::{Error, Result};
 use crate::event::RawEvent;

@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use rdma_sys as ffi;
+use rdma_verbs::ffi;
 
 use crate::raw_id::RawId;
 

@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
-use rdma_sys as ffi;
+use rdma_verbs::ffi;
 use rdma_verbs::{QueuePair, Rc, ReadyToSend};
 
 use crate::conn_id::{ConnId, CONNECTED, DONE};

@@ -2,8 +2,8 @@
 
 use std::ptr::NonNull;
 
-use rdma_sys as ffi;
-use rdma_sys::rdma_cm_event_type as t;
+use rdma_verbs::ffi;
+use rdma_verbs::ffi::rdma_cm_event_type as t;
 
 use crate::error::{status_errno, RejectReason};
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use rdma_verbs::Deadline;
 
-use rdma_sys as ffi;
+use rdma_verbs::ffi;
 use rdma_verbs::{AccessFlags, Init, QueuePair, Rc, Reset};
 
 use crate::addr::RawAddr;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use rdma_verbs::Deadline;
 
 use parking_lot::Mutex;
-use rdma_sys as ffi;
+use rdma_verbs::ffi;
 use rdma_verbs::{AccessFlags, Init, QueuePair, Rc, Reset};
 
 use crate::conn_id::{ConnId, CONNECTED, DONE, REQUESTED};

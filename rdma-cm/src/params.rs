@@ -1,6 +1,7 @@
 //! Connection parameters (`struct rdma_conn_param`) for connecting and accepting.
 
 use crate::error::{Error, Result};
+use rdma_verbs::ffi;
 
 /// Most private-data bytes a connect request carries (an InfiniBand CM REQ holds 92, of which the
 /// RDMA CM's own header takes 36).
@@ -113,7 +114,7 @@ impl<'a> ConnParams<'a> {
         responder_resources: u8,
         initiator_depth: u8,
         qp_num: u32,
-    ) -> Result<rdma_sys::rdma_conn_param> {
+    ) -> Result<ffi::rdma_conn_param> {
         if self.private_data.len() > max_private {
             return Err(Error::invalid(
                 call,
@@ -127,7 +128,7 @@ impl<'a> ConnParams<'a> {
             ));
         }
         self.checked_ack_timeout(call)?;
-        Ok(rdma_sys::rdma_conn_param {
+        Ok(ffi::rdma_conn_param {
             private_data: if self.private_data.is_empty() {
                 std::ptr::null()
             } else {

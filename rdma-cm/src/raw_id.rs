@@ -6,13 +6,25 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::ptr::NonNull;
 use std::time::Duration;
 
-use rdma_sys as ffi;
+use rdma_verbs::ffi;
 use rdma_verbs::{AccessFlags, Init, QueuePair, Rc, ReadyToReceive, ReadyToSend, Reset};
 
 use crate::addr;
 use crate::channel::EventChannel;
 use crate::error::{check, Error, Result};
 use crate::event::RawEvent;
+
+// Where `struct rdma_addr` keeps its source and destination address unions (each a
+// `sockaddr_storage`, as `rdma_get_local_addr()`/`rdma_get_peer_addr()` read them): bindgen
+// names them `__bindgen_anon_1`/`_2` in rdma-verbs-sys, rdma-sys names them by hand.
+#[cfg(not(feature = "rdma-sys"))]
+const SRC_ADDR: usize = std::mem::offset_of!(ffi::rdma_addr, __bindgen_anon_1);
+#[cfg(not(feature = "rdma-sys"))]
+const DST_ADDR: usize = std::mem::offset_of!(ffi::rdma_addr, __bindgen_anon_2);
+#[cfg(feature = "rdma-sys")]
+const SRC_ADDR: usize = std::mem::offset_of!(ffi::rdma_addr, src_addr_union);
+#[cfg(feature = "rdma-sys")]
+const DST_ADDR: usize = std::mem::offset_of!(ffi::rdma_addr, dst_addr_union);
 
 /// An identifier and the channel its events arrive on. Drop destroys the identifier, then the
 /// channel.
@@ -99,13 +111,13 @@ impl RawId {
     }
 
     pub(crate) fn local_addr(&self) -> Option<SocketAddr> {
-        // SAFETY: `src_addr_union` is a whole `sockaddr_storage` inside the identifier.
-        unsafe { addr::from_raw(std::ptr::addr_of!(self.id().route.addr.src_addr_union).cast()) }
+        // SAFETY: the source union is a whole `sockaddr_storage` inside the identifier.
+        unsafe { addr::from_raw(std::ptr::addr_of!(self.id().route.addr).cast::<u8>().add(SRC_ADDR).cast()) }
     }
 
     pub(crate) fn peer_addr(&self) -> Option<SocketAddr> {
-        // SAFETY: `dst_addr_union` is a whole `sockaddr_storage` inside the identifier.
-        unsafe { addr::from_raw(std::ptr::addr_of!(self.id().route.addr.dst_addr_union).cast()) }
+        // SAFETY: the destination union is a whole `sockaddr_storage` inside the identifier.
+        unsafe { addr::from_raw(std::ptr::addr_of!(self.id().route.addr).cast::<u8>().add(DST_ADDR).cast()) }
     }
 
     /// The device, which `call` has just bound the identifier to; [`Error::Incomplete`] if

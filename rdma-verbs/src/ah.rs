@@ -2,7 +2,7 @@
 
 use std::ptr::NonNull;
 
-use rdma_sys as ffi;
+use crate::ffi;
 
 use crate::error::{Error, Result};
 use crate::gid::Gid;

@@ -4,7 +4,7 @@ use std::ffi::CStr;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 
-use rdma_sys as ffi;
+use crate::ffi;
 
 use crate::device::DeviceList;
 use crate::device_attr::DeviceAttr;

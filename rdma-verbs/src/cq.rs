@@ -5,7 +5,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use rdma_sys as ffi;
+use crate::ffi;
 
 use crate::context::Context;
 use crate::deadline::Deadline;

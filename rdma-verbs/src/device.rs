@@ -4,7 +4,7 @@ use std::ffi::CStr;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 
-use rdma_sys as ffi;
+use crate::ffi;
 
 use crate::context::Context;
 use crate::error::{Error, Result};

@@ -2,7 +2,7 @@
 
 use std::ffi::CStr;
 
-use rdma_sys as ffi;
+use crate::ffi;
 
 /// A device's attributes and limits, from [`Context::query_device`](crate::Context::query_device).
 ///

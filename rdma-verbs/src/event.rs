@@ -3,7 +3,7 @@
 use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
-use rdma_sys as ffi;
+use crate::ffi;
 
 use crate::context::Context;
 use crate::cq::wait_readable;
@@ -81,11 +81,11 @@ impl AsyncEvent {
     /// # Safety
     /// `kind` and `element` come from an event just returned by `ibv_get_async_event` and not
     /// yet acknowledged (so its QP, for QP events, is alive).
-    unsafe fn from_raw(kind: u32, element: &ffi::ibv_async_event_element_t) -> Self {
+    unsafe fn from_raw(kind: u32, element: &crate::ffi_compat::AsyncEventElement) -> Self {
         use ffi::ibv_event_type::*;
-        // rdma-sys binds `enum ibv_event_type` as a Rust enum; values are compared as `u32`, so
+        // Values are compared as `u32` (rdma-sys binds `enum ibv_event_type` as a Rust enum), so
         // an event this crate does not know is `Other`, never an invalid enum value.
-        let is = |e: ffi::ibv_event_type| kind == e as u32;
+        let is = |e: crate::ffi_compat::EventType| kind == crate::ffi_compat::event_type_value(e);
         // SAFETY: for port events the union holds the port number.
         let port = || unsafe { element.port_num } as u8;
         // SAFETY: for QP events it holds the QP, alive until the event is acknowledged.

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use rdma_sys as ffi;
+use crate::ffi;
 
 /// A 128-bit global identifier (`union ibv_gid`). On RoCE it is an IPv6 address; a RoCE v2 GID
 /// of an IPv4 address is that address mapped into IPv6 (`::ffff:a.b.c.d`).
@@ -79,10 +79,11 @@ pub enum GidType {
 
 impl GidType {
     fn from_raw(raw: u32) -> Self {
+        use crate::ffi_compat::{IBV_GID_TYPE_IB, IBV_GID_TYPE_ROCE_V1, IBV_GID_TYPE_ROCE_V2};
         match raw {
-            ffi::IBV_GID_TYPE_IB => GidType::InfiniBand,
-            ffi::IBV_GID_TYPE_ROCE_V1 => GidType::RoceV1,
-            ffi::IBV_GID_TYPE_ROCE_V2 => GidType::RoceV2,
+            IBV_GID_TYPE_IB => GidType::InfiniBand,
+            IBV_GID_TYPE_ROCE_V1 => GidType::RoceV1,
+            IBV_GID_TYPE_ROCE_V2 => GidType::RoceV2,
             other => GidType::Other(other),
         }
     }

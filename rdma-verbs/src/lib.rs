@@ -158,6 +158,7 @@ mod device;
 mod device_attr;
 mod error;
 mod event;
+mod ffi_compat;
 mod ffi_ext;
 mod gid;
 pub mod mr;
@@ -200,5 +201,11 @@ pub use srq::SharedReceiveQueue;
 pub use wc::{WcOpcode, WcStatus, WorkCompletion};
 pub use wr::{RecvRequest, SendRequest, RESERVED_WR_ID_BITS};
 
-/// The raw libibverbs bindings (the `rdma-sys` crate), for use with `as_raw()`.
+/// The raw bindings: `rdma-sys` 0.3.0 (the `rdma-sys` feature is on).
+#[cfg(feature = "rdma-sys")]
 pub use rdma_sys as ffi;
+/// The raw libibverbs bindings (the `rdma-sys` crate), for use with `as_raw()`.
+/// The raw bindings: [`rdma_verbs_sys`] by default, or `rdma-sys` 0.3.0 with the `rdma-sys` feature
+/// (so that code written against rdma-sys's types takes this crate's `as_raw()` pointers).
+#[cfg(not(feature = "rdma-sys"))]
+pub use rdma_verbs_sys as ffi;

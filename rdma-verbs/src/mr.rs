@@ -21,7 +21,7 @@ use std::marker::PhantomData;
 use std::ops::{Bound, RangeBounds};
 use std::ptr::NonNull;
 
-use rdma_sys as ffi;
+use crate::ffi;
 
 use crate::error::{Error, Result};
 use crate::parent::Parent;

@@ -227,7 +227,7 @@ impl<'pd> Slot<'pd> {
         self.pool.mr.access()
     }
 
-    pub(crate) fn pd_raw(&self) -> *mut rdma_sys::ibv_pd {
+    pub(crate) fn pd_raw(&self) -> *mut crate::ffi::ibv_pd {
         self.pool.mr.pd().as_raw()
     }
 

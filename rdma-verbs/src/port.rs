@@ -1,6 +1,6 @@
 //! Port attributes: [`PortAttr`], [`PortState`], [`Mtu`], [`LinkLayer`].
 
-use rdma_sys as ffi;
+use crate::ffi;
 
 /// The attributes of one port, from [`Context::query_port`](crate::Context::query_port).
 ///

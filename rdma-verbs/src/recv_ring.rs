@@ -25,7 +25,7 @@ use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdma_sys as ffi;
+use crate::ffi;
 
 use crate::cq::{CompletionQueue, CqOwner};
 use crate::deadline::{flush_wait, Deadline};

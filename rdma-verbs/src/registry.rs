@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use rdma_sys as ffi;
+use crate::ffi;
 
 /// The kinds of verbs objects, in the order leftovers are destroyed (users before what they use).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdma_sys as ffi;
+use crate::ffi;
 
 use crate::cq::CqOwner;
 use crate::deadline::{flush_wait, Deadline};
@@ -512,7 +512,7 @@ impl<'res, T: Connected> SendQueue<'res, T> {
                 wr.num_sge = i32::from(r.len > 0);
                 wr.opcode = r.opcode();
                 if let Some(imm) = r.imm {
-                    wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+                    crate::ffi_compat::set_imm(&mut wr, imm.to_be());
                 }
                 if r.op != Op::Send {
                     wr.wr.rdma = ffi::rdma_t { remote_addr: r.remote.addr, rkey: r.remote.rkey };
@@ -524,7 +524,7 @@ impl<'res, T: Connected> SendQueue<'res, T> {
                 wr.num_sge = i32::from(!data.is_empty());
                 wr.opcode = match imm {
                     Some(imm) => {
-                        wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+                        crate::ffi_compat::set_imm(&mut wr, imm.to_be());
                         ffi::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM
                     }
                     None => ffi::ibv_wr_opcode::IBV_WR_SEND,

@@ -4,7 +4,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use rdma_sys as ffi;
+use crate::ffi;
 
 use crate::error::{Error, Result};
 use crate::parent::Parent;

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use rdma_sys as ffi;
+use crate::ffi;
 
 use crate::error::{Error, Result};
 
@@ -41,7 +41,7 @@ const _: () = {
     use std::mem::{align_of, offset_of, size_of};
     assert!(size_of::<RawWc>() == size_of::<ffi::ibv_wc>());
     assert!(align_of::<RawWc>() == align_of::<ffi::ibv_wc>());
-    assert!(offset_of!(RawWc, imm_data) == offset_of!(ffi::ibv_wc, imm_data_invalidated_rkey_union));
+    assert!(offset_of!(RawWc, imm_data) == crate::ffi_compat::WC_IMM_OFFSET);
     assert!(offset_of!(RawWc, qp_num) == offset_of!(ffi::ibv_wc, qp_num));
     assert!(offset_of!(RawWc, wc_flags) == offset_of!(ffi::ibv_wc, wc_flags));
     assert!(offset_of!(RawWc, dlid_path_bits) == offset_of!(ffi::ibv_wc, dlid_path_bits));

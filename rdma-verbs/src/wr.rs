@@ -7,7 +7,7 @@
 use std::fmt;
 use std::marker::PhantomData;
 
-use rdma_sys as ffi;
+use crate::ffi;
 
 use crate::ah::AddressHandle;
 use crate::error::{Error, Result};
@@ -152,7 +152,7 @@ impl<'a, 'mr> SendRequest<'a, 'mr> {
             IBV_WR_RDMA_WRITE => IBV_WR_RDMA_WRITE_WITH_IMM,
             _ => return self,
         };
-        self.raw.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+        crate::ffi_compat::set_imm(&mut self.raw, imm.to_be());
         self
     }
 

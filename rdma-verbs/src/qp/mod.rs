@@ -28,7 +28,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
-use rdma_sys as ffi;
+use crate::ffi;
 
 use crate::cq::CompletionQueue;
 use crate::error::{Error, Result};

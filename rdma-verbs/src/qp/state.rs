@@ -5,7 +5,7 @@
 //! only in `ReadyToSend`. The error state is entered by the device at run time (a failed request,
 //! a fatal event), so it is not a type: [`QueuePair::state`](super::QueuePair::state) reads it.
 
-use rdma_sys as ffi;
+use crate::ffi;
 
 mod sealed {
     pub trait Sealed {}

@@ -1,0 +1,100 @@
+//! The calls `<infiniband/verbs.h>` defines as `static inline` functions, which no library
+//! exports: each calls the provider's function through the context's ops table, as the header
+//! does. Same names and signatures as in C.
+
+use crate::*;
+
+/// `ibv_post_send()`: posts a chain of send requests.
+///
+/// # Safety
+/// As in C: `qp` is a live QP, `wr` heads a valid chain, `bad_wr` is writable. See
+/// [ibv_post_send(3)](https://man7.org/linux/man-pages/man3/ibv_post_send.3.html).
+#[inline]
+pub unsafe fn ibv_post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> libc::c_int {
+    // SAFETY: the caller's contract; every provider fills this op.
+    unsafe { ((*(*qp).context).ops.post_send.unwrap_unchecked())(qp, wr, bad_wr) }
+}
+
+/// `ibv_post_recv()`: posts a chain of receive requests.
+///
+/// # Safety
+/// As in C: `qp` is a live QP, `wr` heads a valid chain, `bad_wr` is writable. See
+/// [ibv_post_recv(3)](https://man7.org/linux/man-pages/man3/ibv_post_recv.3.html).
+#[inline]
+pub unsafe fn ibv_post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad_wr: *mut *mut ibv_recv_wr) -> libc::c_int {
+    // SAFETY: the caller's contract; every provider fills this op.
+    unsafe { ((*(*qp).context).ops.post_recv.unwrap_unchecked())(qp, wr, bad_wr) }
+}
+
+/// `ibv_post_srq_recv()`: posts a chain of receive requests to a shared receive queue.
+///
+/// # Safety
+/// As in C: `srq` is a live SRQ, `wr` heads a valid chain, `bad_wr` is writable. See
+/// [ibv_post_srq_recv(3)](https://man7.org/linux/man-pages/man3/ibv_post_srq_recv.3.html).
+#[inline]
+pub unsafe fn ibv_post_srq_recv(srq: *mut ibv_srq, wr: *mut ibv_recv_wr, bad_wr: *mut *mut ibv_recv_wr) -> libc::c_int {
+    // SAFETY: the caller's contract; a provider that supports SRQs fills this op (creating
+    // the SRQ would have failed otherwise).
+    unsafe { ((*(*srq).context).ops.post_srq_recv.unwrap_unchecked())(srq, wr, bad_wr) }
+}
+
+/// `ibv_poll_cq()`: takes up to `num_entries` completions into `wc`; returns how many, or a
+/// negative value on error.
+///
+/// # Safety
+/// As in C: `cq` is a live CQ and `wc` has room for `num_entries`. See
+/// [ibv_poll_cq(3)](https://man7.org/linux/man-pages/man3/ibv_poll_cq.3.html).
+#[inline]
+pub unsafe fn ibv_poll_cq(cq: *mut ibv_cq, num_entries: libc::c_int, wc: *mut ibv_wc) -> libc::c_int {
+    // SAFETY: the caller's contract; every provider fills this op.
+    unsafe { ((*(*cq).context).ops.poll_cq.unwrap_unchecked())(cq, num_entries, wc) }
+}
+
+/// `ibv_req_notify_cq()`: asks for a completion event on the CQ's channel.
+///
+/// # Safety
+/// As in C: `cq` is a live CQ. See
+/// [ibv_req_notify_cq(3)](https://man7.org/linux/man-pages/man3/ibv_req_notify_cq.3.html).
+#[inline]
+pub unsafe fn ibv_req_notify_cq(cq: *mut ibv_cq, solicited_only: libc::c_int) -> libc::c_int {
+    // SAFETY: the caller's contract; every provider fills this op.
+    unsafe { ((*(*cq).context).ops.req_notify_cq.unwrap_unchecked())(cq, solicited_only) }
+}
+
+/// The extended context around `ctx`, if it has one (`verbs_get_ctx()`).
+///
+/// # Safety
+/// `ctx` is a live context.
+#[inline]
+pub unsafe fn verbs_get_ctx(ctx: *mut ibv_context) -> *mut verbs_context {
+    // `__VERBS_ABI_IS_EXTENDED`: every bit set.
+    // SAFETY: the caller's contract.
+    if unsafe { (*ctx).abi_compat } as usize != usize::MAX {
+        return core::ptr::null_mut();
+    }
+    // container_of: `ctx` is the `context` member of a `verbs_context`.
+    ctx.cast::<u8>().wrapping_sub(core::mem::offset_of!(verbs_context, context)).cast()
+}
+
+/// `ibv_query_port()` as `<infiniband/verbs.h>` defines it (a macro over this inline function):
+/// the extended query when the provider has one, else the original call on a zeroed struct.
+///
+/// # Safety
+/// As in C: `context` is live and `port_attr` writable. See
+/// [ibv_query_port(3)](https://man7.org/linux/man-pages/man3/ibv_query_port.3.html).
+#[inline]
+pub unsafe fn ___ibv_query_port(context: *mut ibv_context, port_num: u8, port_attr: *mut ibv_port_attr) -> libc::c_int {
+    // SAFETY: the caller's contract; `verbs_context::sz` says how much of the extended context
+    // this library has (the op is used only if it lies inside it), as `verbs_get_ctx_op` checks.
+    unsafe {
+        let vctx = verbs_get_ctx(context);
+        let reach = core::mem::size_of::<verbs_context>() - core::mem::offset_of!(verbs_context, query_port);
+        match vctx.as_ref().and_then(|v| if v.sz >= reach { v.query_port } else { None }) {
+            Some(query) => query(context, port_num, port_attr, core::mem::size_of::<ibv_port_attr>()),
+            None => {
+                core::ptr::write_bytes(port_attr, 0, 1);
+                ibv_query_port(context, port_num, port_attr.cast())
+            }
+        }
+    }
+}

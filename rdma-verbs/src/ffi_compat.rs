@@ -1,0 +1,58 @@
+//! The raw names that differ between the two bindings [`ffi`](crate::ffi) can be: bindgen's
+//! names for anonymous unions and enum shapes in `rdma-verbs-sys` (the default), and rdma-sys
+//! 0.3.0's hand-written ones (the `rdma-sys` feature). Everything else is spelled alike, so the
+//! rest of the crate compiles against either; only this file knows which one it has.
+
+use crate::ffi;
+
+/// Sets the immediate data (network byte order) of a send request.
+#[inline]
+pub(crate) fn set_imm(wr: &mut ffi::ibv_send_wr, imm_be: u32) {
+    #[cfg(not(feature = "rdma-sys"))]
+    {
+        wr.__bindgen_anon_1.imm_data = imm_be;
+    }
+    #[cfg(feature = "rdma-sys")]
+    {
+        wr.imm_data_invalidated_rkey_union.imm_data = imm_be;
+    }
+}
+
+/// Where `struct ibv_wc` keeps its immediate data (a union with `invalidated_rkey`).
+#[cfg(not(feature = "rdma-sys"))]
+pub(crate) const WC_IMM_OFFSET: usize = std::mem::offset_of!(ffi::ibv_wc, __bindgen_anon_1);
+/// Where `struct ibv_wc` keeps its immediate data (a union with `invalidated_rkey`).
+#[cfg(feature = "rdma-sys")]
+pub(crate) const WC_IMM_OFFSET: usize = std::mem::offset_of!(ffi::ibv_wc, imm_data_invalidated_rkey_union);
+
+/// The union in `struct ibv_async_event` that names what the event is about.
+#[cfg(not(feature = "rdma-sys"))]
+pub(crate) type AsyncEventElement = ffi::ibv_async_event__bindgen_ty_1;
+/// The union in `struct ibv_async_event` that names what the event is about.
+#[cfg(feature = "rdma-sys")]
+pub(crate) type AsyncEventElement = ffi::ibv_async_event_element_t;
+
+/// A value of `enum ibv_event_type` (a module of constants here, a Rust enum in rdma-sys: both
+/// are compared as `u32`, so an unknown value is never an invalid enum).
+#[cfg(not(feature = "rdma-sys"))]
+pub(crate) type EventType = ffi::ibv_event_type::Type;
+/// A value of `enum ibv_event_type` (a Rust enum in rdma-sys: compared as `u32`, so an unknown
+/// value is never read as the enum).
+#[cfg(feature = "rdma-sys")]
+pub(crate) type EventType = ffi::ibv_event_type;
+
+/// An `enum ibv_event_type` value as the `u32` the verb reports.
+#[inline]
+pub(crate) fn event_type_value(e: EventType) -> u32 {
+    // A no-op here, the enum's discriminant with rdma-sys.
+    #[allow(clippy::unnecessary_cast)]
+    let v = e as u32;
+    v
+}
+
+/// `enum ibv_gid_type`'s values.
+#[cfg(not(feature = "rdma-sys"))]
+pub(crate) use ffi::ibv_gid_type::{IBV_GID_TYPE_IB, IBV_GID_TYPE_ROCE_V1, IBV_GID_TYPE_ROCE_V2};
+/// `enum ibv_gid_type`'s values.
+#[cfg(feature = "rdma-sys")]
+pub(crate) use ffi::{IBV_GID_TYPE_IB, IBV_GID_TYPE_ROCE_V1, IBV_GID_TYPE_ROCE_V2};
