@@ -7,24 +7,15 @@ use std::ptr::NonNull;
 use std::time::Duration;
 
 use rdma_verbs::ffi;
+// Where `struct rdma_addr` keeps its address unions: bindgen and rdma-sys name them
+// differently, and rdma-verbs knows which bindings `ffi` is.
+use rdma_verbs::ffi_compat::{RDMA_ADDR_DST, RDMA_ADDR_SRC};
 use rdma_verbs::{AccessFlags, Init, QueuePair, Rc, ReadyToReceive, ReadyToSend, Reset};
 
 use crate::addr;
 use crate::channel::EventChannel;
 use crate::error::{check, Error, Result};
 use crate::event::RawEvent;
-
-// Where `struct rdma_addr` keeps its source and destination address unions (each a
-// `sockaddr_storage`, as `rdma_get_local_addr()`/`rdma_get_peer_addr()` read them): bindgen
-// names them `__bindgen_anon_1`/`_2` in rdma-verbs-sys, rdma-sys names them by hand.
-#[cfg(not(feature = "rdma-sys"))]
-const SRC_ADDR: usize = std::mem::offset_of!(ffi::rdma_addr, __bindgen_anon_1);
-#[cfg(not(feature = "rdma-sys"))]
-const DST_ADDR: usize = std::mem::offset_of!(ffi::rdma_addr, __bindgen_anon_2);
-#[cfg(feature = "rdma-sys")]
-const SRC_ADDR: usize = std::mem::offset_of!(ffi::rdma_addr, src_addr_union);
-#[cfg(feature = "rdma-sys")]
-const DST_ADDR: usize = std::mem::offset_of!(ffi::rdma_addr, dst_addr_union);
 
 /// An identifier and the channel its events arrive on. Drop destroys the identifier, then the
 /// channel.
@@ -112,12 +103,12 @@ impl RawId {
 
     pub(crate) fn local_addr(&self) -> Option<SocketAddr> {
         // SAFETY: the source union is a whole `sockaddr_storage` inside the identifier.
-        unsafe { addr::from_raw(std::ptr::addr_of!(self.id().route.addr).cast::<u8>().add(SRC_ADDR).cast()) }
+        unsafe { addr::from_raw(std::ptr::addr_of!(self.id().route.addr).cast::<u8>().add(RDMA_ADDR_SRC).cast()) }
     }
 
     pub(crate) fn peer_addr(&self) -> Option<SocketAddr> {
         // SAFETY: the destination union is a whole `sockaddr_storage` inside the identifier.
-        unsafe { addr::from_raw(std::ptr::addr_of!(self.id().route.addr).cast::<u8>().add(DST_ADDR).cast()) }
+        unsafe { addr::from_raw(std::ptr::addr_of!(self.id().route.addr).cast::<u8>().add(RDMA_ADDR_DST).cast()) }
     }
 
     /// The device, which `call` has just bound the identifier to; [`Error::Incomplete`] if

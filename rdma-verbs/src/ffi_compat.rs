@@ -2,6 +2,10 @@
 //! names for anonymous unions and enum shapes in `rdma-verbs-sys` (the default), and rdma-sys
 //! 0.3.0's hand-written ones (the `rdma-sys` feature). Everything else is spelled alike, so the
 //! rest of the crate compiles against either; only this file knows which one it has.
+//!
+//! What rdma-cm needs of it is public but hidden (`rdma_verbs::ffi_compat`): Cargo unifies the
+//! feature for rdma-verbs alone, so rdma-cm must ask this crate which bindings `ffi` is rather
+//! than test a feature of its own.
 
 use crate::ffi;
 
@@ -56,3 +60,18 @@ pub(crate) use ffi::ibv_gid_type::{IBV_GID_TYPE_IB, IBV_GID_TYPE_ROCE_V1, IBV_GI
 /// `enum ibv_gid_type`'s values.
 #[cfg(feature = "rdma-sys")]
 pub(crate) use ffi::{IBV_GID_TYPE_IB, IBV_GID_TYPE_ROCE_V1, IBV_GID_TYPE_ROCE_V2};
+
+/// Where `struct rdma_addr` keeps its source address union (a `sockaddr_storage`, which
+/// `rdma_get_local_addr()` reads): bindgen names it `__bindgen_anon_1`, rdma-sys by hand.
+#[cfg(not(feature = "rdma-sys"))]
+pub const RDMA_ADDR_SRC: usize = std::mem::offset_of!(ffi::rdma_addr, __bindgen_anon_1);
+/// Where `struct rdma_addr` keeps its destination address union (`rdma_get_peer_addr()`).
+#[cfg(not(feature = "rdma-sys"))]
+pub const RDMA_ADDR_DST: usize = std::mem::offset_of!(ffi::rdma_addr, __bindgen_anon_2);
+/// Where `struct rdma_addr` keeps its source address union (a `sockaddr_storage`, which
+/// `rdma_get_local_addr()` reads): bindgen names it `__bindgen_anon_1`, rdma-sys by hand.
+#[cfg(feature = "rdma-sys")]
+pub const RDMA_ADDR_SRC: usize = std::mem::offset_of!(ffi::rdma_addr, src_addr_union);
+/// Where `struct rdma_addr` keeps its destination address union (`rdma_get_peer_addr()`).
+#[cfg(feature = "rdma-sys")]
+pub const RDMA_ADDR_DST: usize = std::mem::offset_of!(ffi::rdma_addr, dst_addr_union);

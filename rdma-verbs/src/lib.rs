@@ -158,7 +158,8 @@ mod device;
 mod device_attr;
 mod error;
 mod event;
-mod ffi_compat;
+#[doc(hidden)]
+pub mod ffi_compat;
 mod ffi_ext;
 mod gid;
 pub mod mr;
