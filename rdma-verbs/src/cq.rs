@@ -2,12 +2,13 @@
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::ffi;
 
 use crate::context::Context;
+use crate::cq_owner::CqHolder;
 use crate::deadline::Deadline;
 use crate::error::{Error, Result};
 use crate::parent::Parent;
@@ -126,7 +127,7 @@ impl<'ctx> CompletionQueue<'ctx> {
         if let Some(c) = &channel {
             c.cqs.fetch_add(1, Ordering::Relaxed);
         }
-        Ok(CompletionQueue { raw, ctx, channel, capacity, users: AtomicUsize::new(0) })
+        Ok(CompletionQueue { raw, ctx, channel, capacity, users: AtomicUsize::new(0), holder: AtomicU8::new(0) })
     }
 }
 
@@ -293,12 +294,14 @@ pub struct CompletionQueue<'ctx> {
     ctx: Parent<'ctx, Context>,
     channel: Option<Parent<'ctx, CompletionChannel<'ctx>>>,
     capacity: u32,
-    /// Direct pollers right now, plus [`SCOPED`] while a posting scope owns the CQ.
+    /// Direct pollers right now, plus [`OWNED`] while an owner (`CqOwner`) holds the CQ.
     users: AtomicUsize,
+    /// Who the owner is, while [`OWNED`] is set (a [`CqHolder`] as `u8`).
+    holder: AtomicU8,
 }
 
-/// The bit of `CompletionQueue::users` a posting scope holds.
-const SCOPED: usize = 1 << (usize::BITS - 1);
+/// The bit of `CompletionQueue::users` an owner holds.
+const OWNED: usize = 1 << (usize::BITS - 1);
 
 // SAFETY: libibverbs providers lock a CQ for polling, so `&CompletionQueue` may be used from
 // several threads; the struct owns the pointer.
@@ -312,12 +315,12 @@ impl<'ctx> CompletionQueue<'ctx> {
     ///
     /// While a posting scope ([`QueuePair::scope`](crate::QueuePair::scope)) runs on a QP of
     /// this CQ, or a [`SendQueue`](crate::SendQueue) or [`RecvRing`](crate::RecvRing) uses it,
-    /// that owner owns it: polling here would take completions it waits for. Poll through the
-    /// owner instead.
+    /// that owner owns it ([`CqHolder`]): polling here would take completions it waits for.
+    /// Poll through the owner instead.
     ///
     /// # Errors
-    /// [`Error::Busy`] while a posting scope, send queue or receive ring owns the CQ; [`Error::Verb`] when polling fails
-    /// (a provider error, not a failed request: those are completions with an error
+    /// [`Error::Busy`] while an owner holds the CQ, naming it; [`Error::Verb`] when polling
+    /// fails (a provider error, not a failed request: those are completions with an error
     /// [`status`](WorkCompletion::status)).
     ///
     /// # References
@@ -325,34 +328,44 @@ impl<'ctx> CompletionQueue<'ctx> {
     #[doc(alias = "ibv_poll_cq")]
     #[inline]
     pub fn poll<'o>(&self, out: &'o mut [WorkCompletion]) -> Result<&'o mut [WorkCompletion]> {
-        if self.users.fetch_add(1, Ordering::Acquire) & SCOPED != 0 {
+        if self.users.fetch_add(1, Ordering::Acquire) & OWNED != 0 {
             self.users.fetch_sub(1, Ordering::Release);
-            return Err(Error::Busy { what: "ibv_poll_cq", device: Some(self.ctx.name().to_owned()) });
+            return Err(self.busy("ibv_poll_cq"));
         }
         let r = self.poll_owned(out);
         self.users.fetch_sub(1, Ordering::Release);
         r
     }
 
-    /// Marks the CQ as owned by a posting scope; `false` if another scope owns it or a thread is
-    /// polling it right now (retried briefly).
-    pub(crate) fn claim_for_scope(&self) -> bool {
+    /// Marks the CQ as owned by `holder` (see `CqOwner`); `Err` with the present owner's busy
+    /// error if one holds it, or if a thread polling it directly does not stop (retried
+    /// briefly).
+    pub(crate) fn own(&self, holder: CqHolder, what: &'static str) -> Result<()> {
         for _ in 0..1000 {
-            match self.users.compare_exchange(0, SCOPED, Ordering::Acquire, Ordering::Relaxed) {
-                Ok(_) => return true,
-                Err(now) if now & SCOPED != 0 => return false,
+            match self.users.compare_exchange(0, OWNED, Ordering::Acquire, Ordering::Relaxed) {
+                Ok(_) => {
+                    self.holder.store(holder as u8, Ordering::Relaxed);
+                    return Ok(());
+                }
+                Err(now) if now & OWNED != 0 => return Err(self.busy(what)),
                 Err(_) => std::thread::yield_now(),
             }
         }
-        false
+        Err(Error::Busy { what, holder: None, device: Some(self.ctx.name().to_owned()) })
     }
 
-    /// Ends a scope's ownership taken by [`claim_for_scope`](Self::claim_for_scope).
-    pub(crate) fn release_from_scope(&self) {
-        self.users.fetch_sub(SCOPED, Ordering::Release);
+    /// Ends the ownership [`own`](Self::own) took.
+    pub(crate) fn disown(&self) {
+        self.users.fetch_sub(OWNED, Ordering::Release);
     }
 
-    /// `ibv_poll_cq` for the CQ's owner (a posting scope), or for `poll` once it checked.
+    /// The refusal of `what` while an owner holds the CQ, naming the owner.
+    fn busy(&self, what: &'static str) -> Error {
+        let holder = CqHolder::from_u8(self.holder.load(Ordering::Relaxed));
+        Error::Busy { what, holder, device: Some(self.ctx.name().to_owned()) }
+    }
+
+    /// `ibv_poll_cq` for the CQ's owner, or for `poll` once it checked.
     #[inline]
     pub(crate) fn poll_owned<'o>(&self, out: &'o mut [WorkCompletion]) -> Result<&'o mut [WorkCompletion]> {
         let n = libc::c_int::try_from(out.len()).unwrap_or(libc::c_int::MAX);
@@ -449,65 +462,5 @@ impl Drop for CompletionQueue<'_> {
         if let Some(c) = &self.channel {
             c.cqs.fetch_sub(1, Ordering::Relaxed);
         }
-    }
-}
-
-/// Exclusive ownership of a CQ's completions by a [`SendQueue`](crate::SendQueue) or
-/// [`RecvRing`](crate::RecvRing) (the same mark a posting scope takes): direct polls and scopes
-/// get [`Error::Busy`] meanwhile. Released on drop; forgetting it leaves the CQ owned for good.
-pub(crate) struct CqOwner<'res> {
-    cq: Parent<'res, CompletionQueue<'res>>,
-    keep: bool,
-}
-
-impl<'res> CqOwner<'res> {
-    pub(crate) fn claim(cq: Parent<'res, CompletionQueue<'res>>, what: &'static str) -> Result<Self> {
-        if !cq.claim_for_scope() {
-            return Err(Error::Busy { what, device: Some(cq.context().name().to_owned()) });
-        }
-        Ok(CqOwner { cq, keep: false })
-    }
-
-    /// Keeps the CQ owned for good: its owner leaked requests whose completions may still
-    /// come, and no later owner may count them as its own.
-    pub(crate) fn keep_forever(&mut self) {
-        self.keep = true;
-    }
-
-    #[inline]
-    pub(crate) fn poll<'o>(&self, out: &'o mut [WorkCompletion]) -> Result<&'o mut [WorkCompletion]> {
-        self.cq.poll_owned(out)
-    }
-
-    pub(crate) fn cq(&self) -> &CompletionQueue<'res> {
-        &self.cq
-    }
-}
-
-impl Drop for CqOwner<'_> {
-    /// Discards what the CQ still holds, then lets it go.
-    ///
-    /// An owner lets go only when none of its requests can complete any more: each completed
-    /// and was taken, or its QP or SRQ is destroyed (fields drop in order: the owner's QP or
-    /// SRQ goes before its `CqOwner`). Completions it left unpolled (a ring whose SRQ or QP was
-    /// destroyed with receives done but not taken) must not reach a later owner, which could
-    /// take one for a request of its own that the device still holds: an owner's `wr_id` tags
-    /// tell owners apart only up to a counter that wraps. So they are discarded here, with
-    /// those of other QPs that every owner discards anyway. The CQ held at most `capacity`
-    /// completions when this started, and none of the owner's can come after them.
-    fn drop(&mut self) {
-        if self.keep {
-            return;
-        }
-        let mut wcs = [WorkCompletion::default(); 16];
-        let mut left = self.cq.capacity() as usize;
-        while left > 0 {
-            let take = left.min(wcs.len());
-            match self.cq.poll_owned(&mut wcs[..take]) {
-                Ok(got) if !got.is_empty() => left -= got.len(),
-                _ => break,
-            }
-        }
-        self.cq.release_from_scope();
     }
 }

@@ -58,22 +58,6 @@ impl Deadline {
     }
 }
 
-/// How long a drain waits, at least, for the completions of a flush before it resets the QP.
-///
-/// Flushed completions are made by the local device alone (no peer takes part), so they come
-/// quickly whatever the drain timeout. Waiting for them matters for soundness: a completion is
-/// the device's word that it is done with a request's memory, while on rxe (kernel 6.1) a
-/// reset is not: `ibv_modify_qp(RESET)` can return while the kernel is still copying one packet
-/// of a READ response into the requester's memory (4 KiB landed behind a live slice in CI).
-/// After five seconds in the error state no such copy is left in progress, and a reset only
-/// clears requests whose completions were lost.
-pub(crate) const FLUSH_CONFIRM: Duration = Duration::from_secs(5);
-
-/// The wait for a flush's completions: the drain timeout, but at least [`FLUSH_CONFIRM`].
-pub(crate) fn flush_wait(drain_timeout: Duration) -> Duration {
-    drain_timeout.max(FLUSH_CONFIRM)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -86,13 +86,15 @@ pub enum Error {
         /// How many were in use.
         outstanding: u32,
     },
-    /// A completion queue is owned by a posting scope ([`QueuePair::scope`](crate::QueuePair::scope)):
-    /// a second scope on it, or polling it directly, would take completions the first one
-    /// waits for.
-    #[error("{what}{}: the completion queue is in use by a posting scope", OnDevice(.device))]
+    /// A completion queue (or an SRQ) is owned already, by a posting scope, a
+    /// [`SendQueue`](crate::SendQueue) or a [`RecvRing`](crate::RecvRing): a second owner, or a
+    /// direct poll, would take completions the owner waits for.
+    #[error("{what}{}: already owned by {}", OnDevice(.device), Holder(.holder))]
     Busy {
         /// What was refused, e.g. `"ibv_poll_cq"` or `"QueuePair::scope"`.
         what: &'static str,
+        /// Who holds it (`None`: a thread polling the CQ directly did not stop).
+        holder: Option<crate::CqHolder>,
         /// The device.
         device: Option<String>,
     },
@@ -178,6 +180,17 @@ impl fmt::Display for PostErrno {
             write!(f, "the queue is full (ENOMEM)")
         } else {
             write!(f, "{}", std::io::Error::from_raw_os_error(self.0))
+        }
+    }
+}
+
+struct Holder<'a>(&'a Option<crate::CqHolder>);
+
+impl fmt::Display for Holder<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(h) => write!(f, "{h}"),
+            None => write!(f, "a thread polling it"),
         }
     }
 }

@@ -151,8 +151,10 @@
 //! - [rdma-core's libibverbs man pages](https://github.com/linux-rdma/rdma-core/tree/master/libibverbs/man)
 
 mod ah;
+mod buffer;
 mod context;
 mod cq;
+mod cq_owner;
 mod deadline;
 mod device;
 mod device_attr;
@@ -168,17 +170,21 @@ mod pd;
 pub mod pool;
 mod port;
 pub mod qp;
+mod quiesce;
 mod recv_ring;
 mod registry;
+mod request;
 mod scope;
 mod send_queue;
 mod srq;
 mod wc;
 mod wr;
+mod wr_id;
 
 pub use ah::{AddressHandle, AddressVector};
 pub use context::Context;
 pub use cq::{CompletionChannel, CompletionEvent, CompletionQueue};
+pub use cq_owner::CqHolder;
 pub use deadline::Deadline;
 pub use device::{Device, DeviceList, NodeType};
 pub use device_attr::DeviceAttr;
@@ -196,11 +202,13 @@ pub use qp::state::{
 };
 pub use qp::{QpCreateAttr, QueuePair, TransitionError};
 pub use recv_ring::{Message, RecvRing};
+pub use request::{Completion, PostError, Rejected, Request};
 pub use scope::PostScope;
-pub use send_queue::{Completion, PostError, Rejected, Request, SendQueue};
+pub use send_queue::SendQueue;
 pub use srq::SharedReceiveQueue;
 pub use wc::{WcOpcode, WcStatus, WorkCompletion};
-pub use wr::{RecvRequest, SendRequest, RESERVED_WR_ID_BITS};
+pub use wr::{RecvRequest, SendRequest};
+pub use wr_id::RESERVED_WR_ID_BITS;
 
 /// The raw bindings: `rdma-sys` 0.3.0 (the `rdma-sys` feature is on).
 #[cfg(feature = "rdma-sys")]

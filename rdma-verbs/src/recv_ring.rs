@@ -27,17 +27,20 @@ use std::time::Duration;
 
 use crate::ffi;
 
-use crate::cq::{CompletionQueue, CqOwner};
-use crate::deadline::{flush_wait, Deadline};
+use crate::cq::CompletionQueue;
+use crate::cq_owner::{CqHolder, CqOwner};
+use crate::deadline::Deadline;
 use crate::error::{Error, Result};
 use crate::mr::AccessFlags;
 use crate::parent::Parent;
 use crate::pool::{Slot, SlotPool};
 use crate::qp::state::{CanPostRecv, Transport};
 use crate::qp::{Inner, QueuePair};
-use crate::send_queue::{next_generation, tag, untag, Space, POLL_BATCH};
+use crate::quiesce;
+use crate::send_queue::POLL_BATCH;
 use crate::srq::{RingRefusal, SharedReceiveQueue};
 use crate::wc::{WcOpcode, WcStatus, WorkCompletion};
+use crate::wr_id::{next_generation, tag, untag, Space};
 
 /// A receive that completed, owning the slot it arrived in until it is
 /// [released](RecvRing::release) (posted again) or dropped (the slot returns to the pool).
@@ -232,7 +235,7 @@ impl<'res> RecvRing<'res> {
         }
         let limit = inner.caps.max_recv_wr.min(inner.recv_cq.capacity());
         check(&pool, depth, limit, device)?;
-        let cq = CqOwner::claim(inner.recv_cq.clone(), "RecvRing::new")?;
+        let cq = CqOwner::claim(inner.recv_cq.clone(), CqHolder::RecvRing, "RecvRing::new")?;
         Self::start(Some(inner), None, cq, pool, depth, drain_timeout)
     }
 
@@ -266,11 +269,15 @@ impl<'res> RecvRing<'res> {
             ));
         }
         check(&pool, depth, srq.max_wr().min(cq.capacity()), device)?;
-        let owner = CqOwner::claim(cq.clone(), "RecvRing::with_srq")?;
+        let owner = CqOwner::claim(cq.clone(), CqHolder::RecvRing, "RecvRing::with_srq")?;
         match srq.attach_ring(cq.as_raw()) {
             Ok(()) => {}
             Err(RingRefusal::Busy) => {
-                return Err(Error::Busy { what: "RecvRing::with_srq", device: Some(device.to_owned()) })
+                return Err(Error::Busy {
+                    what: "RecvRing::with_srq",
+                    holder: Some(CqHolder::RecvRing),
+                    device: Some(device.to_owned()),
+                })
             }
             Err(RingRefusal::OtherCq) => {
                 let reason = "a QP of this SRQ delivers its receive completions to another CQ";
@@ -503,55 +510,46 @@ impl<'res> RecvRing<'res> {
     }
 
     /// Puts every posted receive out of the device's reach, or hands it to the SRQ that will
-    /// be: see [`Quiesced`].
-    fn quiesce(&mut self) -> Quiesced {
-        use ffi::ibv_qp_state::{IBV_QPS_ERR, IBV_QPS_RESET};
+    /// be: see [`Released`].
+    fn quiesce(&mut self) -> Released {
         if let Some(srq) = self.srq.take() {
             return match Arc::try_unwrap(srq) {
                 // The last holder: destroyed (no QP uses it any more), it is done with every
                 // receive. What completed and was not taken is still in the CQ: the CQ's
                 // release discards it (`CqOwner`), after this and before anyone else owns it.
                 Ok(srq) => match srq.destroy() {
-                    Ok(()) => Quiesced::Done,
-                    Err(_) => Quiesced::Failed,
+                    Ok(()) => Released::Done,
+                    Err(_) => Released::Failed,
                 },
                 // Others hold the SRQ, whose QPs may still consume these receives: they stay
                 // posted, and the SRQ returns their slots when it is destroyed.
                 Err(srq) => {
                     srq.adopt_orphans(self.posted.iter_mut().filter_map(Option::take));
                     self.posted_count = 0;
-                    Quiesced::HandedToSrq
+                    Released::HandedToSrq
                 }
             };
         }
-        let Some(qp) = self.qp.clone() else { return Quiesced::Done };
-        if Arc::strong_count(&qp) == 2 {
-            // The last handle besides this clone: the QP is destroyed (`qp` is dropped before
-            // `posted`), and a destroyed QP is done with every receive.
-            if qp.set_state(IBV_QPS_RESET).is_ok() {
-                self.discard_all();
-            }
-            return Quiesced::Done;
+        let Some(qp) = &self.qp else { return Released::Done };
+        let last = quiesce::is_last_handle(qp);
+        let qp = Arc::clone(qp);
+        if last {
+            // `qp` is dropped before `posted`: the QP is destroyed before the slots return.
+            quiesce::reset_before_destroy(&qp, || self.discard_all());
+            return Released::Done;
         }
-        // Flushing twice: rxe completes receives posted to a QP already in error only when it is
-        // moved to error again. The second wait is long enough for the local device's flush.
-        for wait in [self.drain_timeout, flush_wait(self.drain_timeout)] {
-            let _ = qp.set_state(IBV_QPS_ERR);
-            let deadline = Deadline::after(wait);
-            loop {
-                self.discard_all();
-                if self.posted_count == 0 {
-                    return Quiesced::Done;
-                }
-                if deadline.has_passed() {
-                    break;
-                }
+        let outcome = quiesce::quiesce(&qp, self.drain_timeout, true, || {
+            self.discard_all();
+            self.posted_count == 0
+        });
+        match outcome {
+            quiesce::Quiesced::Completed | quiesce::Quiesced::Flushed => Released::Done,
+            quiesce::Quiesced::Lost { .. } => {
+                // Stop the device, but do not take its word for it: leak the slots.
+                let _ = quiesce::reset(&qp);
+                Released::Failed
             }
         }
-        // Completions are missing even after two flushes: stop the device with a reset, but do
-        // not take its word for it (rxe can finish a packet after a reset returns): leak.
-        let _ = qp.set_state(IBV_QPS_RESET);
-        Quiesced::Failed
     }
 }
 
@@ -561,7 +559,7 @@ impl<'res> RecvRing<'res> {
 pub(crate) const REFLUSH_AFTER: Duration = Duration::from_millis(50);
 
 /// What dropping a ring did with the receives it had posted.
-enum Quiesced {
+enum Released {
     /// The device is done with every one: their slots return to the pool.
     Done,
     /// The SRQ, still held by others, took them: it returns the slots when it is destroyed.
@@ -606,13 +604,13 @@ impl Drop for RecvRing<'_> {
             return;
         }
         match self.quiesce() {
-            Quiesced::Done => {}
-            Quiesced::HandedToSrq => {
+            Released::Done => {}
+            Released::HandedToSrq => {
                 // Their completions may still come: no later owner of the CQ may take them for
                 // its own (the SRQ stays attached, so no later ring owns it either).
                 self.cq.keep_forever();
             }
-            Quiesced::Failed => {
+            Released::Failed => {
                 for slot in self.posted.iter_mut().filter_map(Option::take) {
                     // The device may still write it: never hand it out again.
                     std::mem::forget(slot);

@@ -21,17 +21,15 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 use crate::cq::CompletionQueue;
-use crate::deadline::{flush_wait, Deadline};
+use crate::cq_owner::{CqHolder, CqOwner};
+use crate::deadline::Deadline;
 use crate::error::{Error, Result};
 use crate::qp::state::{CanPostRecv, QpState, ReadyToSend, State, Transport};
 use crate::qp::QueuePair;
+use crate::quiesce::{self, Quiesced};
 use crate::wc::WorkCompletion;
-use crate::wr::{RecvRequest, SendRequest, RESERVED_WR_ID_BITS};
-
-/// Marks a request posted by a scope.
-const SCOPE_TAG: u64 = 1 << 63;
-/// Marks a receive posted by a scope.
-const RECV_TAG: u64 = 1 << 62;
+use crate::wr::{RecvRequest, SendRequest};
+use crate::wr_id::{scope_tag, untag_scope, RESERVED_WR_ID_BITS, SCOPE_RECV, SCOPE_SEND};
 
 /// Requests posted through a scope, all complete by the time the scope ends.
 ///
@@ -72,33 +70,22 @@ pub struct PostScope<'s, 'env: 's, T: Transport, S: State> {
     _scope: PhantomData<&'s mut &'s ()>,
 }
 
-/// A posting scope's ownership of its QP's completion queues.
+/// A posting scope's ownership of its QP's completion queues (one, or two when they differ).
 struct CqClaim<'a> {
-    send: &'a CompletionQueue<'a>,
-    recv: Option<&'a CompletionQueue<'a>>,
+    _send: CqOwner<'a>,
+    _recv: Option<CqOwner<'a>>,
 }
 
 impl<'a> CqClaim<'a> {
     fn take(send: &'a CompletionQueue<'a>, recv: &'a CompletionQueue<'a>) -> Result<Self> {
-        let busy = || Error::Busy { what: "QueuePair::scope", device: Some(send.context().name().to_owned()) };
-        if !send.claim_for_scope() {
-            return Err(busy());
-        }
-        let same = std::ptr::eq(send, recv);
-        if !same && !recv.claim_for_scope() {
-            send.release_from_scope();
-            return Err(busy());
-        }
-        Ok(CqClaim { send, recv: (!same).then_some(recv) })
-    }
-}
-
-impl Drop for CqClaim<'_> {
-    fn drop(&mut self) {
-        self.send.release_from_scope();
-        if let Some(recv) = self.recv {
-            recv.release_from_scope();
-        }
+        const WHAT: &str = "QueuePair::scope";
+        let _send = CqOwner::claim(send.into(), CqHolder::PostingScope, WHAT)?;
+        let _recv = if std::ptr::eq(send, recv) {
+            None
+        } else {
+            Some(CqOwner::claim(recv.into(), CqHolder::PostingScope, WHAT)?)
+        };
+        Ok(CqClaim { _send, _recv })
     }
 }
 
@@ -188,15 +175,13 @@ impl<'s, 'env, T: Transport, S: State> PostScope<'s, 'env, T, S> {
         let qpn = self.qp.qp_num();
         for wc in got.iter_mut() {
             let id = wc.wr_id();
-            if wc.qp_num() != qpn || id & SCOPE_TAG == 0 {
-                continue;
-            }
-            if id & RECV_TAG != 0 {
+            let Some(receive) = scope_tag(id).filter(|_| wc.qp_num() == qpn) else { continue };
+            if receive {
                 self.recvs = self.recvs.saturating_sub(1);
             } else {
                 self.sends = self.sends.saturating_sub(1);
             }
-            wc.set_wr_id(id & !RESERVED_WR_ID_BITS);
+            wc.set_wr_id(untag_scope(id));
             ours(wc);
         }
         Ok(got)
@@ -279,59 +264,48 @@ impl<'s, 'env, T: Transport, S: State> PostScope<'s, 'env, T, S> {
         Ok(())
     }
 
+    /// Waits for, then flushes, then resets what is still outstanding (`quiesce.rs`).
     fn drain(&mut self) -> Result<()> {
         let mut first_error = None;
         let mut buf: [WorkCompletion; 16] = Default::default();
-        for flushed in [false, true] {
-            let wait = if flushed { flush_wait(self.drain_timeout) } else { self.drain_timeout };
-            let deadline = Deadline::after(wait);
-            // Poll at least once per phase, whatever the timeout: requests that already
-            // completed must not be flushed (or reset) for want of a look.
-            loop {
-                // A polling error must not end the scope early (the borrows would end while the
-                // NIC may still write): keep trying until the deadline, then escalate.
-                let _ = self.poll_counting(&mut buf, |wc| {
-                    if first_error.is_none() {
-                        first_error = wc.ok().err();
-                    }
-                });
-                if self.outstanding() == 0 || deadline.has_passed() {
-                    break;
+        let qp = self.qp.shared();
+        let outcome = quiesce::quiesce(qp, self.drain_timeout, false, || {
+            // A polling error must not end the scope early (the borrows would end while the NIC
+            // may still write): keep trying until the deadline, then escalate.
+            let _ = self.poll_counting(&mut buf, |wc| {
+                if first_error.is_none() {
+                    first_error = wc.ok().err();
                 }
+            });
+            self.outstanding() == 0
+        });
+        match outcome {
+            Quiesced::Completed => first_error.map_or(Ok(()), Err),
+            Quiesced::Flushed => {
+                Err(Error::Timeout { what: "draining a posting scope (flushed)", after: self.drain_timeout })
             }
-            if self.outstanding() == 0 {
-                return match (flushed, first_error) {
-                    (true, _) => {
-                        Err(Error::Timeout { what: "draining a posting scope (flushed)", after: self.drain_timeout })
-                    }
-                    (false, Some(e)) => Err(e),
-                    (false, None) => Ok(()),
-                };
+            // Some completions were lost (a CQ overrun by other QPs): after `FLUSH_CONFIRM` in
+            // the error state nothing is left in progress, so the reset removes only requests
+            // the device no longer uses, rxe included.
+            Quiesced::Lost { .. } if quiesce::reset(qp) => {
+                self.sends = 0;
+                self.recvs = 0;
+                // Completions the flush produced before the reset must not be counted by a later
+                // scope of this QP: take them now.
+                while self.poll_counting(&mut buf, |_| ()).is_ok_and(|got| !got.is_empty()) {}
+                Err(Error::Timeout { what: "draining a posting scope (QP reset)", after: self.drain_timeout })
             }
-            if !flushed {
-                // Outstanding requests did not complete in time: flush them.
-                let _ = self.qp.flush();
+            Quiesced::Lost { .. } => {
+                // The NIC may still write memory the scope borrowed; ending the borrows would be
+                // unsound.
+                eprintln!(
+                    "rdma-verbs: {} request(s) of QP {} never completed, and the device refused to reset it; aborting",
+                    self.outstanding(),
+                    self.qp.qp_num()
+                );
+                std::process::abort();
             }
         }
-        // Flushed, yet not every completion came within `FLUSH_CONFIRM` (a CQ overrun by other
-        // QPs loses completions): reset the QP, which removes every request without a
-        // completion. After that long in the error state nothing is left in progress, so the
-        // device no longer uses them, rxe included (see `FLUSH_CONFIRM`).
-        if self.qp.reset().is_ok() {
-            self.sends = 0;
-            self.recvs = 0;
-            // Completions the flush produced before the reset must not be counted by a later
-            // scope of this QP: take them now.
-            while self.poll_counting(&mut buf, |_| ()).is_ok_and(|got| !got.is_empty()) {}
-            return Err(Error::Timeout { what: "draining a posting scope (QP reset)", after: self.drain_timeout });
-        }
-        // The NIC may still write memory the scope borrowed; ending the borrows would be unsound.
-        eprintln!(
-            "rdma-verbs: {} request(s) of QP {} never completed, and the device refused to reset it; aborting",
-            self.outstanding(),
-            self.qp.qp_num()
-        );
-        std::process::abort();
     }
 
     /// Counts what a post of `n` requests left outstanding: all, those before a refused one
@@ -387,14 +361,14 @@ impl<'s, 'env, T: Transport> PostScope<'s, 'env, T, ReadyToSend> {
         self.check_room(wrs.len(), 0)?;
         for wr in wrs.iter_mut() {
             wr.set_signaled();
-            wr.set_wr_id(wr.wr_id() | SCOPE_TAG);
+            wr.set_wr_id(wr.wr_id() | SCOPE_SEND);
         }
         // SAFETY: every region the requests name is borrowed for 's, which lasts until this
         // scope has seen each request complete, or reset the QP (drain, also on panic): no
         // plain slice of those regions can be made meanwhile (that needs `&mut` to the region).
         let r = unsafe { self.qp.post_send_checked(wrs, true) };
         for wr in wrs.iter_mut() {
-            wr.set_wr_id(wr.wr_id() & !RESERVED_WR_ID_BITS);
+            wr.set_wr_id(untag_scope(wr.wr_id()));
         }
         self.sends += self.posted(&r, wrs.len());
         r
@@ -415,12 +389,12 @@ impl<'s, 'env, T: Transport, S: CanPostRecv> PostScope<'s, 'env, T, S> {
             self.check_room(0, wrs.len())?;
         }
         for wr in wrs.iter_mut() {
-            wr.set_wr_id(wr.wr_id() | SCOPE_TAG | RECV_TAG);
+            wr.set_wr_id(wr.wr_id() | SCOPE_RECV);
         }
         // SAFETY: as in `post_send`.
         let r = unsafe { self.qp.post_recv_checked(wrs, true) };
         for wr in wrs.iter_mut() {
-            wr.set_wr_id(wr.wr_id() & !RESERVED_WR_ID_BITS);
+            wr.set_wr_id(untag_scope(wr.wr_id()));
         }
         self.recvs += self.posted(&r, wrs.len());
         r

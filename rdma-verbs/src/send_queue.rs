@@ -26,205 +26,25 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::ffi;
 
-use crate::cq::CqOwner;
-use crate::deadline::{flush_wait, Deadline};
+use crate::cq_owner::{CqHolder, CqOwner};
+use crate::deadline::Deadline;
 use crate::error::{Error, Result};
-use crate::mr::{AccessFlags, RemoteRegion};
+use crate::mr::AccessFlags;
 use crate::pool::Slot;
 use crate::qp::state::{Connected, ReadyToSend};
 use crate::qp::{Inner, QueuePair};
+use crate::quiesce::{self, Quiesced};
+use crate::request::{Completion, Op, PostError, Rejected, Request};
 use crate::wc::{WcStatus, WorkCompletion};
+use crate::wr_id::{next_generation, tag, untag, Space, LOW_MASK};
 
-/// `wr_id` bits 63..62 = `01`: a request of a [`SendQueue`] or [`RecvRing`](crate::RecvRing)
-/// (a posting scope uses `1x`).
-const OWNED_TAG: u64 = 1 << 62;
-/// Bit 61: a receive. Sends and receives never take each other's `wr_id`s, whatever their
-/// generations, so a receive completion that lands on a send queue's CQ is never counted.
-const RECV_SPACE: u64 = 1 << 61;
-const GEN_SHIFT: u32 = 40;
-const GEN_MASK: u64 = (1 << 21) - 1;
-/// The low bits: a request's sequence number, or a receive's position in its ring.
-pub(crate) const LOW_MASK: u64 = (1 << GEN_SHIFT) - 1;
 /// How many completions one poll takes.
 pub(crate) const POLL_BATCH: usize = 32;
-
-/// Which requests a tag is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Space {
-    Send,
-    Recv,
-}
-
-/// A number telling this queue's or ring's requests from those of the previous 2^21 queues and
-/// rings. Defence in depth only, since it wraps: soundness rests on a CQ having one owner at a
-/// time, which leaves it empty of its completions before letting go (`CqOwner`'s drop).
-pub(crate) fn next_generation() -> u64 {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    NEXT.fetch_add(1, Ordering::Relaxed) & GEN_MASK
-}
-
-#[inline]
-pub(crate) fn tag(space: Space, generation: u64, low: u64) -> u64 {
-    let space = if space == Space::Recv { RECV_SPACE } else { 0 };
-    OWNED_TAG | space | generation << GEN_SHIFT | (low & LOW_MASK)
-}
-
-/// The low bits of a `wr_id` tagged in `space` by `generation`, or `None` for anyone else's.
-#[inline]
-pub(crate) fn untag(space: Space, wr_id: u64, generation: u64) -> Option<u64> {
-    (wr_id & !(GEN_MASK << GEN_SHIFT | LOW_MASK) == tag(space, 0, 0) && (wr_id >> GEN_SHIFT) & GEN_MASK == generation)
-        .then_some(wr_id & LOW_MASK)
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Op {
-    Send,
-    Write,
-    Read,
-}
-
-/// A send-queue request that owns its [`Slot`]: SEND, RDMA WRITE (either with immediate data)
-/// or RDMA READ of the slot's first `len` bytes.
-///
-/// Pushed into a [`SendQueue`]; the slot comes back in the request's [`Completion`].
-#[derive(Debug)]
-pub struct Request<'pd> {
-    op: Op,
-    slot: Slot<'pd>,
-    len: usize,
-    remote: RemoteRegion,
-    imm: Option<u32>,
-    wr_id: u64,
-    signaled: bool,
-}
-
-impl<'pd> Request<'pd> {
-    fn new(op: Op, slot: Slot<'pd>, len: usize, remote: RemoteRegion) -> Self {
-        Request { op, slot, len, remote, imm: None, wr_id: 0, signaled: false }
-    }
-
-    /// A send of the slot's first `len` bytes, consuming a receive at the peer.
-    pub fn send(slot: Slot<'pd>, len: usize) -> Self {
-        Self::new(Op::Send, slot, len, RemoteRegion { addr: 0, rkey: 0, len: 0 })
-    }
-
-    /// An RDMA WRITE of the slot's first `len` bytes to `remote` (at most `remote.len` bytes).
-    pub fn write(slot: Slot<'pd>, len: usize, remote: RemoteRegion) -> Self {
-        Self::new(Op::Write, slot, len, remote)
-    }
-
-    /// An RDMA READ of `len` bytes from `remote` into the start of the slot (RC only; the pool
-    /// needs `LOCAL_WRITE`).
-    pub fn read(slot: Slot<'pd>, len: usize, remote: RemoteRegion) -> Self {
-        Self::new(Op::Read, slot, len, remote)
-    }
-
-    /// Adds immediate data (a send or write with immediate; a write with immediate consumes a
-    /// receive at the peer). Ignored on a READ, which cannot carry it.
-    pub fn with_imm(mut self, imm: u32) -> Self {
-        self.imm = Some(imm);
-        self
-    }
-
-    /// Sets the `wr_id` the request's [`Completion`] carries (any 64 bits).
-    pub fn with_wr_id(mut self, wr_id: u64) -> Self {
-        self.wr_id = wr_id;
-        self
-    }
-
-    /// Asks for a completion even if the request is not the last of its batch.
-    pub fn signaled(mut self) -> Self {
-        self.signaled = true;
-        self
-    }
-
-    /// Gives the slot back, unposted.
-    pub fn into_slot(self) -> Slot<'pd> {
-        self.slot
-    }
-
-    fn opcode(&self) -> ffi::ibv_wr_opcode::Type {
-        use ffi::ibv_wr_opcode::*;
-        match (self.op, self.imm.is_some()) {
-            (Op::Send, false) => IBV_WR_SEND,
-            (Op::Send, true) => IBV_WR_SEND_WITH_IMM,
-            (Op::Write, false) => IBV_WR_RDMA_WRITE,
-            (Op::Write, true) => IBV_WR_RDMA_WRITE_WITH_IMM,
-            (Op::Read, _) => IBV_WR_RDMA_READ,
-        }
-    }
-}
-
-/// A request [`SendQueue::push`] refused, given back with the reason.
-///
-/// `?` converts it into [`Error`], dropping the request (its slot returns to the pool).
-#[derive(Debug, thiserror::Error)]
-#[error("{error}")]
-pub struct Rejected<'pd> {
-    /// Why it was refused.
-    #[source]
-    pub error: Error,
-    /// The request, unposted, with its slot.
-    pub request: Request<'pd>,
-}
-
-impl From<Rejected<'_>> for Error {
-    fn from(r: Rejected<'_>) -> Error {
-        r.error
-    }
-}
-
-/// Why [`SendQueue::post`] failed.
-#[derive(Debug, thiserror::Error)]
-pub enum PostError<'pd> {
-    /// Not posted: the request is given back.
-    #[error(transparent)]
-    Rejected(Rejected<'pd>),
-    /// The provider failed without naming the request: it may be posted, and stays in flight.
-    #[error(transparent)]
-    MaybePosted(Error),
-}
-
-impl From<PostError<'_>> for Error {
-    fn from(e: PostError<'_>) -> Error {
-        match e {
-            PostError::Rejected(r) => r.error,
-            PostError::MaybePosted(e) => e,
-        }
-    }
-}
-
-/// A request that completed, with its slot back.
-#[derive(Debug)]
-pub struct Completion<'pd> {
-    /// The `wr_id` it was pushed with.
-    pub wr_id: u64,
-    /// Its outcome. A request covered by a later signaled completion succeeded (a failed
-    /// request always completes on its own).
-    pub status: WcStatus,
-    /// The slot it owned; `None` for inline data.
-    pub slot: Option<Slot<'pd>>,
-    vendor_err: u32,
-}
-
-impl Completion<'_> {
-    /// `Ok` on success, else [`Error::WorkCompletion`] with the status.
-    ///
-    /// # Errors
-    /// [`Error::WorkCompletion`] when the request failed (or was flushed).
-    pub fn ok(&self) -> Result<()> {
-        if self.status == WcStatus::Success {
-            return Ok(());
-        }
-        Err(Error::WorkCompletion { wr_id: self.wr_id, status: self.status, vendor_err: self.vendor_err })
-    }
-}
 
 /// A request in flight: what it owns until its completion (or a later one) comes.
 struct Held<'pd> {
@@ -289,7 +109,8 @@ pub struct SendQueue<'res, T: Connected> {
     _transport: PhantomData<T>,
 }
 
-// SAFETY: the raw pointers in `wrs`/`sges` are scratch, written and used only inside `submit`;
+// SAFETY: the raw pointers in `wrs`/`sges` are scratch: each `post_chain` writes them afresh
+// and uses them only until it returns, so no pointer in them is ever read on another thread;
 // everything else (the QP's shared state, slots, the CQ handle) is `Send`.
 unsafe impl<T: Connected> Send for SendQueue<'_, T> {}
 
@@ -315,7 +136,7 @@ impl<'res, T: Connected> SendQueue<'res, T> {
     /// [`RecvRing`](crate::RecvRing) owns the QP's send CQ.
     pub fn new(qp: &QueuePair<'res, T, ReadyToSend>, drain_timeout: Duration) -> Result<Self> {
         let inner = Arc::clone(qp.shared());
-        let cq = CqOwner::claim(inner.send_cq.clone(), "SendQueue::new")?;
+        let cq = CqOwner::claim(inner.send_cq.clone(), CqHolder::SendQueue, "SendQueue::new")?;
         let depth = inner.caps.max_send_wr.min(cq.cq().capacity()) as usize;
         Ok(SendQueue {
             qp: inner,
@@ -669,46 +490,35 @@ impl<'res, T: Connected> SendQueue<'res, T> {
         self.held.front().is_some_and(|h| h.seq < self.covered_upto)
     }
 
-    /// Makes sure the device no longer uses any slot in flight, so they may return to the pool:
-    /// see the type's docs. `false` when that is not proven: the slots must then be leaked.
+    /// Makes sure the device no longer uses any slot in flight, so they may return to the pool
+    /// (`quiesce.rs`). `false` when that is not proven: the slots must then be leaked.
     fn quiesce(&mut self) -> bool {
-        use ffi::ibv_qp_state::{IBV_QPS_ERR, IBV_QPS_RESET};
-        if Arc::strong_count(&self.qp) == 1 {
-            // The last handle: the QP is destroyed (`qp` is dropped before `held`), and a
-            // destroyed QP is done with every request. The reset clears its requests first.
-            if self.qp.set_state(IBV_QPS_RESET).is_ok() {
-                while self.poll(drop).is_ok_and(|n| n > 0) {}
-            }
+        let last = quiesce::is_last_handle(&self.qp);
+        let qp = Arc::clone(&self.qp);
+        if last {
+            // `qp` is dropped before `held`: the QP is destroyed before the slots return.
+            quiesce::reset_before_destroy(&qp, || while self.poll(drop).is_ok_and(|n| n > 0) {});
             return true;
         }
-        let mut in_error = false;
-        for flushed in [false, true] {
-            let wait = if flushed { flush_wait(self.drain_timeout) } else { self.drain_timeout };
-            let deadline = Deadline::after(wait);
-            loop {
-                let _ = self.poll(drop);
-                if self.held.is_empty() {
-                    return true;
-                }
-                if deadline.has_passed() {
-                    break;
-                }
+        let outcome = quiesce::quiesce(&qp, self.drain_timeout, false, || {
+            let _ = self.poll(drop);
+            self.held.is_empty()
+        });
+        match outcome {
+            Quiesced::Completed | Quiesced::Flushed => true,
+            // Only requests posted unsignaled left, after the flush had `FLUSH_CONFIRM` to
+            // complete them: a request still queued would have been flushed with a completion
+            // (an error completes whatever the flags), so these completed, silently, before.
+            Quiesced::Lost { flushed: true } if !self.can_complete() => {
+                self.held.clear();
+                true
             }
-            if !flushed {
-                in_error = self.qp.set_state(IBV_QPS_ERR).is_ok();
+            Quiesced::Lost { .. } => {
+                // Stop the device, but do not take its word for it: leak the slots.
+                let _ = quiesce::reset(&qp);
+                false
             }
         }
-        // Only requests posted unsignaled left, after the flush had `FLUSH_CONFIRM` to complete
-        // them: a request still queued would have been flushed with a completion (an error
-        // completes whatever the flags), so these completed successfully, silently, before.
-        if in_error && !self.can_complete() {
-            self.held.clear();
-            return true;
-        }
-        // Completions are missing even after a flush: stop the device with a reset, but do not
-        // take its word for it (rxe can finish a packet after a reset returns): leak the slots.
-        let _ = self.qp.set_state(IBV_QPS_RESET);
-        false
     }
 }
 
@@ -723,37 +533,5 @@ impl<T: Connected> Drop for SendQueue<'_, T> {
             // Their completions may still come: no later owner of the CQ may see them.
             self.cq.keep_forever();
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tags_tell_generations_spaces_and_scopes_apart() {
-        let (a, b) = (next_generation(), next_generation());
-        assert_ne!(a, b);
-        let id = tag(Space::Send, a, 12345);
-        assert_eq!(untag(Space::Send, id, a), Some(12345));
-        assert_eq!(untag(Space::Send, id, b), None);
-        assert_eq!(untag(Space::Recv, id, a), None, "a send is never a receive");
-        assert_eq!(untag(Space::Send, tag(Space::Recv, a, 5), a), None, "a receive is never a send");
-        assert_eq!(untag(Space::Recv, tag(Space::Recv, a, 5), a), Some(5));
-        assert_eq!(id & (1 << 63), 0, "a posting scope's tag bit stays clear");
-        assert_eq!(untag(Space::Send, 12345, a), None, "an untagged wr_id is nobody's");
-        assert_eq!(
-            untag(Space::Send, 1 << 63 | 1 << 62 | a << GEN_SHIFT | 5, a),
-            None,
-            "a scope's receive is not ours"
-        );
-        assert_eq!(untag(Space::Send, tag(Space::Send, a, LOW_MASK + 7), a), Some(6), "sequences wrap in the low bits");
-        // Generations repeat only after 2^21 queues and rings.
-        let g = next_generation();
-        let mut later = g;
-        for _ in 0..GEN_MASK {
-            later = next_generation();
-        }
-        assert_eq!(later, g.wrapping_sub(1) & GEN_MASK);
     }
 }

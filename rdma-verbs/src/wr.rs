@@ -13,10 +13,7 @@ use crate::ah::AddressHandle;
 use crate::error::{Error, Result};
 use crate::mr::{RemoteRegion, Sge};
 use crate::qp::attr::QpCaps;
-
-/// The `wr_id` bits reserved to posting scopes, which tag their own requests with them: a
-/// request's `wr_id` must leave them clear (`wr_id < 2^62`).
-pub const RESERVED_WR_ID_BITS: u64 = 0b11 << 62;
+use crate::wr_id::RESERVED_WR_ID_BITS;
 
 /// A send-queue work request (`struct ibv_send_wr`): send, RDMA WRITE/READ, atomics.
 ///

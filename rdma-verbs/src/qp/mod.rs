@@ -19,7 +19,12 @@
 //! ```
 
 pub mod attr;
+mod post;
 pub mod state;
+mod transition;
+
+pub(crate) use transition::zeroed_attr;
+pub use transition::{Transition, TransitionError};
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -35,9 +40,8 @@ use crate::error::{Error, Result};
 use crate::parent::Parent;
 use crate::pd::ProtectionDomain;
 use crate::srq::SharedReceiveQueue;
-use crate::wr::{RecvRequest, SendRequest};
-use attr::{InitAttr, QpCaps, QpEndpoint, RtrAttr, RtsAttr};
-use state::{CanPostRecv, Connected, Init, QpState, ReadyToReceive, ReadyToSend, Reset, State, Transport, Ud};
+use attr::{QpCaps, QpEndpoint};
+use state::{QpState, Reset, State, Transport};
 
 /// What a queue pair is created with (`struct ibv_qp_init_attr`): its completion queues,
 /// optional SRQ, and queue sizes.
@@ -85,7 +89,7 @@ impl<'res> QpCreateAttr<'res> {
 
 /// A queue pair (`struct ibv_qp`), destroyed on drop.
 ///
-/// `T` is its transport ([`Rc`](state::Rc), [`Uc`](state::Uc), [`Ud`]); `S` the state it was last
+/// `T` is its transport ([`Rc`](state::Rc), [`Uc`](state::Uc), [`Ud`](state::Ud)); `S` the state it was last
 /// moved to. It holds its protection domain, completion queues and SRQ, borrowed or shared (see
 /// [`Parent`]). The verbs QP is destroyed when the last of this value and the
 /// [`SendQueue`](crate::SendQueue)s and [`RecvRing`](crate::RecvRing)s made from it is gone.
@@ -203,30 +207,6 @@ impl<T: Transport, S: State> fmt::Debug for QueuePair<'_, T, S> {
             .finish()
     }
 }
-
-/// A failed transition: the error, and the queue pair in the state it had.
-///
-/// Returned by the `try_` transitions. `?` converts it into [`Error`] (dropping the QP); the
-/// plain transitions (`init`, ...) return that `Error` directly.
-#[derive(Debug, thiserror::Error)]
-#[error("{error}")]
-pub struct TransitionError<Q: fmt::Debug> {
-    /// The queue pair, unchanged (its type is the state before the transition).
-    pub qp: Q,
-    /// Why the transition failed.
-    #[source]
-    pub error: Error,
-}
-
-impl<Q: fmt::Debug> From<TransitionError<Q>> for Error {
-    /// Keeps the error and drops (destroys) the queue pair.
-    fn from(e: TransitionError<Q>) -> Error {
-        e.error
-    }
-}
-
-/// The result of a transition from `QueuePair<T, S>`.
-pub type Transition<'res, T, S, N> = std::result::Result<QueuePair<'res, T, N>, TransitionError<QueuePair<'res, T, S>>>;
 
 impl<'ctx> ProtectionDomain<'ctx> {
     /// Creates a queue pair of transport `T` in the `Reset` state: `ibv_create_qp()`.
@@ -387,13 +367,6 @@ impl<'res, T: Transport, S: State> QueuePair<'res, T, S> {
         self.modify(&mut attr, ffi::ibv_qp_attr_mask::IBV_QP_STATE)
     }
 
-    /// Moves the QP to the reset state, which removes every outstanding request without a
-    /// completion: the device no longer touches their memory. A posting scope's last resort.
-    pub(crate) fn reset(&self) -> Result<()> {
-        let mut attr = zeroed_attr(ffi::ibv_qp_state::IBV_QPS_RESET);
-        self.modify(&mut attr, ffi::ibv_qp_attr_mask::IBV_QP_STATE)
-    }
-
     /// Whether receives come from a shared receive queue.
     pub(crate) fn has_srq(&self) -> bool {
         self.inner.srq.is_some()
@@ -408,195 +381,6 @@ impl<'res, T: Transport, S: State> QueuePair<'res, T, S> {
     /// type's back makes the type lie, not the program unsound.
     pub fn as_raw(&self) -> *mut ffi::ibv_qp {
         self.inner.raw.as_ptr()
-    }
-
-    fn modify(&self, attr: &mut ffi::ibv_qp_attr, mask: ffi::ibv_qp_attr_mask) -> Result<()> {
-        // SAFETY: live QP; `attr` holds every field `mask` names.
-        let rc = unsafe { ffi::ibv_modify_qp(self.inner.raw.as_ptr(), attr, mask.0 as libc::c_int) };
-        if rc != 0 {
-            return Err(Error::from_errno("ibv_modify_qp", Some(self.inner.pd.context().name()), rc));
-        }
-        Ok(())
-    }
-
-    fn transition<N: State>(
-        self,
-        attr: &mut ffi::ibv_qp_attr,
-        mask: ffi::ibv_qp_attr_mask,
-    ) -> Transition<'res, T, S, N> {
-        match self.modify(attr, mask) {
-            Ok(()) => Ok(QueuePair { inner: self.inner, _type: PhantomData }),
-            Err(error) => Err(TransitionError { qp: self, error }),
-        }
-    }
-
-    fn reject<N: State>(self, reason: String) -> Transition<'res, T, S, N> {
-        let error = Error::invalid("ibv_modify_qp", Some(self.inner.pd.context().name()), reason);
-        Err(TransitionError { qp: self, error })
-    }
-}
-
-fn zeroed_attr(state: ffi::ibv_qp_state::Type) -> ffi::ibv_qp_attr {
-    // SAFETY: `ibv_qp_attr` is plain integers and structs of them: all-zero is valid.
-    let mut attr: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
-    attr.qp_state = state;
-    attr
-}
-
-impl<'res, T: Transport, S: State> QueuePair<'res, T, S> {
-    /// Moves the QP to state `N` with attributes computed elsewhere: `ibv_modify_qp(qp, attr,
-    /// mask)`, for attributes a connection manager derives for you (`rdma_init_qp_attr(3)`, used
-    /// by the `rdma-cm` crate) rather than the typed [`InitAttr`], [`RtrAttr`] and [`RtsAttr`].
-    ///
-    /// `attr.qp_state` must be `N`'s state, `mask` must hold `IBV_QP_STATE`, and `N` may not be
-    /// [`Reset`]; whether the transition
-    /// from `S` is legal, and the attributes valid for it, the device checks. A transition to the
-    /// same state (`Init -> Init`) updates attributes. When `mask` names the port, the QP
-    /// remembers it as [`port`](Self::port).
-    ///
-    /// # Errors
-    /// [`TransitionError`], with the QP back: `attr.qp_state` is not `N`'s, `mask` lacks
-    /// `IBV_QP_STATE`, `N` is `Reset`, or the verb failed.
-    ///
-    /// # References
-    /// - [`ibv_modify_qp(3)`](https://man7.org/linux/man-pages/man3/ibv_modify_qp.3.html)
-    /// - [`rdma_init_qp_attr(3)`](https://man7.org/linux/man-pages/man3/rdma_init_qp_attr.3.html)
-    #[doc(alias = "ibv_modify_qp")]
-    pub fn try_modify_with<N: State>(
-        self,
-        attr: &mut ffi::ibv_qp_attr,
-        mask: ffi::ibv_qp_attr_mask,
-    ) -> Transition<'res, T, S, N> {
-        if N::QP_STATE == ffi::ibv_qp_state::IBV_QPS_RESET {
-            return self.reject("moving to Reset is not a typed transition".to_owned());
-        }
-        if attr.qp_state != N::QP_STATE {
-            return self.reject(format!("attr.qp_state is {}, the target type's is {}", attr.qp_state, N::QP_STATE));
-        }
-        if mask.0 & ffi::ibv_qp_attr_mask::IBV_QP_STATE.0 == 0 {
-            // Without it the device would change attributes in the current state, and the type
-            // would claim a state the QP is not in.
-            return self.reject("the mask lacks IBV_QP_STATE: a typed transition must change the state".to_owned());
-        }
-        if mask.0 & ffi::ibv_qp_attr_mask::IBV_QP_PORT.0 != 0 {
-            if let Err(error) = self.inner.pd.context().check_port_arg("ibv_modify_qp", attr.port_num) {
-                return Err(TransitionError { qp: self, error });
-            }
-            self.inner.port.store(attr.port_num, Ordering::Relaxed);
-        }
-        self.transition(attr, mask)
-    }
-}
-
-impl<'res, T: Transport> QueuePair<'res, T, Reset> {
-    /// `Reset -> Init`: sets the port, P_Key index, and remote access (connected) or Q_Key (UD).
-    ///
-    /// # Errors
-    /// [`TransitionError`], with the QP back: a port the device does not have, or the verb failed.
-    pub fn try_init(self, attr: InitAttr) -> Transition<'res, T, Reset, Init> {
-        if let Err(error) = self.inner.pd.context().check_port_arg("ibv_modify_qp", attr.port) {
-            return Err(TransitionError { qp: self, error });
-        }
-        use ffi::ibv_qp_attr_mask as m;
-        let mut raw = zeroed_attr(ffi::ibv_qp_state::IBV_QPS_INIT);
-        raw.port_num = attr.port;
-        raw.pkey_index = attr.pkey_index;
-        let mask = if T::QP_TYPE == ffi::ibv_qp_type::IBV_QPT_UD {
-            raw.qkey = attr.qkey;
-            m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_QKEY
-        } else {
-            raw.qp_access_flags = attr.access.bits();
-            m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_ACCESS_FLAGS
-        };
-        self.inner.port.store(attr.port, Ordering::Relaxed);
-        self.transition(&mut raw, mask)
-    }
-}
-
-impl<'res, T: Connected> QueuePair<'res, T, Init> {
-    /// `Init -> ReadyToReceive` for RC and UC: names the peer QP and the path to it.
-    ///
-    /// # Errors
-    /// [`TransitionError`], with the QP back: a GID index past the port's table, READ/atomic depth
-    /// over the device's limit, or the verb failed.
-    pub fn try_ready_to_receive(self, attr: &RtrAttr) -> Transition<'res, T, Init, ReadyToReceive> {
-        let ctx = self.inner.pd.context();
-        if let Err(error) = ctx.check_port_arg("ibv_modify_qp", attr.path.port) {
-            return Err(TransitionError { qp: self, error });
-        }
-        let gids = ctx.query_port(attr.path.port).map(|p| p.gid_table_len).unwrap_or(0);
-        if u32::from(attr.path.sgid_index) >= gids {
-            return self.reject(format!("GID index {} is past the port's table of {gids}", attr.path.sgid_index));
-        }
-        let rc = T::QP_TYPE == ffi::ibv_qp_type::IBV_QPT_RC;
-        if rc && u32::from(attr.max_dest_rd_atomic) > ctx.attr().max_qp_rd_atom {
-            let max = ctx.attr().max_qp_rd_atom;
-            return self.reject(format!("max_dest_rd_atomic {} is over the device's {max}", attr.max_dest_rd_atomic));
-        }
-        use ffi::ibv_qp_attr_mask as m;
-        let mut raw = zeroed_attr(ffi::ibv_qp_state::IBV_QPS_RTR);
-        raw.path_mtu = attr.path_mtu.as_raw();
-        raw.dest_qp_num = attr.remote.qp_num;
-        raw.rq_psn = attr.remote.psn;
-        raw.ah_attr = attr.path.to_raw();
-        let mut mask = m::IBV_QP_STATE | m::IBV_QP_AV | m::IBV_QP_PATH_MTU | m::IBV_QP_DEST_QPN | m::IBV_QP_RQ_PSN;
-        if rc {
-            raw.max_dest_rd_atomic = attr.max_dest_rd_atomic;
-            raw.min_rnr_timer = attr.min_rnr_timer;
-            mask = mask | m::IBV_QP_MAX_DEST_RD_ATOMIC | m::IBV_QP_MIN_RNR_TIMER;
-        }
-        self.transition(&mut raw, mask)
-    }
-}
-
-impl<'res, T: Connected> QueuePair<'res, T, ReadyToReceive> {
-    /// `ReadyToReceive -> ReadyToSend` for RC and UC.
-    ///
-    /// # Errors
-    /// [`TransitionError`], with the QP back: READ/atomic depth over the device's limit, or the
-    /// verb failed.
-    pub fn try_ready_to_send(self, attr: &RtsAttr) -> Transition<'res, T, ReadyToReceive, ReadyToSend> {
-        let rc = T::QP_TYPE == ffi::ibv_qp_type::IBV_QPT_RC;
-        let max = self.inner.pd.context().attr().max_qp_init_rd_atom;
-        if rc && u32::from(attr.max_rd_atomic) > max {
-            return self.reject(format!("max_rd_atomic {} is over the device's {max}", attr.max_rd_atomic));
-        }
-        use ffi::ibv_qp_attr_mask as m;
-        let mut raw = zeroed_attr(ffi::ibv_qp_state::IBV_QPS_RTS);
-        raw.sq_psn = attr.sq_psn;
-        let mut mask = m::IBV_QP_STATE | m::IBV_QP_SQ_PSN;
-        if rc {
-            raw.timeout = attr.timeout;
-            raw.retry_cnt = attr.retry_cnt;
-            raw.rnr_retry = attr.rnr_retry;
-            raw.max_rd_atomic = attr.max_rd_atomic;
-            mask = mask | m::IBV_QP_TIMEOUT | m::IBV_QP_RETRY_CNT | m::IBV_QP_RNR_RETRY | m::IBV_QP_MAX_QP_RD_ATOMIC;
-        }
-        self.transition(&mut raw, mask)
-    }
-}
-
-impl<'res> QueuePair<'res, Ud, Init> {
-    /// `Init -> ReadyToReceive` for UD (no peer to name).
-    ///
-    /// # Errors
-    /// [`TransitionError`], with the QP back, when the verb fails.
-    pub fn try_ready_to_receive(self) -> Transition<'res, Ud, Init, ReadyToReceive> {
-        let mut raw = zeroed_attr(ffi::ibv_qp_state::IBV_QPS_RTR);
-        self.transition(&mut raw, ffi::ibv_qp_attr_mask::IBV_QP_STATE)
-    }
-}
-
-impl<'res> QueuePair<'res, Ud, ReadyToReceive> {
-    /// `ReadyToReceive -> ReadyToSend` for UD, starting at `sq_psn`.
-    ///
-    /// # Errors
-    /// [`TransitionError`], with the QP back, when the verb fails.
-    pub fn try_ready_to_send(self, sq_psn: u32) -> Transition<'res, Ud, ReadyToReceive, ReadyToSend> {
-        let mut raw = zeroed_attr(ffi::ibv_qp_state::IBV_QPS_RTS);
-        raw.sq_psn = sq_psn;
-        use ffi::ibv_qp_attr_mask as m;
-        self.transition(&mut raw, m::IBV_QP_STATE | m::IBV_QP_SQ_PSN)
     }
 }
 
@@ -616,181 +400,5 @@ impl<'res, T: Transport, S: State> QueuePair<'res, T, S> {
         let gid = ctx.query_gid(port, gid_index)?.gid;
         let lid = ctx.query_port(port)?.lid;
         Ok(QpEndpoint { qp_num: self.qp_num(), psn: psn & 0x00ff_ffff, gid, lid })
-    }
-}
-
-impl<'res, T: Transport> QueuePair<'res, T, ReadyToSend> {
-    /// Posts a chain of send requests with one doorbell: `ibv_post_send()`.
-    ///
-    /// The requests are linked in slice order. Nothing is allocated.
-    ///
-    /// # Safety
-    /// Until each request has completed (its own completion, or, for an unsignaled one, the
-    /// completion of a later signaled request on this QP, or the QP being destroyed):
-    /// - no Rust reference to the bytes it reads or writes may be alive (memory regions hand out
-    ///   plain slices only through [`as_mut_slice`](crate::MemoryRegion::as_mut_slice) and
-    ///   `as_mut_slice_unchecked`: do not call them on these regions meanwhile);
-    ///
-    /// Inline data is copied during the call and may be reused at once. Dropping a memory region
-    /// while a request uses it is sound: deregistration revokes the NIC's access first.
-    /// The safe alternative is [`QueuePair::scope`].
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] when a request has more SGEs or inline bytes than the QP was
-    /// created for (nothing posted); [`Error::PostFailed`] naming how many were posted when
-    /// the provider refuses one (`ENOMEM`: the send queue is full).
-    #[doc(alias = "ibv_post_send")]
-    #[inline]
-    pub unsafe fn post_send(&self, wrs: &mut [SendRequest<'_, '_>]) -> Result<()> {
-        // SAFETY: the caller keeps this function's contract.
-        unsafe { self.post_send_checked(wrs, false) }
-    }
-
-    /// [`post_send`](Self::post_send); `scoped`: the caller is a posting scope, whose tags use
-    /// the reserved `wr_id` bits.
-    ///
-    /// # Safety
-    /// As `post_send`.
-    #[inline]
-    pub(crate) unsafe fn post_send_checked(&self, wrs: &mut [SendRequest<'_, '_>], scoped: bool) -> Result<()> {
-        let device = self.inner.pd.context().name();
-        let Some(first) =
-            crate::wr::link_send(wrs, &self.inner.caps, T::QP_TYPE, self.inner.pd.as_raw(), device, scoped)?
-        else {
-            return Ok(());
-        };
-        let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
-        // SAFETY: `first` heads a chain of valid requests inside `wrs`, which outlives the call;
-        // every SGE names registered memory (the caller keeps it untouched, as documented).
-        let rc = unsafe { ffi::ibv_post_send(self.inner.raw.as_ptr(), first, &mut bad) };
-        if rc != 0 {
-            let posted = crate::wr::index_of_send(wrs, bad);
-            return Err(Error::PostFailed {
-                verb: "ibv_post_send",
-                device: Some(device.to_owned()),
-                errno: rc,
-                posted,
-            });
-        }
-        Ok(())
-    }
-}
-
-impl<'res, T: Transport, S: CanPostRecv> QueuePair<'res, T, S> {
-    /// Posts a chain of receive requests with one doorbell: `ibv_post_recv()`.
-    ///
-    /// # Safety
-    /// Until each request has completed, no Rust reference to the bytes it names may be alive
-    /// (see [`post_send`](QueuePair::post_send)). The safe alternative is [`QueuePair::scope`].
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] for a QP that takes receives from an SRQ, or a request with
-    /// more SGEs than the QP was created for; [`Error::PostFailed`] when the provider refuses one
-    /// (`ENOMEM`: the receive queue is full).
-    #[doc(alias = "ibv_post_recv")]
-    #[inline]
-    pub unsafe fn post_recv(&self, wrs: &mut [RecvRequest<'_, '_>]) -> Result<()> {
-        // SAFETY: the caller keeps this function's contract.
-        unsafe { self.post_recv_checked(wrs, false) }
-    }
-
-    /// [`post_recv`](Self::post_recv), for a posting scope when `scoped`.
-    ///
-    /// # Safety
-    /// As `post_recv`.
-    #[inline]
-    pub(crate) unsafe fn post_recv_checked(&self, wrs: &mut [RecvRequest<'_, '_>], scoped: bool) -> Result<()> {
-        let device = self.inner.pd.context().name();
-        if self.inner.srq.is_some() {
-            return Err(Error::invalid("ibv_post_recv", Some(device), "this QP takes its receives from an SRQ"));
-        }
-        let Some(first) = crate::wr::link_recv(wrs, self.inner.caps.max_recv_sge, "ibv_post_recv", device, scoped)?
-        else {
-            return Ok(());
-        };
-        let mut bad: *mut ffi::ibv_recv_wr = std::ptr::null_mut();
-        // SAFETY: as in `post_send`.
-        let rc = unsafe { ffi::ibv_post_recv(self.inner.raw.as_ptr(), first, &mut bad) };
-        if rc != 0 {
-            let posted = crate::wr::index_of_recv(wrs, bad);
-            return Err(Error::PostFailed {
-                verb: "ibv_post_recv",
-                device: Some(device.to_owned()),
-                errno: rc,
-                posted,
-            });
-        }
-        Ok(())
-    }
-}
-
-/// The transitions with plain errors: the QP is dropped (destroyed) on failure, and `?` works
-/// into any error type, `Box<dyn std::error::Error>` included. The `try_` forms give it back.
-impl<'res, T: Transport, S: State> QueuePair<'res, T, S> {
-    /// [`try_modify_with`](Self::try_modify_with), dropping the QP on failure.
-    ///
-    /// # Errors
-    /// As `try_modify_with`.
-    #[doc(alias = "ibv_modify_qp")]
-    pub fn modify_with<N: State>(
-        self,
-        attr: &mut ffi::ibv_qp_attr,
-        mask: ffi::ibv_qp_attr_mask,
-    ) -> Result<QueuePair<'res, T, N>> {
-        self.try_modify_with(attr, mask).map_err(Error::from)
-    }
-}
-
-impl<'res, T: Transport> QueuePair<'res, T, Reset> {
-    /// `Reset -> Init`: [`try_init`](Self::try_init), dropping the QP on failure.
-    ///
-    /// # Errors
-    /// As `try_init`.
-    pub fn init(self, attr: InitAttr) -> Result<QueuePair<'res, T, Init>> {
-        self.try_init(attr).map_err(Error::from)
-    }
-}
-
-impl<'res, T: Connected> QueuePair<'res, T, Init> {
-    /// `Init -> ReadyToReceive` for RC and UC: [`try_ready_to_receive`](Self::try_ready_to_receive),
-    /// dropping the QP on failure.
-    ///
-    /// # Errors
-    /// As `try_ready_to_receive`.
-    pub fn ready_to_receive(self, attr: &RtrAttr) -> Result<QueuePair<'res, T, ReadyToReceive>> {
-        self.try_ready_to_receive(attr).map_err(Error::from)
-    }
-}
-
-impl<'res, T: Connected> QueuePair<'res, T, ReadyToReceive> {
-    /// `ReadyToReceive -> ReadyToSend` for RC and UC: [`try_ready_to_send`](Self::try_ready_to_send),
-    /// dropping the QP on failure.
-    ///
-    /// # Errors
-    /// As `try_ready_to_send`.
-    pub fn ready_to_send(self, attr: &RtsAttr) -> Result<QueuePair<'res, T, ReadyToSend>> {
-        self.try_ready_to_send(attr).map_err(Error::from)
-    }
-}
-
-impl<'res> QueuePair<'res, Ud, Init> {
-    /// `Init -> ReadyToReceive` for UD: [`try_ready_to_receive`](Self::try_ready_to_receive),
-    /// dropping the QP on failure.
-    ///
-    /// # Errors
-    /// As `try_ready_to_receive`.
-    pub fn ready_to_receive(self) -> Result<QueuePair<'res, Ud, ReadyToReceive>> {
-        self.try_ready_to_receive().map_err(Error::from)
-    }
-}
-
-impl<'res> QueuePair<'res, Ud, ReadyToReceive> {
-    /// `ReadyToReceive -> ReadyToSend` for UD: [`try_ready_to_send`](Self::try_ready_to_send),
-    /// dropping the QP on failure.
-    ///
-    /// # Errors
-    /// As `try_ready_to_send`.
-    pub fn ready_to_send(self, sq_psn: u32) -> Result<QueuePair<'res, Ud, ReadyToSend>> {
-        self.try_ready_to_send(sq_psn).map_err(Error::from)
     }
 }

@@ -1,0 +1,154 @@
+//! What a [`SendQueue`](crate::SendQueue)(crate::SendQueue) takes and gives back: [`Request`] (a request that
+//! owns its slot), [`Rejected`] and [`PostError`] (a request refused, given back), and
+//! [`Completion`] (a request done, with its slot).
+
+use crate::ffi;
+
+use crate::error::{Error, Result};
+use crate::mr::RemoteRegion;
+use crate::pool::Slot;
+use crate::wc::WcStatus;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Op {
+    Send,
+    Write,
+    Read,
+}
+
+/// A send-queue request that owns its [`Slot`]: SEND, RDMA WRITE (either with immediate data)
+/// or RDMA READ of the slot's first `len` bytes.
+///
+/// Pushed into a [`SendQueue`](crate::SendQueue); the slot comes back in the request's [`Completion`].
+#[derive(Debug)]
+pub struct Request<'pd> {
+    pub(crate) op: Op,
+    pub(crate) slot: Slot<'pd>,
+    pub(crate) len: usize,
+    pub(crate) remote: RemoteRegion,
+    pub(crate) imm: Option<u32>,
+    pub(crate) wr_id: u64,
+    pub(crate) signaled: bool,
+}
+
+impl<'pd> Request<'pd> {
+    fn new(op: Op, slot: Slot<'pd>, len: usize, remote: RemoteRegion) -> Self {
+        Request { op, slot, len, remote, imm: None, wr_id: 0, signaled: false }
+    }
+
+    /// A send of the slot's first `len` bytes, consuming a receive at the peer.
+    pub fn send(slot: Slot<'pd>, len: usize) -> Self {
+        Self::new(Op::Send, slot, len, RemoteRegion { addr: 0, rkey: 0, len: 0 })
+    }
+
+    /// An RDMA WRITE of the slot's first `len` bytes to `remote` (at most `remote.len` bytes).
+    pub fn write(slot: Slot<'pd>, len: usize, remote: RemoteRegion) -> Self {
+        Self::new(Op::Write, slot, len, remote)
+    }
+
+    /// An RDMA READ of `len` bytes from `remote` into the start of the slot (RC only; the pool
+    /// needs `LOCAL_WRITE`).
+    pub fn read(slot: Slot<'pd>, len: usize, remote: RemoteRegion) -> Self {
+        Self::new(Op::Read, slot, len, remote)
+    }
+
+    /// Adds immediate data (a send or write with immediate; a write with immediate consumes a
+    /// receive at the peer). Ignored on a READ, which cannot carry it.
+    pub fn with_imm(mut self, imm: u32) -> Self {
+        self.imm = Some(imm);
+        self
+    }
+
+    /// Sets the `wr_id` the request's [`Completion`] carries (any 64 bits).
+    pub fn with_wr_id(mut self, wr_id: u64) -> Self {
+        self.wr_id = wr_id;
+        self
+    }
+
+    /// Asks for a completion even if the request is not the last of its batch.
+    pub fn signaled(mut self) -> Self {
+        self.signaled = true;
+        self
+    }
+
+    /// Gives the slot back, unposted.
+    pub fn into_slot(self) -> Slot<'pd> {
+        self.slot
+    }
+
+    pub(crate) fn opcode(&self) -> ffi::ibv_wr_opcode::Type {
+        use ffi::ibv_wr_opcode::*;
+        match (self.op, self.imm.is_some()) {
+            (Op::Send, false) => IBV_WR_SEND,
+            (Op::Send, true) => IBV_WR_SEND_WITH_IMM,
+            (Op::Write, false) => IBV_WR_RDMA_WRITE,
+            (Op::Write, true) => IBV_WR_RDMA_WRITE_WITH_IMM,
+            (Op::Read, _) => IBV_WR_RDMA_READ,
+        }
+    }
+}
+
+/// A request [`SendQueue::push`](crate::SendQueue::push) refused, given back with the reason.
+///
+/// `?` converts it into [`Error`], dropping the request (its slot returns to the pool).
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct Rejected<'pd> {
+    /// Why it was refused.
+    #[source]
+    pub error: Error,
+    /// The request, unposted, with its slot.
+    pub request: Request<'pd>,
+}
+
+impl From<Rejected<'_>> for Error {
+    fn from(r: Rejected<'_>) -> Error {
+        r.error
+    }
+}
+
+/// Why [`SendQueue::post`](crate::SendQueue::post) failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PostError<'pd> {
+    /// Not posted: the request is given back.
+    #[error(transparent)]
+    Rejected(Rejected<'pd>),
+    /// The provider failed without naming the request: it may be posted, and stays in flight.
+    #[error(transparent)]
+    MaybePosted(Error),
+}
+
+impl From<PostError<'_>> for Error {
+    fn from(e: PostError<'_>) -> Error {
+        match e {
+            PostError::Rejected(r) => r.error,
+            PostError::MaybePosted(e) => e,
+        }
+    }
+}
+
+/// A request that completed, with its slot back.
+#[derive(Debug)]
+pub struct Completion<'pd> {
+    /// The `wr_id` it was pushed with.
+    pub wr_id: u64,
+    /// Its outcome. A request covered by a later signaled completion succeeded (a failed
+    /// request always completes on its own).
+    pub status: WcStatus,
+    /// The slot it owned; `None` for inline data.
+    pub slot: Option<Slot<'pd>>,
+    pub(crate) vendor_err: u32,
+}
+
+impl Completion<'_> {
+    /// `Ok` on success, else [`Error::WorkCompletion`] with the status.
+    ///
+    /// # Errors
+    /// [`Error::WorkCompletion`] when the request failed (or was flushed).
+    pub fn ok(&self) -> Result<()> {
+        if self.status == WcStatus::Success {
+            return Ok(());
+        }
+        Err(Error::WorkCompletion { wr_id: self.wr_id, status: self.status, vendor_err: self.vendor_err })
+    }
+}
