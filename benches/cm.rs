@@ -52,7 +52,7 @@ fn serve(listener: &Listener, stop: &AtomicBool) -> (u64, u64) {
     let (mut served, mut failed) = (0, 0);
     let mut verbs: Option<Context> = None;
     while !stop.load(Ordering::Relaxed) {
-        let req = match listener.get_request(Duration::from_millis(200)) {
+        let req = match listener.recv_request(Duration::from_millis(200)) {
             Ok(req) => req,
             Err(e) if e.is_timeout() => continue,
             Err(e) => panic!("listener: {e}"),

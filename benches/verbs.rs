@@ -6,7 +6,7 @@
 //! | `latency/send/SIZE` | the same with a SEND, and the receiver taking the message from its `RecvRing` and releasing it (re-posting the receive) |
 //! | `write_bw/depthD/SIZE` | 4 MiB of WRITEs of SIZE (4 KiB, 64 KiB, 1 MiB) from a `SlotPool` of `D` slots through a `SendQueue`, `D` (64, 128) kept in flight; throughput in bytes |
 //! | `mr_register/SIZE`, `mr_deregister/SIZE` | `ibv_reg_mr` (`ProtectionDomain::register`) and `ibv_dereg_mr` (`MemoryRegion::into_inner`) of an already-touched buffer of 4 KiB .. 256 MiB |
-//! | `poll_empty/...` | one poll of an empty CQ: `CompletionQueue::poll`, `SendQueue::poll`, `RecvRing::try_next` |
+//! | `poll_empty/...` | one poll of an empty CQ: `CompletionQueue::poll`, `SendQueue::poll`, `RecvRing::try_recv` |
 //!
 //! The connection is RC from the topology's client device to its server device (rxe1 -> rxe0
 //! in the Soft-RoCE VM, across the veth wire; see `testkit`). The bandwidth stream never
@@ -77,7 +77,7 @@ fn latency(c: &mut Criterion, pair: &RcPair, ring: &mut RecvRing<'static>) {
             b.iter(|| {
                 let s = slot.take().expect("the slot is back");
                 sq.post(Request::send(s, size)).map_err(Error::from).expect("posting a SEND");
-                let msg = spin("a received message", || ring.try_next().expect("polling the ring"));
+                let msg = spin("a received message", || ring.try_recv().expect("polling the ring"));
                 msg.ok().expect("the receive completed");
                 assert_eq!(black_box(msg.bytes()).len(), size);
                 ring.release(msg).expect("re-posting the receive");
@@ -246,7 +246,7 @@ fn empty_polls(c: &mut Criterion, pair: &RcPair, ring: &mut RecvRing<'static>) {
     g.bench_function("SendQueue::poll", |b| {
         b.iter(|| assert_eq!(sq.poll(|_| unreachable!("nothing is in flight")).expect("ibv_poll_cq"), 0))
     });
-    g.bench_function("RecvRing::try_next", |b| b.iter(|| assert!(ring.try_next().expect("ibv_poll_cq").is_none())));
+    g.bench_function("RecvRing::try_recv", |b| b.iter(|| assert!(ring.try_recv().expect("ibv_poll_cq").is_none())));
     g.finish();
 }
 

@@ -47,7 +47,7 @@ fn server(listener: &Listener, n: u32, timeout: Duration) -> Result<Stat, BoxErr
     let mut accept = Stat::default();
     let mut ctx: Option<Context> = None;
     for _ in 0..n {
-        let req = listener.get_request(timeout)?;
+        let req = listener.recv_request(timeout)?;
         if ctx.is_none() {
             ctx = Some(req.open_context()?);
         }

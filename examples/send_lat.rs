@@ -104,7 +104,7 @@ fn run(args: &Args) -> BoxResult<()> {
 fn receive(ring: &mut RecvRing<'_>, size: usize) -> BoxResult<()> {
     let mut timeout = SpinTimeout::new(WAIT);
     let msg = loop {
-        if let Some(msg) = ring.try_next()? {
+        if let Some(msg) = ring.try_recv()? {
             break msg;
         }
         if timeout.expired() {

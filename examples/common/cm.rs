@@ -40,7 +40,7 @@ pub fn await_ids(
         if !done.is_empty() {
             continue;
         }
-        if conn.peer_disconnected() || matches!(conn.try_event()?, Some(Event::Disconnected)) {
+        if conn.peer_disconnected() || matches!(conn.try_recv_event()?, Some(Event::Disconnected)) {
             conn.qp().flush()?;
             drain(s, timeout);
             return Ok(None);

@@ -64,7 +64,7 @@ pub fn client(
 /// # Errors
 /// Connection errors, failed completions, a message of the wrong size, timeouts.
 pub fn serve(listener: &Listener, reply: &[u8; MSG_LEN], timeout: Duration) -> Result<[u8; MSG_LEN], BoxError> {
-    let req = listener.get_request(timeout)?;
+    let req = listener.recv_request(timeout)?;
     let ctx = req.open_context()?;
     let pd = ctx.alloc_pd()?;
     let cq = ctx.create_cq(4, None)?;

@@ -159,7 +159,7 @@ pub fn client(
 /// Connection errors, failed completions, timeouts, and a client buffer larger than `o.size`.
 pub fn serve(listener: &Listener, o: &Options, mut on_ping: impl FnMut(u32, &[u8])) -> Result<u32, BoxError> {
     check_size(o.size)?;
-    let req = listener.get_request(o.timeout)?;
+    let req = listener.recv_request(o.timeout)?;
     let ctx = req.open_context()?;
     let pd = ctx.alloc_pd()?;
     let cq = ctx.create_cq(32, None)?;

@@ -88,8 +88,8 @@ impl<'res> Connection<'res> {
         &self.device
     }
 
-    /// True once the peer's disconnect has been seen (by [`next_event`](Self::next_event) or
-    /// [`try_event`](Self::try_event)).
+    /// True once the peer's disconnect has been seen (by [`recv_event`](Self::recv_event) or
+    /// [`try_recv_event`](Self::try_recv_event)).
     pub fn peer_disconnected(&self) -> bool {
         self.conn.phase() == DONE
     }
@@ -110,7 +110,7 @@ impl<'res> Connection<'res> {
     /// # Errors
     /// [`Error::Timeout`]; [`Error::Cm`] when reading fails. Each names the device.
     #[doc(alias = "rdma_get_cm_event")]
-    pub fn next_event(&self, timeout: Duration) -> Result<Event> {
+    pub fn recv_event(&self, timeout: Duration) -> Result<Event> {
         let ev = self.conn.id.wait(timeout, "waiting for a connection event").map_err(|e| self.on_device(e))?;
         Ok(self.note(ev.to_event()))
     }
@@ -121,7 +121,7 @@ impl<'res> Connection<'res> {
     /// # Errors
     /// [`Error::Cm`] when reading fails; it names the device.
     #[doc(alias = "rdma_get_cm_event")]
-    pub fn try_event(&self) -> Result<Option<Event>> {
+    pub fn try_recv_event(&self) -> Result<Option<Event>> {
         Ok(self.conn.id.try_event().map_err(|e| self.on_device(e))?.map(|ev| self.note(ev.to_event())))
     }
 

@@ -11,7 +11,7 @@
 //! ```text
 //! active:  CmId<Idle> -resolve_addr-> CmId<AddressResolved> -resolve_route-> CmId<RouteResolved>
 //!          -init_qp, connect-> Connection -disconnect-> ClosedConnection
-//! passive: CmId<Idle> -listen-> Listener -get_request-> ConnectRequest
+//! passive: CmId<Idle> -listen-> Listener -recv_request-> ConnectRequest
 //!          -init_qp, accept-> Connection -wait_disconnected-> ClosedConnection
 //!                                 ConnectRequest -reject-> ()
 //! ```
@@ -36,7 +36,7 @@
 //! | [`CmId::resolve_addr`] | `rdma_resolve_addr` | `ADDR_RESOLVED` | `ADDR_ERROR`: [`Error::AddressResolution`] |
 //! | [`CmId::resolve_route`] | `rdma_resolve_route` | `ROUTE_RESOLVED` | `ROUTE_ERROR`: [`Error::RouteResolution`] |
 //! | [`CmId::connect`] | `rdma_connect`, then `rdma_establish` | `CONNECT_RESPONSE` | `REJECTED` reason 8: [`Error::NoListener`]; other `REJECTED`: [`Error::Rejected`]; `UNREACHABLE`: [`Error::Unreachable`]; `CONNECT_ERROR`: [`Error::ConnectError`] |
-//! | [`Listener::get_request`] | `rdma_get_cm_event`, `rdma_migrate_id` | `CONNECT_REQUEST` | |
+//! | [`Listener::recv_request`] | `rdma_get_cm_event`, `rdma_migrate_id` | `CONNECT_REQUEST` | |
 //! | [`ConnectRequest::accept`] | `rdma_accept` | `ESTABLISHED` | `CONNECT_ERROR`, `REJECTED`; `DISCONNECTED`: [`Error::PeerDisconnected`] |
 //! | [`Connection::disconnect`] | `rdma_disconnect` | `DISCONNECTED` (the peer's reply) | |
 //! | [`Connection::wait_disconnected`] | `rdma_disconnect` once the event came | `DISCONNECTED` (the peer leaving) | |
@@ -44,7 +44,7 @@
 //! In every wait, `ADDR_CHANGE` and `TIMEWAIT_EXIT` are skipped, `DEVICE_REMOVAL` becomes
 //! [`Error::DeviceRemoved`], any other event [`Error::UnexpectedEvent`], and no event before the
 //! deadline [`Error::Timeout`]. [`Error::is_timeout`] is also true when the kernel's own timer
-//! fired first (`ETIMEDOUT`). [`Connection::next_event`] and [`Connection::try_event`] return
+//! fired first (`ETIMEDOUT`). [`Connection::recv_event`] and [`Connection::try_recv_event`] return
 //! the typed [`Event`] for callers that watch a connection.
 //!
 //! # Addresses and devices
@@ -136,13 +136,17 @@
 //! # }
 //! ```
 //!
+//! # Waiting
+//! As in `rdma-verbs` (its crate docs, "Waiting: one vocabulary"): `recv_*(timeout)` waits up to
+//! `timeout` for the next event or request, `try_recv_*()` never blocks.
+//!
 //! # Events and file descriptors
 //!
 //! Each identifier ([`CmId`], [`Listener`], [`ConnectRequest`], [`Connection`]) owns an event
 //! channel, so its events never mix with another's, and its non-blocking fd
 //! ([`AsRawFd`](std::os::fd::AsRawFd)) can be handed to `poll`/`epoll` or an async reactor. The
-//! blocking calls poll that fd with their timeout; [`Listener::try_get_request`] and
-//! [`Connection::try_event`] are the non-blocking steps an async front drives. A request is
+//! blocking calls poll that fd with their timeout; [`Listener::try_recv_request`] and
+//! [`Connection::try_recv_event`] are the non-blocking steps an async front drives. A request is
 //! moved off the listener's channel (`rdma_migrate_id`) under the listener's lock, so
 //! `&Listener` can be shared between threads, and [`ConnectRequest`] and [`Connection`] are
 //! `Send`.

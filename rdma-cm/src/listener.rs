@@ -23,7 +23,7 @@ use crate::raw_id::RawId;
 /// channel. Destroyed (`rdma_destroy_id`) on drop; requests already handed out as
 /// [`ConnectRequest`]s live on independently.
 ///
-/// `&Listener` may be shared between threads: each [`get_request`](Self::get_request) returns a
+/// `&Listener` may be shared between threads: each [`recv_request`](Self::recv_request) returns a
 /// different request, and every request and connection has an event channel of its own, so
 /// connections can be accepted and served concurrently.
 ///
@@ -88,11 +88,11 @@ impl Listener {
     /// the request (it is then rejected).
     #[doc(alias = "rdma_get_cm_event")]
     #[doc(alias = "rdma_migrate_id")]
-    pub fn get_request(&self, timeout: Duration) -> Result<ConnectRequest> {
-        self.get_request_inner(timeout).map_err(|e| self.on_device(e))
+    pub fn recv_request(&self, timeout: Duration) -> Result<ConnectRequest> {
+        self.recv_request_inner(timeout).map_err(|e| self.on_device(e))
     }
 
-    fn get_request_inner(&self, timeout: Duration) -> Result<ConnectRequest> {
+    fn recv_request_inner(&self, timeout: Duration) -> Result<ConnectRequest> {
         let deadline = Deadline::after(timeout);
         let timed_out = || Error::Timeout { what: "waiting for a connection request", device: None, after: timeout };
         let _reading = self.reading.try_lock_for(timeout).ok_or_else(timed_out)?;
@@ -112,13 +112,13 @@ impl Listener {
     /// callers that poll the listener's fd themselves.
     ///
     /// # Errors
-    /// As [`get_request`](Self::get_request), except timeouts.
+    /// As [`recv_request`](Self::recv_request), except timeouts.
     #[doc(alias = "rdma_get_cm_event")]
-    pub fn try_get_request(&self) -> Result<Option<ConnectRequest>> {
-        self.try_get_request_inner().map_err(|e| self.on_device(e))
+    pub fn try_recv_request(&self) -> Result<Option<ConnectRequest>> {
+        self.try_recv_request_inner().map_err(|e| self.on_device(e))
     }
 
-    fn try_get_request_inner(&self) -> Result<Option<ConnectRequest>> {
+    fn try_recv_request_inner(&self) -> Result<Option<ConnectRequest>> {
         let Some(_reading) = self.reading.try_lock() else { return Ok(None) };
         while let Some(ev) = self.id.try_event()? {
             if let Some(request) = self.take(ev)? {

@@ -23,7 +23,7 @@ fn payload(round: u8) -> Vec<u8> {
 /// The server: checks the request, accepts with its region's address and key as private data,
 /// waits for the client's WRITE then SEND, checks both, and ends the connection.
 fn server(listener: &Listener, topo: &testkit::Topology, round: u8, client_leaves: bool) {
-    let req = listener.get_request(T).unwrap();
+    let req = listener.recv_request(T).unwrap();
     assert_eq!(&req.private_data()[..HELLO.len()], HELLO, "the client's private data");
     assert_eq!(req.private_data().len(), MAX_CONNECT_PRIVATE_DATA, "REQ private data is zero-padded");
     assert!(req.private_data()[HELLO.len()..].iter().all(|&b| b == 0));
@@ -136,7 +136,7 @@ fn a_ping_over_a_connection_made_by_the_helpers() {
     let dst = listener.local_addr();
     std::thread::scope(|s| {
         s.spawn(|| {
-            let req = listener.get_request(T).unwrap();
+            let req = listener.recv_request(T).unwrap();
             accept(req, b"", |conn, pd| {
                 assert_eq!(ping_server(&conn, pd), 41);
                 conn.wait_disconnected(T).unwrap();

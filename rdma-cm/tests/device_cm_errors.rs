@@ -21,7 +21,7 @@ fn a_rejection_carries_the_reason_and_the_private_data() {
     let dst = listener.local_addr();
     std::thread::scope(|s| {
         s.spawn(|| {
-            let req = listener.get_request(T).unwrap();
+            let req = listener.recv_request(T).unwrap();
             assert_eq!(&req.private_data()[..7], b"knock?!");
             req.reject(b"go away: server full").unwrap();
         });
@@ -43,7 +43,7 @@ fn a_request_dropped_unanswered_is_rejected() {
     let listener = Listener::bind(server_any_port(&topo), 4).unwrap();
     let dst = listener.local_addr();
     std::thread::scope(|s| {
-        s.spawn(|| drop(listener.get_request(T).unwrap()));
+        s.spawn(|| drop(listener.recv_request(T).unwrap()));
         client(&topo, dst, b"", |conn, _| {
             assert!(
                 matches!(conn, Err(Error::Rejected { reason: RejectReason::ConsumerDefined, .. })),
@@ -131,7 +131,7 @@ fn a_peer_that_never_answers_the_request_times_out_on_time() {
     assert!(took >= timeout && took < timeout + SLACK, "took {took:?}");
     // The request did reach the listener; answering it now finds the client gone: the CM has
     // already dropped the request's state, so the QP cannot even be initialised.
-    let req = listener.get_request(T).unwrap();
+    let req = listener.recv_request(T).unwrap();
     let ctx = req.open_context().unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(8, None).unwrap();
@@ -150,7 +150,7 @@ fn bad_arguments_fail_before_anything_is_sent() {
     client(&topo, dst, &too_much, |conn, _| {
         assert!(matches!(conn, Err(Error::InvalidArgument { call: "rdma_connect", .. })), "{:?}", conn.map(|_| ()));
     });
-    assert!(matches!(listener.try_get_request(), Ok(None)), "an invalid connect must not reach the listener");
+    assert!(matches!(listener.try_recv_request(), Ok(None)), "an invalid connect must not reach the listener");
     // A QP on the server's device cannot be connected through the client's.
     let id = CmId::new().unwrap().resolve(Some(client_src(&topo)), dst, T).unwrap();
     let other = Context::open(&topo.server.device).unwrap();

@@ -34,7 +34,7 @@ fn sequential(topo: &testkit::Topology, n: u64) {
     std::thread::scope(|s| {
         s.spawn(|| {
             for i in 0..n {
-                let req = listener.get_request(T).unwrap();
+                let req = listener.recv_request(T).unwrap();
                 accept(req, b"", |conn, pd| {
                     assert_eq!(ping_server(&conn, pd), i);
                     conn.wait_disconnected(T).unwrap_or_else(|e| panic!("cycle {i}: {e}"));
@@ -78,7 +78,7 @@ fn sequential_and_concurrent_connections_leave_nothing_behind() {
             s.spawn(move || {
                 std::thread::scope(|inner| {
                     for _ in 0..CONCURRENT {
-                        let req = listener.get_request(T).unwrap();
+                        let req = listener.recv_request(T).unwrap();
                         inner.spawn(move || {
                             accept(req, b"", |conn, pd| {
                                 let n = ping_server(&conn, pd);

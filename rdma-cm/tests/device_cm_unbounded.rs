@@ -18,7 +18,7 @@ fn connect_accept_and_disconnect_with_no_deadline() {
     let dst = listener.local_addr();
     std::thread::scope(|s| {
         s.spawn(|| {
-            let req = listener.get_request(NO_DEADLINE).unwrap();
+            let req = listener.recv_request(NO_DEADLINE).unwrap();
             let ctx = req.open_context().unwrap();
             let pd = ctx.alloc_pd().unwrap();
             let cq = ctx.create_cq(256, None).unwrap();
@@ -26,7 +26,7 @@ fn connect_accept_and_disconnect_with_no_deadline() {
                 req.init_qp(pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq)).unwrap(), AccessFlags::empty()).unwrap();
             let conn = req.accept(qp, &ConnParams::new(), NO_DEADLINE).unwrap();
             // The connection's event wait, then the disconnect it saw.
-            assert_eq!(conn.next_event(NO_DEADLINE).unwrap(), Event::Disconnected);
+            assert_eq!(conn.recv_event(NO_DEADLINE).unwrap(), Event::Disconnected);
             assert!(conn.peer_disconnected());
             conn.wait_disconnected(NO_DEADLINE).unwrap();
         });

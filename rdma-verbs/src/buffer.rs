@@ -60,6 +60,7 @@ unsafe impl Send for AlignedBuffer {}
 // SAFETY: `&AlignedBuffer` reads the bytes (`as_slice`), as `&[u8]` does, which is sound from
 // any thread. While a `MemoryRegion` owns the buffer (and the NIC may write it) no
 // `&AlignedBuffer` is handed out: it is reachable again only after deregistration.
+unsafe impl Sync for AlignedBuffer {}
 
 /// The alignment of [`AlignedBuffer`]: a page.
 pub const PAGE_SIZE: usize = 4096;

@@ -184,10 +184,10 @@ impl<'ctx> CompletionChannel<'ctx> {
     /// - [`ibv_get_cq_event(3)`](https://man7.org/linux/man-pages/man3/ibv_get_cq_event.3.html)
     #[doc(alias = "ibv_get_cq_event")]
     #[doc(alias = "ibv_ack_cq_events")]
-    pub fn wait(&self, timeout: Duration) -> Result<CompletionEvent> {
+    pub fn recv(&self, timeout: Duration) -> Result<CompletionEvent> {
         let deadline = Deadline::after(timeout);
         loop {
-            if let Some(event) = self.try_next()? {
+            if let Some(event) = self.try_recv()? {
                 return Ok(event);
             }
             wait_readable(self.as_raw_fd(), deadline, timeout, "ibv_get_cq_event", self.ctx.name())?;
@@ -199,7 +199,7 @@ impl<'ctx> CompletionChannel<'ctx> {
     /// # Errors
     /// [`Error::Verb`] when reading the event fails.
     #[doc(alias = "ibv_get_cq_event")]
-    pub fn try_next(&self) -> Result<Option<CompletionEvent>> {
+    pub fn try_recv(&self) -> Result<Option<CompletionEvent>> {
         let mut cq = std::ptr::null_mut();
         let mut cq_context = std::ptr::null_mut();
         // SAFETY: the channel is live and its fd non-blocking: the call returns at once.
@@ -400,7 +400,7 @@ impl<'ctx> CompletionQueue<'ctx> {
     /// waits without a deadline. Only for a CQ that has its channel to itself: an event read
     /// from a shared channel may be another CQ's, and could not be given back (its waiter would
     /// never wake), so with other CQs on the channel wait on the channel
-    /// ([`CompletionChannel::wait`]) and dispatch by [`CompletionEvent::is_for`].
+    /// ([`CompletionChannel::recv`]) and dispatch by [`CompletionEvent::is_for`].
     ///
     /// Completions that arrived before arming raise no event: poll once after this returns a
     /// timeout, or poll before waiting, as `ibv_get_cq_event(3)` describes.
@@ -415,7 +415,7 @@ impl<'ctx> CompletionQueue<'ctx> {
         let sharing = channel.cqs.load(Ordering::Relaxed);
         if sharing > 1 {
             let reason = format!(
-                "{sharing} CQs report to this channel: wait on the channel (CompletionChannel::wait), \
+                "{sharing} CQs report to this channel: wait on the channel (CompletionChannel::recv), \
                  or another CQ's event would be lost"
             );
             return Err(Error::invalid("ibv_get_cq_event", Some(self.ctx.name()), reason));
@@ -423,7 +423,7 @@ impl<'ctx> CompletionQueue<'ctx> {
         self.arm(false)?;
         let deadline = Deadline::after(timeout);
         loop {
-            match channel.wait(deadline.remaining()) {
+            match channel.recv(deadline.remaining()) {
                 Ok(event) if event.is_for(self) => return Ok(()),
                 Ok(_) => continue,
                 Err(Error::Timeout { what, .. }) => return Err(Error::Timeout { what, after: timeout }),
@@ -457,7 +457,7 @@ impl Drop for CompletionQueue<'_> {
     #[doc(alias = "ibv_destroy_cq")]
     fn drop(&mut self) {
         // SAFETY: created by `ibv_create_cq`, destroyed only here; QPs using it borrow it, and
-        // every event of it was acknowledged when it was received (`CompletionChannel::wait`).
+        // every event of it was acknowledged when it was received (`CompletionChannel::recv`).
         let _ = self.ctx.registry().release(self.raw.as_ptr(), || unsafe { ffi::ibv_destroy_cq(self.raw.as_ptr()) });
         if let Some(c) = &self.channel {
             c.cqs.fetch_sub(1, Ordering::Relaxed);

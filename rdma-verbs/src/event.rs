@@ -142,10 +142,10 @@ impl Context {
     /// - [`ibv_get_async_event(3)`](https://man7.org/linux/man-pages/man3/ibv_get_async_event.3.html)
     #[doc(alias = "ibv_get_async_event")]
     #[doc(alias = "ibv_ack_async_event")]
-    pub fn next_async_event(&self, timeout: Duration) -> Result<AsyncEvent> {
+    pub fn recv_async_event(&self, timeout: Duration) -> Result<AsyncEvent> {
         let deadline = Deadline::after(timeout);
         loop {
-            if let Some(event) = self.try_next_async_event()? {
+            if let Some(event) = self.try_recv_async_event()? {
                 return Ok(event);
             }
             wait_readable(self.async_fd(), deadline, timeout, "ibv_get_async_event", self.name())?;
@@ -157,7 +157,7 @@ impl Context {
     /// # Errors
     /// [`Error::Verb`] when reading fails.
     #[doc(alias = "ibv_get_async_event")]
-    pub fn try_next_async_event(&self) -> Result<Option<AsyncEvent>> {
+    pub fn try_recv_async_event(&self) -> Result<Option<AsyncEvent>> {
         // Kept uninitialised-typed: its `event_type` may hold a value the Rust enum lacks.
         let mut raw = std::mem::MaybeUninit::<ffi::ibv_async_event>::zeroed();
         let p = raw.as_mut_ptr();
@@ -190,7 +190,7 @@ impl Context {
 
     /// The file descriptor, non-blocking, that becomes readable when an asynchronous event is
     /// pending, borrowed for `poll`/`epoll` (or an async runtime's readiness API); then take
-    /// the event with [`try_next_async_event`](Self::try_next_async_event).
+    /// the event with [`try_recv_async_event`](Self::try_recv_async_event).
     pub fn async_event_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         // SAFETY: the fd belongs to the open context and stays open as long as `self`.
         unsafe { std::os::fd::BorrowedFd::borrow_raw(self.async_fd()) }
@@ -216,7 +216,7 @@ impl Iterator for AsyncEvents<'_> {
 
     fn next(&mut self) -> Option<Self::Item> {
         let start = Instant::now();
-        match self.ctx.next_async_event(self.timeout) {
+        match self.ctx.recv_async_event(self.timeout) {
             Err(Error::Timeout { .. }) if start.elapsed() >= self.timeout => None,
             other => Some(other),
         }

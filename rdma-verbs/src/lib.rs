@@ -136,6 +136,19 @@
 //! The full argument, with the measured rxe behaviour behind each rule, is in the repository's
 //! [safety model](https://github.com/rdma-rs/rdma-rs/blob/main/docs/safety.md).
 //!
+//! # Waiting: one vocabulary
+//! Every call that can wait takes a `timeout` ([`Duration::MAX`](std::time::Duration::MAX):
+//! none, see [`Deadline`]), and has a form that never blocks. Across this crate and `rdma-cm`:
+//!
+//! | to | blocking (up to `timeout`) | never blocking |
+//! |---|---|---|
+//! | take the next item of a stream: a ring's message, a channel's event, a device's async event, a CM event or connection request | `recv(timeout)`, `recv_*(timeout)` | `try_recv()`, `try_recv_*()` |
+//! | take completions of requests one posted | `wait(timeout, ..)`: until at least one (a scope: `n`) | `poll(..)` |
+//! | see every request one posted complete | `drain(timeout, ..)` | |
+//!
+//! A wait that nothing can end (nothing posted or outstanding) returns
+//! [`Error::NothingToWaitFor`] at once.
+//!
 //! # Errors
 //! Every fallible call returns [`Result`]; its [`Error`] names the verb that failed (only ever a
 //! libibverbs function: [`Error::verb`]), the device where one is known, and the `errno`

@@ -12,7 +12,7 @@
 //! # fn f(qp: &QueuePair<'_, Rc, Init>, pool: SlotPool<'_>) -> Result<()> {
 //! let mut ring = RecvRing::new(qp, pool, 64, Duration::from_secs(1))?; // 64 receives posted
 //! // ... connect the QP; the receives stay posted through the transitions ...
-//! let msg = ring.next(Duration::from_secs(5))?;
+//! let msg = ring.recv(Duration::from_secs(5))?;
 //! msg.ok()?;
 //! println!("{} bytes, imm {:?}", msg.bytes().len(), msg.imm());
 //! ring.release(msg)?; // posted again
@@ -327,7 +327,7 @@ impl<'res> RecvRing<'res> {
 
     /// The CQ this ring owns, to [`arm`](crate::CompletionQueue::arm) it and wait on its
     /// [channel](crate::CompletionQueue::channel)'s file descriptor before calling
-    /// [`try_next`](Self::try_next). Polling it directly is refused while the ring lives.
+    /// [`try_recv`](Self::try_recv). Polling it directly is refused while the ring lives.
     pub fn cq(&self) -> &CompletionQueue<'res> {
         self.cq.cq()
     }
@@ -426,7 +426,7 @@ impl<'res> RecvRing<'res> {
     /// # Errors
     /// [`Error::Verb`] when polling fails.
     #[doc(alias = "ibv_poll_cq")]
-    pub fn try_next(&mut self) -> Result<Option<Message<'res>>> {
+    pub fn try_recv(&mut self) -> Result<Option<Message<'res>>> {
         loop {
             if self.wc_next == self.wc_len {
                 self.wc_next = 0;
@@ -449,16 +449,16 @@ impl<'res> RecvRing<'res> {
     /// [`Error::Timeout`] when none came in time; [`Error::NothingToWaitFor`] at once when no
     /// receive is posted (every slot is out in a message, or kept with
     /// [`Message::into_slot`]): nothing can arrive until one is released or the ring
-    /// [refilled](Self::refill); as [`try_next`](Self::try_next).
+    /// [refilled](Self::refill); as [`try_recv`](Self::try_recv).
     ///
     /// On a QP in the error state its receives complete flushed (rxe needs the QP moved to error
     /// again for that: the ring does it when nothing came for 50 ms), so this wait ends there
     /// too.
-    pub fn next(&mut self, timeout: Duration) -> Result<Message<'res>> {
+    pub fn recv(&mut self, timeout: Duration) -> Result<Message<'res>> {
         let deadline = Deadline::after(timeout);
         let mut reflush = Deadline::after(REFLUSH_AFTER);
         loop {
-            if let Some(msg) = self.try_next()? {
+            if let Some(msg) = self.try_recv()? {
                 return Ok(msg);
             }
             if self.posted_count == 0 {
@@ -506,7 +506,7 @@ impl<'res> RecvRing<'res> {
 
     /// Takes every completion there is, dropping the messages (their slots return to the pool).
     fn discard_all(&mut self) {
-        while let Ok(Some(_)) = self.try_next() {}
+        while let Ok(Some(_)) = self.try_recv() {}
     }
 
     /// Puts every posted receive out of the device's reach, or hands it to the SRQ that will

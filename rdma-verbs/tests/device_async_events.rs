@@ -37,7 +37,7 @@ fn port_down_and_up_are_typed_async_events() {
     let ctx = Context::open(&topo.client.device).unwrap();
     let netdev = "veth1";
     // Nothing pending: the wait times out, and the iterator ends.
-    assert!(matches!(ctx.next_async_event(Duration::from_millis(200)), Err(Error::Timeout { .. })));
+    assert!(matches!(ctx.recv_async_event(Duration::from_millis(200)), Err(Error::Timeout { .. })));
     assert!(ctx.async_events(Duration::from_millis(100)).next().is_none());
 
     let _restore = Restore(&ctx, netdev, topo.port);
@@ -56,7 +56,7 @@ fn port_down_and_up_are_typed_async_events() {
         for timeout in [Duration::MAX, wait, wait] {
             let (ctx, tx) = (&ctx, tx.clone());
             t.spawn(move || {
-                let r = ctx.next_async_event(timeout);
+                let r = ctx.recv_async_event(timeout);
                 let _ = tx.send((timeout, r));
             });
         }

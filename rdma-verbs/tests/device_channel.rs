@@ -42,7 +42,7 @@ fn channel_wait_returns_on_a_completion_and_times_out_without_one() {
         s.post_recv(&mut [RecvRequest::new(1, &buf)]).unwrap();
         cq.arm(false).unwrap();
         s.post_send(&mut [SendRequest::send(2, &msg)]).unwrap();
-        let got = channel.wait(T).expect("an event for the completion");
+        let got = channel.recv(T).expect("an event for the completion");
         assert!(got.is_for(&cq));
         let mut n = s.poll(&mut wcs).unwrap().len();
         while n < 2 {

@@ -61,7 +61,7 @@ fn a_write_stream_reuses_16_slots_a_thousand_times_each() {
         let mut want = Vec::with_capacity(SLOT);
         let mut got = vec![0u8; SLOT];
         for n in 0..TOTAL {
-            let msg = ring.next(LONG).unwrap();
+            let msg = ring.recv(LONG).unwrap();
             msg.ok().unwrap();
             assert!(msg.is_write_with_imm() && msg.bytes().is_empty(), "{msg:?}");
             assert_eq!(msg.write_len() as usize, SLOT);
@@ -94,7 +94,7 @@ fn a_write_stream_reuses_16_slots_a_thousand_times_each() {
     let mut max_in_flight = 0;
     let (mut seq, start) = (0u32, Instant::now());
     while seq < TOTAL {
-        while let Some(msg) = ring.try_next().unwrap() {
+        while let Some(msg) = ring.try_recv().unwrap() {
             msg.ok().unwrap();
             remote_free.push_back(msg.imm().unwrap());
             ring.release(msg).unwrap();
@@ -191,7 +191,7 @@ fn a_receive_ring_carries_ten_thousand_messages() {
         (qp_s, sq)
     });
     for n in 0..TOTAL {
-        let msg = ring.next(LONG).unwrap();
+        let msg = ring.recv(LONG).unwrap();
         msg.ok().unwrap();
         // Readable as a plain slice between completion and release.
         let bytes: &[u8] = msg.bytes();
@@ -202,7 +202,7 @@ fn a_receive_ring_carries_ten_thousand_messages() {
         assert_eq!(ring.posted(), 64, "every released slot is posted again");
     }
     let _ = sender.join().unwrap();
-    assert!(ring.try_next().unwrap().is_none(), "nothing more arrived");
+    assert!(ring.try_recv().unwrap().is_none(), "nothing more arrived");
 }
 
 #[test]
@@ -218,7 +218,7 @@ fn a_receive_ring_carries_ten_thousand_writes_with_immediate() {
         (qp_s, sq)
     });
     for n in 0..TOTAL {
-        let msg = ring.next(LONG).unwrap();
+        let msg = ring.recv(LONG).unwrap();
         msg.ok().unwrap();
         assert!(msg.is_write_with_imm(), "{msg:?}");
         assert!(msg.bytes().is_empty(), "a write-with-immediate leaves no bytes in the receive");
@@ -342,16 +342,16 @@ fn a_ring_is_driven_by_readiness_of_its_channel_fd() {
     let (qp_s, _qp_r) = connect_pair(&topo, qp_s, qp_r);
     let mut sq = SendQueue::new(&qp_s, T).unwrap();
     for round in 0..3u8 {
-        assert!(ring.try_next().unwrap().is_none(), "nothing yet, and no blocking");
+        assert!(ring.try_recv().unwrap().is_none(), "nothing yet, and no blocking");
         ring.cq().arm(false).unwrap();
         sq.send_inline(&[round; 5], None, 0).unwrap();
         let mut pfd = libc::pollfd { fd: ring.cq().channel().unwrap().as_raw_fd(), events: libc::POLLIN, revents: 0 };
         // SAFETY: one valid pollfd.
         let ready = unsafe { libc::poll(&mut pfd, 1, 5000) };
         assert_eq!(ready, 1, "the channel's fd became readable");
-        let event = channel.try_next().unwrap().expect("an event is pending");
+        let event = channel.try_recv().unwrap().expect("an event is pending");
         assert!(event.is_for(ring.cq()));
-        let msg = ring.try_next().unwrap().expect("the message is there once the fd was readable");
+        let msg = ring.try_recv().unwrap().expect("the message is there once the fd was readable");
         assert_eq!(msg.bytes(), &[round; 5]);
         ring.release(msg).unwrap();
         sq.drain(T, |c| c.ok().unwrap()).unwrap();
@@ -396,7 +396,7 @@ fn one_srq_backed_ring_serves_four_connections() {
     }
     let mut next = [0u64; CONNS];
     for _ in 0..CONNS as u64 * EACH {
-        let msg = ring.next(LONG).unwrap();
+        let msg = ring.recv(LONG).unwrap();
         msg.ok().unwrap();
         let v = u64::from_le_bytes(msg.bytes().try_into().unwrap());
         let id = (v >> 32) as usize;

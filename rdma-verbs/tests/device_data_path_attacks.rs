@@ -61,7 +61,7 @@ fn a_ring_never_posts_more_than_its_depth() {
     let mut ring = RecvRing::new(&qp_r, pool.clone(), 4, T).unwrap();
     let mut sq = SendQueue::new(&qp_s, T).unwrap();
     sq.send_inline(b"one", None, 1).unwrap();
-    let msg = ring.next(T).unwrap();
+    let msg = ring.recv(T).unwrap();
     assert_eq!(ring.posted(), 3);
     assert_eq!(ring.refill().unwrap(), 1, "refill tops the ring up to its depth");
     ring.release(msg).unwrap();

@@ -130,7 +130,7 @@ fn the_pipelined_data_path_allocates_nothing_per_request() {
                 free.push(c.slot.unwrap());
             })
             .unwrap();
-            while let Some(msg) = ring.try_next().unwrap() {
+            while let Some(msg) = ring.try_recv().unwrap() {
                 assert_eq!(msg.imm(), Some(received));
                 received += 1;
                 ring.release(msg).unwrap();
@@ -191,7 +191,7 @@ fn a_64_mib_file_round_trips_through_slots_without_a_copy() {
         let chunks = (SIZE / CHUNK) as u32;
         let n = allocations_during(|| {
             for _ in 0..chunks {
-                let msg = ring.next(T).unwrap();
+                let msg = ring.recv(T).unwrap();
                 msg.ok().unwrap();
                 let (k, chunk) = (msg.imm().unwrap() >> 24, msg.imm().unwrap() & 0xff_ffff);
                 let len = msg.write_len() as usize;
@@ -220,7 +220,7 @@ fn a_64_mib_file_round_trips_through_slots_without_a_copy() {
     let sender_allocations = allocations_during(|| {
         let mut offset = 0usize;
         while offset < SIZE {
-            while let Some(msg) = ring.try_next().unwrap() {
+            while let Some(msg) = ring.try_recv().unwrap() {
                 remote_free.push(msg.imm().unwrap());
                 ring.release(msg).unwrap();
             }

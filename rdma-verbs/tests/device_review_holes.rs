@@ -354,7 +354,7 @@ fn unbounded_timeouts_wait_without_panicking() {
         Ok(())
     })
     .unwrap();
-    // CompletionQueue::wait and CompletionChannel::wait: poll by hand outside a scope.
+    // CompletionQueue::wait and CompletionChannel::recv: poll by hand outside a scope.
     let src = [mr.sge(0..8).unwrap()];
     // Armed before posting: a completion that comes before arming raises no event.
     cq.arm(false).unwrap();
@@ -369,7 +369,7 @@ fn unbounded_timeouts_wait_without_panicking() {
     cq.arm(false).unwrap();
     // SAFETY: as above.
     unsafe { qp.post_send(&mut [SendRequest::write(4, &src, mr.remote().slice(8, 8).unwrap())]).unwrap() };
-    ch.wait(Duration::MAX).unwrap();
+    ch.recv(Duration::MAX).unwrap();
     while cq.poll(&mut wcs).unwrap().is_empty() {
         assert!(Instant::now() < deadline);
     }
@@ -486,7 +486,7 @@ fn threads_waiting_on_one_channel_all_return_in_time() {
                 let tx = tx.clone();
                 t.spawn(move || {
                     let start = Instant::now();
-                    let r = ch.wait(wait).map(|_| ());
+                    let r = ch.recv(wait).map(|_| ());
                     let _ = tx.send((r.is_ok(), start.elapsed()));
                 });
             }

@@ -139,11 +139,11 @@ fn waits_that_nothing_can_end_return_at_once() {
 
     // A ring whose every slot is out in a message the application holds.
     returns_within("RecvRing::next with nothing posted", limit, move || {
-        let first = ring.next(T).unwrap(); // the send above
+        let first = ring.recv(T).unwrap(); // the send above
         send_messages_from(&client, &pool, 1);
-        let second = ring.next(T).unwrap();
+        let second = ring.recv(T).unwrap();
         assert_eq!(ring.posted(), 0);
-        let e = ring.next(Duration::MAX).unwrap_err();
+        let e = ring.recv(Duration::MAX).unwrap_err();
         assert!(nothing_to_wait_for(&e), "{e:?}");
         drop((first, second, ring, client, pool));
     });
@@ -254,7 +254,7 @@ fn a_request_the_qp_cannot_take_is_refused_before_it_can_split_a_batch() {
     });
     drop((refused, sq));
     assert_eq!(pool.available(), 4, "every slot is back");
-    ring.next(T).unwrap().ok().unwrap();
+    ring.recv(T).unwrap().ok().unwrap();
     drop((ctx_c, ctx_r));
 }
 
@@ -273,13 +273,13 @@ fn receives_posted_to_a_qp_in_error_complete_flushed() {
     let (_client, server) = connect_pair(&topo, client, server);
     server.flush().unwrap();
     for _ in 0..4 {
-        let msg = ring.next(T).unwrap();
+        let msg = ring.recv(T).unwrap();
         assert_eq!(msg.status(), WcStatus::WrFlushError);
         ring.release(msg).unwrap(); // posted again, to a QP in error
     }
     let limit = Duration::from_secs(10);
     let ring = returns_within("RecvRing::next on a QP in error", limit, move || {
-        let msg = ring.next(Duration::MAX).unwrap();
+        let msg = ring.recv(Duration::MAX).unwrap();
         assert_eq!(msg.status(), WcStatus::WrFlushError);
         drop(msg);
         ring

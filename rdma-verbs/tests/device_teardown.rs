@@ -214,7 +214,7 @@ fn srq_round(topo: &testkit::Topology, order: SrqOrder) {
         sq.send_inline(&i.to_le_bytes(), None, i).unwrap();
     }
     sq.drain(T, |c| c.ok().unwrap()).unwrap();
-    let msg = ring.next(T).unwrap();
+    let msg = ring.recv(T).unwrap();
     ring.release(msg).unwrap();
     drop((sq, client, ctx_c, pd_c, ctx_r, pd_r));
     match order {

@@ -38,7 +38,7 @@ impl Connection {
     }
 
     fn receive(&mut self) -> u64 {
-        let msg = self.ring.next(Duration::from_secs(30)).unwrap();
+        let msg = self.ring.recv(Duration::from_secs(30)).unwrap();
         msg.ok().unwrap();
         let value = u64::from_le_bytes(msg.bytes().try_into().unwrap());
         self.ring.release(msg).unwrap();

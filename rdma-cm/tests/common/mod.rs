@@ -90,7 +90,7 @@ pub fn complete_unless_peer_left<S: State>(
             }
         }
         if !conn.peer_disconnected() {
-            if let Some(ev) = conn.try_event().unwrap() {
+            if let Some(ev) = conn.try_recv_event().unwrap() {
                 assert_eq!(ev, Event::Disconnected, "the only event a connection expects");
                 conn.qp().flush().unwrap();
             }

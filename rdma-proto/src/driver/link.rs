@@ -151,7 +151,7 @@ impl Pacer {
                 let channel = cqs[0]
                     .channel()
                     .ok_or_else(|| ProtocolError::Local("the loop's CQs have no completion channel".into()))?;
-                match channel.wait(IDLE_WAIT) {
+                match channel.recv(IDLE_WAIT) {
                     Ok(_) => {}
                     Err(rdma_verbs::Error::Timeout { .. }) => quiet = true,
                     Err(e) => return Err(e.into()),
@@ -173,7 +173,7 @@ pub(crate) fn take_arrivals(
     mut on_arrival: impl FnMut(&Message<'static>),
 ) -> Result<usize, Error> {
     for n in 0..ARRIVALS_PER_ROUND {
-        let Some(msg) = ring.try_next()? else { return Ok(n) };
+        let Some(msg) = ring.try_recv()? else { return Ok(n) };
         if msg.ok().is_err() {
             return Err(Error::PeerGone);
         }
@@ -197,6 +197,6 @@ const ACK_TIMEOUT: u8 = 14;
 
 /// Whether the peer disconnected (reads the connection's pending CM events).
 pub(crate) fn peer_left(conn: &rdma_cm::Connection<'_>) -> bool {
-    let _ = conn.try_event();
+    let _ = conn.try_recv_event();
     conn.peer_disconnected()
 }

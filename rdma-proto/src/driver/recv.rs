@@ -164,7 +164,7 @@ impl Server {
         let stop = &self.opts.stop;
         std::thread::scope(|scope| -> Result<(), Error> {
             while sessions.map_or(true, |n| started < n) && !stop.load(Ordering::Relaxed) {
-                let req = match self.listener.get_request(Duration::from_millis(500)) {
+                let req = match self.listener.recv_request(Duration::from_millis(500)) {
                     Ok(r) => r,
                     Err(e) if e.is_timeout() => continue,
                     Err(e) => return Err(e.into()),

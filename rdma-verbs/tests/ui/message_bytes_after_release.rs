@@ -3,7 +3,7 @@
 use rdma_verbs::RecvRing;
 
 fn read_after(ring: &mut RecvRing<'_>) -> u8 {
-    let msg = ring.try_next().unwrap().unwrap();
+    let msg = ring.try_recv().unwrap().unwrap();
     let bytes = msg.bytes();
     ring.release(msg).unwrap(); // error: cannot move out of `msg` while borrowed
     bytes[0]

@@ -2,7 +2,7 @@
 use rdma_verbs::RecvRing;
 
 fn twice(ring: &mut RecvRing<'_>) {
-    let msg = ring.try_next().unwrap().unwrap();
+    let msg = ring.try_recv().unwrap().unwrap();
     ring.release(msg).unwrap();
     ring.release(msg).unwrap(); // error: use of moved value `msg`
 }
