@@ -61,7 +61,7 @@ fn requests(c: &mut Criterion) {
             black_box(&wrs);
         })
     });
-    let pool = SlotPool::new(pair.client_dev.pd.clone(), 1024, CHAIN as u32, AccessFlags::LOCAL_WRITE).expect("pool");
+    let pool = SlotPool::new(pair.client_dev.pd.clone(), 1024, CHAIN, AccessFlags::LOCAL_WRITE).expect("pool");
     let mut staged: Vec<Request<'static>> = Vec::with_capacity(CHAIN);
     g.bench_function("Request::write_x32", |b| {
         b.iter(|| {

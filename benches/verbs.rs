@@ -108,8 +108,8 @@ impl Stream {
     /// `depth` slots of `size` bytes on the client, one region of `size` bytes at the server
     /// that every WRITE targets (as perftest does).
     fn new(pair: &RcPair, size: usize, depth: u32) -> Self {
-        let pool =
-            SlotPool::new(pair.client_dev.pd.clone(), size, depth, AccessFlags::LOCAL_WRITE).expect("source pool");
+        let pool = SlotPool::new(pair.client_dev.pd.clone(), size, depth as usize, AccessFlags::LOCAL_WRITE)
+            .expect("source pool");
         let free: Vec<Slot<'static>> = std::iter::from_fn(|| pool.try_take()).collect();
         let target = MemoryRegion::alloc(pair.server_dev.pd.clone(), size, QP_ACCESS).expect("target region");
         let remote = target.remote();

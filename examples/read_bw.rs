@@ -76,7 +76,7 @@ fn run(args: &Args) -> BoxResult<()> {
         true => None,
     };
     let pool = match client && args.apis.contains(&"pool") {
-        true => Some(SlotPool::new(&pd, args.size, args.tx_depth as u32, AccessFlags::LOCAL_WRITE)?),
+        true => Some(SlotPool::new(&pd, args.size, args.tx_depth, AccessFlags::LOCAL_WRITE)?),
         false => None,
     };
     let max_reads = ctx.attr().max_qp_rd_atom.clamp(1, u32::from(u8::MAX));
@@ -152,8 +152,8 @@ fn pool_loop<'r>(
     t: &mut Times,
 ) -> BoxResult<()> {
     let mut sq = SendQueue::new(qp, WAIT)?;
-    if sq.depth() < args.tx_depth {
-        return Err(format!("the send queue takes {} requests, -t is {}", sq.depth(), args.tx_depth).into());
+    if sq.capacity() < args.tx_depth {
+        return Err(format!("the send queue takes {} requests, -t is {}", sq.capacity(), args.tx_depth).into());
     }
     // Free slots, taken from the pool once: a completion puts its slot back at the end.
     let mut free: VecDeque<Slot<'r>> = VecDeque::with_capacity(args.tx_depth);

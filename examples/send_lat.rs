@@ -56,9 +56,9 @@ fn run(args: &Args) -> BoxResult<()> {
     let qp = pd.create_qp::<Rc>(QpCreateAttr::new(&send_cq, &recv_cq).caps(caps))?;
     let qp = qp.init(InitAttr::new(args.ib_port).access(AccessFlags::LOCAL_WRITE))?;
     let send_pool = SlotPool::new(&pd, args.size, 1, AccessFlags::LOCAL_WRITE)?;
-    let recv_pool = SlotPool::new(&pd, args.size, rx_depth, AccessFlags::LOCAL_WRITE)?;
+    let recv_pool = SlotPool::new(&pd, args.size, rx_depth as usize, AccessFlags::LOCAL_WRITE)?;
     // Posted before the peer can send: the receives stay posted through the transitions.
-    let mut ring = RecvRing::new(&qp, recv_pool, rx_depth, WAIT)?;
+    let mut ring = RecvRing::new(&qp, recv_pool, rx_depth as usize, WAIT)?;
     let psn = std::process::id() & 0xff_ffff;
     let nothing = RemoteRegion { addr: 0, rkey: 0, len: 0 };
     let me = Peer { endpoint: qp.endpoint(args.gid_index, psn)?, region: nothing };

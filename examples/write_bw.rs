@@ -49,7 +49,7 @@ fn run(args: &Args) -> BoxResult<()> {
     // The pool path writes from its own slots, registered before the test like the region.
     let pool = match args.server {
         Some(_) if args.apis.contains(&"pool") => {
-            Some(SlotPool::new(&pd, args.size, args.tx_depth as u32, AccessFlags::LOCAL_WRITE)?)
+            Some(SlotPool::new(&pd, args.size, (args.tx_depth as u32) as usize, AccessFlags::LOCAL_WRITE)?)
         }
         _ => None,
     };
@@ -191,8 +191,8 @@ fn pool_loop<'r>(
     stamps: &mut Vec<Instant>,
 ) -> Timed {
     let mut sq = SendQueue::new(qp, DRAIN)?;
-    if sq.depth() < args.tx_depth {
-        return Err(format!("the send queue takes {} requests, -t is {}", sq.depth(), args.tx_depth).into());
+    if sq.capacity() < args.tx_depth {
+        return Err(format!("the send queue takes {} requests, -t is {}", sq.capacity(), args.tx_depth).into());
     }
     // Free slots, taken from the pool once: a completion puts its slot back here.
     let mut free: Vec<Slot<'r>> = Vec::with_capacity(args.tx_depth);

@@ -433,7 +433,12 @@ impl<'ctx> CompletionQueue<'ctx> {
     }
 
     /// How many completions the CQ holds (`cqe`: at least what was asked at creation).
-    pub fn capacity(&self) -> u32 {
+    pub fn capacity(&self) -> usize {
+        self.capacity as usize
+    }
+
+    /// [`capacity`](Self::capacity) as the verbs count it (`cqe`, a C `int`).
+    pub(crate) fn cqe(&self) -> u32 {
         self.capacity
     }
 

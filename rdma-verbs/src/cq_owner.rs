@@ -103,7 +103,7 @@ impl Drop for CqOwner<'_> {
         }
         if self.holder != CqHolder::PostingScope {
             let mut wcs = [WorkCompletion::default(); 16];
-            let mut left = self.cq.capacity() as usize;
+            let mut left = self.cq.capacity();
             while left > 0 {
                 let take = left.min(wcs.len());
                 match self.cq.poll_owned(&mut wcs[..take]) {

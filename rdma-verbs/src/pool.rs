@@ -89,11 +89,14 @@ impl<'pd> SlotPool<'pd> {
     pub fn new(
         pd: impl Into<Parent<'pd, ProtectionDomain<'pd>>>,
         slot_size: usize,
-        count: u32,
+        count: usize,
         access: AccessFlags,
     ) -> Result<Self> {
         let pd = pd.into();
         let bad = |reason: String| Err(Error::invalid("ibv_reg_mr", Some(pd.context().name()), reason));
+        let Ok(count) = u32::try_from(count) else {
+            return bad(format!("{count} slots: a pool holds at most {}", u32::MAX));
+        };
         if slot_size == 0 || count == 0 {
             return bad(format!("a pool of {count} slots of {slot_size} bytes is empty"));
         }
@@ -130,7 +133,12 @@ impl<'pd> SlotPool<'pd> {
     }
 
     /// The number of slots.
-    pub fn count(&self) -> u32 {
+    pub fn capacity(&self) -> usize {
+        self.shared.count as usize
+    }
+
+    /// [`capacity`](Self::capacity) as the slots' indices count it.
+    pub(crate) fn count(&self) -> u32 {
         self.shared.count
     }
 

@@ -222,9 +222,10 @@ impl<'res> RecvRing<'res> {
     pub fn new<T: Transport, S: CanPostRecv>(
         qp: &QueuePair<'res, T, S>,
         pool: SlotPool<'res>,
-        depth: u32,
+        depth: usize,
         drain_timeout: Duration,
     ) -> Result<Self> {
+        let depth = u32::try_from(depth).unwrap_or(u32::MAX);
         let inner = Arc::clone(qp.shared());
         let device = inner.device();
         if inner.has_srq() {
@@ -233,7 +234,7 @@ impl<'res> RecvRing<'res> {
         if !std::ptr::eq(pool.pd(), &*inner.pd) {
             return Err(Error::invalid("ibv_post_recv", Some(device), "the pool belongs to another protection domain"));
         }
-        let limit = inner.caps.max_recv_wr.min(inner.recv_cq.capacity());
+        let limit = inner.caps.max_recv_wr.min(inner.recv_cq.cqe());
         check(&pool, depth, limit, device)?;
         let cq = CqOwner::claim(inner.recv_cq.clone(), CqHolder::RecvRing, "RecvRing::new")?;
         Self::start(Some(inner), None, cq, pool, depth, drain_timeout)
@@ -252,9 +253,10 @@ impl<'res> RecvRing<'res> {
         srq: Arc<SharedReceiveQueue<'res>>,
         cq: impl Into<Parent<'res, CompletionQueue<'res>>>,
         pool: SlotPool<'res>,
-        depth: u32,
+        depth: usize,
         drain_timeout: Duration,
     ) -> Result<Self> {
+        let depth = u32::try_from(depth).unwrap_or(u32::MAX);
         let cq = cq.into();
         let device = srq.device();
         if !std::ptr::eq(cq.context(), srq.pd().context()) {
@@ -268,7 +270,7 @@ impl<'res> RecvRing<'res> {
                 "the pool belongs to another protection domain",
             ));
         }
-        check(&pool, depth, srq.max_wr().min(cq.capacity()), device)?;
+        check(&pool, depth, srq.max_wr().min(cq.cqe()), device)?;
         let owner = CqOwner::claim(cq.clone(), CqHolder::RecvRing, "RecvRing::with_srq")?;
         match srq.attach_ring(cq.as_raw()) {
             Ok(()) => {}
@@ -316,13 +318,13 @@ impl<'res> RecvRing<'res> {
     }
 
     /// The number of receives the ring keeps posted.
-    pub fn depth(&self) -> u32 {
-        self.depth
+    pub fn capacity(&self) -> usize {
+        self.depth as usize
     }
 
     /// The number posted right now.
-    pub fn posted(&self) -> u32 {
-        self.posted_count
+    pub fn posted(&self) -> usize {
+        self.posted_count as usize
     }
 
     /// The CQ this ring owns, to [`arm`](crate::CompletionQueue::arm) it and wait on its
@@ -337,7 +339,7 @@ impl<'res> RecvRing<'res> {
         &self.pool
     }
 
-    /// Posts slots from the pool until [`depth`](Self::depth) receives are posted (after
+    /// Posts slots from the pool until [`capacity`](Self::capacity) receives are posted (after
     /// messages were dropped or kept with [`Message::into_slot`]). Returns how many it posted.
     ///
     /// # Errors
@@ -353,7 +355,7 @@ impl<'res> RecvRing<'res> {
     }
 
     /// Posts the message's slot again: `ibv_post_recv()` (or `ibv_post_srq_recv()`); if
-    /// [`depth`](Self::depth) receives are posted already (after a [`refill`](Self::refill)),
+    /// [`capacity`](Self::capacity) receives are posted already (after a [`refill`](Self::refill)),
     /// the slot goes back to the pool instead. Allocates nothing.
     ///
     /// # Errors

@@ -253,13 +253,13 @@ impl<'s, 'env, T: Transport, S: State> PostScope<'s, 'env, T, S> {
         }
         if std::ptr::eq(send_cq, recv_cq) {
             let have = self.sends + self.recvs;
-            if !fits(have, sends + recvs, send_cq.capacity()) {
-                return Err(full("completion queue", send_cq.capacity(), have));
+            if !fits(have, sends + recvs, send_cq.cqe()) {
+                return Err(full("completion queue", send_cq.cqe(), have));
             }
-        } else if !fits(self.sends, sends, send_cq.capacity()) {
-            return Err(full("completion queue of sends", send_cq.capacity(), self.sends));
-        } else if !fits(self.recvs, recvs, recv_cq.capacity()) {
-            return Err(full("completion queue of receives", recv_cq.capacity(), self.recvs));
+        } else if !fits(self.sends, sends, send_cq.cqe()) {
+            return Err(full("completion queue of sends", send_cq.cqe(), self.sends));
+        } else if !fits(self.recvs, recvs, recv_cq.cqe()) {
+            return Err(full("completion queue of receives", recv_cq.cqe(), self.recvs));
         }
         Ok(())
     }

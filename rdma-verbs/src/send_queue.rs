@@ -64,7 +64,7 @@ struct Held<'pd> {
 /// [`Parent`](crate::Parent)) it is `'static` and a thread can own it.
 ///
 /// # Capacity
-/// At most [`depth`](Self::depth) requests are pushed and in flight at once: the QP's
+/// At most [`capacity`](Self::capacity) requests are pushed and in flight at once: the QP's
 /// `max_send_wr`, or the CQ's capacity if smaller, so the CQ never overflows.
 ///
 /// # Dropping
@@ -137,7 +137,7 @@ impl<'res, T: Connected> SendQueue<'res, T> {
     pub fn new(qp: &QueuePair<'res, T, ReadyToSend>, drain_timeout: Duration) -> Result<Self> {
         let inner = Arc::clone(qp.shared());
         let cq = CqOwner::claim(inner.send_cq.clone(), CqHolder::SendQueue, "SendQueue::new")?;
-        let depth = inner.caps.max_send_wr.min(cq.cq().capacity()) as usize;
+        let depth = inner.caps.max_send_wr.min(cq.cq().cqe()) as usize;
         Ok(SendQueue {
             qp: inner,
             cq,
@@ -158,7 +158,7 @@ impl<'res, T: Connected> SendQueue<'res, T> {
     }
 
     /// The most requests pushed and in flight at once.
-    pub fn depth(&self) -> usize {
+    pub fn capacity(&self) -> usize {
         self.depth
     }
 

@@ -50,7 +50,8 @@ fn a_write_stream_reuses_16_slots_a_thousand_times_each() {
     let (qp_s, qp_r) = connect_pair(&topo, qp_s, qp_r);
     // The receiver's slots, remotely writable: granted to the sender once.
     let granted =
-        SlotPool::new(pd_r.clone(), SLOT, SLOTS, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).unwrap();
+        SlotPool::new(pd_r.clone(), SLOT, SLOTS as usize, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+            .unwrap();
     let targets: Vec<Slot<'static>> = (0..SLOTS).map(|_| granted.try_take().unwrap()).collect();
     let grants: Vec<RemoteRegion> = targets.iter().map(Slot::remote).collect();
 
@@ -86,7 +87,7 @@ fn a_write_stream_reuses_16_slots_a_thousand_times_each() {
 
     let notes = SlotPool::new(pd_s.clone(), 64, 64, AccessFlags::LOCAL_WRITE).unwrap();
     let mut ring = RecvRing::new(&qp_s, notes, 32, T).unwrap();
-    let pool = SlotPool::new(pd_s.clone(), SLOT, SLOTS, AccessFlags::LOCAL_WRITE).unwrap();
+    let pool = SlotPool::new(pd_s.clone(), SLOT, SLOTS as usize, AccessFlags::LOCAL_WRITE).unwrap();
     let mut sq = SendQueue::new(&qp_s, T).unwrap();
     let mut free: VecDeque<Slot<'static>> = (0..SLOTS).map(|_| pool.try_take().unwrap()).collect();
     let mut remote_free: VecDeque<u32> = (0..SLOTS).collect();
@@ -247,7 +248,7 @@ fn hundreds_of_writes_stay_in_flight_with_one_signal_per_batch() {
     let target = MemoryRegion::alloc(pd_r, 512 * 1024, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).unwrap();
     let pool = SlotPool::new(pd_s, 1024, 512, AccessFlags::LOCAL_WRITE).unwrap();
     let mut sq = SendQueue::new(&qp_s, T).unwrap();
-    assert_eq!(sq.depth(), 512);
+    assert_eq!(sq.capacity(), 512);
     // 16 chains of 32 writes, one doorbell and one signaled completion each.
     for chain in 0..16u64 {
         for i in 0..32u64 {

@@ -171,10 +171,10 @@ fn a_64_mib_file_round_trips_through_slots_without_a_copy() {
     let qp_s = owned_qp(&topo, &ctx_s, &pd_s, data_caps(), 512, AccessFlags::LOCAL_WRITE);
     let qp_r = owned_qp(&topo, &ctx_r, &pd_r, data_caps(), 512, REMOTE);
     let (qp_s, qp_r) = connect_pair(&topo, qp_s, qp_r);
-    let granted = SlotPool::new(pd_r.clone(), CHUNK, SLOTS, REMOTE).unwrap();
+    let granted = SlotPool::new(pd_r.clone(), CHUNK, SLOTS as usize, REMOTE).unwrap();
     let targets: Vec<Slot<'static>> = (0..SLOTS).map(|_| granted.try_take().unwrap()).collect();
     let grants: Vec<RemoteRegion> = targets.iter().map(Slot::remote).collect();
-    let pool = SlotPool::new(pd_s.clone(), CHUNK, SLOTS, AccessFlags::LOCAL_WRITE).unwrap();
+    let pool = SlotPool::new(pd_s.clone(), CHUNK, SLOTS as usize, AccessFlags::LOCAL_WRITE).unwrap();
     println!(
         "sender slots {:#x}+{:#x}, receiver slots {:#x}+{:#x}",
         pool.remote().addr,

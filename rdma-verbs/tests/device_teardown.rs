@@ -71,7 +71,7 @@ fn borrowed_round(topo: &testkit::Topology, case: Case) {
     let qp_r = pd_r.create_qp::<Rc>(QpCreateAttr::new(&cqs[2], &cqs[3]).caps(caps())).unwrap();
     let init = InitAttr::new(topo.port).access(TARGET);
     let (qp_s, qp_r) = connect_pair(topo, qp_s.init(init).unwrap(), qp_r.init(init).unwrap());
-    let pool = SlotPool::new(&pd_s, SLOT, SLOTS, AccessFlags::LOCAL_WRITE).unwrap();
+    let pool = SlotPool::new(&pd_s, SLOT, SLOTS as usize, AccessFlags::LOCAL_WRITE).unwrap();
     let ring_pool = SlotPool::new(&pd_r, 256, 16, AccessFlags::LOCAL_WRITE).unwrap();
     let ring = RecvRing::new(&qp_r, ring_pool.clone(), 16, DRAIN).unwrap();
     let target = MemoryRegion::alloc(&pd_r, SLOT * SLOTS as usize, TARGET).unwrap();
@@ -104,7 +104,7 @@ fn owned_round(topo: &testkit::Topology) {
     let qp_s = owned_qp(topo, &ctx_s, &pd_s, caps(), 128, TARGET);
     let qp_r = owned_qp(topo, &ctx_r, &pd_r, caps(), 128, TARGET);
     let (qp_s, qp_r) = connect_pair(topo, qp_s, qp_r);
-    let pool = SlotPool::new(pd_s.clone(), SLOT, SLOTS, AccessFlags::LOCAL_WRITE).unwrap();
+    let pool = SlotPool::new(pd_s.clone(), SLOT, SLOTS as usize, AccessFlags::LOCAL_WRITE).unwrap();
     let ring = RecvRing::new(&qp_r, SlotPool::new(pd_r.clone(), 256, 16, AccessFlags::LOCAL_WRITE).unwrap(), 16, DRAIN)
         .unwrap();
     let target = MemoryRegion::alloc(pd_r.clone(), SLOT * SLOTS as usize, TARGET).unwrap();
@@ -126,7 +126,7 @@ fn panic_round(topo: &testkit::Topology) {
     let target = MemoryRegion::alloc(pd_r.clone(), SLOT * SLOTS as usize, TARGET).unwrap();
     let remote = target.remote();
     let worker = std::thread::spawn(move || {
-        let pool = SlotPool::new(pd_s, SLOT, SLOTS, AccessFlags::LOCAL_WRITE).unwrap();
+        let pool = SlotPool::new(pd_s, SLOT, SLOTS as usize, AccessFlags::LOCAL_WRITE).unwrap();
         let mut sq = SendQueue::new(&qp_s, DRAIN).unwrap();
         start_writes(&mut sq, &pool, remote);
         panic!("the connection's thread fails with {} writes in flight", sq.in_flight());

@@ -57,9 +57,9 @@ impl Endpoint {
         };
         let qp = QueuePair::<Rc, Reset>::create(pd.clone(), QpCreateAttr::new(send_cq, recv_cq).caps(caps))?;
         let qp = init(qp)?;
-        let ring_pool = SlotPool::new(pd.clone(), MAX_MESSAGE_LEN, ring_depth, AccessFlags::LOCAL_WRITE)?;
-        let ring = RecvRing::new(&qp, ring_pool, ring_depth, DRAIN)?;
-        let control = SlotPool::new(pd.clone(), MAX_MESSAGE_LEN, CONTROL_SLOTS, AccessFlags::LOCAL_WRITE)?;
+        let ring_pool = SlotPool::new(pd.clone(), MAX_MESSAGE_LEN, ring_depth as usize, AccessFlags::LOCAL_WRITE)?;
+        let ring = RecvRing::new(&qp, ring_pool, ring_depth as usize, DRAIN)?;
+        let control = SlotPool::new(pd.clone(), MAX_MESSAGE_LEN, CONTROL_SLOTS as usize, AccessFlags::LOCAL_WRITE)?;
         Ok(Endpoint { pd, qp, ring, control })
     }
 }

@@ -300,7 +300,7 @@ fn session(
                             }
                         }
                     }
-                    let pool = match SlotPool::new(pd.clone(), slot_size as usize, slot_count, access) {
+                    let pool = match SlotPool::new(pd.clone(), slot_size as usize, slot_count as usize, access) {
                         Ok(p) => p,
                         Err(e) => {
                             machine.handle(Input::OpenFailed(Status::Internal, e.to_string()), now);

@@ -136,7 +136,7 @@ pub fn send_file(path: &Path, opts: &SendOptions, mut progress: impl FnMut(u64, 
     let Endpoint { pd, qp, mut ring, control } = ep;
     let conn = id.connect(qp, &conn_params(), opts.connect_timeout).map_err(refusal)?;
     let mut phases = Phases { connect: start.elapsed(), ..Phases::default() };
-    let data = SlotPool::new(pd.clone(), opts.chunk as usize, opts.depth, AccessFlags::LOCAL_WRITE)?;
+    let data = SlotPool::new(pd.clone(), opts.chunk as usize, opts.depth as usize, AccessFlags::LOCAL_WRITE)?;
     let mut sq = SendQueue::new(conn.qp(), DRAIN)?;
 
     let mut hasher = Xxh3::new();
