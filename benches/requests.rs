@@ -62,10 +62,10 @@ fn requests(c: &mut Criterion) {
         })
     });
     let pool = SlotPool::new(pair.client_dev.pd.clone(), 1024, CHAIN, AccessFlags::LOCAL_WRITE).expect("pool");
-    let mut staged: Vec<Request<'static>> = Vec::with_capacity(CHAIN);
+    let mut staged: Vec<SlotRequest<'static>> = Vec::with_capacity(CHAIN);
     g.bench_function("Request::write_x32", |b| {
         b.iter(|| {
-            staged.extend((0..CHAIN).map(|i| Request::write(pool.try_take().expect("a free slot"), 16, dest(i))));
+            staged.extend((0..CHAIN).map(|i| SlotRequest::write(pool.try_take().expect("a free slot"), 16, dest(i))));
             black_box(&staged);
             staged.clear(); // the slots return to the pool
         })
@@ -104,7 +104,7 @@ fn requests(c: &mut Criterion) {
             b.iter(|| {
                 for i in 0..n {
                     let slot = free.pop().or_else(|| pool.try_take()).expect("a free slot");
-                    sq.push(Request::write(slot, 8, dest(i))).map_err(Error::from).expect("push");
+                    sq.push(SlotRequest::write(slot, 8, dest(i))).map_err(Error::from).expect("push");
                 }
                 sq.submit().expect("ibv_post_send");
                 let mut back = 0;

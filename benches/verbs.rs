@@ -65,7 +65,7 @@ fn latency(c: &mut Criterion, pair: &RcPair, ring: &mut RecvRing<'static>) {
         g.bench_function(BenchmarkId::new("write", size_name(size)), |b| {
             b.iter(|| {
                 let s = slot.take().expect("the slot is back");
-                sq.post(Request::write(s, size, remote)).map_err(Error::from).expect("posting a WRITE");
+                sq.post(SlotRequest::write(s, size, remote)).map_err(Error::from).expect("posting a WRITE");
                 slot = Some(complete_one(&mut sq));
             })
         });
@@ -76,7 +76,7 @@ fn latency(c: &mut Criterion, pair: &RcPair, ring: &mut RecvRing<'static>) {
         g.bench_function(BenchmarkId::new("send", size_name(size)), |b| {
             b.iter(|| {
                 let s = slot.take().expect("the slot is back");
-                sq.post(Request::send(s, size)).map_err(Error::from).expect("posting a SEND");
+                sq.post(SlotRequest::send(s, size)).map_err(Error::from).expect("posting a SEND");
                 let msg = spin("a received message", || ring.try_recv().expect("polling the ring"));
                 msg.ok().expect("the receive completed");
                 assert_eq!(black_box(msg.bytes()).len(), size);
@@ -124,7 +124,7 @@ impl Stream {
     fn step(&mut self, sq: &mut SendQueue<'static, Rc>) -> u64 {
         while let Some(slot) = self.free.pop() {
             self.posted += 1;
-            let wr = Request::write(slot, self.size, self.remote);
+            let wr = SlotRequest::write(slot, self.size, self.remote);
             sq.push(if self.posted % self.signal_every == 0 { wr.signaled() } else { wr })
                 .map_err(Error::from)
                 .expect("pushing a WRITE");

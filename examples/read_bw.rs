@@ -164,7 +164,7 @@ fn pool_loop<'r>(
     while done < args.iters {
         while t.posted.len() < args.iters {
             let Some(slot) = free.pop_front() else { break };
-            let rd = Request::read(slot, args.size, remote);
+            let rd = SlotRequest::read(slot, args.size, remote);
             let i = t.posted.len();
             t.posted.push(clock::ticks());
             sq.push(if (i + 1) % cq_mod == 0 { rd.signaled() } else { rd }).map_err(Error::from)?;

@@ -81,7 +81,7 @@ fn run(args: &Args) -> BoxResult<()> {
         }
         // The last request of a doorbell is signaled: this one.
         let s = slot.take().ok_or("the slot did not come back")?;
-        sq.push(Request::send(s, args.size)).map_err(Error::from)?;
+        sq.push(SlotRequest::send(s, args.size)).map_err(Error::from)?;
         submit_and_wait_one(&mut sq, &mut slot, WAIT)?;
         if client {
             receive(&mut ring, args.size)?;

@@ -203,7 +203,7 @@ fn pool_loop<'r>(
     while done < args.iters {
         while posted < args.iters {
             let Some(slot) = free.pop() else { break };
-            let wr = Request::write(slot, args.size, remote);
+            let wr = SlotRequest::write(slot, args.size, remote);
             sq.push(if every_cq_mod(args, posted) { wr.signaled() } else { wr }).map_err(Error::from)?;
             posted += 1;
         }

@@ -199,7 +199,7 @@ fn pool_loop<'r>(
         let mut s = slot.take().ok_or("the slot did not come back")?;
         s.write_at(size - 1, &[marker])?;
         // The last request of a doorbell is signaled: this one.
-        sq.push(Request::write(s, size, remote)).map_err(Error::from)?;
+        sq.push(SlotRequest::write(s, size, remote)).map_err(Error::from)?;
         submit_and_wait_one(&mut sq, &mut slot, WAIT)
     })
 }

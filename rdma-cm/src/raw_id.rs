@@ -154,7 +154,7 @@ impl RawId {
     }
 
     /// Refuses a QP on another device than `device`, the one the identifier is bound to.
-    fn check_device<S: rdma_verbs::State>(qp: &QueuePair<'_, Rc, S>, device: &str) -> Result<()> {
+    fn check_device<S: rdma_verbs::TypeState>(qp: &QueuePair<'_, Rc, S>, device: &str) -> Result<()> {
         let qp_device = qp.pd().context().name();
         if qp_device == device {
             Ok(())

@@ -92,9 +92,9 @@
 //!
 //! # Pipelines: slots that travel
 //! A [`SlotPool`] carves one registered region into slots. Posting through a [`SendQueue`] moves
-//! each [`Slot`] into its [`Request`]; the request's [`Completion`] gives it back (one signaled
+//! each [`Slot`] into its [`SlotRequest`]; the request's [`SlotCompletion`] gives it back (one signaled
 //! completion per doorbell returns every slot before it). A [`RecvRing`] keeps receives posted
-//! and hands each arrival over as a [`Message`] that owns its slot until it is released. While
+//! and hands each arrival over as a [`SlotMessage`] that owns its slot until it is released. While
 //! the application holds a slot, nothing else can touch it, so it is a plain `&mut [u8]`;
 //! [`Slot::read_file`] and [`Slot::write_file`] move file data with `pread`/`pwrite` straight
 //! into and out of registered memory. Nothing is allocated per request.
@@ -211,11 +211,11 @@ pub use pool::{Slot, SlotPool};
 pub use port::{LinkLayer, Mtu, PortAttr, PortState};
 pub use qp::attr::{InitAttr, QpCaps, QpEndpoint, RtrAttr, RtsAttr};
 pub use qp::state::{
-    CanPostRecv, Connected, Init, QpState, Rc, ReadyToReceive, ReadyToSend, Reset, State, Transport, Uc, Ud,
+    CanPostRecv, Connected, Init, QpState, Rc, ReadyToReceive, ReadyToSend, Reset, Transport, TypeState, Uc, Ud,
 };
 pub use qp::{QpCreateAttr, QueuePair, TransitionError};
-pub use recv_ring::{Message, RecvRing};
-pub use request::{Completion, PostError, Rejected, Request};
+pub use recv_ring::{RecvRing, SlotMessage};
+pub use request::{PostError, Rejected, SlotCompletion, SlotRequest};
 pub use scope::PostScope;
 pub use send_queue::SendQueue;
 pub use srq::SharedReceiveQueue;

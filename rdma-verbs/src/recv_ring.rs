@@ -1,7 +1,7 @@
-//! Receives that stay posted: [`RecvRing`] and [`Message`].
+//! Receives that stay posted: [`RecvRing`] and [`SlotMessage`].
 //!
 //! A ring posts `depth` slots of a [`SlotPool`] as receives once, and re-posts each slot when
-//! the application releases the [`Message`] it arrived in. Between completion and release the
+//! the application releases the [`SlotMessage`] it arrived in. Between completion and release the
 //! message owns its slot, so its bytes are a plain `&[u8]`: the NIC cannot write a slot that is
 //! not posted, and a ring's pool is never remotely writable. A write-with-immediate consumes a
 //! receive without data: its message has the immediate and no bytes.
@@ -44,7 +44,7 @@ use crate::wr_id::{next_generation, tag, untag, Space};
 
 /// A receive that completed, owning the slot it arrived in until it is
 /// [released](RecvRing::release) (posted again) or dropped (the slot returns to the pool).
-pub struct Message<'pd> {
+pub struct SlotMessage<'pd> {
     slot: Slot<'pd>,
     /// Bytes that landed in the slot (0 for a write-with-immediate).
     byte_len: u32,
@@ -58,9 +58,9 @@ pub struct Message<'pd> {
     vendor_err: u32,
 }
 
-impl fmt::Debug for Message<'_> {
+impl fmt::Debug for SlotMessage<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Message")
+        f.debug_struct("SlotMessage")
             .field("slot", &self.slot.index())
             .field("byte_len", &self.byte_len)
             .field("imm", &self.imm)
@@ -70,7 +70,7 @@ impl fmt::Debug for Message<'_> {
     }
 }
 
-impl<'pd> Message<'pd> {
+impl<'pd> SlotMessage<'pd> {
     /// The bytes received (none for a write-with-immediate or a failed receive). For a UD QP
     /// they start with the 40-byte GRH.
     pub fn bytes(&self) -> &[u8] {
@@ -147,7 +147,7 @@ impl<'pd> Message<'pd> {
 }
 
 /// A ring of receives posted from a [`SlotPool`] to a QP's receive queue or to a shared receive
-/// queue, re-posted as the application releases each [`Message`].
+/// queue, re-posted as the application releases each [`SlotMessage`].
 ///
 /// It owns the CQ its receives complete on (the QP's receive CQ; for an SRQ, the CQ given, which
 /// every QP of the SRQ must use) and discards completions of other requests there. It holds its
@@ -243,7 +243,7 @@ impl<'res> RecvRing<'res> {
     /// Posts `depth` slots of `pool` to the shared receive queue `srq` and owns it: every QP of
     /// the SRQ must deliver its receive completions to `cq` (the ring owns that CQ), which is
     /// checked both ways (QPs made before with another CQ refuse the ring; QPs made after with
-    /// another CQ are refused). Messages tell their QP by [`Message::qp_num`].
+    /// another CQ are refused). Messages tell their QP by [`SlotMessage::qp_num`].
     ///
     /// # Errors
     /// As [`new`](Self::new), with the SRQ's `max_wr` as the limit; [`Error::Busy`] when another
@@ -340,7 +340,7 @@ impl<'res> RecvRing<'res> {
     }
 
     /// Posts slots from the pool until [`capacity`](Self::capacity) receives are posted (after
-    /// messages were dropped or kept with [`Message::into_slot`]). Returns how many it posted.
+    /// messages were dropped or kept with [`SlotMessage::into_slot`]). Returns how many it posted.
     ///
     /// # Errors
     /// [`Error::PostFailed`] when posting fails.
@@ -362,7 +362,7 @@ impl<'res> RecvRing<'res> {
     /// [`Error::InvalidArgument`] for a message of another ring's pool (dropped);
     /// [`Error::PostFailed`] when posting fails (the slot returns to the pool).
     #[doc(alias = "ibv_post_recv")]
-    pub fn release(&mut self, msg: Message<'res>) -> Result<()> {
+    pub fn release(&mut self, msg: SlotMessage<'res>) -> Result<()> {
         if !msg.slot.is_from(&self.pool) {
             return Err(Error::invalid(
                 "ibv_post_recv",
@@ -428,7 +428,7 @@ impl<'res> RecvRing<'res> {
     /// # Errors
     /// [`Error::Verb`] when polling fails.
     #[doc(alias = "ibv_poll_cq")]
-    pub fn try_recv(&mut self) -> Result<Option<Message<'res>>> {
+    pub fn try_recv(&mut self) -> Result<Option<SlotMessage<'res>>> {
         loop {
             if self.wc_next == self.wc_len {
                 self.wc_next = 0;
@@ -450,13 +450,13 @@ impl<'res> RecvRing<'res> {
     /// # Errors
     /// [`Error::Timeout`] when none came in time; [`Error::NothingToWaitFor`] at once when no
     /// receive is posted (every slot is out in a message, or kept with
-    /// [`Message::into_slot`]): nothing can arrive until one is released or the ring
+    /// [`SlotMessage::into_slot`]): nothing can arrive until one is released or the ring
     /// [refilled](Self::refill); as [`try_recv`](Self::try_recv).
     ///
     /// On a QP in the error state its receives complete flushed (rxe needs the QP moved to error
     /// again for that: the ring does it when nothing came for 50 ms), so this wait ends there
     /// too.
-    pub fn recv(&mut self, timeout: Duration) -> Result<Message<'res>> {
+    pub fn recv(&mut self, timeout: Duration) -> Result<SlotMessage<'res>> {
         let deadline = Deadline::after(timeout);
         let mut reflush = Deadline::after(REFLUSH_AFTER);
         loop {
@@ -479,7 +479,7 @@ impl<'res> RecvRing<'res> {
     }
 
     /// The message of a completion that is one of this ring's receives.
-    fn take(&mut self, wc: &WorkCompletion) -> Option<Message<'res>> {
+    fn take(&mut self, wc: &WorkCompletion) -> Option<SlotMessage<'res>> {
         if let Some(qp) = &self.qp {
             if wc.qp_num() != qp.qp_num() {
                 return None;
@@ -493,7 +493,7 @@ impl<'res> RecvRing<'res> {
         // For RECV_RDMA_WITH_IMM, `byte_len` is the length of the peer's WRITE (rxe and mlx5
         // both report it), not bytes in the receive buffer: the slot holds nothing new.
         let write = ok && wc.opcode() == WcOpcode::RecvRdmaWithImm;
-        Some(Message {
+        Some(SlotMessage {
             slot,
             byte_len: if ok && !write { wc.byte_len() } else { 0 },
             write_len: if write { wc.byte_len() } else { 0 },

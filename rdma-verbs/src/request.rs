@@ -1,6 +1,6 @@
-//! What a [`SendQueue`](crate::SendQueue)(crate::SendQueue) takes and gives back: [`Request`] (a request that
+//! What a [`SendQueue`](crate::SendQueue) takes and gives back: [`SlotRequest`] (a request that
 //! owns its slot), [`Rejected`] and [`PostError`] (a request refused, given back), and
-//! [`Completion`] (a request done, with its slot).
+//! [`SlotCompletion`] (a request done, with its slot).
 
 use crate::ffi;
 
@@ -19,9 +19,9 @@ pub(crate) enum Op {
 /// A send-queue request that owns its [`Slot`]: SEND, RDMA WRITE (either with immediate data)
 /// or RDMA READ of the slot's first `len` bytes.
 ///
-/// Pushed into a [`SendQueue`](crate::SendQueue); the slot comes back in the request's [`Completion`].
+/// Pushed into a [`SendQueue`](crate::SendQueue); the slot comes back in the request's [`SlotCompletion`].
 #[derive(Debug)]
-pub struct Request<'pd> {
+pub struct SlotRequest<'pd> {
     pub(crate) op: Op,
     pub(crate) slot: Slot<'pd>,
     pub(crate) len: usize,
@@ -31,9 +31,9 @@ pub struct Request<'pd> {
     pub(crate) signaled: bool,
 }
 
-impl<'pd> Request<'pd> {
+impl<'pd> SlotRequest<'pd> {
     fn new(op: Op, slot: Slot<'pd>, len: usize, remote: RemoteRegion) -> Self {
-        Request { op, slot, len, remote, imm: None, wr_id: 0, signaled: false }
+        SlotRequest { op, slot, len, remote, imm: None, wr_id: 0, signaled: false }
     }
 
     /// A send of the slot's first `len` bytes, consuming a receive at the peer.
@@ -59,7 +59,7 @@ impl<'pd> Request<'pd> {
         self
     }
 
-    /// Sets the `wr_id` the request's [`Completion`] carries (any 64 bits).
+    /// Sets the `wr_id` the request's [`SlotCompletion`] carries (any 64 bits).
     pub fn with_wr_id(mut self, wr_id: u64) -> Self {
         self.wr_id = wr_id;
         self
@@ -98,7 +98,7 @@ pub struct Rejected<'pd> {
     #[source]
     pub error: Error,
     /// The request, unposted, with its slot.
-    pub request: Request<'pd>,
+    pub request: SlotRequest<'pd>,
 }
 
 impl From<Rejected<'_>> for Error {
@@ -129,7 +129,7 @@ impl From<PostError<'_>> for Error {
 
 /// A request that completed, with its slot back.
 #[derive(Debug)]
-pub struct Completion<'pd> {
+pub struct SlotCompletion<'pd> {
     /// The `wr_id` it was pushed with.
     pub wr_id: u64,
     /// Its outcome. A request covered by a later signaled completion succeeded (a failed
@@ -140,7 +140,7 @@ pub struct Completion<'pd> {
     pub(crate) vendor_err: u32,
 }
 
-impl Completion<'_> {
+impl SlotCompletion<'_> {
     /// `Ok` on success, else [`Error::WorkCompletion`] with the status.
     ///
     /// # Errors

@@ -24,7 +24,7 @@ use crate::cq::CompletionQueue;
 use crate::cq_owner::{CqHolder, CqOwner};
 use crate::deadline::Deadline;
 use crate::error::{Error, Result};
-use crate::qp::state::{CanPostRecv, QpState, ReadyToSend, State, Transport};
+use crate::qp::state::{CanPostRecv, QpState, ReadyToSend, Transport, TypeState};
 use crate::qp::QueuePair;
 use crate::quiesce::{self, Quiesced};
 use crate::wc::WorkCompletion;
@@ -59,7 +59,7 @@ use crate::wr_id::{scope_tag, untag_scope, RESERVED_WR_ID_BITS, SCOPE_RECV, SCOP
 /// request without a completion, and the QP's type then no longer tells its state
 /// ([`QueuePair::state`] does). Only a device that refuses even the reset makes it abort the
 /// process, rather than end the borrows while the NIC may write.
-pub struct PostScope<'s, 'env: 's, T: Transport, S: State> {
+pub struct PostScope<'s, 'env: 's, T: Transport, S: TypeState> {
     qp: &'env QueuePair<'env, T, S>,
     sends: usize,
     recvs: usize,
@@ -89,7 +89,7 @@ impl<'a> CqClaim<'a> {
     }
 }
 
-impl<'res, T: Transport, S: State> QueuePair<'res, T, S> {
+impl<'res, T: Transport, S: TypeState> QueuePair<'res, T, S> {
     /// Runs `f` with a [`PostScope`] for posting requests safely, then waits until every request
     /// posted in it has completed.
     ///
@@ -131,7 +131,7 @@ impl<'res, T: Transport, S: State> QueuePair<'res, T, S> {
     }
 }
 
-impl<'s, 'env, T: Transport, S: State> PostScope<'s, 'env, T, S> {
+impl<'s, 'env, T: Transport, S: TypeState> PostScope<'s, 'env, T, S> {
     /// Requests posted in this scope that have not completed yet.
     pub fn outstanding(&self) -> usize {
         self.sends + self.recvs
@@ -337,7 +337,7 @@ fn check_wr_ids(ids: impl Iterator<Item = u64>, verb: &'static str, device: &str
     Ok(())
 }
 
-impl<T: Transport, S: State> Drop for PostScope<'_, '_, T, S> {
+impl<T: Transport, S: TypeState> Drop for PostScope<'_, '_, T, S> {
     fn drop(&mut self) {
         // Reached with requests outstanding only when the closure panicked.
         if self.outstanding() > 0 {

@@ -1,8 +1,8 @@
-//! Posting with owned buffers: [`SendQueue`], [`Request`], [`Completion`].
+//! Posting with owned buffers: [`SendQueue`], [`SlotRequest`], [`SlotCompletion`].
 //!
 //! A [`SendQueue`] posts requests that *own* their [`Slot`]: the slot moves into the request,
 //! so no Rust code can touch its bytes while the NIC may, and comes back in the request's
-//! [`Completion`]. Send queues complete in order, so one signaled completion returns every slot
+//! [`SlotCompletion`]. Send queues complete in order, so one signaled completion returns every slot
 //! posted before it: a pipeline signals once per batch (the last request of each
 //! [`submit`](SendQueue::submit) is signaled), keeps hundreds of requests in flight, and
 //! allocates nothing per request.
@@ -14,7 +14,7 @@
 //! let mut sq = SendQueue::new(qp, Duration::from_secs(1))?;
 //! let mut slot = pool.try_take().expect("a free slot");
 //! slot.as_mut_slice()?[..5].copy_from_slice(b"hello");
-//! sq.push(Request::write(slot, 5, peer))?; // the slot is the request's now
+//! sq.push(SlotRequest::write(slot, 5, peer))?; // the slot is the request's now
 //! sq.submit()?;                            // one doorbell for everything pushed
 //! sq.wait(Duration::from_secs(1), |done| {
 //!     done.ok().expect("written");
@@ -39,7 +39,7 @@ use crate::pool::Slot;
 use crate::qp::state::{Connected, ReadyToSend};
 use crate::qp::{Inner, QueuePair};
 use crate::quiesce::{self, Quiesced};
-use crate::request::{Completion, Op, PostError, Rejected, Request};
+use crate::request::{Op, PostError, Rejected, SlotCompletion, SlotRequest};
 use crate::wc::{WcStatus, WorkCompletion};
 use crate::wr_id::{next_generation, tag, untag, Space, LOW_MASK};
 
@@ -96,7 +96,7 @@ pub struct SendQueue<'res, T: Connected> {
     covered_upto: u64,
     depth: usize,
     held: VecDeque<Held<'res>>,
-    staged: Vec<Request<'res>>,
+    staged: Vec<SlotRequest<'res>>,
     /// Scratch for one doorbell, allocated once.
     wrs: Vec<ffi::ibv_send_wr>,
     sges: Vec<ffi::ibv_sge>,
@@ -200,7 +200,7 @@ impl<'res, T: Connected> SendQueue<'res, T> {
     /// posted on UC or into a pool without `LOCAL_WRITE`.
     // The refused request comes back by value: boxing it would allocate on the refusal path.
     #[allow(clippy::result_large_err)]
-    pub fn push(&mut self, request: Request<'res>) -> std::result::Result<(), Rejected<'res>> {
+    pub fn push(&mut self, request: SlotRequest<'res>) -> std::result::Result<(), Rejected<'res>> {
         match self.check(&request) {
             Ok(()) => {
                 self.staged.push(request);
@@ -223,7 +223,7 @@ impl<'res, T: Connected> SendQueue<'res, T> {
         })
     }
 
-    fn check(&self, r: &Request<'_>) -> Result<()> {
+    fn check(&self, r: &SlotRequest<'_>) -> Result<()> {
         self.check_room()?;
         let device = self.qp.device();
         let bad = |reason: String| Err(Error::invalid("ibv_post_send", Some(device), reason));
@@ -276,7 +276,7 @@ impl<'res, T: Connected> SendQueue<'res, T> {
     /// queue is dropped), and the error carries a request-less [`Error`] only.
     // The refused request comes back by value: boxing it would allocate on the refusal path.
     #[allow(clippy::result_large_err)]
-    pub fn post(&mut self, request: Request<'res>) -> std::result::Result<(), PostError<'res>> {
+    pub fn post(&mut self, request: SlotRequest<'res>) -> std::result::Result<(), PostError<'res>> {
         self.push(request).map_err(PostError::Rejected)?;
         match self.submit() {
             Ok(_) => Ok(()),
@@ -289,7 +289,7 @@ impl<'res, T: Connected> SendQueue<'res, T> {
 
     /// Sends `data` as inline data (copied into the queue by the post; at most the QP's
     /// `max_inline_data` bytes), with optional immediate data, after everything pushed, in the
-    /// same doorbell. Its [`Completion`] carries `wr_id` and no slot.
+    /// same doorbell. Its [`SlotCompletion`] carries `wr_id` and no slot.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when `data` is over the QP's inline limit; [`Error::QueueFull`]
@@ -401,7 +401,7 @@ impl<'res, T: Connected> SendQueue<'res, T> {
     /// # Errors
     /// [`Error::Verb`] when polling fails.
     #[doc(alias = "ibv_poll_cq")]
-    pub fn poll(&mut self, mut f: impl FnMut(Completion<'res>)) -> Result<usize> {
+    pub fn poll(&mut self, mut f: impl FnMut(SlotCompletion<'res>)) -> Result<usize> {
         if self.wc_next == self.wc_len {
             self.wc_next = 0;
             self.wc_len = 0;
@@ -418,7 +418,7 @@ impl<'res, T: Connected> SendQueue<'res, T> {
                     done += 1;
                     // If `f` panics, this slot goes back to the pool (the device is done with
                     // it), and the completion stays in `wcs`: the next poll delivers the rest.
-                    f(Completion { wr_id: h.wr_id, status, slot: h.slot, vendor_err });
+                    f(SlotCompletion { wr_id: h.wr_id, status, slot: h.slot, vendor_err });
                 }
             }
             self.wc_next += 1;
@@ -447,7 +447,7 @@ impl<'res, T: Connected> SendQueue<'res, T> {
     /// complete), or when only requests posted unsignaled are (after a [`submit`](Self::submit)
     /// the provider refused part of: they report only a failure; the next submit covers them);
     /// as `poll`.
-    pub fn wait(&mut self, timeout: Duration, mut f: impl FnMut(Completion<'res>)) -> Result<usize> {
+    pub fn wait(&mut self, timeout: Duration, mut f: impl FnMut(SlotCompletion<'res>)) -> Result<usize> {
         let deadline = Deadline::after(timeout);
         loop {
             let n = self.poll(&mut f)?;
@@ -470,7 +470,7 @@ impl<'res, T: Connected> SendQueue<'res, T> {
     /// [`Error::Timeout`] when requests are still in flight at the deadline;
     /// [`Error::NothingToWaitFor`] when those left were posted unsignaled (see
     /// [`wait`](Self::wait)); as `poll`.
-    pub fn drain(&mut self, timeout: Duration, mut f: impl FnMut(Completion<'res>)) -> Result<()> {
+    pub fn drain(&mut self, timeout: Duration, mut f: impl FnMut(SlotCompletion<'res>)) -> Result<()> {
         let deadline = Deadline::after(timeout);
         while !self.held.is_empty() {
             self.poll(&mut f)?;

@@ -110,7 +110,7 @@ fn a_write_stream_reuses_16_slots_a_thousand_times_each() {
             let (mut slot, k) = (free.pop_front().unwrap(), remote_free.pop_front().unwrap());
             fill(&mut slot, seq);
             uses[slot.index() as usize] += 1;
-            sq.push(Request::write(slot, SLOT, grants[k as usize]).with_imm(imm_of(k, seq))).unwrap();
+            sq.push(SlotRequest::write(slot, SLOT, grants[k as usize]).with_imm(imm_of(k, seq))).unwrap();
             seq += 1;
             batch += 1;
         }
@@ -149,8 +149,8 @@ fn send_numbered(sq: &mut SendQueue<'static, Rc>, pool: &SlotPool<'static>, tota
             let Some(mut slot) = pool.try_take() else { break };
             slot.as_mut_slice().unwrap()[..8].copy_from_slice(&u64::from(seq).to_le_bytes());
             let request = match remote {
-                Some(r) => Request::write(slot, 8, r.slice(u64::from(seq % 16) * 8, 8).unwrap()).with_imm(seq),
-                None => Request::send(slot, 8),
+                Some(r) => SlotRequest::write(slot, 8, r.slice(u64::from(seq % 16) * 8, 8).unwrap()).with_imm(seq),
+                None => SlotRequest::send(slot, 8),
             };
             sq.push(request).unwrap();
             seq += 1;
@@ -256,7 +256,7 @@ fn hundreds_of_writes_stay_in_flight_with_one_signal_per_batch() {
             let mut slot = pool.try_take().unwrap();
             slot.as_mut_slice().unwrap().fill(n as u8);
             let at = target.remote().slice(n * 1024, 1024).unwrap();
-            sq.push(Request::write(slot, 1024, at).with_wr_id(n)).unwrap();
+            sq.push(SlotRequest::write(slot, 1024, at).with_wr_id(n)).unwrap();
         }
         assert_eq!(sq.submit().unwrap(), 32);
     }
@@ -292,7 +292,7 @@ fn a_panic_in_a_completion_callback_loses_no_slot() {
     let mut sq = SendQueue::new(&qp_s, T).unwrap();
     // One doorbell of 8 writes: one signaled completion covers all 8.
     for i in 0..8 {
-        sq.push(Request::write(pool.try_take().unwrap(), 64, target.remote()).with_wr_id(i)).unwrap();
+        sq.push(SlotRequest::write(pool.try_take().unwrap(), 64, target.remote()).with_wr_id(i)).unwrap();
     }
     sq.submit().unwrap();
     let mut seen = Vec::new();

@@ -96,7 +96,7 @@ fn a_slot_returns_from_a_dropped_queue_only_with_its_completion() {
         let qb = owned_qp(&topo, &ctx_b, &pd_b, caps(4, 4), 8, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ);
         let (qa, _qb) = connect_pair(&topo, qa, qb);
         let mut sq = SendQueue::new(&qa, std::time::Duration::ZERO).unwrap();
-        sq.push(Request::read(pool.try_take().unwrap(), LEN, remote.remote())).unwrap();
+        sq.push(SlotRequest::read(pool.try_take().unwrap(), LEN, remote.remote())).unwrap();
         sq.submit().unwrap();
         drop(sq);
         let state = qa.state().unwrap();

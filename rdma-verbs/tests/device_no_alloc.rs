@@ -118,7 +118,7 @@ fn the_pipelined_data_path_allocates_nothing_per_request() {
             while sent < TOTAL && batch < 32 && sq.room() > 0 {
                 let Some(slot) = free.pop().or_else(|| pool.try_take()) else { break };
                 let at = target.remote().slice(u64::from(sent % 128) * 4096, 4096).unwrap();
-                sq.push(Request::write(slot, 4096, at).with_imm(sent)).unwrap();
+                sq.push(SlotRequest::write(slot, 4096, at).with_imm(sent)).unwrap();
                 sent += 1;
                 batch += 1;
             }
@@ -236,7 +236,7 @@ fn a_64_mib_file_round_trips_through_slots_without_a_copy() {
                 // Straight from the file into the registered slot.
                 let len = slot.read_file(&src, offset as u64, CHUNK).unwrap();
                 let chunk = (offset / CHUNK) as u32;
-                sq.push(Request::write(slot, len, grants[k as usize]).with_imm(k << 24 | chunk)).unwrap();
+                sq.push(SlotRequest::write(slot, len, grants[k as usize]).with_imm(k << 24 | chunk)).unwrap();
                 offset += len;
                 batch += 1;
             }

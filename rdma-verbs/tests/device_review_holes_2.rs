@@ -125,7 +125,7 @@ fn waits_that_nothing_can_end_return_at_once() {
     let pool = SlotPool::new(pd_c.clone(), 64, 4, AccessFlags::LOCAL_WRITE).unwrap();
     let (client, pool) = returns_within("SendQueue::wait with nothing in flight", limit, move || {
         let mut sq = SendQueue::new(&client, T).unwrap();
-        sq.push(Request::send(pool.try_take().unwrap(), 8)).unwrap();
+        sq.push(SlotRequest::send(pool.try_take().unwrap(), 8)).unwrap();
         let t = Instant::now();
         let e = sq.wait(Duration::MAX, drop).unwrap_err();
         assert!(nothing_to_wait_for(&e), "{e:?}");
@@ -175,7 +175,7 @@ fn waits_that_nothing_can_end_return_at_once() {
 fn send_messages_from(qp: &QueuePair<'static, Rc, ReadyToSend>, pool: &SlotPool<'static>, n: usize) {
     let mut sq = SendQueue::new(qp, T).unwrap();
     for _ in 0..n {
-        sq.post(Request::send(pool.try_take().unwrap(), 8)).unwrap();
+        sq.post(SlotRequest::send(pool.try_take().unwrap(), 8)).unwrap();
     }
     sq.drain(T, |c| c.ok().unwrap()).unwrap();
 }
@@ -239,8 +239,8 @@ fn a_request_the_qp_cannot_take_is_refused_before_it_can_split_a_batch() {
     let (client, _server) = connect_pair(&topo, client, server);
     let pool = SlotPool::new(pd_c.clone(), 64, 4, AccessFlags::LOCAL_WRITE).unwrap();
     let mut sq = SendQueue::new(&client, T).unwrap();
-    sq.push(Request::send(pool.try_take().unwrap(), 0)).unwrap(); // no data: no SGE needed
-    let refused = sq.push(Request::send(pool.try_take().unwrap(), 8));
+    sq.push(SlotRequest::send(pool.try_take().unwrap(), 0)).unwrap(); // no data: no SGE needed
+    let refused = sq.push(SlotRequest::send(pool.try_take().unwrap(), 8));
     assert!(
         matches!(refused, Err(Rejected { error: Error::InvalidArgument { .. }, .. })),
         "8 bytes on a QP without SGEs: {refused:?}"

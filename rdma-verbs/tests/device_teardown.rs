@@ -54,7 +54,7 @@ fn start_writes<'r>(sq: &mut SendQueue<'r, Rc>, pool: &SlotPool<'r>, target: Rem
     for i in 0..u64::from(SLOTS) {
         let slot = pool.try_take().expect("a free slot");
         let at = target.slice(i * SLOT as u64, SLOT as u64).unwrap();
-        let request = Request::write(slot, SLOT, at);
+        let request = SlotRequest::write(slot, SLOT, at);
         sq.push(if i >= 8 { request.with_imm(i as u32) } else { request }).unwrap();
     }
     sq.submit().unwrap();

@@ -21,7 +21,7 @@ pub fn client_src(topo: &testkit::Topology) -> SocketAddr {
 }
 
 /// Completions of a scope, each checked for success: `(wr_id, opcode, byte_len)`.
-pub fn complete<S: State>(s: &mut PostScope<'_, '_, Rc, S>, n: usize) -> Vec<(u64, WcOpcode, u32)> {
+pub fn complete<S: TypeState>(s: &mut PostScope<'_, '_, Rc, S>, n: usize) -> Vec<(u64, WcOpcode, u32)> {
     let mut wcs: [WorkCompletion; 8] = Default::default();
     let got = s.wait(n, &mut wcs, T).unwrap();
     got.iter()
@@ -70,7 +70,7 @@ pub fn accept<R>(req: ConnectRequest, data: &[u8], f: impl FnOnce(Connection<'_>
 /// that would recover it needs the peer's QP, which its disconnect takes away. So while waiting,
 /// a disconnect from the peer flushes this QP, and a flushed send is accepted; any other error,
 /// a flushed receive, or no completion within [`T`] fails the test.
-pub fn complete_unless_peer_left<S: State>(
+pub fn complete_unless_peer_left<S: TypeState>(
     s: &mut PostScope<'_, '_, Rc, S>,
     conn: &Connection<'_>,
     n: usize,

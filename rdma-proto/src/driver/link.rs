@@ -7,8 +7,8 @@ use std::time::Duration;
 use rdma_verbs::qp::state::Rc;
 use rdma_verbs::qp::state::{Init, Reset};
 use rdma_verbs::{
-    AccessFlags, CompletionChannel, CompletionQueue, Context, Message, ProtectionDomain, QpCaps, QpCreateAttr,
-    QueuePair, RecvRing, Request, SendQueue, SlotPool,
+    AccessFlags, CompletionChannel, CompletionQueue, Context, ProtectionDomain, QpCaps, QpCreateAttr, QueuePair,
+    RecvRing, SendQueue, SlotMessage, SlotPool, SlotRequest,
 };
 
 use super::Error;
@@ -71,7 +71,7 @@ pub(crate) fn send_control(
     control: &SlotPool<'static>,
     bytes: &[u8],
     timeout: Duration,
-    mut on_completion: impl FnMut(rdma_verbs::Completion<'static>),
+    mut on_completion: impl FnMut(rdma_verbs::SlotCompletion<'static>),
 ) -> rdma_verbs::Result<()> {
     let deadline = rdma_verbs::Deadline::after(timeout);
     let mut slot = loop {
@@ -87,7 +87,7 @@ pub(crate) fn send_control(
         }
     };
     slot.write_at(0, bytes)?;
-    sq.push(Request::send(slot, bytes.len()).with_wr_id(CONTROL_WR_ID)).map_err(|r| r.error)?;
+    sq.push(SlotRequest::send(slot, bytes.len()).with_wr_id(CONTROL_WR_ID)).map_err(|r| r.error)?;
     sq.submit()?;
     Ok(())
 }
@@ -170,7 +170,7 @@ impl Pacer {
 /// errors.
 pub(crate) fn take_arrivals(
     ring: &mut RecvRing<'static>,
-    mut on_arrival: impl FnMut(&Message<'static>),
+    mut on_arrival: impl FnMut(&SlotMessage<'static>),
 ) -> Result<usize, Error> {
     for n in 0..ARRIVALS_PER_ROUND {
         let Some(msg) = ring.try_recv()? else { return Ok(n) };

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use rdma_cm::CmId;
-use rdma_verbs::{AccessFlags, RemoteRegion, Request, SendQueue, Slot, SlotPool};
+use rdma_verbs::{AccessFlags, RemoteRegion, SendQueue, Slot, SlotPool, SlotRequest};
 use xxhash_rust::xxh3::Xxh3;
 
 use super::link::{
@@ -196,7 +196,7 @@ pub fn send_file(path: &Path, opts: &SendOptions, mut progress: impl FnMut(u64, 
                     };
                     let (_, slot) = read.remove(pos).expect("position found above");
                     let remote = RemoteRegion { addr: remote_addr, rkey, len: u64::from(len) };
-                    let req = Request::write(slot, len as usize, remote).with_imm(imm).with_wr_id(seq);
+                    let req = SlotRequest::write(slot, len as usize, remote).with_imm(imm).with_wr_id(seq);
                     if let Err(r) = sq.push(req) {
                         break 'run Err(r.error.into());
                     }
@@ -301,7 +301,8 @@ fn send_after_fin(
             let len = g.slot_size.min(8) as usize;
             let remote = RemoteRegion { addr: g.addr, rkey: g.rkey, len: len as u64 };
             let imm = machine.chunks() as u32;
-            sq.push(Request::write(slot, len, remote).with_imm(imm).with_wr_id(CONTROL_WR_ID)).map_err(|r| r.error)?;
+            sq.push(SlotRequest::write(slot, len, remote).with_imm(imm).with_wr_id(CONTROL_WR_ID))
+                .map_err(|r| r.error)?;
             sq.submit().map(drop)
         }
     }
@@ -319,7 +320,7 @@ fn refusal(e: rdma_cm::Error) -> Error {
 }
 
 /// Sorts a completion: data WRITEs report their chunk; a failure ends the session.
-fn collect(c: rdma_verbs::Completion<'static>, done: &mut Vec<u64>, failed: &mut Option<Error>) {
+fn collect(c: rdma_verbs::SlotCompletion<'static>, done: &mut Vec<u64>, failed: &mut Option<Error>) {
     if let Err(e) = c.ok() {
         failed.get_or_insert(e.into());
         return;

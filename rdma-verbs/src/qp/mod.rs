@@ -41,7 +41,7 @@ use crate::parent::Parent;
 use crate::pd::ProtectionDomain;
 use crate::srq::SharedReceiveQueue;
 use attr::{QpCaps, QpEndpoint};
-use state::{QpState, Reset, State, Transport};
+use state::{QpState, Reset, Transport, TypeState};
 
 /// What a queue pair is created with (`struct ibv_qp_init_attr`): its completion queues,
 /// optional SRQ, and queue sizes.
@@ -98,7 +98,7 @@ impl<'res> QpCreateAttr<'res> {
 /// - [`ibv_create_qp(3)`](https://man7.org/linux/man-pages/man3/ibv_create_qp.3.html)
 /// - [`ibv_modify_qp(3)`](https://man7.org/linux/man-pages/man3/ibv_modify_qp.3.html)
 #[doc(alias = "ibv_qp")]
-pub struct QueuePair<'res, T: Transport, S: State> {
+pub struct QueuePair<'res, T: Transport, S: TypeState> {
     inner: Arc<Inner<'res>>,
     _type: PhantomData<(T, S)>,
 }
@@ -198,7 +198,7 @@ impl Drop for Inner<'_> {
     }
 }
 
-impl<T: Transport, S: State> fmt::Debug for QueuePair<'_, T, S> {
+impl<T: Transport, S: TypeState> fmt::Debug for QueuePair<'_, T, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("QueuePair")
             .field("transport", &T::NAME)
@@ -303,7 +303,7 @@ impl<'res, T: Transport> QueuePair<'res, T, Reset> {
     }
 }
 
-impl<'res, T: Transport, S: State> QueuePair<'res, T, S> {
+impl<'res, T: Transport, S: TypeState> QueuePair<'res, T, S> {
     /// The QP number, which peers address.
     pub fn qp_num(&self) -> u32 {
         // SAFETY: the QP is live; `qp_num` is a plain field set at creation.
@@ -384,7 +384,7 @@ impl<'res, T: Transport, S: State> QueuePair<'res, T, S> {
     }
 }
 
-impl<'res, T: Transport, S: State> QueuePair<'res, T, S> {
+impl<'res, T: Transport, S: TypeState> QueuePair<'res, T, S> {
     /// This side's [`QpEndpoint`] to give the peer: QP number, the PSN this side will start
     /// sending at, and the GID at `gid_index` of the QP's port (set by `init`).
     ///

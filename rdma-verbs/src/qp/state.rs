@@ -12,13 +12,13 @@ mod sealed {
 }
 
 /// A queue-pair state known at compile time. Sealed.
-pub trait State: sealed::Sealed + 'static {
+pub trait TypeState: sealed::Sealed + 'static {
     /// The `enum ibv_qp_state` value.
     const QP_STATE: ffi::ibv_qp_state::Type;
 }
 
 /// States in which receives may be posted: `Init`, `ReadyToReceive`, `ReadyToSend`. Sealed.
-pub trait CanPostRecv: State {}
+pub trait CanPostRecv: TypeState {}
 
 /// `IBV_QPS_RESET`: just created.
 #[derive(Debug)]
@@ -37,16 +37,16 @@ impl sealed::Sealed for Reset {}
 impl sealed::Sealed for Init {}
 impl sealed::Sealed for ReadyToReceive {}
 impl sealed::Sealed for ReadyToSend {}
-impl State for Reset {
+impl TypeState for Reset {
     const QP_STATE: ffi::ibv_qp_state::Type = ffi::ibv_qp_state::IBV_QPS_RESET;
 }
-impl State for Init {
+impl TypeState for Init {
     const QP_STATE: ffi::ibv_qp_state::Type = ffi::ibv_qp_state::IBV_QPS_INIT;
 }
-impl State for ReadyToReceive {
+impl TypeState for ReadyToReceive {
     const QP_STATE: ffi::ibv_qp_state::Type = ffi::ibv_qp_state::IBV_QPS_RTR;
 }
-impl State for ReadyToSend {
+impl TypeState for ReadyToSend {
     const QP_STATE: ffi::ibv_qp_state::Type = ffi::ibv_qp_state::IBV_QPS_RTS;
 }
 impl CanPostRecv for Init {}

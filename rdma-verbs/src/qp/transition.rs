@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use crate::ffi;
 
 use super::attr::{InitAttr, RtrAttr, RtsAttr};
-use super::state::{Connected, Init, ReadyToReceive, ReadyToSend, Reset, State, Transport, Ud};
+use super::state::{Connected, Init, ReadyToReceive, ReadyToSend, Reset, Transport, TypeState, Ud};
 use super::QueuePair;
 use crate::error::{Error, Result};
 
@@ -38,7 +38,7 @@ impl<Q: fmt::Debug> From<TransitionError<Q>> for Error {
 /// The result of a transition from `QueuePair<T, S>`.
 pub type Transition<'res, T, S, N> = std::result::Result<QueuePair<'res, T, N>, TransitionError<QueuePair<'res, T, S>>>;
 
-impl<'res, T: Transport, S: State> QueuePair<'res, T, S> {
+impl<'res, T: Transport, S: TypeState> QueuePair<'res, T, S> {
     pub(super) fn modify(&self, attr: &mut ffi::ibv_qp_attr, mask: ffi::ibv_qp_attr_mask) -> Result<()> {
         // SAFETY: live QP; `attr` holds every field `mask` names.
         let rc = unsafe { ffi::ibv_modify_qp(self.inner.raw.as_ptr(), attr, mask.0 as libc::c_int) };
@@ -48,7 +48,7 @@ impl<'res, T: Transport, S: State> QueuePair<'res, T, S> {
         Ok(())
     }
 
-    fn transition<N: State>(
+    fn transition<N: TypeState>(
         self,
         attr: &mut ffi::ibv_qp_attr,
         mask: ffi::ibv_qp_attr_mask,
@@ -59,7 +59,7 @@ impl<'res, T: Transport, S: State> QueuePair<'res, T, S> {
         }
     }
 
-    fn reject<N: State>(self, reason: String) -> Transition<'res, T, S, N> {
+    fn reject<N: TypeState>(self, reason: String) -> Transition<'res, T, S, N> {
         let error = Error::invalid("ibv_modify_qp", Some(self.inner.pd.context().name()), reason);
         Err(TransitionError { qp: self, error })
     }
@@ -72,7 +72,7 @@ pub(crate) fn zeroed_attr(state: ffi::ibv_qp_state::Type) -> ffi::ibv_qp_attr {
     attr
 }
 
-impl<'res, T: Transport, S: State> QueuePair<'res, T, S> {
+impl<'res, T: Transport, S: TypeState> QueuePair<'res, T, S> {
     /// Moves the QP to state `N` with attributes computed elsewhere: `ibv_modify_qp(qp, attr,
     /// mask)`, for attributes a connection manager derives for you (`rdma_init_qp_attr(3)`, used
     /// by the `rdma-cm` crate) rather than the typed [`InitAttr`], [`RtrAttr`] and [`RtsAttr`].
@@ -91,7 +91,7 @@ impl<'res, T: Transport, S: State> QueuePair<'res, T, S> {
     /// - [`ibv_modify_qp(3)`](https://man7.org/linux/man-pages/man3/ibv_modify_qp.3.html)
     /// - [`rdma_init_qp_attr(3)`](https://man7.org/linux/man-pages/man3/rdma_init_qp_attr.3.html)
     #[doc(alias = "ibv_modify_qp")]
-    pub fn try_modify_with<N: State>(
+    pub fn try_modify_with<N: TypeState>(
         self,
         attr: &mut ffi::ibv_qp_attr,
         mask: ffi::ibv_qp_attr_mask,
@@ -231,13 +231,13 @@ impl<'res> QueuePair<'res, Ud, ReadyToReceive> {
 
 /// The transitions with plain errors: the QP is dropped (destroyed) on failure, and `?` works
 /// into any error type, `Box<dyn std::error::Error>` included. The `try_` forms give it back.
-impl<'res, T: Transport, S: State> QueuePair<'res, T, S> {
+impl<'res, T: Transport, S: TypeState> QueuePair<'res, T, S> {
     /// [`try_modify_with`](Self::try_modify_with), dropping the QP on failure.
     ///
     /// # Errors
     /// As `try_modify_with`.
     #[doc(alias = "ibv_modify_qp")]
-    pub fn modify_with<N: State>(
+    pub fn modify_with<N: TypeState>(
         self,
         attr: &mut ffi::ibv_qp_attr,
         mask: ffi::ibv_qp_attr_mask,

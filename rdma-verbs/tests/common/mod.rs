@@ -78,7 +78,7 @@ pub fn read(mr: &MemoryRegion<'_>, offset: usize, len: usize) -> Vec<u8> {
 }
 
 /// Waits for `n` completions of the scope, all successful, and returns (wr_id, opcode, byte_len, imm).
-pub fn complete<S: rdma_verbs::qp::state::State>(
+pub fn complete<S: rdma_verbs::qp::state::TypeState>(
     s: &mut PostScope<'_, '_, Rc, S>,
     n: usize,
 ) -> Vec<(u64, WcOpcode, u32, Option<u32>)> {
