@@ -22,7 +22,7 @@ use crate::event::RawEvent;
 /// - [`rdma_get_cm_event(3)`](https://man7.org/linux/man-pages/man3/rdma_get_cm_event.3.html)
 #[doc(alias = "rdma_event_channel")]
 #[derive(Debug)]
-pub struct EventChannel {
+pub(crate) struct EventChannel {
     raw: NonNull<ffi::rdma_event_channel>,
 }
 
@@ -39,7 +39,7 @@ impl EventChannel {
     /// [`Error::Cm`] when librdmacm cannot open `/dev/infiniband/rdma_cm` (`ENODEV`: no RDMA
     /// device or no `rdma_cm` module) or the fd cannot be made non-blocking.
     #[doc(alias = "rdma_create_event_channel")]
-    pub fn new() -> Result<Self> {
+    pub(crate) fn new() -> Result<Self> {
         // SAFETY: no arguments; returns NULL with errno set on failure.
         let raw = unsafe { ffi::rdma_create_event_channel() };
         let channel =
@@ -55,7 +55,7 @@ impl EventChannel {
     }
 
     /// The raw `struct rdma_event_channel *`; it stays owned by `self`.
-    pub fn as_raw(&self) -> *mut ffi::rdma_event_channel {
+    pub(crate) fn as_raw(&self) -> *mut ffi::rdma_event_channel {
         self.raw.as_ptr()
     }
 
@@ -68,7 +68,7 @@ impl EventChannel {
             return match NonNull::new(event) {
                 // SAFETY: a fresh event, acknowledged only by the returned value.
                 Some(ev) => Ok(Some(unsafe { RawEvent::new(ev) })),
-                None => Err(Error::Cm { call: "rdma_get_cm_event", device: None, errno: libc::EIO }),
+                None => Err(Error::Cm { verb: "rdma_get_cm_event", device: None, errno: libc::EIO }),
             };
         }
         let err = Error::last_os_error("rdma_get_cm_event");

@@ -27,10 +27,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[non_exhaustive]
 pub enum Error {
     /// A librdmacm call returned an error.
-    #[error("{call}{}: {}", OnDevice(.device), Errno(*.errno))]
+    #[error("{verb}{}: {}", OnDevice(.device), Errno(*.errno))]
     Cm {
         /// The function that failed, e.g. `"rdma_bind_addr"`.
-        call: &'static str,
+        verb: &'static str,
         /// The device the identifier was bound to, when known.
         device: Option<String>,
         /// The `errno` it reported.
@@ -150,10 +150,10 @@ pub enum Error {
         qp_device: String,
     },
     /// An argument was rejected before any call was made.
-    #[error("{call}{}: invalid argument: {reason}", OnDevice(.device))]
+    #[error("{verb}{}: invalid argument: {reason}", OnDevice(.device))]
     InvalidArgument {
         /// The call it was meant for.
-        call: &'static str,
+        verb: &'static str,
         /// The device, when known.
         device: Option<String>,
         /// What is wrong.
@@ -162,10 +162,10 @@ pub enum Error {
     /// librdmacm reported success, but left out what the step establishes: the identifier's
     /// local address or device, or a request's peer address. The step fails rather than
     /// report a made-up value (see the crate docs on addresses and devices).
-    #[error("{call}{}: librdmacm left the identifier without a {missing}", OnDevice(.device))]
+    #[error("{verb}{}: librdmacm left the identifier without a {missing}", OnDevice(.device))]
     Incomplete {
         /// The call (or event) that should have established it.
-        call: &'static str,
+        verb: &'static str,
         /// The device, when known.
         device: Option<String>,
         /// What is missing, e.g. `"local address"`.
@@ -215,16 +215,16 @@ impl Error {
         }
     }
 
-    pub(crate) fn last_os_error(call: &'static str) -> Self {
-        Error::Cm { call, device: None, errno: std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO) }
+    pub(crate) fn last_os_error(verb: &'static str) -> Self {
+        Error::Cm { verb, device: None, errno: std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO) }
     }
 
-    pub(crate) fn invalid(call: &'static str, reason: impl Into<String>) -> Self {
-        Error::InvalidArgument { call, device: None, reason: reason.into() }
+    pub(crate) fn invalid(verb: &'static str, reason: impl Into<String>) -> Self {
+        Error::InvalidArgument { verb, device: None, reason: reason.into() }
     }
 
-    pub(crate) fn incomplete(call: &'static str, missing: &'static str) -> Self {
-        Error::Incomplete { call, device: None, missing }
+    pub(crate) fn incomplete(verb: &'static str, missing: &'static str) -> Self {
+        Error::Incomplete { verb, device: None, missing }
     }
 
     /// Names `device` in an error that has room for one and does not name one yet. Verbs
@@ -271,11 +271,11 @@ impl From<Error> for std::io::Error {
 }
 
 /// Checks a librdmacm return code (0, or -1 with `errno` set).
-pub(crate) fn check(call: &'static str, rc: libc::c_int) -> Result<()> {
+pub(crate) fn check(verb: &'static str, rc: libc::c_int) -> Result<()> {
     if rc == 0 {
         Ok(())
     } else {
-        Err(Error::last_os_error(call))
+        Err(Error::last_os_error(verb))
     }
 }
 
@@ -415,7 +415,7 @@ mod tests {
     fn errno_covers_every_variant_that_carries_one() {
         let addr = addr();
         let with = [
-            Error::Cm { call: "rdma_bind_addr", device: None, errno: libc::EADDRINUSE },
+            Error::Cm { verb: "rdma_bind_addr", device: None, errno: libc::EADDRINUSE },
             Error::AddressResolution { addr, errno: libc::ENODEV },
             Error::RouteResolution { addr, device: None, errno: libc::ENETUNREACH },
             Error::Unreachable { addr, device: None, errno: libc::ETIMEDOUT },
@@ -452,7 +452,7 @@ mod tests {
 
     #[test]
     fn errors_name_the_device_once_it_is_known() {
-        let e = Error::Cm { call: "rdma_connect", device: None, errno: libc::EINVAL }.on_device("rxe1");
+        let e = Error::Cm { verb: "rdma_connect", device: None, errno: libc::EINVAL }.on_device("rxe1");
         assert!(e.to_string().starts_with("rdma_connect on rxe1: "), "{e}");
         let e = Error::ConnectError { addr: addr(), device: None, errno: libc::ECONNRESET }.on_device("rxe1");
         assert!(e.to_string().contains("10.0.0.1:1 on rxe1"), "{e}");

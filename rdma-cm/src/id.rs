@@ -128,9 +128,9 @@ const RESOLVE_ATTEMPT: Duration = Duration::from_millis(250);
 
 /// A timeout as librdmacm's milliseconds: at least 1 ms, and at most `c_int::MAX` (a longer
 /// one, such as `Duration::MAX`, is "no deadline" for our own wait; see [`Deadline`]).
-fn timeout_ms(call: &'static str, timeout: Duration) -> Result<libc::c_int> {
+fn timeout_ms(verb: &'static str, timeout: Duration) -> Result<libc::c_int> {
     match libc::c_int::try_from(timeout.as_millis()) {
-        Ok(0) => Err(Error::invalid(call, format!("timeout {timeout:?}: must be at least 1 ms"))),
+        Ok(0) => Err(Error::invalid(verb, format!("timeout {timeout:?}: must be at least 1 ms"))),
         Ok(ms) => Ok(ms),
         Err(_) => Ok(libc::c_int::MAX),
     }
@@ -196,7 +196,7 @@ impl CmId<Idle> {
             if rc != 0 {
                 return Err(match Error::last_os_error("rdma_resolve_addr").errno() {
                     Some(errno) => Error::AddressResolution { addr: dst, errno },
-                    None => Error::Cm { call: "rdma_resolve_addr", device: None, errno: libc::EIO },
+                    None => Error::Cm { verb: "rdma_resolve_addr", device: None, errno: libc::EIO },
                 });
             }
             let wait = deadline.remaining().saturating_add(Duration::from_millis(50));

@@ -201,7 +201,6 @@ mod listener;
 mod params;
 mod raw_id;
 
-pub use channel::EventChannel;
 pub use connection::{ClosedConnection, Connection};
 pub use error::{Error, RejectReason, Result};
 pub use event::{Event, EventKind, PeerParams};

@@ -97,10 +97,10 @@ impl<'a> ConnParams<'a> {
     }
 
     /// Checks the ACK timeout exponent (5 bits; 0 would mean an infinite timeout).
-    pub(crate) fn checked_ack_timeout(&self, call: &'static str) -> Result<Option<u8>> {
+    pub(crate) fn checked_ack_timeout(&self, verb: &'static str) -> Result<Option<u8>> {
         match self.ack_timeout {
             Some(n) if n == 0 || n > 31 => {
-                Err(Error::invalid(call, format!("ACK timeout exponent {n}: must be 1..=31")))
+                Err(Error::invalid(verb, format!("ACK timeout exponent {n}: must be 1..=31")))
             }
             t => Ok(t),
         }
@@ -109,7 +109,7 @@ impl<'a> ConnParams<'a> {
     /// Checks the parameters and lays them out for C.
     pub(crate) fn to_raw(
         self,
-        call: &'static str,
+        verb: &'static str,
         max_private: usize,
         responder_resources: u8,
         initiator_depth: u8,
@@ -117,17 +117,17 @@ impl<'a> ConnParams<'a> {
     ) -> Result<ffi::rdma_conn_param> {
         if self.private_data.len() > max_private {
             return Err(Error::invalid(
-                call,
+                verb,
                 format!("{} bytes of private data: at most {max_private} fit", self.private_data.len()),
             ));
         }
         if self.retry_count > 7 || self.rnr_retry_count > 7 {
             return Err(Error::invalid(
-                call,
+                verb,
                 format!("retry counts are 3-bit: got {} and {}", self.retry_count, self.rnr_retry_count),
             ));
         }
-        self.checked_ack_timeout(call)?;
+        self.checked_ack_timeout(verb)?;
         Ok(ffi::rdma_conn_param {
             private_data: if self.private_data.is_empty() {
                 std::ptr::null()
@@ -154,7 +154,7 @@ mod tests {
     fn private_data_over_the_limit_is_a_typed_error() {
         let data = [7u8; MAX_CONNECT_PRIVATE_DATA + 1];
         let err = ConnParams::new().private_data(&data).to_raw("rdma_connect", MAX_CONNECT_PRIVATE_DATA, 1, 1, 5);
-        assert!(matches!(err, Err(Error::InvalidArgument { call: "rdma_connect", .. })), "{:?}", err.err());
+        assert!(matches!(err, Err(Error::InvalidArgument { verb: "rdma_connect", .. })), "{:?}", err.err());
         let ok = ConnParams::new().private_data(&data[..56]).to_raw("rdma_connect", MAX_CONNECT_PRIVATE_DATA, 1, 2, 5);
         let raw = ok.unwrap();
         assert_eq!((raw.private_data_len, raw.responder_resources, raw.initiator_depth, raw.qp_num), (56, 1, 2, 5));
@@ -164,7 +164,7 @@ mod tests {
     fn ack_timeouts_outside_five_bits_are_refused() {
         for bad in [0u8, 32, 255] {
             let err = ConnParams::new().ack_timeout(bad).to_raw("rdma_connect", MAX_CONNECT_PRIVATE_DATA, 1, 1, 5);
-            assert!(matches!(err, Err(Error::InvalidArgument { call: "rdma_connect", .. })), "{bad}: {:?}", err.err());
+            assert!(matches!(err, Err(Error::InvalidArgument { verb: "rdma_connect", .. })), "{bad}: {:?}", err.err());
         }
         for good in [1u8, 14, 31] {
             assert_eq!(ConnParams::new().ack_timeout(good).checked_ack_timeout("rdma_accept").unwrap(), Some(good));

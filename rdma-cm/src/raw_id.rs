@@ -46,7 +46,7 @@ impl RawId {
             ffi::rdma_create_id(channel.as_raw(), &mut raw, std::ptr::null_mut(), ffi::rdma_port_space::RDMA_PS_TCP)
         };
         check("rdma_create_id", rc)?;
-        let raw = NonNull::new(raw).ok_or(Error::Cm { call: "rdma_create_id", device: None, errno: libc::EIO })?;
+        let raw = NonNull::new(raw).ok_or(Error::Cm { verb: "rdma_create_id", device: None, errno: libc::EIO })?;
         Ok(RawId { raw, channel })
     }
 
@@ -113,20 +113,20 @@ impl RawId {
 
     /// The device, which `call` has just bound the identifier to; [`Error::Incomplete`] if
     /// librdmacm has none.
-    pub(crate) fn require_device(&self, call: &'static str) -> Result<String> {
-        self.device_name().ok_or_else(|| Error::incomplete(call, "RDMA device"))
+    pub(crate) fn require_device(&self, verb: &'static str) -> Result<String> {
+        self.device_name().ok_or_else(|| Error::incomplete(verb, "RDMA device"))
     }
 
     /// The local address, which `call` has just established; [`Error::Incomplete`] if
     /// librdmacm has none.
-    pub(crate) fn require_local_addr(&self, call: &'static str) -> Result<SocketAddr> {
-        self.local_addr().ok_or_else(|| Error::incomplete(call, "local address"))
+    pub(crate) fn require_local_addr(&self, verb: &'static str) -> Result<SocketAddr> {
+        self.local_addr().ok_or_else(|| Error::incomplete(verb, "local address"))
     }
 
     /// The peer's address, which `call` has just established; [`Error::Incomplete`] if
     /// librdmacm has none.
-    pub(crate) fn require_peer_addr(&self, call: &'static str) -> Result<SocketAddr> {
-        self.peer_addr().ok_or_else(|| Error::incomplete(call, "peer address"))
+    pub(crate) fn require_peer_addr(&self, verb: &'static str) -> Result<SocketAddr> {
+        self.peer_addr().ok_or_else(|| Error::incomplete(verb, "peer address"))
     }
 
     pub(crate) fn wait(&self, timeout: Duration, what: &'static str) -> Result<RawEvent> {

@@ -148,7 +148,7 @@ fn bad_arguments_fail_before_anything_is_sent() {
     let dst = listener.local_addr();
     let too_much = [1u8; MAX_CONNECT_PRIVATE_DATA + 1];
     client(&topo, dst, &too_much, |conn, _| {
-        assert!(matches!(conn, Err(Error::InvalidArgument { call: "rdma_connect", .. })), "{:?}", conn.map(|_| ()));
+        assert!(matches!(conn, Err(Error::InvalidArgument { verb: "rdma_connect", .. })), "{:?}", conn.map(|_| ()));
     });
     assert!(matches!(listener.try_recv_request(), Ok(None)), "an invalid connect must not reach the listener");
     // A QP on the server's device cannot be connected through the client's.
@@ -165,6 +165,6 @@ fn bad_arguments_fail_before_anything_is_sent() {
     }
     assert!(matches!(
         CmId::new().unwrap().resolve_addr(None, dst, Duration::ZERO),
-        Err(Error::InvalidArgument { call: "rdma_resolve_addr", .. })
+        Err(Error::InvalidArgument { verb: "rdma_resolve_addr", .. })
     ));
 }

@@ -12,7 +12,7 @@ fn creating_an_identifier_reports_a_missing_rdma_cm_device() {
         return;
     }
     match CmId::new() {
-        Err(Error::Cm { call: "rdma_create_event_channel", device: None, errno }) => {
+        Err(Error::Cm { verb: "rdma_create_event_channel", device: None, errno }) => {
             assert_eq!(errno, libc::ENODEV, "{}", std::io::Error::from_raw_os_error(errno));
         }
         other => panic!("expected ENODEV from rdma_create_event_channel, got {other:?}"),

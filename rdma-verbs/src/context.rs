@@ -130,9 +130,7 @@ impl Context {
         // SAFETY: `raw` is an open context, `port` one of its ports and `attr` a writable,
         // zeroed `ibv_port_attr` of the size the provider is told.
         let rc = unsafe { ffi::___ibv_query_port(self.raw.as_ptr(), port, attr.as_mut_ptr()) };
-        if rc != 0 {
-            return Err(Error::from_errno("ibv_query_port", Some(&self.name), rc));
-        }
+        Error::check("ibv_query_port", Some(&self.name), rc)?;
         // SAFETY: the verb succeeded and filled the struct.
         Ok(PortAttr::from_raw(unsafe { &attr.assume_init() }))
     }
@@ -169,9 +167,7 @@ impl Context {
                 std::mem::size_of::<ffi::ibv_gid_entry>(),
             )
         };
-        if rc != 0 {
-            return Err(Error::from_errno("ibv_query_gid_ex", Some(&self.name), rc));
-        }
+        Error::check("ibv_query_gid_ex", Some(&self.name), rc)?;
         // SAFETY: the verb succeeded and filled the entry.
         GidEntry::from_raw(unsafe { &entry.assume_init() })
             .ok_or_else(|| Error::invalid("ibv_query_gid_ex", Some(&self.name), "the entry names a port past 255"))
@@ -250,9 +246,7 @@ fn query_device(raw: NonNull<ffi::ibv_context>, name: &str) -> Result<DeviceAttr
     let mut attr = MaybeUninit::<ffi::ibv_device_attr>::zeroed();
     // SAFETY: `raw` is an open context and `attr` a writable `ibv_device_attr`.
     let rc = unsafe { ffi::ibv_query_device(raw.as_ptr(), attr.as_mut_ptr()) };
-    if rc != 0 {
-        return Err(Error::from_errno("ibv_query_device", Some(name), rc));
-    }
+    Error::check("ibv_query_device", Some(name), rc)?;
     // SAFETY: the verb succeeded and filled the struct (it was zeroed before, too).
     Ok(DeviceAttr::from_raw(unsafe { &attr.assume_init() }))
 }

@@ -390,10 +390,7 @@ impl<'ctx> CompletionQueue<'ctx> {
         }
         // SAFETY: the CQ is live.
         let rc = unsafe { ffi::ibv_req_notify_cq(self.raw.as_ptr(), i32::from(solicited_only)) };
-        if rc != 0 {
-            return Err(Error::from_errno("ibv_req_notify_cq", Some(self.ctx.name()), rc));
-        }
-        Ok(())
+        Error::check("ibv_req_notify_cq", Some(self.ctx.name()), rc)
     }
 
     /// Arms the CQ, then waits up to `timeout` for its channel to report it. [`Duration::MAX`]

@@ -161,6 +161,15 @@ impl Error {
         Self::from_errno(verb, device, errno)
     }
 
+    /// `Ok` for a verb's return code of 0, else the error of `verb` with that code as `errno`
+    /// (for verbs that return it rather than set it).
+    pub(crate) fn check(verb: &'static str, device: Option<&str>, rc: libc::c_int) -> Result<()> {
+        if rc == 0 {
+            return Ok(());
+        }
+        Err(Self::from_errno(verb, device, rc))
+    }
+
     /// An error from `verb` with an explicit `errno` (verbs that return it rather than set it).
     pub(crate) fn from_errno(verb: &'static str, device: Option<&str>, errno: i32) -> Self {
         Error::Verb { verb, device: device.map(str::to_owned), errno }

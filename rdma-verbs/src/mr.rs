@@ -437,9 +437,7 @@ impl<'pd, B: RegisteredBuffer> MemoryRegion<'pd, B> {
         // and drop skips deregistration when `buf` is `None`).
         let rc =
             self.pd.context().registry().release(self.raw.as_ptr(), || unsafe { ffi::ibv_dereg_mr(self.raw.as_ptr()) });
-        if rc != 0 {
-            return Err(Error::from_errno("ibv_dereg_mr", Some(self.pd.context().name()), rc));
-        }
+        Error::check("ibv_dereg_mr", Some(self.pd.context().name()), rc)?;
         Ok(self.buf.take().expect("buffer present until into_inner"))
     }
 

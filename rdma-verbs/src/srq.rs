@@ -200,9 +200,7 @@ impl<'pd> SharedReceiveQueue<'pd> {
             .registry()
             .release(this.raw.as_ptr(), || unsafe { ffi::ibv_destroy_srq(this.raw.as_ptr()) });
         Self::release_orphans(&mut this.orphans, rc == 0);
-        if rc != 0 {
-            return Err(Error::from_errno("ibv_destroy_srq", Some(&this.device), rc));
-        }
+        Error::check("ibv_destroy_srq", Some(&this.device), rc)?;
         // SAFETY: the fields are moved out once, from a value that is never dropped; the
         // orphans went first, before the PD they borrow.
         drop(unsafe { (std::ptr::read(&this.orphans), std::ptr::read(&this.device), std::ptr::read(&this.pd)) });

@@ -166,7 +166,7 @@ impl Pacer {
 /// reposts its buffer. Returns how many came.
 ///
 /// # Errors
-/// [`Error::PeerGone`] when a receive completed in error (the connection broke); the ring's
+/// [`Error::PeerDisconnected`] when a receive completed in error (the connection broke); the ring's
 /// errors.
 pub(crate) fn take_arrivals(
     ring: &mut RecvRing<'static>,
@@ -175,7 +175,7 @@ pub(crate) fn take_arrivals(
     for n in 0..ARRIVALS_PER_ROUND {
         let Some(msg) = ring.try_recv()? else { return Ok(n) };
         if msg.ok().is_err() {
-            return Err(Error::PeerGone);
+            return Err(Error::PeerDisconnected);
         }
         on_arrival(&msg);
         ring.release(msg)?;

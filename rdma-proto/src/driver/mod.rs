@@ -52,7 +52,7 @@ pub enum Error {
     },
     /// The peer disconnected before the session ended.
     #[error("the peer disconnected mid-transfer")]
-    PeerGone,
+    PeerDisconnected,
     /// The caller's request cannot be carried out as given (a file name that is not a valid
     /// name, say); nothing was sent.
     #[error("{0}")]
@@ -74,7 +74,7 @@ impl Error {
             Error::Cm(_) | Error::Verbs(_) => 2,
             Error::Protocol(_) => 4,
             Error::File { .. } => 5,
-            Error::PeerGone => 6,
+            Error::PeerDisconnected => 6,
             Error::Usage(_) => 1,
             Error::Stopped => 7,
         }

@@ -391,7 +391,7 @@ fn session(
         if slow {
             machine.handle_timeout(Instant::now());
             if peer_left(&conn) {
-                break 'run Err(Error::PeerGone);
+                break 'run Err(Error::PeerDisconnected);
             }
             if opts.stop.load(Ordering::Relaxed) {
                 break 'run Err(Error::Stopped);

@@ -251,7 +251,7 @@ pub fn send_file(path: &Path, opts: &SendOptions, mut progress: impl FnMut(u64, 
         if slow {
             machine.handle_timeout(Instant::now());
             if peer_left(&conn) {
-                break 'run Err(Error::PeerGone);
+                break 'run Err(Error::PeerDisconnected);
             }
         }
     };

@@ -153,9 +153,7 @@ impl Inner<'_> {
                 init.as_mut_ptr(),
             )
         };
-        if rc != 0 {
-            return Err(Error::from_errno("ibv_query_qp", Some(self.device()), rc));
-        }
+        Error::check("ibv_query_qp", Some(self.device()), rc)?;
         // SAFETY: the query succeeded and set `qp_state` (the rest is zeroed plain data).
         Ok(unsafe { attr.assume_init() }.qp_state)
     }
@@ -177,10 +175,7 @@ impl Inner<'_> {
         let rc = unsafe {
             ffi::ibv_modify_qp(self.raw.as_ptr(), &mut attr, ffi::ibv_qp_attr_mask::IBV_QP_STATE.0 as libc::c_int)
         };
-        if rc != 0 {
-            return Err(Error::from_errno("ibv_modify_qp", Some(self.device()), rc));
-        }
-        Ok(())
+        Error::check("ibv_modify_qp", Some(self.device()), rc)
     }
 }
 

@@ -42,10 +42,7 @@ impl<'res, T: Transport, S: TypeState> QueuePair<'res, T, S> {
     pub(super) fn modify(&self, attr: &mut ffi::ibv_qp_attr, mask: ffi::ibv_qp_attr_mask) -> Result<()> {
         // SAFETY: live QP; `attr` holds every field `mask` names.
         let rc = unsafe { ffi::ibv_modify_qp(self.inner.raw.as_ptr(), attr, mask.0 as libc::c_int) };
-        if rc != 0 {
-            return Err(Error::from_errno("ibv_modify_qp", Some(self.inner.pd.context().name()), rc));
-        }
-        Ok(())
+        Error::check("ibv_modify_qp", Some(self.inner.pd.context().name()), rc)
     }
 
     fn transition<N: TypeState>(
