@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use rdma_proto::driver::{send_file, AfterFin, Phases, ReceiveOptions, ReceiveReport, SendOptions, SendReport, Server};
+use rdma_proto::driver::{send_file, Phases, ReceiveOptions, ReceiveReport, SendOptions, SendReport, Server};
 
 /// Port used when an address has none.
 const DEFAULT_PORT: u16 = 7471;
@@ -90,9 +90,11 @@ struct RecvArgs {
     #[arg(long)]
     count: Option<usize>,
     /// Test hook: corrupt this chunk on arrival (to see the digest check fail).
+    #[cfg(feature = "fault-injection")]
     #[arg(long, hide = true)]
     corrupt_chunk: Option<u64>,
     /// Test hook: never ACK, repeat an old CREDIT every millisecond instead.
+    #[cfg(feature = "fault-injection")]
     #[arg(long, hide = true)]
     test_never_ack: bool,
 }
@@ -127,9 +129,11 @@ struct SendArgs {
     #[arg(long)]
     quiet: bool,
     /// Test hook: offer protocol versions MIN-MAX and send --name unchecked.
+    #[cfg(feature = "fault-injection")]
     #[arg(long, hide = true)]
     test_offer: Option<String>,
     /// Test hook: right after the FIN, send junk, a second FIN, or a WRITE.
+    #[cfg(feature = "fault-injection")]
     #[arg(long, hide = true)]
     test_after_fin: Option<String>,
 }
@@ -198,7 +202,9 @@ fn recv(a: RecvArgs, json: bool) -> i32 {
         timeout: Duration::from_secs(a.timeout),
         accept_timeout: Duration::from_secs(a.timeout),
         stop: Arc::new(AtomicBool::new(false)),
+        #[cfg(feature = "fault-injection")]
         corrupt_chunk: a.corrupt_chunk,
+        #[cfg(feature = "fault-injection")]
         test_never_ack: a.test_never_ack,
     };
     // SIGINT/SIGTERM: stop serving, end the sessions in progress (their temporaries are
@@ -290,18 +296,22 @@ fn send(a: SendArgs, json: bool) -> i32 {
     opts.depth = a.depth;
     opts.connect_timeout = Duration::from_secs(a.connect_timeout);
     opts.timeout = Duration::from_secs(a.timeout);
-    if let Some(v) = &a.test_offer {
-        let parsed = v.split_once('-').and_then(|(lo, hi)| Some((lo.parse().ok()?, hi.parse().ok()?)));
-        let Some((lo, hi)) = parsed else { return usage(format!("--test-offer {v:?}: MIN-MAX")) };
-        opts.test_offer = Some(lo..=hi);
+    #[cfg(feature = "fault-injection")]
+    {
+        use rdma_proto::driver::AfterFin;
+        if let Some(v) = &a.test_offer {
+            let parsed = v.split_once('-').and_then(|(lo, hi)| Some((lo.parse().ok()?, hi.parse().ok()?)));
+            let Some((lo, hi)) = parsed else { return usage(format!("--test-offer {v:?}: MIN-MAX")) };
+            opts.test_offer = Some(lo..=hi);
+        }
+        opts.test_after_fin = match a.test_after_fin.as_deref() {
+            None => None,
+            Some("junk") => Some(AfterFin::Junk),
+            Some("fin") => Some(AfterFin::SecondFin),
+            Some("write") => Some(AfterFin::Write),
+            Some(v) => return usage(format!("--test-after-fin {v:?}: junk, fin or write")),
+        };
     }
-    opts.test_after_fin = match a.test_after_fin.as_deref() {
-        None => None,
-        Some("junk") => Some(AfterFin::Junk),
-        Some("fin") => Some(AfterFin::SecondFin),
-        Some("write") => Some(AfterFin::Write),
-        Some(v) => return usage(format!("--test-after-fin {v:?}: junk, fin or write")),
-    };
     let mut code = 0;
     for path in &a.files {
         let bar = if a.quiet || json || !std::io::IsTerminal::is_terminal(&std::io::stderr()) {

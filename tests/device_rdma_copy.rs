@@ -253,16 +253,18 @@ fn refusals_end_with_their_status_exit_code_and_no_file() {
     let large = src.join("large");
     random_file(&large, 2 << 20, 4);
     std::fs::write(dst.join("small"), b"already here").unwrap();
-    let rx = Receiver::start(&topo, 7503, &["--dir", dst.to_str().unwrap(), "--max-size", "1M", "--count", "4"]);
     let s = small.to_str().unwrap();
-    let cases: [(&[&str], i32, &str); 4] = [
-        (&[large.to_str().unwrap()], 15, "too large"),
-        (&[s], 17, "exists"),
-        (&[s, "--test-offer", "1-1", "--name", "../escape"], 16, "bad file name"),
-        (&[s, "--test-offer", "9-9", "--name", "other"], 14, "protocol mismatch"),
-    ];
+    let large = large.to_str().unwrap();
+    let mut cases: Vec<(Vec<&str>, i32, &str)> = vec![(vec![large], 15, "too large"), (vec![s], 17, "exists")];
+    // Senders our own code never builds: other protocol versions, unchecked names.
+    if cfg!(feature = "fault-injection") {
+        cases.push((vec![s, "--test-offer", "1-1", "--name", "../escape"], 16, "bad file name"));
+        cases.push((vec![s, "--test-offer", "9-9", "--name", "other"], 14, "protocol mismatch"));
+    }
+    let count = cases.len().to_string();
+    let rx = Receiver::start(&topo, 7503, &["--dir", dst.to_str().unwrap(), "--max-size", "1M", "--count", &count]);
     for (args, want, message) in cases {
-        let out = send(&topo, 7503, args);
+        let out = send(&topo, 7503, &args);
         let err = text(&out.stderr);
         eprintln!("{args:?}: exit {:?}: {err}", out.status.code());
         assert_eq!(out.status.code(), Some(want), "{args:?}: {err}");
@@ -275,6 +277,7 @@ fn refusals_end_with_their_status_exit_code_and_no_file() {
     assert!(!src.join("escape").exists() && !dst.parent().unwrap().join("escape").exists());
 }
 
+#[cfg(feature = "fault-injection")]
 #[test]
 fn a_corrupted_chunk_is_a_checksum_mismatch_and_leaves_nothing() {
     let topo = testkit::require_topology!();
@@ -439,6 +442,7 @@ fn wait_within(mut child: Child, limit: Duration, what: &str) -> (Option<i32>, S
     }
 }
 
+#[cfg(feature = "fault-injection")]
 #[test]
 fn a_receiver_that_repeats_credits_and_never_acks_times_the_sender_out() {
     // The review found the sender's timeout checked only after 256 idle rounds in a row: a
@@ -565,6 +569,7 @@ fn what_cannot_be_sent_fails_before_connecting() {
 /// A hostile sender follows its FIN at once with junk, a second FIN or a WRITE (hidden
 /// `--test-after-fin`), racing the receiver's commit: whatever the receiver decides, its verdict
 /// and its disk agree. An OK leaves the file, identical; any other verdict leaves nothing.
+#[cfg(feature = "fault-injection")]
 #[test]
 fn messages_racing_the_commit_never_make_the_verdict_disagree_with_the_disk() {
     let topo = testkit::require_topology!();

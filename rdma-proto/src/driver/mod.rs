@@ -15,7 +15,9 @@ mod recv;
 mod send;
 
 pub use recv::{ReceiveOptions, ReceiveReport, Server};
-pub use send::{send_file, AfterFin, SendOptions, SendReport};
+#[cfg(feature = "fault-injection")]
+pub use send::AfterFin;
+pub use send::{send_file, SendOptions, SendReport};
 
 use std::time::Duration;
 

@@ -46,10 +46,12 @@ pub struct ReceiveOptions {
     /// set it (e.g. `signal_hook::flag::register`).
     pub stop: Arc<AtomicBool>,
     /// Test hook: flip one byte of this chunk as it arrives (to prove the digest check).
+    #[cfg(feature = "fault-injection")]
     #[doc(hidden)]
     pub corrupt_chunk: Option<u64>,
     /// Test hook: a hostile receiver that, once the FIN came, never ACKs but repeats an old
     /// CREDIT every millisecond (to prove the sender's timeout still fires).
+    #[cfg(feature = "fault-injection")]
     #[doc(hidden)]
     pub test_never_ack: bool,
 }
@@ -67,7 +69,9 @@ impl Default for ReceiveOptions {
             timeout: Duration::from_secs(30),
             accept_timeout: Duration::from_secs(10),
             stop: Arc::new(AtomicBool::new(false)),
+            #[cfg(feature = "fault-injection")]
             corrupt_chunk: None,
+            #[cfg(feature = "fault-injection")]
             test_never_ack: false,
         }
     }
@@ -262,17 +266,22 @@ fn session(
     let mut hasher = Xxh3::new();
     let (mut data_start, mut data_end) = (None, None);
     let mut pacer = Pacer::default();
+    // The test hook `test_never_ack`: since when the receiver floods old CREDITs.
+    #[cfg(feature = "fault-injection")]
     let mut flood: Option<Instant> = None;
     let outcome = 'run: loop {
         let mut progressed = false;
-        if let Some(last) = flood {
-            if last.elapsed() >= Duration::from_millis(1) {
-                flood = Some(Instant::now());
-                let mut bytes = Vec::new();
-                let credit = Message::Credit(wire::Credit { consumed: 0 });
-                if wire::encode(machine.session(), &credit, &mut bytes).is_ok() {
-                    if let Err(e) = send_control(&mut sq, &control, &bytes, opts.timeout, drop) {
-                        break 'run Err(e.into());
+        #[cfg(feature = "fault-injection")]
+        {
+            if let Some(last) = flood {
+                if last.elapsed() >= Duration::from_millis(1) {
+                    flood = Some(Instant::now());
+                    let mut bytes = Vec::new();
+                    let credit = Message::Credit(wire::Credit { consumed: 0 });
+                    if wire::encode(machine.session(), &credit, &mut bytes).is_ok() {
+                        if let Err(e) = send_control(&mut sq, &control, &bytes, opts.timeout, drop) {
+                            break 'run Err(e.into());
+                        }
                     }
                 }
             }
@@ -328,8 +337,11 @@ fn session(
                         machine.handle(Input::StoreFailed(Status::Internal, e.to_string()), now);
                         continue;
                     }
-                    if opts.corrupt_chunk == Some(seq) && !buf.is_empty() {
-                        buf[0] ^= 0xff;
+                    #[cfg(feature = "fault-injection")]
+                    {
+                        if opts.corrupt_chunk == Some(seq) && !buf.is_empty() {
+                            buf[0] ^= 0xff;
+                        }
                     }
                     hasher.update(buf);
                     if let Some(f) = &file {
@@ -340,6 +352,7 @@ fn session(
                     }
                     machine.handle(Input::ChunkStored { seq }, now);
                 }
+                #[cfg(feature = "fault-injection")]
                 Action::Finalize { .. } if opts.test_never_ack => flood = Some(now),
                 Action::Finalize { digest } => {
                     data_end = Some(now);

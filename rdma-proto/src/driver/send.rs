@@ -37,15 +37,18 @@ pub struct SendOptions {
     /// How long a phase may make no progress.
     pub timeout: Duration,
     /// Test hook: offer these protocol versions and send the name unchecked.
+    #[cfg(feature = "fault-injection")]
     #[doc(hidden)]
     pub test_offer: Option<std::ops::RangeInclusive<u16>>,
     /// Test hook: a hostile sender that follows its FIN at once with this (to prove the
     /// receiver's verdict still matches its disk).
+    #[cfg(feature = "fault-injection")]
     #[doc(hidden)]
     pub test_after_fin: Option<AfterFin>,
 }
 
 /// What a hostile test sender sends right after its FIN ([`SendOptions::test_after_fin`]).
+#[cfg(feature = "fault-injection")]
 #[doc(hidden)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AfterFin {
@@ -69,7 +72,9 @@ impl SendOptions {
             depth: 16,
             connect_timeout: Duration::from_secs(10),
             timeout: Duration::from_secs(30),
+            #[cfg(feature = "fault-injection")]
             test_offer: None,
+            #[cfg(feature = "fault-injection")]
             test_after_fin: None,
         }
     }
@@ -110,7 +115,8 @@ pub fn send_file(path: &Path, opts: &SendOptions, mut progress: impl FnMut(u64, 
             None => return Err(Error::Usage(format!("{}: no file name: give a name", path.display()))),
         },
     };
-    if opts.test_offer.is_none() {
+    let offer = offered_versions(opts);
+    if offer.is_none() {
         crate::name::check(&name).map_err(|why| Error::Usage(format!("{name:?}: {why}")))?;
     }
     // Non-blocking, so that a FIFO does not hang the open; then only regular files are sent
@@ -123,9 +129,9 @@ pub fn send_file(path: &Path, opts: &SendOptions, mut progress: impl FnMut(u64, 
     let size = meta.len();
     let session = session_id();
     let cfg = SenderConfig { chunk: opts.chunk, depth: opts.depth, timeout: opts.timeout };
-    let mut machine = match &opts.test_offer {
+    let mut machine = match offer {
         None => Sender::new(session, &name, size, cfg, Instant::now())?,
-        Some(v) => Sender::offering(session, &name, size, cfg, Instant::now(), v.clone())?,
+        Some(v) => Sender::offering(session, &name, size, cfg, Instant::now(), v)?,
     };
     tracing::info!(session = format_args!("{session:016x}"), %name, size, to = %opts.to, "sending");
 
@@ -161,6 +167,7 @@ pub fn send_file(path: &Path, opts: &SendOptions, mut progress: impl FnMut(u64, 
                     if let Err(e) = r {
                         break 'run Err(e.into());
                     }
+                    #[cfg(feature = "fault-injection")]
                     if let Some(after) = opts.test_after_fin.filter(|_| fin) {
                         let r = send_after_fin(after, &mut sq, &control, &bytes, &machine, opts.timeout);
                         if let Err(e) = r {
@@ -283,8 +290,22 @@ pub fn send_file(path: &Path, opts: &SendOptions, mut progress: impl FnMut(u64, 
     }
 }
 
+/// The protocol versions a test sender offers instead of this build's (and then sends its
+/// name unchecked): the test hook [`SendOptions::test_offer`].
+#[cfg(feature = "fault-injection")]
+fn offered_versions(opts: &SendOptions) -> Option<std::ops::RangeInclusive<u16>> {
+    opts.test_offer.clone()
+}
+
+/// Without fault injection a sender offers this build's versions.
+#[cfg(not(feature = "fault-injection"))]
+fn offered_versions(_: &SendOptions) -> Option<std::ops::RangeInclusive<u16>> {
+    None
+}
+
 /// The test hook [`SendOptions::test_after_fin`]: what a hostile sender sends right after its
 /// FIN (`fin`), without waiting for anything.
+#[cfg(feature = "fault-injection")]
 fn send_after_fin(
     after: AfterFin,
     sq: &mut SendQueue<'static, rdma_verbs::Rc>,
