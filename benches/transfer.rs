@@ -73,7 +73,7 @@ impl Drop for TempFile {
 fn transfer(c: &mut Criterion) {
     let Some(topo) = common::topology("transfer", "the file transfer") else { return };
     let listen = SocketAddr::new(topo.server.addr.into(), PORT);
-    let opts = ReceiveOptions { dir: None, ..ReceiveOptions::default() };
+    let opts = ReceiveOptions::default(); // dir None: checked in memory, not stored
     let stop = opts.stop.clone();
     let server = Server::bind(listen, opts).unwrap_or_else(|e| panic!("listening on {listen}: {e}"));
     let mut send = SendOptions::new(listen);

@@ -191,22 +191,22 @@ fn recv(a: RecvArgs, json: bool) -> i32 {
         Err(e) => return usage(e),
     };
     let Ok(max_chunk) = u32::try_from(a.max_chunk) else { return usage("--max-chunk: at most 4G - 1".into()) };
-    let opts = ReceiveOptions {
-        dir: (!a.discard).then_some(a.dir),
-        overwrite: a.overwrite,
-        max_size: a.max_size,
-        max_chunk,
-        memory_budget: a.memory,
-        max_slots: a.max_depth.max(1),
-        max_sessions: a.max_sessions.max(1),
-        timeout: Duration::from_secs(a.timeout),
-        accept_timeout: Duration::from_secs(a.timeout),
-        stop: Arc::new(AtomicBool::new(false)),
-        #[cfg(feature = "fault-injection")]
-        corrupt_chunk: a.corrupt_chunk,
-        #[cfg(feature = "fault-injection")]
-        test_never_ack: a.test_never_ack,
-    };
+    let mut opts = ReceiveOptions::default();
+    opts.dir = (!a.discard).then_some(a.dir);
+    opts.overwrite = a.overwrite;
+    opts.max_size = a.max_size;
+    opts.max_chunk = max_chunk;
+    opts.memory_budget = a.memory;
+    opts.max_slots = a.max_depth.max(1);
+    opts.max_sessions = a.max_sessions.max(1);
+    opts.timeout = Duration::from_secs(a.timeout);
+    opts.accept_timeout = Duration::from_secs(a.timeout);
+    opts.stop = Arc::new(AtomicBool::new(false));
+    #[cfg(feature = "fault-injection")]
+    {
+        opts.corrupt_chunk = a.corrupt_chunk;
+        opts.test_never_ack = a.test_never_ack;
+    }
     // SIGINT/SIGTERM: stop serving, end the sessions in progress (their temporaries are
     // removed), exit 128 + the signal. A second signal kills at once.
     let signal = Arc::new(AtomicUsize::new(0));

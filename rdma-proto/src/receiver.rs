@@ -23,8 +23,11 @@ use crate::status::Status;
 use crate::wire::{self, caps, Ack, Credit, Grant, Message};
 use crate::{Outcome, ProtocolError};
 
-/// What a receiver accepts.
+/// What a receiver accepts. Made by [`Default`] (1 TiB files, 4 MiB chunks, 64 MiB and 64
+/// slots per transfer, 30 s per phase; it is `#[non_exhaustive]`: fields may be added), then
+/// changed field by field.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ReceiverConfig {
     /// Largest file accepted.
     pub max_size: u64,
@@ -37,6 +40,18 @@ pub struct ReceiverConfig {
     pub max_slots: u32,
     /// How long any phase may pass without progress.
     pub timeout: Duration,
+}
+
+impl Default for ReceiverConfig {
+    fn default() -> Self {
+        ReceiverConfig {
+            max_size: 1 << 40,
+            max_chunk: 4 << 20,
+            memory_budget: 64 << 20,
+            max_slots: 64,
+            timeout: Duration::from_secs(30),
+        }
+    }
 }
 
 /// An event the driver reports to the machine.

@@ -18,8 +18,10 @@ use crate::status::Status;
 use crate::wire::{self, caps, Credit, Fin, Grant, Hello, Message};
 use crate::{Outcome, ProtocolError};
 
-/// What the sender asks for; the receiver may grant less.
+/// What the sender asks for; the receiver may grant less. Made by [`new`](Self::new) (it is
+/// `#[non_exhaustive]`: fields may be added), then changed field by field.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct SenderConfig {
     /// Bytes per chunk (one WRITE).
     pub chunk: u32,
@@ -27,6 +29,13 @@ pub struct SenderConfig {
     pub depth: u32,
     /// How long any phase may pass without progress (no grant, no credit, no ACK).
     pub timeout: Duration,
+}
+
+impl SenderConfig {
+    /// Chunks of `chunk` bytes, `depth` in flight, `timeout` per phase.
+    pub fn new(chunk: u32, depth: u32, timeout: Duration) -> Self {
+        SenderConfig { chunk, depth, timeout }
+    }
 }
 
 /// An event the driver reports to the machine.

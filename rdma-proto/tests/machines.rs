@@ -676,17 +676,24 @@ fn file_of(size: usize, seed: u64) -> Vec<u8> {
 }
 
 fn sender_cfg(chunk: u32, depth: u32) -> SenderConfig {
-    SenderConfig { chunk, depth, timeout: Duration::from_secs(10) }
+    SenderConfig::new(chunk, depth, Duration::from_secs(10))
 }
 
 fn receiver_cfg(max_slots: u32) -> ReceiverConfig {
-    ReceiverConfig {
-        max_size: 1 << 30,
-        max_chunk: 1 << 20,
-        memory_budget: 1 << 24,
-        max_slots,
-        timeout: Duration::from_secs(10),
-    }
+    receiver_config(1 << 30, 1 << 20, 1 << 24, max_slots, Duration::from_secs(10))
+}
+
+fn receiver_config(
+    max_size: u64,
+    max_chunk: u32,
+    memory_budget: u64,
+    max_slots: u32,
+    timeout: Duration,
+) -> ReceiverConfig {
+    let mut c = ReceiverConfig::default();
+    (c.max_size, c.max_chunk, c.memory_budget, c.max_slots, c.timeout) =
+        (max_size, max_chunk, memory_budget, max_slots, timeout);
+    c
 }
 
 /// Runs one transfer over a faithful network (in order, nothing lost), the drivers' work and
@@ -743,7 +750,8 @@ fn many_chunks_go_through_a_ring_of_two_slots() {
 
 #[test]
 fn the_receiver_grants_smaller_slots_and_fewer_of_them() {
-    let receiver = ReceiverConfig { max_chunk: 5, memory_budget: 15, max_slots: 64, ..receiver_cfg(64) };
+    let mut receiver = receiver_cfg(64);
+    (receiver.max_chunk, receiver.memory_budget) = (5, 15);
     for seed in 0..8 {
         let sim = transfer(file_of(123, seed), sender_cfg(16, 8), receiver.clone(), Hooks::default(), seed);
         assert_ok(&sim);
@@ -877,7 +885,8 @@ fn ack_in(actions: &[receiver::Action]) -> Option<(u64, Ack)> {
 #[test]
 fn bad_hellos_are_refused_with_their_status() {
     let t = Instant::now();
-    let cfg = ReceiverConfig { max_size: 1000, ..receiver_cfg(4) };
+    let mut cfg = receiver_cfg(4);
+    cfg.max_size = 1000;
     let cases = [
         (hello("../etc", 1), Status::BadName),
         (hello("", 1), Status::BadName),
@@ -928,7 +937,8 @@ fn hellos_within_the_limits_are_granted_the_common_version() {
 fn refused_senders_exit_with_the_status_code() {
     let t = Instant::now();
     let run = |sender: Sender, max_size: u64| {
-        let cfg = ReceiverConfig { max_size, ..receiver_cfg(4) };
+        let mut cfg = receiver_cfg(4);
+        cfg.max_size = max_size;
         let mut sim =
             Sim::new("refusal".into(), 0, vec![1; 10], "x", sender_cfg(4, 2), cfg, Faults::default(), Hooks::default());
         sim.sender = sender;
@@ -1247,13 +1257,13 @@ fn hostile_case(seed: u64, tally: &mut Tally) {
     let faithful = rng.chance(250);
     // A faithful network makes progress every few steps of a few milliseconds: give it time.
     let timeout = Duration::from_millis(if faithful { 10_000 } else { rng.pick(&[50, 1_000, 10_000]) });
-    let receiver = ReceiverConfig {
-        max_size: if rng.chance(50) { rng.below(size as u64 + 1) } else { 1 << 20 },
-        max_chunk: if rng.chance(300) { 1 + rng.below(u64::from(chunk)) as u32 } else { 1 << 20 },
-        memory_budget: 1 + rng.below(u64::from(chunk) * 8),
-        max_slots: 1 + rng.below(12) as u32,
+    let receiver = receiver_config(
+        if rng.chance(50) { rng.below(size as u64 + 1) } else { 1 << 20 },
+        if rng.chance(300) { 1 + rng.below(u64::from(chunk)) as u32 } else { 1 << 20 },
+        1 + rng.below(u64::from(chunk) * 8),
+        1 + rng.below(12) as u32,
         timeout,
-    };
+    );
     let mut faults = Faults::default();
     if !faithful {
         faults = Faults {
@@ -1268,7 +1278,7 @@ fn hostile_case(seed: u64, tally: &mut Tally) {
     }
     let too_large = size as u64 > receiver.max_size;
     let label = format!("seed {seed}: {size} bytes, chunk {chunk}, depth {depth}, {receiver:?}, {faults:?}");
-    let sender = SenderConfig { chunk, depth, timeout };
+    let sender = SenderConfig::new(chunk, depth, timeout);
     let file = file_of(size, seed);
     let chunks = size as u64 / u64::from(chunk.min(receiver.max_chunk)) + 1;
     let mut sim = Sim::new(label, seed.wrapping_add(1), file, "random.bin", sender, receiver, faults, Hooks::default());

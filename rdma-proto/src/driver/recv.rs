@@ -19,8 +19,10 @@ use crate::receiver::{Action, Input, Receiver, ReceiverConfig};
 use crate::wire::{self, Ack, Message};
 use crate::{Outcome, Status};
 
-/// What a receiver accepts, and where it stores files.
+/// What a receiver accepts, and where it stores files. Made by [`Default`] (it is
+/// `#[non_exhaustive]`: fields may be added), then changed field by field.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ReceiveOptions {
     /// The directory files are stored in; `None` receives into memory only (the data is
     /// checked against the digest, then thrown away).

@@ -19,8 +19,10 @@ use crate::sender::{Action, Input, Sender, SenderConfig};
 use crate::wire::{self, Message};
 use crate::{Outcome, ProtocolError, Status};
 
-/// How to send.
+/// How to send. Made by [`new`](Self::new) (it is `#[non_exhaustive]`: fields may be added),
+/// then changed field by field.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct SendOptions {
     /// The receiver's address.
     pub to: SocketAddr,
@@ -128,7 +130,7 @@ pub fn send_file(path: &Path, opts: &SendOptions, mut progress: impl FnMut(u64, 
     }
     let size = meta.len();
     let session = session_id();
-    let cfg = SenderConfig { chunk: opts.chunk, depth: opts.depth, timeout: opts.timeout };
+    let cfg = SenderConfig::new(opts.chunk, opts.depth, opts.timeout);
     let mut machine = match offer {
         None => Sender::new(session, &name, size, cfg, Instant::now())?,
         Some(v) => Sender::offering(session, &name, size, cfg, Instant::now(), v)?,
