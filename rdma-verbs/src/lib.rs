@@ -22,7 +22,7 @@
 //! let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?;
 //! let qp = pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq))?.init(InitAttr::new(1))?;
 //! let me = qp.endpoint(1, 0)?; // a loopback connection: the QP is its own peer
-//! let qp = qp.ready_to_receive(&RtrAttr::new(me, 1, 1, Mtu::Mtu1024))?.ready_to_send(&RtsAttr::new(0))?;
+//! let qp = qp.handshake(me, 1, 0)?; // to RTS: GID index 1, the PSN `me` announced
 //! mr.write_at(0, b"hello")?;
 //! qp.scope(Duration::from_secs(1), |s| -> rdma_verbs::Result<()> {
 //!     let (buf, msg) = ([mr.sge(2048..)?], [mr.sge(..5)?]);
@@ -66,8 +66,7 @@
 //!         .init(InitAttr::new(1))?;
 //!     // Receives posted before the connection is up stay posted through it.
 //!     let receives = RecvRing::new(&qp, SlotPool::new(pd.clone(), 4096, 64, AccessFlags::LOCAL_WRITE)?, 64, t)?;
-//!     let mtu = ctx.query_port(1)?.active_mtu;
-//!     let qp = qp.ready_to_receive(&RtrAttr::new(peer, 1, 1, mtu))?.ready_to_send(&RtsAttr::new(0))?;
+//!     let qp = qp.handshake(peer, 1, 0)?;
 //!     let sends = SendQueue::new(&qp, t)?; // holds the QP: `qp` may go
 //!     let slots = SlotPool::new(pd.clone(), 1 << 20, 64, AccessFlags::LOCAL_WRITE)?;
 //!     Ok(Connection { sends, receives, slots })

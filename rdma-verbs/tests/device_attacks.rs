@@ -18,10 +18,6 @@ fn volatile_bytes(p: *const u8, len: usize) -> Vec<u8> {
     (0..len).map(|i| unsafe { std::ptr::read_volatile(p.add(i)) }).collect()
 }
 
-fn mtu_of(ctx: &Context, port: u8) -> Mtu {
-    ctx.query_port(port).unwrap().active_mtu
-}
-
 /// RC QP in Init with ALL access.
 fn rc_init<'r>(pd: &'r ProtectionDomain<'r>, cq: &'r CompletionQueue<'r>, port: u8) -> QueuePair<'r, Rc, Init> {
     let caps = QpCaps { max_send_wr: 16, max_recv_wr: 16, max_send_sge: 2, max_recv_sge: 2, max_inline_data: 64 };
@@ -53,7 +49,6 @@ fn a3_short_drain_during_a_big_read_leaves_no_late_write() {
     let ctx_b = Context::open(&topo.server.device).unwrap();
     let (pd_a, pd_b) = (ctx_a.alloc_pd().unwrap(), ctx_b.alloc_pd().unwrap());
     let (cq_a, cq_b) = (ctx_a.create_cq(64, None).unwrap(), ctx_b.create_cq(64, None).unwrap());
-    let mtu = mtu_of(&ctx_a, topo.port);
     const LEN: usize = 1 << 20;
     let remote = pd_b.alloc_mr(LEN, ALL).unwrap();
     remote.write_at(0, &vec![0x5a; LEN]).unwrap();
@@ -65,8 +60,8 @@ fn a3_short_drain_during_a_big_read_leaves_no_late_write() {
         let qa = rc_init(&pd_a, &cq_a, topo.port);
         let qb = rc_init(&pd_b, &cq_b, topo.port);
         let (ea, eb) = (qa.endpoint(topo.gid_index, psn).unwrap(), qb.endpoint(topo.gid_index, psn + 1).unwrap());
-        let qa = connect(qa, psn, eb, &topo, mtu);
-        let _qb = connect(qb, psn + 1, ea, &topo, mtu);
+        let qa = connect(qa, psn, eb, &topo);
+        let _qb = connect(qb, psn + 1, ea, &topo);
         psn += 2;
         let r = qa.scope(Duration::from_micros(*t), |s| -> rdma_verbs::Result<_> {
             let d = [dst.sge(..).unwrap()];
@@ -97,15 +92,14 @@ fn a5_scopes_on_qps_sharing_cqs() {
     let ctx = Context::open(&topo.server.device).unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let (x, y) = (ctx.create_cq(64, None).unwrap(), ctx.create_cq(64, None).unwrap());
-    let mtu = mtu_of(&ctx, topo.port);
     let caps = QpCaps { max_send_wr: 8, max_recv_wr: 8, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
     let init = InitAttr::new(topo.port).access(ALL);
     // A: send X, recv Y; B: send Y, recv X.
     let qa = pd.create_qp::<Rc>(QpCreateAttr::new(&x, &y).caps(caps)).unwrap().init(init).unwrap();
     let qb = pd.create_qp::<Rc>(QpCreateAttr::new(&y, &x).caps(caps)).unwrap().init(init).unwrap();
     let (ea, eb) = (qa.endpoint(topo.gid_index, 1).unwrap(), qb.endpoint(topo.gid_index, 2).unwrap());
-    let qa = connect(qa, 1, eb, &topo, mtu);
-    let qb = connect(qb, 2, ea, &topo, mtu);
+    let qa = connect(qa, 1, eb, &topo);
+    let qb = connect(qb, 2, ea, &topo);
     let ma = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
     let mb = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
     let nested = qa.scope(T, |_s| -> rdma_verbs::Result<_> { Ok(qb.scope(T, |_| Ok::<_, Error>(()))) });
@@ -148,12 +142,11 @@ fn a6_panic_in_scope_then_reuse() {
     let ctx = Context::open(&topo.server.device).unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let (cq_a, cq_b) = (ctx.create_cq(64, None).unwrap(), ctx.create_cq(64, None).unwrap());
-    let mtu = mtu_of(&ctx, topo.port);
     let qa = rc_init(&pd, &cq_a, topo.port);
     let qb = rc_init(&pd, &cq_b, topo.port);
     let (ea, eb) = (qa.endpoint(topo.gid_index, 1).unwrap(), qb.endpoint(topo.gid_index, 2).unwrap());
-    let qa = connect(qa, 1, eb, &topo, mtu);
-    let qb = connect(qb, 2, ea, &topo, mtu);
+    let qa = connect(qa, 1, eb, &topo);
+    let qb = connect(qb, 2, ea, &topo);
     let mut victim = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
     let src = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
     let start = Instant::now();
@@ -188,10 +181,9 @@ fn a10_direct_pollers_race_scopes() {
     let ctx = Context::open(&topo.server.device).unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(256, None).unwrap();
-    let mtu = mtu_of(&ctx, topo.port);
     let q = rc_init(&pd, &cq, topo.port);
     let me = q.endpoint(topo.gid_index, 1).unwrap();
-    let q = connect(q, 1, me, &topo, mtu);
+    let q = connect(q, 1, me, &topo);
     let mr = pd.alloc_mr(4096, ALL).unwrap();
     let stop = AtomicBool::new(false);
     let stolen = AtomicUsize::new(0);

@@ -30,15 +30,13 @@ fn with_patient_pair(f: impl FnOnce(&End<'_>, &End<'_>)) {
     let qa = pd.create_qp::<Rc>(QpCreateAttr::new(&cq_a, &cq_a).caps(caps)).unwrap().init(init).unwrap();
     let qb = pd.create_qp::<Rc>(QpCreateAttr::new(&cq_b, &cq_b).caps(caps)).unwrap().init(init).unwrap();
     let (ea, eb) = (qa.endpoint(topo.gid_index, 1).unwrap(), qb.endpoint(topo.gid_index, 2).unwrap());
-    let mtu = ctx.query_port(topo.port).unwrap().active_mtu;
-    let a = End { ctx: &ctx, pd: &pd, qp: connect(qa, 1, eb, &topo, mtu), mr: pd.alloc_mr(MR_LEN, ALL).unwrap() };
-    let b = End { ctx: &ctx, pd: &pd, qp: connect(qb, 2, ea, &topo, mtu), mr: pd.alloc_mr(MR_LEN, ALL).unwrap() };
+    let a = End { ctx: &ctx, pd: &pd, qp: connect(qa, 1, eb, &topo), mr: pd.alloc_mr(MR_LEN, ALL).unwrap() };
+    let b = End { ctx: &ctx, pd: &pd, qp: connect(qb, 2, ea, &topo), mr: pd.alloc_mr(MR_LEN, ALL).unwrap() };
     f(&a, &b);
 }
 
 /// An RC QP on `cq` connected to itself (loopback), ready to send.
 fn self_connected<'r>(
-    ctx: &Context,
     pd: &'r ProtectionDomain<'r>,
     cq: &'r CompletionQueue<'r>,
     caps: QpCaps,
@@ -47,7 +45,7 @@ fn self_connected<'r>(
     let qp = pd.create_qp::<Rc>(QpCreateAttr::new(cq, cq).caps(caps)).unwrap();
     let qp = qp.init(InitAttr::new(topo.port).access(ALL)).unwrap();
     let me = qp.endpoint(topo.gid_index, 1).unwrap();
-    connect(qp, 1, me, &topo, ctx.query_port(topo.port).unwrap().active_mtu)
+    connect(qp, 1, me, &topo)
 }
 
 /// Sends `msg` from `a` (its region's first bytes) and waits for the send's completion.
@@ -141,8 +139,7 @@ fn a_shared_receive_completed_through_the_qp_does_not_count_for_its_scope() {
     let qa = pd.create_qp::<Rc>(QpCreateAttr::new(&cq_a, &cq_a)).unwrap().init(init).unwrap();
     let qb = pd.create_qp::<Rc>(QpCreateAttr::new(&cq_b, &cq_b).srq(&srq)).unwrap().init(init).unwrap();
     let (ea, eb) = (qa.endpoint(topo.gid_index, 1).unwrap(), qb.endpoint(topo.gid_index, 2).unwrap());
-    let mtu = ctx.query_port(topo.port).unwrap().active_mtu;
-    let (qa, qb) = (connect(qa, 1, eb, &topo, mtu), connect(qb, 2, ea, &topo, mtu));
+    let (qa, qb) = (connect(qa, 1, eb, &topo), connect(qb, 2, ea, &topo));
     let shared = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
     let sge = [shared.sge(..).unwrap()];
     // SAFETY: `shared` is never sliced; the receive completes below.
@@ -289,8 +286,7 @@ fn an_address_handle_on_a_connected_qp_is_refused() {
                 .init(InitAttr::new(topo.port).access(ALL))
                 .unwrap();
         let me = uc.endpoint(topo.gid_index, 3).unwrap();
-        let mtu = a.ctx.query_port(topo.port).unwrap().active_mtu;
-        let uc = connect(uc, 3, me, &topo, mtu);
+        let uc = connect(uc, 3, me, &topo);
         let r = uc.scope(T, |s| -> rdma_verbs::Result<_> {
             let src = [a.mr.sge(0..8).unwrap()];
             Ok(s.post_send(&mut [SendRequest::read(1, &src, b.mr.remote().slice(0, 8).unwrap())]))
@@ -341,7 +337,7 @@ fn unbounded_timeouts_wait_without_panicking() {
     let pd = ctx.alloc_pd().unwrap();
     let ch = ctx.create_completion_channel().unwrap();
     let cq = ctx.create_cq(256, Some(&ch)).unwrap();
-    let qp = self_connected(&ctx, &pd, &cq, QpCaps::default());
+    let qp = self_connected(&pd, &cq, QpCaps::default());
     let mr = pd.alloc_mr(64, ALL).unwrap();
     let to = mr.remote().slice(8, 8).unwrap();
     qp.scope(Duration::MAX, |s| -> rdma_verbs::Result<_> {
@@ -446,7 +442,7 @@ fn a_scope_never_overruns_its_cq() {
     let ctx = Context::open(&topo.server.device).unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(4, None).unwrap();
-    let qp = self_connected(&ctx, &pd, &cq, QpCaps { max_send_wr: 64, ..QpCaps::default() });
+    let qp = self_connected(&pd, &cq, QpCaps { max_send_wr: 64, ..QpCaps::default() });
     let mr = pd.alloc_mr(4096, ALL).unwrap();
     let r = qp.scope(T, |s| -> rdma_verbs::Result<_> {
         let src = [mr.sge(0..8).unwrap()];
@@ -472,7 +468,7 @@ fn threads_waiting_on_one_channel_all_return_in_time() {
     let pd = ctx.alloc_pd().unwrap();
     let ch = ctx.create_completion_channel().unwrap();
     let cq = ctx.create_cq(256, Some(&ch)).unwrap();
-    let qp = self_connected(&ctx, &pd, &cq, QpCaps::default());
+    let qp = self_connected(&pd, &cq, QpCaps::default());
     let mr = pd.alloc_mr(64, ALL).unwrap();
     let src = [mr.sge(0..8).unwrap()];
     let wait = Duration::from_millis(400);

@@ -58,7 +58,6 @@ fn two_qps_consume_receives_from_one_shared_receive_queue() {
     let send_cq = ctx.create_cq(64, None).unwrap();
     let srq = pd.create_srq(16, 1).unwrap();
     let mr = pd.alloc_mr(8192, AccessFlags::LOCAL_WRITE).unwrap();
-    let mtu = ctx.query_port(topo.port).unwrap().active_mtu;
     // Two receivers on the SRQ, each connected to its own sender, all on one device.
     let mk = |with_srq: bool| {
         let init = if with_srq { QpCreateAttr::new(&cq, &cq).srq(&srq) } else { QpCreateAttr::new(&send_cq, &send_cq) };
@@ -68,7 +67,7 @@ fn two_qps_consume_receives_from_one_shared_receive_queue() {
     let ep = |qp: &QueuePair<'_, Rc, Init>| qp.endpoint(topo.gid_index, 0).unwrap();
     let (e_r1, e_r2, e_s1, e_s2) = (ep(&r1), ep(&r2), ep(&s1), ep(&s2));
     // Every endpoint above announced PSN 0.
-    let up = |qp, peer| connect(qp, 0, peer, &topo, mtu);
+    let up = |qp, peer| connect(qp, 0, peer, &topo);
     let (_r1, _r2, s1, s2) = (up(r1, e_s1), up(r2, e_s2), up(s1, e_r1), up(s2, e_r2));
 
     let bufs: Vec<[Sge<'_>; 1]> = (0..4).map(|i| [mr.sge(i * 1024..(i + 1) * 1024).unwrap()]).collect();
@@ -123,8 +122,7 @@ fn uc_send_and_rdma_write() {
             .init(InitAttr::new(topo.port).access(access))
             .unwrap();
         let (ea, eb) = (a.endpoint(topo.gid_index, 0).unwrap(), b.endpoint(topo.gid_index, 0).unwrap());
-        let mtu = ca.query_port(topo.port).unwrap().active_mtu;
-        let (a, b) = (connect(a, 0, eb, &topo, mtu), connect(b, 0, ea, &topo, mtu));
+        let (a, b) = (connect(a, 0, eb, &topo), connect(b, 0, ea, &topo));
         let (ma, mb) = (pa.alloc_mr(8192, access).unwrap(), pb.alloc_mr(8192, access).unwrap());
         let msg = pattern(1000, 2);
         ma.write_at(0, &msg).unwrap();

@@ -254,6 +254,36 @@ impl<'res, T: Transport> QueuePair<'res, T, Reset> {
 }
 
 impl<'res, T: Connected> QueuePair<'res, T, Init> {
+    /// Connects the QP to `peer` in one call, `Init -> ReadyToReceive -> ReadyToSend` with the
+    /// usual attributes ([`RtrAttr::new`], [`RtsAttr::new`]): the path from the QP's port (set
+    /// by `init`) and its local GID at `gid_index`, the port's active MTU, and `psn`, the PSN
+    /// this side announced in the [`QpEndpoint`](super::attr::QpEndpoint) it gave the peer
+    /// ([`endpoint`](QueuePair::endpoint)). For other attributes, chain
+    /// [`ready_to_receive`](Self::ready_to_receive) and
+    /// [`ready_to_send`](QueuePair::ready_to_send).
+    ///
+    /// ```no_run
+    /// # use rdma_verbs::*;
+    /// # fn f(qp: QueuePair<'_, Rc, Init>, peer: QpEndpoint) -> Result<()> {
+    /// let qp = qp.handshake(peer, 1, 0)?; // GID index 1 (RoCE v2 on Soft-RoCE), PSN 0
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`ready_to_receive`](Self::ready_to_receive) and
+    /// [`ready_to_send`](QueuePair::ready_to_send); [`Error::Verb`] when the port cannot be
+    /// queried. The QP is dropped on failure.
+    pub fn handshake(
+        self,
+        peer: super::attr::QpEndpoint,
+        gid_index: u8,
+        psn: u32,
+    ) -> Result<QueuePair<'res, T, ReadyToSend>> {
+        let port = self.port();
+        let mtu = self.inner.pd.context().query_port(port)?.active_mtu;
+        self.ready_to_receive(&RtrAttr::new(peer, port, gid_index, mtu))?.ready_to_send(&RtsAttr::new(psn))
+    }
+
     /// `Init -> ReadyToReceive` for RC and UC: [`try_ready_to_receive`](Self::try_ready_to_receive),
     /// dropping the QP on failure.
     ///

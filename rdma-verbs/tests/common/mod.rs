@@ -99,12 +99,8 @@ pub fn connect<'r, X: rdma_verbs::qp::state::Connected>(
     my_psn: u32,
     peer: QpEndpoint,
     topo: &testkit::Topology,
-    mtu: Mtu,
 ) -> QueuePair<'r, X, ReadyToSend> {
-    qp.ready_to_receive(&RtrAttr::new(peer, topo.port, topo.gid_index, mtu))
-        .unwrap()
-        .ready_to_send(&RtsAttr::new(my_psn))
-        .unwrap()
+    qp.handshake(peer, topo.gid_index, my_psn).unwrap()
 }
 
 /// A QP in `Init` whose parents are all shared (`Arc`): `'static`, so a thread can own it.
