@@ -1,6 +1,7 @@
 //! Fixtures shared by rdma-verbs' device tests.
 #![allow(dead_code)]
 
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use rdma_verbs::*;
@@ -155,4 +156,154 @@ pub fn ud_qp<'r>(
 ) -> QueuePair<'r, Ud, ReadyToSend> {
     let qp = pd.create_qp::<Ud>(QpCreateAttr::new(cq, cq)).unwrap().init(InitAttr::new(port).qkey(QKEY)).unwrap();
     qp.ready_to_receive().unwrap().ready_to_send(0).unwrap()
+}
+
+// Helpers of the tests of the safety rules (scope, request checks, waits, data path).
+
+pub fn volatile_bytes(p: *const u8, len: usize) -> Vec<u8> {
+    // SAFETY: the caller passes a pointer into a live slice of at least `len` bytes.
+    (0..len).map(|i| unsafe { std::ptr::read_volatile(p.add(i)) }).collect()
+}
+
+/// RC QP in Init with ALL access.
+pub fn rc_init<'r>(pd: &'r ProtectionDomain<'r>, cq: &'r CompletionQueue<'r>, port: u8) -> QueuePair<'r, Rc, Init> {
+    let caps = QpCaps { max_send_wr: 16, max_recv_wr: 16, max_send_sge: 2, max_recv_sge: 2, max_inline_data: 64 };
+    pd.create_qp::<Rc>(QpCreateAttr::new(cq, cq).caps(caps)).unwrap().init(InitAttr::new(port).access(ALL)).unwrap()
+}
+
+/// Sends `msg` (bytes of `mr` at 0) from `qp`, waiting up to `t` for the send completion.
+pub fn scoped_send(qp: &QueuePair<'_, Rc, ReadyToSend>, mr: &MemoryRegion<'_>, msg: &[u8], t: Duration) -> Result<()> {
+    mr.write_at(0, msg).unwrap();
+    qp.scope(t, |s| -> rdma_verbs::Result<_> {
+        let src = [mr.sge(0..msg.len()).unwrap()];
+        s.post_send(&mut [SendRequest::send(90, &src)])?;
+        let mut wcs: [WorkCompletion; 1] = Default::default();
+        s.wait(1, &mut wcs, t)?[0].ok()?;
+        Ok(())
+    })
+}
+
+/// A loopback RC pair on the server's device with infinite RNR retries (RtsAttr's defaults): a
+/// send to a side with no receive posted stays outstanding until one is.
+pub fn with_patient_pair(f: impl FnOnce(&End<'_>, &End<'_>)) {
+    let topo = testkit::require_topology!();
+    let dev = topo.server.device.clone();
+    let ctx = Context::open(&dev).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let (cq_a, cq_b) = (ctx.create_cq(256, None).unwrap(), ctx.create_cq(256, None).unwrap());
+    let caps = QpCaps { max_send_wr: 16, max_recv_wr: 16, max_send_sge: 2, max_recv_sge: 2, max_inline_data: 64 };
+    let init = InitAttr::new(topo.port).access(ALL);
+    let qa = pd.create_qp::<Rc>(QpCreateAttr::new(&cq_a, &cq_a).caps(caps)).unwrap().init(init).unwrap();
+    let qb = pd.create_qp::<Rc>(QpCreateAttr::new(&cq_b, &cq_b).caps(caps)).unwrap().init(init).unwrap();
+    let (ea, eb) = (qa.endpoint(topo.gid_index, 1).unwrap(), qb.endpoint(topo.gid_index, 2).unwrap());
+    let a = End { ctx: &ctx, pd: &pd, qp: connect(qa, 1, eb, &topo), mr: pd.alloc_mr(MR_LEN, ALL).unwrap() };
+    let b = End { ctx: &ctx, pd: &pd, qp: connect(qb, 2, ea, &topo), mr: pd.alloc_mr(MR_LEN, ALL).unwrap() };
+    f(&a, &b);
+}
+
+/// An RC QP on `cq` connected to itself (loopback), ready to send.
+pub fn self_connected<'r>(
+    pd: &'r ProtectionDomain<'r>,
+    cq: &'r CompletionQueue<'r>,
+    caps: QpCaps,
+) -> QueuePair<'r, Rc, ReadyToSend> {
+    let topo = testkit::configured();
+    let qp = pd.create_qp::<Rc>(QpCreateAttr::new(cq, cq).caps(caps)).unwrap();
+    let qp = qp.init(InitAttr::new(topo.port).access(ALL)).unwrap();
+    let me = qp.endpoint(topo.gid_index, 1).unwrap();
+    connect(qp, 1, me, &topo)
+}
+
+/// Sends `msg` from `a` (its region's first bytes) and waits for the send's completion.
+pub fn send_from(a: &End<'_>, msg: &[u8]) {
+    a.mr.write_at(0, msg).unwrap();
+    a.qp.scope(T, |s| -> rdma_verbs::Result<_> {
+        let src = [a.mr.sge(0..msg.len()).unwrap()];
+        s.post_send(&mut [SendRequest::send(90, &src)]).unwrap();
+        let mut wcs: [WorkCompletion; 1] = Default::default();
+        s.wait(1, &mut wcs, T).unwrap()[0].ok().unwrap();
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// The 16 bytes of a `struct ibv_sge` naming all of `mr`.
+pub fn sge_bytes(mr: &MemoryRegion<'_>) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    b[..8].copy_from_slice(&mr.addr().to_ne_bytes());
+    b[8..12].copy_from_slice(&(mr.len() as u32).to_ne_bytes());
+    b[12..].copy_from_slice(&mr.lkey().to_ne_bytes());
+    b
+}
+
+/// Runs `f` on its own thread and returns its result, or fails the test if it has not
+/// returned after `limit` (the thread is left behind: a hang must fail, not hang the suite).
+pub fn returns_within<R: Send + 'static>(what: &str, limit: Duration, f: impl FnOnce() -> R + Send + 'static) -> R {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(limit).unwrap_or_else(|_| panic!("{what}: still waiting after {limit:?}"))
+}
+
+pub fn caps(send: u32, recv: u32) -> QpCaps {
+    QpCaps { max_send_wr: send, max_recv_wr: recv, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 64 }
+}
+
+/// Whether `e` is the error of a wait that nothing can end.
+pub fn nothing_to_wait_for(e: &Error) -> bool {
+    // By name, so that this file also builds against the code before the fix (which lacks the
+    // variant) and shows how it failed there.
+    format!("{e:?}").starts_with("NothingToWaitFor")
+}
+
+/// Sends `n` inline messages from `client` and waits until the peer acknowledged them all.
+pub fn send_messages(client: &QueuePair<'static, Rc, ReadyToSend>, n: u64) {
+    let mut sq = SendQueue::new(client, T).unwrap();
+    for i in 0..n {
+        sq.send_inline(&i.to_le_bytes(), None, i).unwrap();
+    }
+    sq.drain(T, |c| c.ok().unwrap()).unwrap();
+}
+
+/// A ring of 8 receives on an SRQ whose one QP is connected to a client on the other device.
+pub struct SrqSetup {
+    pub pool: SlotPool<'static>,
+    pub recv_cq: Arc<CompletionQueue<'static>>,
+    pub srq: Arc<SharedReceiveQueue<'static>>,
+    pub ring: RecvRing<'static>,
+    pub server: QueuePair<'static, Rc, ReadyToSend>,
+    pub client: QueuePair<'static, Rc, ReadyToSend>,
+}
+
+pub fn srq_setup(topo: &testkit::Topology) -> SrqSetup {
+    let (ctx_c, pd_c) = open_shared(&topo.client.device);
+    let (ctx_r, pd_r) = open_shared(&topo.server.device);
+    let srq = Arc::new(SharedReceiveQueue::new(pd_r.clone(), 16, 1).unwrap());
+    let recv_cq = Arc::new(CompletionQueue::new(ctx_r.clone(), 64, None).unwrap());
+    let pool = SlotPool::new(pd_r.clone(), 64, 16, AccessFlags::LOCAL_WRITE).unwrap();
+    let ring = RecvRing::with_srq(srq.clone(), recv_cq.clone(), pool.clone(), 8, T).unwrap();
+    let send_cq = Arc::new(CompletionQueue::new(ctx_r.clone(), 16, None).unwrap());
+    let attr = QpCreateAttr::new(send_cq, recv_cq.clone()).srq(srq.clone()).caps(caps(16, 0));
+    let server = QueuePair::<Rc, Reset>::create(pd_r.clone(), attr)
+        .unwrap()
+        .init(InitAttr::new(topo.port).access(AccessFlags::LOCAL_WRITE))
+        .unwrap();
+    let client = owned_qp(topo, &ctx_c, &pd_c, caps(16, 1), 16, AccessFlags::LOCAL_WRITE);
+    let (client, server) = connect_pair(topo, client, server);
+    SrqSetup { pool, recv_cq, srq, ring, server, client }
+}
+
+/// Sends `n` messages from `qp`'s slots of `pool`.
+pub fn send_messages_from(qp: &QueuePair<'static, Rc, ReadyToSend>, pool: &SlotPool<'static>, n: usize) {
+    let mut sq = SendQueue::new(qp, T).unwrap();
+    for _ in 0..n {
+        sq.post(SlotRequest::send(pool.try_take().unwrap(), 8)).unwrap();
+    }
+    sq.drain(T, |c| c.ok().unwrap()).unwrap();
+}
+
+pub fn changed_bytes(p: *const u8, len: usize) -> usize {
+    // SAFETY: the caller passes a pointer into a live slice of at least `len` bytes.
+    (0..len).filter(|&i| unsafe { std::ptr::read_volatile(p.add(i)) } != 0).count()
 }

@@ -1,21 +1,22 @@
-//! Device tests: attacks from an adversarial review of the data path (slot pools, send
-//! queues, receive rings), kept as regressions. Each failed on the code before its fix.
+//! Device tests of the ownership rules of the data path: a slot returns only with its completion,
+//! a ring never posts past its capacity, an SRQ has one ring, and a CQ changes owners empty.
+//!
+//! Each test was found by a review that broke a rule with safe code; its doc comment says which.
 
 mod common;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use common::*;
 use rdma_verbs::*;
-
-fn caps(send: u32, recv: u32) -> QpCaps {
-    QpCaps { max_send_wr: send, max_recv_wr: recv, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 64 }
-}
 
 /// Before: a ring took any SRQ, and QPs of the SRQ could complete its receives on another CQ,
 /// where a send queue (whose generation could repeat) might count them as its own sends and
 /// hand back slots of READs still in flight. Now one ring owns an SRQ and every QP of it must
 /// use the ring's CQ.
+///
+/// Found by the adversarial review of the data path (slot pools, send queues, receive rings); it failed on the code before its fix.
 #[test]
 fn an_srq_has_one_ring_and_one_receive_cq() {
     let topo = testkit::require_topology!();
@@ -49,6 +50,8 @@ fn an_srq_has_one_ring_and_one_receive_cq() {
 
 /// Before: `release` re-posted whatever it was given, so after a `refill` a ring could have
 /// more receives posted than its depth (and than its CQ was sized for).
+///
+/// Found by the adversarial review of the data path (slot pools, send queues, receive rings); it failed on the code before its fix.
 #[test]
 fn a_ring_never_posts_more_than_its_depth() {
     let topo = testkit::require_topology!();
@@ -70,17 +73,14 @@ fn a_ring_never_posts_more_than_its_depth() {
     sq.drain(T, |c| c.ok().unwrap()).unwrap();
 }
 
-fn changed_bytes(p: *const u8, len: usize) -> usize {
-    // SAFETY: the caller passes a pointer into a live slice of at least `len` bytes.
-    (0..len).filter(|&i| unsafe { std::ptr::read_volatile(p.add(i)) } != 0).count()
-}
-
 /// Before: a send queue dropped with a 1 MiB READ in flight, on a QP someone else still held,
 /// flushed the QP, waited only its drain timeout for the flushed completion, then reset the
 /// QP and handed the slot back. rxe can finish copying a packet of the READ response after the
 /// reset returns (CI saw 4 KiB land behind a live slice that way in a posting scope). Now the
 /// slot returns only with its (flushed) completion, so the QP ends in the error state, never
 /// reset, and nothing changes behind the slice.
+///
+/// Found by the adversarial review of the data path (slot pools, send queues, receive rings); it failed on the code before its fix.
 #[test]
 fn a_slot_returns_from_a_dropped_queue_only_with_its_completion() {
     let topo = testkit::require_topology!();
@@ -114,4 +114,43 @@ fn a_slot_returns_from_a_dropped_queue_only_with_its_completion() {
         }
     }
     assert!(changed.is_empty(), "late READ data behind a live &mut [u8]: {changed:?}");
+}
+
+/// Found by the second review of the data path (issue 17); it failed on the code before its fix.
+#[test]
+fn a_ring_that_destroys_its_srq_leaves_no_completion_behind_in_its_cq() {
+    let topo = testkit::require_topology!();
+    let SrqSetup { pool, recv_cq, srq, ring, server, client } = srq_setup(&topo);
+    // Five receives complete; the application never takes them.
+    send_messages(&client, 5);
+    std::thread::sleep(Duration::from_millis(200));
+    // The ring becomes the SRQ's last holder, and its drop destroys the SRQ.
+    drop((server, srq));
+    drop(ring);
+    assert_eq!(pool.available(), 16, "every slot is back in the pool");
+    // The next owner of the CQ must find nothing of the old ring's: with a wrapped generation
+    // it would take those completions for receives of its own that the NIC still holds.
+    let mut wcs: [WorkCompletion; 16] = Default::default();
+    let left = recv_cq.poll(&mut wcs).unwrap().len();
+    assert_eq!(left, 0, "{left} completions of a dropped ring were left in its CQ for the next owner");
+}
+
+/// Found by the second review of the data path (issue 17); it failed on the code before its fix.
+#[test]
+fn a_ring_dropped_before_its_srq_keeps_the_srq_and_cq_from_other_owners() {
+    let topo = testkit::require_topology!();
+    let SrqSetup { pool, recv_cq, srq, ring, server, client } = srq_setup(&topo);
+    send_messages(&client, 2);
+    // Dropped while the QP and our handle still hold the SRQ: its 8 receives stay posted there.
+    drop(ring);
+    assert_eq!(pool.available(), 8, "the posted slots stay out of the pool while the SRQ lives");
+    // They can still be consumed: no other ring may own the SRQ or the CQ meanwhile.
+    let again = RecvRing::with_srq(srq.clone(), recv_cq.clone(), pool.clone(), 4, T);
+    assert!(matches!(again, Err(Error::Busy { .. })), "a second ring on the SRQ: {again:?}");
+    let mut wcs: [WorkCompletion; 4] = Default::default();
+    assert!(matches!(recv_cq.poll(&mut wcs), Err(Error::Busy { .. })), "the CQ is not free to poll");
+    send_messages(&client, 3);
+    // The SRQ goes with its last holder, and gives every slot back.
+    drop((server, srq));
+    assert_eq!(pool.available(), 16, "the SRQ returned the slots when it was destroyed");
 }
