@@ -13,6 +13,7 @@
 //! The wire format and both state diagrams are in the workspace's `docs/protocol.md`.
 
 pub mod name;
+mod outbox;
 pub mod receiver;
 pub mod sender;
 pub mod status;

@@ -19,6 +19,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use crate::outbox::Outbox;
 use crate::status::Status;
 use crate::wire::{self, caps, Ack, Credit, Grant, Message};
 use crate::{Outcome, ProtocolError};
@@ -101,8 +102,9 @@ pub enum Action {
         /// Slots.
         slot_count: u32,
     },
-    /// Send this message (already encoded) on the control plane.
-    Send(Vec<u8>),
+    /// A control message is ready: take its bytes with [`Receiver::transmit`] (one message per `Send`, in
+    /// order) and send them on the control plane.
+    Send,
     /// Take chunk `seq` (`len` bytes in slot `slot`) out of the ring: hash it and write it at
     /// `offset`; answer with [`Input::ChunkStored`] or [`Input::StoreFailed`].
     StoreChunk {
@@ -155,7 +157,7 @@ pub struct Receiver {
     opened: bool,
     deadline: Instant,
     actions: VecDeque<Action>,
-    scratch: Vec<u8>,
+    outbox: Outbox,
 }
 
 impl Receiver {
@@ -177,7 +179,7 @@ impl Receiver {
             fin: None,
             opened: false,
             actions: VecDeque::new(),
-            scratch: Vec::new(),
+            outbox: Outbox::default(),
         }
     }
 
@@ -204,6 +206,13 @@ impl Receiver {
     /// The next action, if any.
     pub fn poll_action(&mut self) -> Option<Action> {
         self.actions.pop_front()
+    }
+
+    /// Writes the control message the oldest [`Action::Send`] announced into `out`, replacing
+    /// its contents; `false` when no message waits. Reuse `out`: nothing is allocated per
+    /// message once it is large enough.
+    pub fn transmit(&mut self, out: &mut Vec<u8>) -> bool {
+        self.outbox.take(out)
     }
 
     /// When [`handle_timeout`](Self::handle_timeout) must be called, unless an input comes first.
@@ -413,8 +422,8 @@ impl Receiver {
     }
 
     fn send(&mut self, m: &Message) {
-        if wire::encode(self.session, m, &mut self.scratch).is_ok() {
-            self.actions.push_back(Action::Send(self.scratch.clone()));
+        if self.outbox.push(self.session, m).is_ok() {
+            self.actions.push_back(Action::Send);
         }
     }
 

@@ -14,6 +14,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use crate::outbox::Outbox;
 use crate::status::Status;
 use crate::wire::{self, caps, Credit, Fin, Grant, Hello, Message};
 use crate::{Outcome, ProtocolError};
@@ -60,8 +61,9 @@ pub enum Input<'a> {
 /// Work the machine asks the driver to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
-    /// Send this message (already encoded) on the control plane.
-    Send(Vec<u8>),
+    /// A control message is ready: take its bytes with [`Sender::transmit`] (one message per `Send`, in
+    /// order) and send them on the control plane.
+    Send,
     /// Read `len` bytes of the file at `offset` into a local slot for chunk `seq`.
     ReadChunk {
         /// The chunk.
@@ -119,7 +121,7 @@ pub struct Sender {
     digest_asked: bool,
     deadline: Instant,
     actions: VecDeque<Action>,
-    scratch: Vec<u8>,
+    outbox: Outbox,
 }
 
 impl Sender {
@@ -165,7 +167,7 @@ impl Sender {
             digest_asked: false,
             deadline: crate::deadline_after(now, cfg.timeout),
             actions: VecDeque::new(),
-            scratch: Vec::new(),
+            outbox: Outbox::default(),
             cfg,
         };
         let hello = Hello {
@@ -209,6 +211,13 @@ impl Sender {
     /// The next action, if any.
     pub fn poll_action(&mut self) -> Option<Action> {
         self.actions.pop_front()
+    }
+
+    /// Writes the control message the oldest [`Action::Send`] announced into `out`, replacing
+    /// its contents; `false` when no message waits. Reuse `out`: nothing is allocated per
+    /// message once it is large enough.
+    pub fn transmit(&mut self, out: &mut Vec<u8>) -> bool {
+        self.outbox.take(out)
     }
 
     /// When [`handle_timeout`](Self::handle_timeout) must be called, unless an input comes first.
@@ -371,8 +380,8 @@ impl Sender {
     }
 
     fn send(&mut self, m: &Message) {
-        match wire::encode(self.session, m, &mut self.scratch) {
-            Ok(()) => self.actions.push_back(Action::Send(self.scratch.clone())),
+        match self.outbox.push(self.session, m) {
+            Ok(()) => self.actions.push_back(Action::Send),
             Err(e) => self.finish(Outcome::Failed(ProtocolError::Wire(e))),
         }
     }

@@ -157,21 +157,38 @@ fn hello(name: &str, size: u64) -> Hello {
     Hello { version_min: 1, version_max: 1, caps: caps::DIGEST_XXH3_128, size, chunk: 16, depth: 4, name: name.into() }
 }
 
+/// Every action the receiver asks for, and the bytes of each control message it sends (one per
+/// `Send`, taken with `transmit`: none left over, none missing).
+fn polled(r: &mut Receiver) -> (Vec<receiver::Action>, Vec<Vec<u8>>) {
+    let actions: Vec<_> = std::iter::from_fn(|| r.poll_action()).collect();
+    let sends = actions.iter().filter(|a| **a == receiver::Action::Send).count();
+    let sent: Vec<Vec<u8>> = (0..sends)
+        .map(|_| {
+            let mut b = Vec::new();
+            assert!(r.transmit(&mut b), "a Send without its message");
+            b
+        })
+        .collect();
+    assert!(!r.transmit(&mut Vec::new()), "a message without its Send");
+    (actions, sent)
+}
+
 fn actions_of_receiver(r: &mut Receiver) -> Vec<receiver::Action> {
-    std::iter::from_fn(|| r.poll_action()).collect()
+    polled(r).0
 }
 
 fn actions_of_sender(s: &mut Sender) -> Vec<sender::Action> {
-    std::iter::from_fn(|| s.poll_action()).collect()
+    let actions: Vec<_> = std::iter::from_fn(|| s.poll_action()).collect();
+    for _ in actions.iter().filter(|a| **a == sender::Action::Send) {
+        assert!(s.transmit(&mut Vec::new()), "a Send without its message");
+    }
+    actions
 }
 
-/// The ACK among `actions`, decoded, with the session it echoes.
-fn ack_in(actions: &[receiver::Action]) -> Option<(u64, Ack)> {
-    actions.iter().find_map(|a| match a {
-        receiver::Action::Send(b) => match wire::decode(b) {
-            Ok((h, Message::Ack(ack))) => Some((h.session, ack)),
-            _ => None,
-        },
+/// The ACK among the messages `sent`, decoded, with the session it echoes.
+fn ack_in(sent: &[Vec<u8>]) -> Option<(u64, Ack)> {
+    sent.iter().find_map(|b| match wire::decode(b) {
+        Ok((h, Message::Ack(ack))) => Some((h.session, ack)),
         _ => None,
     })
 }
@@ -198,8 +215,8 @@ fn bad_hellos_are_refused_with_their_status() {
         let what = format!("{h:?}");
         let mut r = Receiver::new(cfg.clone(), t);
         r.handle(receiver::Input::Message(&encode(77, &Message::Hello(h))), t);
-        let actions = actions_of_receiver(&mut r);
-        let (session, ack) = ack_in(&actions).unwrap_or_else(|| panic!("{what}: no ACK"));
+        let (actions, sent) = polled(&mut r);
+        let (session, ack) = ack_in(&sent).unwrap_or_else(|| panic!("{what}: no ACK"));
         assert_eq!((session, ack.status, ack.received), (77, status, 0), "{what}");
         assert!(!actions.iter().any(|a| matches!(a, receiver::Action::Open { .. })), "{what}: opened");
         assert!(
@@ -219,9 +236,9 @@ fn hellos_within_the_limits_are_granted_the_common_version() {
         r.handle(receiver::Input::Message(&encode(5, &Message::Hello(h))), t);
         assert!(matches!(actions_of_receiver(&mut r)[..], [receiver::Action::Open { .. }]));
         r.handle(receiver::Input::Ready { addr: RING_ADDR, rkey: RKEY }, t);
-        let actions = actions_of_receiver(&mut r);
-        let [receiver::Action::Send(b)] = &actions[..] else { panic!("{actions:?}") };
-        let Ok((_, Message::Grant(g))) = wire::decode(b) else { panic!("not a GRANT") };
+        let (actions, sent) = polled(&mut r);
+        assert_eq!(actions, [receiver::Action::Send]);
+        let Ok((_, Message::Grant(g))) = wire::decode(&sent[0]) else { panic!("not a GRANT") };
         assert_eq!(g.version, 1, "offered {min}..={max}");
         assert_eq!(g.caps, caps::DIGEST_XXH3_128, "only the capabilities both know");
     }
@@ -260,9 +277,9 @@ fn receiving(size: u64) -> (Receiver, Instant) {
 
 /// The ACK status a receiver sent, and whether it discarded its temporary.
 fn verdict(r: &mut Receiver) -> (Option<Status>, bool) {
-    let actions = actions_of_receiver(r);
+    let (actions, sent) = polled(r);
     let discarded = actions.contains(&receiver::Action::Discard);
-    (ack_in(&actions).map(|(_, a)| a.status), discarded)
+    (ack_in(&sent).map(|(_, a)| a.status), discarded)
 }
 
 #[test]
@@ -369,10 +386,7 @@ fn credits_go_in_quarter_rings_and_at_once_when_the_ring_is_drained() {
     r.handle(receiver::Input::Ready { addr: RING_ADDR, rkey: RKEY }, t);
     actions_of_receiver(&mut r);
     let credits = |r: &mut Receiver| -> Vec<u64> {
-        let decoded = actions_of_receiver(r).into_iter().filter_map(|a| match a {
-            receiver::Action::Send(b) => wire::decode(&b).ok(),
-            _ => None,
-        });
+        let decoded = polled(r).1.into_iter().filter_map(|b| wire::decode(&b).ok());
         decoded.filter_map(|(_, m)| if let Message::Credit(c) = m { Some(c.consumed) } else { None }).collect()
     };
     let arrive = |r: &mut Receiver, seq: u32| r.handle(receiver::Input::WriteArrived { imm: seq, len: 16 }, t);
@@ -442,8 +456,8 @@ fn timeouts_fire_at_the_deadline_and_not_before() {
     r.handle_timeout(t + timeout - Duration::from_nanos(1));
     assert!(!r.is_done());
     r.handle_timeout(t + timeout);
-    let actions = actions_of_receiver(&mut r);
-    assert!(ack_in(&actions).is_none(), "no HELLO, nobody to answer");
+    let (actions, sent) = polled(&mut r);
+    assert!(ack_in(&sent).is_none(), "no HELLO, nobody to answer");
     assert!(matches!(actions[..], [receiver::Action::Finish(Outcome::Failed(ProtocolError::Timeout { .. }))]));
 
     // Progress moves the deadline: a WRITE at 9 s gives the receiver until 19 s.

@@ -268,6 +268,8 @@ fn session(
     let mut hasher = Xxh3::new();
     let (mut data_start, mut data_end) = (None, None);
     let mut pacer = Pacer::default();
+    // The control message being sent: the machine writes each into it (no allocation per message).
+    let mut out: Vec<u8> = Vec::new();
     // The test hook `test_never_ack`: since when the receiver floods old CREDITs.
     #[cfg(feature = "fault-injection")]
     let mut flood: Option<Instant> = None;
@@ -325,8 +327,9 @@ fn session(
                     data_start = Some(now);
                     machine.handle(Input::Ready { addr: remote.addr, rkey: remote.rkey }, now);
                 }
-                Action::Send(bytes) => {
-                    if let Err(e) = send_control(&mut sq, &control, &bytes, opts.timeout, drop) {
+                Action::Send => {
+                    machine.transmit(&mut out);
+                    if let Err(e) = send_control(&mut sq, &control, &out, opts.timeout, drop) {
                         break 'run Err(e.into());
                     }
                 }

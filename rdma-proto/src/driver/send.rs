@@ -153,25 +153,27 @@ pub fn send_file(path: &Path, opts: &SendOptions, mut progress: impl FnMut(u64, 
     let mut failed: Option<Error> = None;
     let (mut granted_at, mut data_end, mut fin_at) = (None, None, None);
     let mut pacer = Pacer::default();
+    // The control message being sent: the machine writes each into it (no allocation per message).
+    let mut out: Vec<u8> = Vec::new();
     let outcome = 'run: loop {
         // Do what the machine asks.
         let mut pushed = false;
         while let Some(action) = machine.poll_action() {
             match action {
-                Action::Send(bytes) => {
+                Action::Send => {
+                    machine.transmit(&mut out);
                     // After the HELLO, the only message a sender sends is its FIN.
                     let fin = machine.grant().is_some() && fin_at.is_none();
                     if fin {
                         fin_at = Some(Instant::now());
                     }
-                    let r =
-                        send_control(&mut sq, &control, &bytes, opts.timeout, |c| collect(c, &mut done, &mut failed));
+                    let r = send_control(&mut sq, &control, &out, opts.timeout, |c| collect(c, &mut done, &mut failed));
                     if let Err(e) = r {
                         break 'run Err(e.into());
                     }
                     #[cfg(feature = "fault-injection")]
                     if let Some(after) = opts.test_after_fin.filter(|_| fin) {
-                        let r = send_after_fin(after, &mut sq, &control, &bytes, &machine, opts.timeout);
+                        let r = send_after_fin(after, &mut sq, &control, &out, &machine, opts.timeout);
                         if let Err(e) = r {
                             break 'run Err(e.into());
                         }

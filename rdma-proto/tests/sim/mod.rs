@@ -498,7 +498,10 @@ impl Sim {
         while let Some(action) = self.sender.poll_action() {
             self.check(self.sender_outcome.is_none(), || format!("sender action {action:?} after Finish"));
             match action {
-                sender::Action::Send(bytes) => {
+                sender::Action::Send => {
+                    let mut bytes = Vec::new();
+                    let had = self.sender.transmit(&mut bytes);
+                    self.check(had, || "a Send without its message".into());
                     self.check(wire::decode(&bytes).is_ok(), || "the sender sent an undecodable message".into());
                     self.note(format!("sender sends {}", describe(&bytes)));
                     self.to_receiver.push_back(InFlight { packet: Packet::Control(bytes), copy: false });
@@ -564,7 +567,10 @@ impl Sim {
                     });
                     self.recv_jobs.push_back(RecvJob::Open { size, slot_size, slot_count });
                 }
-                receiver::Action::Send(bytes) => {
+                receiver::Action::Send => {
+                    let mut bytes = Vec::new();
+                    let had = self.receiver.transmit(&mut bytes);
+                    self.check(had, || "a Send without its message".into());
                     let decoded = wire::decode(&bytes);
                     self.check(decoded.is_ok(), || "the receiver sent an undecodable message".into());
                     if let Ok((_, Message::Ack(a))) = decoded {
