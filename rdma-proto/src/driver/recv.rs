@@ -1,6 +1,7 @@
 //! [`Server`]: listen, and receive files from senders, each on its own thread.
 
 use std::net::SocketAddr;
+use std::ops::ControlFlow;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -8,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdma_cm::{ConnectRequest, Listener};
-use rdma_verbs::{AccessFlags, SendQueue, Slot, SlotPool};
+use rdma_verbs::{AccessFlags, Rc, RecvRing, SendQueue, Slot, SlotPool};
 
 use xxhash_rust::xxh3::Xxh3;
 
@@ -246,13 +247,11 @@ fn session(
 ) -> Result<Status, Error> {
     let ctx = req.open_context()?;
     let ring_depth = opts.max_slots.saturating_add(16);
-    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
-    let ep = Endpoint::new(ctx, 0, ring_depth, |qp| req.init_qp(qp, access))?;
-    let Endpoint { pd, qp, mut ring, control } = ep;
+    let ep = Endpoint::new(ctx, 0, ring_depth, |qp| req.init_qp(qp, GRANTED_ACCESS))?;
+    let Endpoint { pd, qp, ring, control } = ep;
     let conn = req.accept(qp, &conn_params(), opts.accept_timeout)?;
     report.phases.connect = start.elapsed();
-    let mut sq = SendQueue::new(conn.qp(), DRAIN)?;
-
+    let sq = SendQueue::new(conn.qp(), DRAIN)?;
     let cfg = ReceiverConfig {
         max_size: opts.max_size,
         max_chunk: opts.max_chunk,
@@ -260,132 +259,179 @@ fn session(
         max_slots: opts.max_slots,
         timeout: opts.timeout,
     };
-    let mut machine = Receiver::new(cfg, Instant::now());
-    let mut admitted: Option<Counted> = None;
-    let mut file: Option<Incoming> = None;
-    let mut slots: Vec<Slot<'static>> = Vec::new();
-    let mut copy: Vec<u8> = Vec::new();
-    let mut hasher = Xxh3::new();
-    let (mut data_start, mut data_end) = (None, None);
-    let mut pacer = Pacer::default();
-    // The control message being sent: the machine writes each into it (no allocation per message).
-    let mut out: Vec<u8> = Vec::new();
-    // The test hook `test_never_ack`: since when the receiver floods old CREDITs.
-    #[cfg(feature = "fault-injection")]
-    let mut flood: Option<Instant> = None;
-    let outcome = 'run: loop {
-        let mut progressed = false;
+    let mut s = ReceiveSession {
+        opts,
+        active,
+        report,
+        machine: Receiver::new(cfg, Instant::now()),
+        pd,
+        control,
+        sq,
+        ring,
+        admitted: None,
+        file: None,
+        slots: Vec::new(),
+        copy: Vec::new(),
+        hasher: Xxh3::new(),
+        data_start: None,
+        data_end: None,
+        pacer: Pacer::default(),
+        out: Vec::new(),
         #[cfg(feature = "fault-injection")]
-        {
-            if let Some(last) = flood {
-                if last.elapsed() >= Duration::from_millis(1) {
-                    flood = Some(Instant::now());
-                    let mut bytes = Vec::new();
-                    let credit = Message::Credit(wire::Credit { consumed: 0 });
-                    if wire::encode(machine.session(), &credit, &mut bytes).is_ok() {
-                        if let Err(e) = send_control(&mut sq, &control, &bytes, opts.timeout, drop) {
-                            break 'run Err(e.into());
-                        }
-                    }
-                }
-            }
+        flood: None,
+    };
+    let outcome = loop {
+        let actions = s.drive_faults().and_then(|()| s.drive_actions());
+        let acted = match actions {
+            Ok(ControlFlow::Break(o)) => break Ok(o),
+            Ok(ControlFlow::Continue(acted)) => acted,
+            Err(e) => break Err(e),
+        };
+        let round = s.drive_arrivals().and_then(|a| Ok(a | s.drive_completions()?));
+        if let Err(e) = round.and_then(|progressed| s.drive_timers(acted || progressed, &conn)) {
+            break Err(e);
         }
-        while let Some(action) = machine.poll_action() {
-            progressed = true;
-            let now = Instant::now();
+    };
+    s.finish(outcome, conn)
+}
+
+/// What the receiver lets the sender do to its slots.
+const GRANTED_ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE.union(AccessFlags::REMOTE_WRITE);
+
+/// One receive in progress: the machine, the file, the granted slots and the connection's
+/// queues. Each `drive_*` method does one part of a round; `session`'s loop calls them in turn.
+struct ReceiveSession<'a> {
+    opts: &'a ReceiveOptions,
+    active: &'a Arc<AtomicUsize>,
+    report: &'a mut ReceiveReport,
+    machine: Receiver,
+    pd: Arc<rdma_verbs::ProtectionDomain<'static>>,
+    control: SlotPool<'static>,
+    sq: SendQueue<'static, Rc>,
+    ring: RecvRing<'static>,
+    /// This session's place among `max_sessions`, from its valid HELLO on.
+    admitted: Option<Counted>,
+    file: Option<Incoming>,
+    /// The slots granted to the sender (writable by it), by index.
+    slots: Vec<Slot<'static>>,
+    /// Where a chunk is copied out of its slot before it is hashed and stored.
+    copy: Vec<u8>,
+    hasher: Xxh3,
+    data_start: Option<Instant>,
+    data_end: Option<Instant>,
+    pacer: Pacer,
+    /// The control message being sent: the machine writes each into it (no allocation per
+    /// message).
+    out: Vec<u8>,
+    /// The test hook `test_never_ack`: since when the receiver floods old CREDITs.
+    #[cfg(feature = "fault-injection")]
+    flood: Option<Instant>,
+}
+
+impl ReceiveSession<'_> {
+    /// Does what the machine asks: `Break` with the outcome once it finished, else `Continue`
+    /// saying whether there was anything to do.
+    fn drive_actions(&mut self) -> Result<ControlFlow<Outcome, bool>, Error> {
+        let mut acted = false;
+        while let Some(action) = self.machine.poll_action() {
+            acted = true;
             match action {
-                Action::Open { name, size, slot_size, slot_count } => {
-                    report.session = machine.session();
-                    report.name = Some(name.clone());
-                    tracing::info!(session = format_args!("{:016x}", machine.session()), %name, size, slot_size, slot_count, "receiving");
-                    admitted = Counted::enter(active, opts.max_sessions);
-                    if admitted.is_none() {
-                        let why = format!("already serving {} transfers", opts.max_sessions);
-                        machine.handle(Input::OpenFailed(Status::Busy, why), now);
-                        continue;
-                    }
-                    if let Some(dir) = &opts.dir {
-                        match Incoming::create(dir, &name, machine.session(), opts.overwrite) {
-                            Ok(f) => file = Some(f),
-                            Err((status, why)) => {
-                                machine.handle(Input::OpenFailed(status, why), now);
-                                continue;
-                            }
-                        }
-                    }
-                    let pool = match SlotPool::new(pd.clone(), slot_size as usize, slot_count as usize, access) {
-                        Ok(p) => p,
-                        Err(e) => {
-                            machine.handle(Input::OpenFailed(Status::Internal, e.to_string()), now);
-                            continue;
-                        }
-                    };
-                    slots = std::iter::from_fn(|| pool.try_take()).collect();
-                    slots.sort_by_key(Slot::index);
-                    copy = vec![0; slot_size as usize];
-                    let remote = pool.remote();
-                    data_start = Some(now);
-                    machine.handle(Input::Ready { addr: remote.addr, rkey: remote.rkey }, now);
-                }
+                Action::Open { name, size, slot_size, slot_count } => self.open(name, size, slot_size, slot_count),
                 Action::Send => {
-                    machine.transmit(&mut out);
-                    if let Err(e) = send_control(&mut sq, &control, &out, opts.timeout, drop) {
-                        break 'run Err(e.into());
-                    }
+                    self.machine.transmit(&mut self.out);
+                    send_control(&mut self.sq, &self.control, &self.out, self.opts.timeout, drop)?;
                 }
-                Action::StoreChunk { seq, slot, offset, len } => {
-                    // The slot is writable by the peer: copy it out once (no reference to it is
-                    // made), then hash and store that copy, so the bytes hashed are the bytes
-                    // stored whatever the peer does meanwhile.
-                    let buf = &mut copy[..len as usize];
-                    if let Err(e) = slots[slot as usize].read_at(0, buf) {
-                        machine.handle(Input::StoreFailed(Status::Internal, e.to_string()), now);
-                        continue;
-                    }
-                    #[cfg(feature = "fault-injection")]
-                    {
-                        if opts.corrupt_chunk == Some(seq) && !buf.is_empty() {
-                            buf[0] ^= 0xff;
-                        }
-                    }
-                    hasher.update(buf);
-                    if let Some(f) = &file {
-                        if let Err(e) = f.file.write_all_at(buf, offset) {
-                            machine.handle(Input::StoreFailed(io_status(&e), format!("writing at {offset}: {e}")), now);
-                            continue;
-                        }
-                    }
-                    machine.handle(Input::ChunkStored { seq }, now);
-                }
+                Action::StoreChunk { seq, slot, offset, len } => self.store(seq, slot, offset, len),
                 #[cfg(feature = "fault-injection")]
-                Action::Finalize { .. } if opts.test_never_ack => flood = Some(now),
-                Action::Finalize { digest } => {
-                    data_end = Some(now);
-                    let ours = hasher.digest128().to_be_bytes();
-                    report.phases.digest = now.elapsed(); // the hashing itself ran with the data
-                    let (status, why) = if ours[..] != digest[..] {
-                        (Status::ChecksumMismatch, "the data does not match the sender's digest".to_owned())
-                    } else if let Some(f) = file.take() {
-                        let t = Instant::now();
-                        let r = f.commit();
-                        report.phases.sync_rename = t.elapsed();
-                        match r {
-                            Ok(()) => (Status::Ok, String::new()),
-                            Err((status, why)) => (status, why),
-                        }
-                    } else {
-                        (Status::Ok, String::new())
-                    };
-                    machine.handle(Input::Finalized(status, why), Instant::now());
-                }
-                Action::Discard => {
-                    file = None; // removes the temporary
-                }
-                Action::Finish(o) => break 'run Ok(o),
+                Action::Finalize { .. } if self.opts.test_never_ack => self.flood = Some(Instant::now()),
+                Action::Finalize { digest } => self.finalize(&digest),
+                Action::Discard => self.file = None, // removes the temporary
+                Action::Finish(o) => return Ok(ControlFlow::Break(o)),
             }
         }
-        // Arrivals: control messages and WRITEs with immediate.
-        let arrivals = take_arrivals(&mut ring, |msg| {
+        Ok(ControlFlow::Continue(acted))
+    }
+
+    /// Admits the session, opens the temporary and grants the slots (`Action::Open`).
+    fn open(&mut self, name: String, size: u64, slot_size: u32, slot_count: u32) {
+        let now = Instant::now();
+        let session = self.machine.session();
+        self.report.session = session;
+        self.report.name = Some(name.clone());
+        tracing::info!(session = format_args!("{session:016x}"), %name, size, slot_size, slot_count, "receiving");
+        self.admitted = Counted::enter(self.active, self.opts.max_sessions);
+        if self.admitted.is_none() {
+            let why = format!("already serving {} transfers", self.opts.max_sessions);
+            return self.machine.handle(Input::OpenFailed(Status::Busy, why), now);
+        }
+        if let Some(dir) = &self.opts.dir {
+            match Incoming::create(dir, &name, session, self.opts.overwrite) {
+                Ok(f) => self.file = Some(f),
+                Err((status, why)) => return self.machine.handle(Input::OpenFailed(status, why), now),
+            }
+        }
+        let pool = match SlotPool::new(self.pd.clone(), slot_size as usize, slot_count as usize, GRANTED_ACCESS) {
+            Ok(p) => p,
+            Err(e) => return self.machine.handle(Input::OpenFailed(Status::Internal, e.to_string()), now),
+        };
+        self.slots = std::iter::from_fn(|| pool.try_take()).collect();
+        self.slots.sort_by_key(Slot::index);
+        self.copy = vec![0; slot_size as usize];
+        let remote = pool.remote();
+        self.data_start = Some(now);
+        self.machine.handle(Input::Ready { addr: remote.addr, rkey: remote.rkey }, now);
+    }
+
+    /// Takes chunk `seq` out of its slot, hashes and stores it (`Action::StoreChunk`).
+    fn store(&mut self, seq: u64, slot: u32, offset: u64, len: u32) {
+        let now = Instant::now();
+        // The slot is writable by the peer: copy it out once (no reference to it is made),
+        // then hash and store that copy, so the bytes hashed are the bytes stored whatever the
+        // peer does meanwhile.
+        let buf = &mut self.copy[..len as usize];
+        if let Err(e) = self.slots[slot as usize].read_at(0, buf) {
+            return self.machine.handle(Input::StoreFailed(Status::Internal, e.to_string()), now);
+        }
+        #[cfg(feature = "fault-injection")]
+        if self.opts.corrupt_chunk == Some(seq) && !buf.is_empty() {
+            buf[0] ^= 0xff;
+        }
+        self.hasher.update(buf);
+        if let Some(f) = &self.file {
+            if let Err(e) = f.file.write_all_at(buf, offset) {
+                let why = format!("writing at {offset}: {e}");
+                return self.machine.handle(Input::StoreFailed(io_status(&e), why), now);
+            }
+        }
+        self.machine.handle(Input::ChunkStored { seq }, now);
+    }
+
+    /// Checks the digest, syncs and renames the file into place (`Action::Finalize`).
+    fn finalize(&mut self, digest: &[u8]) {
+        let now = Instant::now();
+        self.data_end = Some(now);
+        let ours = self.hasher.digest128().to_be_bytes();
+        self.report.phases.digest = now.elapsed(); // the hashing itself ran with the data
+        let (status, why) = if ours[..] != digest[..] {
+            (Status::ChecksumMismatch, "the data does not match the sender's digest".to_owned())
+        } else if let Some(f) = self.file.take() {
+            let t = Instant::now();
+            let r = f.commit();
+            self.report.phases.sync_rename = t.elapsed();
+            match r {
+                Ok(()) => (Status::Ok, String::new()),
+                Err((status, why)) => (status, why),
+            }
+        } else {
+            (Status::Ok, String::new())
+        };
+        self.machine.handle(Input::Finalized(status, why), Instant::now());
+    }
+
+    /// Takes the control messages and WRITEs with immediate that arrived; whether any came.
+    fn drive_arrivals(&mut self) -> Result<bool, Error> {
+        let machine = &mut self.machine;
+        let n = take_arrivals(&mut self.ring, |msg| {
             let now = Instant::now();
             if msg.is_write_with_imm() {
                 let imm = msg.imm().unwrap_or(u32::MAX);
@@ -393,43 +439,69 @@ fn session(
             } else {
                 machine.handle(Input::Message(msg.bytes()), now);
             }
-        });
-        match arrivals {
-            Ok(n) => progressed |= n > 0,
-            Err(e) => break 'run Err(e),
-        }
-        match sq.poll(drop) {
-            Ok(n) => progressed |= n > 0,
-            Err(e) => break 'run Err(e.into()),
-        }
-        let slow = match pacer.round(progressed, [sq.cq(), ring.cq()]) {
-            Ok(slow) => slow,
-            Err(e) => break 'run Err(e),
-        };
-        if slow {
-            machine.handle_timeout(Instant::now());
-            if peer_left(&conn) {
-                break 'run Err(Error::PeerDisconnected);
-            }
-            if opts.stop.load(Ordering::Relaxed) {
-                break 'run Err(Error::Stopped);
-            }
-        }
-    };
-    drop(file); // an uncommitted temporary is removed
-    drop(admitted);
-    report.bytes = machine.bytes_stored();
-    if let (Some(a), Some(b)) = (data_start, data_end) {
-        report.phases.data = b - a;
+        })?;
+        Ok(n > 0)
     }
-    // The ACK must reach the sender before the connection goes.
-    let _ = sq.drain(opts.timeout.min(Duration::from_secs(5)), drop);
-    drop(sq);
-    let _ = conn.wait_disconnected(opts.timeout.min(Duration::from_secs(5)));
-    // Only now, with the QP destroyed, may the peer-writable slots go.
-    drop(slots);
-    match outcome? {
-        Outcome::Acked { status, .. } => Ok(status),
-        Outcome::Failed(e) => Err(e.into()),
+
+    /// Takes the completions of the control messages sent; whether any came.
+    fn drive_completions(&mut self) -> Result<bool, Error> {
+        Ok(self.sq.poll(drop)? > 0)
+    }
+
+    /// Ends the round: spins or sleeps on the CQs ([`Pacer`]), and when the slow checks are due,
+    /// the machine's timeout, whether the peer left, and whether the receiver is stopping.
+    fn drive_timers(&mut self, progressed: bool, conn: &rdma_cm::Connection<'static>) -> Result<(), Error> {
+        if self.pacer.round(progressed, [self.sq.cq(), self.ring.cq()])? {
+            self.machine.handle_timeout(Instant::now());
+            if peer_left(conn) {
+                return Err(Error::PeerDisconnected);
+            }
+            if self.opts.stop.load(Ordering::Relaxed) {
+                return Err(Error::Stopped);
+            }
+        }
+        Ok(())
+    }
+
+    /// The test hook `test_never_ack`: once the FIN came, an old CREDIT every millisecond.
+    #[cfg(feature = "fault-injection")]
+    fn drive_faults(&mut self) -> Result<(), Error> {
+        let Some(last) = self.flood else { return Ok(()) };
+        if last.elapsed() >= Duration::from_millis(1) {
+            self.flood = Some(Instant::now());
+            let credit = Message::Credit(wire::Credit { consumed: 0 });
+            if wire::encode(self.machine.session(), &credit, &mut self.out).is_ok() {
+                send_control(&mut self.sq, &self.control, &self.out, self.opts.timeout, drop)?;
+            }
+        }
+        Ok(())
+    }
+
+    #[cfg(not(feature = "fault-injection"))]
+    fn drive_faults(&mut self) -> Result<(), Error> {
+        Ok(())
+    }
+
+    /// Tears the session down in order: the temporary goes (if not committed), the ACK is
+    /// given time to reach the sender, the connection closes, and only then the peer-writable
+    /// slots are released.
+    fn finish(self, outcome: Result<Outcome, Error>, conn: rdma_cm::Connection<'static>) -> Result<Status, Error> {
+        let ReceiveSession { opts, report, machine, mut sq, file, admitted, slots, data_start, data_end, .. } = self;
+        drop(file); // an uncommitted temporary is removed
+        drop(admitted);
+        report.bytes = machine.bytes_stored();
+        if let (Some(a), Some(b)) = (data_start, data_end) {
+            report.phases.data = b - a;
+        }
+        // The ACK must reach the sender before the connection goes.
+        let _ = sq.drain(opts.timeout.min(Duration::from_secs(5)), drop);
+        drop(sq);
+        let _ = conn.wait_disconnected(opts.timeout.min(Duration::from_secs(5)));
+        // Only now, with the QP destroyed, may the peer-writable slots go.
+        drop(slots);
+        match outcome? {
+            Outcome::Acked { status, .. } => Ok(status),
+            Outcome::Failed(e) => Err(e.into()),
+        }
     }
 }

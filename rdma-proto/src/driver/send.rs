@@ -3,12 +3,13 @@
 use std::collections::VecDeque;
 use std::fs::OpenOptions;
 use std::net::SocketAddr;
+use std::ops::ControlFlow;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use rdma_cm::CmId;
-use rdma_verbs::{AccessFlags, RemoteRegion, SendQueue, Slot, SlotPool, SlotRequest};
+use rdma_verbs::{AccessFlags, Rc, RecvRing, RemoteRegion, SendQueue, Slot, SlotPool, SlotRequest};
 use xxhash_rust::xxh3::Xxh3;
 
 use super::link::{
@@ -131,7 +132,7 @@ pub fn send_file(path: &Path, opts: &SendOptions, mut progress: impl FnMut(u64, 
     let size = meta.len();
     let session = session_id();
     let cfg = SenderConfig::new(opts.chunk, opts.depth, opts.timeout);
-    let mut machine = match offer {
+    let machine = match offer {
         None => Sender::new(session, &name, size, cfg, Instant::now())?,
         Some(v) => Sender::offering(session, &name, size, cfg, Instant::now(), v)?,
     };
@@ -141,156 +142,238 @@ pub fn send_file(path: &Path, opts: &SendOptions, mut progress: impl FnMut(u64, 
     let id = CmId::new()?.resolve(opts.from, opts.to, opts.connect_timeout)?;
     let ctx = id.open_context()?;
     let ep = Endpoint::new(ctx, opts.depth, 32, |qp| id.init_qp(qp, AccessFlags::LOCAL_WRITE))?;
-    let Endpoint { pd, qp, mut ring, control } = ep;
+    let Endpoint { pd, qp, ring, control } = ep;
     let conn = id.connect(qp, &conn_params(), opts.connect_timeout).map_err(refusal)?;
-    let mut phases = Phases { connect: start.elapsed(), ..Phases::default() };
+    let connect = start.elapsed();
     let data = SlotPool::new(pd.clone(), opts.chunk as usize, opts.depth as usize, AccessFlags::LOCAL_WRITE)?;
-    let mut sq = SendQueue::new(conn.qp(), DRAIN)?;
+    let sq = SendQueue::new(conn.qp(), DRAIN)?;
+    let mut s = SendSession {
+        opts,
+        path,
+        machine,
+        file,
+        size,
+        data,
+        control,
+        sq,
+        ring,
+        hasher: Xxh3::new(),
+        read: VecDeque::new(),
+        done: Vec::new(),
+        failed: None,
+        granted_at: None,
+        data_end: None,
+        fin_at: None,
+        pacer: Pacer::default(),
+        out: Vec::new(),
+    };
+    let outcome = loop {
+        let pushed = match s.drive_actions() {
+            Ok(ControlFlow::Break(o)) => break Ok(o),
+            Ok(ControlFlow::Continue(pushed)) => pushed,
+            Err(e) => break Err(e),
+        };
+        let round = s.drive_completions(&mut progress).and_then(|c| Ok(c | s.drive_arrivals()?));
+        if let Err(e) = round.and_then(|progressed| s.drive_timers(pushed || progressed, &conn)) {
+            break Err(e);
+        }
+    };
+    s.finish(outcome, conn, start, connect, session)
+}
 
-    let mut hasher = Xxh3::new();
-    let mut read: VecDeque<(u64, Slot<'static>)> = VecDeque::new();
-    let mut done: Vec<u64> = Vec::new();
-    let mut failed: Option<Error> = None;
-    let (mut granted_at, mut data_end, mut fin_at) = (None, None, None);
-    let mut pacer = Pacer::default();
-    // The control message being sent: the machine writes each into it (no allocation per message).
-    let mut out: Vec<u8> = Vec::new();
-    let outcome = 'run: loop {
-        // Do what the machine asks.
+/// One send in progress: the machine, the file, and the connection's queues. Each `drive_*`
+/// method does one part of a round; `send_file`'s loop calls them in turn.
+struct SendSession<'a> {
+    opts: &'a SendOptions,
+    path: &'a Path,
+    machine: Sender,
+    file: std::fs::File,
+    size: u64,
+    /// The local slots chunks are read into and written from.
+    data: SlotPool<'static>,
+    control: SlotPool<'static>,
+    sq: SendQueue<'static, Rc>,
+    ring: RecvRing<'static>,
+    hasher: Xxh3,
+    /// Chunks read and not yet pushed, with their slots.
+    read: VecDeque<(u64, Slot<'static>)>,
+    /// Chunks whose WRITE completed since the machine was last told.
+    done: Vec<u64>,
+    failed: Option<Error>,
+    granted_at: Option<Instant>,
+    data_end: Option<Instant>,
+    fin_at: Option<Instant>,
+    pacer: Pacer,
+    /// The control message being sent: the machine writes each into it (no allocation per
+    /// message).
+    out: Vec<u8>,
+}
+
+impl SendSession<'_> {
+    fn file_err(&self, e: std::io::Error) -> Error {
+        Error::File { path: self.path.display().to_string(), source: e }
+    }
+
+    /// Does what the machine asks: `Break` with the outcome once it finished, else `Continue`
+    /// saying whether WRITEs were submitted.
+    fn drive_actions(&mut self) -> Result<ControlFlow<Outcome, bool>, Error> {
         let mut pushed = false;
-        while let Some(action) = machine.poll_action() {
+        while let Some(action) = self.machine.poll_action() {
             match action {
-                Action::Send => {
-                    machine.transmit(&mut out);
-                    // After the HELLO, the only message a sender sends is its FIN.
-                    let fin = machine.grant().is_some() && fin_at.is_none();
-                    if fin {
-                        fin_at = Some(Instant::now());
-                    }
-                    let r = send_control(&mut sq, &control, &out, opts.timeout, |c| collect(c, &mut done, &mut failed));
-                    if let Err(e) = r {
-                        break 'run Err(e.into());
-                    }
-                    #[cfg(feature = "fault-injection")]
-                    if let Some(after) = opts.test_after_fin.filter(|_| fin) {
-                        let r = send_after_fin(after, &mut sq, &control, &out, &machine, opts.timeout);
-                        if let Err(e) = r {
-                            break 'run Err(e.into());
-                        }
-                    }
-                }
-                Action::ReadChunk { seq, offset, len } => {
-                    let Some(mut slot) = data.try_take() else {
-                        break 'run Err(ProtocolError::Local("no free data slot: depth exceeded".into()).into());
-                    };
-                    match slot.read_file(&file, offset, len as usize) {
-                        Ok(n) if n == len as usize => {}
-                        Ok(n) => {
-                            let e = std::io::Error::new(
-                                std::io::ErrorKind::UnexpectedEof,
-                                format!("file shrank: {n} of {len} bytes at {offset}"),
-                            );
-                            break 'run Err(file_err(e));
-                        }
-                        Err(e) => break 'run Err(file_err(e)),
-                    }
-                    // The data pool is not remotely writable: a plain slice of it is sound.
-                    if let Ok(bytes) = slot.as_slice() {
-                        hasher.update(&bytes[..len as usize]);
-                    }
-                    read.push_back((seq, slot));
-                    machine.handle(Input::ChunkRead { seq }, Instant::now());
-                }
+                Action::Send => self.send_message()?,
+                Action::ReadChunk { seq, offset, len } => self.read_chunk(seq, offset, len)?,
                 Action::WriteChunk { seq, len, remote_addr, rkey, imm } => {
-                    let Some(pos) = read.iter().position(|(s, _)| *s == seq) else {
-                        break 'run Err(ProtocolError::Local(format!("chunk {seq} was not read")).into());
+                    let Some(pos) = self.read.iter().position(|(s, _)| *s == seq) else {
+                        return Err(ProtocolError::Local(format!("chunk {seq} was not read")).into());
                     };
-                    let (_, slot) = read.remove(pos).expect("position found above");
+                    let (_, slot) = self.read.remove(pos).expect("position found above");
                     let remote = RemoteRegion { addr: remote_addr, rkey, len: u64::from(len) };
                     let req = SlotRequest::write(slot, len as usize, remote).with_imm(imm).with_wr_id(seq);
-                    if let Err(r) = sq.push(req) {
-                        break 'run Err(r.error.into());
-                    }
+                    self.sq.push(req).map_err(|r| Error::from(r.error))?;
                     pushed = true;
                 }
                 Action::NeedDigest => {
-                    let digest = hasher.digest128().to_be_bytes();
-                    machine.handle(Input::Digest(digest.to_vec()), Instant::now());
+                    let digest = self.hasher.digest128().to_be_bytes();
+                    self.machine.handle(Input::Digest(digest.to_vec()), Instant::now());
                 }
-                Action::Finish(o) => break 'run Ok(o),
+                Action::Finish(o) => return Ok(ControlFlow::Break(o)),
             }
         }
         if pushed {
-            if let Err(e) = sq.submit() {
-                break 'run Err(e.into());
+            self.sq.submit()?;
+        }
+        Ok(ControlFlow::Continue(pushed))
+    }
+
+    fn send_message(&mut self) -> Result<(), Error> {
+        self.machine.transmit(&mut self.out);
+        // After the HELLO, the only message a sender sends is its FIN.
+        let fin = self.machine.grant().is_some() && self.fin_at.is_none();
+        if fin {
+            self.fin_at = Some(Instant::now());
+        }
+        let (done, failed) = (&mut self.done, &mut self.failed);
+        send_control(&mut self.sq, &self.control, &self.out, self.opts.timeout, |c| collect(c, done, failed))?;
+        #[cfg(feature = "fault-injection")]
+        if let Some(after) = self.opts.test_after_fin.filter(|_| fin) {
+            send_after_fin(after, &mut self.sq, &self.control, &self.out, &self.machine, self.opts.timeout)?;
+        }
+        Ok(())
+    }
+
+    fn read_chunk(&mut self, seq: u64, offset: u64, len: u32) -> Result<(), Error> {
+        let Some(mut slot) = self.data.try_take() else {
+            return Err(ProtocolError::Local("no free data slot: depth exceeded".into()).into());
+        };
+        match slot.read_file(&self.file, offset, len as usize) {
+            Ok(n) if n == len as usize => {}
+            Ok(n) => {
+                let e = std::io::ErrorKind::UnexpectedEof;
+                return Err(
+                    self.file_err(std::io::Error::new(e, format!("file shrank: {n} of {len} bytes at {offset}")))
+                );
+            }
+            Err(e) => return Err(self.file_err(e)),
+        }
+        // The data pool is not remotely writable: a plain slice of it is sound.
+        if let Ok(bytes) = slot.as_slice() {
+            self.hasher.update(&bytes[..len as usize]);
+        }
+        self.read.push_back((seq, slot));
+        self.machine.handle(Input::ChunkRead { seq }, Instant::now());
+        Ok(())
+    }
+
+    /// Takes the send queue's completions and tells the machine; whether any came.
+    fn drive_completions(&mut self, progress: &mut impl FnMut(u64, u64)) -> Result<bool, Error> {
+        let (done, failed) = (&mut self.done, &mut self.failed);
+        let n = self.sq.poll(|c| collect(c, done, failed))?;
+        if let Some(e) = self.failed.take() {
+            return Err(e);
+        }
+        if let Some(&last) = self.done.last() {
+            self.done.clear();
+            self.machine.handle(Input::WriteDone { seq: last }, Instant::now());
+            let written = self.machine.chunks_written();
+            let slot = u64::from(self.machine.grant().map_or(1, |g| g.slot_size));
+            progress((written * slot).min(self.size), self.size);
+            if written == self.machine.chunks() && self.data_end.is_none() {
+                self.data_end = Some(Instant::now());
             }
         }
-        // Completions.
-        let mut progressed = pushed;
-        match sq.poll(|c| collect(c, &mut done, &mut failed)) {
-            Ok(n) => progressed |= n > 0,
-            Err(e) => break 'run Err(e.into()),
-        }
-        if let Some(e) = failed.take() {
-            break 'run Err(e);
-        }
-        if let Some(&last) = done.last() {
-            done.clear();
-            machine.handle(Input::WriteDone { seq: last }, Instant::now());
-            let written = machine.chunks_written();
-            progress((written * u64::from(machine.grant().map_or(1, |g| g.slot_size))).min(size), size);
-            if written == machine.chunks() && data_end.is_none() {
-                data_end = Some(Instant::now());
-            }
-        }
-        // Control messages.
-        let arrivals = take_arrivals(&mut ring, |msg| {
+        Ok(n > 0)
+    }
+
+    /// Takes the control messages that arrived; whether any came.
+    fn drive_arrivals(&mut self) -> Result<bool, Error> {
+        let (machine, granted_at) = (&mut self.machine, &mut self.granted_at);
+        let n = take_arrivals(&mut self.ring, |msg| {
             let was_granted = machine.grant().is_some();
             machine.handle(Input::Message(msg.bytes()), Instant::now());
             if !was_granted && machine.grant().is_some() {
-                granted_at = Some(Instant::now());
+                *granted_at = Some(Instant::now());
             }
-        });
-        match arrivals {
-            Ok(n) => progressed |= n > 0,
-            Err(e) => break 'run Err(e),
-        }
-        let slow = match pacer.round(progressed, [sq.cq(), ring.cq()]) {
-            Ok(slow) => slow,
-            Err(e) => break 'run Err(e),
-        };
-        if slow {
-            machine.handle_timeout(Instant::now());
-            if peer_left(&conn) {
-                break 'run Err(Error::PeerDisconnected);
+        })?;
+        Ok(n > 0)
+    }
+
+    /// Ends the round: spins or sleeps on the CQs ([`Pacer`]), and when the slow checks are due,
+    /// the machine's timeout and whether the peer left.
+    fn drive_timers(&mut self, progressed: bool, conn: &rdma_cm::Connection<'static>) -> Result<(), Error> {
+        if self.pacer.round(progressed, [self.sq.cq(), self.ring.cq()])? {
+            self.machine.handle_timeout(Instant::now());
+            if peer_left(conn) {
+                return Err(Error::PeerDisconnected);
             }
         }
-    };
-    let end = Instant::now();
-    tracing::debug!(ok = outcome.is_ok(), after = ?end - start, "session over; tearing down");
-    // Let the last sends complete before the connection goes.
-    let _ = sq.drain(DRAIN, drop);
-    drop(sq);
-    tracing::debug!(after = ?end.elapsed(), "send queue drained");
-    // The peer's answer to the disconnect only confirms what is already decided; a peer that
-    // withholds it (measured: a never-ACKing receiver held a timed-out sender 10 s here) must
-    // not delay the exit. The connection is torn down either way.
-    let _ = conn.disconnect(DISCONNECT_WAIT.min(opts.connect_timeout));
-    tracing::debug!(after = ?end.elapsed(), "disconnected");
-    drop(ring);
-    tracing::debug!(after = ?end.elapsed(), "receive ring released");
-    match outcome? {
-        Outcome::Acked { status: Status::Ok, .. } => {
-            let g = *machine.grant().expect("an OK ACK follows a grant");
-            let fin = fin_at.unwrap_or(end);
-            let data_start = granted_at.unwrap_or(start);
-            phases.grant = data_start.duration_since(start).saturating_sub(phases.connect);
-            phases.data = data_end.unwrap_or(fin).duration_since(data_start);
-            phases.digest = end.duration_since(fin);
-            Ok(SendReport { session, bytes: size, chunk: g.slot_size, slots: g.slot_count, phases, total: end - start })
+        Ok(())
+    }
+
+    /// Tears the connection down in order (the last sends complete first; the receive ring goes
+    /// after the QP) and turns the outcome into the report.
+    fn finish(
+        self,
+        outcome: Result<Outcome, Error>,
+        conn: rdma_cm::Connection<'static>,
+        start: Instant,
+        connect: Duration,
+        session: u64,
+    ) -> Result<SendReport, Error> {
+        let SendSession { opts, machine, mut sq, ring, size, granted_at, data_end, fin_at, .. } = self;
+        let end = Instant::now();
+        tracing::debug!(ok = outcome.is_ok(), after = ?end - start, "session over; tearing down");
+        // Let the last sends complete before the connection goes.
+        let _ = sq.drain(DRAIN, drop);
+        drop(sq);
+        tracing::debug!(after = ?end.elapsed(), "send queue drained");
+        // The peer's answer to the disconnect only confirms what is already decided; a peer that
+        // withholds it (measured: a never-ACKing receiver held a timed-out sender 10 s here) must
+        // not delay the exit. The connection is torn down either way.
+        let _ = conn.disconnect(DISCONNECT_WAIT.min(opts.connect_timeout));
+        tracing::debug!(after = ?end.elapsed(), "disconnected");
+        drop(ring);
+        tracing::debug!(after = ?end.elapsed(), "receive ring released");
+        match outcome? {
+            Outcome::Acked { status: Status::Ok, .. } => {
+                let g = *machine.grant().expect("an OK ACK follows a grant");
+                let fin = fin_at.unwrap_or(end);
+                let data_start = granted_at.unwrap_or(start);
+                let mut phases = Phases { connect, ..Phases::default() };
+                phases.grant = data_start.duration_since(start).saturating_sub(connect);
+                phases.data = data_end.unwrap_or(fin).duration_since(data_start);
+                phases.digest = end.duration_since(fin);
+                Ok(SendReport {
+                    session,
+                    bytes: size,
+                    chunk: g.slot_size,
+                    slots: g.slot_count,
+                    phases,
+                    total: end - start,
+                })
+            }
+            Outcome::Acked { status, detail } => Err(Error::Refused { status, detail }),
+            Outcome::Failed(e) => Err(e.into()),
         }
-        Outcome::Acked { status, detail } => Err(Error::Refused { status, detail }),
-        Outcome::Failed(e) => Err(e.into()),
     }
 }
 
