@@ -29,14 +29,11 @@ fn run(device: Option<&str>, rounds: usize) -> Result<(), Box<dyn std::error::Er
     let pd = ctx.alloc_pd()?;
     let (cq_a, cq_b) = (ctx.create_cq(16, None)?, ctx.create_cq(16, None)?);
     let gid_index = ctx.gid_table()?.iter().find(|g| g.gid.to_ipv4_mapped().is_some()).map_or(0, |g| g.index);
-    let mtu = ctx.query_port(1)?.active_mtu;
     let a = pd.create_qp::<Rc>(QpCreateAttr::new(&cq_a, &cq_a))?.init(InitAttr::new(1))?;
     let b = pd.create_qp::<Rc>(QpCreateAttr::new(&cq_b, &cq_b))?.init(InitAttr::new(1))?;
     let (ea, eb) = (a.endpoint(gid_index, 1)?, b.endpoint(gid_index, 2)?);
-    let a = a.ready_to_receive(&RtrAttr::new(eb, 1, gid_index, mtu))?;
-    let a = a.ready_to_send(&RtsAttr::new(1))?;
-    let b = b.ready_to_receive(&RtrAttr::new(ea, 1, gid_index, mtu))?;
-    let b = b.ready_to_send(&RtsAttr::new(2))?;
+    let a = a.handshake(eb, gid_index, 1)?;
+    let b = b.handshake(ea, gid_index, 2)?;
     let (ma, mb) = (pd.alloc_mr(128, AccessFlags::LOCAL_WRITE)?, pd.alloc_mr(128, AccessFlags::LOCAL_WRITE)?);
 
     let mut wcs: [WorkCompletion; 4] = Default::default();

@@ -99,7 +99,7 @@ fn run(args: &Args) -> BoxResult<()> {
     let peer = oob.exchange(&me)?;
     oob.agree(&format!("-s {} -n {} --repeat {}", args.size, args.iters, args.repeat))?;
     let peer_reads = oob.exchange_u64(u64::from(out_reads))?.clamp(1, u64::from(max_reads)) as u8;
-    let qp = connect_reads(&ctx, qp, args, psn, &peer, (out_reads as u8, peer_reads))?;
+    let qp = connect_reads(qp, args, psn, &peer, (out_reads as u8, peer_reads))?;
     oob.sync()?;
     if !client {
         // The server's memory is read by the client; it waits for the end of the test.

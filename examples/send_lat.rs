@@ -65,7 +65,7 @@ fn run(args: &Args) -> BoxResult<()> {
     let mut oob = Oob::open(args)?;
     let peer = oob.exchange(&me)?;
     oob.agree(&format!("-s {} -n {}", args.size, args.iters))?;
-    let qp = connect(&ctx, qp, args, psn, &peer)?;
+    let qp = connect(qp, args, psn, &peer)?;
     let mut sq = SendQueue::new(&qp, WAIT)?;
     let mut slot = Some(send_pool.try_take().ok_or("the slot pool is empty")?);
     oob.sync()?;

@@ -57,7 +57,7 @@ fn run(args: &Args) -> BoxResult<()> {
     let me = Peer { endpoint: qp.endpoint(args.gid_index, psn)?, region: mr.remote() };
     let mut oob = Oob::open(args)?;
     let peer = oob.exchange(&me)?;
-    let qp = connect(&ctx, qp, args, psn, &peer)?;
+    let qp = connect(qp, args, psn, &peer)?;
     oob.sync()?;
     if args.server.is_none() {
         // The server's memory is written by the client; it waits for the end of the test.

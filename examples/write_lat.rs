@@ -66,7 +66,7 @@ fn run(args: &Args) -> BoxResult<()> {
     let mut oob = Oob::open(args)?;
     let peer = oob.exchange(&me)?;
     oob.agree(&format!("-s {} -n {} --api {} --repeat {}", args.size, args.iters, args.apis.join(","), args.repeat))?;
-    let qp = connect(&ctx, qp, args, psn, &peer)?;
+    let qp = connect(qp, args, psn, &peer)?;
     oob.sync()?;
 
     let client = args.server.is_some();

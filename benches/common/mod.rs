@@ -94,13 +94,10 @@ impl RcPair {
         let (a, b) = (owned_qp(topo, &client_dev), owned_qp(topo, &server_dev));
         let ep_a = a.endpoint(topo.gid_index, 1000).expect("client endpoint");
         let ep_b = b.endpoint(topo.gid_index, 2000).expect("server endpoint");
-        let mtu = client_dev.ctx.query_port(topo.port).expect("ibv_query_port").active_mtu;
-        let rtr = |ep| RtrAttr::new(ep, topo.port, topo.gid_index, mtu).min_rnr_timer(1);
-        let a = a.ready_to_receive(&rtr(ep_b)).expect("client QP to RTR");
-        let b = b.ready_to_receive(&rtr(ep_a)).expect("server QP to RTR");
-        let rts = |psn| RtsAttr::new(psn).timeout(14).retry_cnt(7).rnr_retry(7);
-        let client = a.ready_to_send(&rts(1000)).expect("client QP to RTS");
-        let server = b.ready_to_send(&rts(2000)).expect("server QP to RTS");
+        // A short RNR timer: a bench's receiver is posted again at once.
+        let tune = |rtr: RtrAttr, rts| (rtr.min_rnr_timer(1), rts);
+        let client = a.handshake_with(ep_b, topo.gid_index, 1000, tune).expect("client QP to RTS");
+        let server = b.handshake_with(ep_a, topo.gid_index, 2000, tune).expect("server QP to RTS");
         RcPair { client, server, client_dev, server_dev }
     }
 }

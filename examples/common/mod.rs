@@ -236,31 +236,26 @@ pub fn open_context(args: &Args) -> Result<Context> {
 
 /// Moves `qp` to ReadyToSend towards `peer`, with the path MTU of the local port.
 pub fn connect<'r>(
-    ctx: &Context,
     qp: QueuePair<'r, Rc, Init>,
     args: &Args,
     my_psn: u32,
     peer: &Peer,
 ) -> Result<QueuePair<'r, Rc, ReadyToSend>> {
-    let mtu = ctx.query_port(args.ib_port)?.active_mtu;
-    let rtr = RtrAttr::new(peer.endpoint, args.ib_port, args.gid_index, mtu);
-    qp.ready_to_receive(&rtr)?.ready_to_send(&RtsAttr::new(my_psn))
+    qp.handshake(peer.endpoint, args.gid_index, my_psn)
 }
 
 /// As [`connect`], with RDMA READ limits as perftest sets them from `-o`: `max_dest_rd_atomic`
 /// (READs this side serves at once) is ours, `max_rd_atomic` (READs it issues at once) the
 /// peer's.
 pub fn connect_reads<'r>(
-    ctx: &Context,
     qp: QueuePair<'r, Rc, Init>,
     args: &Args,
     my_psn: u32,
     peer: &Peer,
     (mine, theirs): (u8, u8),
 ) -> Result<QueuePair<'r, Rc, ReadyToSend>> {
-    let mtu = ctx.query_port(args.ib_port)?.active_mtu;
-    let rtr = RtrAttr::new(peer.endpoint, args.ib_port, args.gid_index, mtu).max_dest_rd_atomic(mine);
-    qp.ready_to_receive(&rtr)?.ready_to_send(&RtsAttr::new(my_psn).max_rd_atomic(theirs))
+    let tune = |rtr: RtrAttr, rts: RtsAttr| (rtr.max_dest_rd_atomic(mine), rts.max_rd_atomic(theirs));
+    qp.handshake_with(peer.endpoint, args.gid_index, my_psn, tune)
 }
 
 pub fn fail(name: &str, e: impl std::fmt::Display) -> ! {

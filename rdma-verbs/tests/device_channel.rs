@@ -18,12 +18,7 @@ fn channel_wait_returns_on_a_completion_and_times_out_without_one() {
     let cq = ctx.create_cq(16, Some(&channel)).unwrap();
     let qp = pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq)).unwrap().init(InitAttr::new(topo.port)).unwrap();
     let me = qp.endpoint(topo.gid_index, 1).unwrap();
-    let mtu = ctx.query_port(topo.port).unwrap().active_mtu;
-    let qp = qp
-        .ready_to_receive(&RtrAttr::new(me, topo.port, topo.gid_index, mtu))
-        .unwrap()
-        .ready_to_send(&RtsAttr::new(1))
-        .unwrap();
+    let qp = qp.handshake(me, topo.gid_index, 1).unwrap();
 
     // Nothing posted: the wait must end with a timeout, close to the time asked.
     let start = Instant::now();

@@ -279,9 +279,34 @@ impl<'res, T: Connected> QueuePair<'res, T, Init> {
         gid_index: u8,
         psn: u32,
     ) -> Result<QueuePair<'res, T, ReadyToSend>> {
+        self.handshake_with(peer, gid_index, psn, |rtr, rts| (rtr, rts))
+    }
+
+    /// [`handshake`](Self::handshake) with attributes of one's own: `tune` gets the usual ones
+    /// (already naming the path, the MTU and the PSN) and returns those to use.
+    ///
+    /// ```no_run
+    /// # use rdma_verbs::*;
+    /// # fn f(qp: QueuePair<'_, Rc, Init>, peer: QpEndpoint) -> Result<()> {
+    /// // A short RNR timer, and 4 READs in flight each way.
+    /// let tune = |rtr: RtrAttr, rts: RtsAttr| (rtr.min_rnr_timer(1).max_dest_rd_atomic(4), rts.max_rd_atomic(4));
+    /// let qp = qp.handshake_with(peer, 1, 0, tune)?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`handshake`](Self::handshake).
+    pub fn handshake_with(
+        self,
+        peer: super::attr::QpEndpoint,
+        gid_index: u8,
+        psn: u32,
+        tune: impl FnOnce(RtrAttr, RtsAttr) -> (RtrAttr, RtsAttr),
+    ) -> Result<QueuePair<'res, T, ReadyToSend>> {
         let port = self.port();
         let mtu = self.inner.pd.context().query_port(port)?.active_mtu;
-        self.ready_to_receive(&RtrAttr::new(peer, port, gid_index, mtu))?.ready_to_send(&RtsAttr::new(psn))
+        let (rtr, rts) = tune(RtrAttr::new(peer, port, gid_index, mtu), RtsAttr::new(psn));
+        self.ready_to_receive(&rtr)?.ready_to_send(&rts)
     }
 
     /// `Init -> ReadyToReceive` for RC and UC: [`try_ready_to_receive`](Self::try_ready_to_receive),

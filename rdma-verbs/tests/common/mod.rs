@@ -49,14 +49,10 @@ pub fn with_rc_pair(
     let (qp_a, qp_b) = (qp_a.init(init).unwrap(), qp_b.init(init).unwrap());
     let ep_a = qp_a.endpoint(topo.gid_index, 100).unwrap();
     let ep_b = qp_b.endpoint(topo.gid_index, 200).unwrap();
-    let mtu = ctx_a.query_port(topo.port).unwrap().active_mtu;
-    let sgid = topo.gid_index;
-    let qp_a = qp_a.ready_to_receive(&RtrAttr::new(ep_b, topo.port, sgid, mtu)).unwrap();
-    let qp_b = qp_b.ready_to_receive(&RtrAttr::new(ep_a, topo.port, sgid, mtu)).unwrap();
     // Short timeouts so that error tests finish quickly.
-    let rts = |psn| RtsAttr::new(psn).timeout(12).retry_cnt(2).rnr_retry(2);
-    let qp_a = qp_a.ready_to_send(&rts(100)).unwrap();
-    let qp_b = qp_b.ready_to_send(&rts(200)).unwrap();
+    let tune = |rtr, rts: RtsAttr| (rtr, rts.timeout(12).retry_cnt(2).rnr_retry(2));
+    let qp_a = qp_a.handshake_with(ep_b, topo.gid_index, 100, tune).unwrap();
+    let qp_b = qp_b.handshake_with(ep_a, topo.gid_index, 200, tune).unwrap();
     let a = End { ctx: &ctx_a, pd: &pd_a, qp: qp_a, mr: pd_a.alloc_mr(MR_LEN, access).unwrap() };
     let b = End { ctx: &ctx_b, pd: &pd_b, qp: qp_b, mr: pd_b.alloc_mr(MR_LEN, access).unwrap() };
     f(&a, &b);
@@ -137,12 +133,11 @@ pub fn connect_pair<'a, 'b>(
 ) -> (QueuePair<'a, Rc, ReadyToSend>, QueuePair<'b, Rc, ReadyToSend>) {
     let ep_a = a.endpoint(topo.gid_index, 1000).unwrap();
     let ep_b = b.endpoint(topo.gid_index, 2000).unwrap();
-    let mtu = a.pd().context().query_port(topo.port).unwrap().active_mtu;
-    let rtr = |ep| RtrAttr::new(ep, topo.port, topo.gid_index, mtu).min_rnr_timer(1).max_dest_rd_atomic(4);
-    let a = a.ready_to_receive(&rtr(ep_b)).unwrap();
-    let b = b.ready_to_receive(&rtr(ep_a)).unwrap();
-    let rts = |psn| RtsAttr::new(psn).timeout(14).retry_cnt(7).rnr_retry(7);
-    (a.ready_to_send(&rts(1000)).unwrap(), b.ready_to_send(&rts(2000)).unwrap())
+    let tune = |rtr: RtrAttr, rts| (rtr.min_rnr_timer(1).max_dest_rd_atomic(4), rts);
+    (
+        a.handshake_with(ep_b, topo.gid_index, 1000, tune).unwrap(),
+        b.handshake_with(ep_a, topo.gid_index, 2000, tune).unwrap(),
+    )
 }
 
 /// The Q_Key the UD fixtures use.
