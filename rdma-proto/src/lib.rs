@@ -64,9 +64,10 @@ pub enum ProtocolError {
     Local(String),
 }
 
-/// `now + timeout`, for any `timeout`: one too far to represent (`Duration::MAX`, say) is a
-/// century, which no transfer waits out.
-pub(crate) fn deadline_after(now: std::time::Instant, timeout: std::time::Duration) -> std::time::Instant {
-    const CENTURY: std::time::Duration = std::time::Duration::from_secs(100 * 365 * 24 * 3600);
-    now.checked_add(timeout.min(CENTURY)).unwrap_or(now)
+/// When a machine's timer fires: `timeout` after its last progress, or never (`None`) when that
+/// instant cannot be represented (`Duration::MAX`, say). The machines report it through
+/// `poll_timeout`, as quinn-proto reports its timers: they keep no deadline type of their own.
+/// The workspace's deadline for blocking waits is `rdma_verbs::Deadline`, with the same rule.
+pub(crate) fn timer(progress: std::time::Instant, timeout: std::time::Duration) -> Option<std::time::Instant> {
+    progress.checked_add(timeout)
 }

@@ -155,7 +155,8 @@ pub struct Receiver {
     credited: u64,
     fin: Option<Vec<u8>>,
     opened: bool,
-    deadline: Instant,
+    /// When the current phase last made progress: the timeout counts from here.
+    progress: Instant,
     actions: VecDeque<Action>,
     outbox: Outbox,
 }
@@ -164,7 +165,7 @@ impl Receiver {
     /// A receiver waiting for a HELLO.
     pub fn new(cfg: ReceiverConfig, now: Instant) -> Self {
         Receiver {
-            deadline: crate::deadline_after(now, cfg.timeout),
+            progress: now,
             cfg,
             session: 0,
             phase: Phase::AwaitHello,
@@ -218,14 +219,17 @@ impl Receiver {
     /// When [`handle_timeout`](Self::handle_timeout) must be called, unless an input comes first.
     /// `None` once the session is over, and while [`Action::Finalize`] is the driver's: that
     /// step is bounded by the driver's disk, not by the peer, and its result is the verdict.
+    /// Also `None` when the timeout is too large to represent (no deadline, as with
+    /// `rdma_verbs::Deadline`).
     pub fn poll_timeout(&self) -> Option<Instant> {
-        matches!(self.phase, Phase::AwaitHello | Phase::Opening | Phase::Data).then_some(self.deadline)
+        let running = matches!(self.phase, Phase::AwaitHello | Phase::Opening | Phase::Data);
+        running.then(|| crate::timer(self.progress, self.cfg.timeout)).flatten()
     }
 
     /// Time passed: ends the session if the current phase made no progress in time. Ignored
     /// once [`Action::Finalize`] was asked for (see [`poll_timeout`](Self::poll_timeout)).
     pub fn handle_timeout(&mut self, now: Instant) {
-        if self.poll_timeout().is_none() || now < self.deadline {
+        if !self.poll_timeout().is_some_and(|deadline| now >= deadline) {
             return;
         }
         let what = match self.phase {
@@ -256,7 +260,7 @@ impl Receiver {
             Input::Ready { addr, rkey } if self.phase == Phase::Opening => {
                 self.opened = true;
                 self.phase = Phase::Data;
-                self.deadline = crate::deadline_after(now, self.cfg.timeout);
+                self.progress = now;
                 let g = Grant {
                     version: self.version,
                     caps: caps::DIGEST_XXH3_128,
@@ -274,7 +278,7 @@ impl Receiver {
             }
             Input::ChunkStored { seq } if self.phase >= Phase::Data && seq == self.stored && seq < self.arrived => {
                 self.stored += 1;
-                self.deadline = crate::deadline_after(now, self.cfg.timeout);
+                self.progress = now;
                 Ok(())
             }
             Input::StoreFailed(status, why) if self.phase >= Phase::Data => {
@@ -316,7 +320,7 @@ impl Receiver {
         match (self.phase, m) {
             (Phase::AwaitHello, Message::Hello(hello)) => {
                 self.session = h.session;
-                self.deadline = crate::deadline_after(now, self.cfg.timeout);
+                self.progress = now;
                 let v = *wire::PROTOCOL_VERSIONS.end();
                 if hello.version_max < *wire::PROTOCOL_VERSIONS.start() || hello.version_min > v {
                     let why = format!(
@@ -365,7 +369,7 @@ impl Receiver {
                     )));
                 }
                 self.fin = Some(fin.digest);
-                self.deadline = crate::deadline_after(now, self.cfg.timeout);
+                self.progress = now;
             }
             (phase, m) => return Err(ProtocolError::Peer(format!("unexpected {:?} while {phase:?}", m.kind()))),
         }
@@ -391,7 +395,7 @@ impl Receiver {
             return Err(ProtocolError::Peer(format!("chunk {seq} of {len} bytes, expected {want}")));
         }
         self.arrived += 1;
-        self.deadline = crate::deadline_after(now, self.cfg.timeout);
+        self.progress = now;
         self.actions.push_back(Action::StoreChunk {
             seq,
             slot: (seq % u64::from(self.slot_count)) as u32,

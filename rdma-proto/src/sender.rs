@@ -119,7 +119,8 @@ pub struct Sender {
     consumed: u64,
     digest: Option<Vec<u8>>,
     digest_asked: bool,
-    deadline: Instant,
+    /// When the current phase last made progress: the timeout counts from here.
+    progress: Instant,
     actions: VecDeque<Action>,
     outbox: Outbox,
 }
@@ -165,7 +166,7 @@ impl Sender {
             consumed: 0,
             digest: None,
             digest_asked: false,
-            deadline: crate::deadline_after(now, cfg.timeout),
+            progress: now,
             actions: VecDeque::new(),
             outbox: Outbox::default(),
             cfg,
@@ -221,13 +222,15 @@ impl Sender {
     }
 
     /// When [`handle_timeout`](Self::handle_timeout) must be called, unless an input comes first.
+    /// `None` once the session is over, or when the timeout is too large to represent (no
+    /// deadline, as with `rdma_verbs::Deadline`).
     pub fn poll_timeout(&self) -> Option<Instant> {
-        (self.phase != Phase::Done).then_some(self.deadline)
+        (self.phase != Phase::Done).then(|| crate::timer(self.progress, self.cfg.timeout)).flatten()
     }
 
     /// Time passed: ends the session if the current phase made no progress in time.
     pub fn handle_timeout(&mut self, now: Instant) {
-        if self.phase != Phase::Done && now >= self.deadline {
+        if self.poll_timeout().is_some_and(|deadline| now >= deadline) {
             let what = match self.phase {
                 Phase::AwaitGrant => "the receiver's grant",
                 Phase::Data => "the receiver's credit or the WRITEs' completions",
@@ -268,7 +271,7 @@ impl Sender {
         match (self.phase, m) {
             (Phase::AwaitGrant, Message::Grant(g)) => {
                 self.accept_grant(g)?;
-                self.deadline = crate::deadline_after(now, self.cfg.timeout);
+                self.progress = now;
             }
             (Phase::Data | Phase::AwaitAck, Message::Credit(Credit { consumed })) => {
                 if consumed > self.next_write {
@@ -279,7 +282,7 @@ impl Sender {
                 }
                 if consumed > self.consumed {
                     self.consumed = consumed;
-                    self.deadline = crate::deadline_after(now, self.cfg.timeout);
+                    self.progress = now;
                 }
             }
             (_, Message::Ack(a)) => {
@@ -331,7 +334,7 @@ impl Sender {
             return Err(ProtocolError::Local(format!("completion of chunk {seq}, not in flight")));
         }
         self.write_done = seq + 1;
-        self.deadline = crate::deadline_after(now, self.cfg.timeout);
+        self.progress = now;
         Ok(())
     }
 

@@ -110,7 +110,7 @@ fn a_timeout_too_large_to_represent_waits_without_panicking() {
     assert_ok(&sim);
     let now = Instant::now();
     let s = Sender::new(1, "f", 10, cfg, now).unwrap();
-    assert!(s.poll_timeout().unwrap() > now + Duration::from_secs(3600 * 24 * 365));
+    assert_eq!(s.poll_timeout(), None, "no deadline, as rdma_verbs::Deadline has it");
 }
 
 #[test]
