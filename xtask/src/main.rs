@@ -9,6 +9,9 @@
 //! cargo xtask msrv
 //!     checks the stated MSRV (`rust-version`) against every locked normal and build dependency
 //!     of the library crates (`cargo metadata`).
+//! cargo xtask test [--no-vm]
+//!     every test of the project, step by named step (fmt, lint, docs, host-tests, device-tests,
+//!     zero-copy), as scripts/test (which installs what is missing first) and CI run it.
 //! cargo xtask totals FILE
 //!     sums the libtest and bench result lines of a test run's log, leaving out the host's runs of
 //!     device tests (they skip there), and prints "N passed, M failed".
@@ -20,6 +23,8 @@ use std::process::{Command, ExitCode, Stdio};
 
 use serde_json::Value;
 
+mod test;
+
 /// The crates users build: the MSRV applies to them and everything they pull in.
 const LIBRARY_CRATES: &[&str] = &["rdma-verbs-sys", "rdma-verbs", "rdma-cm", "rdma-proto"];
 
@@ -27,6 +32,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("artifacts") => artifacts(&args[1..]),
+        Some("test") => test::test(&args[1..]),
         Some("msrv") => msrv(),
         Some("totals") => match args.get(1) {
             Some(file) => totals(Path::new(file)),
@@ -77,6 +83,25 @@ fn artifacts(args: &[String]) -> Result<(), String> {
             other => return Err(format!("artifacts: unknown option {other}")),
         }
     }
+    let found = artifacts_of(benches, prefix, name, &cargo_args.iter().map(String::as_str).collect::<Vec<_>>())?;
+    for (dir, exe, target) in found {
+        match (paths, benches) {
+            (true, _) => println!("{exe}"),
+            (false, false) => println!("{dir}\t{exe}\t{target}"),
+            (false, true) => println!("{dir}\t{exe}\t{target}\tbench"),
+        }
+    }
+    Ok(())
+}
+
+/// Runs `cargo CARGO-ARGS --message-format=json` and returns the (crate directory, executable,
+/// target name) of each test (or bench) executable it built that the filters take, by name.
+pub(crate) fn artifacts_of(
+    benches: bool,
+    prefix: &str,
+    name: Option<&str>,
+    cargo_args: &[&str],
+) -> Result<Vec<(String, String, String)>, String> {
     let mut child = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .args(cargo_args)
         .arg("--message-format=json")
@@ -98,14 +123,7 @@ fn artifacts(args: &[String]) -> Result<(), String> {
     }
     found.sort_by(|a, b| a.2.cmp(&b.2));
     found.dedup();
-    for (dir, exe, target) in found {
-        match (paths, benches) {
-            (true, _) => println!("{exe}"),
-            (false, false) => println!("{dir}\t{exe}\t{target}"),
-            (false, true) => println!("{dir}\t{exe}\t{target}\tbench"),
-        }
-    }
-    Ok(())
+    Ok(found)
 }
 
 /// The (crate directory, executable, target name) of one of cargo's JSON messages, if it built
@@ -129,7 +147,7 @@ fn artifact(m: &Value, benches: bool, prefix: &str, name: Option<&str>) -> Optio
 }
 
 /// `cargo xtask msrv`: see the module docs.
-fn msrv() -> Result<(), String> {
+pub(crate) fn msrv() -> Result<(), String> {
     let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .args(["metadata", "--format-version", "1", "--locked"])
         .output()
@@ -195,7 +213,7 @@ fn totals(file: &Path) -> Result<(), String> {
 }
 
 /// Sums `test result:` and `bench result:` lines, skipping what the host ran of device tests.
-fn count(log: &str) -> (u64, u64) {
+pub(crate) fn count(log: &str) -> (u64, u64) {
     let (mut passed, mut failed, mut skip) = (0, 0, false);
     for line in log.lines() {
         let t = line.trim_start();

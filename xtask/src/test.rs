@@ -1,0 +1,258 @@
+//! `cargo xtask test [--no-vm]`: every test of the project, as CI runs it, step by named step
+//! (`scripts/test` installs what is missing, then runs this). See `docs/testing.md`.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use crate::{artifacts_of, count};
+
+/// The tests run with the fault-injection hooks (rdma-copy's hidden test flags) built in; the
+/// default build, without them, is linted too.
+const FAULTS: [&str; 2] = ["--features", "rdma-tools/fault-injection"];
+
+/// The library crates, in publishing order.
+const PUBLISHED: [&str; 4] = ["rdma-verbs-sys", "rdma-verbs", "rdma-cm", "rdma-proto"];
+
+struct Run {
+    root: PathBuf,
+    /// Every test result line goes here too, for the totals.
+    results: File,
+    results_path: PathBuf,
+}
+
+type Step = Result<(), String>;
+
+pub(crate) fn test(args: &[String]) -> Step {
+    let vm = match args.first().map(String::as_str) {
+        None => true,
+        Some("--no-vm") => false,
+        Some(other) => return Err(format!("test: unknown argument {other} (only --no-vm)")),
+    };
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace").to_path_buf();
+    let results_path = target_dir(&root).join("test-results.log");
+    std::fs::create_dir_all(results_path.parent().expect("a parent")).map_err(|e| e.to_string())?;
+    let results = File::create(&results_path).map_err(|e| format!("{}: {e}", results_path.display()))?;
+    let mut run = Run { root, results, results_path };
+
+    run.step("fmt", "cargo fmt --check");
+    run.cargo(&["fmt", "--all", "--check"], &[])?;
+
+    run.step("lint", "cargo clippy --all-targets -- -D warnings (default, with fault injection, and the rdma-sys feature); MSRV; generated bindings");
+    let clippy = ["clippy", "--workspace", "--all-targets", "--locked"];
+    run.cargo(&[&clippy[..], &["--", "-D", "warnings"]].concat(), &[])?;
+    run.cargo(&[&clippy[..], &FAULTS, &["--", "-D", "warnings"]].concat(), &[])?;
+    let libclang = rdma_sys_env()?;
+    let rdma_sys = [("LIBCLANG_PATH", libclang.as_str())];
+    let sys_features = ["-p", "rdma-verbs", "-p", "rdma-cm", "--features", "rdma-verbs/rdma-sys", "--locked"];
+    run.cargo(&[&["clippy", "--all-targets"][..], &sys_features, &["--", "-D", "warnings"]].concat(), &rdma_sys)?;
+    crate::msrv()?;
+    run.sh("scripts/gen-bindings", &["--check"], &[])?;
+
+    run.step("docs", "cargo doc (warnings are errors), cargo package, the docs as docs.rs builds them");
+    run.cargo(&["doc", "--workspace", "--no-deps", "--locked", "--quiet"], &[("RUSTDOCFLAGS", "-D warnings")])?;
+    run.package()?;
+    // docs.rs builds without rdma-core: with DOCS_RS set, and pkg-config finding nothing, the
+    // docs must still build (rdma-verbs-sys's build.rs then links nothing).
+    let docs_rs = target_dir(&run.root).join("docs-rs");
+    let docs_rs = docs_rs.to_str().ok_or("a non-UTF-8 target directory")?;
+    let no_libs = [("PKG_CONFIG_LIBDIR", "/nonexistent"), ("PKG_CONFIG_PATH", "")];
+    let env = [&no_libs[..], &[("DOCS_RS", "1"), ("CARGO_TARGET_DIR", docs_rs)]].concat();
+    let each: Vec<&str> = PUBLISHED.iter().flat_map(|p| ["-p", p]).collect();
+    run.cargo(&[&["doc", "--locked", "--quiet", "--no-deps"][..], &each].concat(), &env)?;
+
+    run.step("host-tests", "cargo test --workspace, the rdma-sys feature's unit tests, rdma-proto's core alone");
+    let host = [("RDMA_LAYOUT_REQUIRED", "1"), ("RDMA_TEST_REQUIRE_DEVICE", "")];
+    run.tee("cargo", &[&["test", "--workspace", "--locked"][..], &FAULTS].concat(), &host)
+        .map_err(|e| format!("host tests failed: {e}"))?;
+    run.tee("cargo", &[&["test", "--lib"][..], &sys_features].concat(), &rdma_sys)
+        .map_err(|e| format!("the rdma-sys feature's unit tests failed: {e}"))?;
+    // rdma-proto's protocol core alone (codec, state machines): no driver, and no RDMA library
+    // at all, as a user of the core builds it.
+    let core = ["-p", "rdma-proto", "--no-default-features", "--locked"];
+    run.cargo(&[&["clippy", "--all-targets"][..], &core, &["--", "-D", "warnings"]].concat(), &no_libs)?;
+    run.tee("cargo", &[&["test"][..], &core].concat(), &no_libs)
+        .map_err(|e| format!("rdma-proto's core-only tests failed: {e}"))?;
+
+    run.step(
+        "device-tests",
+        if vm { "device tests, then every bench once, in the Soft-RoCE VM" } else { "device tests on this host" },
+    );
+    let tests = artifacts_of(
+        false,
+        "device_",
+        None,
+        &[&["test", "--workspace", "--locked"][..], &FAULTS, &["--no-run"]].concat(),
+    )?;
+    if tests.is_empty() {
+        return Err("no device tests found (tests/device_*.rs)".into());
+    }
+    // The criterion benches, after the tests in the same VM boot, each once in criterion's test
+    // mode (a debug build, as `cargo test --benches` makes: only that every benchmark runs).
+    let benches = artifacts_of(
+        true,
+        "",
+        None,
+        &[&["test", "--workspace", "--locked"][..], &FAULTS, &["--no-run", "--benches"]].concat(),
+    )?;
+    if benches.is_empty() {
+        return Err("no benches found (benches/*.rs)".into());
+    }
+    let names = |v: &[(String, String, String)]| v.iter().map(|a| a.2.as_str()).collect::<Vec<_>>().join(" ");
+    log(&format!("{} device test binaries: {}", tests.len(), names(&tests)));
+    log(&format!("{} benches, in test mode: {}", benches.len(), names(&benches)));
+    let list = target_dir(&run.root).join("device-tests.list");
+    let mut lines: Vec<String> = tests.iter().map(|(d, e, n)| format!("{d}\t{e}\t{n}")).collect();
+    lines.extend(benches.iter().map(|(d, e, n)| format!("{d}\t{e}\t{n}\tbench")));
+    std::fs::write(&list, lines.join("\n") + "\n").map_err(|e| e.to_string())?;
+    let list = list.to_str().ok_or("a non-UTF-8 target directory")?.to_owned();
+    let run_tests = run.root.join("scripts/guest/run-tests").to_str().ok_or("a non-UTF-8 path")?.to_owned();
+    let devices = if vm {
+        run.tee("scripts/softroce", &["run", "--", &run_tests, &list], &[])
+    } else {
+        run.tee(&run_tests, &[&list], &[("RDMA_TEST_REQUIRE_DEVICE", "1")])
+    };
+    // Every libtest result line and run-tests' bench result lines, leaving out the host's run of
+    // the device tests (they skipped there).
+    let log_text = std::fs::read_to_string(&run.results_path).map_err(|e| e.to_string())?;
+    let (passed, failed) = count(&log_text);
+    devices.map_err(|e| format!("device tests or benches failed: {e}"))?;
+
+    run.step("zero-copy", "zero-copy file I/O: the 64 MiB file test under strace (scripts/check-zero-copy)");
+    if vm {
+        run.sh("scripts/check-zero-copy", &[], &[]).map_err(|e| format!("the zero-copy check failed: {e}"))?;
+    } else {
+        log("skipped with --no-vm (it runs the test under strace inside the VM)");
+    }
+    println!("tests: {passed} passed, {failed} failed");
+    Ok(())
+}
+
+fn log(line: &str) {
+    eprintln!("==> {line}");
+}
+
+/// `CARGO_TARGET_DIR`, or the workspace's `target`.
+fn target_dir(root: &Path) -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from)
+}
+
+/// The rdma-sys feature's bindgen 0.59 needs libclang 14 or 15 (it cannot parse the headers
+/// with 16 and newer): pinned for its builds alone, unless the caller chose one.
+/// Returns the `LIBCLANG_PATH` for those builds.
+fn rdma_sys_env() -> Result<String, String> {
+    if let Some(p) = std::env::var_os("RDMA_SYS_LIBCLANG_PATH") {
+        return Ok(p.to_string_lossy().into_owned());
+    }
+    for v in [14, 15] {
+        let dir = format!("/usr/lib/llvm-{v}/lib");
+        if Path::new(&dir).join("libclang.so").exists() || Path::new(&dir).join(format!("libclang-{v}.so.1")).exists() {
+            return Ok(dir);
+        }
+    }
+    Err("the rdma-sys feature needs libclang 14 or 15 (apt install libclang-14-dev)".into())
+}
+
+impl Run {
+    fn step(&self, name: &str, what: &str) {
+        log(&format!("[{name}] {what}"));
+    }
+
+    fn command(&self, program: &str, args: &[&str], env: &[(&str, &str)]) -> Command {
+        let program = if program.starts_with("scripts/") { self.root.join(program) } else { PathBuf::from(program) };
+        let mut c = Command::new(program);
+        c.args(args).current_dir(&self.root).env_remove("LIBCLANG_PATH");
+        for &(k, v) in env {
+            // An empty value removes the variable (RDMA_TEST_REQUIRE_DEVICE for the host's tests).
+            if v.is_empty() && k == "RDMA_TEST_REQUIRE_DEVICE" {
+                c.env_remove(k);
+            } else {
+                c.env(k, v);
+            }
+        }
+        c
+    }
+
+    fn cargo(&self, args: &[&str], env: &[(&str, &str)]) -> Step {
+        self.sh(&std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()), args, env)
+    }
+
+    /// Runs a command with the terminal as its output; an error unless it succeeds.
+    fn sh(&self, program: &str, args: &[&str], env: &[(&str, &str)]) -> Step {
+        let status = self.command(program, args, env).status().map_err(|e| format!("{program}: {e}"))?;
+        if !status.success() {
+            return Err(format!("{program} {} failed ({status})", args.join(" ")));
+        }
+        Ok(())
+    }
+
+    /// Runs a command, its stdout and stderr both to the terminal and to the results log.
+    fn tee(&mut self, program: &str, args: &[&str], env: &[(&str, &str)]) -> Step {
+        let program = if program == "cargo" {
+            std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
+        } else {
+            program.to_owned()
+        };
+        let inner = self.command(&program, args, env);
+        // Both streams into one pipe, in order: through the shell's `2>&1`.
+        let mut c = Command::new("bash");
+        c.arg("-c").arg("exec \"$@\" 2>&1").arg("--").arg(inner.get_program()).args(inner.get_args());
+        c.current_dir(&self.root).env_remove("LIBCLANG_PATH").stdout(Stdio::piped());
+        for (k, v) in inner.get_envs() {
+            match v {
+                Some(v) => c.env(k, v),
+                None => c.env_remove(k),
+            };
+        }
+        let mut child = c.spawn().map_err(|e| format!("{program}: {e}"))?;
+        let out = child.stdout.take().expect("piped");
+        let mut stdout = std::io::stdout();
+        for line in BufReader::new(out).lines() {
+            let line = line.map_err(|e| e.to_string())?;
+            let _ = writeln!(stdout, "{line}");
+            writeln!(self.results, "{line}").map_err(|e| e.to_string())?;
+        }
+        let status = child.wait().map_err(|e| e.to_string())?;
+        if !status.success() {
+            return Err(format!("{program} {} ({status})", args.join(" ")));
+        }
+        Ok(())
+    }
+
+    /// `cargo package` of each library crate, built from its `.crate`.
+    ///
+    /// Path dependencies between the crates resolve through cargo's temporary local registry,
+    /// whose unpacked sources and builds cargo keeps by name and version, so a package check
+    /// would compile against an earlier run's crates: both are removed first (the checks build
+    /// in a target directory of their own, so the main one stays warm).
+    fn package(&self) -> Step {
+        let cargo_home = std::env::var_os("CARGO_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
+            .ok_or("neither CARGO_HOME nor HOME is set")?;
+        if let Ok(registries) = std::fs::read_dir(cargo_home.join("registry/src")) {
+            for registry in registries.flatten() {
+                if !registry.file_name().to_string_lossy().starts_with('-') {
+                    continue;
+                }
+                for krate in std::fs::read_dir(registry.path()).into_iter().flatten().flatten() {
+                    if krate.file_name().to_string_lossy().starts_with("rdma-") {
+                        let _ = std::fs::remove_dir_all(krate.path());
+                    }
+                }
+            }
+        }
+        let target = target_dir(&self.root).join("package-check");
+        let target = target.to_str().ok_or("a non-UTF-8 target directory")?;
+        let env = [("CARGO_TARGET_DIR", target)];
+        let each: Vec<&str> = PUBLISHED.iter().flat_map(|p| ["-p", p]).collect();
+        let _ =
+            self.command("cargo", &[&["clean", "--quiet"][..], &each].concat(), &env).stderr(Stdio::null()).status();
+        let exclude = ["--exclude", "testkit", "--exclude", "rdma-tools", "--exclude", "xtask"];
+        self.cargo(
+            &[&["package", "--workspace"][..], &exclude, &["--locked", "--allow-dirty", "--quiet"]].concat(),
+            &env,
+        )
+    }
+}
