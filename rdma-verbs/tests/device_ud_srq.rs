@@ -131,9 +131,14 @@ fn uc_send_and_rdma_write() {
             sb.post_recv(&mut [RecvRequest::new(1, &buf)]).unwrap();
             a.scope(T, |sa| -> rdma_verbs::Result<_> {
                 let src = [ma.sge(0..1000).unwrap()];
+                // The WRITE first: UC acknowledges nothing, so a send completion says only that
+                // the request left. The responder places a QP's requests in order, so once the
+                // SEND behind it has arrived (the receive completed), the WRITE has landed. (Sent
+                // after the SEND, the WRITE could still be on its way when the region is read:
+                // seen once in CI, the region still zero.)
                 sa.post_send(&mut [
-                    SendRequest::send(2, &src),
                     SendRequest::write(3, &src, mb.remote().slice(5000, 1000).unwrap()),
+                    SendRequest::send(2, &src),
                 ])
                 .unwrap();
                 let mut wcs: [WorkCompletion; 2] = Default::default();
