@@ -175,6 +175,12 @@ impl Error {
         Error::Verb { verb, device: device.map(str::to_owned), errno }
     }
 
+    /// A post verb's refusal: `errno` as it returned it, and how many of the caller's requests
+    /// were posted before the one it refused.
+    pub(crate) fn post_failed(verb: &'static str, device: &str, errno: i32, posted: usize) -> Self {
+        Error::PostFailed { verb, device: Some(device.to_owned()), errno, posted }
+    }
+
     pub(crate) fn invalid(verb: &'static str, device: Option<&str>, reason: impl Into<String>) -> Self {
         Error::InvalidArgument { verb, device: device.map(str::to_owned), reason: reason.into() }
     }

@@ -412,12 +412,7 @@ impl<'res> RecvRing<'res> {
             self.free_positions.push(position);
         }
         if rc != 0 {
-            return Err(Error::PostFailed {
-                verb,
-                device: Some(self.device().to_owned()),
-                errno: rc,
-                posted: usize::from(posted),
-            });
+            return Err(Error::post_failed(verb, self.device(), rc, usize::from(posted)));
         }
         Ok(())
     }

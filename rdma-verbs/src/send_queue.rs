@@ -384,12 +384,7 @@ impl<'res, T: Connected> SendQueue<'res, T> {
         }
         self.next_seq += posted as u64;
         if rc != 0 {
-            return Err(Error::PostFailed {
-                verb: "ibv_post_send",
-                device: Some(self.qp.device().to_owned()),
-                errno: rc,
-                posted,
-            });
+            return Err(Error::post_failed("ibv_post_send", self.qp.device(), rc, posted));
         }
         Ok(posted)
     }

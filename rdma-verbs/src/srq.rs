@@ -231,12 +231,7 @@ impl<'pd> SharedReceiveQueue<'pd> {
         let rc = unsafe { ffi::ibv_post_srq_recv(self.raw.as_ptr(), first, &mut bad) };
         if rc != 0 {
             let posted = crate::wr::index_of_recv(wrs, bad);
-            return Err(Error::PostFailed {
-                verb: "ibv_post_srq_recv",
-                device: Some(self.device.clone()),
-                errno: rc,
-                posted,
-            });
+            return Err(Error::post_failed("ibv_post_srq_recv", &self.device, rc, posted));
         }
         Ok(())
     }

@@ -54,12 +54,7 @@ impl<'res, T: Transport> QueuePair<'res, T, ReadyToSend> {
         let rc = unsafe { ffi::ibv_post_send(self.inner.raw.as_ptr(), first, &mut bad) };
         if rc != 0 {
             let posted = crate::wr::index_of_send(wrs, bad);
-            return Err(Error::PostFailed {
-                verb: "ibv_post_send",
-                device: Some(device.to_owned()),
-                errno: rc,
-                posted,
-            });
+            return Err(Error::post_failed("ibv_post_send", device, rc, posted));
         }
         Ok(())
     }
@@ -102,12 +97,7 @@ impl<'res, T: Transport, S: CanPostRecv> QueuePair<'res, T, S> {
         let rc = unsafe { ffi::ibv_post_recv(self.inner.raw.as_ptr(), first, &mut bad) };
         if rc != 0 {
             let posted = crate::wr::index_of_recv(wrs, bad);
-            return Err(Error::PostFailed {
-                verb: "ibv_post_recv",
-                device: Some(device.to_owned()),
-                errno: rc,
-                posted,
-            });
+            return Err(Error::post_failed("ibv_post_recv", device, rc, posted));
         }
         Ok(())
     }
