@@ -148,8 +148,11 @@ fn artifact(m: &Value, benches: bool, prefix: &str, name: Option<&str>) -> Optio
 
 /// `cargo xtask msrv`: see the module docs.
 pub(crate) fn msrv() -> Result<(), String> {
+    // Every optional feature (tokio, rdma-sys) counts; dependencies behind a `cfg` the host's
+    // build does not set (tokio's `tokio_taskdump`) do not.
+    let host = host_triple()?;
     let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args(["metadata", "--format-version", "1", "--locked"])
+        .args(["metadata", "--format-version", "1", "--locked", "--all-features", "--filter-platform", &host])
         .output()
         .map_err(|e| format!("cargo metadata: {e}"))?;
     if !out.status.success() {
@@ -202,6 +205,16 @@ pub(crate) fn msrv() -> Result<(), String> {
     }
     println!("MSRV {}: every locked dependency of {} allows it", want.join("."), LIBRARY_CRATES.join(", "));
     Ok(())
+}
+
+/// The host's target triple, from `rustc -vV`.
+fn host_triple() -> Result<String, String> {
+    let out = Command::new("rustc").arg("-vV").output().map_err(|e| format!("rustc -vV: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| l.strip_prefix("host: "))
+        .map(str::to_owned)
+        .ok_or_else(|| "rustc -vV named no host".into())
 }
 
 /// `cargo xtask totals`: see the module docs.
