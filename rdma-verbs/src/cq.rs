@@ -27,6 +27,9 @@ pub struct CompletionChannel<'ctx> {
     ctx: Parent<'ctx, Context>,
     /// The CQs that report to it now.
     cqs: AtomicUsize,
+    /// The fd's registration with the tokio reactor, made by the first async wait.
+    #[cfg(feature = "tokio")]
+    reactor: crate::reactor::Registration,
 }
 
 // SAFETY: ibv_get_cq_event on one channel from several threads is allowed by libibverbs; the
@@ -80,7 +83,13 @@ impl<'ctx> CompletionChannel<'ctx> {
         let raw = unsafe { ffi::ibv_create_comp_channel(ctx.as_raw()) };
         let raw = NonNull::new(raw).ok_or_else(|| Error::last_os_error("ibv_create_comp_channel", Some(ctx.name())))?;
         ctx.registry().add(crate::registry::Kind::Channel, raw.as_ptr());
-        let channel = CompletionChannel { raw, ctx, cqs: AtomicUsize::new(0) };
+        let channel = CompletionChannel {
+            raw,
+            ctx,
+            cqs: AtomicUsize::new(0),
+            #[cfg(feature = "tokio")]
+            reactor: Default::default(),
+        };
         // Non-blocking, so that a thread that lost an event to another (both saw the fd
         // readable) gets EAGAIN and waits again instead of blocking past its timeout.
         set_nonblocking(channel.as_raw_fd(), "ibv_create_comp_channel", channel.ctx.name())?;
@@ -217,6 +226,46 @@ impl<'ctx> CompletionChannel<'ctx> {
         Ok(Some(CompletionEvent { cq }))
     }
 
+    /// How many CQs report to this channel now.
+    pub fn cq_count(&self) -> usize {
+        self.cqs.load(Ordering::Relaxed)
+    }
+
+    /// Awaits an event of the channel on the tokio reactor (the channel's fd is registered
+    /// with the runtime of the first async wait, and stays so until the channel is dropped),
+    /// for at most `recheck` when given; reads and acknowledges every event pending. `true`
+    /// when an event came. Several tasks may await one channel: each is woken.
+    ///
+    /// Cancellation-safe: it takes events only after its last await, and returns at once.
+    ///
+    /// # Errors
+    /// [`Error::NoRuntime`] outside a tokio runtime; [`Error::Verb`] when reading an event
+    /// fails.
+    ///
+    /// # Panics
+    /// As tokio's own IO types and timers: in a runtime built without IO, or without time when
+    /// `recheck` is given (`Builder::enable_all` enables both).
+    #[cfg(feature = "tokio")]
+    pub async fn readable_async(&self, recheck: Option<Duration>) -> Result<bool> {
+        let device = self.ctx.name();
+        let fd = self.reactor.get_or_register(self.as_raw_fd(), "ibv_get_cq_event", device)?;
+        let ready = fd.readable();
+        let guard = match recheck {
+            None => ready.await,
+            Some(d) => match tokio::time::timeout(d, ready).await {
+                Ok(r) => r,
+                Err(_elapsed) => return Ok(false),
+            },
+        };
+        let mut guard = guard.map_err(|e| crate::reactor::io_error("ibv_get_cq_event", device, &e))?;
+        let mut woken = false;
+        while self.try_recv()?.is_some() {
+            woken = true;
+        }
+        guard.clear_ready();
+        Ok(woken)
+    }
+
     /// The raw `struct ibv_comp_channel *`. It stays owned by `self`.
     pub fn as_raw(&self) -> *mut ffi::ibv_comp_channel {
         self.raw.as_ptr()
@@ -246,6 +295,10 @@ impl AsFd for CompletionChannel<'_> {
 impl Drop for CompletionChannel<'_> {
     #[doc(alias = "ibv_destroy_comp_channel")]
     fn drop(&mut self) {
+        // The reactor lets go of the fd before it is closed: once closed, its number may be
+        // another file's, and deregistering that would break someone else's waits.
+        #[cfg(feature = "tokio")]
+        self.reactor.deregister();
         // SAFETY: created by `ibv_create_comp_channel`, destroyed only here, after every CQ
         // that borrows it.
         let _ = self
@@ -335,6 +388,72 @@ impl<'ctx> CompletionQueue<'ctx> {
         let r = self.poll_owned(out);
         self.users.fetch_sub(1, Ordering::Release);
         r
+    }
+
+    /// Waits up to `timeout` for completions and polls them into `out` (at least one, at most
+    /// `out.len()`): polls, spinning for `policy`'s budget, then arms the CQ and sleeps on its
+    /// completion channel ([`CqWaiter`](crate::CqWaiter)); a CQ without a channel can only
+    /// spin. [`Duration::MAX`] waits without a deadline.
+    ///
+    /// Only one thread should wait on a CQ at a time, and on a channel only CQs waited for
+    /// this way or by the queues of this crate: an event read by someone else's wait would
+    /// leave this one asleep (see [`SHARED_CHANNEL_SLICE`](crate::SHARED_CHANNEL_SLICE) for
+    /// channels shared by several CQs).
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] when nothing came in time; [`Error::InvalidArgument`] for an empty
+    /// `out`; as [`poll`](Self::poll).
+    #[doc(alias = "ibv_poll_cq")]
+    #[doc(alias = "ibv_req_notify_cq")]
+    pub fn poll_wait<'o>(
+        &self,
+        out: &'o mut [WorkCompletion],
+        timeout: Duration,
+        policy: crate::WaitPolicy,
+    ) -> Result<&'o mut [WorkCompletion]> {
+        if out.is_empty() {
+            return Err(Error::invalid("ibv_poll_cq", Some(self.ctx.name()), "no room for a completion"));
+        }
+        let deadline = Deadline::after(timeout);
+        let mut waiter = crate::CqWaiter::new(policy);
+        loop {
+            let n = self.poll(out)?.len();
+            if n > 0 {
+                return Ok(&mut out[..n]);
+            }
+            if deadline.has_passed() {
+                return Err(Error::Timeout { what: "completions", after: timeout });
+            }
+            waiter.idle(&[self], deadline)?;
+        }
+    }
+
+    /// Awaits completions and polls them into `out` (feature `tokio`): [`poll_wait`] for async
+    /// code, with no timeout of its own. Cancellation-safe: completions are polled only in the
+    /// step that returns them.
+    ///
+    /// # Errors
+    /// As `poll_wait`; [`Error::InvalidArgument`] without a completion channel;
+    /// [`Error::NoRuntime`] outside a tokio runtime.
+    ///
+    /// [`poll_wait`]: Self::poll_wait
+    #[cfg(feature = "tokio")]
+    pub async fn poll_async<'o>(
+        &self,
+        out: &'o mut [WorkCompletion],
+        policy: crate::WaitPolicy,
+    ) -> Result<&'o mut [WorkCompletion]> {
+        if out.is_empty() {
+            return Err(Error::invalid("ibv_poll_cq", Some(self.ctx.name()), "no room for a completion"));
+        }
+        let mut waiter = crate::CqWaiter::new(policy);
+        loop {
+            let n = self.poll(out)?.len();
+            if n > 0 {
+                return Ok(&mut out[..n]);
+            }
+            waiter.idle_async(&[self], None).await?;
+        }
     }
 
     /// Marks the CQ as owned by `holder` (see `CqOwner`); `Err` with the present owner's busy

@@ -44,6 +44,15 @@ impl Deadline {
         self.0.is_some_and(|d| Instant::now() >= d)
     }
 
+    /// The earlier of two deadlines (no deadline is the latest).
+    #[must_use]
+    pub fn min(self, other: Deadline) -> Deadline {
+        match (self.0, other.0) {
+            (Some(a), Some(b)) => Deadline(Some(a.min(b))),
+            (a, b) => Deadline(a.or(b)),
+        }
+    }
+
     /// The time left as a `poll(2)` timeout: milliseconds rounded up, `-1` (wait forever)
     /// without a deadline, at most `c_int::MAX`.
     pub fn poll_timeout_ms(&self) -> libc::c_int {
@@ -80,5 +89,15 @@ mod tests {
         assert_eq!(d.poll_timeout_ms(), libc::c_int::MAX);
         assert!(Deadline::after(Duration::ZERO).has_passed());
         assert_eq!(Deadline::after(Duration::ZERO).poll_timeout_ms(), 0);
+    }
+
+    #[test]
+    fn min_is_the_earlier_and_never_is_the_latest() {
+        let (soon, late) = (Deadline::after(Duration::from_secs(1)), Deadline::after(Duration::from_secs(9)));
+        assert_eq!(soon.min(late), soon);
+        assert_eq!(late.min(soon), soon);
+        assert_eq!(Deadline::never().min(late), late);
+        assert_eq!(late.min(Deadline::never()), late);
+        assert_eq!(Deadline::never().min(Deadline::never()), Deadline::never());
     }
 }

@@ -63,6 +63,12 @@ pub enum Error {
         /// What was waited for, e.g. `"send completions"` or `"a received message"`.
         what: &'static str,
     },
+    /// An async wait was called outside a tokio runtime (feature `tokio`).
+    #[error("{what}: an async wait needs a tokio runtime (none is running on this thread)")]
+    NoRuntime {
+        /// What was waited for.
+        what: &'static str,
+    },
     /// A work request completed with an error status.
     #[error("work request {wr_id} completed with {status:?} (vendor error {vendor_err:#x})")]
     WorkCompletion {
@@ -149,6 +155,7 @@ impl Error {
             | Error::RemotelyWritable { .. }
             | Error::Timeout { .. }
             | Error::NothingToWaitFor { .. }
+            | Error::NoRuntime { .. }
             | Error::WorkCompletion { .. }
             | Error::Busy { .. }
             | Error::QueueFull { .. } => None,

@@ -152,6 +152,35 @@ impl Context {
         }
     }
 
+    /// Awaits the device's next asynchronous event (feature `tokio`):
+    /// [`recv_async_event`](Self::recv_async_event) for async code, with no timeout of its own.
+    /// The async-event fd is registered with the runtime's reactor by the library (until the
+    /// context is dropped). Several tasks may await at once: each event goes to one of them.
+    ///
+    /// Cancellation-safe: an event is read only in the step that returns it.
+    ///
+    /// # Errors
+    /// [`Error::NoRuntime`] outside a tokio runtime; [`Error::Verb`] when reading fails.
+    ///
+    /// # Panics
+    /// In a runtime without IO enabled, as tokio's own types.
+    #[cfg(feature = "tokio")]
+    #[doc(alias = "ibv_get_async_event")]
+    pub async fn recv_async_event_async(&self) -> Result<AsyncEvent> {
+        let what = "ibv_get_async_event";
+        let fd = self.reactor.get_or_register(self.async_fd(), what, self.name())?;
+        loop {
+            if let Some(event) = self.try_recv_async_event()? {
+                return Ok(event);
+            }
+            let mut guard = fd.readable().await.map_err(|e| crate::reactor::io_error(what, self.name(), &e))?;
+            if let Some(event) = self.try_recv_async_event()? {
+                return Ok(event);
+            }
+            guard.clear_ready();
+        }
+    }
+
     /// Takes the next asynchronous event if one is pending, without waiting.
     ///
     /// # Errors

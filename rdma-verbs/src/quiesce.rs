@@ -23,9 +23,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::cq::CompletionQueue;
 use crate::deadline::Deadline;
 use crate::ffi::ibv_qp_state::{IBV_QPS_ERR, IBV_QPS_RESET};
 use crate::qp::Inner;
+use crate::waiter::{CqWaiter, WaitPolicy};
 
 /// How long a drain waits, at least, for the completions of a flush before it resets the QP.
 ///
@@ -68,10 +70,13 @@ pub(crate) fn reset_before_destroy(qp: &Inner<'_>, poll_all: impl FnOnce()) {
 
 /// Steps 2 and 3: `poll` takes what completed and says whether nothing is outstanding any more;
 /// it is called at least once per phase, whatever the timeout, so that requests that already
-/// completed are never flushed for want of a look. `flush_first`: flush before the first wait
-/// too (receives, which only a peer completes otherwise).
+/// completed are never flushed for want of a look. Between polls it spins, then sleeps on
+/// `cqs` (the CQs the caller owns and polls: no other thread waits on them) as every wait does
+/// ([`CqWaiter`]). `flush_first`: flush before the first wait too (receives, which only a peer
+/// completes otherwise).
 pub(crate) fn quiesce(
     qp: &Inner<'_>,
+    cqs: &[&CompletionQueue<'_>],
     drain_timeout: Duration,
     flush_first: bool,
     mut poll: impl FnMut() -> bool,
@@ -79,11 +84,11 @@ pub(crate) fn quiesce(
     if flush_first {
         let _ = qp.set_state(IBV_QPS_ERR);
     }
-    if wait(drain_timeout, &mut poll) {
+    if wait(cqs, drain_timeout, &mut poll) {
         return if flush_first { Quiesced::Flushed } else { Quiesced::Completed };
     }
     let flushed = qp.set_state(IBV_QPS_ERR).is_ok();
-    if wait(drain_timeout.max(FLUSH_CONFIRM), &mut poll) {
+    if wait(cqs, drain_timeout.max(FLUSH_CONFIRM), &mut poll) {
         return Quiesced::Flushed;
     }
     Quiesced::Lost { flushed }
@@ -94,14 +99,19 @@ pub(crate) fn reset(qp: &Inner<'_>) -> bool {
     qp.set_state(IBV_QPS_RESET).is_ok()
 }
 
-fn wait(timeout: Duration, poll: &mut impl FnMut() -> bool) -> bool {
+fn wait(cqs: &[&CompletionQueue<'_>], timeout: Duration, poll: &mut impl FnMut() -> bool) -> bool {
     let deadline = Deadline::after(timeout);
+    let mut waiter = CqWaiter::new(WaitPolicy::default());
     loop {
         if poll() {
             return true;
         }
         if deadline.has_passed() {
             return false;
+        }
+        if waiter.idle(cqs, deadline).is_err() {
+            // Arming or sleeping failed: go on polling (a drain must reach its deadline).
+            std::hint::spin_loop();
         }
     }
 }

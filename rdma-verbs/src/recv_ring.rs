@@ -39,6 +39,7 @@ use crate::qp::{Inner, QueuePair};
 use crate::quiesce;
 use crate::send_queue::POLL_BATCH;
 use crate::srq::{RingRefusal, SharedReceiveQueue};
+use crate::waiter::{CqWaiter, WaitPolicy};
 use crate::wc::{WcOpcode, WcStatus, WorkCompletion};
 use crate::wr_id::{next_generation, tag, untag, Space};
 
@@ -194,6 +195,7 @@ pub struct RecvRing<'res> {
     wc_next: usize,
     wc_len: usize,
     drain_timeout: Duration,
+    wait_policy: WaitPolicy,
 }
 
 impl fmt::Debug for RecvRing<'_> {
@@ -312,6 +314,7 @@ impl<'res> RecvRing<'res> {
             wc_next: 0,
             wc_len: 0,
             drain_timeout,
+            wait_policy: WaitPolicy::default(),
         };
         ring.refill()?;
         Ok(ring)
@@ -440,37 +443,96 @@ impl<'res> RecvRing<'res> {
         }
     }
 
-    /// Waits up to `timeout` for the next message ([`Duration::MAX`]: no deadline).
+    /// Waits up to `timeout` for the next message ([`Duration::MAX`]: no deadline): polls,
+    /// spinning for the ring's [`WaitPolicy`], then sleeps on the CQ's completion channel
+    /// ([`CqWaiter`]). A ring whose CQ has no channel can only spin ([`can_sleep`](Self::can_sleep)).
     ///
     /// # Errors
     /// [`Error::Timeout`] when none came in time; [`Error::NothingToWaitFor`] at once when no
     /// receive is posted (every slot is out in a message, or kept with
     /// [`SlotMessage::into_slot`]): nothing can arrive until one is released or the ring
-    /// [refilled](Self::refill); as [`try_recv`](Self::try_recv).
+    /// [refilled](Self::refill); as [`try_recv`](Self::try_recv) and [`CqWaiter::idle`].
     ///
     /// On a QP in the error state its receives complete flushed (rxe needs the QP moved to error
     /// again for that: the ring does it when nothing came for 50 ms), so this wait ends there
     /// too.
     pub fn recv(&mut self, timeout: Duration) -> Result<SlotMessage<'res>> {
         let deadline = Deadline::after(timeout);
+        let mut waiter = CqWaiter::new(self.wait_policy);
         let mut reflush = Deadline::after(REFLUSH_AFTER);
         loop {
-            if let Some(msg) = self.try_recv()? {
+            if let Some(msg) = self.next_or_reflush(&mut reflush)? {
                 return Ok(msg);
-            }
-            if self.posted_count == 0 {
-                return Err(Error::NothingToWaitFor { what: "a received message" });
-            }
-            if reflush.has_passed() {
-                if let Some(qp) = &self.qp {
-                    qp.reflush_if_in_error();
-                }
-                reflush = Deadline::after(REFLUSH_AFTER);
             }
             if deadline.has_passed() {
                 return Err(Error::Timeout { what: "a received message", after: timeout });
             }
+            let until = if self.qp.is_some() { deadline.min(reflush) } else { deadline };
+            waiter.idle(&[self.cq.cq()], until)?;
         }
+    }
+
+    /// Awaits the next message (feature `tokio`): [`recv`](Self::recv) for async code, with no
+    /// timeout of its own (wrap it in `tokio::time::timeout`). The spin of the ring's
+    /// [`WaitPolicy`] yields to the runtime; then the task sleeps until the CQ's completion
+    /// channel, registered with the runtime's reactor by the library, has an event.
+    ///
+    /// Cancellation-safe: a message is taken from the CQ only in a step that returns it at
+    /// once, so a future dropped at any await (a `select!` branch that lost, a
+    /// `tokio::time::timeout`) has taken nothing: the message stays for the next call, and no
+    /// slot is held by the dropped future.
+    ///
+    /// # Errors
+    /// As `recv` (but no timeout); [`Error::InvalidArgument`] when the CQ has no completion
+    /// channel; [`Error::NoRuntime`] outside a tokio runtime.
+    ///
+    /// # Panics
+    /// In a runtime without IO or time enabled, as tokio's own types.
+    #[cfg(feature = "tokio")]
+    pub async fn recv_async(&mut self) -> Result<SlotMessage<'res>> {
+        let mut waiter = CqWaiter::new(self.wait_policy);
+        let mut reflush = Deadline::after(REFLUSH_AFTER);
+        loop {
+            if let Some(msg) = self.next_or_reflush(&mut reflush)? {
+                return Ok(msg);
+            }
+            let recheck = self.qp.is_some().then(|| reflush.remaining());
+            waiter.idle_async(&[self.cq.cq()], recheck).await?;
+        }
+    }
+
+    /// One poll of a wait: the next message, or `None` after moving a QP in error to error
+    /// again when `reflush` has passed (see [`recv`](Self::recv)).
+    fn next_or_reflush(&mut self, reflush: &mut Deadline) -> Result<Option<SlotMessage<'res>>> {
+        if let Some(msg) = self.try_recv()? {
+            return Ok(Some(msg));
+        }
+        if self.posted_count == 0 {
+            return Err(Error::NothingToWaitFor { what: "a received message" });
+        }
+        if reflush.has_passed() {
+            if let Some(qp) = &self.qp {
+                qp.reflush_if_in_error();
+            }
+            *reflush = Deadline::after(REFLUSH_AFTER);
+        }
+        Ok(None)
+    }
+
+    /// How the ring's waits wait: spin budget, then sleep (see [`WaitPolicy`]).
+    pub fn wait_policy(&self) -> WaitPolicy {
+        self.wait_policy
+    }
+
+    /// Sets how the ring's waits wait.
+    pub fn set_wait_policy(&mut self, policy: WaitPolicy) {
+        self.wait_policy = policy;
+    }
+
+    /// Whether the ring's waits can sleep: its CQ has a completion channel. Without one they
+    /// can only spin, a core each until a message or the timeout.
+    pub fn can_sleep(&self) -> bool {
+        CqWaiter::can_sleep(&[self.cq.cq()])
     }
 
     /// The message of a completion that is one of this ring's receives.
@@ -535,7 +597,7 @@ impl<'res> RecvRing<'res> {
             quiesce::reset_before_destroy(&qp, || self.discard_all());
             return Released::Done;
         }
-        let outcome = quiesce::quiesce(&qp, self.drain_timeout, true, || {
+        let outcome = quiesce::quiesce(&qp, &[&qp.recv_cq], self.drain_timeout, true, || {
             self.discard_all();
             self.posted_count == 0
         });
@@ -590,6 +652,31 @@ fn check(pool: &SlotPool<'_>, depth: u32, limit: u32, device: &str) -> Result<()
         });
     }
     Ok(())
+}
+
+#[cfg(feature = "tokio")]
+impl RecvRing<'static> {
+    /// Drops the ring without blocking the runtime (feature `tokio`): when receives are posted
+    /// and the ring is not its QP's or SRQ's last holder, the drop flushes the QP and waits for
+    /// the flushed receives (see the type's docs); that part runs on tokio's blocking pool
+    /// (`spawn_blocking`), awaited here. Otherwise the ring is dropped at once.
+    ///
+    /// Dropped before it finishes, the future drops the ring where it is: the plain drop.
+    ///
+    /// # Errors
+    /// [`Error::NoRuntime`] outside a tokio runtime (the ring is dropped, blocking).
+    pub async fn close_async(self) -> Result<()> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(Error::NoRuntime { what: "RecvRing::close_async" });
+        }
+        let quick = self.posted_count == 0
+            || self.qp.as_ref().is_some_and(quiesce::is_last_handle)
+            || self.srq.as_ref().is_some_and(|srq| Arc::strong_count(srq) == 1);
+        if quick {
+            return Ok(());
+        }
+        crate::reactor::drop_off_runtime(self).await
+    }
 }
 
 impl Drop for RecvRing<'_> {

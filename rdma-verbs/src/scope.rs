@@ -27,6 +27,7 @@ use crate::error::{Error, Result};
 use crate::qp::state::{CanPostRecv, QpState, ReadyToSend, Transport, TypeState};
 use crate::qp::QueuePair;
 use crate::quiesce::{self, Quiesced};
+use crate::waiter::{CqWaiter, WaitPolicy};
 use crate::wc::WorkCompletion;
 use crate::wr::{RecvRequest, SendRequest};
 use crate::wr_id::{scope_tag, untag_scope, RESERVED_WR_ID_BITS, SCOPE_RECV, SCOPE_SEND};
@@ -64,6 +65,7 @@ pub struct PostScope<'s, 'env: 's, T: Transport, S: TypeState> {
     sends: usize,
     recvs: usize,
     drain_timeout: Duration,
+    wait_policy: WaitPolicy,
     /// Dropped after `Drop::drop` drained: the CQs are released last.
     _claim: CqClaim<'env>,
     /// Invariant in 's, like `std::thread::Scope`: borrows given to the scope last exactly 's.
@@ -120,7 +122,15 @@ impl<'res, T: Transport, S: TypeState> QueuePair<'res, T, S> {
         E: From<Error>,
     {
         let claim = CqClaim::take(self.send_cq(), self.recv_cq())?;
-        let mut scope = PostScope { qp: self, sends: 0, recvs: 0, drain_timeout, _claim: claim, _scope: PhantomData };
+        let mut scope = PostScope {
+            qp: self,
+            sends: 0,
+            recvs: 0,
+            drain_timeout,
+            wait_policy: WaitPolicy::default(),
+            _claim: claim,
+            _scope: PhantomData,
+        };
         let r = f(&mut scope);
         let drained = scope.drain();
         match (r, drained) {
@@ -187,8 +197,10 @@ impl<'s, 'env, T: Transport, S: TypeState> PostScope<'s, 'env, T, S> {
         Ok(got)
     }
 
-    /// Polls until `n` completions arrived or `timeout` passed, writing them into `out`
-    /// (which must have room for `n`). [`Duration::MAX`] waits without a deadline.
+    /// Waits until `n` completions arrived or `timeout` passed, writing them into `out`
+    /// (which must have room for `n`): polls, spinning for the scope's [`WaitPolicy`], then
+    /// sleeps on the CQs' completion channel(s) ([`CqWaiter`]). [`Duration::MAX`] waits without
+    /// a deadline.
     ///
     /// # Errors
     /// [`Error::Timeout`] when fewer came in time (those that came are lost to the caller but
@@ -211,6 +223,7 @@ impl<'s, 'env, T: Transport, S: TypeState> PostScope<'s, 'env, T, S> {
         }
         let deadline = Deadline::after(timeout);
         let mut reflush = Deadline::after(crate::recv_ring::REFLUSH_AFTER);
+        let mut waiter = CqWaiter::new(self.wait_policy);
         let mut got = 0;
         while got < n {
             if n - got > self.outstanding() {
@@ -224,12 +237,26 @@ impl<'s, 'env, T: Transport, S: TypeState> PostScope<'s, 'env, T, S> {
                 }
                 reflush = Deadline::after(crate::recv_ring::REFLUSH_AFTER);
             }
-            got += self.poll(&mut out[got..n])?.len();
-            if got < n && deadline.has_passed() {
+            let now = self.poll(&mut out[got..n])?.len();
+            got += now;
+            if now > 0 {
+                waiter.reset();
+                continue;
+            }
+            if deadline.has_passed() {
                 return Err(Error::Timeout { what: "completions", after: timeout });
             }
+            let until = if self.recvs > 0 { deadline.min(reflush) } else { deadline };
+            let qp = self.qp.shared();
+            waiter.idle(&[&qp.send_cq, &qp.recv_cq], until)?;
         }
         Ok(&mut out[..n])
+    }
+
+    /// How the scope's waits wait: spin budget, then sleep on the CQs' channel(s) (see
+    /// [`WaitPolicy`]; CQs without a channel can only spin).
+    pub fn set_wait_policy(&mut self, policy: WaitPolicy) {
+        self.wait_policy = policy;
     }
 
     /// Refuses `sends` + `recvs` more requests if the QP's queues or its CQs could not hold them
@@ -269,7 +296,7 @@ impl<'s, 'env, T: Transport, S: TypeState> PostScope<'s, 'env, T, S> {
         let mut first_error = None;
         let mut buf: [WorkCompletion; 16] = Default::default();
         let qp = self.qp.shared();
-        let outcome = quiesce::quiesce(qp, self.drain_timeout, false, || {
+        let outcome = quiesce::quiesce(qp, &[&qp.send_cq, &qp.recv_cq], self.drain_timeout, false, || {
             // A polling error must not end the scope early (the borrows would end while the NIC
             // may still write): keep trying until the deadline, then escalate.
             let _ = self.poll_counting(&mut buf, |wc| {

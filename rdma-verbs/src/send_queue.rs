@@ -40,6 +40,7 @@ use crate::qp::state::{Connected, ReadyToSend};
 use crate::qp::{Inner, QueuePair};
 use crate::quiesce::{self, Quiesced};
 use crate::request::{Op, PostError, Rejected, SlotCompletion, SlotRequest};
+use crate::waiter::{CqWaiter, WaitPolicy};
 use crate::wc::{WcStatus, WorkCompletion};
 use crate::wr_id::{next_generation, tag, untag, Space, LOW_MASK};
 
@@ -106,6 +107,7 @@ pub struct SendQueue<'res, T: Connected> {
     wc_next: usize,
     wc_len: usize,
     drain_timeout: Duration,
+    wait_policy: WaitPolicy,
     _transport: PhantomData<T>,
 }
 
@@ -153,6 +155,7 @@ impl<'res, T: Connected> SendQueue<'res, T> {
             wc_next: 0,
             wc_len: 0,
             drain_timeout,
+            wait_policy: WaitPolicy::default(),
             _transport: PhantomData,
         })
     }
@@ -433,33 +436,34 @@ impl<'res, T: Connected> SendQueue<'res, T> {
         (seq < self.next_seq).then_some(seq)
     }
 
-    /// Polls until at least one request completed or `timeout` passed, calling `f` as
-    /// [`poll`](Self::poll) does. [`Duration::MAX`] waits without a deadline.
+    /// Waits until at least one request completed or `timeout` passed, calling `f` as
+    /// [`poll`](Self::poll) does: polls, spinning for the queue's [`WaitPolicy`], then sleeps on
+    /// the send CQ's completion channel ([`CqWaiter`]; without a channel it can only spin, see
+    /// [`can_sleep`](Self::can_sleep)). [`Duration::MAX`] waits without a deadline.
     ///
     /// # Errors
     /// [`Error::Timeout`] when nothing completed in time; [`Error::NothingToWaitFor`] at once
     /// when nothing is in flight (requests pushed but not [submitted](Self::submit) cannot
     /// complete), or when only requests posted unsignaled are (after a [`submit`](Self::submit)
     /// the provider refused part of: they report only a failure; the next submit covers them);
-    /// as `poll`.
+    /// as `poll` and [`CqWaiter::idle`].
     pub fn wait(&mut self, timeout: Duration, mut f: impl FnMut(SlotCompletion<'res>)) -> Result<usize> {
         let deadline = Deadline::after(timeout);
+        let mut waiter = CqWaiter::new(self.wait_policy);
         loop {
-            let n = self.poll(&mut f)?;
+            let n = self.poll_or_stop("send completions", &mut f)?;
             if n > 0 {
                 return Ok(n);
-            }
-            if !self.can_complete() {
-                return Err(Error::NothingToWaitFor { what: "send completions" });
             }
             if deadline.has_passed() {
                 return Err(Error::Timeout { what: "send completions", after: timeout });
             }
+            waiter.idle(&[self.cq.cq()], deadline)?;
         }
     }
 
-    /// Polls until nothing is in flight or `timeout` passed, calling `f` as
-    /// [`poll`](Self::poll) does.
+    /// Waits until nothing is in flight or `timeout` passed, calling `f` as
+    /// [`poll`](Self::poll) does, waiting as [`wait`](Self::wait) does.
     ///
     /// # Errors
     /// [`Error::Timeout`] when requests are still in flight at the deadline;
@@ -467,16 +471,112 @@ impl<'res, T: Connected> SendQueue<'res, T> {
     /// [`wait`](Self::wait)); as `poll`.
     pub fn drain(&mut self, timeout: Duration, mut f: impl FnMut(SlotCompletion<'res>)) -> Result<()> {
         let deadline = Deadline::after(timeout);
+        let mut waiter = CqWaiter::new(self.wait_policy);
         while !self.held.is_empty() {
-            self.poll(&mut f)?;
-            if !self.held.is_empty() && !self.can_complete() {
-                return Err(Error::NothingToWaitFor { what: "draining a send queue" });
+            if self.poll_or_stop("draining a send queue", &mut f)? > 0 {
+                waiter.reset();
+                continue;
             }
-            if !self.held.is_empty() && deadline.has_passed() {
+            if deadline.has_passed() {
                 return Err(Error::Timeout { what: "draining a send queue", after: timeout });
             }
+            waiter.idle(&[self.cq.cq()], deadline)?;
         }
         Ok(())
+    }
+
+    /// Awaits at least one completion (feature `tokio`), calling `f` as [`poll`](Self::poll)
+    /// does: [`wait`](Self::wait) for async code, with no timeout of its own (wrap it in
+    /// `tokio::time::timeout`). The channel is registered with the runtime by the library.
+    ///
+    /// Cancellation-safe: completions are taken and handed to `f` only in a step that then
+    /// returns, so a future dropped at its await has taken none; they stay for the next call.
+    ///
+    /// # Errors
+    /// As `wait` (but no timeout); [`Error::InvalidArgument`] when the CQ has no completion
+    /// channel; [`Error::NoRuntime`] outside a tokio runtime.
+    ///
+    /// # Panics
+    /// In a runtime without IO enabled, as tokio's own types.
+    #[cfg(feature = "tokio")]
+    pub async fn wait_async(&mut self, mut f: impl FnMut(SlotCompletion<'res>)) -> Result<usize> {
+        let mut waiter = CqWaiter::new(self.wait_policy);
+        loop {
+            let n = self.poll_or_stop("send completions", &mut f)?;
+            if n > 0 {
+                return Ok(n);
+            }
+            waiter.idle_async(&[self.cq.cq()], None).await?;
+        }
+    }
+
+    /// Awaits until nothing is in flight (feature `tokio`): [`drain`](Self::drain) for async
+    /// code, as cancellation-safe as [`wait_async`](Self::wait_async).
+    ///
+    /// # Errors
+    /// As `wait_async`.
+    #[cfg(feature = "tokio")]
+    pub async fn drain_async(&mut self, mut f: impl FnMut(SlotCompletion<'res>)) -> Result<()> {
+        while !self.held.is_empty() {
+            self.wait_async(&mut f).await?;
+        }
+        Ok(())
+    }
+
+    /// Awaits room for `n` more requests (feature `tokio`): while the queue is full, awaits
+    /// completions (handed to `f`) until [`room`](Self::room) is at least `n`. Then
+    /// [`push`](Self::push) or [`post`](Self::post) cannot fail for want of room.
+    ///
+    /// Cancellation-safe as [`wait_async`](Self::wait_async); nothing is posted by it, so a
+    /// dropped future leaves every request where it was.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `n` is more than the queue's
+    /// [`capacity`](Self::capacity); as `wait_async` ([`Error::NothingToWaitFor`] when the
+    /// queue is full of requests that cannot complete: staged ones are submitted first, so
+    /// that does not happen through `push` alone).
+    #[cfg(feature = "tokio")]
+    pub async fn ready_async(&mut self, n: usize, mut f: impl FnMut(SlotCompletion<'res>)) -> Result<()> {
+        if n > self.depth {
+            return Err(Error::invalid(
+                "ibv_post_send",
+                Some(self.qp.device()),
+                format!("room for {n} requests wanted, the queue holds {}", self.depth),
+            ));
+        }
+        while self.room() < n {
+            if !self.staged.is_empty() {
+                self.submit()?;
+            }
+            self.wait_async(&mut f).await?;
+        }
+        Ok(())
+    }
+
+    /// One poll of a wait; [`Error::NothingToWaitFor`] (`what`) when nothing came and nothing
+    /// in flight can complete.
+    fn poll_or_stop(&mut self, what: &'static str, f: &mut impl FnMut(SlotCompletion<'res>)) -> Result<usize> {
+        let n = self.poll(f)?;
+        if n == 0 && !self.can_complete() {
+            return Err(Error::NothingToWaitFor { what });
+        }
+        Ok(n)
+    }
+
+    /// How the queue's waits wait: spin budget, then sleep (see [`WaitPolicy`]).
+    pub fn wait_policy(&self) -> WaitPolicy {
+        self.wait_policy
+    }
+
+    /// Sets how the queue's waits wait.
+    pub fn set_wait_policy(&mut self, policy: WaitPolicy) {
+        self.wait_policy = policy;
+    }
+
+    /// Whether the queue's waits can sleep: its send CQ has a completion channel. Without one
+    /// they can only spin, a core each until a completion or the timeout.
+    pub fn can_sleep(&self) -> bool {
+        CqWaiter::can_sleep(&[self.cq.cq()])
     }
 
     /// Whether a completion will come for a request in flight even if all succeed: one of them
@@ -495,7 +595,7 @@ impl<'res, T: Connected> SendQueue<'res, T> {
             quiesce::reset_before_destroy(&qp, || while self.poll(drop).is_ok_and(|n| n > 0) {});
             return true;
         }
-        let outcome = quiesce::quiesce(&qp, self.drain_timeout, false, || {
+        let outcome = quiesce::quiesce(&qp, &[&qp.send_cq], self.drain_timeout, false, || {
             let _ = self.poll(drop);
             self.held.is_empty()
         });
@@ -514,6 +614,34 @@ impl<'res, T: Connected> SendQueue<'res, T> {
                 false
             }
         }
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl<T: Connected + 'static> SendQueue<'static, T> {
+    /// Drops the queue without blocking the runtime (feature `tokio`): awaits the requests in
+    /// flight for up to the drain timeout (their completions are discarded: call
+    /// [`drain_async`](Self::drain_async) first to see them), and if some are still in flight,
+    /// runs the blocking part of the drop (flush, wait, reset: see the type's docs) on tokio's
+    /// blocking pool (`spawn_blocking`), awaiting it.
+    ///
+    /// Dropped before it finishes, the future drops the queue where it is: the plain drop,
+    /// which may block the thread for the drain timeout.
+    ///
+    /// # Errors
+    /// [`Error::NoRuntime`] outside a tokio runtime (the queue is dropped, blocking).
+    pub async fn close_async(mut self) -> Result<()> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(Error::NoRuntime { what: "SendQueue::close_async" });
+        }
+        self.staged.clear();
+        if self.can_complete() {
+            let _ = tokio::time::timeout(self.drain_timeout, self.drain_async(drop)).await;
+        }
+        if self.held.is_empty() {
+            return Ok(());
+        }
+        crate::reactor::drop_off_runtime(self).await
     }
 }
 

@@ -302,3 +302,63 @@ pub fn changed_bytes(p: *const u8, len: usize) -> usize {
     // SAFETY: the caller passes a pointer into a live slice of at least `len` bytes.
     (0..len).filter(|&i| unsafe { std::ptr::read_volatile(p.add(i)) } != 0).count()
 }
+
+/// One end of an echo link: a send queue and a receive ring on a QP whose two CQs report to one
+/// completion channel, all owned (`'static`), with a pool to send from.
+pub struct Link {
+    pub sq: SendQueue<'static, Rc>,
+    pub ring: RecvRing<'static>,
+    pub pool: SlotPool<'static>,
+}
+
+/// `n` connected pairs of [`Link`]s, client (on the client's device) and server (on the
+/// server's), each QP's CQs on a channel of their own when `channels`, else none (spin only).
+pub fn echo_links(topo: &testkit::Topology, n: usize, channels: bool) -> Vec<(Link, Link)> {
+    let (ctx_c, pd_c) = open_shared(&topo.client.device);
+    let (ctx_s, pd_s) = open_shared(&topo.server.device);
+    let end = |ctx: &Arc<Context>, pd: &Arc<ProtectionDomain<'static>>| {
+        let ch = channels.then(|| Arc::new(CompletionChannel::new(ctx.clone()).unwrap()));
+        let cq = || Arc::new(CompletionQueue::new(ctx.clone(), 64, ch.clone().map(Into::into)).unwrap());
+        let attr = QpCreateAttr::new(cq(), cq()).caps(caps(32, 32));
+        let qp = QueuePair::<Rc, Reset>::create(pd.clone(), attr)
+            .unwrap()
+            .init(InitAttr::new(topo.port).access(AccessFlags::LOCAL_WRITE))
+            .unwrap();
+        let ring_pool = SlotPool::new(pd.clone(), 64, 16, AccessFlags::LOCAL_WRITE).unwrap();
+        let ring = RecvRing::new(&qp, ring_pool, 16, T).unwrap();
+        let pool = SlotPool::new(pd.clone(), 64, 32, AccessFlags::LOCAL_WRITE).unwrap();
+        (qp, ring, pool)
+    };
+    (0..n)
+        .map(|_| {
+            let (qc, rc, pc) = end(&ctx_c, &pd_c);
+            let (qs, rs, ps) = end(&ctx_s, &pd_s);
+            let (qc, qs) = connect_pair(topo, qc, qs);
+            let link = |qp: QueuePair<'static, Rc, ReadyToSend>, ring, pool| Link {
+                sq: SendQueue::new(&qp, T).unwrap(),
+                ring,
+                pool,
+            };
+            (link(qc, rc, pc), link(qs, rs, ps))
+        })
+        .collect()
+}
+
+/// Sends `bytes` from a slot of `link`'s pool, taking completions (and checking them) as room
+/// is needed.
+pub fn send_bytes(link: &mut Link, bytes: &[u8]) {
+    while link.sq.room() == 0 || link.pool.available() == 0 {
+        link.sq.wait(T, |c| c.ok().unwrap()).unwrap();
+    }
+    let mut slot = link.pool.try_take().unwrap();
+    slot.write_at(0, bytes).unwrap();
+    link.sq.post(SlotRequest::send(slot, bytes.len())).map_err(Error::from).unwrap();
+}
+
+/// The CPU time the calling thread has used.
+pub fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid out-pointer.
+    assert_eq!(unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) }, 0);
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}

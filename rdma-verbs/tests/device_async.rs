@@ -1,0 +1,203 @@
+//! Device tests of the async front (feature `tokio`, issue 20): `RecvRing::recv_async`,
+//! `SendQueue::wait_async`/`ready_async`, on current-thread and multi-thread runtimes; an idle
+//! task costs no core; futures dropped mid-wait lose no message and leak nothing.
+#![cfg(feature = "tokio")]
+
+mod common;
+
+use std::future::Future;
+use std::pin::pin;
+use std::task::{Context as TaskContext, Poll, RawWaker, RawWakerVTable, Waker};
+use std::time::{Duration, Instant};
+
+use common::*;
+use rdma_verbs::*;
+
+fn current_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+}
+
+fn multi_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+/// Sends `bytes` from `link`, awaiting room (and taking completions) when the queue is full.
+async fn send_async(link: &mut Link, bytes: &[u8]) {
+    while link.pool.available() == 0 {
+        link.sq.wait_async(|c| c.ok().unwrap()).await.unwrap();
+    }
+    link.sq.ready_async(1, |c| c.ok().unwrap()).await.unwrap();
+    let mut slot = link.pool.try_take().unwrap();
+    slot.write_at(0, bytes).unwrap();
+    link.sq.post(SlotRequest::send(slot, bytes.len())).map_err(Error::from).unwrap();
+}
+
+/// Serves echo on `link` until `n` messages were answered.
+async fn echo(mut link: Link, n: usize) -> Link {
+    for _ in 0..n {
+        let msg = link.ring.recv_async().await.unwrap();
+        let bytes = msg.bytes().to_vec();
+        link.ring.release(msg).unwrap();
+        send_async(&mut link, &bytes).await;
+    }
+    link.sq.drain_async(|c| c.ok().unwrap()).await.unwrap();
+    link
+}
+
+/// `n` round trips from `link`, each reply checked.
+async fn client(mut link: Link, id: u32, n: u32) -> Link {
+    for i in 0..n {
+        let msg = [id.to_le_bytes(), i.to_le_bytes()].concat();
+        send_async(&mut link, &msg).await;
+        let reply = link.ring.recv_async().await.unwrap();
+        assert_eq!(reply.bytes(), msg, "client {id}, round trip {i}");
+        link.ring.release(reply).unwrap();
+    }
+    link.sq.drain_async(|c| c.ok().unwrap()).await.unwrap();
+    link
+}
+
+/// 32 clients x 1,000 round trips against 32 echo tasks, all on one runtime.
+fn serve_32_clients(rt: tokio::runtime::Runtime) {
+    let topo = testkit::require_topology!();
+    let links = echo_links(&topo, 32, true);
+    let start = Instant::now();
+    let links = rt.block_on(async {
+        let tasks: Vec<_> = links
+            .into_iter()
+            .enumerate()
+            .map(|(id, (c, s))| {
+                let server = tokio::spawn(echo(s, 1000));
+                let client = tokio::spawn(client(c, id as u32, 1000));
+                (client, server)
+            })
+            .collect();
+        let mut done = Vec::new();
+        for (c, s) in tasks {
+            done.push((c.await.unwrap(), s.await.unwrap()));
+        }
+        done
+    });
+    println!("32 clients x 1000 round trips: {:?}", start.elapsed());
+    // Dropped inside the runtime through close_async: no blocking drop on a worker.
+    rt.block_on(async {
+        for (c, s) in links {
+            for l in [c, s] {
+                l.sq.close_async().await.unwrap();
+                l.ring.close_async().await.unwrap();
+            }
+        }
+    });
+}
+
+#[test]
+fn a_current_thread_runtime_serves_32_clients() {
+    serve_32_clients(current_thread());
+}
+
+#[test]
+fn a_multi_thread_runtime_serves_32_clients() {
+    serve_32_clients(multi_thread());
+}
+
+/// An idle task awaiting a message costs no core: 10 s of `recv_async` on a current-thread
+/// runtime, measured on the runtime's thread (printed).
+#[test]
+fn an_idle_async_wait_sleeps() {
+    let topo = testkit::require_topology!();
+    let (_c, mut server) = echo_links(&topo, 1, true).pop().unwrap();
+    let rt = current_thread();
+    let (cpu, wall) = (thread_cpu(), Instant::now());
+    let r = rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), server.ring.recv_async()).await });
+    let (cpu, wall) = (thread_cpu() - cpu, wall.elapsed());
+    assert!(r.is_err(), "a message came on an idle link");
+    let share = cpu.as_secs_f64() / wall.as_secs_f64();
+    println!("idle connection, async wait: {cpu:?} of CPU in {wall:?} ({:.3}% of a core)", share * 100.0);
+    assert!(share < 0.10, "an idle async wait used {:.1}% of a core", share * 100.0);
+}
+
+/// Futures of `recv_async` dropped mid-wait (by `tokio::time::timeout`) 1,000 times while
+/// messages arrive at random moments: every message is received once, in order; afterwards
+/// every slot is back and `rdma resource show` is at its baseline.
+#[test]
+fn dropped_futures_lose_no_message_and_leak_nothing() {
+    let topo = testkit::require_topology!();
+    let baseline = testkit::resource_counts(&topo.server.device);
+    {
+        let (mut client, mut server) = echo_links(&topo, 1, true).pop().unwrap();
+        const N: u32 = 300;
+        let sender = std::thread::spawn(move || {
+            let mut x = 0x2545_f491_u32;
+            for i in 0..N {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                std::thread::sleep(Duration::from_micros(u64::from(x % 4000)));
+                send_bytes(&mut client, &i.to_le_bytes());
+            }
+            client.sq.drain(T, |c| c.ok().unwrap()).unwrap();
+            client
+        });
+        let rt = current_thread();
+        let (got, dropped) = rt.block_on(async {
+            let (mut got, mut dropped) = (0u32, 0u32);
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while got < N || dropped < 1000 {
+                assert!(Instant::now() < deadline, "{got} messages, {dropped} dropped futures after 60 s");
+                let wait = Duration::from_micros(u64::from(dropped % 7) * 100 + 50);
+                match tokio::time::timeout(wait, server.ring.recv_async()).await {
+                    Ok(msg) => {
+                        let msg = msg.unwrap();
+                        assert_eq!(msg.bytes(), got.to_le_bytes(), "message {got} lost or out of order");
+                        server.ring.release(msg).unwrap();
+                        got += 1;
+                    }
+                    Err(_) => dropped += 1,
+                }
+            }
+            (got, dropped)
+        });
+        println!("{got} messages received across {dropped} dropped futures");
+        assert_eq!(server.pool.available(), server.pool.capacity(), "a send slot is missing");
+        assert_eq!(server.ring.posted(), server.ring.capacity(), "a receive was not reposted");
+        let client = sender.join().unwrap();
+        assert_eq!(client.pool.available(), client.pool.capacity());
+        drop((client, server, rt));
+    }
+    assert_eq!(testkit::resource_counts(&topo.server.device), baseline, "resources left behind");
+}
+
+fn noop_waker() -> Waker {
+    fn clone(_: *const ()) -> RawWaker {
+        RawWaker::new(std::ptr::null(), &VTABLE)
+    }
+    fn noop(_: *const ()) {}
+    static VTABLE: RawWakerVTable = RawWakerVTable::new(clone, noop, noop, noop);
+    // SAFETY: every function of the vtable ignores the (null) data pointer.
+    unsafe { Waker::from_raw(RawWaker::new(std::ptr::null(), &VTABLE)) }
+}
+
+/// Polls `f` by hand, outside any runtime, until it is ready (at most 100 polls).
+fn poll_outside_a_runtime<F: Future>(f: F) -> Option<F::Output> {
+    let waker = noop_waker();
+    let mut cx = TaskContext::from_waker(&waker);
+    let mut f = pin!(f);
+    (0..100).find_map(|_| match f.as_mut().poll(&mut cx) {
+        Poll::Ready(r) => Some(r),
+        Poll::Pending => None,
+    })
+}
+
+/// Awaited outside a tokio runtime, the async waits return a typed error instead of
+/// panicking; a CQ without a channel is refused.
+#[test]
+fn async_waits_outside_a_runtime_or_without_a_channel_are_refused() {
+    let topo = testkit::require_topology!();
+    let (_c, mut server) = echo_links(&topo, 1, true).pop().unwrap();
+    server.ring.set_wait_policy(WaitPolicy::sleep_at_once());
+    let r = poll_outside_a_runtime(server.ring.recv_async());
+    assert!(matches!(r, Some(Err(Error::NoRuntime { .. }))), "{r:?}");
+    let (_c, mut spin_only) = echo_links(&topo, 1, false).pop().unwrap();
+    let r = current_thread().block_on(spin_only.ring.recv_async());
+    assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
+}
