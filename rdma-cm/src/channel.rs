@@ -24,6 +24,27 @@ use crate::event::RawEvent;
 #[derive(Debug)]
 pub(crate) struct EventChannel {
     raw: NonNull<ffi::rdma_event_channel>,
+    /// The fd's registration with tokio's reactor, made by the first async wait (with that
+    /// call's runtime) and dropped (deregistered) before the fd is closed.
+    #[cfg(feature = "tokio")]
+    reactor: std::sync::OnceLock<tokio::io::unix::AsyncFd<FdOnly>>,
+    /// Held while the registration is made, so that two first async waits racing on two
+    /// threads register the fd once.
+    #[cfg(feature = "tokio")]
+    registering: parking_lot::Mutex<()>,
+}
+
+/// The channel's fd as tokio's `AsyncFd` wants it: something that is `AsRawFd` and owns
+/// nothing (the channel closes the fd, after the registration is gone).
+#[cfg(feature = "tokio")]
+#[derive(Debug)]
+pub(crate) struct FdOnly(RawFd);
+
+#[cfg(feature = "tokio")]
+impl AsRawFd for FdOnly {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0
+    }
 }
 
 // SAFETY: the channel is a file descriptor; reading events from it is a `read(2)` that the
@@ -42,8 +63,13 @@ impl EventChannel {
     pub(crate) fn new() -> Result<Self> {
         // SAFETY: no arguments; returns NULL with errno set on failure.
         let raw = unsafe { ffi::rdma_create_event_channel() };
-        let channel =
-            EventChannel { raw: NonNull::new(raw).ok_or_else(|| Error::last_os_error("rdma_create_event_channel"))? };
+        let channel = EventChannel {
+            raw: NonNull::new(raw).ok_or_else(|| Error::last_os_error("rdma_create_event_channel"))?,
+            #[cfg(feature = "tokio")]
+            reactor: std::sync::OnceLock::new(),
+            #[cfg(feature = "tokio")]
+            registering: parking_lot::Mutex::new(()),
+        };
         let fd = channel.as_raw_fd();
         // SAFETY: `fd` is the channel's open descriptor.
         let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
@@ -78,12 +104,23 @@ impl EventChannel {
         }
     }
 
-    /// Waits up to `timeout` for the next event.
-    pub(crate) fn get(&self, timeout: Duration, what: &'static str) -> Result<RawEvent> {
+    /// Takes `step` until it gives a value, waiting up to `timeout` (`poll(2)` on the fd)
+    /// whenever it gives `None`.
+    ///
+    /// `step` is one synchronous attempt: it reads what it needs from the channel and gives
+    /// `Ok(None)` only when it found the channel empty (`EAGAIN`). Every blocking wait of the
+    /// crate is this loop around a step, and its async form is
+    /// [`wait_for_async`](Self::wait_for_async) around the same step.
+    pub(crate) fn wait_for<T>(
+        &self,
+        timeout: Duration,
+        what: &'static str,
+        mut step: impl FnMut() -> Result<Option<T>>,
+    ) -> Result<T> {
         let deadline = Deadline::after(timeout);
         loop {
-            if let Some(ev) = self.try_get()? {
-                return Ok(ev);
+            if let Some(value) = step()? {
+                return Ok(value);
             }
             if deadline.has_passed() {
                 return Err(Error::Timeout { what, device: None, after: timeout });
@@ -98,6 +135,77 @@ impl EventChannel {
                 }
             }
         }
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl EventChannel {
+    /// The fd's registration with tokio's reactor, made on first use with the current runtime
+    /// (`AsyncFd::with_interest`, readable).
+    ///
+    /// # Errors
+    /// [`Error::NoRuntime`] outside a Tokio runtime, or when the runtime is shutting down;
+    /// [`Error::Cm`] when `epoll_ctl` refuses the fd. (A runtime built without `enable_io`
+    /// panics inside tokio, as every tokio I/O type does.)
+    pub(crate) fn reactor(&self, what: &'static str) -> Result<&tokio::io::unix::AsyncFd<FdOnly>> {
+        if let Some(reactor) = self.reactor.get() {
+            return Ok(reactor);
+        }
+        let _registering = self.registering.lock();
+        if let Some(reactor) = self.reactor.get() {
+            return Ok(reactor);
+        }
+        // Checked first: `AsyncFd::new` panics without a runtime.
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(Error::NoRuntime { what });
+        }
+        let fd = FdOnly(self.as_raw_fd());
+        let reactor = tokio::io::unix::AsyncFd::with_interest(fd, tokio::io::Interest::READABLE)
+            .map_err(|e| reactor_error(what, "epoll_ctl", &e))?;
+        Ok(self.reactor.get_or_init(|| reactor))
+    }
+
+    /// Takes `step` until it gives a value, awaiting the fd's readiness whenever it gives
+    /// `None`: the async form of [`wait_for`](Self::wait_for), with the same step contract.
+    ///
+    /// Cancellation-safe: the only await is on readiness, which takes nothing from the channel;
+    /// whatever a step takes, it returns at once or keeps (the step's own state).
+    ///
+    /// Each round first asks for readiness, then takes the step: a future that is pending is
+    /// already among the fd's waiters when the step looks, so anything that happens after the
+    /// step (an event, or another task changing what the step checks and consuming the event
+    /// that did it) wakes it. Readiness is cleared only after a step found the channel empty
+    /// while the fd was reported readable (tokio keeps readiness that arrived since).
+    pub(crate) async fn wait_for_async<T>(
+        &self,
+        what: &'static str,
+        mut step: impl FnMut() -> Result<Option<T>>,
+    ) -> Result<T> {
+        use std::future::Future;
+        use std::task::Poll;
+        let reactor = self.reactor(what)?;
+        loop {
+            let mut readable = std::pin::pin!(reactor.readable());
+            let polled = std::future::poll_fn(|cx| Poll::Ready(readable.as_mut().poll(cx))).await;
+            if let Some(value) = step()? {
+                return Ok(value);
+            }
+            match polled {
+                // Readable, yet the step found nothing: the readiness is stale.
+                Poll::Ready(guard) => guard.map_err(|e| reactor_error(what, "epoll_wait", &e))?.clear_ready(),
+                // A waiter since before the step: wait; the next round takes the step again.
+                Poll::Pending => drop(readable.await.map_err(|e| reactor_error(what, "epoll_wait", &e))?),
+            }
+        }
+    }
+}
+
+/// An error of tokio's reactor: an OS error from `verb`, or (none) the runtime going away.
+#[cfg(feature = "tokio")]
+fn reactor_error(what: &'static str, verb: &'static str, e: &std::io::Error) -> Error {
+    match e.raw_os_error() {
+        Some(errno) => Error::Cm { verb, device: None, errno },
+        None => Error::NoRuntime { what },
     }
 }
 
@@ -118,6 +226,10 @@ impl AsFd for EventChannel {
 impl Drop for EventChannel {
     #[doc(alias = "rdma_destroy_event_channel")]
     fn drop(&mut self) {
+        // Deregister first, while the fd is still ours: once closed, its number may be reused,
+        // and deregistering then would remove somebody else's fd from the reactor.
+        #[cfg(feature = "tokio")]
+        drop(self.reactor.take());
         // SAFETY: created by `rdma_create_event_channel`; every identifier on it was destroyed
         // first (identifiers own their channel and drop it after themselves).
         unsafe { ffi::rdma_destroy_event_channel(self.raw.as_ptr()) };

@@ -7,10 +7,47 @@ use std::time::Duration;
 use rdma_verbs::ffi;
 use rdma_verbs::{QueuePair, Rc, ReadyToSend};
 
+use parking_lot::Mutex;
+
 use crate::conn_id::{ConnId, CONNECTED, DONE};
 use crate::error::{Error, Result};
 use crate::event::{Event, EventKind, PeerParams};
 use crate::raw_id::RawId;
+
+/// What waits and errors on a connection name.
+const RECV_EVENT: &str = "waiting for a connection event";
+const WAIT_DISCONNECTED: &str = "waiting for the peer to disconnect";
+const CONNECTED_STATE: &str = "connected";
+const DISCONNECT: &str = "rdma_disconnect";
+const DISCONNECTING: &str = "disconnecting";
+
+/// Where a disconnect stands after its first step.
+enum Disconnecting<'res> {
+    /// The peer had left already: nothing to wait for.
+    Closed(ClosedConnection<'res>),
+    /// `rdma_disconnect()` was called: the peer's reply is awaited.
+    Waiting(Leaving<'res>),
+}
+
+/// A connection that called `rdma_disconnect()` and waits for the peer's reply.
+struct Leaving<'res> {
+    // Declared first: dropped (destroyed) before the QP.
+    conn: ConnId,
+    qp: QueuePair<'res, Rc, ReadyToSend>,
+    peer: SocketAddr,
+    device: String,
+}
+
+impl<'res> Leaving<'res> {
+    /// With what the wait for `RDMA_CM_EVENT_DISCONNECTED` gave: the closed connection (the
+    /// identifier is destroyed either way).
+    fn finish(self, replied: Result<crate::event::RawEvent>) -> Result<ClosedConnection<'res>> {
+        let Leaving { conn, qp, peer, device } = self;
+        drop(replied.map_err(|e| e.on_device(&device))?);
+        drop(conn);
+        Ok(ClosedConnection { qp, peer })
+    }
+}
 
 /// An established RC connection: an `rdma-verbs` queue pair in `ReadyToSend` on the caller's PD
 /// and CQs, and the identifier that set it up.
@@ -32,6 +69,10 @@ pub struct Connection<'res> {
     local: SocketAddr,
     device: String,
     params: PeerParams,
+    /// Held while an event is read and noted ([`note`](Self::note)), so that a reader that finds
+    /// the channel empty and the peer not gone cannot have missed a disconnect another reader
+    /// was taking (see [`disconnected_step`](Self::disconnected_step)).
+    reading: Mutex<()>,
 }
 
 impl<'res> Connection<'res> {
@@ -54,7 +95,7 @@ impl<'res> Connection<'res> {
         device: String,
         params: PeerParams,
     ) -> Self {
-        Connection { conn, qp, peer, local, device, params }
+        Connection { conn, qp, peer, local, device, params, reading: Mutex::new(()) }
     }
 
     /// The connection's queue pair, for posting work.
@@ -88,8 +129,8 @@ impl<'res> Connection<'res> {
         &self.device
     }
 
-    /// True once the peer's disconnect has been seen (by [`recv_event`](Self::recv_event) or
-    /// [`try_recv_event`](Self::try_recv_event)).
+    /// True once the peer's disconnect has been seen (by [`recv_event`](Self::recv_event),
+    /// [`try_recv_event`](Self::try_recv_event), or their async forms).
     pub fn peer_disconnected(&self) -> bool {
         self.conn.phase() == DONE
     }
@@ -104,6 +145,30 @@ impl<'res> Connection<'res> {
         event
     }
 
+    /// The step every read of the connection's events takes: the next event, noted, or `None`
+    /// once the channel is empty.
+    fn event_step(&self) -> Result<Option<Event>> {
+        let _reading = self.reading.lock();
+        self.take_event()
+    }
+
+    /// The next event, noted; the caller holds the read lock.
+    fn take_event(&self) -> Result<Option<Event>> {
+        Ok(self.conn.id.try_event()?.map(|ev| self.note(ev.to_event())))
+    }
+
+    /// The step of waiting for the peer to leave: `Some` at once if its disconnect was seen
+    /// (by any reader), else the next event, which must be `RDMA_CM_EVENT_DISCONNECTED`
+    /// (benign events skipped); `None` once the channel is empty.
+    fn disconnected_step(&self) -> Result<Option<()>> {
+        let _reading = self.reading.lock();
+        if self.peer_disconnected() {
+            return Ok(Some(()));
+        }
+        let ev = self.conn.id.expect_step(EventKind::Disconnected, CONNECTED_STATE, self.peer)?;
+        Ok(ev.map(|ev| drop(self.note(ev.to_event()))))
+    }
+
     /// Waits up to `timeout` for the connection's next event (`rdma_get_cm_event()`; usually
     /// [`Event::Disconnected`]).
     ///
@@ -111,8 +176,7 @@ impl<'res> Connection<'res> {
     /// [`Error::Timeout`]; [`Error::Cm`] when reading fails. Each names the device.
     #[doc(alias = "rdma_get_cm_event")]
     pub fn recv_event(&self, timeout: Duration) -> Result<Event> {
-        let ev = self.conn.id.wait(timeout, "waiting for a connection event").map_err(|e| self.on_device(e))?;
-        Ok(self.note(ev.to_event()))
+        self.conn.id.wait_for(timeout, RECV_EVENT, || self.event_step()).map_err(|e| self.on_device(e))
     }
 
     /// Returns the next event if one is queued, without waiting (`rdma_get_cm_event()` on the
@@ -122,7 +186,7 @@ impl<'res> Connection<'res> {
     /// [`Error::Cm`] when reading fails; it names the device.
     #[doc(alias = "rdma_get_cm_event")]
     pub fn try_recv_event(&self) -> Result<Option<Event>> {
-        Ok(self.conn.id.try_event().map_err(|e| self.on_device(e))?.map(|ev| self.note(ev.to_event())))
+        self.event_step().map_err(|e| self.on_device(e))
     }
 
     fn on_device(&self, e: Error) -> Error {
@@ -148,20 +212,29 @@ impl<'res> Connection<'res> {
     /// [`rdma_disconnect(3)`](https://man7.org/linux/man-pages/man3/rdma_disconnect.3.html)
     #[doc(alias = "rdma_disconnect")]
     pub fn disconnect(self, timeout: Duration) -> Result<ClosedConnection<'res>> {
+        match self.start_disconnect()? {
+            Disconnecting::Closed(closed) => Ok(closed),
+            Disconnecting::Waiting(leaving) => {
+                let waited =
+                    leaving.conn.id.expect(EventKind::Disconnected, timeout, DISCONNECT, DISCONNECTING, leaving.peer);
+                leaving.finish(waited)
+            }
+        }
+    }
+
+    /// `disconnect`'s first step: flushes the QP and, unless the peer has left already, calls
+    /// `rdma_disconnect()`.
+    fn start_disconnect(self) -> Result<Disconnecting<'res>> {
         let Connection { conn, qp, peer, device, .. } = self;
-        let on_device = |e: Error| e.on_device(&device);
         qp.flush()?;
         if conn.phase() == DONE {
-            return Ok(ClosedConnection { qp, peer });
+            return Ok(Disconnecting::Closed(ClosedConnection { qp, peer }));
         }
         // SAFETY: live, connected identifier.
         let rc = unsafe { ffi::rdma_disconnect(conn.id.as_ptr()) };
         conn.set_phase(DONE);
-        crate::error::check("rdma_disconnect", rc).map_err(on_device)?;
-        conn.id
-            .expect(EventKind::Disconnected, timeout, "rdma_disconnect", "disconnecting", peer)
-            .map_err(on_device)?;
-        Ok(ClosedConnection { qp, peer })
+        crate::error::check(DISCONNECT, rc).map_err(|e| e.on_device(&device))?;
+        Ok(Disconnecting::Waiting(Leaving { conn, qp, peer, device }))
     }
 
     /// Waits up to `timeout` for the peer to disconnect (`RDMA_CM_EVENT_DISCONNECTED`), then
@@ -172,14 +245,15 @@ impl<'res> Connection<'res> {
     /// when the QP cannot be flushed. Each names the device.
     #[doc(alias = "rdma_disconnect")]
     pub fn wait_disconnected(self, timeout: Duration) -> Result<ClosedConnection<'res>> {
-        if self.conn.phase() != DONE {
-            let ev = self
-                .conn
-                .id
-                .expect(EventKind::Disconnected, timeout, "waiting for the peer to disconnect", "connected", self.peer)
-                .map_err(|e| self.on_device(e))?;
-            self.note(ev.to_event());
-        }
+        self.conn
+            .id
+            .wait_for(timeout, WAIT_DISCONNECTED, || self.disconnected_step())
+            .map_err(|e| self.on_device(e))?;
+        self.into_closed()
+    }
+
+    /// After the peer's disconnect: the QP flushed, the identifier destroyed.
+    fn into_closed(self) -> Result<ClosedConnection<'res>> {
         let Connection { qp, peer, .. } = self;
         qp.flush()?;
         Ok(ClosedConnection { qp, peer })
@@ -225,5 +299,165 @@ impl<'res> ClosedConnection<'res> {
     /// Who the connection was with.
     pub fn peer_addr(&self) -> SocketAddr {
         self.peer
+    }
+}
+
+/// The async front (feature `tokio`): awaiting a connection's events on the runtime.
+///
+/// Several tasks (and blocking callers) may wait on one connection's events at once: each
+/// event goes to one of them, and whichever takes the peer's disconnect records it, so
+/// [`disconnected_async`](Connection::disconnected_async), [`Events`] and
+/// [`peer_disconnected`](Connection::peer_disconnected) see it whoever took it.
+#[cfg(feature = "tokio")]
+impl<'res> Connection<'res> {
+    /// The async form of [`recv_event`](Self::recv_event): awaits the connection's next event
+    /// (`rdma_get_cm_event()`; usually [`Event::Disconnected`], which is answered with
+    /// `rdma_disconnect()` and recorded as [`try_recv_event`](Self::try_recv_event) does). No
+    /// timeout: bound it with `tokio::time::timeout`.
+    ///
+    /// Cancellation-safe: an event is read and returned in one synchronous step, so dropping
+    /// the future loses none.
+    ///
+    /// # Errors
+    /// [`Error::Cm`] when reading fails; [`Error::NoRuntime`] outside a Tokio runtime. Each
+    /// names the device.
+    #[doc(alias = "rdma_get_cm_event")]
+    pub async fn recv_event_async(&self) -> Result<Event> {
+        self.conn.id.wait_for_async(RECV_EVENT, || self.event_step()).await.map_err(|e| self.on_device(e))
+    }
+
+    /// [`Events::next`]'s step: `Some(None)` once the peer's disconnect was seen (checked under
+    /// the read lock, as [`disconnected_step`](Self::disconnected_step) does), else the next
+    /// event, or `None` once the channel is empty.
+    fn events_step(&self) -> Result<Option<Option<Event>>> {
+        let _reading = self.reading.lock();
+        if self.peer_disconnected() {
+            return Ok(Some(None));
+        }
+        Ok(self.take_event()?.map(Some))
+    }
+
+    /// The connection's events, for a loop or a `tokio::select!` arm (see [`Events`]).
+    pub fn events(&self) -> Events<'_, 'res> {
+        Events { conn: self }
+    }
+
+    /// Resolves once the peer has disconnected: at once if its disconnect was already seen (by
+    /// any reader), else when `RDMA_CM_EVENT_DISCONNECTED` comes (answered with
+    /// `rdma_disconnect()`). The connection stays usable meanwhile (`&self`), which makes this
+    /// the arm of a `tokio::select!` that ends a loop of work when the peer leaves:
+    ///
+    /// ```no_run
+    /// # async fn serve(conn: &rdma_cm::Connection<'_>) -> rdma_cm::Result<()> {
+    /// let mut ticks = tokio::time::interval(std::time::Duration::from_millis(100));
+    /// loop {
+    ///     tokio::select! {
+    ///         gone = conn.disconnected_async() => return gone,
+    ///         _ = ticks.tick() => { /* post work, poll completions... */ }
+    ///     }
+    /// }
+    /// # }
+    /// ```
+    ///
+    /// No timeout: bound it with `tokio::time::timeout`. Cancellation-safe: dropping the
+    /// future loses no event (a disconnect it read is recorded before it returns).
+    ///
+    /// # Errors
+    /// [`Error::UnexpectedEvent`] for another event (benign ones are skipped), which is then
+    /// consumed; [`Error::DeviceRemoved`]; [`Error::Cm`]; [`Error::NoRuntime`] outside a Tokio
+    /// runtime. Each names the device.
+    #[doc(alias = "rdma_disconnect")]
+    pub async fn disconnected_async(&self) -> Result<()> {
+        self.conn.id.wait_for_async(WAIT_DISCONNECTED, || self.disconnected_step()).await.map_err(|e| self.on_device(e))
+    }
+
+    /// The async form of [`wait_disconnected`](Self::wait_disconnected): awaits the peer's
+    /// disconnect ([`disconnected_async`](Self::disconnected_async)), then flushes the QP and
+    /// destroys the identifier. No timeout: bound it with `tokio::time::timeout`.
+    ///
+    /// Cancellation: dropping the future drops the connection, as dropping it does (this side
+    /// disconnects, without waiting).
+    ///
+    /// # Errors
+    /// As [`disconnected_async`](Self::disconnected_async); [`Error::Verbs`] when the QP cannot
+    /// be flushed.
+    #[doc(alias = "rdma_disconnect")]
+    pub async fn wait_disconnected_async(self) -> Result<ClosedConnection<'res>> {
+        self.disconnected_async().await?;
+        self.into_closed()
+    }
+
+    /// The async form of [`disconnect`](Self::disconnect): flushes the QP, calls
+    /// `rdma_disconnect()` and awaits `RDMA_CM_EVENT_DISCONNECTED` (the peer's reply, or the CM
+    /// giving up on it, which takes the CM's own timeout when the peer is gone). No timeout of
+    /// ours: bound it with `tokio::time::timeout`. The advice of `disconnect` on which side
+    /// should disconnect holds here too.
+    ///
+    /// Cancellation: once `rdma_disconnect()` is sent, dropping the future only destroys the
+    /// identifier (`rdma_destroy_id`, which does not wait for the peer) and the QP; the peer has
+    /// been told either way.
+    ///
+    /// # Errors
+    /// As [`disconnect`](Self::disconnect), without [`Error::Timeout`]; [`Error::NoRuntime`]
+    /// outside a Tokio runtime, before anything is sent.
+    #[doc(alias = "rdma_disconnect")]
+    pub async fn disconnect_async(self) -> Result<ClosedConnection<'res>> {
+        self.conn.id.register(DISCONNECT).map_err(|e| self.on_device(e))?;
+        match self.start_disconnect()? {
+            Disconnecting::Closed(closed) => Ok(closed),
+            Disconnecting::Waiting(leaving) => {
+                let waited = leaving
+                    .conn
+                    .id
+                    .expect_async(EventKind::Disconnected, DISCONNECT, DISCONNECTING, leaving.peer)
+                    .await;
+                leaving.finish(waited)
+            }
+        }
+    }
+}
+
+/// A connection's events, one [`next`](Events::next) at a time: what
+/// [`Connection::events`] returns (feature `tokio`).
+///
+/// `next` is cancellation-safe, so it can be an arm of `tokio::select!` in a loop, beside the
+/// data path: an event is read and returned in one synchronous step, and a future dropped
+/// because another arm won loses nothing. The events end (`None`) once the peer's disconnect
+/// has been seen, by this stream (which yields [`Event::Disconnected`] first) or by any other
+/// reader of the connection.
+///
+/// ```no_run
+/// # async fn watch(conn: &rdma_cm::Connection<'_>) -> rdma_cm::Result<()> {
+/// let mut events = conn.events();
+/// let mut ticks = tokio::time::interval(std::time::Duration::from_millis(100));
+/// loop {
+///     tokio::select! {
+///         ev = events.next() => match ev {
+///             Some(ev) => println!("{:?}", ev?),
+///             None => break, // the peer left
+///         },
+///         _ = ticks.tick() => { /* post work on conn.qp(), poll its completions... */ }
+///     }
+/// }
+/// # Ok(())
+/// # }
+/// ```
+#[cfg(feature = "tokio")]
+#[derive(Debug)]
+pub struct Events<'c, 'res> {
+    conn: &'c Connection<'res>,
+}
+
+#[cfg(feature = "tokio")]
+impl Events<'_, '_> {
+    /// The connection's next event, `None` once the peer's disconnect has been seen. No
+    /// timeout: bound it with `tokio::time::timeout`. Cancellation-safe.
+    ///
+    /// # Errors
+    /// `Some(Err(_))` as [`Connection::recv_event_async`] fails; the events go on after one.
+    #[doc(alias = "rdma_get_cm_event")]
+    pub async fn next(&mut self) -> Option<Result<Event>> {
+        let conn = self.conn;
+        conn.conn.id.wait_for_async(RECV_EVENT, || conn.events_step()).await.map_err(|e| conn.on_device(e)).transpose()
     }
 }

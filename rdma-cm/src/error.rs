@@ -171,6 +171,14 @@ pub enum Error {
         /// What is missing, e.g. `"local address"`.
         missing: &'static str,
     },
+    /// An async call (`*_async`, with the `tokio` feature) found no Tokio runtime to wait on:
+    /// it ran outside one, or the runtime the identifier's event channel is registered with
+    /// (the one of its first async call) has shut down.
+    #[error("{what}: no Tokio runtime to wait on (outside one, or it has shut down)")]
+    NoRuntime {
+        /// What was to be awaited, e.g. `"rdma_connect"`.
+        what: &'static str,
+    },
 }
 
 impl Error {
@@ -192,7 +200,8 @@ impl Error {
             | Error::Timeout { .. }
             | Error::DeviceMismatch { .. }
             | Error::InvalidArgument { .. }
-            | Error::Incomplete { .. } => None,
+            | Error::Incomplete { .. }
+            | Error::NoRuntime { .. } => None,
         }
     }
 
@@ -247,7 +256,10 @@ impl Error {
                     *device = Some(name.to_owned());
                 }
             }
-            Error::Verbs(_) | Error::AddressResolution { .. } | Error::DeviceMismatch { .. } => {}
+            Error::Verbs(_)
+            | Error::AddressResolution { .. }
+            | Error::DeviceMismatch { .. }
+            | Error::NoRuntime { .. } => {}
         }
         self
     }
@@ -444,6 +456,7 @@ mod tests {
             Error::DeviceMismatch { cm_device: "rxe0".into(), qp_device: "rxe1".into() },
             Error::invalid("rdma_connect", "too long"),
             Error::incomplete("rdma_bind_addr", "local address"),
+            Error::NoRuntime { what: "rdma_connect" },
         ];
         for e in &without {
             assert_eq!(e.errno(), None, "{e:?}");

@@ -8,12 +8,12 @@ use std::time::{Duration, Instant};
 use rdma_verbs::Deadline;
 
 use rdma_verbs::ffi;
-use rdma_verbs::{AccessFlags, Init, QueuePair, Rc, Reset};
+use rdma_verbs::{AccessFlags, Init, QueuePair, Rc, ReadyToSend, Reset};
 
 use crate::addr::RawAddr;
 use crate::connection::Connection;
 use crate::error::{check, Error, Result};
-use crate::event::EventKind;
+use crate::event::{EventKind, RawEvent};
 use crate::listener::Listener;
 use crate::params::{ConnParams, MAX_CONNECT_PRIVATE_DATA};
 use crate::raw_id::RawId;
@@ -136,6 +136,33 @@ fn timeout_ms(verb: &'static str, timeout: Duration) -> Result<libc::c_int> {
     }
 }
 
+/// The call and the state address resolution names in its errors.
+const RESOLVE_ADDR: &str = "rdma_resolve_addr";
+const RESOLVING_ADDR: &str = "resolving an address";
+
+/// The addresses of an address resolution, laid out for C once for all its attempts.
+struct AddrQuery {
+    src: Option<RawAddr>,
+    dst: RawAddr,
+    dst_addr: SocketAddr,
+}
+
+impl AddrQuery {
+    fn new(src: Option<SocketAddr>, dst: SocketAddr) -> Self {
+        AddrQuery { src: src.map(RawAddr::new), dst: RawAddr::new(dst), dst_addr: dst }
+    }
+}
+
+/// What a failed address-resolution attempt means: `Ok` to ask again when the kernel's own
+/// timer fired (`ETIMEDOUT`: see [`CmId::resolve_addr`]), the error otherwise.
+fn retry_resolution(e: Error) -> Result<()> {
+    if e.is_timeout() {
+        Ok(())
+    } else {
+        Err(e)
+    }
+}
+
 impl CmId<Idle> {
     /// Creates an identifier in the reliable-connected port space (`RDMA_PS_TCP`), with an
     /// event channel of its own: `rdma_create_event_channel()` then `rdma_create_id()`.
@@ -182,35 +209,45 @@ impl CmId<Idle> {
     ) -> Result<CmId<AddressResolved>> {
         timeout_ms("rdma_resolve_addr", timeout)?;
         let deadline = Deadline::after(timeout);
-        let mut src_raw = src.map(RawAddr::new);
-        let mut dst_raw = RawAddr::new(dst);
-        let src_ptr = src_raw.as_mut().map_or(std::ptr::null_mut(), RawAddr::as_mut_ptr);
+        let mut addrs = AddrQuery::new(src, dst);
         loop {
             // The kernel re-checks the neighbour table only when its own timer fires if the ARP
             // reply beat the request onto its queue (a race veth hits on the first resolution),
             // so ask for short attempts and repeat them until our deadline.
             let attempt = deadline.remaining().min(RESOLVE_ATTEMPT).max(Duration::from_millis(1));
-            let ms = timeout_ms("rdma_resolve_addr", attempt)?;
-            // SAFETY: live identifier; the addresses are valid sockaddrs librdmacm copies.
-            let rc = unsafe { ffi::rdma_resolve_addr(self.id.as_ptr(), src_ptr, dst_raw.as_mut_ptr(), ms) };
-            if rc != 0 {
-                return Err(match Error::last_os_error("rdma_resolve_addr").errno() {
-                    Some(errno) => Error::AddressResolution { addr: dst, errno },
-                    None => Error::Cm { verb: "rdma_resolve_addr", device: None, errno: libc::EIO },
-                });
-            }
+            self.start_resolve_addr(&mut addrs, attempt)?;
             let wait = deadline.remaining().saturating_add(Duration::from_millis(50));
-            match self.id.expect(EventKind::AddressResolved, wait, "rdma_resolve_addr", "resolving an address", dst) {
-                Ok(_) => break,
-                Err(e) if e.is_timeout() && !deadline.has_passed() => continue,
-                Err(e) if e.is_timeout() => {
-                    return Err(Error::Timeout { what: "rdma_resolve_addr", device: None, after: timeout })
+            match self.id.expect(EventKind::AddressResolved, wait, RESOLVE_ADDR, RESOLVING_ADDR, dst) {
+                Ok(_) => return self.address_resolved(dst),
+                Err(e) if e.is_timeout() && deadline.has_passed() => {
+                    return Err(Error::Timeout { what: RESOLVE_ADDR, device: None, after: timeout })
                 }
-                Err(e) => return Err(e),
+                Err(e) => retry_resolution(e)?,
             }
         }
-        let device = self.id.require_device("rdma_resolve_addr")?;
-        let local = self.id.require_local_addr("rdma_resolve_addr").map_err(|e| e.on_device(&device))?;
+    }
+
+    /// `rdma_resolve_addr()` for one attempt of `attempt`: its event comes within it, an
+    /// `ETIMEDOUT` failure if the neighbour did not answer.
+    fn start_resolve_addr(&self, addrs: &mut AddrQuery, attempt: Duration) -> Result<()> {
+        let ms = timeout_ms(RESOLVE_ADDR, attempt)?;
+        let src = addrs.src.as_mut().map_or(std::ptr::null_mut(), RawAddr::as_mut_ptr);
+        // SAFETY: live identifier; the addresses are valid sockaddrs librdmacm copies.
+        let rc = unsafe { ffi::rdma_resolve_addr(self.id.as_ptr(), src, addrs.dst.as_mut_ptr(), ms) };
+        if rc != 0 {
+            return Err(match Error::last_os_error(RESOLVE_ADDR).errno() {
+                Some(errno) => Error::AddressResolution { addr: addrs.dst_addr, errno },
+                None => Error::Cm { verb: RESOLVE_ADDR, device: None, errno: libc::EIO },
+            });
+        }
+        Ok(())
+    }
+
+    /// The resolved identifier, once `RDMA_CM_EVENT_ADDR_RESOLVED` came: its device and local
+    /// address read once, here.
+    fn address_resolved(self, dst: SocketAddr) -> Result<CmId<AddressResolved>> {
+        let device = self.id.require_device(RESOLVE_ADDR)?;
+        let local = self.id.require_local_addr(RESOLVE_ADDR).map_err(|e| e.on_device(&device))?;
         Ok(CmId { id: self.id, known: Resolved { device, local, peer: dst }, _state: PhantomData })
     }
 
@@ -256,6 +293,10 @@ impl CmId<Idle> {
     }
 }
 
+/// The call and the state route resolution names in its errors.
+const RESOLVE_ROUTE: &str = "rdma_resolve_route";
+const RESOLVING_ROUTE: &str = "resolving a route";
+
 impl CmId<AddressResolved> {
     /// Resolves the route to the destination: `rdma_resolve_route()`, then waits for
     /// `RDMA_CM_EVENT_ROUTE_RESOLVED`.
@@ -267,15 +308,25 @@ impl CmId<AddressResolved> {
     /// - [`rdma_resolve_route(3)`](https://man7.org/linux/man-pages/man3/rdma_resolve_route.3.html)
     #[doc(alias = "rdma_resolve_route")]
     pub fn resolve_route(self, timeout: Duration) -> Result<CmId<RouteResolved>> {
-        let on_device = |e: Error| e.on_device(&self.known.device);
-        let ms = timeout_ms("rdma_resolve_route", timeout).map_err(on_device)?;
-        // SAFETY: live identifier with a resolved address.
-        check("rdma_resolve_route", unsafe { ffi::rdma_resolve_route(self.id.as_ptr(), ms) }).map_err(on_device)?;
-        let dst = self.known.peer;
+        self.start_resolve_route(timeout)?;
+        let (dst, device) = (self.known.peer, &self.known.device);
         self.id
-            .expect(EventKind::RouteResolved, timeout, "rdma_resolve_route", "resolving a route", dst)
-            .map_err(on_device)?;
-        Ok(CmId { id: self.id, known: self.known, _state: PhantomData })
+            .expect(EventKind::RouteResolved, timeout, RESOLVE_ROUTE, RESOLVING_ROUTE, dst)
+            .map_err(|e| e.on_device(device))?;
+        Ok(self.route_resolved())
+    }
+
+    /// `rdma_resolve_route()`, the kernel's own timer set to `timeout`.
+    fn start_resolve_route(&self, timeout: Duration) -> Result<()> {
+        let on_device = |e: Error| e.on_device(&self.known.device);
+        let ms = timeout_ms(RESOLVE_ROUTE, timeout).map_err(on_device)?;
+        // SAFETY: live identifier with a resolved address.
+        check(RESOLVE_ROUTE, unsafe { ffi::rdma_resolve_route(self.id.as_ptr(), ms) }).map_err(on_device)
+    }
+
+    /// The identifier in its next state, once `RDMA_CM_EVENT_ROUTE_RESOLVED` came.
+    fn route_resolved(self) -> CmId<RouteResolved> {
+        CmId { id: self.id, known: self.known, _state: PhantomData }
     }
 }
 
@@ -379,15 +430,31 @@ impl CmId<RouteResolved> {
         qp: QueuePair<'res, Rc, Init>,
         params: &ConnParams<'_>,
         timeout: Duration,
-    ) -> Result<(QueuePair<'res, Rc, rdma_verbs::ReadyToSend>, crate::PeerParams)> {
+    ) -> Result<(QueuePair<'res, Rc, ReadyToSend>, crate::PeerParams)> {
+        Self::start_connect(id, &qp, params)?;
+        let ev = id.expect(EventKind::ConnectResponse, timeout, CONNECT, CONNECTING, known.peer)?;
+        Self::finish_connect(id, known, qp, params, ev)
+    }
+
+    /// `rdma_connect()` with `qp`'s number and `params`.
+    fn start_connect(id: &RawId, qp: &QueuePair<'_, Rc, Init>, params: &ConnParams<'_>) -> Result<()> {
         let (max_resp, max_init) = crate::raw_id::device_depths(qp.pd().context());
         let resp = params.responder_resources.unwrap_or(max_resp);
         let init = params.initiator_depth.unwrap_or(max_init);
-        let mut raw = params.to_raw("rdma_connect", MAX_CONNECT_PRIVATE_DATA, resp, init, qp.qp_num())?;
+        let mut raw = params.to_raw(CONNECT, MAX_CONNECT_PRIVATE_DATA, resp, init, qp.qp_num())?;
         // SAFETY: live identifier with a resolved route; `raw` and the private data it points to
         // live across the call, which copies them.
-        check("rdma_connect", unsafe { ffi::rdma_connect(id.as_ptr(), &mut raw) })?;
-        let ev = id.expect(EventKind::ConnectResponse, timeout, "rdma_connect", "connecting", known.peer)?;
+        check(CONNECT, unsafe { ffi::rdma_connect(id.as_ptr(), &mut raw) })
+    }
+
+    /// On the peer's acceptance `ev`: the QP to `ReadyToSend`, then `rdma_establish()`.
+    fn finish_connect<'res>(
+        id: &RawId,
+        known: &Resolved,
+        qp: QueuePair<'res, Rc, Init>,
+        params: &ConnParams<'_>,
+        ev: RawEvent,
+    ) -> Result<(QueuePair<'res, Rc, ReadyToSend>, crate::PeerParams)> {
         let peer_params = match ev.to_event() {
             crate::Event::ConnectResponse(p) => p,
             _ => Default::default(),
@@ -397,5 +464,110 @@ impl CmId<RouteResolved> {
         // SAFETY: live identifier that received a connect response and has no librdmacm QP.
         check("rdma_establish", unsafe { ffi::rdma_establish(id.as_ptr()) })?;
         Ok((qp, peer_params))
+    }
+}
+
+/// The call and the state connecting names in its errors.
+const CONNECT: &str = "rdma_connect";
+const CONNECTING: &str = "connecting";
+
+/// The async front (feature `tokio`): each step as the blocking one, awaiting its event on the
+/// runtime instead of blocking the thread, without a timeout of its own.
+#[cfg(feature = "tokio")]
+impl CmId<Idle> {
+    /// The async form of [`resolve_addr`](Self::resolve_addr): `rdma_resolve_addr()`, then
+    /// awaits `RDMA_CM_EVENT_ADDR_RESOLVED`, asking again in 250 ms attempts (as
+    /// `resolve_addr` does) until the address resolves or fails otherwise. It takes no timeout:
+    /// bound it with `tokio::time::timeout`.
+    ///
+    /// Cancellation: dropping the future destroys the identifier (`rdma_destroy_id`), which
+    /// cancels the resolution; nothing is left behind.
+    ///
+    /// # Errors
+    /// As [`resolve_addr`](Self::resolve_addr), without [`Error::Timeout`] (a neighbour that
+    /// never answers is asked again until the future is dropped); [`Error::NoRuntime`] outside
+    /// a Tokio runtime, before any call is made.
+    #[doc(alias = "rdma_resolve_addr")]
+    pub async fn resolve_addr_async(self, src: Option<SocketAddr>, dst: SocketAddr) -> Result<CmId<AddressResolved>> {
+        self.id.register(RESOLVE_ADDR)?;
+        let mut addrs = AddrQuery::new(src, dst);
+        loop {
+            self.start_resolve_addr(&mut addrs, RESOLVE_ATTEMPT)?;
+            match self.id.expect_async(EventKind::AddressResolved, RESOLVE_ADDR, RESOLVING_ADDR, dst).await {
+                Ok(_) => return self.address_resolved(dst),
+                Err(e) => retry_resolution(e)?,
+            }
+        }
+    }
+
+    /// The async form of [`resolve`](Self::resolve):
+    /// [`resolve_addr_async`](Self::resolve_addr_async) then
+    /// [`resolve_route_async`](CmId::resolve_route_async). No timeout: bound it with
+    /// `tokio::time::timeout`.
+    ///
+    /// Cancellation: dropping the future destroys the identifier; nothing is left behind.
+    ///
+    /// # Errors
+    /// Those of the two steps.
+    pub async fn resolve_async(self, src: Option<SocketAddr>, dst: SocketAddr) -> Result<CmId<RouteResolved>> {
+        self.resolve_addr_async(src, dst).await?.resolve_route_async().await
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl CmId<AddressResolved> {
+    /// The async form of [`resolve_route`](Self::resolve_route): `rdma_resolve_route()`, then
+    /// awaits `RDMA_CM_EVENT_ROUTE_RESOLVED`. No timeout of ours (the kernel's is set as for
+    /// `Duration::MAX`): bound it with `tokio::time::timeout`.
+    ///
+    /// Cancellation: dropping the future destroys the identifier; nothing is left behind.
+    ///
+    /// # Errors
+    /// [`Error::RouteResolution`]; [`Error::NoRuntime`] outside a Tokio runtime, before any
+    /// call is made. Each names the device.
+    #[doc(alias = "rdma_resolve_route")]
+    pub async fn resolve_route_async(self) -> Result<CmId<RouteResolved>> {
+        let (dst, device) = (self.known.peer, &self.known.device);
+        self.id.register(RESOLVE_ROUTE).map_err(|e| e.on_device(device))?;
+        self.start_resolve_route(Duration::MAX)?;
+        self.id
+            .expect_async(EventKind::RouteResolved, RESOLVE_ROUTE, RESOLVING_ROUTE, dst)
+            .await
+            .map_err(|e| e.on_device(device))?;
+        Ok(self.route_resolved())
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl CmId<RouteResolved> {
+    /// The async form of [`connect`](Self::connect): `rdma_connect()`, awaits the peer's
+    /// acceptance, moves the QP to `ReadyToSend` and calls `rdma_establish()`. No timeout: bound
+    /// it with `tokio::time::timeout`.
+    ///
+    /// Cancellation: dropping the future destroys the identifier, which tells the peer's CM (a
+    /// REJ or DREQ), and the QP, as an error does.
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect), without [`Error::Timeout`] of ours (the CM's own
+    /// `ETIMEDOUT` still comes as [`Error::Unreachable`]); [`Error::NoRuntime`] outside a Tokio
+    /// runtime, before anything is sent.
+    #[doc(alias = "rdma_connect")]
+    #[doc(alias = "rdma_establish")]
+    pub async fn connect_async<'res>(
+        self,
+        qp: QueuePair<'res, Rc, Init>,
+        params: &ConnParams<'_>,
+    ) -> Result<Connection<'res>> {
+        let CmId { id, known, .. } = self;
+        let handshake = async {
+            id.register(CONNECT)?;
+            Self::start_connect(&id, &qp, params)?;
+            let ev = id.expect_async(EventKind::ConnectResponse, CONNECT, CONNECTING, known.peer).await?;
+            Self::finish_connect(&id, &known, qp, params, ev)
+        };
+        match handshake.await {
+            Ok((qp, peer_params)) => Ok(Connection::new(qp, id, known.peer, known.local, known.device, peer_params)),
+            Err(e) => Err(e.on_device(&known.device)),
+        }
     }
 }

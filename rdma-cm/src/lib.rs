@@ -201,6 +201,8 @@ mod listener;
 mod params;
 mod raw_id;
 
+#[cfg(feature = "tokio")]
+pub use connection::Events;
 pub use connection::{ClosedConnection, Connection};
 pub use error::{Error, RejectReason, Result};
 pub use event::{Event, EventKind, PeerParams};

@@ -5,11 +5,9 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::ptr::NonNull;
 use std::time::Duration;
 
-use rdma_verbs::Deadline;
-
 use parking_lot::Mutex;
 use rdma_verbs::ffi;
-use rdma_verbs::{AccessFlags, Init, QueuePair, Rc, Reset};
+use rdma_verbs::{AccessFlags, Init, QueuePair, Rc, ReadyToSend, Reset};
 
 use crate::conn_id::{ConnId, CONNECTED, DONE, REQUESTED};
 use crate::connection::Connection;
@@ -18,6 +16,13 @@ use crate::event::{Event, EventKind, PeerParams};
 use crate::id::CmId;
 use crate::params::{ConnParams, MAX_ACCEPT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA};
 use crate::raw_id::RawId;
+
+/// The call and the state accepting names in its errors.
+const ACCEPT: &str = "rdma_accept";
+const ACCEPTING: &str = "accepting";
+
+/// What a wait for a request names in its errors.
+const RECV_REQUEST: &str = "waiting for a connection request";
 
 /// A bound, listening identifier (`rdma_bind_addr` then `rdma_listen`), with its own event
 /// channel. Destroyed (`rdma_destroy_id`) on drop; requests already handed out as
@@ -93,18 +98,7 @@ impl Listener {
     }
 
     fn recv_request_inner(&self, timeout: Duration) -> Result<ConnectRequest> {
-        let deadline = Deadline::after(timeout);
-        let timed_out = || Error::Timeout { what: "waiting for a connection request", device: None, after: timeout };
-        let _reading = self.reading.try_lock_for(timeout).ok_or_else(timed_out)?;
-        loop {
-            let ev = self.id.wait(deadline.remaining(), "waiting for a connection request").map_err(|e| match e {
-                Error::Timeout { .. } => timed_out(),
-                other => other,
-            })?;
-            if let Some(request) = self.take(ev)? {
-                return Ok(request);
-            }
-        }
+        self.id.wait_for(timeout, RECV_REQUEST, || self.request_step())
     }
 
     /// Returns the next connection request if one is queued, without waiting
@@ -119,7 +113,20 @@ impl Listener {
     }
 
     fn try_recv_request_inner(&self) -> Result<Option<ConnectRequest>> {
-        let Some(_reading) = self.reading.try_lock() else { return Ok(None) };
+        let Some(reading) = self.reading.try_lock() else { return Ok(None) };
+        self.take_queued(reading)
+    }
+
+    /// The step every wait for a request takes: the next request if one is queued, `None` once
+    /// the channel is empty. The lock is held only while events are read and a request is
+    /// migrated, never across a wait, so blocking and async waiters can share the listener.
+    fn request_step(&self) -> Result<Option<ConnectRequest>> {
+        self.take_queued(self.reading.lock())
+    }
+
+    /// Reads events under the lock until a request (migrated to its own channel before the lock
+    /// goes) or an empty channel.
+    fn take_queued(&self, _reading: parking_lot::MutexGuard<'_, ()>) -> Result<Option<ConnectRequest>> {
         while let Some(ev) = self.id.try_event()? {
             if let Some(request) = self.take(ev)? {
                 return Ok(Some(request));
@@ -266,20 +273,42 @@ impl ConnectRequest {
         params: &ConnParams<'_>,
         timeout: Duration,
     ) -> Result<Connection<'res>> {
-        let ConnectRequest { conn, params: peer_params, peer, local, device } = self;
-        let on_device = |e: Error| e.on_device(&device);
-        let ack_timeout = params.checked_ack_timeout("rdma_accept").map_err(on_device)?;
-        let (qp, resp, init) = conn
+        let (accepted, qp) = self.start_accept(qp, params)?;
+        let peer = accepted.peer;
+        let waited = accepted.conn.id.expect(EventKind::Established, timeout, ACCEPT, ACCEPTING, peer);
+        accepted.finish(qp, waited)
+    }
+
+    /// `accept`'s first step: the QP to `ReadyToSend`, then `rdma_accept()`. The request is
+    /// answered from here on: dropping what this returns only destroys the identifier.
+    fn start_accept<'res>(
+        self,
+        qp: QueuePair<'res, Rc, Init>,
+        params: &ConnParams<'_>,
+    ) -> Result<(ConnectRequest, QueuePair<'res, Rc, ReadyToSend>)> {
+        let on_device = |e: Error| e.on_device(&self.device);
+        let ack_timeout = params.checked_ack_timeout(ACCEPT).map_err(on_device)?;
+        let (qp, resp, init) = self
+            .conn
             .id
-            .ready_qp(qp, params.responder_resources, params.initiator_depth, ack_timeout, &device)
+            .ready_qp(qp, params.responder_resources, params.initiator_depth, ack_timeout, &self.device)
             .map_err(on_device)?;
-        let mut raw =
-            params.to_raw("rdma_accept", MAX_ACCEPT_PRIVATE_DATA, resp, init, qp.qp_num()).map_err(on_device)?;
+        let mut raw = params.to_raw(ACCEPT, MAX_ACCEPT_PRIVATE_DATA, resp, init, qp.qp_num()).map_err(on_device)?;
         // SAFETY: live identifier of a connection request; `raw` and its private data live across
         // the call, which copies them.
-        check("rdma_accept", unsafe { ffi::rdma_accept(conn.id.as_ptr(), &mut raw) }).map_err(on_device)?;
-        conn.set_phase(DONE);
-        conn.id.expect(EventKind::Established, timeout, "rdma_accept", "accepting", peer).map_err(on_device)?;
+        check(ACCEPT, unsafe { ffi::rdma_accept(self.conn.id.as_ptr(), &mut raw) }).map_err(on_device)?;
+        self.conn.set_phase(DONE);
+        Ok((self, qp))
+    }
+
+    /// `accept`'s last step, with what the wait for `RDMA_CM_EVENT_ESTABLISHED` gave.
+    fn finish<'res>(
+        self,
+        qp: QueuePair<'res, Rc, ReadyToSend>,
+        established: Result<crate::event::RawEvent>,
+    ) -> Result<Connection<'res>> {
+        let ConnectRequest { conn, params: peer_params, peer, local, device } = self;
+        drop(established.map_err(|e| e.on_device(&device))?);
         conn.set_phase(CONNECTED);
         Ok(Connection::from_conn(qp, conn, peer, local, device, peer_params))
     }
@@ -311,5 +340,55 @@ impl AsRawFd for ConnectRequest {
     /// The request's own event channel.
     fn as_raw_fd(&self) -> RawFd {
         self.conn.id.fd()
+    }
+}
+
+/// The async front (feature `tokio`).
+#[cfg(feature = "tokio")]
+impl Listener {
+    /// The async form of [`recv_request`](Self::recv_request): awaits the next connection
+    /// request (`rdma_get_cm_event()` for `RDMA_CM_EVENT_CONNECT_REQUEST`) and moves it to an
+    /// event channel of its own (`rdma_migrate_id()`). No timeout: bound it with
+    /// `tokio::time::timeout`.
+    ///
+    /// Cancellation-safe: a request is read and migrated in one synchronous step and returned at
+    /// once, so dropping the future (in `tokio::select!`, or when a timeout fires) loses no
+    /// request; the next call gets it. Any number of tasks (and blocking
+    /// [`recv_request`](Self::recv_request) callers) may wait on one listener; each request goes
+    /// to one of them.
+    ///
+    /// # Errors
+    /// As [`recv_request`](Self::recv_request), without [`Error::Timeout`];
+    /// [`Error::NoRuntime`] outside a Tokio runtime.
+    #[doc(alias = "rdma_get_cm_event")]
+    #[doc(alias = "rdma_migrate_id")]
+    pub async fn recv_request_async(&self) -> Result<ConnectRequest> {
+        self.id.wait_for_async(RECV_REQUEST, || self.request_step()).await.map_err(|e| self.on_device(e))
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl ConnectRequest {
+    /// The async form of [`accept`](Self::accept): moves `qp` to `ReadyToSend`, calls
+    /// `rdma_accept()` and awaits `RDMA_CM_EVENT_ESTABLISHED`. No timeout: bound it with
+    /// `tokio::time::timeout`.
+    ///
+    /// Cancellation: dropping the future destroys the identifier (the peer's CM is told) and the
+    /// QP, as an error does.
+    ///
+    /// # Errors
+    /// As [`accept`](Self::accept), without [`Error::Timeout`]; [`Error::NoRuntime`] outside a
+    /// Tokio runtime, before the request is answered (it is then rejected, as dropping it does).
+    #[doc(alias = "rdma_accept")]
+    pub async fn accept_async<'res>(
+        self,
+        qp: QueuePair<'res, Rc, Init>,
+        params: &ConnParams<'_>,
+    ) -> Result<Connection<'res>> {
+        self.conn.id.register(ACCEPT).map_err(|e| e.on_device(&self.device))?;
+        let (accepted, qp) = self.start_accept(qp, params)?;
+        let peer = accepted.peer;
+        let waited = accepted.conn.id.expect_async(EventKind::Established, ACCEPT, ACCEPTING, peer).await;
+        accepted.finish(qp, waited)
     }
 }

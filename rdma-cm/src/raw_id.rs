@@ -129,10 +129,6 @@ impl RawId {
         self.peer_addr().ok_or_else(|| Error::incomplete(verb, "peer address"))
     }
 
-    pub(crate) fn wait(&self, timeout: Duration, what: &'static str) -> Result<RawEvent> {
-        self.channel.get(timeout, what)
-    }
-
     pub(crate) fn try_event(&self) -> Result<Option<RawEvent>> {
         self.channel.try_get()
     }
@@ -223,9 +219,8 @@ impl Drop for RawId {
 }
 
 impl RawId {
-    /// Waits up to `timeout` for an event of kind `want`. Benign events (address change,
-    /// timewait exit) are skipped; failures become their own [`Error`] variants, anything else
-    /// [`Error::UnexpectedEvent`]. The errors name no device: the typed callers add theirs.
+    /// Waits up to `timeout` for an event of kind `want`: [`expect_step`](Self::expect_step)
+    /// until it gives one. The errors name no device: the typed callers add theirs.
     pub(crate) fn expect(
         &self,
         want: crate::EventKind,
@@ -234,21 +229,74 @@ impl RawId {
         state: &'static str,
         peer: SocketAddr,
     ) -> Result<RawEvent> {
-        let deadline = rdma_verbs::Deadline::after(timeout);
-        loop {
-            let ev = self.wait(deadline.remaining(), what).map_err(|e| match e {
-                Error::Timeout { what, device, .. } => Error::Timeout { what, device, after: timeout },
-                other => other,
-            })?;
+        self.wait_for(timeout, what, || self.expect_step(want, state, peer))
+    }
+
+    /// One step of waiting for an event of kind `want`, without waiting: the event if it is
+    /// queued, `None` once the channel is empty. Benign events (address change, timewait exit)
+    /// are skipped; failures become their own [`Error`] variants, anything else
+    /// [`Error::UnexpectedEvent`].
+    pub(crate) fn expect_step(
+        &self,
+        want: crate::EventKind,
+        state: &'static str,
+        peer: SocketAddr,
+    ) -> Result<Option<RawEvent>> {
+        while let Some(ev) = self.try_event()? {
             let kind = ev.kind();
             if kind == want {
-                return Ok(ev);
+                return Ok(Some(ev));
             }
-            if matches!(kind, crate::EventKind::AddressChange | crate::EventKind::TimewaitExit) {
-                continue;
+            if !matches!(kind, crate::EventKind::AddressChange | crate::EventKind::TimewaitExit) {
+                return Err(failure(&ev, state, peer));
             }
-            return Err(failure(&ev, state, peer));
         }
+        Ok(None)
+    }
+
+    /// Takes `step` until it gives a value, waiting up to `timeout` for the channel between
+    /// tries (see [`EventChannel::wait_for`]).
+    pub(crate) fn wait_for<T>(
+        &self,
+        timeout: Duration,
+        what: &'static str,
+        step: impl FnMut() -> Result<Option<T>>,
+    ) -> Result<T> {
+        self.channel.wait_for(timeout, what, step)
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl RawId {
+    /// Registers the channel with the current runtime if it is not yet: async calls check this
+    /// before their first librdmacm call, so that outside a runtime they fail having done
+    /// nothing.
+    ///
+    /// # Errors
+    /// [`Error::NoRuntime`]; [`Error::Cm`] when the reactor refuses the fd.
+    pub(crate) fn register(&self, what: &'static str) -> Result<()> {
+        self.channel.reactor(what).map(drop)
+    }
+
+    /// [`expect`](Self::expect), awaiting the channel without a timeout. Cancellation-safe.
+    pub(crate) async fn expect_async(
+        &self,
+        want: crate::EventKind,
+        what: &'static str,
+        state: &'static str,
+        peer: SocketAddr,
+    ) -> Result<RawEvent> {
+        self.wait_for_async(what, || self.expect_step(want, state, peer)).await
+    }
+
+    /// Takes `step` until it gives a value, awaiting the channel between tries (see
+    /// [`EventChannel::wait_for_async`]). Cancellation-safe.
+    pub(crate) async fn wait_for_async<T>(
+        &self,
+        what: &'static str,
+        step: impl FnMut() -> Result<Option<T>>,
+    ) -> Result<T> {
+        self.channel.wait_for_async(what, step).await
     }
 }
 
