@@ -41,6 +41,12 @@
 //! | [`Connection::disconnect`] | `rdma_disconnect` | `DISCONNECTED` (the peer's reply) | |
 //! | [`Connection::wait_disconnected`] | `rdma_disconnect` once the event came | `DISCONNECTED` (the peer leaving) | |
 //!
+//! With the `tokio` feature, each of these calls has an async form named with `_async`
+//! (`CmId::resolve_addr_async`, `resolve_route_async`, `resolve_async`, `connect_async`,
+//! `Listener::recv_request_async`, `ConnectRequest::accept_async`,
+//! `Connection::disconnect_async`, `wait_disconnected_async`, `recv_event_async`) that waits for
+//! the same event the same way (see [Async](#async-feature-tokio)).
+//!
 //! In every wait, `ADDR_CHANGE` and `TIMEWAIT_EXIT` are skipped, `DEVICE_REMOVAL` becomes
 //! [`Error::DeviceRemoved`], any other event [`Error::UnexpectedEvent`], and no event before the
 //! deadline [`Error::Timeout`]. [`Error::is_timeout`] is also true when the kernel's own timer
@@ -136,9 +142,111 @@
 //! # }
 //! ```
 //!
+//! # A server (the passive side)
+//!
+//! One connection: wait for a request, accept it with private data, take one message, and wait
+//! for the client to leave (the client is the example above).
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use rdma_cm::{ConnParams, Listener};
+//! use rdma_verbs::{AccessFlags, QpCreateAttr, Rc, RecvRequest, WorkCompletion};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! let t = Duration::from_secs(2);
+//! let listener = Listener::bind("10.77.0.1:7471".parse()?, 16)?;
+//! let req = listener.recv_request(Duration::MAX)?; // no deadline
+//! println!("{} asks, sending {:?}", req.peer_addr(), &req.private_data()[..5]);
+//! let ctx = req.open_context()?;
+//! let pd = ctx.alloc_pd()?;
+//! let cq = ctx.create_cq(16, None)?;
+//! let qp = req.init_qp(pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq))?, AccessFlags::empty())?;
+//! let conn = req.accept(qp, &ConnParams::new().private_data(b"welcome"), t)?;
+//!
+//! let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE)?;
+//! conn.qp().scope(t, |s| -> rdma_cm::Result<()> {
+//!     let sge = [mr.sge(..)?];
+//!     s.post_recv(&mut [RecvRequest::new(1, &sge)])?;
+//!     let mut wc = [WorkCompletion::default(); 1];
+//!     s.wait(1, &mut wc, t)?;
+//!     Ok(())
+//! })?;
+//! conn.wait_disconnected(t)?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The same server with the `tokio` feature: a task per connection, each step awaited, the
+//! bounds set by the caller with `tokio::time::timeout`.
+//!
+//! ```no_run
+//! # #[cfg(feature = "tokio")]
+//! # async fn serve() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! use std::time::Duration;
+//! use rdma_cm::{ConnParams, Listener};
+//! use rdma_verbs::{AccessFlags, QpCreateAttr, Rc};
+//! use tokio::time::timeout;
+//!
+//! let t = Duration::from_secs(2);
+//! let listener = Listener::bind("10.77.0.1:7471".parse()?, 16)?;
+//! loop {
+//!     let req = listener.recv_request_async().await?; // cancellation-safe: fine in select!
+//!     tokio::spawn(async move {
+//!         let ctx = req.open_context()?;
+//!         let pd = ctx.alloc_pd()?;
+//!         let cq = ctx.create_cq(16, None)?;
+//!         let qp = pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq))?;
+//!         let qp = req.init_qp(qp, AccessFlags::empty())?;
+//!         let params = ConnParams::new().private_data(b"welcome");
+//!         let conn = timeout(t, req.accept_async(qp, &params)).await??;
+//!         // ... work on conn.qp() ...
+//!         conn.wait_disconnected_async().await?;
+//!         Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+//!     });
+//! }
+//! # }
+//! # fn main() {}
+//! ```
+//!
 //! # Waiting
 //! As in `rdma-verbs` (its crate docs, "Waiting: one vocabulary"): `recv_*(timeout)` waits up to
-//! `timeout` for the next event or request, `try_recv_*()` never blocks.
+//! `timeout` for the next event or request, `try_recv_*()` never blocks, and (feature `tokio`)
+//! `*_async()` awaits without a timeout of its own.
+//!
+//! # Async (feature `tokio`)
+//!
+//! The feature adds an async form of every wait, `x_async()` beside `x(timeout)` and
+//! `try_x()`. Each is the blocking call with only its wait swapped: the same librdmacm calls,
+//! the same event, the same errors, except that it takes **no timeout**: compose with
+//! `tokio::time::timeout` (or a `tokio::select!` arm) instead. On the first async call, an
+//! identifier registers its event channel's fd with the current runtime's reactor (tokio's
+//! `AsyncFd`), and deregisters it before the fd is closed. Outside a Tokio runtime an async call
+//! fails with [`Error::NoRuntime`] before any librdmacm call; so does one whose identifier was
+//! registered with a runtime that has shut down. The runtime must have I/O enabled (tokio
+//! panics otherwise, as for any of its I/O types).
+//!
+//! **Cancellation.** Every async call may be dropped at any await without losing an event or
+//! leaking anything. Events are only ever taken from a channel in synchronous steps that
+//! return them at once (or record them: a peer's disconnect is kept in the connection's state),
+//! so:
+//! - `Listener::recv_request_async`, `Connection::recv_event_async`,
+//!   `Connection::disconnected_async` and `Events::next` (from `Connection::events`) are
+//!   cancellation-safe in the `tokio::select!` sense: a dropped future took nothing, the next
+//!   call gets what it would have got;
+//! - the steps that consume their input (`resolve*_async`, `connect_async`, `accept_async`,
+//!   `disconnect_async`, `wait_disconnected_async`) drop it when dropped, which is what an error
+//!   does: the identifier is destroyed, which tells the peer's CM, and the QP is destroyed.
+//!
+//! Several tasks (and threads) may wait on one listener or one connection: each request or event
+//! goes to one of them, and a peer's disconnect is seen by all (`disconnected_async`,
+//! `Events::next`, [`Connection::peer_disconnected`]).
+//!
+//! **Teardown does not block the runtime.** Dropping any identifier makes a bounded number of
+//! system calls and waits for no peer: `rdma_reject` or `rdma_disconnect` (which send a REJ or a
+//! DREQ and return), `rdma_destroy_id` (which waits only for unacknowledged events, and this crate
+//! acknowledges each one as it reads it), closing the channel, and `ibv_destroy_qp`. So dropping
+//! a [`Connection`] inside a task is fine; `disconnect_async` is the graceful close, for a caller
+//! that wants the peer's reply.
 //!
 //! # Events and file descriptors
 //!
