@@ -148,6 +148,30 @@
 //! A wait that nothing can end (nothing posted or outstanding) returns
 //! [`Error::NothingToWaitFor`] at once.
 //!
+//! **How a blocking call waits** ([`CqWaiter`]): it polls, spinning for its [`WaitPolicy`]'s
+//! budget (50 µs by default; `set_wait_policy` on a ring, queue or scope), then arms the CQ,
+//! polls once more, and sleeps on the CQ's completion channel until an event or its deadline.
+//! An idle connection costs no CPU. A CQ created without a channel can only spin: the ring or
+//! queue on it says so ([`RecvRing::can_sleep`]).
+//!
+//! **Async** (feature `tokio`): each wait has an `_async` form that takes no timeout (wrap it in
+//! `tokio::time::timeout`): `RecvRing::recv_async`, `SendQueue::wait_async` /
+//! `drain_async` / `ready_async` (room to post), `CompletionQueue::poll_async`,
+//! `Context::recv_async_event_async`. The library registers the channel's file descriptor
+//! with the runtime's reactor; no `unsafe` is needed, and no thread is started. Every async
+//! wait is cancellation-safe: it takes a completion only in the step that returns it, so a
+//! dropped future loses nothing (docs/safety.md, "Waiting and cancellation"). Dropping a
+//! queue or ring may wait for the device: `close_async` does that on tokio's blocking pool.
+//!
+//! | to | blocks the thread | never blocks | awaits (feature `tokio`) |
+//! |---|---|---|---|
+//! | next message of a ring | `recv(timeout)` | `try_recv()` | `recv_async()` |
+//! | completions of a send queue | `wait(timeout, f)` | `poll(f)` | `wait_async(f)` |
+//! | all in flight done | `drain(timeout, f)` | | `drain_async(f)` |
+//! | room to post | | `room()` | `ready_async(n, f)` |
+//! | completions of a CQ | `poll_wait(out, timeout, policy)` | `poll(out)` | `poll_async(out, policy)` |
+//! | a device's async event | `recv_async_event(timeout)` | `try_recv_async_event()` | `recv_async_event_async()` |
+//!
 //! # Errors
 //! Every fallible call returns [`Result`]; its [`Error`] names the verb that failed (only ever a
 //! libibverbs function: [`Error::verb`]), the device where one is known, and the `errno`

@@ -1,19 +1,6 @@
 //! How every wait of the safe layer waits for completions: [`WaitPolicy`] and [`CqWaiter`].
 //!
-//! A wait polls its CQs. When a poll finds nothing it calls [`CqWaiter::idle`], which
-//! 1. **spins** (polls again at once) until the policy's spin budget, counted from the first
-//!    empty poll, is spent: a completion due within microseconds is taken without a system call;
-//! 2. then **arms** the CQs (`ibv_req_notify_cq`) and has the caller poll once more: a completion
-//!    that came between the last poll and the arming raises no event, so the poll after arming
-//!    is what sees it, as `ibv_req_notify_cq(3)` prescribes;
-//! 3. then **sleeps** on the CQs' completion channel (`poll(2)`, or the tokio reactor for
-//!    [`idle_async`](CqWaiter::idle_async)) until an event, the caller's deadline or a re-check
-//!    the caller asked for; it reads and acknowledges every event pending, and the caller polls.
-//!
-//! A CQ without a completion channel can only spin: its waits poll until their deadline.
-//! Events of a channel shared with CQs the wait does not know of may be read by another
-//! thread's wait: a sleep on such a channel lasts at most [`SHARED_CHANNEL_SLICE`], so a wake-up
-//! taken by someone else costs that much latency, never a lost completion.
+//! The steps are documented on [`CqWaiter`].
 
 use std::time::{Duration, Instant};
 
@@ -88,6 +75,21 @@ pub enum Idle {
 
 /// The state of one wait over one or two CQs: how long it has spun, whether the CQs are armed.
 ///
+/// A wait polls its CQs. When a poll finds nothing it calls [`CqWaiter::idle`], which
+/// 1. **spins** (polls again at once) until the policy's spin budget, counted from the first
+///    empty poll, is spent: a completion due within microseconds is taken without a system call;
+/// 2. then **arms** the CQs (`ibv_req_notify_cq`) and has the caller poll once more: a completion
+///    that came between the last poll and the arming raises no event, so the poll after arming
+///    is what sees it, as `ibv_req_notify_cq(3)` prescribes;
+/// 3. then **sleeps** on the CQs' completion channel (`poll(2)`, or the tokio reactor for
+///    `idle_async`, feature `tokio`) until an event, the caller's deadline or a re-check
+///    the caller asked for; it reads and acknowledges every event pending, and the caller polls.
+///
+/// A CQ without a completion channel can only spin: its waits poll until their deadline.
+/// Events of a channel shared with CQs the wait does not know of may be read by another
+/// thread's wait: a sleep on such a channel lasts at most [`SHARED_CHANNEL_SLICE`], so a wake-up
+/// taken by someone else costs that much latency, never a lost completion.
+///
 /// Make one per wait (or per polling loop: call [`reset`](Self::reset) whenever a poll found
 /// work) and call [`idle`](Self::idle) after each poll that found nothing. The CQs are passed
 /// to each call, so the waiter borrows nothing between them. Every wait of [`RecvRing`],
@@ -122,7 +124,7 @@ impl CqWaiter {
     }
 
     /// One step after a poll of `cqs` found nothing: spins, arms, or sleeps until an event of
-    /// their channel(s) or `until`, whichever comes first (see the [module docs](self)).
+    /// their channel(s) or `until`, whichever comes first (see the [type docs](Self)).
     ///
     /// # Errors
     /// [`Error::Verb`] when arming a CQ (`ibv_req_notify_cq`), waiting (`poll(2)`) or reading

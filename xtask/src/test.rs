@@ -8,9 +8,11 @@ use std::process::{Command, Stdio};
 
 use crate::{artifacts_of, count};
 
-/// The tests run with the fault-injection hooks (rdma-copy's hidden test flags) built in; the
-/// default build, without them, is linted too.
-const FAULTS: [&str; 2] = ["--features", "rdma-tools/fault-injection"];
+/// The tests run with the fault-injection hooks (rdma-copy's hidden test flags) and the async
+/// fronts (feature `tokio` of each library crate) built in; the default build, without them, is
+/// linted and documented too.
+const TESTED_FEATURES: [&str; 2] =
+    ["--features", "rdma-tools/fault-injection,rdma-verbs/tokio,rdma-cm/tokio,rdma-proto/tokio"];
 
 /// The library crates, in publishing order.
 const PUBLISHED: [&str; 4] = ["rdma-verbs-sys", "rdma-verbs", "rdma-cm", "rdma-proto"];
@@ -42,7 +44,7 @@ pub(crate) fn test(args: &[String]) -> Step {
     run.step("lint", "cargo clippy --all-targets -- -D warnings (default, with fault injection, and the rdma-sys feature); MSRV; generated bindings");
     let clippy = ["clippy", "--workspace", "--all-targets", "--locked"];
     run.cargo(&[&clippy[..], &["--", "-D", "warnings"]].concat(), &[])?;
-    run.cargo(&[&clippy[..], &FAULTS, &["--", "-D", "warnings"]].concat(), &[])?;
+    run.cargo(&[&clippy[..], &TESTED_FEATURES, &["--", "-D", "warnings"]].concat(), &[])?;
     let libclang = rdma_sys_env()?;
     let rdma_sys = [("LIBCLANG_PATH", libclang.as_str())];
     let sys_features = ["-p", "rdma-verbs", "-p", "rdma-cm", "--features", "rdma-verbs/rdma-sys", "--locked"];
@@ -50,8 +52,13 @@ pub(crate) fn test(args: &[String]) -> Step {
     crate::msrv()?;
     run.sh("scripts/gen-bindings", &["--check"], &[])?;
 
-    run.step("docs", "cargo doc (warnings are errors), cargo package, the docs as docs.rs builds them");
-    run.cargo(&["doc", "--workspace", "--no-deps", "--locked", "--quiet"], &[("RUSTDOCFLAGS", "-D warnings")])?;
+    run.step(
+        "docs",
+        "cargo doc (warnings are errors; default and async features), cargo package, the docs as docs.rs builds them",
+    );
+    let doc = ["doc", "--workspace", "--no-deps", "--locked", "--quiet"];
+    run.cargo(&doc, &[("RUSTDOCFLAGS", "-D warnings")])?;
+    run.cargo(&[&doc[..], &TESTED_FEATURES].concat(), &[("RUSTDOCFLAGS", "-D warnings")])?;
     run.package()?;
     // docs.rs builds without rdma-core: with DOCS_RS set, and pkg-config finding nothing, the
     // docs must still build (rdma-verbs-sys's build.rs then links nothing).
@@ -64,7 +71,7 @@ pub(crate) fn test(args: &[String]) -> Step {
 
     run.step("host-tests", "cargo test --workspace, the rdma-sys feature's unit tests, rdma-proto's core alone");
     let host = [("RDMA_LAYOUT_REQUIRED", "1"), ("RDMA_TEST_REQUIRE_DEVICE", "")];
-    run.tee("cargo", &[&["test", "--workspace", "--locked"][..], &FAULTS].concat(), &host)
+    run.tee("cargo", &[&["test", "--workspace", "--locked"][..], &TESTED_FEATURES].concat(), &host)
         .map_err(|e| format!("host tests failed: {e}"))?;
     run.tee("cargo", &[&["test", "--lib"][..], &sys_features].concat(), &rdma_sys)
         .map_err(|e| format!("the rdma-sys feature's unit tests failed: {e}"))?;
@@ -83,7 +90,7 @@ pub(crate) fn test(args: &[String]) -> Step {
         false,
         "device_",
         None,
-        &[&["test", "--workspace", "--locked"][..], &FAULTS, &["--no-run"]].concat(),
+        &[&["test", "--workspace", "--locked"][..], &TESTED_FEATURES, &["--no-run"]].concat(),
     )?;
     if tests.is_empty() {
         return Err("no device tests found (tests/device_*.rs)".into());
@@ -94,7 +101,7 @@ pub(crate) fn test(args: &[String]) -> Step {
         true,
         "",
         None,
-        &[&["test", "--workspace", "--locked"][..], &FAULTS, &["--no-run", "--benches"]].concat(),
+        &[&["test", "--workspace", "--locked"][..], &TESTED_FEATURES, &["--no-run", "--benches"]].concat(),
     )?;
     if benches.is_empty() {
         return Err("no benches found (benches/*.rs)".into());

@@ -7,13 +7,12 @@ use std::time::Duration;
 use rdma_verbs::qp::state::Rc;
 use rdma_verbs::qp::state::{Init, Reset};
 use rdma_verbs::{
-    AccessFlags, CompletionChannel, CompletionQueue, Context, ProtectionDomain, QpCaps, QpCreateAttr, QueuePair,
-    RecvRing, SendQueue, SlotMessage, SlotPool, SlotRequest,
+    AccessFlags, CompletionChannel, CompletionQueue, Context, CqWaiter, Deadline, Idle, ProtectionDomain, QpCaps,
+    QpCreateAttr, QueuePair, RecvRing, SendQueue, SlotMessage, SlotPool, SlotRequest, WaitPolicy,
 };
 
 use super::Error;
 use crate::wire::MAX_MESSAGE_LEN;
-use crate::ProtocolError;
 
 /// `wr_id` of control sends; data WRITEs use their chunk number (below 2^63).
 pub(crate) const CONTROL_WR_ID: u64 = u64::MAX;
@@ -64,6 +63,21 @@ impl Endpoint {
     }
 }
 
+/// An endpoint's resources other than its QP, once the QP went to the connection.
+pub(crate) struct EndpointParts {
+    pub(crate) pd: Arc<ProtectionDomain<'static>>,
+    pub(crate) ring: RecvRing<'static>,
+    pub(crate) control: SlotPool<'static>,
+}
+
+impl Endpoint {
+    /// The QP (for connecting or accepting) and the rest.
+    pub(crate) fn split(self) -> (QueuePair<'static, Rc, Init>, EndpointParts) {
+        let Endpoint { pd, qp, ring, control } = self;
+        (qp, EndpointParts { pd, ring, control })
+    }
+}
+
 /// Sends one encoded control message, waiting (polling the queue, passing every completion to
 /// `on_completion`) up to `timeout` for a free control slot.
 pub(crate) fn send_control(
@@ -92,29 +106,32 @@ pub(crate) fn send_control(
     Ok(())
 }
 
-/// Paces a polling loop: it spins a few rounds after work came, then arms the loop's CQs and
-/// polls once more, then blocks on their completion channel until a completion (or
-/// `IDLE_WAIT`) wakes it.
+/// Paces a polling loop over the session's two CQs: after a round with no progress it waits
+/// as every wait of rdma-verbs does ([`CqWaiter`]: spins for the default budget, arms the CQs,
+/// polls once more, then sleeps on their shared completion channel until a completion or
+/// `IDLE_WAIT`).
 ///
-/// Why block rather than spin or sleep (measured under TCG, `docs/protocol.md`): a spinning
-/// thread takes the vCPU rxe's own packet processing needs (the transfer reached 0.84x
-/// `ib_write_bw`), and short sleeps cost a timer interrupt each, tens of thousands a second
-/// (0.85x with 20 us sleeps, 0.93x with 1 ms ones). A thread woken by its completions costs
-/// neither.
+/// Why sleep rather than spin (measured under TCG, `docs/protocol.md`): a spinning thread takes
+/// the vCPU rxe's own packet processing needs (the transfer reached 0.84x `ib_write_bw`), and
+/// short sleeps cost a timer interrupt each, tens of thousands a second (0.85x with 20 us
+/// sleeps, 0.93x with 1 ms ones). A thread woken by its completions costs neither.
 ///
 /// The slow checks (the machine's timeout, the CM's events, a stop request) are due every
-/// `SLOW_EVERY` rounds, busy or idle, and after every wait that ended with no event: a peer
+/// `SLOW_EVERY` rounds, busy or idle, and after every sleep that ended with no event: a peer
 /// that keeps sending messages that are no progress (a repeated CREDIT, say) must not keep the
 /// timeout from being checked, and a quiet loop checks at least every `IDLE_WAIT`.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Pacer {
-    idle: u32,
+    waiter: CqWaiter,
     rounds: u32,
-    armed: bool,
 }
 
-/// Idle rounds spent spinning before the loop arms its CQs and blocks.
-const SPIN_ROUNDS: u32 = 32;
+impl Default for Pacer {
+    fn default() -> Self {
+        Pacer { waiter: CqWaiter::new(WaitPolicy::default()), rounds: 0 }
+    }
+}
+
 /// The longest one blocking wait lasts.
 const IDLE_WAIT: Duration = Duration::from_millis(20);
 /// Rounds between slow checks.
@@ -130,35 +147,30 @@ impl Pacer {
     /// # Errors
     /// [`Error::Verbs`] when arming a CQ or reading the channel fails.
     pub(crate) fn round(&mut self, progressed: bool, cqs: [&CompletionQueue<'static>; 2]) -> Result<bool, Error> {
+        let quiet = !progressed && self.waiter.idle(&cqs, Deadline::after(IDLE_WAIT))? == Idle::Slept;
+        Ok(self.end_round(progressed, quiet))
+    }
+
+    /// [`round`](Self::round) for async code: the sleep awaits the channel on the tokio reactor.
+    ///
+    /// # Errors
+    /// As `round`.
+    #[cfg(feature = "tokio")]
+    pub(crate) async fn round_async(
+        &mut self,
+        progressed: bool,
+        cqs: [&CompletionQueue<'static>; 2],
+    ) -> Result<bool, Error> {
+        let quiet = !progressed && self.waiter.idle_async(&cqs, Some(IDLE_WAIT)).await? == Idle::Slept;
+        Ok(self.end_round(progressed, quiet))
+    }
+
+    fn end_round(&mut self, progressed: bool, quiet: bool) -> bool {
         self.rounds = self.rounds.wrapping_add(1);
-        let mut quiet = false;
         if progressed {
-            self.idle = 0;
-            self.armed = false;
-        } else {
-            self.idle = self.idle.saturating_add(1);
-            if self.idle < SPIN_ROUNDS {
-                std::hint::spin_loop();
-            } else if !self.armed {
-                // Completions from now on raise an event; the next round polls once more, so
-                // that one that came before the arming is not waited for.
-                for cq in cqs {
-                    cq.arm(false)?;
-                }
-                self.armed = true;
-            } else {
-                self.armed = false;
-                let channel = cqs[0]
-                    .channel()
-                    .ok_or_else(|| ProtocolError::Local("the loop's CQs have no completion channel".into()))?;
-                match channel.recv(IDLE_WAIT) {
-                    Ok(_) => {}
-                    Err(rdma_verbs::Error::Timeout { .. }) => quiet = true,
-                    Err(e) => return Err(e.into()),
-                }
-            }
+            self.waiter.reset();
         }
-        Ok(quiet || self.rounds % SLOW_EVERY == 0)
+        quiet || self.rounds % SLOW_EVERY == 0
     }
 }
 

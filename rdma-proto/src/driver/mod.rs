@@ -2,12 +2,67 @@
 //! over `rdma-cm` connections, with `rdma-verbs`' slot pools, send queue and receive ring, and
 //! the files.
 //!
-//! - [`send_file`] connects to a receiver and sends one file.
+//! - [`send_file`] connects to a receiver and sends one file, blocking the calling thread.
 //! - [`Server`] listens and serves senders, each connection on its own thread with its own
 //!   context, PD, queues and memory budget (`'static` resources shared by `Arc`).
+//! - With the feature `tokio`: `send_file_async` and `Server::serve_async`, the same sessions
+//!   as tasks of the caller's runtime (many transfers on one thread, none started by the
+//!   library). Both forms run the same `drive_*` rounds; only the idle wait differs (the thread
+//!   sleeps on the CQs' completion channel, or the task awaits it on the reactor).
 //!
 //! Every wait is bounded: connection setup by `connect_timeout`, each protocol phase by the
 //! machines' `timeout` (no progress for that long ends the session).
+//!
+//! # Embedding
+//! A receiver in an application, serving on a thread of its own, and a sender:
+//! ```no_run
+//! use std::net::SocketAddr;
+//! use std::path::Path;
+//! use rdma_proto::driver::{send_file, ReceiveOptions, SendOptions, Server};
+//!
+//! # fn main() -> Result<(), rdma_proto::driver::Error> {
+//! let mut opts = ReceiveOptions::default();
+//! opts.dir = Some("/srv/incoming".into());
+//! let server = Server::bind("10.0.0.1:7471".parse().unwrap(), opts)?;
+//! std::thread::spawn(move || {
+//!     // Forever: each session on a thread of its own; `report` is called as each ends.
+//!     server.serve(None, |r| println!("{}: {:?}", r.peer, r.result))
+//! });
+//!
+//! let to: SocketAddr = "10.0.0.1:7471".parse().unwrap();
+//! let report = send_file(Path::new("data.bin"), &SendOptions::new(to), |done, total| {
+//!     eprint!("\r{done}/{total}");
+//! })?;
+//! println!("sent {} bytes in {:?}", report.bytes, report.total);
+//! # Ok(())
+//! # }
+//! ```
+//! The same from async code (feature `tokio`), several transfers on one runtime:
+//! ```no_run
+//! # #[cfg(feature = "tokio")]
+//! # async fn f() -> Result<(), rdma_proto::driver::Error> {
+//! use std::path::PathBuf;
+//! use rdma_proto::driver::{send_file_async, ReceiveOptions, SendOptions, Server};
+//!
+//! let server = Server::bind("10.0.0.1:7471".parse().unwrap(), ReceiveOptions::default())?;
+//! let serving = tokio::spawn(async move { server.serve_async(None, |r| println!("{r:?}")).await });
+//!
+//! let opts = SendOptions::new("10.0.0.1:7471".parse().unwrap());
+//! let sends: Vec<_> = ["a.bin", "b.bin"]
+//!     .into_iter()
+//!     .map(|name| {
+//!         let (path, opts) = (PathBuf::from(name), opts.clone());
+//!         tokio::spawn(async move { send_file_async(&path, &opts, |_, _| {}).await })
+//!     })
+//!     .collect();
+//! for s in sends {
+//!     let report = s.await.expect("the task panicked")?;
+//!     println!("sent {} bytes", report.bytes);
+//! }
+//! serving.abort();
+//! # Ok(())
+//! # }
+//! ```
 
 mod files;
 mod link;
@@ -15,6 +70,8 @@ mod recv;
 mod send;
 
 pub use recv::{ReceiveOptions, ReceiveReport, Server};
+#[cfg(feature = "tokio")]
+pub use send::send_file_async;
 #[cfg(feature = "fault-injection")]
 pub use send::AfterFin;
 pub use send::{send_file, SendOptions, SendReport};

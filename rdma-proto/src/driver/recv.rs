@@ -1,4 +1,5 @@
-//! [`Server`]: listen, and receive files from senders, each on its own thread.
+//! [`Server`]: listen, and receive files from senders, each on its own thread (or, with the
+//! feature `tokio`, each a task of the caller's runtime).
 
 use std::net::SocketAddr;
 use std::ops::ControlFlow;
@@ -14,7 +15,7 @@ use rdma_verbs::{AccessFlags, Rc, RecvRing, SendQueue, Slot, SlotPool};
 use xxhash_rust::xxh3::Xxh3;
 
 use super::files::{io_status, Incoming};
-use super::link::{conn_params, peer_left, send_control, take_arrivals, Endpoint, Pacer, DRAIN};
+use super::link::{conn_params, peer_left, send_control, take_arrivals, Endpoint, EndpointParts, Pacer, DRAIN};
 use super::{Error, Phases};
 use crate::receiver::{Action, Input, Receiver, ReceiverConfig};
 use crate::wire::{self, Ack, Message};
@@ -171,7 +172,7 @@ impl Server {
         let stop = &self.opts.stop;
         std::thread::scope(|scope| -> Result<(), Error> {
             while sessions.map_or(true, |n| started < n) && !stop.load(Ordering::Relaxed) {
-                let req = match self.listener.recv_request(Duration::from_millis(500)) {
+                let req = match self.listener.recv_request(STOP_CHECK) {
                     Ok(r) => r,
                     Err(e) if e.is_timeout() => continue,
                     Err(e) => return Err(e.into()),
@@ -194,6 +195,73 @@ impl Server {
     }
 }
 
+#[cfg(feature = "tokio")]
+impl Server {
+    /// [`serve`](Self::serve) for async code (feature `tokio`): each session is a task on the
+    /// current runtime instead of a thread (the same rounds, awaiting the CQs' channel when
+    /// idle; no thread is started). `report` is called from the session's task as each ends.
+    /// Returns when `sessions` sessions ended, or [`ReceiveOptions::stop`] is set and the
+    /// sessions in progress ended.
+    ///
+    /// What still blocks a task briefly: writing each chunk (`pwrite`) and committing the file
+    /// (`fsync`, rename). Run the server on a multi-thread runtime when other tasks must not
+    /// wait for a commit.
+    ///
+    /// Cancellation: dropping the future stops accepting and aborts the sessions' tasks (each
+    /// discards its temporary file; its queues are dropped in place, which may block the thread
+    /// for the drain timeout).
+    ///
+    /// # Errors
+    /// As `serve`; [`Error::Cm`] with `NoRuntime` outside a tokio runtime.
+    ///
+    /// # Panics
+    /// In a runtime without IO and time enabled, as tokio's own types.
+    pub async fn serve_async(
+        &self,
+        sessions: Option<usize>,
+        report: impl Fn(ReceiveReport) + Send + Sync + 'static,
+    ) -> Result<(), Error> {
+        let report = Arc::new(report);
+        let mut started = 0;
+        let mut tasks = tokio::task::JoinSet::new();
+        let stop = &self.opts.stop;
+        let result = loop {
+            if sessions.is_some_and(|n| started >= n) || stop.load(Ordering::Relaxed) {
+                break Ok(());
+            }
+            let req = match tokio::time::timeout(STOP_CHECK, self.listener.recv_request_async()).await {
+                Err(_) => continue,
+                Ok(Err(e)) => break Err(e.into()),
+                Ok(Ok(r)) => r,
+            };
+            while tasks.try_join_next().is_some() {}
+            started += 1;
+            let limit = self.opts.max_sessions.saturating_add(BUSY_SLACK);
+            let Some(place) = Counted::enter(&self.connections, limit) else {
+                report(reject_busy(req, self.opts.max_sessions));
+                continue;
+            };
+            let (opts, active, report) = (self.opts.clone(), self.active.clone(), report.clone());
+            tasks.spawn(async move {
+                let r = receive_async(req, &opts, &active).await;
+                drop(place);
+                report(r);
+            });
+        };
+        while let Some(done) = tasks.join_next().await {
+            if let Err(e) = done {
+                if e.is_panic() {
+                    std::panic::resume_unwind(e.into_panic());
+                }
+            }
+        }
+        result
+    }
+}
+
+/// How often an idle accept loop checks [`ReceiveOptions::stop`].
+const STOP_CHECK: Duration = Duration::from_millis(500);
+
 /// Rejects a connection request past every limit, with an ACK(Busy) (session 0) as the
 /// rejection's private data.
 fn reject_busy(req: ConnectRequest, max_sessions: usize) -> ReceiveReport {
@@ -212,30 +280,45 @@ fn reject_busy(req: ConnectRequest, max_sessions: usize) -> ReceiveReport {
 /// Serves one connection request to its end.
 fn receive(req: ConnectRequest, opts: &ReceiveOptions, active: &Arc<AtomicUsize>) -> ReceiveReport {
     let start = Instant::now();
-    let peer = req.peer_addr();
-    let mut report = ReceiveReport {
-        session: 0,
-        peer,
-        name: None,
-        bytes: 0,
-        result: Err(String::new()),
-        phases: Phases::default(),
-        total: Duration::ZERO,
-    };
-    report.result = match session(req, opts, active, &mut report, start) {
-        Ok(status) => Ok(status),
-        Err(e) => Err(e.to_string()),
-    };
-    report.total = start.elapsed();
-    match &report.result {
-        Ok(status) => {
-            tracing::info!(session = format_args!("{:016x}", report.session), %peer, %status, bytes = report.bytes, "session ended")
-        }
-        Err(e) => {
-            tracing::warn!(session = format_args!("{:016x}", report.session), %peer, error = %e, "session failed")
+    let mut report = ReceiveReport::starting(req.peer_addr());
+    let result = session(req, opts, active, &mut report, start);
+    report.ended(result, start)
+}
+
+/// [`receive`] for async code.
+#[cfg(feature = "tokio")]
+async fn receive_async(req: ConnectRequest, opts: &ReceiveOptions, active: &Arc<AtomicUsize>) -> ReceiveReport {
+    let start = Instant::now();
+    let mut report = ReceiveReport::starting(req.peer_addr());
+    let result = session_async(req, opts, active, &mut report, start).await;
+    report.ended(result, start)
+}
+
+impl ReceiveReport {
+    /// The report of a session from `peer` that is starting.
+    fn starting(peer: SocketAddr) -> Self {
+        ReceiveReport {
+            session: 0,
+            peer,
+            name: None,
+            bytes: 0,
+            result: Err(String::new()),
+            phases: Phases::default(),
+            total: Duration::ZERO,
         }
     }
-    report
+
+    /// Completes the report with the session's result, and logs it.
+    fn ended(mut self, result: Result<Status, Error>, start: Instant) -> Self {
+        self.result = result.map_err(|e| e.to_string());
+        self.total = start.elapsed();
+        let (session, peer) = (format_args!("{:016x}", self.session), self.peer);
+        match &self.result {
+            Ok(status) => tracing::info!(session = %session, %peer, %status, bytes = self.bytes, "session ended"),
+            Err(e) => tracing::warn!(session = %session, %peer, error = %e, "session failed"),
+        }
+        self
+    }
 }
 
 fn session(
@@ -246,53 +329,90 @@ fn session(
     start: Instant,
 ) -> Result<Status, Error> {
     let ctx = req.open_context()?;
-    let ring_depth = opts.max_slots.saturating_add(16);
-    let ep = Endpoint::new(ctx, 0, ring_depth, |qp| req.init_qp(qp, GRANTED_ACCESS))?;
-    let Endpoint { pd, qp, ring, control } = ep;
+    let ep = Endpoint::new(ctx, 0, ring_depth(opts), |qp| req.init_qp(qp, GRANTED_ACCESS))?;
+    let (qp, parts) = ep.split();
     let conn = req.accept(qp, &conn_params(), opts.accept_timeout)?;
-    report.phases.connect = start.elapsed();
-    let sq = SendQueue::new(conn.qp(), DRAIN)?;
-    let cfg = ReceiverConfig {
-        max_size: opts.max_size,
-        max_chunk: opts.max_chunk,
-        memory_budget: opts.memory_budget,
-        max_slots: opts.max_slots,
-        timeout: opts.timeout,
-    };
-    let mut s = ReceiveSession {
-        opts,
-        active,
-        report,
-        machine: Receiver::new(cfg, Instant::now()),
-        pd,
-        control,
-        sq,
-        ring,
-        admitted: None,
-        file: None,
-        slots: Vec::new(),
-        copy: Vec::new(),
-        hasher: Xxh3::new(),
-        data_start: None,
-        data_end: None,
-        pacer: Pacer::default(),
-        out: Vec::new(),
-        #[cfg(feature = "fault-injection")]
-        flood: None,
-    };
+    let mut s = ReceiveSession::new(opts, active, report, parts, &conn, start)?;
     let outcome = loop {
-        let actions = s.drive_faults().and_then(|()| s.drive_actions());
-        let acted = match actions {
+        match s.drive_round() {
             Ok(ControlFlow::Break(o)) => break Ok(o),
-            Ok(ControlFlow::Continue(acted)) => acted,
+            Ok(ControlFlow::Continue(progressed)) => {
+                if let Err(e) = s.drive_timers(progressed, &conn) {
+                    break Err(e);
+                }
+            }
             Err(e) => break Err(e),
-        };
-        let round = s.drive_arrivals().and_then(|a| Ok(a | s.drive_completions()?));
-        if let Err(e) = round.and_then(|progressed| s.drive_timers(acted || progressed, &conn)) {
-            break Err(e);
         }
     };
-    s.finish(outcome, conn)
+    let (mut sq, ring, slots) = s.end();
+    // The ACK must reach the sender before the connection goes.
+    let _ = sq.drain(TEARDOWN_WAIT.min(opts.timeout), drop);
+    drop(sq);
+    let _ = conn.wait_disconnected(TEARDOWN_WAIT.min(opts.timeout));
+    // The ring holds the QP's last handle now: dropped, it destroys the QP; only then may the
+    // peer-writable slots go.
+    drop(ring);
+    drop(slots);
+    status_of(outcome)
+}
+
+/// [`session`] for async code: the same rounds, with the accept and the idle waits awaited,
+/// and a teardown that does not block the runtime.
+#[cfg(feature = "tokio")]
+async fn session_async(
+    req: ConnectRequest,
+    opts: &ReceiveOptions,
+    active: &Arc<AtomicUsize>,
+    report: &mut ReceiveReport,
+    start: Instant,
+) -> Result<Status, Error> {
+    let ctx = req.open_context()?;
+    let ep = Endpoint::new(ctx, 0, ring_depth(opts), |qp| req.init_qp(qp, GRANTED_ACCESS))?;
+    let (qp, parts) = ep.split();
+    let conn = match tokio::time::timeout(opts.accept_timeout, req.accept_async(qp, &conn_params())).await {
+        Ok(r) => r?,
+        Err(_) => {
+            let after = opts.accept_timeout;
+            return Err(rdma_cm::Error::Timeout { what: "accepting", device: None, after }.into());
+        }
+    };
+    let mut s = ReceiveSession::new(opts, active, report, parts, &conn, start)?;
+    let outcome = loop {
+        match s.drive_round() {
+            Ok(ControlFlow::Break(o)) => break Ok(o),
+            Ok(ControlFlow::Continue(progressed)) => {
+                if let Err(e) = s.drive_timers_async(progressed, &conn).await {
+                    break Err(e);
+                }
+            }
+            Err(e) => break Err(e),
+        }
+    };
+    let (mut sq, ring, slots) = s.end();
+    let wait = TEARDOWN_WAIT.min(opts.timeout);
+    let _ = tokio::time::timeout(wait, sq.drain_async(drop)).await;
+    let _ = sq.close_async().await;
+    let _ = tokio::time::timeout(wait, conn.wait_disconnected_async()).await;
+    let _ = ring.close_async().await;
+    drop(slots);
+    status_of(outcome)
+}
+
+/// How long a session's teardown waits for its ACK to complete, and for the sender to
+/// disconnect.
+const TEARDOWN_WAIT: Duration = Duration::from_secs(5);
+
+/// The receive ring's depth: a receive for every granted slot's chunk, and room for control.
+fn ring_depth(opts: &ReceiveOptions) -> u32 {
+    opts.max_slots.saturating_add(16)
+}
+
+/// A session's outcome as the report gives it.
+fn status_of(outcome: Result<Outcome, Error>) -> Result<Status, Error> {
+    match outcome? {
+        Outcome::Acked { status, .. } => Ok(status),
+        Outcome::Failed(e) => Err(e.into()),
+    }
 }
 
 /// What the receiver lets the sender do to its slots.
@@ -328,7 +448,76 @@ struct ReceiveSession<'a> {
     flood: Option<Instant>,
 }
 
-impl ReceiveSession<'_> {
+impl<'a> ReceiveSession<'a> {
+    fn new(
+        opts: &'a ReceiveOptions,
+        active: &'a Arc<AtomicUsize>,
+        report: &'a mut ReceiveReport,
+        parts: EndpointParts,
+        conn: &rdma_cm::Connection<'static>,
+        start: Instant,
+    ) -> Result<Self, Error> {
+        report.phases.connect = start.elapsed();
+        let EndpointParts { pd, ring, control } = parts;
+        let sq = SendQueue::new(conn.qp(), DRAIN)?;
+        let cfg = ReceiverConfig {
+            max_size: opts.max_size,
+            max_chunk: opts.max_chunk,
+            memory_budget: opts.memory_budget,
+            max_slots: opts.max_slots,
+            timeout: opts.timeout,
+        };
+        Ok(ReceiveSession {
+            opts,
+            active,
+            report,
+            machine: Receiver::new(cfg, Instant::now()),
+            pd,
+            control,
+            sq,
+            ring,
+            admitted: None,
+            file: None,
+            slots: Vec::new(),
+            copy: Vec::new(),
+            hasher: Xxh3::new(),
+            data_start: None,
+            data_end: None,
+            pacer: Pacer::default(),
+            out: Vec::new(),
+            #[cfg(feature = "fault-injection")]
+            flood: None,
+        })
+    }
+
+    /// One round: the test hooks, the machine's actions, then the arrivals and completions.
+    /// `Break` with the outcome once the session is over, else `Continue` saying whether
+    /// anything progressed.
+    fn drive_round(&mut self) -> Result<ControlFlow<Outcome, bool>, Error> {
+        self.drive_faults()?;
+        let acted = match self.drive_actions()? {
+            ControlFlow::Break(o) => return Ok(ControlFlow::Break(o)),
+            ControlFlow::Continue(acted) => acted,
+        };
+        let arrived = self.drive_arrivals()?;
+        let completed = self.drive_completions()?;
+        Ok(ControlFlow::Continue(acted || arrived || completed))
+    }
+
+    /// Ends the session: an uncommitted temporary is removed, the place among `max_sessions`
+    /// given back, the report filled in; the queues and the granted slots are returned for
+    /// the teardown, which must release the slots last (after the QP is destroyed).
+    fn end(self) -> (SendQueue<'static, Rc>, RecvRing<'static>, Vec<Slot<'static>>) {
+        let ReceiveSession { report, machine, sq, ring, file, admitted, slots, data_start, data_end, .. } = self;
+        drop(file);
+        drop(admitted);
+        report.bytes = machine.bytes_stored();
+        if let (Some(a), Some(b)) = (data_start, data_end) {
+            report.phases.data = b - a;
+        }
+        (sq, ring, slots)
+    }
+
     /// Does what the machine asks: `Break` with the outcome once it finished, else `Continue`
     /// saying whether there was anything to do.
     fn drive_actions(&mut self) -> Result<ControlFlow<Outcome, bool>, Error> {
@@ -451,7 +640,20 @@ impl ReceiveSession<'_> {
     /// Ends the round: spins or sleeps on the CQs ([`Pacer`]), and when the slow checks are due,
     /// the machine's timeout, whether the peer left, and whether the receiver is stopping.
     fn drive_timers(&mut self, progressed: bool, conn: &rdma_cm::Connection<'static>) -> Result<(), Error> {
-        if self.pacer.round(progressed, [self.sq.cq(), self.ring.cq()])? {
+        let due = self.pacer.round(progressed, [self.sq.cq(), self.ring.cq()])?;
+        self.drive_slow_checks(due, conn)
+    }
+
+    /// [`drive_timers`](Self::drive_timers), awaiting the CQs' channel when idle.
+    #[cfg(feature = "tokio")]
+    async fn drive_timers_async(&mut self, progressed: bool, conn: &rdma_cm::Connection<'static>) -> Result<(), Error> {
+        let due = self.pacer.round_async(progressed, [self.sq.cq(), self.ring.cq()]).await?;
+        self.drive_slow_checks(due, conn)
+    }
+
+    /// When `due`: the machine's timeout, whether the peer left, whether the receiver stops.
+    fn drive_slow_checks(&mut self, due: bool, conn: &rdma_cm::Connection<'static>) -> Result<(), Error> {
+        if due {
             self.machine.handle_timeout(Instant::now());
             if peer_left(conn) {
                 return Err(Error::PeerDisconnected);
@@ -480,28 +682,5 @@ impl ReceiveSession<'_> {
     #[cfg(not(feature = "fault-injection"))]
     fn drive_faults(&mut self) -> Result<(), Error> {
         Ok(())
-    }
-
-    /// Tears the session down in order: the temporary goes (if not committed), the ACK is
-    /// given time to reach the sender, the connection closes, and only then the peer-writable
-    /// slots are released.
-    fn finish(self, outcome: Result<Outcome, Error>, conn: rdma_cm::Connection<'static>) -> Result<Status, Error> {
-        let ReceiveSession { opts, report, machine, mut sq, file, admitted, slots, data_start, data_end, .. } = self;
-        drop(file); // an uncommitted temporary is removed
-        drop(admitted);
-        report.bytes = machine.bytes_stored();
-        if let (Some(a), Some(b)) = (data_start, data_end) {
-            report.phases.data = b - a;
-        }
-        // The ACK must reach the sender before the connection goes.
-        let _ = sq.drain(opts.timeout.min(Duration::from_secs(5)), drop);
-        drop(sq);
-        let _ = conn.wait_disconnected(opts.timeout.min(Duration::from_secs(5)));
-        // Only now, with the QP destroyed, may the peer-writable slots go.
-        drop(slots);
-        match outcome? {
-            Outcome::Acked { status, .. } => Ok(status),
-            Outcome::Failed(e) => Err(e.into()),
-        }
     }
 }

@@ -13,7 +13,8 @@ use rdma_verbs::{AccessFlags, Rc, RecvRing, RemoteRegion, SendQueue, Slot, SlotP
 use xxhash_rust::xxh3::Xxh3;
 
 use super::link::{
-    conn_params, peer_left, send_control, take_arrivals, Endpoint, Pacer, CONTROL_WR_ID, DISCONNECT_WAIT, DRAIN,
+    conn_params, peer_left, send_control, take_arrivals, Endpoint, EndpointParts, Pacer, CONTROL_WR_ID,
+    DISCONNECT_WAIT, DRAIN,
 };
 use super::{Error, Phases};
 use crate::sender::{Action, Input, Sender, SenderConfig};
@@ -101,84 +102,189 @@ pub struct SendReport {
 }
 
 /// Sends `path` to a receiver; `progress(bytes_written, total)` is called as chunks complete.
+/// Blocks the calling thread; `send_file_async` (feature `tokio`) is the same transfer for
+/// async code.
 ///
 /// # Errors
 /// [`Error::Refused`] with the receiver's status when it did not store the file; otherwise
 /// the connection, file, protocol or timeout error.
 pub fn send_file(path: &Path, opts: &SendOptions, mut progress: impl FnMut(u64, u64)) -> Result<SendReport, Error> {
     let start = Instant::now();
-    let file_err = |e| Error::File { path: path.display().to_string(), source: e };
-    let name = match &opts.name {
-        Some(n) => n.clone(),
-        None => match path.file_name().map(|n| n.to_str()) {
-            Some(Some(n)) => n.to_owned(),
-            Some(None) => {
-                return Err(Error::Usage(format!("{}: the file name is not UTF-8: give a name", path.display())))
-            }
-            None => return Err(Error::Usage(format!("{}: no file name: give a name", path.display()))),
-        },
-    };
-    let offer = offered_versions(opts);
-    if offer.is_none() {
-        crate::name::check(&name).map_err(|why| Error::Usage(format!("{name:?}: {why}")))?;
-    }
-    // Non-blocking, so that a FIFO does not hang the open; then only regular files are sent
-    // (a device or /proc file reports no size, a directory no data).
-    let file = OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).map_err(file_err)?;
-    let meta = file.metadata().map_err(file_err)?;
-    if !meta.is_file() {
-        return Err(file_err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file")));
-    }
-    let size = meta.len();
-    let session = session_id();
-    let cfg = SenderConfig::new(opts.chunk, opts.depth, opts.timeout);
-    let machine = match offer {
-        None => Sender::new(session, &name, size, cfg, Instant::now())?,
-        Some(v) => Sender::offering(session, &name, size, cfg, Instant::now(), v)?,
-    };
-    tracing::info!(session = format_args!("{session:016x}"), %name, size, to = %opts.to, "sending");
-
+    let file = SourceFile::open(path, opts)?;
     // Connect, with the receive ring posted before the peer can send.
     let id = CmId::new()?.resolve(opts.from, opts.to, opts.connect_timeout)?;
     let ctx = id.open_context()?;
     let ep = Endpoint::new(ctx, opts.depth, 32, |qp| id.init_qp(qp, AccessFlags::LOCAL_WRITE))?;
-    let Endpoint { pd, qp, ring, control } = ep;
+    let (qp, parts) = ep.split();
     let conn = id.connect(qp, &conn_params(), opts.connect_timeout).map_err(refusal)?;
-    let connect = start.elapsed();
-    let data = SlotPool::new(pd.clone(), opts.chunk as usize, opts.depth as usize, AccessFlags::LOCAL_WRITE)?;
-    let sq = SendQueue::new(conn.qp(), DRAIN)?;
-    let mut s = SendSession {
-        opts,
-        path,
-        machine,
-        file,
-        size,
-        data,
-        control,
-        sq,
-        ring,
-        hasher: Xxh3::new(),
-        read: VecDeque::new(),
-        done: Vec::new(),
-        failed: None,
-        granted_at: None,
-        data_end: None,
-        fin_at: None,
-        pacer: Pacer::default(),
-        out: Vec::new(),
-    };
+    let mut s = SendSession::new(opts, path, file, parts, &conn, start)?;
     let outcome = loop {
-        let pushed = match s.drive_actions() {
-            Ok(ControlFlow::Break(o)) => break Ok(o),
-            Ok(ControlFlow::Continue(pushed)) => pushed,
+        match s.drive_round(&mut progress) {
+            Ok(ControlFlow::Break(o)) => break o,
+            Ok(ControlFlow::Continue(progressed)) => {
+                if let Err(e) = s.drive_timers(progressed, &conn) {
+                    break Err(e);
+                }
+            }
             Err(e) => break Err(e),
-        };
-        let round = s.drive_completions(&mut progress).and_then(|c| Ok(c | s.drive_arrivals()?));
-        if let Err(e) = round.and_then(|progressed| s.drive_timers(pushed || progressed, &conn)) {
-            break Err(e);
         }
     };
-    s.finish(outcome, conn, start, connect, session)
+    let (mut sq, ring, summary) = s.into_parts();
+    tracing::debug!(ok = outcome.is_ok(), after = ?start.elapsed(), "session over; tearing down");
+    // Let the last sends complete before the connection goes.
+    let _ = sq.drain(DRAIN, drop);
+    drop(sq);
+    // The peer's answer to the disconnect only confirms what is already decided; a peer that
+    // withholds it (measured: a never-ACKing receiver held a timed-out sender 10 s here) must
+    // not delay the exit. The connection is torn down either way.
+    let _ = conn.disconnect(DISCONNECT_WAIT.min(opts.connect_timeout));
+    drop(ring);
+    summary.report(outcome)
+}
+
+/// [`send_file`] for async code (feature `tokio`): the same rounds of the same session, with
+/// the connection steps awaited (`rdma-cm`'s `*_async`) and an idle round awaiting the CQs'
+/// completion channel on the tokio reactor instead of sleeping the thread. Many transfers can
+/// run on one runtime, a task each; no thread is started.
+///
+/// What still blocks the task briefly: reading the file (`pread`, from the page cache in the
+/// common case). The teardown does not block: the drains are awaited and the drops that wait
+/// for the device run on tokio's blocking pool (`close_async`).
+///
+/// Cancellation: dropping the future abandons the transfer (the receiver discards it, as for a
+/// killed sender); the queues are then dropped in place, which may block the thread for the
+/// drain timeout.
+///
+/// # Errors
+/// As [`send_file`]; [`Error::Verbs`]/[`Error::Cm`] with `NoRuntime` outside a tokio runtime.
+///
+/// # Panics
+/// In a runtime without IO and time enabled, as tokio's own types.
+#[cfg(feature = "tokio")]
+pub async fn send_file_async(
+    path: &Path,
+    opts: &SendOptions,
+    mut progress: impl FnMut(u64, u64),
+) -> Result<SendReport, Error> {
+    let start = Instant::now();
+    let file = SourceFile::open(path, opts)?;
+    let connecting = async {
+        let id = CmId::new()?.resolve_async(opts.from, opts.to).await?;
+        let ctx = id.open_context()?;
+        let ep = Endpoint::new(ctx, opts.depth, 32, |qp| id.init_qp(qp, AccessFlags::LOCAL_WRITE))?;
+        let (qp, parts) = ep.split();
+        let conn = id.connect_async(qp, &conn_params()).await.map_err(refusal)?;
+        Ok::<_, Error>((conn, parts))
+    };
+    let (conn, parts) = match tokio::time::timeout(opts.connect_timeout, connecting).await {
+        Ok(r) => r?,
+        Err(_) => {
+            return Err(rdma_cm::Error::Timeout { what: "connecting", device: None, after: opts.connect_timeout }.into())
+        }
+    };
+    let mut s = SendSession::new(opts, path, file, parts, &conn, start)?;
+    let outcome = loop {
+        match s.drive_round(&mut progress) {
+            Ok(ControlFlow::Break(o)) => break o,
+            Ok(ControlFlow::Continue(progressed)) => {
+                if let Err(e) = s.drive_timers_async(progressed, &conn).await {
+                    break Err(e);
+                }
+            }
+            Err(e) => break Err(e),
+        }
+    };
+    let (mut sq, ring, summary) = s.into_parts();
+    let _ = tokio::time::timeout(DRAIN, sq.drain_async(drop)).await;
+    let _ = sq.close_async().await;
+    let _ = tokio::time::timeout(DISCONNECT_WAIT.min(opts.connect_timeout), conn.disconnect_async()).await;
+    let _ = ring.close_async().await;
+    summary.report(outcome)
+}
+
+/// The file to send, opened and checked, and the machine made for it.
+struct SourceFile {
+    file: std::fs::File,
+    size: u64,
+    session: u64,
+    machine: Sender,
+}
+
+impl SourceFile {
+    fn open(path: &Path, opts: &SendOptions) -> Result<Self, Error> {
+        let file_err = |e| Error::File { path: path.display().to_string(), source: e };
+        let name = match &opts.name {
+            Some(n) => n.clone(),
+            None => match path.file_name().map(|n| n.to_str()) {
+                Some(Some(n)) => n.to_owned(),
+                Some(None) => {
+                    return Err(Error::Usage(format!("{}: the file name is not UTF-8: give a name", path.display())))
+                }
+                None => return Err(Error::Usage(format!("{}: no file name: give a name", path.display()))),
+            },
+        };
+        let offer = offered_versions(opts);
+        if offer.is_none() {
+            crate::name::check(&name).map_err(|why| Error::Usage(format!("{name:?}: {why}")))?;
+        }
+        // Non-blocking, so that a FIFO does not hang the open; then only regular files are sent
+        // (a device or /proc file reports no size, a directory no data).
+        let file = OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).map_err(file_err)?;
+        let meta = file.metadata().map_err(file_err)?;
+        if !meta.is_file() {
+            return Err(file_err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file")));
+        }
+        let size = meta.len();
+        let session = session_id();
+        let cfg = SenderConfig::new(opts.chunk, opts.depth, opts.timeout);
+        let machine = match offer {
+            None => Sender::new(session, &name, size, cfg, Instant::now())?,
+            Some(v) => Sender::offering(session, &name, size, cfg, Instant::now(), v)?,
+        };
+        tracing::info!(session = format_args!("{session:016x}"), %name, size, to = %opts.to, "sending");
+        Ok(SourceFile { file, size, session, machine })
+    }
+}
+
+/// What the report of a send is made of, once its queues are gone.
+struct SendSummary {
+    machine: Sender,
+    size: u64,
+    session: u64,
+    start: Instant,
+    connect: Duration,
+    granted_at: Option<Instant>,
+    data_end: Option<Instant>,
+    fin_at: Option<Instant>,
+}
+
+impl SendSummary {
+    /// The session's outcome as the caller sees it.
+    fn report(self, outcome: Result<Outcome, Error>) -> Result<SendReport, Error> {
+        let SendSummary { machine, size, session, start, connect, granted_at, data_end, fin_at } = self;
+        let end = Instant::now();
+        match outcome? {
+            Outcome::Acked { status: Status::Ok, .. } => {
+                let g = *machine.grant().expect("an OK ACK follows a grant");
+                let fin = fin_at.unwrap_or(end);
+                let data_start = granted_at.unwrap_or(start);
+                let mut phases = Phases { connect, ..Phases::default() };
+                phases.grant = data_start.duration_since(start).saturating_sub(connect);
+                phases.data = data_end.unwrap_or(fin).duration_since(data_start);
+                phases.digest = end.duration_since(fin);
+                Ok(SendReport {
+                    session,
+                    bytes: size,
+                    chunk: g.slot_size,
+                    slots: g.slot_count,
+                    phases,
+                    total: end - start,
+                })
+            }
+            Outcome::Acked { status, detail } => Err(Error::Refused { status, detail }),
+            Outcome::Failed(e) => Err(e.into()),
+        }
+    }
 }
 
 /// One send in progress: the machine, the file, and the connection's queues. Each `drive_*`
@@ -189,6 +295,9 @@ struct SendSession<'a> {
     machine: Sender,
     file: std::fs::File,
     size: u64,
+    session: u64,
+    start: Instant,
+    connect: Duration,
     /// The local slots chunks are read into and written from.
     data: SlotPool<'static>,
     control: SlotPool<'static>,
@@ -209,7 +318,60 @@ struct SendSession<'a> {
     out: Vec<u8>,
 }
 
-impl SendSession<'_> {
+impl<'a> SendSession<'a> {
+    fn new(
+        opts: &'a SendOptions,
+        path: &'a Path,
+        source: SourceFile,
+        parts: EndpointParts,
+        conn: &rdma_cm::Connection<'static>,
+        start: Instant,
+    ) -> Result<Self, Error> {
+        let EndpointParts { pd, ring, control } = parts;
+        let connect = start.elapsed();
+        let data = SlotPool::new(pd, opts.chunk as usize, opts.depth as usize, AccessFlags::LOCAL_WRITE)?;
+        let sq = SendQueue::new(conn.qp(), DRAIN)?;
+        let SourceFile { file, size, session, machine } = source;
+        Ok(SendSession {
+            opts,
+            path,
+            machine,
+            file,
+            size,
+            session,
+            start,
+            connect,
+            data,
+            control,
+            sq,
+            ring,
+            hasher: Xxh3::new(),
+            read: VecDeque::new(),
+            done: Vec::new(),
+            failed: None,
+            granted_at: None,
+            data_end: None,
+            fin_at: None,
+            pacer: Pacer::default(),
+            out: Vec::new(),
+        })
+    }
+
+    /// One round: the machine's actions, then the completions and arrivals. `Break` with the
+    /// session's outcome once it is over, else `Continue` saying whether anything progressed.
+    fn drive_round(
+        &mut self,
+        progress: &mut impl FnMut(u64, u64),
+    ) -> Result<ControlFlow<Result<Outcome, Error>, bool>, Error> {
+        let pushed = match self.drive_actions()? {
+            ControlFlow::Break(o) => return Ok(ControlFlow::Break(Ok(o))),
+            ControlFlow::Continue(pushed) => pushed,
+        };
+        let completed = self.drive_completions(progress)?;
+        let arrived = self.drive_arrivals()?;
+        Ok(ControlFlow::Continue(pushed || completed || arrived))
+    }
+
     fn file_err(&self, e: std::io::Error) -> Error {
         Error::File { path: self.path.display().to_string(), source: e }
     }
@@ -320,7 +482,20 @@ impl SendSession<'_> {
     /// Ends the round: spins or sleeps on the CQs ([`Pacer`]), and when the slow checks are due,
     /// the machine's timeout and whether the peer left.
     fn drive_timers(&mut self, progressed: bool, conn: &rdma_cm::Connection<'static>) -> Result<(), Error> {
-        if self.pacer.round(progressed, [self.sq.cq(), self.ring.cq()])? {
+        let due = self.pacer.round(progressed, [self.sq.cq(), self.ring.cq()])?;
+        self.drive_slow_checks(due, conn)
+    }
+
+    /// [`drive_timers`](Self::drive_timers), awaiting the CQs' channel when idle.
+    #[cfg(feature = "tokio")]
+    async fn drive_timers_async(&mut self, progressed: bool, conn: &rdma_cm::Connection<'static>) -> Result<(), Error> {
+        let due = self.pacer.round_async(progressed, [self.sq.cq(), self.ring.cq()]).await?;
+        self.drive_slow_checks(due, conn)
+    }
+
+    /// When `due`: the machine's timeout, and whether the peer left.
+    fn drive_slow_checks(&mut self, due: bool, conn: &rdma_cm::Connection<'static>) -> Result<(), Error> {
+        if due {
             self.machine.handle_timeout(Instant::now());
             if peer_left(conn) {
                 return Err(Error::PeerDisconnected);
@@ -329,51 +504,10 @@ impl SendSession<'_> {
         Ok(())
     }
 
-    /// Tears the connection down in order (the last sends complete first; the receive ring goes
-    /// after the QP) and turns the outcome into the report.
-    fn finish(
-        self,
-        outcome: Result<Outcome, Error>,
-        conn: rdma_cm::Connection<'static>,
-        start: Instant,
-        connect: Duration,
-        session: u64,
-    ) -> Result<SendReport, Error> {
-        let SendSession { opts, machine, mut sq, ring, size, granted_at, data_end, fin_at, .. } = self;
-        let end = Instant::now();
-        tracing::debug!(ok = outcome.is_ok(), after = ?end - start, "session over; tearing down");
-        // Let the last sends complete before the connection goes.
-        let _ = sq.drain(DRAIN, drop);
-        drop(sq);
-        tracing::debug!(after = ?end.elapsed(), "send queue drained");
-        // The peer's answer to the disconnect only confirms what is already decided; a peer that
-        // withholds it (measured: a never-ACKing receiver held a timed-out sender 10 s here) must
-        // not delay the exit. The connection is torn down either way.
-        let _ = conn.disconnect(DISCONNECT_WAIT.min(opts.connect_timeout));
-        tracing::debug!(after = ?end.elapsed(), "disconnected");
-        drop(ring);
-        tracing::debug!(after = ?end.elapsed(), "receive ring released");
-        match outcome? {
-            Outcome::Acked { status: Status::Ok, .. } => {
-                let g = *machine.grant().expect("an OK ACK follows a grant");
-                let fin = fin_at.unwrap_or(end);
-                let data_start = granted_at.unwrap_or(start);
-                let mut phases = Phases { connect, ..Phases::default() };
-                phases.grant = data_start.duration_since(start).saturating_sub(connect);
-                phases.data = data_end.unwrap_or(fin).duration_since(data_start);
-                phases.digest = end.duration_since(fin);
-                Ok(SendReport {
-                    session,
-                    bytes: size,
-                    chunk: g.slot_size,
-                    slots: g.slot_count,
-                    phases,
-                    total: end - start,
-                })
-            }
-            Outcome::Acked { status, detail } => Err(Error::Refused { status, detail }),
-            Outcome::Failed(e) => Err(e.into()),
-        }
+    /// Splits the session, once over, into its queues (to tear down) and its summary.
+    fn into_parts(self) -> (SendQueue<'static, Rc>, RecvRing<'static>, SendSummary) {
+        let SendSession { machine, sq, ring, size, session, start, connect, granted_at, data_end, fin_at, .. } = self;
+        (sq, ring, SendSummary { machine, size, session, start, connect, granted_at, data_end, fin_at })
     }
 }
 
