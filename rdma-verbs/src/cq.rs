@@ -27,6 +27,8 @@ pub struct CompletionChannel<'ctx> {
     ctx: Parent<'ctx, Context>,
     /// The CQs that report to it now.
     cqs: AtomicUsize,
+    /// The threads asleep on it ([`CqWaiter`](crate::CqWaiter)).
+    sleepers: crate::sleepers::Sleepers,
     /// The fd's registration with the tokio reactor, made by the first async wait.
     #[cfg(feature = "tokio")]
     reactor: crate::reactor::Registration,
@@ -87,6 +89,7 @@ impl<'ctx> CompletionChannel<'ctx> {
             raw,
             ctx,
             cqs: AtomicUsize::new(0),
+            sleepers: Default::default(),
             #[cfg(feature = "tokio")]
             reactor: Default::default(),
         };
@@ -231,10 +234,39 @@ impl<'ctx> CompletionChannel<'ctx> {
         self.cqs.load(Ordering::Relaxed)
     }
 
+    /// The threads asleep on the channel.
+    pub(crate) fn sleepers(&self) -> &crate::sleepers::Sleepers {
+        &self.sleepers
+    }
+
+    /// Reads and acknowledges every pending event; `true` if there was one. When one was for a
+    /// CQ outside `ours`, the threads asleep on the channel (but `me`) are woken: the event may
+    /// have been theirs.
+    pub(crate) fn drain_events(&self, ours: &[&CompletionQueue<'_>], me: Option<RawFd>) -> Result<bool> {
+        let (mut any, mut foreign) = (false, false);
+        while let Some(event) = self.try_recv()? {
+            any = true;
+            foreign |= !ours.iter().any(|cq| event.is_for(cq));
+        }
+        if foreign {
+            self.sleepers.wake_all(me);
+        }
+        Ok(any)
+    }
+
+    /// The channel's registration with the current tokio runtime's reactor, made now if not
+    /// yet (it stays until the channel is dropped).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn reactor(&self) -> Result<&tokio::io::unix::AsyncFd<crate::reactor::WatchedFd>> {
+        self.reactor.get_or_register(self.as_raw_fd(), "ibv_get_cq_event", self.ctx.name())
+    }
+
     /// Awaits an event of the channel on the tokio reactor (the channel's fd is registered
     /// with the runtime of the first async wait, and stays so until the channel is dropped),
-    /// for at most `recheck` when given; reads and acknowledges every event pending. `true`
-    /// when an event came. Several tasks may await one channel: each is woken.
+    /// for at most `recheck` when given; reads and acknowledges every event pending (waking
+    /// the threads asleep on the channel in [`CqWaiter::wait`](crate::CqWaiter::wait): the
+    /// events may be theirs). `true` when an event came. Several tasks may await one channel:
+    /// each is woken.
     ///
     /// Cancellation-safe: it takes events only after its last await, and returns at once.
     ///
@@ -247,9 +279,19 @@ impl<'ctx> CompletionChannel<'ctx> {
     /// `recheck` is given (`Builder::enable_all` enables both).
     #[cfg(feature = "tokio")]
     pub async fn readable_async(&self, recheck: Option<Duration>) -> Result<bool> {
+        self.readable_async_for(&[], recheck).await
+    }
+
+    /// [`readable_async`](Self::readable_async) for a wait on `ours`: only events of other CQs
+    /// wake the sleeping threads.
+    #[cfg(feature = "tokio")]
+    pub(crate) async fn readable_async_for(
+        &self,
+        ours: &[&CompletionQueue<'_>],
+        recheck: Option<Duration>,
+    ) -> Result<bool> {
         let device = self.ctx.name();
-        let fd = self.reactor.get_or_register(self.as_raw_fd(), "ibv_get_cq_event", device)?;
-        let ready = fd.readable();
+        let ready = self.reactor()?.readable();
         let guard = match recheck {
             None => ready.await,
             Some(d) => match tokio::time::timeout(d, ready).await {
@@ -258,10 +300,7 @@ impl<'ctx> CompletionChannel<'ctx> {
             },
         };
         let mut guard = guard.map_err(|e| crate::reactor::io_error("ibv_get_cq_event", device, &e))?;
-        let mut woken = false;
-        while self.try_recv()?.is_some() {
-            woken = true;
-        }
+        let woken = self.drain_events(ours, None)?;
         guard.clear_ready();
         Ok(woken)
     }
@@ -416,16 +455,9 @@ impl<'ctx> CompletionQueue<'ctx> {
         }
         let deadline = Deadline::after(timeout);
         let mut waiter = crate::CqWaiter::new(policy);
-        loop {
-            let n = self.poll(out)?.len();
-            if n > 0 {
-                return Ok(&mut out[..n]);
-            }
-            if deadline.has_passed() {
-                return Err(Error::Timeout { what: "completions", after: timeout });
-            }
-            waiter.idle(&[self], deadline)?;
-        }
+        let n = waiter.wait(&[self], deadline, || Ok(Some(self.poll(out)?.len()).filter(|&n| n > 0)))?;
+        let n = n.ok_or(Error::Timeout { what: "completions", after: timeout })?;
+        Ok(&mut out[..n])
     }
 
     /// Awaits completions and polls them into `out` (feature `tokio`): [`poll_wait`] for async
@@ -447,13 +479,14 @@ impl<'ctx> CompletionQueue<'ctx> {
             return Err(Error::invalid("ibv_poll_cq", Some(self.ctx.name()), "no room for a completion"));
         }
         let mut waiter = crate::CqWaiter::new(policy);
-        loop {
-            let n = self.poll(out)?.len();
-            if n > 0 {
-                return Ok(&mut out[..n]);
+        // Without a deadline the wait ends only with completions (or an error).
+        let n = loop {
+            let step = || Ok(Some(self.poll(out)?.len()).filter(|&n| n > 0));
+            if let Some(n) = waiter.wait_async(&[self], Deadline::never(), step).await? {
+                break n;
             }
-            waiter.idle_async(&[self], None).await?;
-        }
+        };
+        Ok(&mut out[..n])
     }
 
     /// Marks the CQ as owned by `holder` (see `CqOwner`); `Err` with the present owner's busy

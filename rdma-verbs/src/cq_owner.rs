@@ -87,6 +87,12 @@ impl<'res> CqOwner<'res> {
     pub(crate) fn cq(&self) -> &CompletionQueue<'res> {
         &self.cq
     }
+
+    /// A handle on the CQ (a reference or an `Arc`) that does not borrow the owner: for a wait
+    /// that sleeps on the CQ while its steps poll through the owner.
+    pub(crate) fn handle(&self) -> Parent<'res, CompletionQueue<'res>> {
+        self.cq.clone()
+    }
 }
 
 impl Drop for CqOwner<'_> {

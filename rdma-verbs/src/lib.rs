@@ -214,6 +214,7 @@ mod registry;
 mod request;
 mod scope;
 mod send_queue;
+mod sleepers;
 mod srq;
 mod waiter;
 mod wc;

@@ -103,15 +103,11 @@ fn wait(cqs: &[&CompletionQueue<'_>], timeout: Duration, poll: &mut impl FnMut()
     let deadline = Deadline::after(timeout);
     let mut waiter = CqWaiter::new(WaitPolicy::default());
     loop {
-        if poll() {
-            return true;
-        }
-        if deadline.has_passed() {
-            return false;
-        }
-        if waiter.idle(cqs, deadline).is_err() {
+        match waiter.wait(cqs, deadline, || Ok(poll().then_some(()))) {
+            Ok(done) => return done.is_some(),
             // Arming or sleeping failed: go on polling (a drain must reach its deadline).
-            std::hint::spin_loop();
+            Err(_) if deadline.has_passed() => return poll(),
+            Err(_) => std::hint::spin_loop(),
         }
     }
 }

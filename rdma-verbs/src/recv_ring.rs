@@ -458,17 +458,20 @@ impl<'res> RecvRing<'res> {
     /// too.
     pub fn recv(&mut self, timeout: Duration) -> Result<SlotMessage<'res>> {
         let deadline = Deadline::after(timeout);
+        let mut reflush = Reflush::new();
+        if let Some(msg) = self.next_or_reflush(&mut reflush)? {
+            return Ok(msg);
+        }
+        let cq = self.cq.handle();
         let mut waiter = CqWaiter::new(self.wait_policy);
-        let mut reflush = Deadline::after(REFLUSH_AFTER);
         loop {
-            if let Some(msg) = self.next_or_reflush(&mut reflush)? {
+            let until = if self.qp.is_some() { deadline.min(reflush.at()) } else { deadline };
+            if let Some(msg) = waiter.wait(&[&cq], until, || self.next_or_reflush(&mut reflush))? {
                 return Ok(msg);
             }
             if deadline.has_passed() {
                 return Err(Error::Timeout { what: "a received message", after: timeout });
             }
-            let until = if self.qp.is_some() { deadline.min(reflush) } else { deadline };
-            waiter.idle(&[self.cq.cq()], until)?;
         }
     }
 
@@ -490,31 +493,33 @@ impl<'res> RecvRing<'res> {
     /// In a runtime without IO or time enabled, as tokio's own types.
     #[cfg(feature = "tokio")]
     pub async fn recv_async(&mut self) -> Result<SlotMessage<'res>> {
+        let mut reflush = Reflush::new();
+        if let Some(msg) = self.next_or_reflush(&mut reflush)? {
+            return Ok(msg);
+        }
+        let cq = self.cq.handle();
         let mut waiter = CqWaiter::new(self.wait_policy);
-        let mut reflush = Deadline::after(REFLUSH_AFTER);
         loop {
-            if let Some(msg) = self.next_or_reflush(&mut reflush)? {
+            let until = if self.qp.is_some() { reflush.at() } else { Deadline::never() };
+            if let Some(msg) = waiter.wait_async(&[&cq], until, || self.next_or_reflush(&mut reflush)).await? {
                 return Ok(msg);
             }
-            let recheck = self.qp.is_some().then(|| reflush.remaining());
-            waiter.idle_async(&[self.cq.cq()], recheck).await?;
         }
     }
 
     /// One poll of a wait: the next message, or `None` after moving a QP in error to error
     /// again when `reflush` has passed (see [`recv`](Self::recv)).
-    fn next_or_reflush(&mut self, reflush: &mut Deadline) -> Result<Option<SlotMessage<'res>>> {
+    fn next_or_reflush(&mut self, reflush: &mut Reflush) -> Result<Option<SlotMessage<'res>>> {
         if let Some(msg) = self.try_recv()? {
             return Ok(Some(msg));
         }
         if self.posted_count == 0 {
             return Err(Error::NothingToWaitFor { what: "a received message" });
         }
-        if reflush.has_passed() {
+        if reflush.due() {
             if let Some(qp) = &self.qp {
                 qp.reflush_if_in_error();
             }
-            *reflush = Deadline::after(REFLUSH_AFTER);
         }
         Ok(None)
     }
@@ -612,10 +617,38 @@ impl<'res> RecvRing<'res> {
     }
 }
 
-/// How long a wait for receives goes without one before it checks whether the QP is in the
-/// error state, whose receives rxe completes only when moved to error again
-/// (`reflush_if_in_error`).
-pub(crate) const REFLUSH_AFTER: Duration = Duration::from_millis(50);
+/// When a wait for receives checks whether its QP is in the error state, whose receives rxe
+/// completes only when moved to error again (`reflush_if_in_error`): 50 ms after it began, then
+/// after twice as long each time, up to a second, so that an idle wait costs a QP query a
+/// second at most, and a dead connection's receives end within a second.
+pub(crate) struct Reflush {
+    at: Deadline,
+    every: Duration,
+}
+
+impl Reflush {
+    const FIRST: Duration = Duration::from_millis(50);
+    const MOST: Duration = Duration::from_secs(1);
+
+    pub(crate) fn new() -> Self {
+        Reflush { at: Deadline::after(Self::FIRST), every: Self::FIRST }
+    }
+
+    /// The next check.
+    pub(crate) fn at(&self) -> Deadline {
+        self.at
+    }
+
+    /// Whether a check is due now; if so, the next is scheduled.
+    pub(crate) fn due(&mut self) -> bool {
+        if !self.at.has_passed() {
+            return false;
+        }
+        self.every = (self.every * 2).min(Self::MOST);
+        self.at = Deadline::after(self.every);
+        true
+    }
+}
 
 /// What dropping a ring did with the receives it had posted.
 enum Released {

@@ -222,33 +222,28 @@ impl<'s, 'env, T: Transport, S: TypeState> PostScope<'s, 'env, T, S> {
             ));
         }
         let deadline = Deadline::after(timeout);
-        let mut reflush = Deadline::after(crate::recv_ring::REFLUSH_AFTER);
+        let mut reflush = crate::recv_ring::Reflush::new();
         let mut waiter = CqWaiter::new(self.wait_policy);
+        let qp = self.qp.shared();
         let mut got = 0;
         while got < n {
             if n - got > self.outstanding() {
                 return Err(Error::NothingToWaitFor { what: "completions of a posting scope" });
             }
-            if reflush.has_passed() {
+            let until = if self.recvs > 0 { deadline.min(reflush.at()) } else { deadline };
+            let step = || {
                 // Receives posted to a QP in the error state complete only when it is moved to
                 // error again, on rxe: see `reflush_if_in_error`.
-                if self.recvs > 0 {
-                    self.qp.shared().reflush_if_in_error();
+                if reflush.due() && self.recvs > 0 {
+                    qp.reflush_if_in_error();
                 }
-                reflush = Deadline::after(crate::recv_ring::REFLUSH_AFTER);
-            }
-            let now = self.poll(&mut out[got..n])?.len();
-            got += now;
-            if now > 0 {
-                waiter.reset();
-                continue;
-            }
-            if deadline.has_passed() {
+                let now = self.poll(&mut out[got..n])?.len();
+                got += now;
+                Ok((now > 0).then_some(()))
+            };
+            if waiter.wait(&[&qp.send_cq, &qp.recv_cq], until, step)?.is_none() && deadline.has_passed() {
                 return Err(Error::Timeout { what: "completions", after: timeout });
             }
-            let until = if self.recvs > 0 { deadline.min(reflush) } else { deadline };
-            let qp = self.qp.shared();
-            waiter.idle(&[&qp.send_cq, &qp.recv_cq], until)?;
         }
         Ok(&mut out[..n])
     }

@@ -449,17 +449,10 @@ impl<'res, T: Connected> SendQueue<'res, T> {
     /// as `poll` and [`CqWaiter::idle`].
     pub fn wait(&mut self, timeout: Duration, mut f: impl FnMut(SlotCompletion<'res>)) -> Result<usize> {
         let deadline = Deadline::after(timeout);
+        let cq = self.cq.handle();
         let mut waiter = CqWaiter::new(self.wait_policy);
-        loop {
-            let n = self.poll_or_stop("send completions", &mut f)?;
-            if n > 0 {
-                return Ok(n);
-            }
-            if deadline.has_passed() {
-                return Err(Error::Timeout { what: "send completions", after: timeout });
-            }
-            waiter.idle(&[self.cq.cq()], deadline)?;
-        }
+        let step = || Ok(Some(self.poll_or_stop("send completions", &mut f)?).filter(|&n| n > 0));
+        waiter.wait(&[&cq], deadline, step)?.ok_or(Error::Timeout { what: "send completions", after: timeout })
     }
 
     /// Waits until nothing is in flight or `timeout` passed, calling `f` as
@@ -471,18 +464,16 @@ impl<'res, T: Connected> SendQueue<'res, T> {
     /// [`wait`](Self::wait)); as `poll`.
     pub fn drain(&mut self, timeout: Duration, mut f: impl FnMut(SlotCompletion<'res>)) -> Result<()> {
         let deadline = Deadline::after(timeout);
+        let cq = self.cq.handle();
         let mut waiter = CqWaiter::new(self.wait_policy);
-        while !self.held.is_empty() {
-            if self.poll_or_stop("draining a send queue", &mut f)? > 0 {
-                waiter.reset();
-                continue;
+        let step = || {
+            if self.held.is_empty() {
+                return Ok(Some(()));
             }
-            if deadline.has_passed() {
-                return Err(Error::Timeout { what: "draining a send queue", after: timeout });
-            }
-            waiter.idle(&[self.cq.cq()], deadline)?;
-        }
-        Ok(())
+            self.poll_or_stop("draining a send queue", &mut f)?;
+            Ok(self.held.is_empty().then_some(()))
+        };
+        waiter.wait(&[&cq], deadline, step)?.ok_or(Error::Timeout { what: "draining a send queue", after: timeout })
     }
 
     /// Awaits at least one completion (feature `tokio`), calling `f` as [`poll`](Self::poll)
@@ -500,13 +491,14 @@ impl<'res, T: Connected> SendQueue<'res, T> {
     /// In a runtime without IO enabled, as tokio's own types.
     #[cfg(feature = "tokio")]
     pub async fn wait_async(&mut self, mut f: impl FnMut(SlotCompletion<'res>)) -> Result<usize> {
+        let cq = self.cq.handle();
         let mut waiter = CqWaiter::new(self.wait_policy);
         loop {
-            let n = self.poll_or_stop("send completions", &mut f)?;
-            if n > 0 {
+            let step = || Ok(Some(self.poll_or_stop("send completions", &mut f)?).filter(|&n| n > 0));
+            // Without a deadline the wait ends only with completions (or an error).
+            if let Some(n) = waiter.wait_async(&[&cq], Deadline::never(), step).await? {
                 return Ok(n);
             }
-            waiter.idle_async(&[self.cq.cq()], None).await?;
         }
     }
 

@@ -57,7 +57,9 @@ impl Default for WaitPolicy {
     }
 }
 
-/// The longest one sleep lasts on a channel that CQs outside the wait also report to.
+/// The longest one sleep of [`CqWaiter::idle`] lasts on a channel that CQs outside the loop
+/// also report to (their waits may read its events), and of a [`CqWaiter::wait`] that could not
+/// register with its channel.
 pub const SHARED_CHANNEL_SLICE: Duration = Duration::from_millis(10);
 
 /// What one [`CqWaiter::idle`] step did.
@@ -75,27 +77,39 @@ pub enum Idle {
 
 /// The state of one wait over one or two CQs: how long it has spun, whether the CQs are armed.
 ///
-/// A wait polls its CQs. When a poll finds nothing it calls [`CqWaiter::idle`], which
-/// 1. **spins** (polls again at once) until the policy's spin budget, counted from the first
-///    empty poll, is spent: a completion due within microseconds is taken without a system call;
-/// 2. then **arms** the CQs (`ibv_req_notify_cq`) and has the caller poll once more: a completion
-///    that came between the last poll and the arming raises no event, so the poll after arming
-///    is what sees it, as `ibv_req_notify_cq(3)` prescribes;
-/// 3. then **sleeps** on the CQs' completion channel (`poll(2)`, or the tokio reactor for
-///    `idle_async`, feature `tokio`) until an event, the caller's deadline or a re-check
-///    the caller asked for; it reads and acknowledges every event pending, and the caller polls.
+/// [`wait`](Self::wait) runs a wait to its end: it calls the caller's `step` (a poll that
+/// takes what arrived) and, while that finds nothing,
+/// 1. **spins** (calls `step` again at once) until the policy's spin budget, counted from the
+///    first empty step, is spent: a completion due within microseconds is taken without a
+///    system call;
+/// 2. then **arms** the CQs (`ibv_req_notify_cq`) and steps once more: a completion that came
+///    between the last step and the arming raises no event, so the step after arming is what
+///    sees it, as `ibv_req_notify_cq(3)` prescribes;
+/// 3. then **sleeps** on the CQs' completion channel (`poll(2)`; [`wait_async`] awaits the
+///    channel's readiness on the tokio reactor instead) until an event or the deadline; it
+///    reads and acknowledges every pending event, and steps again.
+///
+/// Before its last step and its sleep, a sleeper registers with the channel (a thread-local
+/// `eventfd`): a wait that reads an event of a CQ it does not wait for (CQs of several queues
+/// may share a channel, and their waits may run on other threads) wakes every registered
+/// sleeper, which steps again. So no completion is missed whoever reads its event; an event
+/// read before a sleeper registered is no loss either, since its completion was in the CQ
+/// before the sleeper's last step. (Async waits register with the reactor before their last
+/// step, to the same end.) Events read by other means ([`CompletionChannel::recv`],
+/// [`CompletionQueue::wait`]) wake nobody: do not mix those with these waits on one channel.
 ///
 /// A CQ without a completion channel can only spin: its waits poll until their deadline.
-/// Events of a channel shared with CQs the wait does not know of may be read by another
-/// thread's wait: a sleep on such a channel lasts at most [`SHARED_CHANNEL_SLICE`], so a wake-up
-/// taken by someone else costs that much latency, never a lost completion.
 ///
-/// Make one per wait (or per polling loop: call [`reset`](Self::reset) whenever a poll found
-/// work) and call [`idle`](Self::idle) after each poll that found nothing. The CQs are passed
-/// to each call, so the waiter borrows nothing between them. Every wait of [`RecvRing`],
-/// [`SendQueue`], [`PostScope`] and [`CompletionQueue::poll_wait`] is this loop; a polling loop
-/// of one's own over several queues (the transfer driver of `rdma-proto` is one) uses it too.
+/// For a polling loop of one's own, where a round does more than poll (the transfer driver of
+/// `rdma-proto`), [`idle`](Self::idle) is one step of the same sequence, called after each
+/// round that found nothing; [`reset`](Self::reset) after each that found work. Such a loop
+/// must be the only waiter on its channel(s): a sleep on a channel other CQs report to lasts at
+/// most [`SHARED_CHANNEL_SLICE`].
 ///
+/// Every wait of [`RecvRing`], [`SendQueue`], [`PostScope`] and
+/// [`CompletionQueue::poll_wait`] is a [`wait`](Self::wait).
+///
+/// [`wait_async`]: Self::wait_async
 /// [`RecvRing`]: crate::RecvRing
 /// [`SendQueue`]: crate::SendQueue
 /// [`PostScope`]: crate::PostScope
@@ -123,8 +137,113 @@ impl CqWaiter {
         cqs.iter().all(|cq| cq.channel().is_some())
     }
 
-    /// One step after a poll of `cqs` found nothing: spins, arms, or sleeps until an event of
-    /// their channel(s) or `until`, whichever comes first (see the [type docs](Self)).
+    /// Waits until `step` gives a value (`Ok(Some)`) or `until` passes (`Ok(None)`), spinning,
+    /// arming and sleeping on `cqs` in between as the [type docs](Self) describe. `step` is
+    /// called at least once, and once more after `until` passed.
+    ///
+    /// # Errors
+    /// `step`'s errors; [`Error::Verb`] when arming a CQ (`ibv_req_notify_cq`), waiting
+    /// (`poll(2)`) or reading an event (`ibv_get_cq_event`) fails.
+    pub fn wait<T>(
+        &mut self,
+        cqs: &[&CompletionQueue<'_>],
+        until: Deadline,
+        mut step: impl FnMut() -> Result<Option<T>>,
+    ) -> Result<Option<T>> {
+        loop {
+            if let Some(v) = step()? {
+                self.reset();
+                return Ok(Some(v));
+            }
+            if until.has_passed() {
+                return Ok(None);
+            }
+            match self.spin_or_arm(cqs)? {
+                Some(Idle::Spun) => std::hint::spin_loop(),
+                Some(_) => {}
+                None => {
+                    self.armed = false;
+                    if let Some(v) = sleep_registered(cqs, until, &mut step)? {
+                        self.reset();
+                        return Ok(Some(v));
+                    }
+                }
+            }
+        }
+    }
+
+    /// [`wait`](Self::wait) for async code (feature `tokio`): until `step` gives a value
+    /// (`Ok(Some)`) or `until` passes (`Ok(None)`; [`Deadline::never`] for no end). The spin
+    /// yields to the runtime (`tokio::task::yield_now`) instead of busy-polling, and the sleep
+    /// awaits the channel's readiness on the tokio reactor (registered by the library on first
+    /// use). The CQs must report to one channel.
+    ///
+    /// Cancellation-safe: `step` runs only between awaits, and whatever it takes it returns
+    /// at once; dropped at an await, the future has taken nothing. At worst the CQs stay armed,
+    /// and the event that raises wakes a later wait once.
+    ///
+    /// # Errors
+    /// `step`'s errors; [`Error::InvalidArgument`] when a CQ has no channel or the CQs report
+    /// to two; [`Error::NoRuntime`] outside a tokio runtime; as `wait`.
+    ///
+    /// # Panics
+    /// In a runtime without IO enabled, or without time when `until` is a deadline, as tokio's
+    /// own types.
+    #[cfg(feature = "tokio")]
+    pub async fn wait_async<T>(
+        &mut self,
+        cqs: &[&CompletionQueue<'_>],
+        until: Deadline,
+        mut step: impl FnMut() -> Result<Option<T>>,
+    ) -> Result<Option<T>> {
+        use std::future::Future;
+        use std::task::Poll;
+        let channel = single_channel(cqs)?;
+        loop {
+            if let Some(v) = step()? {
+                self.reset();
+                return Ok(Some(v));
+            }
+            if until.has_passed() {
+                return Ok(None);
+            }
+            match self.spin_or_arm(cqs)? {
+                Some(Idle::Spun) => tokio::task::yield_now().await,
+                Some(_) => {}
+                None => {
+                    self.armed = false;
+                    let what = "ibv_get_cq_event";
+                    let device = channel.context().name();
+                    let reactor = channel.reactor()?;
+                    // Registered for readiness before the last step: an event that comes after
+                    // the step wakes this task, whoever reads it.
+                    let mut readable = std::pin::pin!(reactor.readable());
+                    let polled = std::future::poll_fn(|cx| Poll::Ready(readable.as_mut().poll(cx))).await;
+                    if let Some(v) = step()? {
+                        self.reset();
+                        return Ok(Some(v));
+                    }
+                    let ready = match (polled, until.instant()) {
+                        (Poll::Ready(r), _) => r,
+                        (Poll::Pending, None) => readable.await,
+                        (Poll::Pending, Some(at)) => {
+                            match tokio::time::timeout_at(tokio::time::Instant::from_std(at), readable).await {
+                                Ok(r) => r,
+                                Err(_elapsed) => continue,
+                            }
+                        }
+                    };
+                    let mut guard = ready.map_err(|e| crate::reactor::io_error(what, device, &e))?;
+                    channel.drain_events(cqs, None)?;
+                    guard.clear_ready();
+                }
+            }
+        }
+    }
+
+    /// One step of a polling loop of one's own, after a round that found nothing: spins, arms
+    /// (the next round is the poll after arming), or sleeps on `cqs`' channel(s) until an event
+    /// or `until` (see the [type docs](Self); the loop must be the only waiter on its channels).
     ///
     /// # Errors
     /// [`Error::Verb`] when arming a CQ (`ibv_req_notify_cq`), waiting (`poll(2)`) or reading
@@ -137,9 +256,37 @@ impl CqWaiter {
             return Ok(step);
         }
         self.armed = false;
-        let mut channels = channels_of(cqs);
-        let slice = self.slice(cqs, &channels, until);
-        let woken = sleep_on(&mut channels, slice)?;
+        let channels = channels_of(cqs);
+        let slice = sliced_if_shared(cqs, &channels, until);
+        let woken = sleep_on(cqs, &channels, None, slice)?;
+        Ok(if woken { Idle::Woken } else { Idle::Slept })
+    }
+
+    /// [`idle`](Self::idle) for async code (feature `tokio`): the spin yields to the runtime,
+    /// the sleep awaits the channel's readiness on the tokio reactor, for at most `recheck`.
+    /// The CQs must report to one channel.
+    ///
+    /// Cancellation-safe: dropped at its await, it has taken nothing.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when a CQ has no channel or the CQs report to two;
+    /// [`Error::NoRuntime`] outside a tokio runtime; as `idle`.
+    #[cfg(feature = "tokio")]
+    pub async fn idle_async(&mut self, cqs: &[&CompletionQueue<'_>], recheck: Option<Duration>) -> Result<Idle> {
+        let channel = single_channel(cqs)?;
+        if let Some(step) = self.spin_or_arm(cqs)? {
+            if step == Idle::Spun {
+                tokio::task::yield_now().await;
+            }
+            return Ok(step);
+        }
+        self.armed = false;
+        let recheck = match recheck {
+            _ if !shared(cqs, &channels_of(cqs)) => recheck,
+            None => Some(SHARED_CHANNEL_SLICE),
+            Some(r) => Some(r.min(SHARED_CHANNEL_SLICE)),
+        };
+        let woken = channel.readable_async_for(cqs, recheck).await?;
         Ok(if woken { Idle::Woken } else { Idle::Slept })
     }
 
@@ -161,67 +308,42 @@ impl CqWaiter {
         }
         Ok(None)
     }
+}
 
-    /// How long the next sleep may last: until `until`, and at most [`SHARED_CHANNEL_SLICE`] on
-    /// a channel that other CQs report to.
-    fn slice(
-        &self,
-        cqs: &[&CompletionQueue<'_>],
-        channels: &[Option<&CompletionChannel<'_>>; 2],
-        until: Deadline,
-    ) -> Deadline {
-        let shared = channels.iter().flatten().any(|ch| {
-            let ours = cqs.iter().filter(|cq| cq.channel().is_some_and(|c| std::ptr::eq(c, *ch))).count();
-            ch.cq_count() > ours
-        });
-        match until.instant() {
-            _ if !shared => until,
-            None => Deadline::after(SHARED_CHANNEL_SLICE),
-            Some(at) => Deadline::after(at.saturating_duration_since(Instant::now()).min(SHARED_CHANNEL_SLICE)),
-        }
+/// The one channel of `cqs`, for the async waits.
+#[cfg(feature = "tokio")]
+fn single_channel<'a>(cqs: &[&'a CompletionQueue<'_>]) -> Result<&'a CompletionChannel<'a>> {
+    let device = cqs.first().map(|cq| cq.context().name());
+    if !CqWaiter::can_sleep(cqs) {
+        return Err(Error::invalid("ibv_get_cq_event", device, "an async wait needs a CQ with a completion channel"));
     }
+    match channels_of(cqs) {
+        [Some(a), None] => Ok(a),
+        _ => Err(Error::invalid("ibv_get_cq_event", device, "an async wait over CQs of two completion channels")),
+    }
+}
 
-    /// [`idle`](Self::idle) for async code: the spin yields to the runtime
-    /// (`tokio::task::yield_now`) instead of busy-polling, and the sleep awaits the channel's
-    /// readiness on the tokio reactor, for at most `recheck` when given. The CQs must report to
-    /// one channel.
-    ///
-    /// Cancellation-safe: dropped at its await, it has taken nothing; at worst the CQs stay
-    /// armed, and an event raised for that wakes a later wait once, harmlessly.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] when the CQs report to two channels; [`Error::NoRuntime`]
-    /// outside a tokio runtime; as `idle`.
-    #[cfg(feature = "tokio")]
-    pub async fn idle_async(&mut self, cqs: &[&CompletionQueue<'_>], recheck: Option<Duration>) -> Result<Idle> {
-        if let Some(step) = self.spin_or_arm(cqs)? {
-            if step == Idle::Spun {
-                if !Self::can_sleep(cqs) {
-                    return Err(Error::invalid(
-                        "ibv_get_cq_event",
-                        cqs.first().map(|cq| cq.context().name()),
-                        "an async wait needs a CQ with a completion channel",
-                    ));
-                }
-                tokio::task::yield_now().await;
-            }
-            return Ok(step);
-        }
-        self.armed = false;
-        let channels = channels_of(cqs);
-        let channel = match channels {
-            [Some(a), None] => a,
-            _ => {
-                return Err(Error::invalid(
-                    "ibv_get_cq_event",
-                    cqs.first().map(|cq| cq.context().name()),
-                    "an async wait over CQs of two completion channels",
-                ))
-            }
-        };
-        let woken = channel.readable_async(recheck).await?;
-        Ok(if woken { Idle::Woken } else { Idle::Slept })
+/// `until`, or at most [`SHARED_CHANNEL_SLICE`] from now when CQs other than `cqs` report to
+/// the channels.
+fn sliced_if_shared(
+    cqs: &[&CompletionQueue<'_>],
+    channels: &[Option<&CompletionChannel<'_>>; 2],
+    until: Deadline,
+) -> Deadline {
+    if shared(cqs, channels) {
+        until.min(Deadline::after(SHARED_CHANNEL_SLICE))
+    } else {
+        until
     }
+}
+
+/// Whether CQs other than `cqs` report to one of `channels`: their waits may read this wait's
+/// events.
+fn shared(cqs: &[&CompletionQueue<'_>], channels: &[Option<&CompletionChannel<'_>>; 2]) -> bool {
+    channels.iter().flatten().any(|ch| {
+        let ours = cqs.iter().filter(|cq| cq.channel().is_some_and(|c| std::ptr::eq(c, *ch))).count();
+        ch.cq_count() > ours
+    })
 }
 
 /// The distinct channels of `cqs` (at most two are looked at).
@@ -238,25 +360,51 @@ fn channels_of<'a>(cqs: &[&'a CompletionQueue<'_>]) -> [Option<&'a CompletionCha
     out
 }
 
-/// Sleeps until a channel has an event or `until`; reads and acknowledges every pending event.
-/// `true` when woken by one.
-fn sleep_on(channels: &mut [Option<&CompletionChannel<'_>>; 2], until: Deadline) -> Result<bool> {
+/// The sleep of [`CqWaiter::wait`]: registers this thread's kick fd with the channels, steps
+/// once more, then sleeps until an event, a kick or `until`.
+fn sleep_registered<T>(
+    cqs: &[&CompletionQueue<'_>],
+    until: Deadline,
+    step: &mut impl FnMut() -> Result<Option<T>>,
+) -> Result<Option<T>> {
+    let channels = channels_of(cqs);
+    let kick = crate::sleepers::this_threads_kick();
+    let registered = crate::sleepers::Registered::new(&channels, kick);
+    if let Some(v) = step()? {
+        return Ok(Some(v));
+    }
+    // Without a registration (no eventfd, or too many sleepers) a shared channel's sleep is
+    // sliced, as `idle`'s.
+    let until = if registered.complete() { until } else { sliced_if_shared(cqs, &channels, until) };
+    sleep_on(cqs, &channels, kick, until)?;
+    Ok(None)
+}
+
+/// Sleeps until a channel has an event, `kick` (this thread's eventfd) is written, or `until`;
+/// reads and acknowledges every pending event, waking the channels' sleepers when one was for a
+/// CQ outside `cqs`. `true` when woken by an event or a kick.
+fn sleep_on(
+    cqs: &[&CompletionQueue<'_>],
+    channels: &[Option<&CompletionChannel<'_>>; 2],
+    kick: Option<std::os::fd::RawFd>,
+    until: Deadline,
+) -> Result<bool> {
     use std::os::fd::AsRawFd;
-    let mut pfds = [libc::pollfd { fd: -1, events: libc::POLLIN, revents: 0 }; 2];
+    let mut pfds = [libc::pollfd { fd: -1, events: libc::POLLIN, revents: 0 }; 3];
     for (pfd, ch) in pfds.iter_mut().zip(channels.iter()) {
         if let Some(ch) = ch {
             pfd.fd = ch.as_raw_fd();
         }
     }
+    pfds[2].fd = kick.unwrap_or(-1);
     loop {
-        // SAFETY: two valid pollfds (a negative fd is ignored by poll(2)).
-        let n = unsafe { libc::poll(pfds.as_mut_ptr(), 2, until.poll_timeout_ms()) };
+        // SAFETY: three valid pollfds (a negative fd is ignored by poll(2)).
+        let n = unsafe { libc::poll(pfds.as_mut_ptr(), 3, until.poll_timeout_ms()) };
         if n >= 0 {
-            let mut woken = false;
+            let kicked = pfds[2].revents != 0 && kick.is_some_and(crate::sleepers::take_kick);
+            let mut woken = kicked;
             for ch in channels.iter().flatten() {
-                while ch.try_recv()?.is_some() {
-                    woken = true;
-                }
+                woken |= ch.drain_events(cqs, kick)?;
             }
             return Ok(woken);
         }

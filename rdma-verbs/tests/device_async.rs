@@ -201,3 +201,62 @@ fn async_waits_outside_a_runtime_or_without_a_channel_are_refused() {
     let r = current_thread().block_on(spin_only.ring.recv_async());
     assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
 }
+
+/// Two tasks of a multi-thread runtime wait at once on CQs that share one channel (the server's
+/// receive ring in one, its send queue in the other): an event one task reads for the other's
+/// CQ must not leave the other asleep (such sleeps are sliced), so every wait ends well within
+/// its 5 s bound.
+#[test]
+fn tasks_waiting_on_cqs_of_one_channel_each_wake() {
+    let topo = testkit::require_topology!();
+    let (client, server) = echo_links(&topo, 1, true).pop().unwrap();
+    let Link { sq: mut server_sq, ring: mut server_ring, pool: server_pool } = server;
+    server_ring.set_wait_policy(WaitPolicy::sleep_at_once());
+    server_sq.set_wait_policy(WaitPolicy::sleep_at_once());
+    const N: u32 = 300;
+    // The client, on a thread of its own, sends its numbers and receives the server's.
+    let peer = std::thread::spawn(move || {
+        let mut client = client;
+        for i in 0..N {
+            send_bytes(&mut client, &i.to_le_bytes());
+            let msg = client.ring.recv(T).unwrap();
+            assert_eq!(msg.bytes(), i.to_le_bytes());
+            client.ring.release(msg).unwrap();
+        }
+        client.sq.drain(T, |c| c.ok().unwrap()).unwrap();
+        client
+    });
+    let rt = multi_thread();
+    rt.block_on(async move {
+        let receiver = tokio::spawn(async move {
+            for i in 0..N {
+                let msg = tokio::time::timeout(T, server_ring.recv_async()).await;
+                let msg = msg.unwrap_or_else(|_| panic!("message {i}: still asleep after {T:?}")).unwrap();
+                assert_eq!(msg.bytes(), i.to_le_bytes());
+                server_ring.release(msg).unwrap();
+            }
+            server_ring
+        });
+        let sender = tokio::spawn(async move {
+            for i in 0..N {
+                let mut slot = loop {
+                    if let Some(s) = server_pool.try_take() {
+                        break s;
+                    }
+                    let done = tokio::time::timeout(T, server_sq.wait_async(|c| c.ok().unwrap())).await;
+                    done.unwrap_or_else(|_| panic!("send {i}: still asleep after {T:?}")).unwrap();
+                };
+                slot.write_at(0, &i.to_le_bytes()).unwrap();
+                server_sq.post(SlotRequest::send(slot, 4)).map_err(Error::from).unwrap();
+                let done = tokio::time::timeout(T, server_sq.wait_async(|c| c.ok().unwrap())).await;
+                done.unwrap_or_else(|_| panic!("send {i}: still asleep after {T:?}")).unwrap();
+            }
+            (server_sq, server_pool)
+        });
+        let ring = receiver.await.unwrap();
+        let (sq, _pool) = sender.await.unwrap();
+        sq.close_async().await.unwrap();
+        ring.close_async().await.unwrap();
+    });
+    drop(peer.join().unwrap());
+}

@@ -102,3 +102,43 @@ fn port_down_and_up_are_typed_async_events() {
     }
     assert_eq!(seen.last(), Some(&AsyncEvent::PortActive { port: topo.port }), "events after link up: {seen:?}");
 }
+
+/// The device's async events through the reactor: link down on the client's interface is
+/// `PortError`, link up `PortActive`, each awaited by `recv_async_event_async` (the async-event
+/// fd registered by the library), while the runtime's thread is otherwise idle.
+#[cfg(feature = "tokio")]
+#[test]
+fn port_events_are_awaited_on_the_reactor() {
+    let topo = testkit::require_topology!();
+    // Only inside the harness: this changes the interface.
+    if !testkit::device_required() {
+        return;
+    }
+    let ctx = Context::open(&topo.client.device).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let next = |want: AsyncEvent| {
+        rt.block_on(async {
+            loop {
+                let ev = tokio::time::timeout(Duration::from_secs(10), ctx.recv_async_event_async()).await;
+                let ev = ev.unwrap_or_else(|_| panic!("no {want:?} within 10 s")).unwrap();
+                if ev == want {
+                    return;
+                }
+            }
+        })
+    };
+    link("veth1", "down");
+    let down =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| next(AsyncEvent::PortError { port: topo.port })));
+    link("veth1", "up");
+    next(AsyncEvent::PortActive { port: topo.port });
+    if let Err(p) = down {
+        std::panic::resume_unwind(p);
+    }
+    // The port is back: wait until it is active for the tests after this one.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ctx.query_port(topo.port).map(|p| p.state != PortState::Active).unwrap_or(true) {
+        assert!(Instant::now() < deadline, "the port did not come back");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
