@@ -40,17 +40,19 @@ pub fn run(args: &ClientArgs) -> Result<()> {
     if args.clients == 0 || args.round_trips == 0 || !(1..=MAX_SIZE).contains(&args.size) {
         return Err(format!("--clients and --round-trips at least 1, --size 1..={MAX_SIZE}").into());
     }
-    let (rtts, wall) = match args.how.mode {
-        Mode::Threads => run_threads(args)?,
-        Mode::Async => tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(run_tasks(args))?,
-    };
+    match args.how.mode {
+        Mode::Threads => run_threads(args),
+        Mode::Async => tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(run_tasks(args)),
+    }
+}
+
+/// Prints the figures line of the clients' `results` (before `--hold`, so that a script sees
+/// the run is over), or returns the first error among them.
+fn report(args: &ClientArgs, results: Vec<Result<Vec<u64>>>, wall: Duration) -> Result<()> {
+    let rtts = merge(results)?;
     let (n, r, size, how) = (args.clients, args.round_trips, args.size, args.how);
-    println!(
-        "echo client: {n} clients x {r} round trips of {size} B ({:?}, wait {:?}): {}",
-        how.mode,
-        how.wait,
-        summary(rtts, wall)
-    );
+    let figures = summary(rtts, wall);
+    println!("echo client: {n} clients x {r} round trips of {size} B ({:?}, wait {:?}): {figures}", how.mode, how.wait);
     Ok(())
 }
 
@@ -81,7 +83,7 @@ fn connect(args: &ClientArgs, devices: &Devices) -> Result<Link> {
     Link::new(conn, rest, args.how.wait)
 }
 
-fn run_threads(args: &ClientArgs) -> Result<(Vec<u64>, Duration)> {
+fn run_threads(args: &ClientArgs) -> Result<()> {
     let devices = Devices::default();
     let start = Barrier::new(args.clients as usize + 1);
     let (results, wall) = std::thread::scope(|s| {
@@ -109,9 +111,10 @@ fn run_threads(args: &ClientArgs) -> Result<(Vec<u64>, Duration)> {
         links.push(link);
         rtts.push(r);
     }
+    report(args, rtts, wall)?;
     std::thread::sleep(Duration::from_secs(args.hold));
     drop(links);
-    Ok((merge(rtts)?, wall))
+    Ok(())
 }
 
 /// Client `id`'s round trips, each reply checked: their times in nanoseconds.
@@ -147,7 +150,7 @@ async fn connect_async(
     Link::new(conn, rest, wait)
 }
 
-async fn run_tasks(args: &ClientArgs) -> Result<(Vec<u64>, Duration)> {
+async fn run_tasks(args: &ClientArgs) -> Result<()> {
     let devices = Arc::new(Devices::default());
     let (src, size, wait) = (source(args), args.size, args.how.wait);
     let connecting: Vec<_> =
@@ -168,12 +171,14 @@ async fn run_tasks(args: &ClientArgs) -> Result<(Vec<u64>, Duration)> {
         links.push(link);
         results.push(rtts);
     }
-    let wall = t0.elapsed();
-    tokio::time::sleep(Duration::from_secs(args.hold)).await;
+    let reported = report(args, results, t0.elapsed());
+    if reported.is_ok() {
+        tokio::time::sleep(Duration::from_secs(args.hold)).await;
+    }
     for link in links {
         link.close_async().await;
     }
-    Ok((merge(results)?, wall))
+    reported
 }
 
 /// [`round_trips`] awaited; the link comes back to be closed.
