@@ -11,8 +11,7 @@ use crate::{artifacts_of, count};
 /// The tests run with the fault-injection hooks (rdma-copy's hidden test flags) and the async
 /// fronts (feature `tokio` of each library crate) built in; the default build, without them, is
 /// linted and documented too.
-const TESTED_FEATURES: [&str; 2] =
-    ["--features", "rdma-tools/fault-injection,rdma-verbs/tokio,rdma-cm/tokio,rdma-proto/tokio"];
+const TESTED_FEATURES: [&str; 2] = ["--features", "rdma-tools/fault-injection,rdma-tools/tokio"];
 
 /// The library crates, in publishing order.
 const PUBLISHED: [&str; 4] = ["rdma-verbs-sys", "rdma-verbs", "rdma-cm", "rdma-proto"];
