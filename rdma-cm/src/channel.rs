@@ -24,27 +24,6 @@ use crate::event::RawEvent;
 #[derive(Debug)]
 pub(crate) struct EventChannel {
     raw: NonNull<ffi::rdma_event_channel>,
-    /// The fd's registration with tokio's reactor, made by the first async wait (with that
-    /// call's runtime) and dropped (deregistered) before the fd is closed.
-    #[cfg(feature = "tokio")]
-    reactor: std::sync::OnceLock<tokio::io::unix::AsyncFd<FdOnly>>,
-    /// Held while the registration is made, so that two first async waits racing on two
-    /// threads register the fd once.
-    #[cfg(feature = "tokio")]
-    registering: parking_lot::Mutex<()>,
-}
-
-/// The channel's fd as tokio's `AsyncFd` wants it: something that is `AsRawFd` and owns
-/// nothing (the channel closes the fd, after the registration is gone).
-#[cfg(feature = "tokio")]
-#[derive(Debug)]
-pub(crate) struct FdOnly(RawFd);
-
-#[cfg(feature = "tokio")]
-impl AsRawFd for FdOnly {
-    fn as_raw_fd(&self) -> RawFd {
-        self.0
-    }
 }
 
 // SAFETY: the channel is a file descriptor; reading events from it is a `read(2)` that the
@@ -63,13 +42,8 @@ impl EventChannel {
     pub(crate) fn new() -> Result<Self> {
         // SAFETY: no arguments; returns NULL with errno set on failure.
         let raw = unsafe { ffi::rdma_create_event_channel() };
-        let channel = EventChannel {
-            raw: NonNull::new(raw).ok_or_else(|| Error::last_os_error("rdma_create_event_channel"))?,
-            #[cfg(feature = "tokio")]
-            reactor: std::sync::OnceLock::new(),
-            #[cfg(feature = "tokio")]
-            registering: parking_lot::Mutex::new(()),
-        };
+        let channel =
+            EventChannel { raw: NonNull::new(raw).ok_or_else(|| Error::last_os_error("rdma_create_event_channel"))? };
         let fd = channel.as_raw_fd();
         // SAFETY: `fd` is the channel's open descriptor.
         let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
@@ -140,29 +114,24 @@ impl EventChannel {
 
 #[cfg(feature = "tokio")]
 impl EventChannel {
-    /// The fd's registration with tokio's reactor, made on first use with the current runtime
-    /// (`AsyncFd::with_interest`, readable).
+    /// A registration of a duplicate of the fd with the current runtime's reactor, for one
+    /// wait: a channel is never bound to a runtime (an identifier may be used from one runtime,
+    /// then another, or after its first one was dropped), concurrent waits are separate
+    /// registrations, and the duplicate is deregistered before it is closed, so no other
+    /// file's registration can be hit.
     ///
     /// # Errors
-    /// [`Error::NoRuntime`] outside a Tokio runtime, or when the runtime is shutting down;
-    /// [`Error::Cm`] when `epoll_ctl` refuses the fd. (A runtime built without `enable_io`
-    /// panics inside tokio, as every tokio I/O type does.)
-    pub(crate) fn reactor(&self, what: &'static str) -> Result<&tokio::io::unix::AsyncFd<FdOnly>> {
-        if let Some(reactor) = self.reactor.get() {
-            return Ok(reactor);
-        }
-        let _registering = self.registering.lock();
-        if let Some(reactor) = self.reactor.get() {
-            return Ok(reactor);
-        }
+    /// [`Error::NoRuntime`] outside a Tokio runtime; [`Error::Cm`] when the fd cannot be
+    /// duplicated or `epoll_ctl` refuses it. (A runtime built without `enable_io` panics inside
+    /// tokio, as every tokio I/O type does.)
+    fn watch(&self, what: &'static str) -> Result<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>> {
         // Checked first: `AsyncFd::new` panics without a runtime.
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(Error::NoRuntime { what });
         }
-        let fd = FdOnly(self.as_raw_fd());
-        let reactor = tokio::io::unix::AsyncFd::with_interest(fd, tokio::io::Interest::READABLE)
-            .map_err(|e| reactor_error(what, "epoll_ctl", &e))?;
-        Ok(self.reactor.get_or_init(|| reactor))
+        let dup = self.as_fd().try_clone_to_owned().map_err(|e| reactor_error(what, "fcntl(F_DUPFD_CLOEXEC)", &e))?;
+        tokio::io::unix::AsyncFd::with_interest(dup, tokio::io::Interest::READABLE)
+            .map_err(|e| reactor_error(what, "epoll_ctl", &e))
     }
 
     /// Takes `step` until it gives a value, awaiting the fd's readiness whenever it gives
@@ -183,7 +152,7 @@ impl EventChannel {
     ) -> Result<T> {
         use std::future::Future;
         use std::task::Poll;
-        let reactor = self.reactor(what)?;
+        let reactor = self.watch(what)?;
         loop {
             let mut readable = std::pin::pin!(reactor.readable());
             let polled = std::future::poll_fn(|cx| Poll::Ready(readable.as_mut().poll(cx))).await;
@@ -226,10 +195,6 @@ impl AsFd for EventChannel {
 impl Drop for EventChannel {
     #[doc(alias = "rdma_destroy_event_channel")]
     fn drop(&mut self) {
-        // Deregister first, while the fd is still ours: once closed, its number may be reused,
-        // and deregistering then would remove somebody else's fd from the reactor.
-        #[cfg(feature = "tokio")]
-        drop(self.reactor.take());
         // SAFETY: created by `rdma_create_event_channel`; every identifier on it was destroyed
         // first (identifiers own their channel and drop it after themselves).
         unsafe { ffi::rdma_destroy_event_channel(self.raw.as_ptr()) };

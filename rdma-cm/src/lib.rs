@@ -218,11 +218,11 @@
 //! The feature adds an async form of every wait, `x_async()` beside `x(timeout)` and
 //! `try_x()`. Each is the blocking call with only its wait swapped: the same librdmacm calls,
 //! the same event, the same errors, except that it takes **no timeout**: compose with
-//! `tokio::time::timeout` (or a `tokio::select!` arm) instead. On the first async call, an
-//! identifier registers its event channel's fd with the current runtime's reactor (tokio's
-//! `AsyncFd`), and deregisters it before the fd is closed. Outside a Tokio runtime an async call
-//! fails with [`Error::NoRuntime`] before any librdmacm call; so does one whose identifier was
-//! registered with a runtime that has shut down. The runtime must have I/O enabled (tokio
+//! `tokio::time::timeout` (or a `tokio::select!` arm) instead. Each wait registers a duplicate
+//! of the identifier's event-channel fd with the reactor of the runtime it runs on (tokio's
+//! `AsyncFd`) and deregisters it when it ends, so an identifier is bound to no runtime: it may
+//! be used from one, then another. Outside a Tokio runtime an async call fails with
+//! [`Error::NoRuntime`] before any librdmacm call. The runtime must have I/O enabled (tokio
 //! panics otherwise, as for any of its I/O types).
 //!
 //! **Cancellation.** Every async call may be dropped at any await without losing an event or

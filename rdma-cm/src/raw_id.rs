@@ -268,14 +268,17 @@ impl RawId {
 
 #[cfg(feature = "tokio")]
 impl RawId {
-    /// Registers the channel with the current runtime if it is not yet: async calls check this
-    /// before their first librdmacm call, so that outside a runtime they fail having done
-    /// nothing.
+    /// Checks that a runtime is current: async calls check this before their first librdmacm
+    /// call, so that outside a runtime they fail having done nothing. (Each wait registers the
+    /// channel with the runtime it runs on.)
     ///
     /// # Errors
-    /// [`Error::NoRuntime`]; [`Error::Cm`] when the reactor refuses the fd.
+    /// [`Error::NoRuntime`].
     pub(crate) fn register(&self, what: &'static str) -> Result<()> {
-        self.channel.reactor(what).map(drop)
+        match tokio::runtime::Handle::try_current() {
+            Ok(_) => Ok(()),
+            Err(_) => Err(Error::NoRuntime { what }),
+        }
     }
 
     /// [`expect`](Self::expect), awaiting the channel without a timeout. Cancellation-safe.

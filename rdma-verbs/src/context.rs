@@ -36,9 +36,6 @@ pub struct Context {
     name: String,
     attr: DeviceAttr,
     registry: crate::registry::Registry,
-    /// The async-event fd's registration with the tokio reactor, made by the first async wait.
-    #[cfg(feature = "tokio")]
-    pub(crate) reactor: crate::reactor::Registration,
 }
 
 // SAFETY: libibverbs' device verbs are thread-safe (rdma-core documents every verb as safe to call
@@ -77,14 +74,7 @@ impl Context {
         let raw = NonNull::new(raw).ok_or_else(|| Error::last_os_error("ibv_open_device", Some(name)))?;
         // The limits are kept: requests over them are rejected by name before any verb is called.
         let attr = query_device(raw, name);
-        let ctx = attr.map(|attr| Context {
-            raw,
-            name: name.to_owned(),
-            attr,
-            registry: Default::default(),
-            #[cfg(feature = "tokio")]
-            reactor: Default::default(),
-        });
+        let ctx = attr.map(|attr| Context { raw, name: name.to_owned(), attr, registry: Default::default() });
         let ctx = match ctx {
             Ok(ctx) => ctx,
             Err(e) => {
@@ -264,9 +254,6 @@ fn query_device(raw: NonNull<ffi::ibv_context>, name: &str) -> Result<DeviceAttr
 impl Drop for Context {
     #[doc(alias = "ibv_close_device")]
     fn drop(&mut self) {
-        // The reactor lets go of the async-event fd before `ibv_close_device` closes it.
-        #[cfg(feature = "tokio")]
-        self.reactor.deregister();
         // SAFETY: this is the context's drop: every object still registered belongs to a
         // wrapper that was forgotten or failed to destroy it (see `registry`); no live wrapper
         // can exist (they borrow the context or hold its `Arc`), so nothing will use it again.

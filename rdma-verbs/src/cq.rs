@@ -29,9 +29,6 @@ pub struct CompletionChannel<'ctx> {
     cqs: AtomicUsize,
     /// The threads asleep on it ([`CqWaiter`](crate::CqWaiter)).
     sleepers: crate::sleepers::Sleepers,
-    /// The fd's registration with the tokio reactor, made by the first async wait.
-    #[cfg(feature = "tokio")]
-    reactor: crate::reactor::Registration,
 }
 
 // SAFETY: ibv_get_cq_event on one channel from several threads is allowed by libibverbs; the
@@ -85,14 +82,7 @@ impl<'ctx> CompletionChannel<'ctx> {
         let raw = unsafe { ffi::ibv_create_comp_channel(ctx.as_raw()) };
         let raw = NonNull::new(raw).ok_or_else(|| Error::last_os_error("ibv_create_comp_channel", Some(ctx.name())))?;
         ctx.registry().add(crate::registry::Kind::Channel, raw.as_ptr());
-        let channel = CompletionChannel {
-            raw,
-            ctx,
-            cqs: AtomicUsize::new(0),
-            sleepers: Default::default(),
-            #[cfg(feature = "tokio")]
-            reactor: Default::default(),
-        };
+        let channel = CompletionChannel { raw, ctx, cqs: AtomicUsize::new(0), sleepers: Default::default() };
         // Non-blocking, so that a thread that lost an event to another (both saw the fd
         // readable) gets EAGAIN and waits again instead of blocking past its timeout.
         set_nonblocking(channel.as_raw_fd(), "ibv_create_comp_channel", channel.ctx.name())?;
@@ -254,19 +244,17 @@ impl<'ctx> CompletionChannel<'ctx> {
         Ok(any)
     }
 
-    /// The channel's registration with the current tokio runtime's reactor, made now if not
-    /// yet (it stays until the channel is dropped).
+    /// A registration of the channel's fd with the current runtime's reactor, for one sleep.
     #[cfg(feature = "tokio")]
-    pub(crate) fn reactor(&self) -> Result<&tokio::io::unix::AsyncFd<crate::reactor::WatchedFd>> {
-        self.reactor.get_or_register(self.as_raw_fd(), "ibv_get_cq_event", self.ctx.name())
+    pub(crate) fn watch(&self) -> Result<crate::reactor::Watch> {
+        crate::reactor::Watch::new(self.as_fd(), "ibv_get_cq_event", self.ctx.name())
     }
 
-    /// Awaits an event of the channel on the tokio reactor (the channel's fd is registered
-    /// with the runtime of the first async wait, and stays so until the channel is dropped),
-    /// for at most `recheck` when given; reads and acknowledges every event pending (waking
-    /// the threads asleep on the channel in [`CqWaiter::wait`](crate::CqWaiter::wait): the
-    /// events may be theirs). `true` when an event came. Several tasks may await one channel:
-    /// each is woken.
+    /// Awaits an event of the channel on the reactor of the current tokio runtime (the fd is
+    /// registered for this wait only), for at most `recheck` when given; reads and
+    /// acknowledges every event pending (waking the waits asleep on the channel: the events
+    /// may be theirs). `true` when an event came. Several tasks may await one channel: each is
+    /// woken.
     ///
     /// Cancellation-safe: it takes events only after its last await, and returns at once.
     ///
@@ -283,15 +271,15 @@ impl<'ctx> CompletionChannel<'ctx> {
     }
 
     /// [`readable_async`](Self::readable_async) for a wait on `ours`: only events of other CQs
-    /// wake the sleeping threads.
+    /// wake the other waits.
     #[cfg(feature = "tokio")]
     pub(crate) async fn readable_async_for(
         &self,
         ours: &[&CompletionQueue<'_>],
         recheck: Option<Duration>,
     ) -> Result<bool> {
-        let device = self.ctx.name();
-        let ready = self.reactor()?.readable();
+        let watch = self.watch()?;
+        let ready = watch.readable();
         let guard = match recheck {
             None => ready.await,
             Some(d) => match tokio::time::timeout(d, ready).await {
@@ -299,7 +287,7 @@ impl<'ctx> CompletionChannel<'ctx> {
                 Err(_elapsed) => return Ok(false),
             },
         };
-        let mut guard = guard.map_err(|e| crate::reactor::io_error("ibv_get_cq_event", device, &e))?;
+        let mut guard = guard?;
         let woken = self.drain_events(ours, None)?;
         guard.clear_ready();
         Ok(woken)
@@ -334,10 +322,6 @@ impl AsFd for CompletionChannel<'_> {
 impl Drop for CompletionChannel<'_> {
     #[doc(alias = "ibv_destroy_comp_channel")]
     fn drop(&mut self) {
-        // The reactor lets go of the fd before it is closed: once closed, its number may be
-        // another file's, and deregistering that would break someone else's waits.
-        #[cfg(feature = "tokio")]
-        self.reactor.deregister();
         // SAFETY: created by `ibv_create_comp_channel`, destroyed only here, after every CQ
         // that borrows it.
         let _ = self

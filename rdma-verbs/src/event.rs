@@ -154,8 +154,8 @@ impl Context {
 
     /// Awaits the device's next asynchronous event (feature `tokio`):
     /// [`recv_async_event`](Self::recv_async_event) for async code, with no timeout of its own.
-    /// The async-event fd is registered with the runtime's reactor by the library (until the
-    /// context is dropped). Several tasks may await at once: each event goes to one of them.
+    /// The async-event fd is registered with the current runtime's reactor by the library, for
+    /// this wait. Several tasks may await at once: each event goes to one of them.
     ///
     /// Cancellation-safe: an event is read only in the step that returns it.
     ///
@@ -168,16 +168,14 @@ impl Context {
     #[doc(alias = "ibv_get_async_event")]
     pub async fn recv_async_event_async(&self) -> Result<AsyncEvent> {
         let what = "ibv_get_async_event";
-        let fd = self.reactor.get_or_register(self.async_fd(), what, self.name())?;
+        let watch = crate::reactor::Watch::new(self.async_event_fd(), what, self.name())?;
         loop {
+            // Readiness is registered (the watch) before each look, so an event after the look
+            // wakes this task.
             if let Some(event) = self.try_recv_async_event()? {
                 return Ok(event);
             }
-            let mut guard = fd.readable().await.map_err(|e| crate::reactor::io_error(what, self.name(), &e))?;
-            if let Some(event) = self.try_recv_async_event()? {
-                return Ok(event);
-            }
-            guard.clear_ready();
+            watch.readable().await?.clear_ready();
         }
     }
 

@@ -158,7 +158,8 @@
 //! `tokio::time::timeout`): `RecvRing::recv_async`, `SendQueue::wait_async` /
 //! `drain_async` / `ready_async` (room to post), `CompletionQueue::poll_async`,
 //! `Context::recv_async_event_async`. The library registers the channel's file descriptor
-//! with the runtime's reactor; no `unsafe` is needed, and no thread is started. Every async
+//! with the reactor of the runtime each wait runs on; no `unsafe` is needed, and no thread is
+//! started. Every async
 //! wait is cancellation-safe: it takes a completion only in the step that returns it, so a
 //! dropped future loses nothing (docs/safety.md, "Waiting and cancellation"). Dropping a
 //! queue or ring may wait for the device: `close_async` does that on tokio's blocking pool.

@@ -1,68 +1,67 @@
-//! The registration of a verbs file descriptor with the tokio reactor (feature `tokio`): the
-//! completion channel's and the async-event fd's. One rule for all of them: registered by the
-//! first async wait, with that wait's runtime, and deregistered before the fd is closed.
+//! Waiting for a verbs file descriptor on the tokio reactor (feature `tokio`): the completion
+//! channel's and the async-event fd's.
+//!
+//! One rule for all of them: each sleep registers its own duplicate of the fd with the reactor
+//! of the runtime it runs on ([`Watch`]), and deregisters (and closes) it when it ends. So a
+//! channel is never bound to a runtime: a ring used from one runtime, then from another, or
+//! after its first runtime was dropped, waits on the runtime it is awaited in. Duplicates make
+//! concurrent sleeps on one fd separate registrations (one fd can be registered with an epoll
+//! instance only once), and the deregistration can never hit another file that reused the
+//! number: the duplicate is closed only after it.
 
-use std::os::fd::{AsRawFd, RawFd};
-use std::sync::{Mutex, OnceLock};
+use std::os::fd::{BorrowedFd, OwnedFd};
 
-use tokio::io::unix::AsyncFd;
+use tokio::io::unix::{AsyncFd, AsyncFdReadyGuard};
 use tokio::io::Interest;
 
 use crate::error::{Error, Result};
 
-/// A file descriptor owned by a verbs object; the reactor only watches it.
+/// One sleep's registration of a verbs fd with the current runtime's reactor.
 #[derive(Debug)]
-pub(crate) struct WatchedFd(RawFd);
-
-impl AsRawFd for WatchedFd {
-    fn as_raw_fd(&self) -> RawFd {
-        self.0
-    }
+pub(crate) struct Watch {
+    fd: AsyncFd<OwnedFd>,
+    what: &'static str,
 }
 
-/// A verbs fd's registration, made once, on first use.
-#[derive(Debug, Default)]
-pub(crate) struct Registration {
-    fd: OnceLock<AsyncFd<WatchedFd>>,
-    /// Held while registering: two registrations of one fd would be one too many (dropping
-    /// the second would deregister the first).
-    registering: Mutex<()>,
-}
-
-impl Registration {
-    /// The registration of `fd` (a non-blocking descriptor the caller owns for as long as
-    /// `self`), made now with the current runtime if not yet.
+impl Watch {
+    /// Registers a duplicate of `fd` (a non-blocking descriptor the caller keeps open for as
+    /// long as the watch) with the current runtime, readable interest.
     ///
     /// # Errors
     /// [`Error::NoRuntime`] outside a tokio runtime; [`Error::Verb`] (`what`, with the
-    /// `errno`) when the reactor refuses the fd.
+    /// `errno`) when the fd cannot be duplicated or the reactor refuses it.
     ///
     /// # Panics
     /// As tokio's own IO types: in a runtime built without IO (`enable_io`).
-    pub(crate) fn get_or_register(&self, fd: RawFd, what: &'static str, device: &str) -> Result<&AsyncFd<WatchedFd>> {
-        if let Some(r) = self.fd.get() {
-            return Ok(r);
-        }
-        let _one_at_a_time = self.registering.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(r) = self.fd.get() {
-            return Ok(r);
-        }
-        if tokio::runtime::Handle::try_current().is_err() {
-            return Err(Error::NoRuntime { what });
-        }
-        let r = AsyncFd::with_interest(WatchedFd(fd), Interest::READABLE).map_err(|e| io_error(what, device, &e))?;
-        Ok(self.fd.get_or_init(|| r))
+    pub(crate) fn new(fd: BorrowedFd<'_>, what: &'static str, device: &str) -> Result<Self> {
+        in_runtime(what)?;
+        let dup = fd.try_clone_to_owned().map_err(|e| io_error(what, device, &e))?;
+        let fd = AsyncFd::with_interest(dup, Interest::READABLE).map_err(|e| io_error(what, device, &e))?;
+        Ok(Watch { fd, what })
     }
 
-    /// Ends the registration, if any: call before the fd is closed.
-    pub(crate) fn deregister(&mut self) {
-        drop(self.fd.take());
+    /// Resolves when the fd is readable (or was, and that was not cleared).
+    pub(crate) async fn readable(&self) -> Result<AsyncFdReadyGuard<'_, OwnedFd>> {
+        self.fd.readable().await.map_err(|e| io_error(self.what, "", &e))
     }
 }
 
-/// An error of the reactor while waiting for `what`.
+/// `Ok` inside a tokio runtime, else [`Error::NoRuntime`]: checked by every async wait before
+/// it touches the reactor or a timer (both panic without a runtime).
+pub(crate) fn in_runtime(what: &'static str) -> Result<()> {
+    match tokio::runtime::Handle::try_current() {
+        Ok(_) => Ok(()),
+        Err(_) => Err(Error::NoRuntime { what }),
+    }
+}
+
+/// An error of the reactor while waiting for `what`: an OS error, or (none) the runtime going
+/// away.
 pub(crate) fn io_error(what: &'static str, device: &str, e: &std::io::Error) -> Error {
-    Error::from_errno(what, Some(device), e.raw_os_error().unwrap_or(libc::EIO))
+    match e.raw_os_error() {
+        Some(errno) => Error::from_errno(what, (!device.is_empty()).then_some(device), errno),
+        None => Error::NoRuntime { what },
+    }
 }
 
 /// Drops `value` on tokio's blocking pool and awaits it: for drops that wait for the device.

@@ -478,7 +478,8 @@ impl<'res> RecvRing<'res> {
     /// Awaits the next message (feature `tokio`): [`recv`](Self::recv) for async code, with no
     /// timeout of its own (wrap it in `tokio::time::timeout`). The spin of the ring's
     /// [`WaitPolicy`] yields to the runtime; then the task sleeps until the CQ's completion
-    /// channel, registered with the runtime's reactor by the library, has an event.
+    /// channel, registered with the current runtime's reactor by the library for the wait, has
+    /// an event.
     ///
     /// Cancellation-safe: a message is taken from the CQ only in a step that returns it at
     /// once, so a future dropped at any await (a `select!` branch that lost, a

@@ -478,7 +478,8 @@ impl<'res, T: Connected> SendQueue<'res, T> {
 
     /// Awaits at least one completion (feature `tokio`), calling `f` as [`poll`](Self::poll)
     /// does: [`wait`](Self::wait) for async code, with no timeout of its own (wrap it in
-    /// `tokio::time::timeout`). The channel is registered with the runtime by the library.
+    /// `tokio::time::timeout`). The channel is registered with the current runtime by the library,
+    /// for the wait.
     ///
     /// Cancellation-safe: completions are taken and handed to `f` only in a step that then
     /// returns, so a future dropped at its await has taken none; they stay for the next call.

@@ -25,11 +25,21 @@ pub(crate) struct Sleepers {
     fds: Mutex<[RawFd; MAX_SLEEPERS]>,
     /// How many are registered: a wake with none to wake takes no lock.
     count: AtomicUsize,
+    /// The async waits asleep on the channel (feature `tokio`): an event read by a blocking
+    /// wait, or by a task on another worker, before the reactor saw the fd readable is never
+    /// reported to them (epoll is edge-triggered), so they are woken here too.
+    #[cfg(feature = "tokio")]
+    tasks: tokio::sync::Notify,
 }
 
 impl Default for Sleepers {
     fn default() -> Self {
-        Sleepers { fds: Mutex::new([-1; MAX_SLEEPERS]), count: AtomicUsize::new(0) }
+        Sleepers {
+            fds: Mutex::new([-1; MAX_SLEEPERS]),
+            count: AtomicUsize::new(0),
+            #[cfg(feature = "tokio")]
+            tasks: tokio::sync::Notify::new(),
+        }
     }
 }
 
@@ -55,8 +65,16 @@ impl Sleepers {
         }
     }
 
-    /// Wakes every registered sleeper but `me`.
+    /// The async waits' wake-up: a wait enables a `notified()` of it before its last step.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn tasks(&self) -> &tokio::sync::Notify {
+        &self.tasks
+    }
+
+    /// Wakes every registered sleeper but `me`, and every async wait asleep on the channel.
     pub(crate) fn wake_all(&self, me: Option<RawFd>) {
+        #[cfg(feature = "tokio")]
+        self.tasks.notify_waiters();
         if self.count.load(Ordering::Acquire) == 0 {
             return;
         }
@@ -74,9 +92,11 @@ thread_local! {
     static KICK: OnceCell<Option<OwnedFd>> = const { OnceCell::new() };
 }
 
-/// This thread's eventfd (`None` if it cannot be made: the sleep is then sliced).
+/// This thread's eventfd (`None` if it cannot be made, or the thread is ending and its
+/// thread-locals are gone, as in a queue dropped by a thread-local's destructor: the sleep is
+/// then sliced).
 pub(crate) fn this_threads_kick() -> Option<RawFd> {
-    KICK.with(|k| {
+    KICK.try_with(|k| {
         k.get_or_init(|| {
             // SAFETY: no pointers; returns a new fd or -1.
             let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
@@ -86,6 +106,8 @@ pub(crate) fn this_threads_kick() -> Option<RawFd> {
         .as_ref()
         .map(AsRawFd::as_raw_fd)
     })
+    .ok()
+    .flatten()
 }
 
 /// Reads (resets) this thread's eventfd; whether it had been written.

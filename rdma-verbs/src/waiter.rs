@@ -85,7 +85,7 @@ pub enum Idle {
 /// 2. then **arms** the CQs (`ibv_req_notify_cq`) and steps once more: a completion that came
 ///    between the last step and the arming raises no event, so the step after arming is what
 ///    sees it, as `ibv_req_notify_cq(3)` prescribes;
-/// 3. then **sleeps** on the CQs' completion channel (`poll(2)`; [`wait_async`] awaits the
+/// 3. then **sleeps** on the CQs' completion channel (`poll(2)`; `wait_async` awaits the
 ///    channel's readiness on the tokio reactor instead) until an event or the deadline; it
 ///    reads and acknowledges every pending event, and steps again.
 ///
@@ -94,8 +94,9 @@ pub enum Idle {
 /// may share a channel, and their waits may run on other threads) wakes every registered
 /// sleeper, which steps again. So no completion is missed whoever reads its event; an event
 /// read before a sleeper registered is no loss either, since its completion was in the CQ
-/// before the sleeper's last step. (Async waits register with the reactor before their last
-/// step, to the same end.) Events read by other means ([`CompletionChannel::recv`],
+/// before the sleeper's last step. (Async waits register the channel's fd with the reactor of
+/// the runtime they run on, and a wake-up from the other waits, before their last step, to the
+/// same end.) Events read by other means ([`CompletionChannel::recv`],
 /// [`CompletionQueue::wait`]) wake nobody: do not mix those with these waits on one channel.
 ///
 /// A CQ without a completion channel can only spin: its waits poll until their deadline.
@@ -109,14 +110,14 @@ pub enum Idle {
 /// Every wait of [`RecvRing`], [`SendQueue`], [`PostScope`] and
 /// [`CompletionQueue::poll_wait`] is a [`wait`](Self::wait).
 ///
-/// [`wait_async`]: Self::wait_async
 /// [`RecvRing`]: crate::RecvRing
 /// [`SendQueue`]: crate::SendQueue
 /// [`PostScope`]: crate::PostScope
 #[derive(Debug, Clone)]
 pub struct CqWaiter {
     policy: WaitPolicy,
-    spin_until: Option<Instant>,
+    /// When the spin of this wait ends, once it began (`Some(None)`: never).
+    spin_until: Option<Option<Instant>>,
     armed: bool,
 }
 
@@ -175,8 +176,9 @@ impl CqWaiter {
     /// [`wait`](Self::wait) for async code (feature `tokio`): until `step` gives a value
     /// (`Ok(Some)`) or `until` passes (`Ok(None)`; [`Deadline::never`] for no end). The spin
     /// yields to the runtime (`tokio::task::yield_now`) instead of busy-polling, and the sleep
-    /// awaits the channel's readiness on the tokio reactor (registered by the library on first
-    /// use). The CQs must report to one channel.
+    /// awaits the channel's readiness on the reactor of the runtime it runs on (each sleep
+    /// registers the fd anew: a queue may be used from one runtime, then another). The CQs
+    /// must report to one channel.
     ///
     /// Cancellation-safe: `step` runs only between awaits, and whatever it takes it returns
     /// at once; dropped at an await, the future has taken nothing. At worst the CQs stay armed,
@@ -196,8 +198,7 @@ impl CqWaiter {
         until: Deadline,
         mut step: impl FnMut() -> Result<Option<T>>,
     ) -> Result<Option<T>> {
-        use std::future::Future;
-        use std::task::Poll;
+        crate::reactor::in_runtime("ibv_get_cq_event")?;
         let channel = single_channel(cqs)?;
         loop {
             if let Some(v) = step()? {
@@ -212,30 +213,10 @@ impl CqWaiter {
                 Some(_) => {}
                 None => {
                     self.armed = false;
-                    let what = "ibv_get_cq_event";
-                    let device = channel.context().name();
-                    let reactor = channel.reactor()?;
-                    // Registered for readiness before the last step: an event that comes after
-                    // the step wakes this task, whoever reads it.
-                    let mut readable = std::pin::pin!(reactor.readable());
-                    let polled = std::future::poll_fn(|cx| Poll::Ready(readable.as_mut().poll(cx))).await;
-                    if let Some(v) = step()? {
+                    if let Some(v) = sleep_async(channel, cqs, until, &mut step).await? {
                         self.reset();
                         return Ok(Some(v));
                     }
-                    let ready = match (polled, until.instant()) {
-                        (Poll::Ready(r), _) => r,
-                        (Poll::Pending, None) => readable.await,
-                        (Poll::Pending, Some(at)) => {
-                            match tokio::time::timeout_at(tokio::time::Instant::from_std(at), readable).await {
-                                Ok(r) => r,
-                                Err(_elapsed) => continue,
-                            }
-                        }
-                    };
-                    let mut guard = ready.map_err(|e| crate::reactor::io_error(what, device, &e))?;
-                    channel.drain_events(cqs, None)?;
-                    guard.clear_ready();
                 }
             }
         }
@@ -273,6 +254,7 @@ impl CqWaiter {
     /// [`Error::NoRuntime`] outside a tokio runtime; as `idle`.
     #[cfg(feature = "tokio")]
     pub async fn idle_async(&mut self, cqs: &[&CompletionQueue<'_>], recheck: Option<Duration>) -> Result<Idle> {
+        crate::reactor::in_runtime("ibv_get_cq_event")?;
         let channel = single_channel(cqs)?;
         if let Some(step) = self.spin_or_arm(cqs)? {
             if step == Idle::Spun {
@@ -294,8 +276,9 @@ impl CqWaiter {
     /// the next step is a sleep.
     fn spin_or_arm(&mut self, cqs: &[&CompletionQueue<'_>]) -> Result<Option<Idle>> {
         let now = Instant::now();
-        let spin_until = *self.spin_until.get_or_insert_with(|| now.checked_add(self.policy.spin).unwrap_or(now));
-        let spinning = self.policy.spin == Duration::MAX || now < spin_until;
+        // A budget too large for an `Instant` spins for the whole wait, as `Duration::MAX` does.
+        let spin_until = *self.spin_until.get_or_insert_with(|| now.checked_add(self.policy.spin));
+        let spinning = spin_until.map_or(true, |end| now < end);
         if spinning || !Self::can_sleep(cqs) {
             return Ok(Some(Idle::Spun));
         }
@@ -360,6 +343,52 @@ fn channels_of<'a>(cqs: &[&'a CompletionQueue<'_>]) -> [Option<&'a CompletionCha
     out
 }
 
+/// The sleep of [`CqWaiter::wait_async`]: registers the channel's fd with the current runtime's
+/// reactor and enables a wake-up from the channel's other waits, steps once more, then awaits
+/// readiness, the wake-up or `until`.
+#[cfg(feature = "tokio")]
+async fn sleep_async<T>(
+    channel: &CompletionChannel<'_>,
+    cqs: &[&CompletionQueue<'_>],
+    until: Deadline,
+    step: &mut impl FnMut() -> Result<Option<T>>,
+) -> Result<Option<T>> {
+    use std::future::Future;
+    use std::task::Poll;
+    let watch = channel.watch()?;
+    let mut woken = std::pin::pin!(channel.sleepers().tasks().notified());
+    woken.as_mut().enable();
+    let mut readable = std::pin::pin!(watch.readable());
+    // Registered for readiness (and the wake-up) before the last step: an event that comes
+    // after the step wakes this task, whoever reads it.
+    let polled = std::future::poll_fn(|cx| Poll::Ready(readable.as_mut().poll(cx))).await;
+    if let Some(v) = step()? {
+        return Ok(Some(v));
+    }
+    let either = std::future::poll_fn(|cx| {
+        if let Poll::Ready(r) = readable.as_mut().poll(cx) {
+            return Poll::Ready(Some(r));
+        }
+        woken.as_mut().poll(cx).map(|()| None)
+    });
+    let ready = match (polled, until.instant()) {
+        (Poll::Ready(r), _) => Some(r),
+        (Poll::Pending, None) => either.await,
+        (Poll::Pending, Some(at)) => match tokio::time::timeout_at(tokio::time::Instant::from_std(at), either).await {
+            Ok(r) => r,
+            Err(_elapsed) => return Ok(None),
+        },
+    };
+    // Readable: take the events (waking the others if some were theirs). Woken by another wait:
+    // the caller steps again.
+    if let Some(guard) = ready {
+        let mut guard = guard?;
+        channel.drain_events(cqs, None)?;
+        guard.clear_ready();
+    }
+    Ok(None)
+}
+
 /// The sleep of [`CqWaiter::wait`]: registers this thread's kick fd with the channels, steps
 /// once more, then sleeps until an event, a kick or `until`.
 fn sleep_registered<T>(
@@ -413,5 +442,25 @@ fn sleep_on(
             let device = channels.iter().flatten().next().map(|c| c.context().name());
             return Err(Error::from_errno("ibv_get_cq_event", device, err.raw_os_error().unwrap_or(libc::EIO)));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A budget too large for an `Instant` spins for the whole wait, as `Duration::MAX` does; it
+    /// used to make the spin end at once (found by the review of issue 20).
+    #[test]
+    fn a_budget_too_large_for_an_instant_spins() {
+        for spin in [Duration::MAX, Duration::from_secs(u64::MAX), Duration::from_secs(u64::MAX / 2)] {
+            let mut waiter = CqWaiter::new(WaitPolicy::spin_then_sleep(spin));
+            assert_eq!(waiter.spin_or_arm(&[]).unwrap(), Some(Idle::Spun), "{spin:?}");
+            std::thread::sleep(Duration::from_millis(5));
+            assert_eq!(waiter.spin_or_arm(&[]).unwrap(), Some(Idle::Spun), "{spin:?}");
+        }
+        let mut waiter = CqWaiter::new(WaitPolicy::sleep_at_once());
+        assert_eq!(waiter.spin_or_arm(&[]).unwrap(), Some(Idle::Armed));
+        assert_eq!(waiter.spin_or_arm(&[]).unwrap(), None, "armed: the next step sleeps");
     }
 }

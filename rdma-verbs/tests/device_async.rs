@@ -5,9 +5,6 @@
 
 mod common;
 
-use std::future::Future;
-use std::pin::pin;
-use std::task::{Context as TaskContext, Poll, RawWaker, RawWakerVTable, Waker};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -165,27 +162,6 @@ fn dropped_futures_lose_no_message_and_leak_nothing() {
         drop((client, server, rt));
     }
     assert_eq!(testkit::resource_counts(&topo.server.device), baseline, "resources left behind");
-}
-
-fn noop_waker() -> Waker {
-    fn clone(_: *const ()) -> RawWaker {
-        RawWaker::new(std::ptr::null(), &VTABLE)
-    }
-    fn noop(_: *const ()) {}
-    static VTABLE: RawWakerVTable = RawWakerVTable::new(clone, noop, noop, noop);
-    // SAFETY: every function of the vtable ignores the (null) data pointer.
-    unsafe { Waker::from_raw(RawWaker::new(std::ptr::null(), &VTABLE)) }
-}
-
-/// Polls `f` by hand, outside any runtime, until it is ready (at most 100 polls).
-fn poll_outside_a_runtime<F: Future>(f: F) -> Option<F::Output> {
-    let waker = noop_waker();
-    let mut cx = TaskContext::from_waker(&waker);
-    let mut f = pin!(f);
-    (0..100).find_map(|_| match f.as_mut().poll(&mut cx) {
-        Poll::Ready(r) => Some(r),
-        Poll::Pending => None,
-    })
 }
 
 /// Awaited outside a tokio runtime, the async waits return a typed error instead of

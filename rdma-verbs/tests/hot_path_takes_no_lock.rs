@@ -13,7 +13,6 @@ use std::path::{Path, PathBuf};
 const MAY_LOCK: &[(&str, &str)] = &[
     ("src/registry.rs", "the resource registry, taken when a verbs object is created or destroyed"),
     ("src/srq.rs", "the slots a dropped ring left posted on an SRQ, taken when the ring or the SRQ goes"),
-    ("src/reactor.rs", "a channel's registration with the tokio reactor, taken once, on its first async wait"),
     ("src/sleepers.rs", "the threads asleep on a channel: taken on the way into and out of a sleep (a system call anyway), and when a foreign event wakes them"),
 ];
 
