@@ -172,8 +172,7 @@ pub enum Error {
         missing: &'static str,
     },
     /// An async call (`*_async`, with the `tokio` feature) found no Tokio runtime to wait on:
-    /// it ran outside one, or the runtime the identifier's event channel is registered with
-    /// (the one of its first async call) has shut down.
+    /// it ran outside one, or the runtime it ran on was shutting down.
     #[error("{what}: no Tokio runtime to wait on (outside one, or it has shut down)")]
     NoRuntime {
         /// What was to be awaited, e.g. `"rdma_connect"`.
