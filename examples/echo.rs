@@ -52,8 +52,9 @@ use rdma_cm::{ConnParams, ConnectRequest, Listener};
 use rdma_verbs::{AccessFlags, Init, QueuePair, Rc};
 
 /// How long a threads server's wait for a message lasts before it looks for the peer's
-/// disconnect.
-const IDLE_CHECK: Duration = Duration::from_millis(100);
+/// disconnect: a peer that left is noticed within it, and an idle connection's thread wakes
+/// twice a second (the async server waits for both in one `select!`, and wakes for neither).
+const IDLE_CHECK: Duration = Duration::from_millis(500);
 /// How long a connection whose receive or send failed is given to show its peer left.
 const LEAVING: Duration = Duration::from_secs(2);
 
