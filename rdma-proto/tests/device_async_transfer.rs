@@ -151,3 +151,35 @@ fn async_and_threaded_transfers_side_by_side() {
     let (t, a) = (median(&mut rates.0), median(&mut rates.1));
     println!("32 MiB data phase, median of 3: threaded {t:.1} MB/s, async {a:.1} MB/s, async/threaded {:.2}x", a / t);
 }
+
+/// A `send_file_async` future dropped mid-transfer (its `tokio::time::timeout` ran out) is a
+/// sender that went away: the receiver's session fails, nothing is left under the final name
+/// nor as a temporary, and the next transfer on the same server and runtime arrives whole.
+#[test]
+fn a_send_dropped_mid_transfer_leaves_nothing_and_the_next_one_arrives() {
+    let topo = testkit::require_topology!();
+    let (src, dst) = (TempDir::new("drop-src"), TempDir::new("drop-dst"));
+    let path = src.0.join("big");
+    let bytes = random_file(&path, 48 << 20, 5);
+    let addr = SocketAddr::from((topo.server.addr, 18660));
+    let mut opts = ReceiveOptions::default();
+    opts.dir = Some(dst.0.clone());
+    let server = Server::bind(addr, opts).unwrap();
+    let mut send = SendOptions::new(addr);
+    send.from = Some(SocketAddr::from((topo.client.addr, 0)));
+    let reports = runtime(true).block_on(async {
+        let serving = tokio::spawn(serve(server, 2));
+        // 48 MiB take about a second here: dropped after 300 ms, mid-stream.
+        let cut = tokio::time::timeout(std::time::Duration::from_millis(300), send_file_async(&path, &send, |_, _| {}));
+        assert!(cut.await.is_err(), "the transfer finished within 300 ms: nothing was dropped mid-way");
+        let report = send_file_async(&path, &send, |_, _| {}).await.unwrap();
+        assert_eq!(report.bytes, bytes.len() as u64);
+        serving.await.unwrap()
+    });
+    assert_eq!(reports.len(), 2, "{reports:?}");
+    assert!(reports[0].result.is_err(), "the dropped sender's session: {:?}", reports[0]);
+    assert_eq!(reports[1].result, Ok(Status::Ok), "{:?}", reports[1]);
+    let names: Vec<_> = std::fs::read_dir(&dst.0).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names, ["big"], "what the destination holds");
+    assert!(std::fs::read(dst.0.join("big")).unwrap() == bytes, "the second copy differs");
+}

@@ -267,18 +267,18 @@ impl<'ctx> CompletionChannel<'ctx> {
     /// `recheck` is given (`Builder::enable_all` enables both).
     #[cfg(feature = "tokio")]
     pub async fn readable_async(&self, recheck: Option<Duration>) -> Result<bool> {
-        self.readable_async_for(&[], recheck).await
+        self.readable_async_with(&self.watch()?, &[], recheck).await
     }
 
-    /// [`readable_async`](Self::readable_async) for a wait on `ours`: only events of other CQs
-    /// wake the other waits.
+    /// [`readable_async`](Self::readable_async) through `watch` (a registration of this
+    /// channel's fd), for a wait on `ours`: only events of other CQs wake the other waits.
     #[cfg(feature = "tokio")]
-    pub(crate) async fn readable_async_for(
+    pub(crate) async fn readable_async_with(
         &self,
+        watch: &crate::reactor::Watch,
         ours: &[&CompletionQueue<'_>],
         recheck: Option<Duration>,
     ) -> Result<bool> {
-        let watch = self.watch()?;
         let ready = watch.readable();
         let guard = match recheck {
             None => ready.await,

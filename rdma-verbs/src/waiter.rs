@@ -113,18 +113,29 @@ pub enum Idle {
 /// [`RecvRing`]: crate::RecvRing
 /// [`SendQueue`]: crate::SendQueue
 /// [`PostScope`]: crate::PostScope
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct CqWaiter {
     policy: WaitPolicy,
     /// When the spin of this wait ends, once it began (`Some(None)`: never).
     spin_until: Option<Option<Instant>>,
     armed: bool,
+    /// [`idle_async`](Self::idle_async)'s registration of its channel's fd, kept for the
+    /// waiter's life (a polling loop sleeps thousands of times a second), with the channel's
+    /// address.
+    #[cfg(feature = "tokio")]
+    watch: Option<(usize, crate::reactor::Watch)>,
 }
 
 impl CqWaiter {
     /// A waiter that has not spun yet.
     pub fn new(policy: WaitPolicy) -> Self {
-        CqWaiter { policy, spin_until: None, armed: false }
+        CqWaiter {
+            policy,
+            spin_until: None,
+            armed: false,
+            #[cfg(feature = "tokio")]
+            watch: None,
+        }
     }
 
     /// Work came: the next idle step spins again for the whole budget.
@@ -245,7 +256,8 @@ impl CqWaiter {
 
     /// [`idle`](Self::idle) for async code (feature `tokio`): the spin yields to the runtime,
     /// the sleep awaits the channel's readiness on the tokio reactor, for at most `recheck`.
-    /// The CQs must report to one channel.
+    /// The CQs must report to one channel. The channel's registration with the reactor is made
+    /// on the first sleep and kept while the waiter lives: use one waiter within one runtime.
     ///
     /// Cancellation-safe: dropped at its await, it has taken nothing.
     ///
@@ -268,7 +280,14 @@ impl CqWaiter {
             None => Some(SHARED_CHANNEL_SLICE),
             Some(r) => Some(r.min(SHARED_CHANNEL_SLICE)),
         };
-        let woken = channel.readable_async_for(cqs, recheck).await?;
+        let at = std::ptr::from_ref(channel) as usize;
+        let kept = self.watch.take().filter(|(a, _)| *a == at);
+        let watch = match kept {
+            Some(kept) => kept,
+            None => (at, channel.watch()?),
+        };
+        let (_, watch) = self.watch.insert(watch);
+        let woken = channel.readable_async_with(watch, cqs, recheck).await?;
         Ok(if woken { Idle::Woken } else { Idle::Slept })
     }
 
