@@ -223,7 +223,7 @@ fn recv(a: RecvArgs, json: bool) -> i32 {
         Ok(s) => s,
         Err(e) => {
             eprintln!("rdma-copy: listening on {listen}: {e}");
-            return 2;
+            return e.exit_code();
         }
     };
     if !json {

@@ -139,8 +139,12 @@ impl Server {
     /// Listens on `addr` (an address of an RDMA device, or a wildcard).
     ///
     /// # Errors
-    /// [`Error::Cm`] when binding or listening fails.
+    /// [`Error::Usage`] for options no session could be served with (a `max_chunk` of 0),
+    /// before anything is bound; [`Error::Cm`] when binding or listening fails.
     pub fn bind(addr: SocketAddr, opts: ReceiveOptions) -> Result<Self, Error> {
+        if opts.max_chunk == 0 {
+            return Err(Error::Usage("max_chunk 0: a chunk holds at least one byte".into()));
+        }
         Ok(Server {
             listener: Listener::bind(addr, 64)?,
             opts: Arc::new(opts),
