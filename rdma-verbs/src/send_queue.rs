@@ -449,6 +449,11 @@ impl<'res, T: Connected> SendQueue<'res, T> {
     /// as `poll` and [`CqWaiter::idle`].
     pub fn wait(&mut self, timeout: Duration, mut f: impl FnMut(SlotCompletion<'res>)) -> Result<usize> {
         let deadline = Deadline::after(timeout);
+        // What has completed already is taken without setting up a wait.
+        let n = self.poll_or_stop("send completions", &mut f)?;
+        if n > 0 {
+            return Ok(n);
+        }
         let cq = self.cq.handle();
         let mut waiter = CqWaiter::new(self.wait_policy);
         let step = || Ok(Some(self.poll_or_stop("send completions", &mut f)?).filter(|&n| n > 0));
@@ -464,6 +469,9 @@ impl<'res, T: Connected> SendQueue<'res, T> {
     /// [`wait`](Self::wait)); as `poll`.
     pub fn drain(&mut self, timeout: Duration, mut f: impl FnMut(SlotCompletion<'res>)) -> Result<()> {
         let deadline = Deadline::after(timeout);
+        if self.held.is_empty() {
+            return Ok(());
+        }
         let cq = self.cq.handle();
         let mut waiter = CqWaiter::new(self.wait_policy);
         let step = || {
@@ -492,6 +500,10 @@ impl<'res, T: Connected> SendQueue<'res, T> {
     /// In a runtime without IO enabled, as tokio's own types.
     #[cfg(feature = "tokio")]
     pub async fn wait_async(&mut self, mut f: impl FnMut(SlotCompletion<'res>)) -> Result<usize> {
+        let n = self.poll_or_stop("send completions", &mut f)?;
+        if n > 0 {
+            return Ok(n);
+        }
         let cq = self.cq.handle();
         let mut waiter = CqWaiter::new(self.wait_policy);
         loop {

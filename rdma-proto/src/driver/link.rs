@@ -78,8 +78,9 @@ impl Endpoint {
     }
 }
 
-/// Sends one encoded control message, waiting (polling the queue, passing every completion to
-/// `on_completion`) up to `timeout` for a free control slot.
+/// Sends one encoded control message, waiting (as `SendQueue::wait` does: spin, then sleep on
+/// the CQ's channel; every completion goes to `on_completion`) up to `timeout` for a free
+/// control slot and room in the queue.
 pub(crate) fn send_control(
     sq: &mut SendQueue<'static, Rc>,
     control: &SlotPool<'static>,
@@ -95,9 +96,18 @@ pub(crate) fn send_control(
             }
             drop(s);
         }
-        sq.poll(&mut on_completion)?;
-        if deadline.has_passed() {
-            return Err(rdma_verbs::Error::Timeout { what: "a free control slot", after: timeout });
+        if sq.staged() > 0 {
+            // Requests pushed and not yet submitted hold the room: they go first (the control
+            // message follows them in the queue either way).
+            sq.submit()?;
+            continue;
+        }
+        match sq.wait(deadline.remaining(), &mut on_completion) {
+            Ok(_) => {}
+            Err(rdma_verbs::Error::Timeout { .. }) => {
+                return Err(rdma_verbs::Error::Timeout { what: "a free control slot", after: timeout })
+            }
+            Err(e) => return Err(e),
         }
     };
     slot.write_at(0, bytes)?;
