@@ -86,7 +86,8 @@ struct RecvArgs {
     /// Seconds a transfer may make no progress before it is ended (1..=31536000).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=31_536_000))]
     timeout: u64,
-    /// Exit after this many transfers (default: serve forever).
+    /// Exit after this many transfers (default: serve forever). A transfer counts once its
+    /// sender's HELLO arrived, whatever its outcome; connections that send none do not count.
     #[arg(long)]
     count: Option<usize>,
     /// Test hook: corrupt this chunk on arrival (to see the digest check fail).
@@ -136,6 +137,10 @@ struct SendArgs {
     #[cfg(feature = "fault-injection")]
     #[arg(long, hide = true)]
     test_after_fin: Option<String>,
+    /// Test hook: use this session id (decimal) instead of a random one.
+    #[cfg(feature = "fault-injection")]
+    #[arg(long, hide = true)]
+    test_session: Option<u64>,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -232,7 +237,9 @@ fn recv(a: RecvArgs, json: bool) -> i32 {
     let failures = Arc::new(AtomicUsize::new(0));
     let f = failures.clone();
     let r = server.serve(a.count, move |r: ReceiveReport| {
-        if !matches!(r.result, Ok(rdma_proto::Status::Ok)) {
+        // A failed transfer makes the exit status 9; a connection that asked for none (an idle
+        // one timed out, say) is only reported.
+        if r.hello && !matches!(r.result, Ok(rdma_proto::Status::Ok)) {
             f.fetch_add(1, Ordering::Relaxed);
         }
         if json {
@@ -304,6 +311,7 @@ fn send(a: SendArgs, json: bool) -> i32 {
             let Some((lo, hi)) = parsed else { return usage(format!("--test-offer {v:?}: MIN-MAX")) };
             opts.test_offer = Some(lo..=hi);
         }
+        opts.test_session = a.test_session;
         opts.test_after_fin = match a.test_after_fin.as_deref() {
             None => None,
             Some("junk") => Some(AfterFin::Junk),

@@ -2,7 +2,7 @@
 
 use crate::wire::MAX_NAME_LEN;
 
-/// The suffix of a receiver's temporary files (`.SESSION.rdcp-tmp`), which no name may end with,
+/// The suffix of a receiver's temporary files (`.SESSION-N.rdcp-tmp`), which no name may end with,
 /// so that no sender can name another session's temporary.
 pub const TEMP_SUFFIX: &str = ".rdcp-tmp";
 

@@ -155,6 +155,10 @@ pub struct Receiver {
     credited: u64,
     fin: Option<Vec<u8>>,
     opened: bool,
+    /// Whether a HELLO arrived.
+    greeted: bool,
+    /// Whether an ACK was queued.
+    acked: bool,
     /// When the current phase last made progress: the timeout counts from here.
     progress: Instant,
     actions: VecDeque<Action>,
@@ -179,6 +183,8 @@ impl Receiver {
             credited: 0,
             fin: None,
             opened: false,
+            greeted: false,
+            acked: false,
             actions: VecDeque::new(),
             outbox: Outbox::default(),
         }
@@ -187,6 +193,17 @@ impl Receiver {
     /// The session id (0 until the HELLO).
     pub fn session(&self) -> u64 {
         self.session
+    }
+
+    /// Whether a HELLO arrived (valid or not): the peer asked for a transfer.
+    pub fn hello_received(&self) -> bool {
+        self.greeted
+    }
+
+    /// Whether an ACK was queued (the sender is told the verdict): a driver then gives the
+    /// sender time to read it before the connection goes.
+    pub fn acked(&self) -> bool {
+        self.acked
     }
 
     /// Bytes stored so far.
@@ -320,6 +337,7 @@ impl Receiver {
         match (self.phase, m) {
             (Phase::AwaitHello, Message::Hello(hello)) => {
                 self.session = h.session;
+                self.greeted = true;
                 self.progress = now;
                 let v = *wire::PROTOCOL_VERSIONS.end();
                 if hello.version_max < *wire::PROTOCOL_VERSIONS.start() || hello.version_min > v {
@@ -432,6 +450,7 @@ impl Receiver {
     }
 
     fn ack(&mut self, status: Status, detail: String) {
+        self.acked = true;
         self.send(&Message::Ack(Ack { status, received: self.bytes_stored(), detail }));
     }
 

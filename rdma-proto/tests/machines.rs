@@ -223,8 +223,29 @@ fn bad_hellos_are_refused_with_their_status() {
             matches!(actions.last(), Some(receiver::Action::Finish(Outcome::Acked { status: s, .. })) if *s == status)
         );
         assert!(r.is_done());
+        // The driver logs and reports a refused session under its id, and counts it as a
+        // transfer asked for (`recv --count`).
+        assert_eq!(r.session(), 77, "{what}");
+        assert!(r.hello_received(), "{what}");
     }
     assert_eq!([Status::BadName, Status::TooLarge, Status::ProtocolMismatch].map(Status::exit_code), [16, 15, 14]);
+}
+
+/// A connection whose first message is no HELLO asked for no transfer: `recv --count` must not
+/// count it (issue 21, 1.4: a connection that sent nothing used up one of the count).
+#[test]
+fn a_first_message_that_is_no_hello_is_no_transfer() {
+    let t = Instant::now();
+    for bytes in [vec![0xde, 0xad, 0xbe, 0xef], encode(5, &Message::Credit(Credit { consumed: 1 }))] {
+        let mut r = Receiver::new(receiver_cfg(4), t);
+        r.handle(receiver::Input::Message(&bytes), t);
+        let _ = polled(&mut r);
+        assert!(r.is_done());
+        assert!(!r.hello_received());
+    }
+    let mut idle = Receiver::new(receiver_cfg(4), t);
+    idle.handle_timeout(t + Duration::from_secs(3600));
+    assert!(idle.is_done() && !idle.hello_received());
 }
 
 #[test]

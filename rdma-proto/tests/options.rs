@@ -19,3 +19,27 @@ fn a_receiver_with_a_max_chunk_of_zero_is_refused() {
         Ok(_) => panic!("a receiver with 1-byte chunks was bound"),
     }
 }
+
+/// A /proc file reports a size of 0 and yields data: it was sent as 0 bytes with exit 0
+/// (issue 21, 1.4). It is refused before connecting now; on the code before, this test got the
+/// connection's error (no device here) instead of the file's.
+#[test]
+fn a_file_that_reports_no_size_but_has_data_is_refused_before_connecting() {
+    use rdma_proto::driver::{send_file, SendOptions};
+    let opts = SendOptions::new("127.0.0.1:9".parse().unwrap());
+    let path = std::path::Path::new("/proc/self/status");
+    match send_file(path, &opts, |_, _| {}) {
+        Err(e @ Error::File { .. }) => {
+            assert!(e.to_string().contains("size of 0 but has data"), "{e}");
+            assert_eq!(e.exit_code(), 5);
+        }
+        Err(other) => panic!("{other:?} instead of a file error"),
+        Ok(r) => panic!("sent {} bytes of a /proc file", r.bytes),
+    }
+    // An empty regular file is still sendable: it gets as far as connecting.
+    let empty = std::env::temp_dir().join(format!("rdma-proto-empty-{}", std::process::id()));
+    std::fs::write(&empty, b"").unwrap();
+    let r = send_file(&empty, &opts, |_, _| {});
+    std::fs::remove_file(&empty).unwrap();
+    assert!(!matches!(r, Err(Error::File { .. }) | Err(Error::Usage(_))), "{r:?}");
+}

@@ -18,15 +18,24 @@ pub(crate) fn io_status(e: &io::Error) -> Status {
     }
 }
 
-/// A file being received: `dir/.SESSION.rdcp-tmp` until [`commit`](Self::commit). The
+/// Temporaries of one session id tried before creating one fails.
+const MAX_TEMP_TRIES: u32 = 64;
+
+/// A file being received: `dir/.SESSION-N.rdcp-tmp` until [`commit`](Self::commit), `N` the
+/// first number whose name is free (two senders may use one session id: both are served). The
 /// temporary's name does not contain the file's, so every valid name (up to 255 bytes) fits,
 /// and no valid name is a temporary's ([`crate::name::TEMP_SUFFIX`] is refused).
 /// Dropping it uncommitted removes the temporary.
+///
+/// The details of its errors name files relative to the destination directory: they go to
+/// the sender, which has no business knowing the receiver's paths.
 #[derive(Debug)]
 pub(crate) struct Incoming {
     pub(crate) file: File,
     temp: PathBuf,
     target: PathBuf,
+    /// The name the file is stored under, relative to the destination directory.
+    name: String,
     overwrite: bool,
     committed: bool,
 }
@@ -41,14 +50,18 @@ impl Incoming {
         if !overwrite && target.symlink_metadata().is_ok() {
             return Err((Status::Exists, format!("{name} exists")));
         }
-        let temp = dir.join(format!(".{session:016x}{}", crate::name::TEMP_SUFFIX));
-        let file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .open(&temp)
-            .map_err(|e| (io_status(&e), format!("creating {}: {e}", temp.display())))?;
-        Ok(Incoming { file, temp, target, overwrite, committed: false })
+        let mut n = 0u32;
+        loop {
+            let temp_name = format!(".{session:016x}-{n}{}", crate::name::TEMP_SUFFIX);
+            let temp = dir.join(&temp_name);
+            match OpenOptions::new().write(true).create_new(true).mode(0o644).open(&temp) {
+                Ok(file) => {
+                    return Ok(Incoming { file, temp, target, name: name.to_owned(), overwrite, committed: false })
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && n < MAX_TEMP_TRIES => n += 1,
+                Err(e) => return Err((io_status(&e), format!("creating the temporary {temp_name}: {e}"))),
+            }
+        }
     }
 
     /// Syncs the data and renames the temporary into place (without replacing an existing file
@@ -64,7 +77,7 @@ impl Incoming {
         } else {
             rename_noreplace(&self.temp, &self.target).map_err(|e| {
                 if e.raw_os_error() == Some(libc::EEXIST) {
-                    (Status::Exists, format!("{} appeared meanwhile", self.target.display()))
+                    (Status::Exists, format!("{} appeared meanwhile", self.name))
                 } else {
                     io("rename", e)
                 }

@@ -7,8 +7,8 @@ use std::time::Duration;
 use rdma_verbs::qp::state::Rc;
 use rdma_verbs::qp::state::{Init, Reset};
 use rdma_verbs::{
-    AccessFlags, CompletionChannel, CompletionQueue, Context, CqWaiter, Deadline, Idle, ProtectionDomain, QpCaps,
-    QpCreateAttr, QueuePair, RecvRing, SendQueue, SlotMessage, SlotPool, SlotRequest, WaitPolicy,
+    AccessFlags, AsyncEvent, CompletionChannel, CompletionQueue, Context, CqWaiter, Deadline, Idle, ProtectionDomain,
+    QpCaps, QpCreateAttr, QueuePair, RecvRing, SendQueue, SlotMessage, SlotPool, SlotRequest, WaitPolicy, WcStatus,
 };
 
 use super::Error;
@@ -188,16 +188,16 @@ impl Pacer {
 /// reposts its buffer. Returns how many came.
 ///
 /// # Errors
-/// [`Error::PeerDisconnected`] when a receive completed in error (the connection broke); the ring's
-/// errors.
+/// [`Error::ConnectionLost`] with the status when a receive completed in error (the session's
+/// loop then tells why with [`explain_loss`]); the ring's errors.
 pub(crate) fn take_arrivals(
     ring: &mut RecvRing<'static>,
     mut on_arrival: impl FnMut(&SlotMessage<'static>),
 ) -> Result<usize, Error> {
     for n in 0..ARRIVALS_PER_ROUND {
         let Some(msg) = ring.try_recv()? else { return Ok(n) };
-        if msg.ok().is_err() {
-            return Err(Error::PeerDisconnected);
+        if let Err(rdma_verbs::Error::WorkCompletion { status, .. }) = msg.ok() {
+            return Err(Error::ConnectionLost { status });
         }
         on_arrival(&msg);
         ring.release(msg)?;
@@ -221,4 +221,80 @@ const ACK_TIMEOUT: u8 = 14;
 pub(crate) fn peer_left(conn: &rdma_cm::Connection<'_>) -> bool {
     let _ = conn.try_recv_event();
     conn.peer_disconnected()
+}
+
+/// Which side of a transfer a connection is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Side {
+    Sender,
+    Receiver,
+}
+
+/// Tells why a session's request failed ([`Error::ConnectionLost`] with the device's status;
+/// other errors are returned as they are). This is the one place that maps a failed completion
+/// to what the caller is told:
+///
+/// - On the receiver, a receive that failed with a status other than a flush was the peer's
+///   request breaking the rules: an oversized Send (`LocalLengthError`), a WRITE outside the
+///   granted memory or with a wrong rkey. So is a flush preceded by the responder's
+///   `IBV_EVENT_QP_ACCESS_ERR`/`QP_REQ_ERR`/`QP_FATAL` on the context (a WRITE without
+///   immediate, or a READ, consumes no receive to fail). [`Error::PeerViolation`].
+/// - Otherwise, if the peer's disconnect arrives within [`DISCONNECT_WAIT`] (a killed peer's
+///   kernel disconnects for it; the completion often fails first, with whatever the moment gave:
+///   `RemoteAccessError` as its memory went, `RetryExceeded`, a flush),
+///   [`Error::PeerDisconnected`].
+/// - Else the peer or the path stopped answering (a link down, a host gone):
+///   [`Error::ConnectionLost`], with the status as the device reported it.
+pub(crate) fn explain_loss(e: Error, side: Side, conn: &rdma_cm::Connection<'static>, ctx: &Context) -> Error {
+    let Error::ConnectionLost { status } = e else { return e };
+    if let Some(v) = violation(status, side, ctx) {
+        return v;
+    }
+    let deadline = Deadline::after(DISCONNECT_WAIT);
+    while !conn.peer_disconnected() {
+        let left = deadline.remaining();
+        if left.is_zero() || conn.recv_event(left).is_err() {
+            break;
+        }
+    }
+    if conn.peer_disconnected() {
+        Error::PeerDisconnected
+    } else {
+        Error::ConnectionLost { status }
+    }
+}
+
+/// [`explain_loss`] for async code: the wait for the peer's disconnect is awaited.
+#[cfg(feature = "tokio")]
+pub(crate) async fn explain_loss_async(
+    e: Error,
+    side: Side,
+    conn: &rdma_cm::Connection<'static>,
+    ctx: &Context,
+) -> Error {
+    let Error::ConnectionLost { status } = e else { return e };
+    if let Some(v) = violation(status, side, ctx) {
+        return v;
+    }
+    match tokio::time::timeout(DISCONNECT_WAIT, conn.disconnected_async()).await {
+        Ok(Ok(())) => Error::PeerDisconnected,
+        _ if conn.peer_disconnected() => Error::PeerDisconnected,
+        _ => Error::ConnectionLost { status },
+    }
+}
+
+/// The peer's violation a failed receive shows, on the receiver ([`explain_loss`]).
+fn violation(status: WcStatus, side: Side, ctx: &Context) -> Option<Error> {
+    if side != Side::Receiver {
+        return None;
+    }
+    if status != WcStatus::WrFlushError {
+        return Some(Error::PeerViolation { status, event: None });
+    }
+    while let Ok(Some(event)) = ctx.try_recv_async_event() {
+        if matches!(event, AsyncEvent::QpError { .. } | AsyncEvent::QpFatal { .. }) {
+            return Some(Error::PeerViolation { status, event: Some(event) });
+        }
+    }
+    None
 }

@@ -98,6 +98,15 @@ pub enum Error {
         /// The error.
         source: std::io::Error,
     },
+    /// The file changed while it was being sent (rewritten, truncated, appended to, or its
+    /// status changed): what was read may mix two versions, so nothing was committed.
+    #[error("{path} changed while it was being sent ({what}); nothing was stored: send it again")]
+    SourceChanged {
+        /// The file.
+        path: String,
+        /// What changed.
+        what: String,
+    },
     /// The protocol ended without the receiver's verdict.
     #[error("{0}")]
     Protocol(#[from] ProtocolError),
@@ -109,9 +118,34 @@ pub enum Error {
         /// Its detail.
         detail: String,
     },
-    /// The peer disconnected before the session ended.
+    /// The peer disconnected before the session ended (it ended the connection, or its process
+    /// died and its kernel did). Whatever a request of ours failed with just before is not
+    /// reported: it depends only on the moment (`RemoteAccessError` as the peer's memory went,
+    /// a flush, `RetryExceeded`).
     #[error("the peer disconnected mid-transfer")]
     PeerDisconnected,
+    /// The connection failed before the session ended without the peer saying it left: the
+    /// peer or the path to it stopped answering (a link down, a host gone). `status` is what the
+    /// device reported for the request that failed (`RetryExceeded` when the peer stopped
+    /// acknowledging, `LocalQpOperationError` when rxe could not send, a flush).
+    #[error("the connection was lost mid-transfer: the peer or the path to it stopped answering ({status:?})")]
+    ConnectionLost {
+        /// The failed request's status.
+        status: rdma_verbs::WcStatus,
+    },
+    /// The peer broke the rules at the verbs level, so the device refused its request and the
+    /// connection is in error (receiver): a Send larger than the receive buffers
+    /// (`LocalLengthError`), a WRITE outside the granted memory or with a wrong rkey, a READ
+    /// (the grant allows only WRITE). `event` is the responder's asynchronous event when the
+    /// request consumed no receive to fail (its receives were then flushed).
+    #[error("the peer's request broke the rules and was refused by the device ({status:?}{})",
+        event.map(|e| format!(", {e:?}")).unwrap_or_default())]
+    PeerViolation {
+        /// The failed receive's status.
+        status: rdma_verbs::WcStatus,
+        /// The QP's error event, if one told it.
+        event: Option<rdma_verbs::AsyncEvent>,
+    },
     /// The caller's request cannot be carried out as given (a file name that is not a valid
     /// name, say); nothing was sent.
     #[error("{0}")]
@@ -124,16 +158,18 @@ pub enum Error {
 impl Error {
     /// The exit code a tool should use: the status's for a verdict ([`Status::exit_code`]),
     /// 1 for a usage error, 2 for a connection failure, 3 for a timeout, 4 for a protocol error,
-    /// 5 for a local file error, 6 when the peer left, 7 when the receiver was stopped.
+    /// 5 for a local file error (or a source that changed while it was sent), 6 when the peer
+    /// left or the connection was lost, 7 when the receiver was stopped; a peer's violation
+    /// ([`Error::PeerViolation`]) is a protocol error.
     pub fn exit_code(&self) -> i32 {
         match self {
             Error::Refused { status, .. } => status.exit_code(),
             Error::Protocol(ProtocolError::Timeout { .. }) => 3,
             Error::Cm(e) if e.is_timeout() => 3,
             Error::Cm(_) | Error::Verbs(_) => 2,
-            Error::Protocol(_) => 4,
-            Error::File { .. } => 5,
-            Error::PeerDisconnected => 6,
+            Error::Protocol(_) | Error::PeerViolation { .. } => 4,
+            Error::File { .. } | Error::SourceChanged { .. } => 5,
+            Error::PeerDisconnected | Error::ConnectionLost { .. } => 6,
             Error::Usage(_) => 1,
             Error::Stopped => 7,
         }

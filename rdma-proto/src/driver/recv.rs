@@ -15,7 +15,10 @@ use rdma_verbs::{AccessFlags, Rc, RecvRing, SendQueue, Slot, SlotPool};
 use xxhash_rust::xxh3::Xxh3;
 
 use super::files::{io_status, Incoming};
-use super::link::{conn_params, peer_left, send_control, take_arrivals, Endpoint, EndpointParts, Pacer, DRAIN};
+use super::link::{
+    conn_params, explain_loss, peer_left, send_control, take_arrivals, Endpoint, EndpointParts, Pacer, Side,
+    DISCONNECT_WAIT, DRAIN,
+};
 use super::{Error, Phases};
 use crate::receiver::{Action, Input, Receiver, ReceiverConfig};
 use crate::wire::{self, Ack, Message};
@@ -83,9 +86,13 @@ impl Default for ReceiveOptions {
 
 /// What one session did.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ReceiveReport {
     /// The session id (0 if no HELLO came).
     pub session: u64,
+    /// Whether a HELLO came (valid or not): the connection asked for a transfer. What
+    /// [`Server::serve`]'s count counts.
+    pub hello: bool,
     /// The sender's address.
     pub peer: SocketAddr,
     /// The file name, if a valid HELLO came.
@@ -114,6 +121,22 @@ pub struct Server {
 /// `Busy` by ACK. Past that, connection requests are rejected at once, with an ACK(Busy) as
 /// the rejection's private data.
 const BUSY_SLACK: usize = 4;
+
+/// What the sessions of one `serve` call tell its accept loop.
+#[derive(Debug, Default)]
+struct Tally {
+    /// Transfers asked for: connections whose HELLO arrived.
+    asked: AtomicUsize,
+    /// Set once the loop takes no more transfers: connections still without a HELLO end.
+    closing: AtomicBool,
+}
+
+impl Tally {
+    /// Whether `sessions` transfers were asked for (never, with `None`).
+    fn enough(&self, sessions: Option<usize>) -> bool {
+        sessions.is_some_and(|n| self.asked.load(Ordering::Acquire) >= n)
+    }
+}
 
 /// Counts one holder of a shared count while it lives (a panicking session still gives its
 /// place back).
@@ -158,11 +181,18 @@ impl Server {
         self.listener.local_addr()
     }
 
-    /// Serves senders until `sessions` sessions ended (forever with `None`), each on its own
-    /// thread; `report` is called (from that thread) as each ends. A connection counts toward
-    /// `max_sessions` from its valid HELLO on; connections past `max_sessions` and a small slack
-    /// are rejected at once (the sender sees [`Status::Busy`]). Returns when
-    /// [`ReceiveOptions::stop`] is set, once the sessions in progress ended.
+    /// Serves senders, each connection on its own thread, until `sessions` transfers were asked
+    /// for (forever with `None`); `report` is called (from that thread) as each session ends.
+    /// A transfer is asked for when a connection's HELLO arrives, whatever its outcome (a
+    /// refusal, a failure and a success count alike); a connection that sends none, or is
+    /// rejected as busy, does not count. Once the count is reached no connection is accepted,
+    /// those still without a HELLO end, and `serve` returns when the transfers in progress
+    /// ended (HELLOs that raced the count are served too, so more may end than `sessions`).
+    ///
+    /// A connection counts toward `max_sessions` from its valid HELLO on; connections past
+    /// `max_sessions` and a small slack are rejected at once (the sender sees
+    /// [`Status::Busy`]). Returns when [`ReceiveOptions::stop`] is set, once the sessions in
+    /// progress ended.
     ///
     /// # Errors
     /// [`Error::Cm`] when the listener fails; a failed session is only reported.
@@ -172,29 +202,33 @@ impl Server {
         report: impl Fn(ReceiveReport) + Send + Sync + 'static,
     ) -> Result<(), Error> {
         let report = Arc::new(report);
-        let mut started = 0;
+        let tally = Arc::new(Tally::default());
         let stop = &self.opts.stop;
         std::thread::scope(|scope| -> Result<(), Error> {
-            while sessions.map_or(true, |n| started < n) && !stop.load(Ordering::Relaxed) {
-                let req = match self.listener.recv_request(STOP_CHECK) {
+            let r = loop {
+                if tally.enough(sessions) || stop.load(Ordering::Relaxed) {
+                    break Ok(());
+                }
+                let req = match self.listener.recv_request(accept_check(&self.connections)) {
                     Ok(r) => r,
                     Err(e) if e.is_timeout() => continue,
-                    Err(e) => return Err(e.into()),
+                    Err(e) => break Err(e.into()),
                 };
-                started += 1;
                 let limit = self.opts.max_sessions.saturating_add(BUSY_SLACK);
                 let Some(place) = Counted::enter(&self.connections, limit) else {
                     report(reject_busy(req, self.opts.max_sessions));
                     continue;
                 };
-                let (opts, active, report) = (self.opts.clone(), self.active.clone(), report.clone());
+                let (opts, active, report, tally) =
+                    (self.opts.clone(), self.active.clone(), report.clone(), tally.clone());
                 scope.spawn(move || {
-                    let r = receive(req, &opts, &active);
+                    let r = receive(req, &opts, &active, &tally);
                     drop(place);
                     report(r);
                 });
-            }
-            Ok(())
+            };
+            tally.closing.store(true, Ordering::Release);
+            r
         })
     }
 }
@@ -226,32 +260,33 @@ impl Server {
         report: impl Fn(ReceiveReport) + Send + Sync + 'static,
     ) -> Result<(), Error> {
         let report = Arc::new(report);
-        let mut started = 0;
+        let tally = Arc::new(Tally::default());
         let mut tasks = tokio::task::JoinSet::new();
         let stop = &self.opts.stop;
         let result = loop {
-            if sessions.is_some_and(|n| started >= n) || stop.load(Ordering::Relaxed) {
+            if tally.enough(sessions) || stop.load(Ordering::Relaxed) {
                 break Ok(());
             }
-            let req = match tokio::time::timeout(STOP_CHECK, self.listener.recv_request_async()).await {
+            let check = accept_check(&self.connections);
+            let req = match tokio::time::timeout(check, self.listener.recv_request_async()).await {
                 Err(_) => continue,
                 Ok(Err(e)) => break Err(e.into()),
                 Ok(Ok(r)) => r,
             };
             while tasks.try_join_next().is_some() {}
-            started += 1;
             let limit = self.opts.max_sessions.saturating_add(BUSY_SLACK);
             let Some(place) = Counted::enter(&self.connections, limit) else {
                 report(reject_busy(req, self.opts.max_sessions));
                 continue;
             };
-            let (opts, active, report) = (self.opts.clone(), self.active.clone(), report.clone());
+            let (opts, active, report, tally) = (self.opts.clone(), self.active.clone(), report.clone(), tally.clone());
             tasks.spawn(async move {
-                let r = receive_async(req, &opts, &active).await;
+                let r = receive_async(req, &opts, &active, &tally).await;
                 drop(place);
                 report(r);
             });
         };
+        tally.closing.store(true, Ordering::Release);
         while let Some(done) = tasks.join_next().await {
             if let Err(e) = done {
                 if e.is_panic() {
@@ -265,6 +300,18 @@ impl Server {
 
 /// How often an idle accept loop checks [`ReceiveOptions::stop`].
 const STOP_CHECK: Duration = Duration::from_millis(500);
+/// How often an accept loop with connections in progress checks whether they asked for the
+/// transfers it serves.
+const COUNT_CHECK: Duration = Duration::from_millis(20);
+
+/// How long the accept loop waits for a connection request before its checks.
+fn accept_check(connections: &AtomicUsize) -> Duration {
+    if connections.load(Ordering::Acquire) > 0 {
+        COUNT_CHECK
+    } else {
+        STOP_CHECK
+    }
+}
 
 /// Rejects a connection request past every limit, with an ACK(Busy) (session 0) as the
 /// rejection's private data.
@@ -278,23 +325,28 @@ fn reject_busy(req: ConnectRequest, max_sessions: usize) -> ReceiveReport {
         Err(e) => Err(e.to_string()),
     };
     tracing::warn!(%peer, "connection rejected: busy");
-    ReceiveReport { session: 0, peer, name: None, bytes: 0, result, phases: Phases::default(), total: Duration::ZERO }
+    ReceiveReport { result, ..ReceiveReport::starting(peer) }
 }
 
 /// Serves one connection request to its end.
-fn receive(req: ConnectRequest, opts: &ReceiveOptions, active: &Arc<AtomicUsize>) -> ReceiveReport {
+fn receive(req: ConnectRequest, opts: &ReceiveOptions, active: &Arc<AtomicUsize>, tally: &Tally) -> ReceiveReport {
     let start = Instant::now();
     let mut report = ReceiveReport::starting(req.peer_addr());
-    let result = session(req, opts, active, &mut report, start);
+    let result = session(req, opts, active, tally, &mut report, start);
     report.ended(result, start)
 }
 
 /// [`receive`] for async code.
 #[cfg(feature = "tokio")]
-async fn receive_async(req: ConnectRequest, opts: &ReceiveOptions, active: &Arc<AtomicUsize>) -> ReceiveReport {
+async fn receive_async(
+    req: ConnectRequest,
+    opts: &ReceiveOptions,
+    active: &Arc<AtomicUsize>,
+    tally: &Tally,
+) -> ReceiveReport {
     let start = Instant::now();
     let mut report = ReceiveReport::starting(req.peer_addr());
-    let result = session_async(req, opts, active, &mut report, start).await;
+    let result = session_async(req, opts, active, tally, &mut report, start).await;
     report.ended(result, start)
 }
 
@@ -303,6 +355,7 @@ impl ReceiveReport {
     fn starting(peer: SocketAddr) -> Self {
         ReceiveReport {
             session: 0,
+            hello: false,
             peer,
             name: None,
             bytes: 0,
@@ -329,6 +382,7 @@ fn session(
     req: ConnectRequest,
     opts: &ReceiveOptions,
     active: &Arc<AtomicUsize>,
+    tally: &Tally,
     report: &mut ReceiveReport,
     start: Instant,
 ) -> Result<Status, Error> {
@@ -336,7 +390,7 @@ fn session(
     let ep = Endpoint::new(ctx, 0, ring_depth(opts), |qp| req.init_qp(qp, GRANTED_ACCESS))?;
     let (qp, parts) = ep.split();
     let conn = req.accept(qp, &conn_params(), opts.accept_timeout)?;
-    let mut s = ReceiveSession::new(opts, active, report, parts, &conn, start)?;
+    let mut s = ReceiveSession::new(opts, active, tally, report, parts, &conn, start)?;
     let outcome = loop {
         match s.drive_round() {
             Ok(ControlFlow::Break(o)) => break Ok(o),
@@ -348,11 +402,18 @@ fn session(
             Err(e) => break Err(e),
         }
     };
+    let outcome = outcome.map_err(|e| explain_loss(e, Side::Receiver, &conn, s.pd.context()));
+    let acked = s.machine.acked();
     let (mut sq, ring, slots) = s.end();
-    // The ACK must reach the sender before the connection goes.
+    // An ACK must reach the sender before the connection goes: the sender reads it, then
+    // disconnects. Without one there is nothing to wait for.
     let _ = sq.drain(TEARDOWN_WAIT.min(opts.timeout), drop);
     drop(sq);
-    let _ = conn.wait_disconnected(TEARDOWN_WAIT.min(opts.timeout));
+    if acked {
+        let _ = conn.wait_disconnected(TEARDOWN_WAIT.min(opts.timeout));
+    } else {
+        let _ = conn.disconnect(DISCONNECT_WAIT);
+    }
     // The ring holds the QP's last handle now: dropped, it destroys the QP; only then may the
     // peer-writable slots go.
     drop(ring);
@@ -367,6 +428,7 @@ async fn session_async(
     req: ConnectRequest,
     opts: &ReceiveOptions,
     active: &Arc<AtomicUsize>,
+    tally: &Tally,
     report: &mut ReceiveReport,
     start: Instant,
 ) -> Result<Status, Error> {
@@ -380,7 +442,7 @@ async fn session_async(
             return Err(rdma_cm::Error::Timeout { what: "accepting", device: None, after }.into());
         }
     };
-    let mut s = ReceiveSession::new(opts, active, report, parts, &conn, start)?;
+    let mut s = ReceiveSession::new(opts, active, tally, report, parts, &conn, start)?;
     let outcome = loop {
         match s.drive_round() {
             Ok(ControlFlow::Break(o)) => break Ok(o),
@@ -392,11 +454,20 @@ async fn session_async(
             Err(e) => break Err(e),
         }
     };
+    let outcome = match outcome {
+        Err(e) => Err(super::link::explain_loss_async(e, Side::Receiver, &conn, s.pd.context()).await),
+        ok => ok,
+    };
+    let acked = s.machine.acked();
     let (mut sq, ring, slots) = s.end();
     let wait = TEARDOWN_WAIT.min(opts.timeout);
     let _ = tokio::time::timeout(wait, sq.drain_async(drop)).await;
     let _ = sq.close_async().await;
-    let _ = tokio::time::timeout(wait, conn.wait_disconnected_async()).await;
+    if acked {
+        let _ = tokio::time::timeout(wait, conn.wait_disconnected_async()).await;
+    } else {
+        let _ = tokio::time::timeout(DISCONNECT_WAIT, conn.disconnect_async()).await;
+    }
     let _ = ring.close_async().await;
     drop(slots);
     status_of(outcome)
@@ -427,6 +498,7 @@ const GRANTED_ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE.union(AccessFlags::
 struct ReceiveSession<'a> {
     opts: &'a ReceiveOptions,
     active: &'a Arc<AtomicUsize>,
+    tally: &'a Tally,
     report: &'a mut ReceiveReport,
     machine: Receiver,
     pd: Arc<rdma_verbs::ProtectionDomain<'static>>,
@@ -443,6 +515,8 @@ struct ReceiveSession<'a> {
     hasher: Xxh3,
     data_start: Option<Instant>,
     data_end: Option<Instant>,
+    /// When the last chunk was stored.
+    last_stored: Option<Instant>,
     pacer: Pacer,
     /// The control message being sent: the machine writes each into it (no allocation per
     /// message).
@@ -456,6 +530,7 @@ impl<'a> ReceiveSession<'a> {
     fn new(
         opts: &'a ReceiveOptions,
         active: &'a Arc<AtomicUsize>,
+        tally: &'a Tally,
         report: &'a mut ReceiveReport,
         parts: EndpointParts,
         conn: &rdma_cm::Connection<'static>,
@@ -474,6 +549,7 @@ impl<'a> ReceiveSession<'a> {
         Ok(ReceiveSession {
             opts,
             active,
+            tally,
             report,
             machine: Receiver::new(cfg, Instant::now()),
             pd,
@@ -487,6 +563,7 @@ impl<'a> ReceiveSession<'a> {
             hasher: Xxh3::new(),
             data_start: None,
             data_end: None,
+            last_stored: None,
             pacer: Pacer::default(),
             out: Vec::new(),
             #[cfg(feature = "fault-injection")]
@@ -512,11 +589,18 @@ impl<'a> ReceiveSession<'a> {
     /// given back, the report filled in; the queues and the granted slots are returned for
     /// the teardown, which must release the slots last (after the QP is destroyed).
     fn end(self) -> (SendQueue<'static, Rc>, RecvRing<'static>, Vec<Slot<'static>>) {
-        let ReceiveSession { report, machine, sq, ring, file, admitted, slots, data_start, data_end, .. } = self;
+        let ReceiveSession {
+            report, machine, sq, ring, file, admitted, slots, data_start, data_end, last_stored, ..
+        } = self;
         drop(file);
         drop(admitted);
+        // A HELLO refused before anything was opened still named its session.
+        report.session = machine.session();
+        report.hello = machine.hello_received();
         report.bytes = machine.bytes_stored();
-        if let (Some(a), Some(b)) = (data_start, data_end) {
+        // A session that failed midway reports the time to its last chunk stored, so that its
+        // rate is that of the bytes it did store.
+        if let (Some(a), Some(b)) = (data_start, data_end.or(last_stored)) {
             report.phases.data = b - a;
         }
         (sq, ring, slots)
@@ -596,6 +680,7 @@ impl<'a> ReceiveSession<'a> {
                 return self.machine.handle(Input::StoreFailed(io_status(&e), why), now);
             }
         }
+        self.last_stored = Some(Instant::now());
         self.machine.handle(Input::ChunkStored { seq }, now);
     }
 
@@ -623,6 +708,15 @@ impl<'a> ReceiveSession<'a> {
 
     /// Takes the control messages and WRITEs with immediate that arrived; whether any came.
     fn drive_arrivals(&mut self) -> Result<bool, Error> {
+        let greeted = self.machine.hello_received();
+        let n = self.take_arrivals()?;
+        if !greeted && self.machine.hello_received() {
+            self.tally.asked.fetch_add(1, Ordering::AcqRel);
+        }
+        Ok(n)
+    }
+
+    fn take_arrivals(&mut self) -> Result<bool, Error> {
         let machine = &mut self.machine;
         let n = take_arrivals(&mut self.ring, |msg| {
             let now = Instant::now();
@@ -663,6 +757,10 @@ impl<'a> ReceiveSession<'a> {
                 return Err(Error::PeerDisconnected);
             }
             if self.opts.stop.load(Ordering::Relaxed) {
+                return Err(Error::Stopped);
+            }
+            if !self.machine.hello_received() && self.tally.closing.load(Ordering::Acquire) {
+                // The server took the transfers it serves; this connection asked for none.
                 return Err(Error::Stopped);
             }
         }

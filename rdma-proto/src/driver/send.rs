@@ -6,15 +6,19 @@ use std::net::SocketAddr;
 use std::ops::ControlFlow;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdma_cm::CmId;
-use rdma_verbs::{AccessFlags, Rc, RecvRing, RemoteRegion, SendQueue, Slot, SlotPool, SlotRequest};
+use rdma_verbs::{
+    AccessFlags, Deadline, ProtectionDomain, Rc, RecvRing, RemoteRegion, SendQueue, Slot, SlotPool, SlotRequest,
+    WcStatus,
+};
 use xxhash_rust::xxh3::Xxh3;
 
 use super::link::{
-    conn_params, peer_left, send_control, take_arrivals, Endpoint, EndpointParts, Pacer, CONTROL_WR_ID,
-    DISCONNECT_WAIT, DRAIN,
+    conn_params, explain_loss, peer_left, send_control, take_arrivals, Endpoint, EndpointParts, Pacer, Side,
+    CONTROL_WR_ID, DISCONNECT_WAIT, DRAIN,
 };
 use super::{Error, Phases};
 use crate::sender::{Action, Input, Sender, SenderConfig};
@@ -49,6 +53,11 @@ pub struct SendOptions {
     #[cfg(feature = "fault-injection")]
     #[doc(hidden)]
     pub test_after_fin: Option<AfterFin>,
+    /// Test hook: use this session id instead of a random one (to prove two senders with the
+    /// same id are both served).
+    #[cfg(feature = "fault-injection")]
+    #[doc(hidden)]
+    pub test_session: Option<u64>,
 }
 
 /// What a hostile test sender sends right after its FIN ([`SendOptions::test_after_fin`]).
@@ -80,6 +89,8 @@ impl SendOptions {
             test_offer: None,
             #[cfg(feature = "fault-injection")]
             test_after_fin: None,
+            #[cfg(feature = "fault-injection")]
+            test_session: None,
         }
     }
 }
@@ -111,12 +122,24 @@ pub struct SendReport {
 pub fn send_file(path: &Path, opts: &SendOptions, mut progress: impl FnMut(u64, u64)) -> Result<SendReport, Error> {
     let start = Instant::now();
     let file = SourceFile::open(path, opts)?;
-    // Connect, with the receive ring posted before the peer can send.
+    // Connect, with the receive ring posted before the peer can send; `connect_timeout`
+    // bounds the whole of it, not each step.
+    let deadline = Deadline::after(opts.connect_timeout);
     let id = CmId::new()?.resolve(opts.from, opts.to, opts.connect_timeout)?;
     let ctx = id.open_context()?;
     let ep = Endpoint::new(ctx, opts.depth, 32, |qp| id.init_qp(qp, AccessFlags::LOCAL_WRITE))?;
     let (qp, parts) = ep.split();
-    let conn = id.connect(qp, &conn_params(), opts.connect_timeout).map_err(refusal)?;
+    let timed_out =
+        || Error::from(rdma_cm::Error::Timeout { what: "connecting", device: None, after: opts.connect_timeout });
+    let left = deadline.remaining();
+    if left.is_zero() {
+        return Err(timed_out());
+    }
+    let conn = match id.connect(qp, &conn_params(), left) {
+        // Said as the caller's bound, not as what was left of it.
+        Err(e) if e.is_timeout() => return Err(timed_out()),
+        r => r.map_err(refusal)?,
+    };
     let mut s = SendSession::new(opts, path, file, parts, &conn, start)?;
     let outcome = loop {
         match s.drive_round(&mut progress) {
@@ -129,6 +152,7 @@ pub fn send_file(path: &Path, opts: &SendOptions, mut progress: impl FnMut(u64, 
             Err(e) => break Err(e),
         }
     };
+    let outcome = outcome.map_err(|e| explain_loss(e, Side::Sender, &conn, s.pd.context()));
     let (mut sq, ring, summary) = s.into_parts();
     tracing::debug!(ok = outcome.is_ok(), after = ?start.elapsed(), "session over; tearing down");
     // Let the last sends complete before the connection goes.
@@ -194,6 +218,10 @@ pub async fn send_file_async(
             Err(e) => break Err(e),
         }
     };
+    let outcome = match outcome {
+        Err(e) => Err(super::link::explain_loss_async(e, Side::Sender, &conn, s.pd.context()).await),
+        ok => ok,
+    };
     let (mut sq, ring, summary) = s.into_parts();
     let _ = tokio::time::timeout(DRAIN, sq.drain_async(drop)).await;
     let _ = sq.close_async().await;
@@ -208,6 +236,7 @@ struct SourceFile {
     size: u64,
     session: u64,
     machine: Sender,
+    identity: Identity,
 }
 
 impl SourceFile {
@@ -235,14 +264,59 @@ impl SourceFile {
             return Err(file_err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file")));
         }
         let size = meta.len();
-        let session = session_id();
+        if size == 0 && has_data(&file).map_err(file_err)? {
+            // /proc and some other pseudo-files report a size of 0 and yield data: sent as
+            // what they report, they would arrive empty.
+            let why = "reports a size of 0 but has data (a /proc or /sys file?): copy it to a regular file first";
+            return Err(file_err(std::io::Error::new(std::io::ErrorKind::InvalidInput, why)));
+        }
+        let session = test_session(opts).unwrap_or_else(session_id);
         let cfg = SenderConfig::new(opts.chunk, opts.depth, opts.timeout);
         let machine = match offer {
             None => Sender::new(session, &name, size, cfg, Instant::now())?,
             Some(v) => Sender::offering(session, &name, size, cfg, Instant::now(), v)?,
         };
         tracing::info!(session = format_args!("{session:016x}"), %name, size, to = %opts.to, "sending");
-        Ok(SourceFile { file, size, session, machine })
+        Ok(SourceFile { file, size, session, machine, identity: Identity::of(&meta) })
+    }
+}
+
+/// What tells a file changed since it was opened, as rsync and tar tell it: its inode, size,
+/// modification and status-change times. Compared once every chunk was read, before the FIN:
+/// a source rewritten while it was read would otherwise be stored torn, with a digest that
+/// matches the torn bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Identity {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Identity {
+    fn of(m: &std::fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        Identity {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        }
+    }
+}
+
+/// Whether a file that reports a size of 0 yields data when read.
+fn has_data(file: &std::fs::File) -> std::io::Result<bool> {
+    use std::os::unix::fs::FileExt;
+    let mut b = [0u8; 1];
+    loop {
+        match file.read_at(&mut b, 0) {
+            Ok(n) => return Ok(n > 0),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
     }
 }
 
@@ -294,10 +368,14 @@ struct SendSession<'a> {
     path: &'a Path,
     machine: Sender,
     file: std::fs::File,
+    /// The file as it was opened ([`Identity`]).
+    identity: Identity,
     size: u64,
     session: u64,
     start: Instant,
     connect: Duration,
+    /// The connection's PD (and, through it, its device context).
+    pd: Arc<ProtectionDomain<'static>>,
     /// The local slots chunks are read into and written from.
     data: SlotPool<'static>,
     control: SlotPool<'static>,
@@ -329,18 +407,20 @@ impl<'a> SendSession<'a> {
     ) -> Result<Self, Error> {
         let EndpointParts { pd, ring, control } = parts;
         let connect = start.elapsed();
-        let data = SlotPool::new(pd, opts.chunk as usize, opts.depth as usize, AccessFlags::LOCAL_WRITE)?;
+        let data = SlotPool::new(pd.clone(), opts.chunk as usize, opts.depth as usize, AccessFlags::LOCAL_WRITE)?;
         let sq = SendQueue::new(conn.qp(), DRAIN)?;
-        let SourceFile { file, size, session, machine } = source;
+        let SourceFile { file, size, session, machine, identity } = source;
         Ok(SendSession {
             opts,
             path,
             machine,
             file,
+            identity,
             size,
             session,
             start,
             connect,
+            pd,
             data,
             control,
             sq,
@@ -395,6 +475,7 @@ impl<'a> SendSession<'a> {
                     pushed = true;
                 }
                 Action::NeedDigest => {
+                    self.check_unchanged()?;
                     let digest = self.hasher.digest128().to_be_bytes();
                     self.machine.handle(Input::Digest(digest.to_vec()), Instant::now());
                 }
@@ -421,6 +502,23 @@ impl<'a> SendSession<'a> {
             send_after_fin(after, &mut self.sq, &self.control, &self.out, &self.machine, self.opts.timeout)?;
         }
         Ok(())
+    }
+
+    /// Fails with [`Error::SourceChanged`] when the file is not as it was opened.
+    fn check_unchanged(&self) -> Result<(), Error> {
+        let now = Identity::of(&self.file.metadata().map_err(|e| self.file_err(e))?);
+        if now == self.identity {
+            return Ok(());
+        }
+        let was = self.identity;
+        let what = if now.size != was.size {
+            format!("its size went from {} to {} bytes", was.size, now.size)
+        } else if now.mtime != was.mtime {
+            "it was modified".to_owned()
+        } else {
+            "its status changed (ctime)".to_owned()
+        };
+        Err(Error::SourceChanged { path: self.path.display().to_string(), what })
     }
 
     fn read_chunk(&mut self, seq: u64, offset: u64, len: u32) -> Result<(), Error> {
@@ -518,6 +616,18 @@ fn offered_versions(opts: &SendOptions) -> Option<std::ops::RangeInclusive<u16>>
     opts.test_offer.clone()
 }
 
+/// The session id a test sender uses instead of a random one ([`SendOptions::test_session`]).
+#[cfg(feature = "fault-injection")]
+fn test_session(opts: &SendOptions) -> Option<u64> {
+    opts.test_session
+}
+
+/// Without fault injection every session id is random.
+#[cfg(not(feature = "fault-injection"))]
+fn test_session(_: &SendOptions) -> Option<u64> {
+    None
+}
+
 /// Without fault injection a sender offers this build's versions.
 #[cfg(not(feature = "fault-injection"))]
 fn offered_versions(_: &SendOptions) -> Option<std::ops::RangeInclusive<u16>> {
@@ -561,10 +671,20 @@ fn refusal(e: rdma_cm::Error) -> Error {
     e.into()
 }
 
-/// Sorts a completion: data WRITEs report their chunk; a failure ends the session.
+/// Sorts a completion: data WRITEs report their chunk; a failure ends the session. A request
+/// that failed on the peer's or the path's account is [`Error::ConnectionLost`] (which the
+/// session's loop explains: [`explain_loss`]); one refused for a local reason (a bug of ours)
+/// stays the verbs error.
 fn collect(c: rdma_verbs::SlotCompletion<'static>, done: &mut Vec<u64>, failed: &mut Option<Error>) {
     if let Err(e) = c.ok() {
-        failed.get_or_insert(e.into());
+        let local = [WcStatus::LocalLengthError, WcStatus::LocalProtectionError, WcStatus::LocalAccessError];
+        let e = match e {
+            rdma_verbs::Error::WorkCompletion { status, .. } if !local.contains(&status) => {
+                Error::ConnectionLost { status }
+            }
+            e => e.into(),
+        };
+        failed.get_or_insert(e);
         return;
     }
     if c.wr_id != CONTROL_WR_ID {
