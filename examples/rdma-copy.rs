@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
+use rdma_proto::auth::Secret;
 use rdma_proto::driver::{send_file, Phases, ReceiveOptions, ReceiveReport, SendOptions, SendReport, Server};
 
 /// Port used when an address has none.
@@ -90,6 +91,10 @@ struct RecvArgs {
     /// sender's HELLO arrived, whatever its outcome; connections that send none do not count.
     #[arg(long)]
     count: Option<usize>,
+    /// Require senders to prove they know the shared secret in this file (at least 16 bytes;
+    /// mode 0600 or stricter). Without it, the secret comes from $RDMA_COPY_SECRET if set.
+    #[arg(long, value_name = "PATH")]
+    secret_file: Option<std::path::PathBuf>,
     /// Test hook: corrupt this chunk on arrival (to see the digest check fail).
     #[cfg(feature = "fault-injection")]
     #[arg(long, hide = true)]
@@ -129,6 +134,10 @@ struct SendArgs {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Prove the shared secret in this file to a receiver that requires it, and send only to a
+    /// receiver that proves it too. Without it, the secret comes from $RDMA_COPY_SECRET if set.
+    #[arg(long, value_name = "PATH")]
+    secret_file: Option<std::path::PathBuf>,
     /// Test hook: offer protocol versions MIN-MAX and send --name unchecked.
     #[cfg(feature = "fault-injection")]
     #[arg(long, hide = true)]
@@ -185,6 +194,31 @@ fn main() -> ExitCode {
     ExitCode::from(code as u8)
 }
 
+/// The shared secret: from `--secret-file` (refused unless only its owner can read it, as ssh
+/// does with keys), else from `$RDMA_COPY_SECRET`, else none. Never from the command line, and
+/// never printed.
+fn load_secret(file: Option<&std::path::Path>) -> Result<Option<Secret>, String> {
+    use std::os::unix::fs::PermissionsExt;
+    if let Some(path) = file {
+        let meta = std::fs::metadata(path).map_err(|e| format!("--secret-file {}: {e}", path.display()))?;
+        if meta.permissions().mode() & 0o077 != 0 {
+            return Err(format!(
+                "--secret-file {}: readable by others (mode {:o}): chmod 600 it",
+                path.display(),
+                meta.permissions().mode() & 0o777
+            ));
+        }
+        let bytes = std::fs::read(path).map_err(|e| format!("--secret-file {}: {e}", path.display()))?;
+        return Secret::new(&bytes).map(Some).map_err(|e| format!("--secret-file {}: {e}", path.display()));
+    }
+    match std::env::var_os("RDMA_COPY_SECRET") {
+        Some(v) => Secret::new(std::os::unix::ffi::OsStrExt::as_bytes(v.as_os_str()))
+            .map(Some)
+            .map_err(|e| format!("$RDMA_COPY_SECRET: {e}")),
+        None => Ok(None),
+    }
+}
+
 fn usage(msg: String) -> i32 {
     eprintln!("rdma-copy: {msg}");
     1
@@ -207,6 +241,10 @@ fn recv(a: RecvArgs, json: bool) -> i32 {
     opts.timeout = Duration::from_secs(a.timeout);
     opts.accept_timeout = Duration::from_secs(a.timeout);
     opts.stop = Arc::new(AtomicBool::new(false));
+    opts.secret = match load_secret(a.secret_file.as_deref()) {
+        Ok(s) => s,
+        Err(e) => return usage(e),
+    };
     #[cfg(feature = "fault-injection")]
     {
         opts.corrupt_chunk = a.corrupt_chunk;
@@ -303,6 +341,10 @@ fn send(a: SendArgs, json: bool) -> i32 {
     opts.depth = a.depth;
     opts.connect_timeout = Duration::from_secs(a.connect_timeout);
     opts.timeout = Duration::from_secs(a.timeout);
+    opts.secret = match load_secret(a.secret_file.as_deref()) {
+        Ok(s) => s,
+        Err(e) => return usage(e),
+    };
     #[cfg(feature = "fault-injection")]
     {
         use rdma_proto::driver::AfterFin;

@@ -341,3 +341,92 @@ fn a_peers_violations_are_reported_as_such_and_leave_nothing() {
     assert_eq!(listing(&dst), ["after"], "nothing of the violating sessions is left");
     assert!(std::fs::read(dst.join("after")).unwrap() == data);
 }
+
+/// Writes `secret` to a file of mode `mode` in `dir`.
+fn secret_file(dir: &std::path::Path, name: &str, secret: &str, mode: u32) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let p = dir.join(name);
+    std::fs::write(&p, format!("{secret}\n")).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+    p
+}
+
+/// Runs `rdma-copy send` with `RDMA_COPY_SECRET` set to `secret` (or unset).
+fn send_with_secret(
+    topo: &testkit::Topology,
+    port: u16,
+    secret: Option<&str>,
+    file: &std::path::Path,
+) -> std::process::Output {
+    let to = format!("{}:{port}", topo.server.addr);
+    let mut c = Command::new(tool());
+    c.args(["send", "--quiet", "--to", &to, "--from", &topo.client.addr.to_string()]).arg(file);
+    match secret {
+        Some(s) => c.env("RDMA_COPY_SECRET", s),
+        None => c.env_remove("RDMA_COPY_SECRET"),
+    };
+    c.output().unwrap()
+}
+
+/// Authorization (issue 21, 2.3): a receiver with `--secret-file` serves a sender that proves
+/// the secret (from `RDMA_COPY_SECRET`); one without it or with another is refused with
+/// NotAuthorized (exit 19) and leaves nothing; after 5 wrong proofs its address is rejected at
+/// once for the window; a sender with a secret refuses a receiver that cannot prove it.
+#[test]
+fn a_receiver_with_a_secret_serves_only_senders_that_prove_it() {
+    let topo = testkit::require_topology!();
+    let (src, dst, keys) = (scratch("auth-src"), scratch("auth-dst"), scratch("auth-keys"));
+    let data = random_file(&src.join("f"), 300_000, 10);
+    const SECRET: &str = "a shared secret of 32 bytes, ok!";
+    let open = secret_file(&keys, "open", SECRET, 0o644);
+    let key = secret_file(&keys, "key", SECRET, 0o600);
+
+    // A secret file others can read is refused outright.
+    let to = format!("{}:7567", topo.server.addr);
+    let out = Command::new(tool()).args(["recv", "--listen", &to, "--secret-file"]).arg(&open).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("chmod 600"), "{}", text(&out.stderr));
+
+    let mut rx = Receiver::start(
+        &topo,
+        7567,
+        &["--dir", dst.to_str().unwrap(), "--count", "8", "--secret-file", key.to_str().unwrap()],
+    );
+    let out = send_with_secret(&topo, 7567, Some(SECRET), &src.join("f"));
+    assert!(out.status.success(), "with the secret: {}", text(&out.stderr));
+    assert!(std::fs::read(dst.join("f")).unwrap() == data);
+    std::fs::remove_file(dst.join("f")).unwrap();
+
+    let out = send_with_secret(&topo, 7567, None, &src.join("f"));
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(19), "without a secret: {err}");
+    assert!(err.contains("requires a shared secret"), "{err}");
+    assert!(listing(&dst).is_empty());
+
+    for i in 0..5 {
+        let out = send_with_secret(&topo, 7567, Some("not the secret, but long enough"), &src.join("f"));
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(19), "wrong secret {i}: {err}");
+        assert!(err.contains("proof of the shared secret is wrong"), "{err}");
+        assert!(!err.contains(SECRET), "{err}");
+    }
+    let t = Instant::now();
+    let out = send_with_secret(&topo, 7567, Some(SECRET), &src.join("f"));
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(19), "after 5 wrong proofs: {err}");
+    assert!(err.contains("too many wrong proofs"), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(5), "rejected at once, not after {:?}", t.elapsed());
+    assert!(listing(&dst).is_empty(), "{:?}", listing(&dst));
+    rx.child.kill().unwrap();
+    let _ = rx.child.wait();
+
+    // A receiver without the secret: the sender with one sends nothing to it.
+    let rx = Receiver::start(&topo, 7568, &["--dir", dst.to_str().unwrap(), "--count", "1"]);
+    let out = send_with_secret(&topo, 7568, Some(SECRET), &src.join("f"));
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{err}");
+    assert!(err.contains("without proving"), "{err}");
+    let (_, report) = rx.finish(Duration::from_secs(30));
+    eprintln!("receiver without a secret: {report}");
+    assert!(listing(&dst).is_empty(), "{:?}", listing(&dst));
+}

@@ -12,6 +12,7 @@
 //!
 //! The wire format and both state diagrams are in the workspace's `docs/protocol.md`.
 
+pub mod auth;
 pub mod name;
 mod outbox;
 pub mod receiver;

@@ -6,6 +6,9 @@
 //!    └───────────────┴──────────────────┴──────────▶ Done (ACK with the status, when the peer can hear it)
 //! ```
 //!
+//! With a secret ([`ReceiverConfig::secret`]), a HELLO leads to `Authenticating` first: a
+//! CHALLENGE goes out, and only a PROOF that verifies leads to `Opening` ([`crate::auth`]).
+//!
 //! Finalizing has one way out: the driver's answer to [`Action::Finalize`]. Inputs of the peer
 //! and timeouts are ignored there, so that the verdict sent is always what happened on disk.
 //!
@@ -19,9 +22,10 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use crate::auth::{Role, Secret, Transcript, NONCE_LEN};
 use crate::outbox::Outbox;
 use crate::status::Status;
-use crate::wire::{self, caps, Ack, Credit, Grant, Message};
+use crate::wire::{self, caps, Ack, Challenge, Credit, Grant, Message, Proof};
 use crate::{Outcome, ProtocolError};
 
 /// What a receiver accepts. Made by [`Default`] (1 TiB files, 4 MiB chunks, 64 MiB and 64
@@ -41,6 +45,10 @@ pub struct ReceiverConfig {
     pub max_slots: u32,
     /// How long any phase may pass without progress.
     pub timeout: Duration,
+    /// The shared secret, if any: a sender must then prove it knows it before anything is
+    /// opened for it, and is shown the receiver's proof ([`crate::auth`]). Give
+    /// [`Receiver::with_nonce`] 16 random bytes with it.
+    pub secret: Option<Secret>,
 }
 
 impl Default for ReceiverConfig {
@@ -51,6 +59,7 @@ impl Default for ReceiverConfig {
             memory_budget: 64 << 20,
             max_slots: 64,
             timeout: Duration::from_secs(30),
+            secret: None,
         }
     }
 }
@@ -132,6 +141,8 @@ pub enum Action {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     AwaitHello,
+    /// A secret is required: the CHALLENGE is out, the sender's PROOF awaited.
+    Authenticating,
     Opening,
     Data,
     Finalizing,
@@ -159,6 +170,12 @@ pub struct Receiver {
     greeted: bool,
     /// Whether an ACK was queued.
     acked: bool,
+    /// This side's nonce (`with_nonce`).
+    nonce: [u8; NONCE_LEN],
+    /// Whether the sender's proof of the secret was wrong.
+    auth_failed: bool,
+    /// The file offered, kept while the sender proves the secret.
+    offered: Option<(String, u64)>,
     /// When the current phase last made progress: the timeout counts from here.
     progress: Instant,
     actions: VecDeque<Action>,
@@ -185,6 +202,9 @@ impl Receiver {
             opened: false,
             greeted: false,
             acked: false,
+            nonce: [0; NONCE_LEN],
+            auth_failed: false,
+            offered: None,
             actions: VecDeque::new(),
             outbox: Outbox::default(),
         }
@@ -198,6 +218,18 @@ impl Receiver {
     /// Whether a HELLO arrived (valid or not): the peer asked for a transfer.
     pub fn hello_received(&self) -> bool {
         self.greeted
+    }
+
+    /// Sets this side's nonce for the proof of the secret: 16 random bytes from the driver
+    /// (the machine has no randomness of its own). Needed only with a secret.
+    pub fn with_nonce(mut self, nonce: [u8; NONCE_LEN]) -> Self {
+        self.nonce = nonce;
+        self
+    }
+
+    /// Whether the session ended on a wrong proof of the secret (what a driver rate-limits).
+    pub fn auth_failed(&self) -> bool {
+        self.auth_failed
     }
 
     /// Whether an ACK was queued (the sender is told the verdict): a driver then gives the
@@ -239,7 +271,7 @@ impl Receiver {
     /// Also `None` when the timeout is too large to represent (no deadline, as with
     /// `rdma_verbs::Deadline`).
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let running = matches!(self.phase, Phase::AwaitHello | Phase::Opening | Phase::Data);
+        let running = matches!(self.phase, Phase::AwaitHello | Phase::Authenticating | Phase::Opening | Phase::Data);
         running.then(|| crate::timer(self.progress, self.cfg.timeout)).flatten()
     }
 
@@ -251,6 +283,7 @@ impl Receiver {
         }
         let what = match self.phase {
             Phase::AwaitHello => "the sender's HELLO",
+            Phase::Authenticating => "the sender's proof of the secret",
             Phase::Opening => "the file to open",
             Phase::Data => "the sender's chunks or FIN",
             _ => "the file to be synced",
@@ -278,9 +311,10 @@ impl Receiver {
                 self.opened = true;
                 self.phase = Phase::Data;
                 self.progress = now;
+                let auth = if self.cfg.secret.is_some() { caps::AUTH } else { 0 };
                 let g = Grant {
                     version: self.version,
-                    caps: caps::DIGEST_XXH3_128,
+                    caps: caps::DIGEST_XXH3_128 | auth,
                     addr,
                     rkey,
                     slot_size: self.slot_size,
@@ -363,14 +397,38 @@ impl Receiver {
                     let fit = (self.cfg.memory_budget / u64::from(self.slot_size)).clamp(1, u64::from(u32::MAX));
                     self.slot_count = hello.depth.min(fit as u32).min(self.cfg.max_slots).max(1);
                     self.chunks = hello.size.div_ceil(u64::from(self.slot_size));
-                    self.phase = Phase::Opening;
-                    self.actions.push_back(Action::Open {
-                        name: hello.name,
-                        size: hello.size,
-                        slot_size: self.slot_size,
-                        slot_count: self.slot_count,
-                    });
+                    if self.cfg.secret.is_none() {
+                        self.open(hello.name);
+                    } else if hello.caps & caps::AUTH == 0 {
+                        let why = "this receiver requires a shared secret: give the sender one (rdma-copy: --secret-file or RDMA_COPY_SECRET)";
+                        self.refuse(Status::NotAuthorized, why.into());
+                    } else {
+                        self.phase = Phase::Authenticating;
+                        self.offered = Some((hello.name, hello.size));
+                        self.send(&Message::Challenge(Challenge { nonce: self.nonce }));
+                    }
                 }
+            }
+            (Phase::Authenticating, Message::Proof(p)) => {
+                let (Some(secret), Some((name, size))) = (self.cfg.secret.clone(), self.offered.take()) else {
+                    return Err(ProtocolError::Local("authenticating without a secret or a file".into()));
+                };
+                let t = Transcript {
+                    session: self.session,
+                    sender_nonce: &p.nonce,
+                    receiver_nonce: &self.nonce,
+                    size,
+                    name: &name,
+                };
+                if !secret.verify(&p.mac, Role::Sender, &t) {
+                    self.auth_failed = true;
+                    self.refuse(Status::NotAuthorized, "the proof of the shared secret is wrong".into());
+                    return Ok(());
+                }
+                self.progress = now;
+                let mac = secret.proof(Role::Receiver, &t);
+                self.send(&Message::Proof(Proof { nonce: self.nonce, mac }));
+                self.open(name);
             }
             (Phase::Data, Message::Fin(fin)) if self.fin.is_none() => {
                 if fin.chunks != self.chunks || fin.size != self.size || fin.chunks != self.arrived {
@@ -392,6 +450,18 @@ impl Receiver {
             (phase, m) => return Err(ProtocolError::Peer(format!("unexpected {:?} while {phase:?}", m.kind()))),
         }
         Ok(())
+    }
+
+    /// Asks the driver to open the file and register the ring (the HELLO was accepted, and the
+    /// sender proved the secret if one is required).
+    fn open(&mut self, name: String) {
+        self.phase = Phase::Opening;
+        self.actions.push_back(Action::Open {
+            name,
+            size: self.size,
+            slot_size: self.slot_size,
+            slot_count: self.slot_count,
+        });
     }
 
     fn on_write(&mut self, imm: u32, len: u32, now: Instant) -> Result<(), ProtocolError> {

@@ -14,9 +14,10 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use crate::auth::{Role, Secret, Transcript, NONCE_LEN};
 use crate::outbox::Outbox;
 use crate::status::Status;
-use crate::wire::{self, caps, Credit, Fin, Grant, Hello, Message};
+use crate::wire::{self, caps, Credit, Fin, Grant, Hello, Message, Proof};
 use crate::{Outcome, ProtocolError};
 
 /// What the sender asks for; the receiver may grant less. Made by [`new`](Self::new) (it is
@@ -30,12 +31,16 @@ pub struct SenderConfig {
     pub depth: u32,
     /// How long any phase may pass without progress (no grant, no credit, no ACK).
     pub timeout: Duration,
+    /// The shared secret, if any: the sender then offers [`caps::AUTH`], proves it knows the
+    /// secret when challenged, and sends data only to a receiver that proved it too
+    /// ([`crate::auth`]). Give [`Sender::with_nonce`] 16 random bytes with it.
+    pub secret: Option<Secret>,
 }
 
 impl SenderConfig {
-    /// Chunks of `chunk` bytes, `depth` in flight, `timeout` per phase.
+    /// Chunks of `chunk` bytes, `depth` in flight, `timeout` per phase, no secret.
     pub fn new(chunk: u32, depth: u32, timeout: Duration) -> Self {
-        SenderConfig { chunk, depth, timeout }
+        SenderConfig { chunk, depth, timeout, secret: None }
     }
 }
 
@@ -119,6 +124,14 @@ pub struct Sender {
     consumed: u64,
     digest: Option<Vec<u8>>,
     digest_asked: bool,
+    /// The file's name (what the proofs of the secret cover).
+    name: String,
+    /// This side's nonce (`with_nonce`).
+    nonce: [u8; NONCE_LEN],
+    /// The receiver's nonce, once challenged.
+    challenge: Option<[u8; NONCE_LEN]>,
+    /// Whether the receiver proved it knows the secret.
+    receiver_proven: bool,
     /// When the current phase last made progress: the timeout counts from here.
     progress: Instant,
     actions: VecDeque<Action>,
@@ -166,15 +179,20 @@ impl Sender {
             consumed: 0,
             digest: None,
             digest_asked: false,
+            name: name.to_owned(),
+            nonce: [0; NONCE_LEN],
+            challenge: None,
+            receiver_proven: false,
             progress: now,
             actions: VecDeque::new(),
             outbox: Outbox::default(),
             cfg,
         };
+        let auth = if s.cfg.secret.is_some() { caps::AUTH } else { 0 };
         let hello = Hello {
             version_min: *versions.start(),
             version_max: *versions.end(),
-            caps: caps::SUPPORTED,
+            caps: caps::DIGEST_XXH3_128 | auth,
             size,
             chunk: s.cfg.chunk,
             depth: s.cfg.depth,
@@ -182,6 +200,13 @@ impl Sender {
         };
         s.send(&Message::Hello(hello));
         Ok(s)
+    }
+
+    /// Sets this side's nonce for the proof of the secret: 16 random bytes from the driver
+    /// (the machine has no randomness of its own). Needed only with a secret.
+    pub fn with_nonce(mut self, nonce: [u8; NONCE_LEN]) -> Self {
+        self.nonce = nonce;
+        self
     }
 
     /// The session id.
@@ -269,6 +294,46 @@ impl Sender {
             )));
         }
         match (self.phase, m) {
+            (Phase::AwaitGrant, Message::Challenge(c)) if self.challenge.is_none() => {
+                let Some(secret) = &self.cfg.secret else {
+                    return Err(ProtocolError::Peer("a CHALLENGE, but this sender offered no secret".into()));
+                };
+                let t = Transcript {
+                    session: self.session,
+                    sender_nonce: &self.nonce,
+                    receiver_nonce: &c.nonce,
+                    size: self.size,
+                    name: &self.name,
+                };
+                let mac = secret.proof(Role::Sender, &t);
+                self.challenge = Some(c.nonce);
+                self.progress = now;
+                self.send(&Message::Proof(Proof { nonce: self.nonce, mac }));
+            }
+            (Phase::AwaitGrant, Message::Proof(p)) if self.challenge.is_some() && !self.receiver_proven => {
+                let (Some(secret), Some(nr)) = (&self.cfg.secret, self.challenge) else {
+                    return Err(ProtocolError::Peer("a PROOF before a CHALLENGE".into()));
+                };
+                let t = Transcript {
+                    session: self.session,
+                    sender_nonce: &self.nonce,
+                    receiver_nonce: &nr,
+                    size: self.size,
+                    name: &self.name,
+                };
+                if p.nonce != nr || !secret.verify(&p.mac, Role::Receiver, &t) {
+                    return Err(ProtocolError::Peer(
+                        "the receiver's proof of the shared secret is wrong: it may not be the receiver meant, nothing was sent".into(),
+                    ));
+                }
+                self.receiver_proven = true;
+                self.progress = now;
+            }
+            (Phase::AwaitGrant, Message::Grant(_)) if self.cfg.secret.is_some() && !self.receiver_proven => {
+                return Err(ProtocolError::Peer(
+                    "the receiver granted without proving it knows the shared secret: nothing was sent".into(),
+                ));
+            }
             (Phase::AwaitGrant, Message::Grant(g)) => {
                 self.accept_grant(g)?;
                 self.progress = now;

@@ -50,10 +50,11 @@ pub mod caps {
     pub const RESUME: u32 = 1 << 8;
     /// Reserved: directory trees (a later version).
     pub const DIRECTORIES: u32 = 1 << 9;
-    /// Reserved: authenticating the sender (a later version).
+    /// Both sides prove they know a shared secret (CHALLENGE and PROOF, [`crate::auth`]). A
+    /// sender with a secret offers it; a receiver with one requires it.
     pub const AUTH: u32 = 1 << 10;
     /// Every capability this version implements.
-    pub const SUPPORTED: u32 = DIGEST_XXH3_128;
+    pub const SUPPORTED: u32 = DIGEST_XXH3_128 | AUTH;
 }
 
 /// What kind of message follows the header (`kind` byte).
@@ -70,6 +71,10 @@ pub enum Kind {
     Fin = 4,
     /// Receiver to sender: the outcome.
     Ack = 5,
+    /// Receiver to sender: prove you know the secret (capability [`caps::AUTH`]).
+    Challenge = 6,
+    /// Either way: a proof of the secret (capability [`caps::AUTH`]).
+    Proof = 7,
 }
 
 impl Kind {
@@ -80,6 +85,8 @@ impl Kind {
             3 => Kind::Credit,
             4 => Kind::Fin,
             5 => Kind::Ack,
+            6 => Kind::Challenge,
+            7 => Kind::Proof,
             _ => return None,
         })
     }
@@ -163,6 +170,22 @@ pub struct Ack {
     pub detail: String,
 }
 
+/// CHALLENGE: the receiver requires the shared secret; its nonce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Challenge {
+    /// The receiver's nonce.
+    pub nonce: [u8; crate::auth::NONCE_LEN],
+}
+
+/// PROOF: the sender's answer to a CHALLENGE, or the receiver's own proof before its GRANT.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Proof {
+    /// The nonce of the side that proves (the sender's fresh one, or the receiver's echoed).
+    pub nonce: [u8; crate::auth::NONCE_LEN],
+    /// HMAC-SHA256 of the session ([`crate::auth`]).
+    pub mac: [u8; crate::auth::PROOF_LEN],
+}
+
 /// A decoded message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[allow(missing_docs)]
@@ -172,6 +195,8 @@ pub enum Message {
     Credit(Credit),
     Fin(Fin),
     Ack(Ack),
+    Challenge(Challenge),
+    Proof(Proof),
 }
 
 impl Message {
@@ -183,6 +208,8 @@ impl Message {
             Message::Credit(_) => Kind::Credit,
             Message::Fin(_) => Kind::Fin,
             Message::Ack(_) => Kind::Ack,
+            Message::Challenge(_) => Kind::Challenge,
+            Message::Proof(_) => Kind::Proof,
         }
     }
 }
@@ -349,6 +376,8 @@ pub fn decode(buf: &[u8]) -> Result<(Header, Message), WireError> {
             }
             Message::Ack(Ack { status, received, detail: r.text(len, "detail")? })
         }
+        Kind::Challenge => Message::Challenge(Challenge { nonce: r.array()? }),
+        Kind::Proof => Message::Proof(Proof { nonce: r.array()?, mac: r.array()? }),
     };
     Ok((h, m))
 }
@@ -412,6 +441,11 @@ pub fn encode(session: u64, msg: &Message, out: &mut Vec<u8>) -> Result<(), Wire
             out.extend_from_slice(&a.received.to_be_bytes());
             out.extend_from_slice(&(end as u16).to_be_bytes());
             out.extend_from_slice(&a.detail.as_bytes()[..end]);
+        }
+        Message::Challenge(c) => out.extend_from_slice(&c.nonce),
+        Message::Proof(p) => {
+            out.extend_from_slice(&p.nonce);
+            out.extend_from_slice(&p.mac);
         }
     }
     let len = out.len() as u32;

@@ -5,8 +5,8 @@
 
 use proptest::prelude::*;
 use rdma_proto::wire::{
-    self, decode, decode_header, encode, Ack, Credit, Fin, Grant, Header, Hello, Kind, Message, WireError, HEADER_LEN,
-    MAGIC, MAX_DETAIL_LEN, MAX_DIGEST_LEN, MAX_MESSAGE_LEN, MAX_NAME_LEN,
+    self, decode, decode_header, encode, Ack, Challenge, Credit, Fin, Grant, Header, Hello, Kind, Message, Proof,
+    WireError, HEADER_LEN, MAGIC, MAX_DETAIL_LEN, MAX_DIGEST_LEN, MAX_MESSAGE_LEN, MAX_NAME_LEN,
 };
 use rdma_proto::Status;
 
@@ -67,6 +67,8 @@ fn message() -> impl Strategy<Value = Message> {
         any::<u64>().prop_map(|consumed| Message::Credit(Credit { consumed })),
         fin().prop_map(Message::Fin),
         ack().prop_map(Message::Ack),
+        any::<[u8; 16]>().prop_map(|nonce| Message::Challenge(Challenge { nonce })),
+        (any::<[u8; 16]>(), any::<[u8; 32]>()).prop_map(|(nonce, mac)| Message::Proof(Proof { nonce, mac })),
     ]
 }
 
@@ -222,8 +224,8 @@ proptest! {
                 prop_assert_eq!(h.kind as u8, byte);
                 prop_assert_eq!(back.kind(), h.kind);
             }
-            Err(WireError::UnknownKind(k)) => prop_assert!(k == byte && !(1..=5).contains(&byte)),
-            Err(WireError::Truncated { .. } | WireError::Invalid { .. }) => prop_assert!((1..=5).contains(&byte)),
+            Err(WireError::UnknownKind(k)) => prop_assert!(k == byte && !(1..=7).contains(&byte)),
+            Err(WireError::Truncated { .. } | WireError::Invalid { .. }) => prop_assert!((1..=7).contains(&byte)),
             Err(e) => prop_assert!(false, "kind {}: {:?}", byte, e),
         }
     }
@@ -391,7 +393,7 @@ fn the_layout_is_the_documented_one() {
         h.extend_from_slice(&[1, kind, 0, 0, 0, 0, 0, len, 1, 2, 3, 4, 5, 6, 7, 8]);
         h
     };
-    let cases: [(Message, Vec<u8>); 5] = [
+    let cases: [(Message, Vec<u8>); 7] = [
         (
             Message::Hello(Hello {
                 version_min: 1,
@@ -434,14 +436,19 @@ fn the_layout_is_the_documented_one() {
             Message::Ack(Ack { status: Status::Exists, received: 5, detail: "x".into() }),
             [header(5, 33), vec![0, 7, 0, 0, 0, 0, 0, 0, 0, 5, 0, 1, b'x']].concat(),
         ),
+        (Message::Challenge(Challenge { nonce: [0xc1; 16] }), [header(6, 36), vec![0xc1; 16]].concat()),
+        (
+            Message::Proof(Proof { nonce: [0xa1; 16], mac: [0xb2; 32] }),
+            [header(7, 68), vec![0xa1; 16], vec![0xb2; 32]].concat(),
+        ),
     ];
     for (m, bytes) in cases {
         assert_eq!(encoded(session, &m), bytes, "{:?}", m.kind());
         assert_eq!(decode(&bytes).unwrap(), (Header { kind: m.kind(), len: bytes.len() as u32, session }, m));
     }
     assert_eq!(
-        [Kind::Hello, Kind::Grant, Kind::Credit, Kind::Fin, Kind::Ack].map(|k| k as u8),
-        [1, 2, 3, 4, 5],
+        [Kind::Hello, Kind::Grant, Kind::Credit, Kind::Fin, Kind::Ack, Kind::Challenge, Kind::Proof].map(|k| k as u8),
+        [1, 2, 3, 4, 5, 6, 7],
         "kind bytes"
     );
 }

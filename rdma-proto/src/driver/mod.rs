@@ -176,6 +176,27 @@ impl Error {
     }
 }
 
+/// `N` random bytes from the kernel (`getrandom(2)`), for session ids and the nonces of the
+/// proofs of the secret.
+///
+/// # Panics
+/// If the kernel has no randomness to give (`getrandom` fails other than by `EINTR`, which
+/// Linux >= 3.17 does not do for small requests once booted): a nonce must never be guessable.
+pub(crate) fn random_bytes<const N: usize>() -> [u8; N] {
+    let mut b = [0u8; N];
+    let mut done = 0;
+    while done < N {
+        // SAFETY: `b[done..]` is writable for `N - done` bytes.
+        let n = unsafe { libc::getrandom(b[done..].as_mut_ptr().cast(), N - done, 0) };
+        if n > 0 {
+            done += n as usize;
+        } else if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            panic!("getrandom failed: {}", std::io::Error::last_os_error());
+        }
+    }
+    b
+}
+
 /// Time spent in each phase of a transfer.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Phases {

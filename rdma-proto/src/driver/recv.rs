@@ -20,6 +20,7 @@ use super::link::{
     DISCONNECT_WAIT, DRAIN,
 };
 use super::{Error, Phases};
+use crate::auth::Secret;
 use crate::receiver::{Action, Input, Receiver, ReceiverConfig};
 use crate::wire::{self, Ack, Message};
 use crate::{Outcome, Status};
@@ -48,6 +49,15 @@ pub struct ReceiveOptions {
     pub timeout: Duration,
     /// Bound on accepting a connection.
     pub accept_timeout: Duration,
+    /// The shared secret a sender must prove it knows ([`crate::auth`]): checked before
+    /// anything is opened or registered for its file; `None` serves everyone. Load it from a
+    /// file or the environment ([`Secret::new`]), never from a command line.
+    pub secret: Option<Secret>,
+    /// Wrong proofs of the secret from one address within `auth_window` before its connection
+    /// requests are rejected at once (until the window ends).
+    pub auth_attempts: u32,
+    /// The window `auth_attempts` counts in.
+    pub auth_window: Duration,
     /// Set it to stop: [`Server::serve`] returns within about half a second, and sessions in
     /// progress end with [`Error::Stopped`] (their temporaries removed). A signal handler can
     /// set it (e.g. `signal_hook::flag::register`).
@@ -75,6 +85,9 @@ impl Default for ReceiveOptions {
             max_sessions: 8,
             timeout: Duration::from_secs(30),
             accept_timeout: Duration::from_secs(10),
+            secret: None,
+            auth_attempts: 5,
+            auth_window: Duration::from_secs(60),
             stop: Arc::new(AtomicBool::new(false)),
             #[cfg(feature = "fault-injection")]
             corrupt_chunk: None,
@@ -93,6 +106,8 @@ pub struct ReceiveReport {
     /// Whether a HELLO came (valid or not): the connection asked for a transfer. What
     /// [`Server::serve`]'s count counts.
     pub hello: bool,
+    /// Whether the sender's proof of the secret was wrong (what the server rate-limits).
+    pub auth_failed: bool,
     /// The sender's address.
     pub peer: SocketAddr,
     /// The file name, if a valid HELLO came.
@@ -115,6 +130,30 @@ pub struct Server {
     active: Arc<AtomicUsize>,
     /// Connections with a thread (at most `max_sessions + BUSY_SLACK`).
     connections: Arc<AtomicUsize>,
+    /// Wrong proofs of the secret, by address.
+    attempts: Arc<Attempts>,
+}
+
+/// Wrong proofs of the secret by address, for [`ReceiveOptions::auth_attempts`].
+#[derive(Debug, Default)]
+struct Attempts(std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, (Instant, u32)>>);
+
+impl Attempts {
+    /// How long `ip` stays rejected, if it is.
+    fn blocked(&self, ip: std::net::IpAddr, opts: &ReceiveOptions) -> Option<Duration> {
+        let map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let &(since, n) = map.get(&ip)?;
+        let left = opts.auth_window.checked_sub(since.elapsed())?;
+        (n >= opts.auth_attempts).then_some(left)
+    }
+
+    /// Counts a wrong proof from `ip`.
+    fn failed(&self, ip: std::net::IpAddr, opts: &ReceiveOptions) {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        map.retain(|_, (since, _)| since.elapsed() < opts.auth_window);
+        let e = map.entry(ip).or_insert((Instant::now(), 0));
+        e.1 = e.1.saturating_add(1);
+    }
 }
 
 /// Connections served beyond `max_sessions`: those waiting for their HELLO, or being told
@@ -173,6 +212,7 @@ impl Server {
             opts: Arc::new(opts),
             active: Arc::new(AtomicUsize::new(0)),
             connections: Arc::new(AtomicUsize::new(0)),
+            attempts: Arc::new(Attempts::default()),
         })
     }
 
@@ -214,16 +254,16 @@ impl Server {
                     Err(e) if e.is_timeout() => continue,
                     Err(e) => break Err(e.into()),
                 };
-                let limit = self.opts.max_sessions.saturating_add(BUSY_SLACK);
-                let Some(place) = Counted::enter(&self.connections, limit) else {
-                    report(reject_busy(req, self.opts.max_sessions));
-                    continue;
-                };
-                let (opts, active, report, tally) =
-                    (self.opts.clone(), self.active.clone(), report.clone(), tally.clone());
+                let Some(place) = self.admit(req, &*report) else { continue };
+                let (req, place) = place;
+                let (opts, active, report, tally, attempts) =
+                    (self.opts.clone(), self.active.clone(), report.clone(), tally.clone(), self.attempts.clone());
                 scope.spawn(move || {
                     let r = receive(req, &opts, &active, &tally);
                     drop(place);
+                    if r.auth_failed {
+                        attempts.failed(r.peer.ip(), &opts);
+                    }
                     report(r);
                 });
             };
@@ -274,15 +314,15 @@ impl Server {
                 Ok(Ok(r)) => r,
             };
             while tasks.try_join_next().is_some() {}
-            let limit = self.opts.max_sessions.saturating_add(BUSY_SLACK);
-            let Some(place) = Counted::enter(&self.connections, limit) else {
-                report(reject_busy(req, self.opts.max_sessions));
-                continue;
-            };
-            let (opts, active, report, tally) = (self.opts.clone(), self.active.clone(), report.clone(), tally.clone());
+            let Some((req, place)) = self.admit(req, &*report) else { continue };
+            let (opts, active, report, tally, attempts) =
+                (self.opts.clone(), self.active.clone(), report.clone(), tally.clone(), self.attempts.clone());
             tasks.spawn(async move {
                 let r = receive_async(req, &opts, &active, &tally).await;
                 drop(place);
+                if r.auth_failed {
+                    attempts.failed(r.peer.ip(), &opts);
+                }
                 report(r);
             });
         };
@@ -313,18 +353,37 @@ fn accept_check(connections: &AtomicUsize) -> Duration {
     }
 }
 
-/// Rejects a connection request past every limit, with an ACK(Busy) (session 0) as the
-/// rejection's private data.
-fn reject_busy(req: ConnectRequest, max_sessions: usize) -> ReceiveReport {
+impl Server {
+    /// Takes a place for a connection request, or rejects it (reported): from an address past
+    /// its wrong proofs of the secret, or past every connection limit.
+    fn admit(&self, req: ConnectRequest, report: &dyn Fn(ReceiveReport)) -> Option<(ConnectRequest, Counted)> {
+        if let Some(left) = self.attempts.blocked(req.peer_addr().ip(), &self.opts) {
+            let why =
+                format!("too many wrong proofs of the secret from this address: retry in {}s", left.as_secs() + 1);
+            report(reject(req, Status::NotAuthorized, why));
+            return None;
+        }
+        let limit = self.opts.max_sessions.saturating_add(BUSY_SLACK);
+        match Counted::enter(&self.connections, limit) {
+            Some(place) => Some((req, place)),
+            None => {
+                report(reject(req, Status::Busy, format!("serving {} transfers", self.opts.max_sessions)));
+                None
+            }
+        }
+    }
+}
+
+/// Rejects a connection request with an ACK (session 0) as the rejection's private data.
+fn reject(req: ConnectRequest, status: Status, detail: String) -> ReceiveReport {
     let peer = req.peer_addr();
-    let ack =
-        Message::Ack(Ack { status: Status::Busy, received: 0, detail: format!("serving {max_sessions} transfers") });
+    let ack = Message::Ack(Ack { status, received: 0, detail });
     let mut bytes = Vec::new();
     let result = match wire::encode(0, &ack, &mut bytes) {
-        Ok(()) => req.reject(&bytes).map(|()| Status::Busy).map_err(|e| e.to_string()),
+        Ok(()) => req.reject(&bytes).map(|()| status).map_err(|e| e.to_string()),
         Err(e) => Err(e.to_string()),
     };
-    tracing::warn!(%peer, "connection rejected: busy");
+    tracing::warn!(%peer, %status, "connection rejected");
     ReceiveReport { result, ..ReceiveReport::starting(peer) }
 }
 
@@ -356,6 +415,7 @@ impl ReceiveReport {
         ReceiveReport {
             session: 0,
             hello: false,
+            auth_failed: false,
             peer,
             name: None,
             bytes: 0,
@@ -545,13 +605,14 @@ impl<'a> ReceiveSession<'a> {
             memory_budget: opts.memory_budget,
             max_slots: opts.max_slots,
             timeout: opts.timeout,
+            secret: opts.secret.clone(),
         };
         Ok(ReceiveSession {
             opts,
             active,
             tally,
             report,
-            machine: Receiver::new(cfg, Instant::now()),
+            machine: Receiver::new(cfg, Instant::now()).with_nonce(super::random_bytes()),
             pd,
             control,
             sq,
@@ -597,6 +658,7 @@ impl<'a> ReceiveSession<'a> {
         // A HELLO refused before anything was opened still named its session.
         report.session = machine.session();
         report.hello = machine.hello_received();
+        report.auth_failed = machine.auth_failed();
         report.bytes = machine.bytes_stored();
         // A session that failed midway reports the time to its last chunk stored, so that its
         // rate is that of the bytes it did store.

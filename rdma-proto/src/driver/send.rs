@@ -44,6 +44,10 @@ pub struct SendOptions {
     pub connect_timeout: Duration,
     /// How long a phase may make no progress.
     pub timeout: Duration,
+    /// The shared secret, if any ([`crate::auth`]): proven to a receiver that requires it,
+    /// and data goes only to a receiver that proves it too. Load it from a file or the
+    /// environment ([`Secret::new`](crate::auth::Secret::new)), never from a command line.
+    pub secret: Option<crate::auth::Secret>,
     /// Test hook: offer these protocol versions and send the name unchecked.
     #[cfg(feature = "fault-injection")]
     #[doc(hidden)]
@@ -85,6 +89,7 @@ impl SendOptions {
             depth: 16,
             connect_timeout: Duration::from_secs(10),
             timeout: Duration::from_secs(30),
+            secret: None,
             #[cfg(feature = "fault-injection")]
             test_offer: None,
             #[cfg(feature = "fault-injection")]
@@ -271,11 +276,13 @@ impl SourceFile {
             return Err(file_err(std::io::Error::new(std::io::ErrorKind::InvalidInput, why)));
         }
         let session = test_session(opts).unwrap_or_else(session_id);
-        let cfg = SenderConfig::new(opts.chunk, opts.depth, opts.timeout);
+        let mut cfg = SenderConfig::new(opts.chunk, opts.depth, opts.timeout);
+        cfg.secret = opts.secret.clone();
         let machine = match offer {
             None => Sender::new(session, &name, size, cfg, Instant::now())?,
             Some(v) => Sender::offering(session, &name, size, cfg, Instant::now(), v)?,
-        };
+        }
+        .with_nonce(super::random_bytes());
         tracing::info!(session = format_args!("{session:016x}"), %name, size, to = %opts.to, "sending");
         Ok(SourceFile { file, size, session, machine, identity: Identity::of(&meta) })
     }
@@ -694,13 +701,10 @@ fn collect(c: rdma_verbs::SlotCompletion<'static>, done: &mut Vec<u64>, failed: 
 
 /// A session id: random enough to tell sessions apart in logs and on the wire.
 pub(crate) fn session_id() -> u64 {
-    let mut b = [0u8; 8];
-    // SAFETY: `b` is writable for its 8 bytes.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    let id = u64::from_ne_bytes(b);
-    if n == 8 && id != 0 {
+    let id = u64::from_ne_bytes(super::random_bytes());
+    if id != 0 {
         id
     } else {
-        (std::process::id() as u64) << 32 | Instant::now().elapsed().subsec_nanos() as u64 | 1
+        1
     }
 }

@@ -202,7 +202,8 @@ impl Sim {
     ) -> Sim {
         let now = Instant::now();
         let depth = sender_cfg.depth;
-        let sender = Sender::new(SESSION, name, file.len() as u64, sender_cfg, now).expect("a valid sender");
+        let sender =
+            Sender::new(SESSION, name, file.len() as u64, sender_cfg, now).expect("a valid sender").with_nonce([1; 16]);
         Sim {
             label,
             rng: Rng::new(seed),
@@ -225,7 +226,7 @@ impl Sim {
             to_receiver: VecDeque::new(),
             to_sender: VecDeque::new(),
             delivered_to_receiver: 0,
-            receiver: Receiver::new(receiver_cfg, now),
+            receiver: Receiver::new(receiver_cfg, now).with_nonce([2; 16]),
             recv_jobs: VecDeque::new(),
             ring: Vec::new(),
             geometry: None,
@@ -671,6 +672,8 @@ pub fn describe(bytes: &[u8]) -> String {
         Ok((_, Message::Credit(c))) => format!("CREDIT {}", c.consumed),
         Ok((_, Message::Fin(f))) => format!("FIN {} chunks", f.chunks),
         Ok((_, Message::Ack(a))) => format!("ACK {}", a.status),
+        Ok((_, Message::Challenge(_))) => "CHALLENGE".into(),
+        Ok((_, Message::Proof(_))) => "PROOF".into(),
         Err(e) => format!("{} bytes that do not decode ({e})", bytes.len()),
     }
 }

@@ -1,0 +1,148 @@
+//! Authorization by a shared secret: a challenge-response that proves each side knows the
+//! secret without sending it (HMAC-SHA256), bound to the session and the file offered.
+//!
+//! ```text
+//! sender                                   receiver (holds the secret)
+//!   HELLO (caps AUTH)                 ──▶   no AUTH offered: ACK NotAuthorized
+//!                                     ◀──  CHALLENGE (receiver nonce Nr)
+//!   PROOF (Ns, MAC("sender", ...))    ──▶   wrong: ACK NotAuthorized (nothing opened yet)
+//!                                     ◀──  PROOF (Nr, MAC("receiver", ...)), then GRANT
+//!   checks the receiver's proof before it takes the GRANT: a receiver that cannot show it
+//!   gets no data
+//! ```
+//!
+//! `MAC(role, ...)` is HMAC-SHA256 keyed with the secret over a label naming the role, the
+//! session id, both nonces, the file's size and its name: a proof answers one challenge of one
+//! session for one file, and the two roles' proofs differ (neither side can reflect the other's).
+//! Nonces are 16 random bytes from each side; the machines take them as inputs (they have no
+//! randomness of their own).
+//!
+//! The secret is never sent, logged or printed: [`Secret`]'s `Debug` shows only its length.
+
+use std::fmt;
+use std::sync::Arc;
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+/// Bytes of a nonce.
+pub const NONCE_LEN: usize = 16;
+/// Bytes of a proof (HMAC-SHA256).
+pub const PROOF_LEN: usize = 32;
+/// The fewest bytes a secret may have.
+pub const MIN_SECRET_LEN: usize = 16;
+
+/// A shared secret. Cheap to clone; its bytes are never shown (`Debug` prints the length).
+#[derive(Clone)]
+pub struct Secret(Arc<[u8]>);
+
+impl Secret {
+    /// A secret of `bytes` (surrounding whitespace, such as a file's final newline, removed).
+    ///
+    /// # Errors
+    /// A sentence when fewer than [`MIN_SECRET_LEN`] bytes remain.
+    pub fn new(bytes: &[u8]) -> Result<Self, String> {
+        let trimmed = trim_ascii(bytes);
+        if trimmed.len() < MIN_SECRET_LEN {
+            return Err(format!(
+                "a secret needs at least {MIN_SECRET_LEN} bytes, this one has {} (e.g. `head -c 32 /dev/urandom | base64`)",
+                trimmed.len()
+            ));
+        }
+        Ok(Secret(trimmed.into()))
+    }
+
+    /// The proof `role` gives for the session `t` describes: see the module's docs.
+    pub(crate) fn proof(&self, role: Role, t: &Transcript<'_>) -> [u8; PROOF_LEN] {
+        self.mac(role, t).finalize().into_bytes().into()
+    }
+
+    /// Whether `proof` is what `role` gives for the session `t` describes (compared in
+    /// constant time).
+    pub(crate) fn verify(&self, proof: &[u8], role: Role, t: &Transcript<'_>) -> bool {
+        self.mac(role, t).verify_slice(proof).is_ok()
+    }
+
+    fn mac(&self, role: Role, t: &Transcript<'_>) -> Hmac<Sha256> {
+        let mut m = <Hmac<Sha256> as Mac>::new_from_slice(&self.0).expect("HMAC takes a key of any length");
+        m.update(match role {
+            Role::Sender => b"rdcp auth v1 sender",
+            Role::Receiver => b"rdcp auth v1 receiver",
+        });
+        m.update(&t.session.to_be_bytes());
+        m.update(t.sender_nonce);
+        m.update(t.receiver_nonce);
+        m.update(&t.size.to_be_bytes());
+        m.update(t.name.as_bytes());
+        m
+    }
+}
+
+/// What a proof covers: one session, both nonces, the file offered.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Transcript<'a> {
+    pub(crate) session: u64,
+    pub(crate) sender_nonce: &'a [u8; NONCE_LEN],
+    pub(crate) receiver_nonce: &'a [u8; NONCE_LEN],
+    pub(crate) size: u64,
+    pub(crate) name: &'a str,
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Secret({} bytes)", self.0.len())
+    }
+}
+
+/// `bytes` without ASCII whitespace at either end (`<[u8]>::trim_ascii` is newer than the MSRV).
+fn trim_ascii(mut bytes: &[u8]) -> &[u8] {
+    while let [first, rest @ ..] = bytes {
+        if !first.is_ascii_whitespace() {
+            break;
+        }
+        bytes = rest;
+    }
+    while let [rest @ .., last] = bytes {
+        if !last.is_ascii_whitespace() {
+            break;
+        }
+        bytes = rest;
+    }
+    bytes
+}
+
+/// Which side a proof is of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    Sender,
+    Receiver,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proofs_bind_role_session_nonces_and_file() {
+        let s = Secret::new(b"0123456789abcdef0123\n").unwrap();
+        let (ns, nr) = ([1; NONCE_LEN], [2; NONCE_LEN]);
+        let t = Transcript { session: 7, sender_nonce: &ns, receiver_nonce: &nr, size: 10, name: "f" };
+        let p = s.proof(Role::Sender, &t);
+        assert!(s.verify(&p, Role::Sender, &t));
+        assert!(!s.verify(&p, Role::Receiver, &t), "a proof cannot be reflected");
+        assert!(!s.verify(&p, Role::Sender, &Transcript { session: 8, ..t }));
+        assert!(!s.verify(&p, Role::Sender, &Transcript { sender_nonce: &nr, receiver_nonce: &ns, ..t }));
+        assert!(!s.verify(&p, Role::Sender, &Transcript { size: 11, ..t }));
+        assert!(!s.verify(&p, Role::Sender, &Transcript { name: "g", ..t }));
+        assert!(!s.verify(&p[..31], Role::Sender, &t));
+        let other = Secret::new(b"0123456789abcdef0124").unwrap();
+        assert!(!other.verify(&p, Role::Sender, &t));
+    }
+
+    #[test]
+    fn short_secrets_are_refused_and_none_is_shown() {
+        assert!(Secret::new(b"  short\n").is_err());
+        let s = Secret::new(b"a very secret value!").unwrap();
+        assert_eq!(format!("{s:?}"), "Secret(20 bytes)");
+    }
+}
