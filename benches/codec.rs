@@ -34,6 +34,7 @@ fn messages() -> Vec<(&'static str, Message)> {
                 chunk: 1 << 20,
                 depth: 16,
                 name: "backup-2024-11-21.tar.zst".into(),
+                resume: None,
             }),
         ),
         (
@@ -45,6 +46,7 @@ fn messages() -> Vec<(&'static str, Message)> {
                 rkey: 0x1234,
                 slot_size: 1 << 20,
                 slot_count: 16,
+                resume_from: 0,
             }),
         ),
         ("CREDIT", Message::Credit(Credit { consumed: 4242 })),

@@ -91,6 +91,13 @@ struct RecvArgs {
     /// sender's HELLO arrived, whatever its outcome; connections that send none do not count.
     #[arg(long)]
     count: Option<usize>,
+    /// Do not keep the data of interrupted transfers for a resume (by default a transfer that
+    /// fails midway leaves a hidden partial that the same file's next send continues).
+    #[arg(long)]
+    no_resume: bool,
+    /// Seconds an unused partial is kept (default: a day).
+    #[arg(long, default_value_t = 86_400, value_name = "SECS")]
+    partial_ttl: u64,
     /// Require senders to prove they know the shared secret in this file (at least 16 bytes;
     /// mode 0600 or stricter). Without it, the secret comes from $RDMA_COPY_SECRET if set.
     #[arg(long, value_name = "PATH")]
@@ -134,6 +141,10 @@ struct SendArgs {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Send every byte, even to a receiver that holds part of this file from an interrupted
+    /// transfer (by default only the rest is sent; the digest covers every byte either way).
+    #[arg(long)]
+    no_resume: bool,
     /// Prove the shared secret in this file to a receiver that requires it, and send only to a
     /// receiver that proves it too. Without it, the secret comes from $RDMA_COPY_SECRET if set.
     #[arg(long, value_name = "PATH")]
@@ -241,6 +252,8 @@ fn recv(a: RecvArgs, json: bool) -> i32 {
     opts.timeout = Duration::from_secs(a.timeout);
     opts.accept_timeout = Duration::from_secs(a.timeout);
     opts.stop = Arc::new(AtomicBool::new(false));
+    opts.resume = !a.no_resume;
+    opts.partial_ttl = Duration::from_secs(a.partial_ttl);
     opts.secret = match load_secret(a.secret_file.as_deref()) {
         Ok(s) => s,
         Err(e) => return usage(e),
@@ -341,6 +354,7 @@ fn send(a: SendArgs, json: bool) -> i32 {
     opts.depth = a.depth;
     opts.connect_timeout = Duration::from_secs(a.connect_timeout);
     opts.timeout = Duration::from_secs(a.timeout);
+    opts.resume = !a.no_resume;
     opts.secret = match load_secret(a.secret_file.as_deref()) {
         Ok(s) => s,
         Err(e) => return usage(e),
@@ -417,18 +431,20 @@ fn print_sent(path: &std::path::Path, r: &SendReport, json: bool) {
         let v = serde_json::json!({
             "role": "send", "file": path.display().to_string(), "session": format!("{:016x}", r.session),
             "bytes": r.bytes, "chunk": r.chunk, "slots": r.slots, "seconds": r.total.as_secs_f64(),
-            "mb_per_s": mb_per_s(r.bytes, r.phases.data), "phases": phases_json(&r.phases), "exit_code": 0,
+            "resumed_from": r.resumed_from,
+            "mb_per_s": mb_per_s(r.bytes - r.resumed_from, r.phases.data), "phases": phases_json(&r.phases), "exit_code": 0,
         });
         println!("{v}");
         return;
     }
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let resumed = if r.resumed_from > 0 { format!(", resumed at byte {}", r.resumed_from) } else { String::new() };
     println!(
-        "{}: {} bytes in {:.3} s, {:.1} MB/s (data phase), chunk {} x {} slots, session {:016x}",
+        "{}: {} bytes in {:.3} s, {:.1} MB/s (data phase), chunk {} x {} slots, session {:016x}{resumed}",
         path.display(),
         r.bytes,
         r.total.as_secs_f64(),
-        mb_per_s(r.bytes, r.phases.data),
+        mb_per_s(r.bytes - r.resumed_from, r.phases.data),
         r.chunk,
         r.slots,
         r.session

@@ -221,7 +221,16 @@ impl Drop for Netem {
 
 /// A valid HELLO for `size` bytes in 4 KiB chunks.
 fn hello(size: u64) -> Hello {
-    Hello { version_min: 1, version_max: 1, caps: caps::DIGEST_XXH3_128, size, chunk: 4096, depth: 4, name: "f".into() }
+    Hello {
+        version_min: 1,
+        version_max: 1,
+        caps: caps::DIGEST_XXH3_128,
+        size,
+        chunk: 4096,
+        depth: 4,
+        name: "f".into(),
+        resume: None,
+    }
 }
 
 /// A sender written by hand over rdma-verbs, that sends what the test tells it to: the

@@ -49,6 +49,10 @@ pub struct ReceiverConfig {
     /// opened for it, and is shown the receiver's proof ([`crate::auth`]). Give
     /// [`Receiver::with_nonce`] 16 random bytes with it.
     pub secret: Option<Secret>,
+    /// Offer to resume: a HELLO's resume key is handed to the driver (`resume_key`), which may
+    /// answer [`Input::Resumed`] with the bytes it already holds of that file. Needs a place to
+    /// keep partial files, so off by default.
+    pub resume: bool,
 }
 
 impl Default for ReceiverConfig {
@@ -60,6 +64,7 @@ impl Default for ReceiverConfig {
             max_slots: 64,
             timeout: Duration::from_secs(30),
             secret: None,
+            resume: false,
         }
     }
 }
@@ -82,6 +87,12 @@ pub enum Input<'a> {
         addr: u64,
         /// The ring's rkey.
         rkey: u32,
+    },
+    /// Before [`Input::Ready`]: the file's first `from` bytes are already held (a partial of
+    /// the version the HELLO's resume key names); only the rest is asked for.
+    Resumed {
+        /// Bytes held, at most the file's size.
+        from: u64,
     },
     /// [`Action::Open`] failed.
     OpenFailed(Status, String),
@@ -176,6 +187,10 @@ pub struct Receiver {
     auth_failed: bool,
     /// The file offered, kept while the sender proves the secret.
     offered: Option<(String, u64)>,
+    /// The HELLO's resume key, when both sides resume.
+    resume_key: Option<u64>,
+    /// Bytes of the file held before this session (chunk `n` starts at `base + n * slot`).
+    base: u64,
     /// When the current phase last made progress: the timeout counts from here.
     progress: Instant,
     actions: VecDeque<Action>,
@@ -205,6 +220,8 @@ impl Receiver {
             nonce: [0; NONCE_LEN],
             auth_failed: false,
             offered: None,
+            resume_key: None,
+            base: 0,
             actions: VecDeque::new(),
             outbox: Outbox::default(),
         }
@@ -238,9 +255,21 @@ impl Receiver {
         self.acked
     }
 
-    /// Bytes stored so far.
+    /// Bytes of the file held: those from before the session ([`resumed_from`](Self::resumed_from))
+    /// and those stored since.
     pub fn bytes_stored(&self) -> u64 {
-        (self.stored * u64::from(self.slot_size)).min(self.size)
+        self.base.saturating_add(self.stored * u64::from(self.slot_size)).min(self.size)
+    }
+
+    /// The HELLO's resume key, when the session may resume (the sender offered it and
+    /// [`ReceiverConfig::resume`] is on): what [`Action::Open`] looks a partial up by.
+    pub fn resume_key(&self) -> Option<u64> {
+        self.resume_key
+    }
+
+    /// Bytes held before this session ([`Input::Resumed`]).
+    pub fn resumed_from(&self) -> u64 {
+        self.base
     }
 
     /// The file's size (0 until the HELLO).
@@ -307,18 +336,29 @@ impl Receiver {
         let r = match input {
             Input::Message(bytes) => self.on_message(bytes, now),
             Input::WriteArrived { imm, len } => self.on_write(imm, len, now),
+            Input::Resumed { from } if self.phase == Phase::Opening && self.resume_key.is_some() => {
+                if from > self.size {
+                    Err(ProtocolError::Local(format!("resuming at {from} of a {}-byte file", self.size)))
+                } else {
+                    self.base = from;
+                    self.chunks = (self.size - from).div_ceil(u64::from(self.slot_size));
+                    Ok(())
+                }
+            }
             Input::Ready { addr, rkey } if self.phase == Phase::Opening => {
                 self.opened = true;
                 self.phase = Phase::Data;
                 self.progress = now;
                 let auth = if self.cfg.secret.is_some() { caps::AUTH } else { 0 };
+                let resume = if self.resume_key.is_some() { caps::RESUME } else { 0 };
                 let g = Grant {
                     version: self.version,
-                    caps: caps::DIGEST_XXH3_128 | auth,
+                    caps: caps::DIGEST_XXH3_128 | auth | resume,
                     addr,
                     rkey,
                     slot_size: self.slot_size,
                     slot_count: self.slot_count,
+                    resume_from: self.base,
                 };
                 self.send(&Message::Grant(g));
                 Ok(())
@@ -397,6 +437,9 @@ impl Receiver {
                     let fit = (self.cfg.memory_budget / u64::from(self.slot_size)).clamp(1, u64::from(u32::MAX));
                     self.slot_count = hello.depth.min(fit as u32).min(self.cfg.max_slots).max(1);
                     self.chunks = hello.size.div_ceil(u64::from(self.slot_size));
+                    if self.cfg.resume && hello.caps & caps::RESUME != 0 {
+                        self.resume_key = hello.resume;
+                    }
                     if self.cfg.secret.is_none() {
                         self.open(hello.name);
                     } else if hello.caps & caps::AUTH == 0 {
@@ -478,7 +521,7 @@ impl Receiver {
         if seq >= self.credited + u64::from(self.slot_count) {
             return Err(ProtocolError::Peer(format!("chunk {seq} written before its slot was credited")));
         }
-        let want = (self.size - seq * u64::from(self.slot_size)).min(u64::from(self.slot_size)) as u32;
+        let want = (self.size - self.base - seq * u64::from(self.slot_size)).min(u64::from(self.slot_size)) as u32;
         if len != want {
             return Err(ProtocolError::Peer(format!("chunk {seq} of {len} bytes, expected {want}")));
         }
@@ -487,7 +530,7 @@ impl Receiver {
         self.actions.push_back(Action::StoreChunk {
             seq,
             slot: (seq % u64::from(self.slot_count)) as u32,
-            offset: seq * u64::from(self.slot_size),
+            offset: self.base + seq * u64::from(self.slot_size),
             len,
         });
         Ok(())

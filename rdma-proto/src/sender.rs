@@ -35,12 +35,16 @@ pub struct SenderConfig {
     /// secret when challenged, and sends data only to a receiver that proved it too
     /// ([`crate::auth`]). Give [`Sender::with_nonce`] 16 random bytes with it.
     pub secret: Option<Secret>,
+    /// The file's resume key (a hash of its name, size and identity, made by the driver): the
+    /// sender then offers [`caps::RESUME`], and sends only what the receiver's GRANT says it
+    /// lacks. `None`: every byte is sent.
+    pub resume_key: Option<u64>,
 }
 
 impl SenderConfig {
-    /// Chunks of `chunk` bytes, `depth` in flight, `timeout` per phase, no secret.
+    /// Chunks of `chunk` bytes, `depth` in flight, `timeout` per phase, no secret, no resume.
     pub fn new(chunk: u32, depth: u32, timeout: Duration) -> Self {
-        SenderConfig { chunk, depth, timeout, secret: None }
+        SenderConfig { chunk, depth, timeout, secret: None, resume_key: None }
     }
 }
 
@@ -188,11 +192,11 @@ impl Sender {
             outbox: Outbox::default(),
             cfg,
         };
-        let auth = if s.cfg.secret.is_some() { caps::AUTH } else { 0 };
         let hello = Hello {
             version_min: *versions.start(),
             version_max: *versions.end(),
-            caps: caps::DIGEST_XXH3_128 | auth,
+            resume: s.cfg.resume_key,
+            caps: s.offered_caps(),
             size,
             chunk: s.cfg.chunk,
             depth: s.cfg.depth,
@@ -369,7 +373,7 @@ impl Sender {
         if !wire::PROTOCOL_VERSIONS.contains(&g.version) {
             return bad(format!("version {} not offered", g.version));
         }
-        if g.caps & caps::DIGEST_XXH3_128 == 0 || g.caps & !caps::SUPPORTED != 0 {
+        if g.caps & caps::DIGEST_XXH3_128 == 0 || g.caps & !self.offered_caps() != 0 {
             return bad(format!("capabilities {:#x} not offered", g.caps));
         }
         if g.slot_size == 0 || g.slot_size > self.cfg.chunk || g.slot_count == 0 {
@@ -379,7 +383,13 @@ impl Sender {
         if g.addr.checked_add(ring).is_none() {
             return bad("the ring wraps the address space".into());
         }
-        self.chunks = self.size.div_ceil(u64::from(g.slot_size));
+        if g.resume_from != 0 && (g.caps & caps::RESUME == 0 || self.cfg.resume_key.is_none()) {
+            return bad(format!("resuming at {} without resume offered", g.resume_from));
+        }
+        if g.resume_from > self.size {
+            return bad(format!("resuming at {} of a {}-byte file", g.resume_from, self.size));
+        }
+        self.chunks = (self.size - g.resume_from).div_ceil(u64::from(g.slot_size));
         self.grant = Some(g);
         self.phase = Phase::Data;
         Ok(())
@@ -425,7 +435,8 @@ impl Sender {
         // together use at most `depth` slots.
         while self.next_read < self.chunks && self.next_read - self.write_done < u64::from(self.cfg.depth) {
             let seq = self.next_read;
-            self.actions.push_back(Action::ReadChunk { seq, offset: seq * slot, len: self.chunk_len(seq) });
+            let offset = g.resume_from + seq * slot;
+            self.actions.push_back(Action::ReadChunk { seq, offset, len: self.chunk_len(seq) });
             self.next_read += 1;
         }
         if self.next_read_done == self.chunks && !self.digest_asked {
@@ -444,7 +455,20 @@ impl Sender {
 
     fn chunk_len(&self, seq: u64) -> u32 {
         let slot = u64::from(self.grant.map_or(self.cfg.chunk, |g| g.slot_size));
-        (self.size - seq * slot).min(slot) as u32
+        (self.size - self.resumed_from() - seq * slot).min(slot) as u32
+    }
+
+    /// The capabilities this sender's HELLO offered.
+    fn offered_caps(&self) -> u32 {
+        let auth = if self.cfg.secret.is_some() { caps::AUTH } else { 0 };
+        let resume = if self.cfg.resume_key.is_some() { caps::RESUME } else { 0 };
+        caps::DIGEST_XXH3_128 | auth | resume
+    }
+
+    /// Bytes the receiver held before this session (its GRANT's `resume_from`): the file's
+    /// chunks start there, and the driver's digest must cover the bytes before it too.
+    pub fn resumed_from(&self) -> u64 {
+        self.grant.map_or(0, |g| g.resume_from)
     }
 
     fn send(&mut self, m: &Message) {

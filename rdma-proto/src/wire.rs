@@ -46,7 +46,8 @@ pub mod caps {
     /// Reserved: a BLAKE3 digest (32 bytes), for when authentication makes a cryptographic
     /// hash worth its cost.
     pub const DIGEST_BLAKE3: u32 = 1 << 1;
-    /// Reserved: resuming a partial transfer (a later version).
+    /// Resuming: the HELLO carries the file's resume key, the GRANT the bytes the receiver
+    /// already holds of that version; only the rest is sent, and the digest covers every byte.
     pub const RESUME: u32 = 1 << 8;
     /// Reserved: directory trees (a later version).
     pub const DIRECTORIES: u32 = 1 << 9;
@@ -54,7 +55,7 @@ pub mod caps {
     /// sender with a secret offers it; a receiver with one requires it.
     pub const AUTH: u32 = 1 << 10;
     /// Every capability this version implements.
-    pub const SUPPORTED: u32 = DIGEST_XXH3_128 | AUTH;
+    pub const SUPPORTED: u32 = DIGEST_XXH3_128 | AUTH | RESUME;
 }
 
 /// What kind of message follows the header (`kind` byte).
@@ -120,6 +121,10 @@ pub struct Hello {
     pub depth: u32,
     /// The file's name: one path component (checked by [`crate::name::check`]).
     pub name: String,
+    /// With [`caps::RESUME`]: the key of this version of the file (the sender's hash of its
+    /// name, size and identity), which a receiver's partial of it carries. Appended after the
+    /// name when present.
+    pub resume: Option<u64>,
 }
 
 /// GRANT: the receiver accepts, and lends its ring of slots.
@@ -138,6 +143,10 @@ pub struct Grant {
     /// Slots in the ring. Chunk `n` goes to slot `n % slot_count`, written once the receiver's
     /// credit says chunk `n - slot_count` has left the slot.
     pub slot_count: u32,
+    /// With [`caps::RESUME`]: the bytes the receiver already holds (a prefix of the file, from
+    /// an earlier session). Chunk `n` then starts at `resume_from + n * slot_size`. Appended
+    /// when not 0 or when the caps hold `RESUME`.
+    pub resume_from: u64,
 }
 
 /// CREDIT: chunks `0..consumed` have left the ring (stored or checked): their slots may be
@@ -286,6 +295,14 @@ impl<'a> Reader<'a> {
     fn u64(&mut self) -> Result<u64, WireError> {
         Ok(u64::from_be_bytes(self.array()?))
     }
+    /// An appended `u64`: `None` when the body ends here (a peer that does not send it).
+    fn optional_u64(&mut self) -> Result<Option<u64>, WireError> {
+        if self.at == self.buf.len() {
+            Ok(None)
+        } else {
+            self.u64().map(Some)
+        }
+    }
     fn text(&mut self, len: usize, field: &'static str) -> Result<String, WireError> {
         let b = self.take(len)?;
         std::str::from_utf8(b).map(str::to_owned).map_err(|_| invalid(field, "not UTF-8"))
@@ -346,7 +363,8 @@ pub fn decode(buf: &[u8]) -> Result<(Header, Message), WireError> {
                 return Err(invalid("name", format!("{name_len} bytes, at most {MAX_NAME_LEN}")));
             }
             let name = r.text(name_len, "name")?;
-            Message::Hello(Hello { version_min, version_max, caps, size, chunk, depth, name })
+            let resume = r.optional_u64()?;
+            Message::Hello(Hello { version_min, version_max, caps, size, chunk, depth, name, resume })
         }
         Kind::Grant => Message::Grant(Grant {
             version: r.u16()?,
@@ -355,6 +373,7 @@ pub fn decode(buf: &[u8]) -> Result<(Header, Message), WireError> {
             rkey: r.u32()?,
             slot_size: r.u32()?,
             slot_count: r.u32()?,
+            resume_from: r.optional_u64()?.unwrap_or(0),
         }),
         Kind::Credit => Message::Credit(Credit { consumed: r.u64()? }),
         Kind::Fin => {
@@ -412,6 +431,9 @@ pub fn encode(session: u64, msg: &Message, out: &mut Vec<u8>) -> Result<(), Wire
             out.extend_from_slice(&h.depth.to_be_bytes());
             out.extend_from_slice(&(h.name.len() as u16).to_be_bytes());
             out.extend_from_slice(h.name.as_bytes());
+            if let Some(key) = h.resume {
+                out.extend_from_slice(&key.to_be_bytes());
+            }
         }
         Message::Grant(g) => {
             out.extend_from_slice(&g.version.to_be_bytes());
@@ -420,6 +442,9 @@ pub fn encode(session: u64, msg: &Message, out: &mut Vec<u8>) -> Result<(), Wire
             out.extend_from_slice(&g.rkey.to_be_bytes());
             out.extend_from_slice(&g.slot_size.to_be_bytes());
             out.extend_from_slice(&g.slot_count.to_be_bytes());
+            if g.resume_from != 0 || g.caps & caps::RESUME != 0 {
+                out.extend_from_slice(&g.resume_from.to_be_bytes());
+            }
         }
         Message::Credit(c) => out.extend_from_slice(&c.consumed.to_be_bytes()),
         Message::Fin(f) => {
@@ -477,6 +502,7 @@ mod tests {
             chunk: 1 << 20,
             depth: 32,
             name: "a".repeat(MAX_NAME_LEN),
+            resume: None,
         }));
         round_trip(Message::Grant(Grant {
             version: 1,
@@ -485,6 +511,7 @@ mod tests {
             rkey: 9,
             slot_size: 4096,
             slot_count: 16,
+            resume_from: 0,
         }));
         round_trip(Message::Credit(Credit { consumed: 99 }));
         round_trip(Message::Fin(Fin { chunks: 3, size: 5, digest: vec![1; 32] }));
@@ -494,7 +521,16 @@ mod tests {
     #[test]
     fn every_cut_of_a_message_is_truncated_not_a_panic() {
         let mut buf = Vec::new();
-        let hello = Hello { version_min: 1, version_max: 1, caps: 1, size: 1, chunk: 1, depth: 1, name: "f".into() };
+        let hello = Hello {
+            version_min: 1,
+            version_max: 1,
+            caps: 1,
+            size: 1,
+            chunk: 1,
+            depth: 1,
+            name: "f".into(),
+            resume: None,
+        };
         encode(1, &Message::Hello(hello), &mut buf).unwrap();
         for cut in 0..buf.len() {
             assert!(matches!(decode(&buf[..cut]), Err(WireError::Truncated { .. })), "cut {cut}");

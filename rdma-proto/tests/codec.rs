@@ -25,8 +25,16 @@ fn text(max: usize) -> impl Strategy<Value = String> {
 }
 
 fn hello() -> impl Strategy<Value = Hello> {
-    (any::<(u16, u16)>(), any::<u32>(), any::<u64>(), any::<u32>(), any::<u32>(), text(MAX_NAME_LEN)).prop_map(
-        |((a, b), caps, size, chunk, depth, name)| Hello {
+    (
+        any::<(u16, u16)>(),
+        any::<u32>(),
+        any::<u64>(),
+        any::<u32>(),
+        any::<u32>(),
+        text(MAX_NAME_LEN),
+        any::<Option<u64>>(),
+    )
+        .prop_map(|((a, b), caps, size, chunk, depth, name, resume)| Hello {
             version_min: a.min(b),
             version_max: a.max(b),
             caps,
@@ -34,19 +42,22 @@ fn hello() -> impl Strategy<Value = Hello> {
             chunk,
             depth,
             name,
-        },
-    )
+            resume,
+        })
 }
 
 fn grant() -> impl Strategy<Value = Grant> {
-    any::<(u16, u32, u64, u32, u32, u32)>().prop_map(|(version, caps, addr, rkey, slot_size, slot_count)| Grant {
-        version,
-        caps,
-        addr,
-        rkey,
-        slot_size,
-        slot_count,
-    })
+    (any::<(u16, u32, u64, u32, u32, u32)>(), any::<u64>()).prop_map(
+        |((version, caps, addr, rkey, slot_size, slot_count), resume_from)| Grant {
+            version,
+            caps,
+            addr,
+            rkey,
+            slot_size,
+            slot_count,
+            resume_from,
+        },
+    )
 }
 
 fn fin() -> impl Strategy<Value = Fin> {
@@ -164,12 +175,23 @@ proptest! {
 
     #[test]
     fn a_length_field_cutting_into_the_body_is_truncated(session in any::<u64>(), m in message()) {
-        // Every field of version 1 is mandatory: a shorter length always cuts one.
+        // Every field of version 1 is mandatory: a shorter length always cuts one. The fields
+        // appended since (a HELLO's resume key, a GRANT's resume_from) are whole or absent: a
+        // length that ends right before one is that message without it.
         let buf = encoded(session, &m);
+        let without = match &m {
+            Message::Hello(h) if h.resume.is_some() => Some(Message::Hello(Hello { resume: None, ..h.clone() })),
+            Message::Grant(g) if buf.len() == 54 => Some(Message::Grant(Grant { resume_from: 0, ..*g })),
+            _ => None,
+        };
         for len in HEADER_LEN..buf.len() {
             let mut short = buf.clone();
             set_len(&mut short, len);
             let r = decode(&short);
+            if len == buf.len() - 8 && without.is_some() {
+                prop_assert_eq!(r.map(|(_, m)| m).ok(), without.clone(), "length {}", len);
+                continue;
+            }
             prop_assert!(matches!(r, Err(WireError::Truncated { .. })), "length {}: {:?}", len, r);
         }
     }
@@ -248,7 +270,13 @@ proptest! {
         flags in any::<[u8; 2]>(),
         extra in prop::collection::vec(any::<u8>(), 0..64),
     ) {
-        // How a later version extends a message: fields appended within the length.
+        // How a later version extends a message: fields appended within the length, after every
+        // field this version knows (its optional appended fields included).
+        let m = match m {
+            Message::Hello(h) => Message::Hello(Hello { resume: Some(h.resume.unwrap_or(0)), ..h }),
+            Message::Grant(g) => Message::Grant(Grant { caps: g.caps | wire::caps::RESUME, ..g }),
+            m => m,
+        };
         let mut buf = encoded(session, &m);
         prop_assume!(buf.len() + extra.len() <= MAX_MESSAGE_LEN);
         buf[6..8].copy_from_slice(&flags);
@@ -274,7 +302,7 @@ proptest! {
         name_len in MAX_NAME_LEN + 1..=2 * MAX_MESSAGE_LEN,
         digest_len in MAX_DIGEST_LEN + 1..=300,
     ) {
-        let hello = Hello { version_min: 1, version_max: 1, caps: 1, size: 1, chunk: 1, depth: 1, name: "n".repeat(name_len) };
+        let hello = Hello { version_min: 1, version_max: 1, caps: 1, size: 1, chunk: 1, depth: 1, name: "n".repeat(name_len), resume: None };
         let r = encode(1, &Message::Hello(hello), &mut Vec::new());
         prop_assert!(matches!(r, Err(WireError::Invalid { field: "name", .. })), "{:?}", r);
         let fin = Fin { chunks: 1, size: 1, digest: vec![7; digest_len] };
@@ -286,6 +314,7 @@ proptest! {
     fn a_name_length_over_the_limit_does_not_decode(name_len in MAX_NAME_LEN as u16 + 1..=u16::MAX) {
         let mut buf = encoded(1, &Message::Hello(Hello {
             version_min: 1, version_max: 1, caps: 1, size: 1, chunk: 1, depth: 1, name: String::new(),
+            resume: None,
         }));
         let at = buf.len() - 2;
         buf[at..].copy_from_slice(&name_len.to_be_bytes());
@@ -338,6 +367,7 @@ fn invalid_field_values_are_invalid() {
             chunk: 1,
             depth: 1,
             name: "x".into(),
+            resume: None,
         });
         let mut buf = encoded(9, &m);
         buf[HEADER_LEN..HEADER_LEN + 2].copy_from_slice(&version_min.to_be_bytes());
@@ -373,6 +403,7 @@ fn the_largest_messages_fit_the_limit() {
         chunk: u32::MAX,
         depth: u32::MAX,
         name: "\u{10ffff}".repeat(MAX_NAME_LEN / 4) + "abc",
+        resume: None,
     };
     assert_eq!(hello.name.len(), MAX_NAME_LEN);
     let fin = Fin { chunks: u64::MAX, size: u64::MAX, digest: vec![0xff; MAX_DIGEST_LEN] };
@@ -403,6 +434,7 @@ fn the_layout_is_the_documented_one() {
                 chunk: 0x10_0000,
                 depth: 16,
                 name: "ab".into(),
+                resume: None,
             }),
             [
                 header(1, 48),
@@ -420,6 +452,7 @@ fn the_layout_is_the_documented_one() {
                 rkey: 0x55,
                 slot_size: 4096,
                 slot_count: 8,
+                resume_from: 0,
             }),
             [
                 header(2, 46),

@@ -122,7 +122,15 @@ fn repeated_credits_do_not_hold_off_the_senders_timeout() {
     let timeout = cfg.timeout;
     let mut s = Sender::new(7, "f", 0, cfg, t0).unwrap();
     let _ = actions_of_sender(&mut s);
-    let grant = Grant { version: 1, caps: caps::DIGEST_XXH3_128, addr: 4096, rkey: 1, slot_size: 16, slot_count: 2 };
+    let grant = Grant {
+        version: 1,
+        caps: caps::DIGEST_XXH3_128,
+        addr: 4096,
+        rkey: 1,
+        slot_size: 16,
+        slot_count: 2,
+        resume_from: 0,
+    };
     s.handle(sender::Input::Message(&encode(7, &Message::Grant(grant))), t0);
     for a in actions_of_sender(&mut s) {
         if let sender::Action::NeedDigest = a {
@@ -154,7 +162,16 @@ fn encode(session: u64, m: &Message) -> Vec<u8> {
 }
 
 fn hello(name: &str, size: u64) -> Hello {
-    Hello { version_min: 1, version_max: 1, caps: caps::DIGEST_XXH3_128, size, chunk: 16, depth: 4, name: name.into() }
+    Hello {
+        version_min: 1,
+        version_max: 1,
+        caps: caps::DIGEST_XXH3_128,
+        size,
+        chunk: 16,
+        depth: 4,
+        name: name.into(),
+        resume: None,
+    }
 }
 
 /// Every action the receiver asks for, and the bytes of each control message it sends (one per
@@ -490,12 +507,24 @@ fn timeouts_fire_at_the_deadline_and_not_before() {
     assert_eq!(verdict(&mut r), (None, true), "a timeout discards the temporary, and sends nothing");
 }
 
+/// A grant of 2 slots of 4 bytes at `RING_ADDR`.
+fn grant_4x2() -> Grant {
+    Grant {
+        version: 1,
+        caps: caps::DIGEST_XXH3_128,
+        addr: RING_ADDR,
+        rkey: RKEY,
+        slot_size: 4,
+        slot_count: 2,
+        resume_from: 0,
+    }
+}
+
 /// A sender granted 2 slots of 4 bytes for a file of `size` bytes.
 fn granted(size: u64) -> (Sender, Instant) {
     let t = Instant::now();
     let mut s = Sender::new(SESSION, "f", size, sender_cfg(4, 2), t).unwrap();
-    let g = Grant { version: 1, caps: caps::DIGEST_XXH3_128, addr: RING_ADDR, rkey: RKEY, slot_size: 4, slot_count: 2 };
-    s.handle(sender::Input::Message(&encode(SESSION, &Message::Grant(g))), t);
+    s.handle(sender::Input::Message(&encode(SESSION, &Message::Grant(grant_4x2()))), t);
     actions_of_sender(&mut s);
     (s, t)
 }
@@ -510,8 +539,7 @@ fn failure(s: &mut Sender) -> Option<ProtocolError> {
 #[test]
 fn the_sender_refuses_bad_grants_and_messages_out_of_place() {
     let t = Instant::now();
-    let good =
-        Grant { version: 1, caps: caps::DIGEST_XXH3_128, addr: RING_ADDR, rkey: RKEY, slot_size: 4, slot_count: 2 };
+    let good = grant_4x2();
     let bad_grants = [
         Grant { version: 2, ..good },
         Grant { caps: 0, ..good },
@@ -523,6 +551,16 @@ fn the_sender_refuses_bad_grants_and_messages_out_of_place() {
     ];
     for g in bad_grants {
         let mut s = Sender::new(SESSION, "f", 10, sender_cfg(4, 2), t).unwrap();
+        actions_of_sender(&mut s);
+        s.handle(sender::Input::Message(&encode(SESSION, &Message::Grant(g))), t);
+        assert!(matches!(failure(&mut s), Some(ProtocolError::Peer(_))), "{g:?}");
+    }
+    // A sender that offered to resume: resume_from past the file, or without the capability.
+    let resuming = Grant { caps: caps::DIGEST_XXH3_128 | caps::RESUME, ..good };
+    for g in [Grant { resume_from: 11, ..resuming }, Grant { resume_from: 4, ..good }] {
+        let mut cfg = sender_cfg(4, 2);
+        cfg.resume_key = Some(0x4e5);
+        let mut s = Sender::new(SESSION, "f", 10, cfg, t).unwrap();
         actions_of_sender(&mut s);
         s.handle(sender::Input::Message(&encode(SESSION, &Message::Grant(g))), t);
         assert!(matches!(failure(&mut s), Some(ProtocolError::Peer(_))), "{g:?}");

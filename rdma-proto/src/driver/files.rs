@@ -4,6 +4,7 @@
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -38,7 +39,27 @@ pub(crate) struct Incoming {
     name: String,
     overwrite: bool,
     committed: bool,
+    /// Set when the temporary is a resumable partial.
+    partial: Option<Partial>,
 }
+
+/// A resumable partial: `dir/.KEY.part.rdcp-tmp` holds the data, `dir/.KEY.meta.rdcp-tmp`
+/// (the sidecar) says which file version it is of (key, size, name) and how many of its first
+/// bytes are synced (`held`). The sidecar is replaced atomically (written to
+/// `.KEY.meta-new.rdcp-tmp`, synced, renamed) after the data it vouches for is synced, so a
+/// crash at any moment leaves a sidecar that undercounts, never one that overcounts. The data
+/// file is locked (`flock`) while a session writes it.
+#[derive(Debug)]
+struct Partial {
+    meta: PathBuf,
+    key: u64,
+    size: u64,
+    /// Keep it when the session ends uncommitted (it failed in a way a resume can follow).
+    keep: bool,
+}
+
+/// The first line of a sidecar.
+const META_MAGIC: &str = "rdcp-partial 1";
 
 impl Incoming {
     /// Creates the temporary (exclusively) for `name`.
@@ -56,10 +77,95 @@ impl Incoming {
             let temp = dir.join(&temp_name);
             match OpenOptions::new().write(true).create_new(true).mode(0o644).open(&temp) {
                 Ok(file) => {
-                    return Ok(Incoming { file, temp, target, name: name.to_owned(), overwrite, committed: false })
+                    return Ok(Incoming {
+                        file,
+                        temp,
+                        target,
+                        name: name.to_owned(),
+                        overwrite,
+                        committed: false,
+                        partial: None,
+                    })
                 }
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists && n < MAX_TEMP_TRIES => n += 1,
                 Err(e) => return Err((io_status(&e), format!("creating the temporary {temp_name}: {e}"))),
+            }
+        }
+    }
+
+    /// Opens (or creates) the resumable partial of the file version `key` names: its data file
+    /// locked for this session, and the bytes a valid sidecar vouches for (0 when there is none,
+    /// or it is of another name or size, or claims more than the data file holds). Removes
+    /// partials whose sidecar (or, without one, data) was last written more than `ttl` ago.
+    ///
+    /// # Errors
+    /// [`Status::Exists`] as [`create`](Self::create); [`Status::Busy`] while another session
+    /// writes this partial; the I/O status otherwise.
+    pub(crate) fn resumable(
+        dir: &Path,
+        name: &str,
+        size: u64,
+        key: u64,
+        overwrite: bool,
+        ttl: std::time::Duration,
+    ) -> Result<(Self, u64), (Status, String)> {
+        let target = dir.join(name);
+        if !overwrite && target.symlink_metadata().is_ok() {
+            return Err((Status::Exists, format!("{name} exists")));
+        }
+        sweep_partials(dir, ttl);
+        let (data_name, meta_name) = partial_names(key);
+        let temp = dir.join(&data_name);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o644)
+            .open(&temp)
+            .map_err(|e| (io_status(&e), format!("opening the partial {data_name}: {e}")))?;
+        // SAFETY: a valid descriptor; `flock` only takes an advisory lock on it.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            return Err((Status::Busy, format!("another transfer of {name} is in progress")));
+        }
+        let meta = dir.join(&meta_name);
+        let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+        let held = read_meta(&meta).filter(|m| m.key == key && m.size == size && m.name == name && m.held <= len);
+        let held = held.map_or(0, |m| m.held);
+        let partial = Partial { meta, key, size, keep: false };
+        let name = name.to_owned();
+        let incoming = Incoming { file, temp, target, name, overwrite, committed: false, partial: Some(partial) };
+        Ok((incoming, held))
+    }
+
+    /// Whether this is a resumable partial.
+    pub(crate) fn is_partial(&self) -> bool {
+        self.partial.is_some()
+    }
+
+    /// Records that the first `held` bytes are written: syncs them, then the sidecar that says
+    /// so. A no-op for a plain temporary.
+    ///
+    /// # Errors
+    /// The I/O error; the previous sidecar then stays (it undercounts, which is safe).
+    pub(crate) fn checkpoint(&self, held: u64) -> io::Result<()> {
+        let Some(p) = &self.partial else { return Ok(()) };
+        self.file.sync_data()?;
+        let text = format!("{META_MAGIC}\nkey={:016x}\nsize={}\nheld={held}\nname={}\n", p.key, p.size, self.name);
+        let dir = self.target.parent().unwrap_or(Path::new("."));
+        let new = dir.join(format!(".{:016x}.meta-new{}", p.key, crate::name::TEMP_SUFFIX));
+        let mut f = OpenOptions::new().write(true).create(true).truncate(true).mode(0o644).open(&new)?;
+        io::Write::write_all(&mut f, text.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&new, &p.meta)
+    }
+
+    /// Keeps the partial when the session ends uncommitted, with the first `held` bytes
+    /// vouched for (checkpointed now). A plain temporary is removed as always.
+    pub(crate) fn keep(&mut self, held: u64) {
+        if self.partial.is_some() && self.checkpoint(held).is_ok() {
+            if let Some(p) = &mut self.partial {
+                p.keep = true;
             }
         }
     }
@@ -71,6 +177,10 @@ impl Incoming {
     /// The status and a sentence; the temporary is then removed when `self` drops.
     pub(crate) fn commit(mut self) -> Result<(), (Status, String)> {
         let io = |what: &str, e: io::Error| (io_status(&e), format!("{what}: {e}"));
+        if let Some(p) = &self.partial {
+            // A partial may hold bytes past the file's end from an earlier, longer write.
+            self.file.set_len(p.size).map_err(|e| io("truncating the partial", e))?;
+        }
         self.file.sync_all().map_err(|e| io("fsync", e))?;
         if self.overwrite {
             std::fs::rename(&self.temp, &self.target).map_err(|e| io("rename", e))?;
@@ -84,6 +194,9 @@ impl Incoming {
             })?;
         }
         self.committed = true;
+        if let Some(p) = &self.partial {
+            let _ = std::fs::remove_file(&p.meta);
+        }
         if let Some(dir) = self.target.parent() {
             File::open(dir).and_then(|d| d.sync_all()).map_err(|e| {
                 let (status, why) = io("fsync of the directory", e);
@@ -96,8 +209,69 @@ impl Incoming {
 
 impl Drop for Incoming {
     fn drop(&mut self) {
-        if !self.committed {
-            let _ = std::fs::remove_file(&self.temp);
+        if self.committed || self.partial.as_ref().is_some_and(|p| p.keep) {
+            return;
+        }
+        let _ = std::fs::remove_file(&self.temp);
+        if let Some(p) = &self.partial {
+            let _ = std::fs::remove_file(&p.meta);
+        }
+    }
+}
+
+/// The data and sidecar names of the partial of key `key`. Both end with
+/// [`crate::name::TEMP_SUFFIX`], which no sender's name may.
+fn partial_names(key: u64) -> (String, String) {
+    let s = crate::name::TEMP_SUFFIX;
+    (format!(".{key:016x}.part{s}"), format!(".{key:016x}.meta{s}"))
+}
+
+/// A sidecar's contents.
+#[derive(Debug, PartialEq, Eq)]
+struct Meta {
+    key: u64,
+    size: u64,
+    held: u64,
+    name: String,
+}
+
+/// Reads a sidecar; `None` when it is missing or not one.
+fn read_meta(path: &Path) -> Option<Meta> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let mut lines = text.lines();
+    if lines.next()? != META_MAGIC {
+        return None;
+    }
+    let mut field = |k: &str| lines.next()?.strip_prefix(k)?.strip_prefix('=').map(str::to_owned);
+    let key = u64::from_str_radix(&field("key")?, 16).ok()?;
+    let size = field("size")?.parse().ok()?;
+    let held = field("held")?.parse().ok()?;
+    let name = field("name")?;
+    Some(Meta { key, size, held, name })
+}
+
+/// Removes the partials of `dir` last written more than `ttl` ago (their sidecar's time, or
+/// the data's without one), unless a session holds them. Best effort: errors are ignored.
+pub(crate) fn sweep_partials(dir: &Path, ttl: std::time::Duration) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let suffix = format!(".part{}", crate::name::TEMP_SUFFIX);
+    for e in entries.flatten() {
+        let file_name = e.file_name();
+        let Some(n) = file_name.to_str() else { continue };
+        let Some(hex) = n.strip_prefix('.').and_then(|n| n.strip_suffix(&suffix)) else { continue };
+        let Ok(key) = u64::from_str_radix(hex, 16) else { continue };
+        let (data_name, meta_name) = partial_names(key);
+        let (data, meta) = (dir.join(data_name), dir.join(meta_name));
+        let age = |p: &Path| p.metadata().and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
+        let Some(age) = age(&meta).or_else(|| age(&data)) else { continue };
+        if age <= ttl {
+            continue;
+        }
+        let Ok(f) = File::open(&data) else { continue };
+        // SAFETY: a valid descriptor; an advisory lock, released when `f` closes.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            let _ = std::fs::remove_file(&meta);
+            let _ = std::fs::remove_file(&data);
         }
     }
 }
@@ -113,5 +287,88 @@ fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
         Ok(())
     } else {
         Err(io::Error::last_os_error())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn scratch(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("rdma-proto-files-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn listing(dir: &Path) -> Vec<String> {
+        let mut v: Vec<_> =
+            std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        v.sort();
+        v
+    }
+
+    const DAY: Duration = Duration::from_secs(86_400);
+
+    #[test]
+    fn a_kept_partial_is_found_again_with_what_it_vouched_for() {
+        let d = scratch("keep");
+        let (mut a, held) = Incoming::resumable(&d, "f", 100, 7, false, DAY).unwrap();
+        assert_eq!(held, 0);
+        std::os::unix::fs::FileExt::write_all_at(&a.file, &[1; 60], 0).unwrap();
+        // While a session holds it, another is told Busy.
+        assert_eq!(Incoming::resumable(&d, "f", 100, 7, false, DAY).unwrap_err().0, Status::Busy);
+        a.keep(40);
+        drop(a);
+        assert_eq!(listing(&d), [".0000000000000007.meta.rdcp-tmp", ".0000000000000007.part.rdcp-tmp"]);
+        let (b, held) = Incoming::resumable(&d, "f", 100, 7, false, DAY).unwrap();
+        assert_eq!(held, 40, "the sidecar's count, not the data's length");
+        // Another size, name or key does not take it.
+        drop(b);
+        for (name, size, key) in [("g", 100, 7), ("f", 101, 7)] {
+            let (c, held) = Incoming::resumable(&d, name, size, key, false, DAY).unwrap();
+            assert_eq!(held, 0, "{name} {size} {key}");
+            drop(c); // not kept: removed, sidecar and all
+        }
+        assert!(listing(&d).is_empty(), "{:?}", listing(&d));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_committed_partial_leaves_only_the_file_cut_to_its_size() {
+        let d = scratch("commit");
+        let (a, _) = Incoming::resumable(&d, "f", 10, 9, false, DAY).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&a.file, &[5; 16], 0).unwrap();
+        a.checkpoint(10).unwrap();
+        a.commit().unwrap();
+        assert_eq!(listing(&d), ["f"]);
+        assert_eq!(std::fs::read(d.join("f")).unwrap(), [5; 10]);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn stale_partials_expire_and_held_ones_do_not() {
+        let d = scratch("sweep");
+        let (mut a, _) = Incoming::resumable(&d, "f", 10, 1, false, DAY).unwrap();
+        a.keep(0);
+        drop(a);
+        let (held, _) = Incoming::resumable(&d, "g", 10, 2, false, DAY).unwrap();
+        sweep_partials(&d, Duration::ZERO);
+        assert_eq!(listing(&d), [".0000000000000002.part.rdcp-tmp"], "the held one stays");
+        drop(held);
+        assert!(listing(&d).is_empty());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_sidecar_that_claims_more_than_the_data_holds_is_ignored() {
+        let d = scratch("claims");
+        let (mut a, _) = Incoming::resumable(&d, "f", 100, 3, false, DAY).unwrap();
+        a.keep(90); // nothing was written: the data file is empty
+        drop(a);
+        let (_b, held) = Incoming::resumable(&d, "f", 100, 3, false, DAY).unwrap();
+        assert_eq!(held, 0);
+        std::fs::remove_dir_all(&d).unwrap();
     }
 }

@@ -49,6 +49,14 @@ pub struct ReceiveOptions {
     pub timeout: Duration,
     /// Bound on accepting a connection.
     pub accept_timeout: Duration,
+    /// Resume interrupted transfers (with a `dir`): a session that fails midway (the sender
+    /// killed or gone, the link cut, the receiver stopped) keeps its data as a partial, and a
+    /// sender offering the same version of the file later sends only the rest. A partial is
+    /// never under the file's name, and the whole-file digest still covers every byte.
+    pub resume: bool,
+    /// Partials not written for this long are removed (when the server binds, and when a
+    /// transfer looks for one).
+    pub partial_ttl: Duration,
     /// The shared secret a sender must prove it knows ([`crate::auth`]): checked before
     /// anything is opened or registered for its file; `None` serves everyone. Load it from a
     /// file or the environment ([`Secret::new`]), never from a command line.
@@ -85,6 +93,8 @@ impl Default for ReceiveOptions {
             max_sessions: 8,
             timeout: Duration::from_secs(30),
             accept_timeout: Duration::from_secs(10),
+            resume: true,
+            partial_ttl: Duration::from_secs(24 * 3600),
             secret: None,
             auth_attempts: 5,
             auth_window: Duration::from_secs(60),
@@ -206,6 +216,9 @@ impl Server {
     pub fn bind(addr: SocketAddr, opts: ReceiveOptions) -> Result<Self, Error> {
         if opts.max_chunk == 0 {
             return Err(Error::Usage("max_chunk 0: a chunk holds at least one byte".into()));
+        }
+        if let Some(dir) = &opts.dir {
+            super::files::sweep_partials(dir, opts.partial_ttl);
         }
         Ok(Server {
             listener: Listener::bind(addr, 64)?,
@@ -464,7 +477,7 @@ fn session(
     };
     let outcome = outcome.map_err(|e| explain_loss(e, Side::Receiver, &conn, s.pd.context()));
     let acked = s.machine.acked();
-    let (mut sq, ring, slots) = s.end();
+    let (mut sq, ring, slots) = s.end(&outcome);
     // An ACK must reach the sender before the connection goes: the sender reads it, then
     // disconnects. Without one there is nothing to wait for.
     let _ = sq.drain(TEARDOWN_WAIT.min(opts.timeout), drop);
@@ -519,7 +532,7 @@ async fn session_async(
         ok => ok,
     };
     let acked = s.machine.acked();
-    let (mut sq, ring, slots) = s.end();
+    let (mut sq, ring, slots) = s.end(&outcome);
     let wait = TEARDOWN_WAIT.min(opts.timeout);
     let _ = tokio::time::timeout(wait, sq.drain_async(drop)).await;
     let _ = sq.close_async().await;
@@ -532,6 +545,9 @@ async fn session_async(
     drop(slots);
     status_of(outcome)
 }
+
+/// How often (in bytes stored) a partial's sidecar is brought up to date.
+const CHECKPOINT_EVERY: u64 = 64 << 20;
 
 /// How long a session's teardown waits for its ACK to complete, and for the sender to
 /// disconnect.
@@ -606,6 +622,7 @@ impl<'a> ReceiveSession<'a> {
             max_slots: opts.max_slots,
             timeout: opts.timeout,
             secret: opts.secret.clone(),
+            resume: opts.resume && opts.dir.is_some(),
         };
         Ok(ReceiveSession {
             opts,
@@ -649,11 +666,23 @@ impl<'a> ReceiveSession<'a> {
     /// Ends the session: an uncommitted temporary is removed, the place among `max_sessions`
     /// given back, the report filled in; the queues and the granted slots are returned for
     /// the teardown, which must release the slots last (after the QP is destroyed).
-    fn end(self) -> (SendQueue<'static, Rc>, RecvRing<'static>, Vec<Slot<'static>>) {
+    fn end(self, outcome: &Result<Outcome, Error>) -> (SendQueue<'static, Rc>, RecvRing<'static>, Vec<Slot<'static>>) {
         let ReceiveSession {
             report, machine, sq, ring, file, admitted, slots, data_start, data_end, last_stored, ..
         } = self;
-        drop(file);
+        // A partial outlives a session that ended in a way a resume can follow: the peer or the
+        // path went, the peer went silent, the receiver stopped. One that broke the rules or
+        // failed its digest goes (as does everything of a session that was not resumable).
+        let resumable = matches!(
+            outcome,
+            Err(Error::PeerDisconnected | Error::ConnectionLost { .. } | Error::Stopped)
+                | Ok(Outcome::Failed(crate::ProtocolError::Timeout { .. }))
+        );
+        if let Some(mut f) = file {
+            if resumable {
+                f.keep(machine.bytes_stored());
+            }
+        }
         drop(admitted);
         // A HELLO refused before anything was opened still named its session.
         report.session = machine.session();
@@ -684,7 +713,8 @@ impl<'a> ReceiveSession<'a> {
                 #[cfg(feature = "fault-injection")]
                 Action::Finalize { .. } if self.opts.test_never_ack => self.flood = Some(Instant::now()),
                 Action::Finalize { digest } => self.finalize(&digest),
-                Action::Discard => self.file = None, // removes the temporary
+                // The session's end decides: a partial may be kept for a resume.
+                Action::Discard => {}
                 Action::Finish(o) => return Ok(ControlFlow::Break(o)),
             }
         }
@@ -704,8 +734,21 @@ impl<'a> ReceiveSession<'a> {
             return self.machine.handle(Input::OpenFailed(Status::Busy, why), now);
         }
         if let Some(dir) = &self.opts.dir {
-            match Incoming::create(dir, &name, session, self.opts.overwrite) {
-                Ok(f) => self.file = Some(f),
+            let opened = match self.machine.resume_key() {
+                Some(key) => Incoming::resumable(dir, &name, size, key, self.opts.overwrite, self.opts.partial_ttl),
+                None => Incoming::create(dir, &name, session, self.opts.overwrite).map(|f| (f, 0)),
+            };
+            match opened {
+                Ok((f, held)) => {
+                    let held = self.hash_held(&f, held);
+                    self.file = Some(f);
+                    if self.machine.resume_key().is_some() {
+                        if held > 0 {
+                            tracing::info!(session = format_args!("{session:016x}"), %name, held, "resuming");
+                        }
+                        self.machine.handle(Input::Resumed { from: held }, now);
+                    }
+                }
                 Err((status, why)) => return self.machine.handle(Input::OpenFailed(status, why), now),
             }
         }
@@ -719,6 +762,24 @@ impl<'a> ReceiveSession<'a> {
         let remote = pool.remote();
         self.data_start = Some(now);
         self.machine.handle(Input::Ready { addr: remote.addr, rkey: remote.rkey }, now);
+    }
+
+    /// Hashes the first `held` bytes of a partial (the digest covers every byte of the file,
+    /// those of earlier sessions too); returns how many it hashed: `held`, or 0 when reading
+    /// them failed (the transfer then starts over).
+    fn hash_held(&mut self, f: &Incoming, held: u64) -> u64 {
+        let mut buf = vec![0u8; (1 << 20).min(held as usize)];
+        let mut at = 0u64;
+        while at < held {
+            let n = (held - at).min(buf.len() as u64) as usize;
+            if f.file.read_exact_at(&mut buf[..n], at).is_err() {
+                self.hasher.reset();
+                return 0;
+            }
+            self.hasher.update(&buf[..n]);
+            at += n as u64;
+        }
+        held
     }
 
     /// Takes chunk `seq` out of its slot, hashes and stores it (`Action::StoreChunk`).
@@ -744,6 +805,14 @@ impl<'a> ReceiveSession<'a> {
         }
         self.last_stored = Some(Instant::now());
         self.machine.handle(Input::ChunkStored { seq }, now);
+        // A partial vouches for what it holds every CHECKPOINT_EVERY bytes, so that a receiver
+        // killed outright (SIGKILL, a crash) loses at most that much.
+        let held = self.machine.bytes_stored();
+        if let Some(f) = self.file.as_ref().filter(|f| f.is_partial()) {
+            if held / CHECKPOINT_EVERY != held.saturating_sub(u64::from(len)) / CHECKPOINT_EVERY {
+                let _ = f.checkpoint(held);
+            }
+        }
     }
 
     /// Checks the digest, syncs and renames the file into place (`Action::Finalize`).

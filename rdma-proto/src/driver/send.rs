@@ -44,6 +44,10 @@ pub struct SendOptions {
     pub connect_timeout: Duration,
     /// How long a phase may make no progress.
     pub timeout: Duration,
+    /// Offer to resume: a receiver holding the first bytes of this version of the file (from
+    /// an interrupted transfer) is sent only the rest. The version is the file's name, size,
+    /// device, inode and modification time; the whole-file digest covers every byte either way.
+    pub resume: bool,
     /// The shared secret, if any ([`crate::auth`]): proven to a receiver that requires it,
     /// and data goes only to a receiver that proves it too. Load it from a file or the
     /// environment ([`Secret::new`](crate::auth::Secret::new)), never from a command line.
@@ -89,6 +93,7 @@ impl SendOptions {
             depth: 16,
             connect_timeout: Duration::from_secs(10),
             timeout: Duration::from_secs(30),
+            resume: true,
             secret: None,
             #[cfg(feature = "fault-injection")]
             test_offer: None,
@@ -115,6 +120,8 @@ pub struct SendReport {
     pub phases: Phases,
     /// Wall time from start to ACK.
     pub total: Duration,
+    /// Bytes the receiver already held (an interrupted transfer resumed): not sent again.
+    pub resumed_from: u64,
 }
 
 /// Sends `path` to a receiver; `progress(bytes_written, total)` is called as chunks complete.
@@ -278,6 +285,7 @@ impl SourceFile {
         let session = test_session(opts).unwrap_or_else(session_id);
         let mut cfg = SenderConfig::new(opts.chunk, opts.depth, opts.timeout);
         cfg.secret = opts.secret.clone();
+        cfg.resume_key = opts.resume.then(|| resume_key(&name, &meta));
         let machine = match offer {
             None => Sender::new(session, &name, size, cfg, Instant::now())?,
             Some(v) => Sender::offering(session, &name, size, cfg, Instant::now(), v)?,
@@ -312,6 +320,20 @@ impl Identity {
             ctime: (m.ctime(), m.ctime_nsec()),
         }
     }
+}
+
+/// The key of this version of a file, which a receiver's partial of it carries: a hash of the
+/// name it is stored under, its size, device, inode and modification time (another file, or
+/// this one changed, has another key).
+fn resume_key(name: &str, meta: &std::fs::Metadata) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    h.update(b"rdcp resume key v1\0");
+    h.update(name.as_bytes());
+    for v in [meta.size(), meta.dev(), meta.ino(), meta.mtime() as u64, meta.mtime_nsec() as u64] {
+        h.update(&v.to_be_bytes());
+    }
+    h.digest()
 }
 
 /// Whether a file that reports a size of 0 yields data when read.
@@ -360,6 +382,7 @@ impl SendSummary {
                     slots: g.slot_count,
                     phases,
                     total: end - start,
+                    resumed_from: g.resume_from,
                 })
             }
             Outcome::Acked { status, detail } => Err(Error::Refused { status, detail }),
@@ -395,6 +418,8 @@ struct SendSession<'a> {
     done: Vec<u64>,
     failed: Option<Error>,
     granted_at: Option<Instant>,
+    /// Whether the bytes the receiver already held were hashed.
+    held_hashed: bool,
     data_end: Option<Instant>,
     fin_at: Option<Instant>,
     pacer: Pacer,
@@ -437,6 +462,7 @@ impl<'a> SendSession<'a> {
             done: Vec::new(),
             failed: None,
             granted_at: None,
+            held_hashed: false,
             data_end: None,
             fin_at: None,
             pacer: Pacer::default(),
@@ -563,7 +589,8 @@ impl<'a> SendSession<'a> {
             self.machine.handle(Input::WriteDone { seq: last }, Instant::now());
             let written = self.machine.chunks_written();
             let slot = u64::from(self.machine.grant().map_or(1, |g| g.slot_size));
-            progress((written * slot).min(self.size), self.size);
+            let held = self.machine.resumed_from();
+            progress(held.saturating_add(written * slot).min(self.size), self.size);
             if written == self.machine.chunks() && self.data_end.is_none() {
                 self.data_end = Some(Instant::now());
             }
@@ -581,7 +608,30 @@ impl<'a> SendSession<'a> {
                 *granted_at = Some(Instant::now());
             }
         })?;
+        if self.granted_at.is_some() && !self.held_hashed {
+            self.held_hashed = true;
+            self.hash_held()?;
+        }
         Ok(n > 0)
+    }
+
+    /// Hashes the bytes the receiver already holds (its GRANT's `resume_from`), before any
+    /// chunk after them: the digest covers every byte of the file.
+    fn hash_held(&mut self) -> Result<(), Error> {
+        use std::os::unix::fs::FileExt;
+        let held = self.machine.resumed_from();
+        if held > 0 {
+            tracing::info!(session = format_args!("{:016x}", self.session), held, "resuming");
+        }
+        let mut buf = vec![0u8; (1 << 20).min(held as usize)];
+        let mut at = 0u64;
+        while at < held {
+            let n = (held - at).min(buf.len() as u64) as usize;
+            self.file.read_exact_at(&mut buf[..n], at).map_err(|e| self.file_err(e))?;
+            self.hasher.update(&buf[..n]);
+            at += n as u64;
+        }
+        Ok(())
     }
 
     /// Ends the round: spins or sleeps on the CQs ([`Pacer`]), and when the slow checks are due,

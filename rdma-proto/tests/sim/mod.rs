@@ -100,6 +100,12 @@ pub struct Hooks {
     pub store_fails: Option<(u64, Status)>,
     /// Deliver nothing more to either side after this many packets reached the receiver.
     pub blackout_after: Option<u64>,
+    /// The receiver holds the file's first bytes from an earlier session (a partial): when the
+    /// HELLO offers to resume, the driver answers the Open with `Resumed { from }` and the
+    /// output starts with those bytes.
+    pub resume_from: Option<u64>,
+    /// With `resume_from`: the held prefix has one byte that differs from the file.
+    pub corrupt_prefix: bool,
 }
 
 pub enum Packet {
@@ -460,6 +466,14 @@ impl Sim {
                 self.output = vec![0; size as usize];
                 self.ring = vec![0; slot_size as usize * slot_count as usize];
                 self.geometry = Some((slot_size, slot_count));
+                if let (Some(from), Some(_)) = (self.hooks.resume_from, self.receiver.resume_key()) {
+                    let from = from.min(size) as usize;
+                    self.output[..from].copy_from_slice(&self.file[..from]);
+                    if self.hooks.corrupt_prefix && from > 0 {
+                        self.output[from / 2] ^= 0x40;
+                    }
+                    self.receiver.handle(receiver::Input::Resumed { from: from as u64 }, self.now);
+                }
                 self.receiver.handle(receiver::Input::Ready { addr: RING_ADDR, rkey: RKEY }, self.now);
             }
             RecvJob::Store { seq, slot, offset, len } => {
@@ -510,10 +524,17 @@ impl Sim {
                 sender::Action::ReadChunk { seq, offset, len } => {
                     let g = *self.sender.grant().expect("reads follow the grant");
                     let slot = u64::from(g.slot_size);
-                    let want = (self.file.len() as u64 - seq * slot).min(slot);
-                    self.check(seq == self.reads_asked && offset == seq * slot && u64::from(len) == want, || {
-                        format!("read of chunk {seq} at {offset} ({len} bytes), expected chunk {}", self.reads_asked)
-                    });
+                    let base = g.resume_from;
+                    let want = (self.file.len() as u64 - base - seq * slot).min(slot);
+                    self.check(
+                        seq == self.reads_asked && offset == base + seq * slot && u64::from(len) == want,
+                        || {
+                            format!(
+                                "read of chunk {seq} at {offset} ({len} bytes), expected chunk {}",
+                                self.reads_asked
+                            )
+                        },
+                    );
                     self.reads_asked += 1;
                     let in_use = self.reads_asked - self.write_done;
                     self.max_local_slots = self.max_local_slots.max(in_use);
@@ -587,7 +608,8 @@ impl Sim {
                         seq == self.stores_asked && slot < count && u64::from(slot) == seq % u64::from(count),
                         || format!("store of chunk {seq} from slot {slot} of {count}"),
                     );
-                    self.check(offset == seq * u64::from(slot_size) && len <= slot_size && fits, || {
+                    let base = self.receiver.resumed_from();
+                    self.check(offset == base + seq * u64::from(slot_size) && len <= slot_size && fits, || {
                         format!("store of chunk {seq}: {len} bytes at {offset}")
                     });
                     self.stores_asked += 1;

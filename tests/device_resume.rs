@@ -1,0 +1,192 @@
+//! Device tests: interrupted transfers resume (issue 21, 2.1 and the kill tests of §3). A sender
+//! or receiver killed at seeded points mid-file; the next send of the same file sends only what
+//! the receiver lacks, the file arrives identical, and no temporary or partial is left.
+
+mod cli;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cli::*;
+
+/// The partial of a transfer in `dst`, if one exists: its data file's length.
+fn partial_len(dst: &Path) -> Option<u64> {
+    let name = listing(dst).into_iter().find(|n| n.ends_with(".part.rdcp-tmp"))?;
+    std::fs::metadata(dst.join(name)).ok().map(|m| m.len())
+}
+
+/// Waits until the partial in `dst` holds at least `bytes`.
+fn wait_for_partial(dst: &Path, bytes: u64) {
+    let t = Instant::now();
+    while partial_len(dst).unwrap_or(0) < bytes {
+        assert!(t.elapsed() < Duration::from_secs(60), "the partial never reached {bytes} bytes");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Waits until the receiver's session of a killed sender ended: it kept its partial (the
+/// sidecar appears) or the file arrived whole before the kill. The next send would otherwise
+/// find the partial still held (`Busy`).
+fn wait_for_session_end(dst: &Path, name: &str) {
+    let t = Instant::now();
+    while !listing(dst).iter().any(|n| n.ends_with(".meta.rdcp-tmp") || n == name) {
+        assert!(t.elapsed() < Duration::from_secs(30), "the session never ended: {:?}", listing(dst));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// `rdma-copy send` of `file` to `port`, its report on stdout.
+fn spawn_send_reporting(topo: &testkit::Topology, port: u16, file: &Path) -> Child {
+    let to = format!("{}:{port}", topo.server.addr);
+    Command::new(tool())
+        .args(["send", "--quiet", "--timeout", "5", "--to", &to, "--from", &topo.client.addr.to_string()])
+        .arg(file)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// "resumed at byte N" of a sender's report, 0 without.
+fn resumed_at(report: &str) -> u64 {
+    report
+        .split("resumed at byte ")
+        .nth(1)
+        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A deterministic delay in 0..max_ms for `seed` (xorshift).
+fn seeded_ms(seed: u64, max_ms: u64) -> u64 {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    x.wrapping_mul(0x2545_f491_4f6c_dd1d) % max_ms
+}
+
+/// Sends `file` to completion; its stdout report.
+fn send_ok(topo: &testkit::Topology, port: u16, file: &Path) -> String {
+    let out = spawn_send_reporting(topo, port, file).wait_with_output().unwrap();
+    assert!(out.status.success(), "the resumed send failed: {}", text(&out.stderr));
+    text(&out.stdout)
+}
+
+#[test]
+fn a_killed_sender_resumes_at_seeded_points_and_the_file_arrives_identical() {
+    let topo = testkit::require_topology!();
+    let (src, dst) = (scratch("rs-src"), scratch("rs-dst"));
+    let data = random_file(&src.join("f"), 48 << 20, 21);
+    let mut resumed = Vec::new();
+    for seed in 0..10 {
+        let rx = Receiver::start(&topo, 7580, &["--dir", dst.to_str().unwrap(), "--count", "2", "--timeout", "5"]);
+        let mut sender = spawn_send_reporting(&topo, 7580, &src.join("f"));
+        wait_for_partial(&dst, 1);
+        std::thread::sleep(Duration::from_millis(seeded_ms(seed, 600)));
+        sender.kill().unwrap();
+        sender.wait().unwrap();
+        wait_for_session_end(&dst, "f");
+        let report = send_ok(&topo, 7580, &src.join("f"));
+        let (code, lines) = rx.finish(Duration::from_secs(60));
+        let at = resumed_at(&report);
+        eprintln!("seed {seed}: resumed at {at}: {}", report.lines().next().unwrap_or(""));
+        assert!(matches!(code, 0 | 9), "{lines}");
+        assert_eq!(listing(&dst), ["f"], "seed {seed}: nothing but the file is left");
+        assert!(std::fs::read(dst.join("f")).unwrap() == data, "seed {seed}: the file differs");
+        std::fs::remove_file(dst.join("f")).unwrap();
+        resumed.push(at);
+    }
+    // A killed sender's receiver keeps every byte it stored: most kills land mid-file.
+    assert!(resumed.iter().filter(|&&at| at > 0).count() >= 5, "resumed at {resumed:?}");
+}
+
+#[test]
+fn a_killed_receiver_resumes_from_its_last_checkpoint_and_the_file_arrives_identical() {
+    let topo = testkit::require_topology!();
+    let (src, dst) = (scratch("rr-src"), scratch("rr-dst"));
+    // Over the 64 MiB checkpoint interval, so that a SIGKILL after it leaves a sidecar.
+    let data = random_file(&src.join("f"), 96 << 20, 22);
+    let mut resumed = Vec::new();
+    for seed in 0..10 {
+        let mut rx = Receiver::start(&topo, 7581, &["--dir", dst.to_str().unwrap(), "--count", "1"]);
+        let sender = spawn_send_reporting(&topo, 7581, &src.join("f"));
+        let past = if seed % 2 == 0 { 70 << 20 } else { 1 };
+        wait_for_partial(&dst, past);
+        std::thread::sleep(Duration::from_millis(seeded_ms(seed, 300)));
+        rx.child.kill().unwrap();
+        let _ = rx.child.wait();
+        let (code, err, _) = wait_within(sender, Duration::from_secs(30), "the sender of a killed receiver");
+        if code == Some(0) {
+            // The transfer finished before the kill landed: nothing to resume.
+            std::fs::remove_file(dst.join("f")).unwrap();
+            continue;
+        }
+        assert_eq!(code, Some(6), "{err}");
+        let rx = Receiver::start(&topo, 7581, &["--dir", dst.to_str().unwrap(), "--count", "1"]);
+        let report = send_ok(&topo, 7581, &src.join("f"));
+        let (code, lines) = rx.finish(Duration::from_secs(60));
+        let at = resumed_at(&report);
+        eprintln!("seed {seed} (killed past {past}): resumed at {at}");
+        assert_eq!(code, 0, "{lines}");
+        assert_eq!(listing(&dst), ["f"], "seed {seed}: nothing but the file is left");
+        assert!(std::fs::read(dst.join("f")).unwrap() == data, "seed {seed}: the file differs");
+        std::fs::remove_file(dst.join("f")).unwrap();
+        if past > 1 {
+            assert!(at >= 64 << 20, "seed {seed}: killed past the checkpoint, resumed at {at}");
+        }
+        resumed.push(at);
+    }
+    assert!(!resumed.is_empty());
+}
+
+#[test]
+fn a_changed_source_starts_over_and_stale_partials_expire() {
+    let topo = testkit::require_topology!();
+    let (src, dst) = (scratch("rc-src"), scratch("rc-dst"));
+    random_file(&src.join("f"), 48 << 20, 23);
+    let rx = Receiver::start(&topo, 7582, &["--dir", dst.to_str().unwrap(), "--count", "2", "--timeout", "5"]);
+    let mut sender = spawn_send_reporting(&topo, 7582, &src.join("f"));
+    wait_for_partial(&dst, 8 << 20);
+    sender.kill().unwrap();
+    sender.wait().unwrap();
+    wait_for_session_end(&dst, "f");
+    // The file changes (another version): its partial is not this version's.
+    std::thread::sleep(Duration::from_millis(20));
+    let data = random_file(&src.join("f"), 48 << 20, 24);
+    let report = send_ok(&topo, 7582, &src.join("f"));
+    assert_eq!(resumed_at(&report), 0, "{report}");
+    let _ = rx.finish(Duration::from_secs(60));
+    assert!(std::fs::read(dst.join("f")).unwrap() == data);
+    // The old version's partial is still there (nothing claimed it) ...
+    assert!(listing(&dst).iter().any(|n| n.ends_with(".part.rdcp-tmp")), "{:?}", listing(&dst));
+    // ... until a receiver with a short TTL starts after it expired.
+    std::thread::sleep(Duration::from_millis(2100));
+    let mut rx = Receiver::start(&topo, 7582, &["--dir", dst.to_str().unwrap(), "--partial-ttl", "1"]);
+    assert_eq!(listing(&dst), ["f"], "the stale partial expired");
+    rx.child.kill().unwrap();
+    let _ = rx.child.wait();
+}
+
+#[test]
+fn no_resume_sends_every_byte_and_keeps_no_partial() {
+    let topo = testkit::require_topology!();
+    let (src, dst) = (scratch("rn-src"), scratch("rn-dst"));
+    let data = random_file(&src.join("f"), 32 << 20, 25);
+    let rx = Receiver::start(
+        &topo,
+        7583,
+        &["--dir", dst.to_str().unwrap(), "--count", "2", "--timeout", "5", "--no-resume"],
+    );
+    let mut sender = spawn_send_reporting(&topo, 7583, &src.join("f"));
+    wait_for_temporary(&dst);
+    std::thread::sleep(Duration::from_millis(300));
+    sender.kill().unwrap();
+    sender.wait().unwrap();
+    let report = send_ok(&topo, 7583, &src.join("f"));
+    assert_eq!(resumed_at(&report), 0, "{report}");
+    let _ = rx.finish(Duration::from_secs(60));
+    assert_eq!(listing(&dst), ["f"]);
+    assert!(std::fs::read(dst.join("f")).unwrap() == data);
+}
