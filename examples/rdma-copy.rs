@@ -290,13 +290,14 @@ fn recv(a: RecvArgs, json: bool) -> i32 {
     let r = server.serve(a.count, move |r: ReceiveReport| {
         // A failed transfer makes the exit status 9; a connection that asked for none (an idle
         // one timed out, say) is only reported.
-        if r.hello && !matches!(r.result, Ok(rdma_proto::Status::Ok)) {
+        if r.hello && r.result.is_err() {
             f.fetch_add(1, Ordering::Relaxed);
         }
         if json {
-            let result = match &r.result {
-                Ok(s) => serde_json::json!({"status": s.to_string(), "code": s.code()}),
-                Err(e) => serde_json::json!({"error": e}),
+            let result = match (r.status(), &r.result) {
+                (Some(s), _) => serde_json::json!({"status": s.to_string(), "code": s.code()}),
+                (None, Err(e)) => serde_json::json!({"error": e.to_string()}),
+                (None, Ok(())) => serde_json::json!({}),
             };
             let v = serde_json::json!({
                 "role": "recv", "session": format!("{:016x}", r.session), "peer": r.peer.to_string(),
@@ -305,9 +306,10 @@ fn recv(a: RecvArgs, json: bool) -> i32 {
             });
             println!("{v}");
         } else {
-            let what = match &r.result {
-                Ok(s) => s.to_string(),
-                Err(e) => format!("failed: {e}"),
+            let what = match (r.status(), &r.result) {
+                (Some(s), _) => s.to_string(),
+                (None, Err(e)) => format!("failed: {e}"),
+                (None, Ok(())) => String::new(),
             };
             let ms = |d: Duration| d.as_secs_f64() * 1e3;
             println!(

@@ -13,6 +13,12 @@
 //! Every wait is bounded: connection setup by `connect_timeout`, each protocol phase by the
 //! machines' `timeout` (no progress for that long ends the session).
 //!
+//! For an application: [`Progress`] reports each chunk on either side
+//! ([`ReceiveOptions::progress`], and `send_file`'s callback); [`SendOptions::cancel`] ends a
+//! send from another thread or task ([`Error::Cancelled`]; the receiver keeps what it stored for
+//! a resume); a [`ReceiveReport`]'s `result` is `Ok(())` only for a stored file, and a refusal is
+//! [`Error::Refused`] with its status ([`ReceiveReport::status`]).
+//!
 //! # Embedding
 //! A receiver in an application, serving on a thread of its own, and a sender:
 //! ```no_run
@@ -70,6 +76,43 @@ mod recv;
 mod send;
 
 pub use recv::{ReceiveOptions, ReceiveReport, Server};
+
+/// A progress callback: called with the bytes of the file done so far and its size, as each
+/// chunk completes (the sender: its WRITE completed; the receiver: it was stored), bytes held
+/// from an interrupted transfer included. Cheap to clone.
+#[derive(Clone)]
+pub struct Progress(std::sync::Arc<dyn Fn(&ProgressEvent<'_>) + Send + Sync>);
+
+/// What a [`Progress`] callback is told.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct ProgressEvent<'a> {
+    /// The session id.
+    pub session: u64,
+    /// The file's name (as the receiver stores it).
+    pub name: &'a str,
+    /// Bytes done: written (sender) or stored (receiver), held ones included.
+    pub done: u64,
+    /// The file's size.
+    pub size: u64,
+}
+
+impl Progress {
+    /// A callback.
+    pub fn new(f: impl Fn(&ProgressEvent<'_>) + Send + Sync + 'static) -> Self {
+        Progress(std::sync::Arc::new(f))
+    }
+
+    pub(crate) fn call(&self, event: &ProgressEvent<'_>) {
+        (self.0)(event)
+    }
+}
+
+impl std::fmt::Debug for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Progress(..)")
+    }
+}
 #[cfg(feature = "tokio")]
 pub use send::send_file_async;
 #[cfg(feature = "fault-injection")]
@@ -110,7 +153,8 @@ pub enum Error {
     /// The protocol ended without the receiver's verdict.
     #[error("{0}")]
     Protocol(#[from] ProtocolError),
-    /// The receiver's verdict was not OK.
+    /// The receiver's verdict was not OK (on the sender: what it was told; in a
+    /// [`ReceiveReport`]: the verdict the receiver sent).
     #[error("the receiver answered: {status}{}", if detail.is_empty() { String::new() } else { format!(" ({detail})") })]
     Refused {
         /// The verdict.
@@ -153,13 +197,18 @@ pub enum Error {
     /// The receiver was asked to stop ([`ReceiveOptions::stop`]) mid-session.
     #[error("the receiver is stopping")]
     Stopped,
+    /// The sender was cancelled ([`SendOptions::cancel`]) mid-session; the receiver keeps
+    /// what it stored for a resume.
+    #[error("the send was cancelled")]
+    Cancelled,
 }
 
 impl Error {
     /// The exit code a tool should use: the status's for a verdict ([`Status::exit_code`]),
     /// 1 for a usage error, 2 for a connection failure, 3 for a timeout, 4 for a protocol error,
     /// 5 for a local file error (or a source that changed while it was sent), 6 when the peer
-    /// left or the connection was lost, 7 when the receiver was stopped; a peer's violation
+    /// left or the connection was lost, 7 when the receiver was stopped, 8 when the sender was
+    /// cancelled; a peer's violation
     /// ([`Error::PeerViolation`]) is a protocol error.
     pub fn exit_code(&self) -> i32 {
         match self {
@@ -172,6 +221,7 @@ impl Error {
             Error::PeerDisconnected | Error::ConnectionLost { .. } => 6,
             Error::Usage(_) => 1,
             Error::Stopped => 7,
+            Error::Cancelled => 8,
         }
     }
 }

@@ -19,7 +19,7 @@ use super::link::{
     conn_params, explain_loss, peer_left, send_control, take_arrivals, Endpoint, EndpointParts, Pacer, Side,
     DISCONNECT_WAIT, DRAIN,
 };
-use super::{Error, Phases};
+use super::{Error, Phases, Progress, ProgressEvent};
 use crate::auth::Secret;
 use crate::receiver::{Action, Input, Receiver, ReceiverConfig};
 use crate::wire::{self, Ack, Message};
@@ -66,6 +66,8 @@ pub struct ReceiveOptions {
     pub auth_attempts: u32,
     /// The window `auth_attempts` counts in.
     pub auth_window: Duration,
+    /// Called as each chunk is stored ([`Progress`]), from the session's thread or task.
+    pub progress: Option<Progress>,
     /// Set it to stop: [`Server::serve`] returns within about half a second, and sessions in
     /// progress end with [`Error::Stopped`] (their temporaries removed). A signal handler can
     /// set it (e.g. `signal_hook::flag::register`).
@@ -93,6 +95,7 @@ impl Default for ReceiveOptions {
             max_sessions: 8,
             timeout: Duration::from_secs(30),
             accept_timeout: Duration::from_secs(10),
+            progress: None,
             resume: true,
             partial_ttl: Duration::from_secs(24 * 3600),
             secret: None,
@@ -108,7 +111,7 @@ impl Default for ReceiveOptions {
 }
 
 /// What one session did.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 #[non_exhaustive]
 pub struct ReceiveReport {
     /// The session id (0 if no HELLO came).
@@ -124,8 +127,10 @@ pub struct ReceiveReport {
     pub name: Option<String>,
     /// Bytes stored.
     pub bytes: u64,
-    /// The verdict sent, or why the session failed.
-    pub result: Result<Status, String>,
+    /// `Ok` when the file was stored (ACK `Ok` sent); [`Error::Refused`] with the status when
+    /// the verdict sent was another (a refusal never reads as `Ok`); any other error when the
+    /// session failed without a verdict.
+    pub result: Result<(), Error>,
     /// Time per phase.
     pub phases: Phases,
     /// Wall time from the connection request.
@@ -390,11 +395,14 @@ impl Server {
 /// Rejects a connection request with an ACK (session 0) as the rejection's private data.
 fn reject(req: ConnectRequest, status: Status, detail: String) -> ReceiveReport {
     let peer = req.peer_addr();
-    let ack = Message::Ack(Ack { status, received: 0, detail });
+    let ack = Message::Ack(Ack { status, received: 0, detail: detail.clone() });
     let mut bytes = Vec::new();
     let result = match wire::encode(0, &ack, &mut bytes) {
-        Ok(()) => req.reject(&bytes).map(|()| status).map_err(|e| e.to_string()),
-        Err(e) => Err(e.to_string()),
+        Ok(()) => match req.reject(&bytes) {
+            Ok(()) => Err(Error::Refused { status, detail }),
+            Err(e) => Err(e.into()),
+        },
+        Err(e) => Err(Error::Protocol(e.into())),
     };
     tracing::warn!(%peer, %status, "connection rejected");
     ReceiveReport { result, ..ReceiveReport::starting(peer) }
@@ -432,22 +440,35 @@ impl ReceiveReport {
             peer,
             name: None,
             bytes: 0,
-            result: Err(String::new()),
+            result: Ok(()),
             phases: Phases::default(),
             total: Duration::ZERO,
         }
     }
 
     /// Completes the report with the session's result, and logs it.
-    fn ended(mut self, result: Result<Status, Error>, start: Instant) -> Self {
-        self.result = result.map_err(|e| e.to_string());
+    fn ended(mut self, result: Result<(), Error>, start: Instant) -> Self {
+        self.result = result;
         self.total = start.elapsed();
         let (session, peer) = (format_args!("{:016x}", self.session), self.peer);
         match &self.result {
-            Ok(status) => tracing::info!(session = %session, %peer, %status, bytes = self.bytes, "session ended"),
+            Ok(()) => tracing::info!(session = %session, %peer, bytes = self.bytes, "session ended: stored"),
+            Err(Error::Refused { status, .. }) => {
+                tracing::info!(session = %session, %peer, %status, bytes = self.bytes, "session ended: refused")
+            }
             Err(e) => tracing::warn!(session = %session, %peer, error = %e, "session failed"),
         }
         self
+    }
+
+    /// The verdict the receiver sent, if it sent one: `Ok` for a stored file, the refusal's
+    /// status otherwise.
+    pub fn status(&self) -> Option<Status> {
+        match &self.result {
+            Ok(()) => Some(Status::Ok),
+            Err(Error::Refused { status, .. }) => Some(*status),
+            Err(_) => None,
+        }
     }
 }
 
@@ -458,7 +479,7 @@ fn session(
     tally: &Tally,
     report: &mut ReceiveReport,
     start: Instant,
-) -> Result<Status, Error> {
+) -> Result<(), Error> {
     let ctx = req.open_context()?;
     let ep = Endpoint::new(ctx, 0, ring_depth(opts), |qp| req.init_qp(qp, GRANTED_ACCESS))?;
     let (qp, parts) = ep.split();
@@ -504,7 +525,7 @@ async fn session_async(
     tally: &Tally,
     report: &mut ReceiveReport,
     start: Instant,
-) -> Result<Status, Error> {
+) -> Result<(), Error> {
     let ctx = req.open_context()?;
     let ep = Endpoint::new(ctx, 0, ring_depth(opts), |qp| req.init_qp(qp, GRANTED_ACCESS))?;
     let (qp, parts) = ep.split();
@@ -559,9 +580,10 @@ fn ring_depth(opts: &ReceiveOptions) -> u32 {
 }
 
 /// A session's outcome as the report gives it.
-fn status_of(outcome: Result<Outcome, Error>) -> Result<Status, Error> {
+fn status_of(outcome: Result<Outcome, Error>) -> Result<(), Error> {
     match outcome? {
-        Outcome::Acked { status, .. } => Ok(status),
+        Outcome::Acked { status: Status::Ok, .. } => Ok(()),
+        Outcome::Acked { status, detail } => Err(Error::Refused { status, detail }),
         Outcome::Failed(e) => Err(e.into()),
     }
 }
@@ -805,6 +827,11 @@ impl<'a> ReceiveSession<'a> {
         }
         self.last_stored = Some(Instant::now());
         self.machine.handle(Input::ChunkStored { seq }, now);
+        if let Some(p) = &self.opts.progress {
+            let name = self.report.name.as_deref().unwrap_or("");
+            let (session, size) = (self.machine.session(), self.machine.size());
+            p.call(&ProgressEvent { session, name, done: self.machine.bytes_stored(), size });
+        }
         // A partial vouches for what it holds every CHECKPOINT_EVERY bytes, so that a receiver
         // killed outright (SIGKILL, a crash) loses at most that much.
         let held = self.machine.bytes_stored();

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::ops::ControlFlow;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -44,6 +45,10 @@ pub struct SendOptions {
     pub connect_timeout: Duration,
     /// How long a phase may make no progress.
     pub timeout: Duration,
+    /// Set it to cancel the send: it ends with [`Error::Cancelled`] at the end of the current
+    /// round (within a millisecond or so; an idle round's wait is at most 20 ms) once connected (connecting itself is bounded by `connect_timeout`), and the receiver
+    /// keeps what it stored for a resume. A signal handler or another thread or task can set it.
+    pub cancel: Arc<AtomicBool>,
     /// Offer to resume: a receiver holding the first bytes of this version of the file (from
     /// an interrupted transfer) is sent only the rest. The version is the file's name, size,
     /// device, inode and modification time; the whole-file digest covers every byte either way.
@@ -93,6 +98,7 @@ impl SendOptions {
             depth: 16,
             connect_timeout: Duration::from_secs(10),
             timeout: Duration::from_secs(30),
+            cancel: Arc::new(AtomicBool::new(false)),
             resume: true,
             secret: None,
             #[cfg(feature = "fault-injection")]
@@ -585,12 +591,16 @@ impl<'a> SendSession<'a> {
             return Err(e);
         }
         if let Some(&last) = self.done.last() {
-            self.done.clear();
             self.machine.handle(Input::WriteDone { seq: last }, Instant::now());
-            let written = self.machine.chunks_written();
             let slot = u64::from(self.machine.grant().map_or(1, |g| g.slot_size));
             let held = self.machine.resumed_from();
-            progress(held.saturating_add(written * slot).min(self.size), self.size);
+            // Per chunk, not per batch of completions: a caller's progress moves as each WRITE
+            // completes.
+            for &seq in &self.done {
+                progress(held.saturating_add((seq + 1) * slot).min(self.size), self.size);
+            }
+            self.done.clear();
+            let written = self.machine.chunks_written();
             if written == self.machine.chunks() && self.data_end.is_none() {
                 self.data_end = Some(Instant::now());
             }
@@ -648,8 +658,12 @@ impl<'a> SendSession<'a> {
         self.drive_slow_checks(due, conn)
     }
 
-    /// When `due`: the machine's timeout, and whether the peer left.
+    /// Whether the send is cancelled (every round: one relaxed load), and when `due`: the
+    /// machine's timeout and whether the peer left.
     fn drive_slow_checks(&mut self, due: bool, conn: &rdma_cm::Connection<'static>) -> Result<(), Error> {
+        if self.opts.cancel.load(Ordering::Relaxed) {
+            return Err(Error::Cancelled);
+        }
         if due {
             self.machine.handle_timeout(Instant::now());
             if peer_left(conn) {
