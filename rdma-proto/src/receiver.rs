@@ -45,6 +45,9 @@ pub struct ReceiverConfig {
     pub max_slots: u32,
     /// How long any phase may pass without progress.
     pub timeout: Duration,
+    /// How long a connection may wait before its HELLO (an idle connection holds a place among
+    /// the receiver's connections until then).
+    pub hello_timeout: Duration,
     /// The shared secret, if any: a sender must then prove it knows it before anything is
     /// opened for it, and is shown the receiver's proof ([`crate::auth`]). Give
     /// [`Receiver::with_nonce`] 16 random bytes with it.
@@ -63,6 +66,7 @@ impl Default for ReceiverConfig {
             memory_budget: 64 << 20,
             max_slots: 64,
             timeout: Duration::from_secs(30),
+            hello_timeout: Duration::from_secs(30),
             secret: None,
             resume: false,
         }
@@ -300,8 +304,9 @@ impl Receiver {
     /// Also `None` when the timeout is too large to represent (no deadline, as with
     /// `rdma_verbs::Deadline`).
     pub fn poll_timeout(&self) -> Option<Instant> {
+        let timeout = if self.phase == Phase::AwaitHello { self.cfg.hello_timeout } else { self.cfg.timeout };
         let running = matches!(self.phase, Phase::AwaitHello | Phase::Authenticating | Phase::Opening | Phase::Data);
-        running.then(|| crate::timer(self.progress, self.cfg.timeout)).flatten()
+        running.then(|| crate::timer(self.progress, timeout)).flatten()
     }
 
     /// Time passed: ends the session if the current phase made no progress in time. Ignored
@@ -317,7 +322,8 @@ impl Receiver {
             Phase::Data => "the sender's chunks or FIN",
             _ => "the file to be synced",
         };
-        self.fail(ProtocolError::Timeout { waiting_for: what, after: self.cfg.timeout }, None);
+        let after = if self.phase == Phase::AwaitHello { self.cfg.hello_timeout } else { self.cfg.timeout };
+        self.fail(ProtocolError::Timeout { waiting_for: what, after }, None);
     }
 
     /// Reports an event.

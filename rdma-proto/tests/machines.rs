@@ -498,6 +498,23 @@ fn timeouts_fire_at_the_deadline_and_not_before() {
     assert!(ack_in(&sent).is_none(), "no HELLO, nobody to answer");
     assert!(matches!(actions[..], [receiver::Action::Finish(Outcome::Failed(ProtocolError::Timeout { .. }))]));
 
+    // The HELLO has its own, shorter bound (an idle connection is closed sooner); once the
+    // HELLO came, the phase timeout counts.
+    let mut cfg = receiver_cfg(2);
+    cfg.hello_timeout = Duration::from_secs(2);
+    let mut r = Receiver::new(cfg.clone(), t);
+    assert_eq!(r.poll_timeout(), Some(t + Duration::from_secs(2)));
+    r.handle_timeout(t + Duration::from_secs(2));
+    let (actions, _) = polled(&mut r);
+    assert!(matches!(
+        actions[..],
+        [receiver::Action::Finish(Outcome::Failed(ProtocolError::Timeout { waiting_for: "the sender's HELLO", after }))]
+            if after == Duration::from_secs(2)
+    ));
+    let mut r = Receiver::new(cfg, t);
+    r.handle(receiver::Input::Message(&encode(9, &Message::Hello(hello("f", 16)))), t + Duration::from_secs(1));
+    assert_eq!(r.poll_timeout(), Some(t + Duration::from_secs(1) + timeout));
+
     // Progress moves the deadline: a WRITE at 9 s gives the receiver until 19 s.
     let (mut r, t) = receiving(40);
     r.handle(receiver::Input::WriteArrived { imm: 0, len: 16 }, t + Duration::from_secs(9));

@@ -49,6 +49,9 @@ pub struct ReceiveOptions {
     pub timeout: Duration,
     /// Bound on accepting a connection.
     pub accept_timeout: Duration,
+    /// How long an accepted connection may take to send its HELLO: an idle connection holds
+    /// one of the few places past `max_sessions` until then, and is closed after it.
+    pub hello_timeout: Duration,
     /// Resume interrupted transfers (with a `dir`): a session that fails midway (the sender
     /// killed or gone, the link cut, the receiver stopped) keeps its data as a partial, and a
     /// sender offering the same version of the file later sends only the rest. A partial is
@@ -95,6 +98,7 @@ impl Default for ReceiveOptions {
             max_sessions: 8,
             timeout: Duration::from_secs(30),
             accept_timeout: Duration::from_secs(10),
+            hello_timeout: Duration::from_secs(10),
             progress: None,
             resume: true,
             partial_ttl: Duration::from_secs(24 * 3600),
@@ -643,6 +647,7 @@ impl<'a> ReceiveSession<'a> {
             memory_budget: opts.memory_budget,
             max_slots: opts.max_slots,
             timeout: opts.timeout,
+            hello_timeout: opts.hello_timeout,
             secret: opts.secret.clone(),
             resume: opts.resume && opts.dir.is_some(),
         };

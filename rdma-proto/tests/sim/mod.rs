@@ -721,8 +721,8 @@ pub fn receiver_config(
     timeout: Duration,
 ) -> ReceiverConfig {
     let mut c = ReceiverConfig::default();
-    (c.max_size, c.max_chunk, c.memory_budget, c.max_slots, c.timeout) =
-        (max_size, max_chunk, memory_budget, max_slots, timeout);
+    (c.max_size, c.max_chunk, c.memory_budget, c.max_slots, c.timeout, c.hello_timeout) =
+        (max_size, max_chunk, memory_budget, max_slots, timeout, timeout);
     c
 }
 
