@@ -3,18 +3,12 @@
 
 mod cli;
 
-use std::net::SocketAddr;
 use std::process::Command;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cli::*;
-use rdma_proto::wire::{self, caps, Hello, Message};
-use rdma_verbs::qp::state::{Rc, Reset};
-use rdma_verbs::{
-    AccessFlags, CompletionQueue, ProtectionDomain, QpCreateAttr, QueuePair, RecvRing, RemoteRegion, SendQueue,
-    SlotPool, SlotRequest, WcStatus,
-};
+use rdma_proto::wire::{self, Hello, Message};
+use rdma_verbs::{RemoteRegion, SlotRequest};
 
 /// `recv --count 1` used its one transfer on a connection that sent nothing, and exited before
 /// the real sender came. Now only a HELLO counts; the idle connection is ended once the count is
@@ -105,7 +99,7 @@ fn failed_and_refused_sessions_report_their_id_and_rate() {
     // A HELLO the receiver refuses before opening anything (a name it does not take), sent by
     // hand: rdma-copy checks names before it connects.
     let mut raw = RawSender::connect(&topo, 7563);
-    let bad = Hello { name: "..".into(), ..hello(4096) };
+    let bad = Hello { name: "..".into(), ..raw_hello(4096) };
     let mut out = Vec::new();
     wire::encode(0x5e55, &Message::Hello(bad), &mut out).unwrap();
     raw.send_bytes(&out).unwrap();
@@ -215,97 +209,6 @@ impl Drop for Netem {
     fn drop(&mut self) {
         for dev in &self.0 {
             let _ = Command::new("tc").args(["qdisc", "del", "dev", dev, "root"]).status();
-        }
-    }
-}
-
-/// A valid HELLO for `size` bytes in 4 KiB chunks.
-fn hello(size: u64) -> Hello {
-    Hello {
-        version_min: 1,
-        version_max: 1,
-        caps: caps::DIGEST_XXH3_128,
-        size,
-        chunk: 4096,
-        depth: 4,
-        name: "f".into(),
-        resume: None,
-    }
-}
-
-/// A sender written by hand over rdma-verbs, that sends what the test tells it to: the
-/// receiver's side of a peer's violations.
-struct RawSender {
-    sq: SendQueue<'static, Rc>,
-    ring: RecvRing<'static>,
-    pool: SlotPool<'static>,
-    /// Open while the sender lives; dropped last.
-    _conn: rdma_cm::Connection<'static>,
-}
-
-impl RawSender {
-    fn connect(topo: &testkit::Topology, port: u16) -> RawSender {
-        let to = SocketAddr::new(topo.server.addr.into(), port);
-        let from = SocketAddr::new(topo.client.addr.into(), 0);
-        let id = rdma_cm::CmId::new().unwrap().resolve(Some(from), to, Duration::from_secs(5)).unwrap();
-        let ctx = Arc::new(id.open_context().unwrap());
-        let pd = Arc::new(ProtectionDomain::new(ctx.clone()).unwrap());
-        // A send queue and a receive ring each own their CQ.
-        let send_cq = Arc::new(CompletionQueue::new(ctx.clone(), 64, None).unwrap());
-        let recv_cq = Arc::new(CompletionQueue::new(ctx, 64, None).unwrap());
-        let qp = QueuePair::<Rc, Reset>::create(pd.clone(), QpCreateAttr::new(send_cq, recv_cq)).unwrap();
-        let qp = id.init_qp(qp, AccessFlags::LOCAL_WRITE).unwrap();
-        let ring_pool = SlotPool::new(pd.clone(), wire::MAX_MESSAGE_LEN, 8, AccessFlags::LOCAL_WRITE).unwrap();
-        let ring = RecvRing::new(&qp, ring_pool, 8, Duration::from_millis(200)).unwrap();
-        let conn = id.connect(qp, &rdma_cm::ConnParams::new(), Duration::from_secs(10)).unwrap();
-        let sq = SendQueue::new(conn.qp(), Duration::from_millis(200)).unwrap();
-        let pool = SlotPool::new(pd, 8192, 8, AccessFlags::LOCAL_WRITE).unwrap();
-        RawSender { sq, ring, pool, _conn: conn }
-    }
-
-    /// Posts `req`, waits for its completion; its status.
-    fn post(&mut self, req: SlotRequest<'static>) -> Result<(), WcStatus> {
-        self.sq.push(req).map_err(|r| r.error).unwrap();
-        self.sq.submit().unwrap();
-        let mut status = None;
-        while status.is_none() {
-            self.sq
-                .wait(Duration::from_secs(10), |c| {
-                    status = Some(match c.ok() {
-                        Ok(()) => Ok(()),
-                        Err(rdma_verbs::Error::WorkCompletion { status, .. }) => Err(status),
-                        Err(e) => panic!("{e}"),
-                    })
-                })
-                .unwrap();
-        }
-        status.unwrap()
-    }
-
-    /// Sends `bytes` as one message.
-    fn send_bytes(&mut self, bytes: &[u8]) -> Result<(), WcStatus> {
-        let mut slot = self.pool.try_take().unwrap();
-        slot.write_at(0, bytes).unwrap();
-        self.post(SlotRequest::send(slot, bytes.len()))
-    }
-
-    /// Waits for the next message from the receiver.
-    fn recv(&mut self) -> Message {
-        let msg = self.ring.recv(Duration::from_secs(10)).unwrap();
-        msg.ok().unwrap();
-        let (_, m) = wire::decode(msg.bytes()).unwrap();
-        self.ring.release(msg).unwrap();
-        m
-    }
-
-    /// HELLO for `name` of `size` bytes; the GRANT.
-    fn hello(&mut self, session: u64, name: &str, size: u64) -> wire::Grant {
-        let mut out = Vec::new();
-        wire::encode(session, &Message::Hello(Hello { name: name.into(), ..hello(size) }), &mut out).unwrap();
-        self.send_bytes(&out).unwrap();
-        match self.recv() {
-            Message::Grant(g) => g,
-            other => panic!("{other:?} instead of a GRANT"),
         }
     }
 }

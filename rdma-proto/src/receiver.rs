@@ -98,14 +98,14 @@ pub enum Input<'a> {
         /// Bytes held, at most the file's size.
         from: u64,
     },
-    /// [`Action::Open`] failed.
+    /// [`Action::Open`] failed (a status of `Ok` here is taken as [`Status::Internal`]).
     OpenFailed(Status, String),
     /// Chunk `seq` left its slot (stored, or checked in memory-only mode).
     ChunkStored {
         /// The chunk.
         seq: u64,
     },
-    /// Storing a chunk failed.
+    /// Storing a chunk failed (a status of `Ok` here is taken as [`Status::Internal`]).
     StoreFailed(Status, String),
     /// [`Action::Finalize`] is done: `Ok` (renamed into place) or why not.
     Finalized(Status, String),
@@ -370,7 +370,7 @@ impl Receiver {
                 Ok(())
             }
             Input::OpenFailed(status, why) if self.phase == Phase::Opening => {
-                self.refuse(status, why);
+                self.refuse(failed(status), why);
                 Ok(())
             }
             Input::ChunkStored { seq } if self.phase >= Phase::Data && seq == self.stored && seq < self.arrived => {
@@ -379,7 +379,7 @@ impl Receiver {
                 Ok(())
             }
             Input::StoreFailed(status, why) if self.phase >= Phase::Data => {
-                self.fail(ProtocolError::Local(why.clone()), Some((status, why)));
+                self.fail(ProtocolError::Local(why.clone()), Some((failed(status), why)));
                 Ok(())
             }
             Input::Finalized(status, why) if self.phase == Phase::Finalizing => {
@@ -592,6 +592,16 @@ impl Receiver {
         }
         self.phase = Phase::Done;
         self.actions.push_back(Action::Finish(Outcome::Failed(e)));
+    }
+}
+
+/// The verdict of a failure the driver reports: a status of `Ok` there is the driver's own bug,
+/// and must not reach the sender as success.
+fn failed(status: Status) -> Status {
+    if status == Status::Ok {
+        Status::Internal
+    } else {
+        status
     }
 }
 

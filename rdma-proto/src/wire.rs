@@ -145,7 +145,7 @@ pub struct Grant {
     pub slot_count: u32,
     /// With [`caps::RESUME`]: the bytes the receiver already holds (a prefix of the file, from
     /// an earlier session). Chunk `n` then starts at `resume_from + n * slot_size`. Appended
-    /// when not 0 or when the caps hold `RESUME`.
+    /// when not 0 (absent reads as 0).
     pub resume_from: u64,
 }
 
@@ -442,7 +442,9 @@ pub fn encode(session: u64, msg: &Message, out: &mut Vec<u8>) -> Result<(), Wire
             out.extend_from_slice(&g.rkey.to_be_bytes());
             out.extend_from_slice(&g.slot_size.to_be_bytes());
             out.extend_from_slice(&g.slot_count.to_be_bytes());
-            if g.resume_from != 0 || g.caps & caps::RESUME != 0 {
+            // Only when not 0: a GRANT that resumes nothing is the version-1 GRANT, whatever
+            // its caps (one encoding per message).
+            if g.resume_from != 0 {
                 out.extend_from_slice(&g.resume_from.to_be_bytes());
             }
         }

@@ -274,7 +274,7 @@ proptest! {
         // field this version knows (its optional appended fields included).
         let m = match m {
             Message::Hello(h) => Message::Hello(Hello { resume: Some(h.resume.unwrap_or(0)), ..h }),
-            Message::Grant(g) => Message::Grant(Grant { caps: g.caps | wire::caps::RESUME, ..g }),
+            Message::Grant(g) => Message::Grant(Grant { resume_from: g.resume_from.max(1), ..g }),
             m => m,
         };
         let mut buf = encoded(session, &m);

@@ -2,6 +2,8 @@
 //! on both sides, typed receiver results (a refusal never reads as `Ok`), and a send cancelled
 //! from another thread, which the next send resumes.
 
+#![cfg(feature = "driver")]
+
 mod scratch;
 
 use std::net::SocketAddr;

@@ -471,6 +471,27 @@ fn the_receiver_refuses_messages_out_of_place() {
     assert_eq!(verdict(&mut r), (Some(Status::Internal), true));
 }
 
+/// A driver that reported a failed open or store with the status `Ok` (its own bug) made the
+/// receiver ACK `Ok` for a file it never opened, or had just discarded (found by `tests/fuzz.rs`:
+/// `[HELLO, OpenFailed(Ok)]`). A failure's verdict never reads as success: it is `Internal`.
+#[test]
+fn a_failure_the_driver_calls_ok_is_never_acked_ok() {
+    let t = Instant::now();
+    let mut r = Receiver::new(receiver_cfg(4), t);
+    r.handle(receiver::Input::Message(&encode(9, &Message::Hello(hello("f", 0)))), t);
+    actions_of_receiver(&mut r);
+    r.handle(receiver::Input::OpenFailed(Status::Ok, "no file".into()), t);
+    assert_eq!(verdict(&mut r), (Some(Status::Internal), false), "a failed open");
+    assert!(r.is_done());
+
+    let (mut r, t) = receiving(40);
+    r.handle(receiver::Input::WriteArrived { imm: 0, len: 16 }, t);
+    actions_of_receiver(&mut r);
+    r.handle(receiver::Input::StoreFailed(Status::Ok, "no chunk".into()), t);
+    assert_eq!(verdict(&mut r), (Some(Status::Internal), true), "a failed store");
+    assert!(r.is_done());
+}
+
 #[test]
 fn timeouts_fire_at_the_deadline_and_not_before() {
     let t = Instant::now();

@@ -198,3 +198,192 @@ pub fn idle_connection(topo: &testkit::Topology, port: u16) -> rdma_cm::Connecti
     let qp = id.init_qp(qp, AccessFlags::LOCAL_WRITE).unwrap();
     id.connect(qp, &rdma_cm::ConnParams::new(), Duration::from_secs(10)).unwrap()
 }
+
+/// A valid HELLO for `size` bytes in 4 KiB chunks, 4 in flight.
+pub fn raw_hello(size: u64) -> rdma_proto::wire::Hello {
+    rdma_proto::wire::Hello {
+        version_min: 1,
+        version_max: 1,
+        caps: rdma_proto::wire::caps::DIGEST_XXH3_128,
+        size,
+        chunk: 4096,
+        depth: 4,
+        name: "f".into(),
+        resume: None,
+    }
+}
+
+/// A sender written by hand over rdma-verbs, that sends what the test tells it to: the
+/// receiver's side of a peer's violations. Its requests report the device's status instead of
+/// failing, and its reads of the receiver's messages end when the receiver left.
+pub struct RawSender {
+    pub sq: rdma_verbs::SendQueue<'static, rdma_verbs::qp::state::Rc>,
+    pub ring: rdma_verbs::RecvRing<'static>,
+    pub pool: rdma_verbs::SlotPool<'static>,
+    /// Open while the sender lives; dropped last.
+    pub conn: rdma_cm::Connection<'static>,
+}
+
+impl RawSender {
+    pub fn connect(topo: &testkit::Topology, port: u16) -> RawSender {
+        use rdma_proto::wire;
+        use rdma_verbs::qp::state::{Rc, Reset};
+        use rdma_verbs::SlotPool;
+        use rdma_verbs::{
+            AccessFlags, CompletionQueue, ProtectionDomain, QpCreateAttr, QueuePair, RecvRing, SendQueue,
+        };
+        use std::net::SocketAddr;
+        use std::sync::Arc;
+        let to = SocketAddr::new(topo.server.addr.into(), port);
+        let from = SocketAddr::new(topo.client.addr.into(), 0);
+        let id = rdma_cm::CmId::new().unwrap().resolve(Some(from), to, Duration::from_secs(5)).unwrap();
+        let ctx = Arc::new(id.open_context().unwrap());
+        let pd = Arc::new(ProtectionDomain::new(ctx.clone()).unwrap());
+        // A send queue and a receive ring each own their CQ.
+        let send_cq = Arc::new(CompletionQueue::new(ctx.clone(), 64, None).unwrap());
+        let recv_cq = Arc::new(CompletionQueue::new(ctx, 64, None).unwrap());
+        let qp = QueuePair::<Rc, Reset>::create(pd.clone(), QpCreateAttr::new(send_cq, recv_cq)).unwrap();
+        let qp = id.init_qp(qp, AccessFlags::LOCAL_WRITE).unwrap();
+        let ring_pool = SlotPool::new(pd.clone(), wire::MAX_MESSAGE_LEN, 8, AccessFlags::LOCAL_WRITE).unwrap();
+        let ring = RecvRing::new(&qp, ring_pool, 8, Duration::from_millis(200)).unwrap();
+        let conn = id.connect(qp, &rdma_cm::ConnParams::new(), Duration::from_secs(10)).unwrap();
+        let sq = SendQueue::new(conn.qp(), Duration::from_millis(200)).unwrap();
+        let pool = SlotPool::new(pd, 8192, 8, AccessFlags::LOCAL_WRITE).unwrap();
+        RawSender { sq, ring, pool, conn }
+    }
+
+    /// Posts `reqs` with one doorbell (so that the wire carries them back to back), waits for
+    /// their completions; the status of each, in order.
+    pub fn post_all(&mut self, reqs: Vec<rdma_verbs::SlotRequest<'static>>) -> Vec<Result<(), rdma_verbs::WcStatus>> {
+        let n = reqs.len();
+        for req in reqs {
+            self.sq.push(req).map_err(|r| r.error).unwrap();
+        }
+        self.sq.submit().unwrap();
+        let mut done = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while done.len() < n {
+            assert!(Instant::now() < deadline, "{} of {n} requests completed in 10 s", done.len());
+            self.sq
+                .wait(Duration::from_secs(10), |c| {
+                    done.push(match c.ok() {
+                        Ok(()) => Ok(()),
+                        Err(rdma_verbs::Error::WorkCompletion { status, .. }) => Err(status),
+                        Err(e) => panic!("{e}"),
+                    })
+                })
+                .unwrap();
+        }
+        done
+    }
+
+    /// Posts `req`, waits for its completion; its status.
+    pub fn post(&mut self, req: rdma_verbs::SlotRequest<'static>) -> Result<(), rdma_verbs::WcStatus> {
+        self.post_all(vec![req]).pop().unwrap()
+    }
+
+    /// A Send of `bytes`, as one message (not posted).
+    pub fn send_request(&mut self, bytes: &[u8]) -> rdma_verbs::SlotRequest<'static> {
+        let mut slot = self.pool.try_take().unwrap();
+        slot.write_at(0, bytes).unwrap();
+        rdma_verbs::SlotRequest::send(slot, bytes.len())
+    }
+
+    /// Sends `bytes` as one message.
+    pub fn send_bytes(&mut self, bytes: &[u8]) -> Result<(), rdma_verbs::WcStatus> {
+        let req = self.send_request(bytes);
+        self.post(req)
+    }
+
+    /// Sends `m` of `session`.
+    pub fn send_message(&mut self, session: u64, m: &rdma_proto::wire::Message) -> Result<(), rdma_verbs::WcStatus> {
+        let mut out = Vec::new();
+        rdma_proto::wire::encode(session, m, &mut out).unwrap();
+        self.send_bytes(&out)
+    }
+
+    /// A WRITE with immediate `imm` of `data` at `addr` of the ring `rkey` (not posted).
+    pub fn write_request(&mut self, data: &[u8], addr: u64, rkey: u32, imm: u32) -> rdma_verbs::SlotRequest<'static> {
+        let mut slot = self.pool.try_take().unwrap();
+        slot.write_at(0, data).unwrap();
+        let remote = rdma_verbs::RemoteRegion { addr, rkey, len: data.len() as u64 };
+        rdma_verbs::SlotRequest::write(slot, data.len(), remote).with_imm(imm)
+    }
+
+    /// WRITEs chunk `seq` of `file` where the grant `g` puts it, tagged as the protocol says.
+    pub fn write_chunk(
+        &mut self,
+        g: &rdma_proto::wire::Grant,
+        file: &[u8],
+        seq: u64,
+    ) -> Result<(), rdma_verbs::WcStatus> {
+        let size = u64::from(g.slot_size);
+        let start = (seq * size) as usize;
+        let data = &file[start..(start + g.slot_size as usize).min(file.len())];
+        let addr = g.addr + (seq % u64::from(g.slot_count)) * size;
+        let req = self.write_request(data, addr, g.rkey, seq as u32);
+        self.post(req)
+    }
+
+    /// Waits for the next message from the receiver (panics if none comes).
+    pub fn recv(&mut self) -> rdma_proto::wire::Message {
+        self.next(Duration::from_secs(10)).expect("a message from the receiver").1
+    }
+
+    /// The receiver's next message and its session; `None` when the receiver left (a receive
+    /// flushed, its disconnect seen) or sent nothing within `within`.
+    pub fn next(&mut self, within: Duration) -> Option<(u64, rdma_proto::wire::Message)> {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            match self.ring.recv(Duration::from_millis(100)) {
+                Ok(msg) => {
+                    let r = msg.ok().ok().map(|()| rdma_proto::wire::decode(msg.bytes()));
+                    let _ = self.ring.release(msg);
+                    let (h, m) = r?.expect("the receiver sent a message that does not decode");
+                    return Some((h.session, m));
+                }
+                Err(rdma_verbs::Error::Timeout { .. }) => {
+                    let _ = self.conn.try_recv_event();
+                    if self.conn.peer_disconnected() {
+                        return None;
+                    }
+                }
+                Err(_) => return None,
+            }
+        }
+        None
+    }
+
+    /// The receiver's ACK (its session and the ACK), skipping GRANTs and CREDITs; `None` when
+    /// it left without one, or sent none within 15 s.
+    pub fn ack(&mut self) -> Option<(u64, rdma_proto::wire::Ack)> {
+        loop {
+            match self.next(Duration::from_secs(15))? {
+                (s, rdma_proto::wire::Message::Ack(a)) => return Some((s, a)),
+                _ => continue,
+            }
+        }
+    }
+
+    /// Waits until the receiver credited `chunks` chunks; `false` if it sent an ACK or left.
+    pub fn credited(&mut self, chunks: u64) -> bool {
+        loop {
+            match self.next(Duration::from_secs(15)) {
+                Some((_, rdma_proto::wire::Message::Credit(c))) if c.consumed >= chunks => return true,
+                Some((_, rdma_proto::wire::Message::Credit(_))) => continue,
+                _ => return false,
+            }
+        }
+    }
+
+    /// HELLO for `name` of `size` bytes (4 KiB chunks, 4 in flight); the GRANT.
+    pub fn hello(&mut self, session: u64, name: &str, size: u64) -> rdma_proto::wire::Grant {
+        use rdma_proto::wire::{Hello, Message};
+        let h = Message::Hello(Hello { name: name.into(), ..raw_hello(size) });
+        self.send_message(session, &h).unwrap();
+        match self.recv() {
+            Message::Grant(g) => g,
+            other => panic!("{other:?} instead of a GRANT"),
+        }
+    }
+}
