@@ -69,6 +69,13 @@ pub fn wait_for_temporary(dst: &Path) {
     }
 }
 
+/// Entries of `dir` that a user would see as files, sorted: hidden resumable partials
+/// (`.KEY.part.rdcp-tmp` and their sidecars `.KEY.meta.rdcp-tmp`, kept by design for the next
+/// send of the same file) left out. Session temporaries (`.SESSION-N.rdcp-tmp`) are listed.
+pub fn listing_without_partials(dir: &Path) -> Vec<String> {
+    listing(dir).into_iter().filter(|n| !n.ends_with(".part.rdcp-tmp") && !n.ends_with(".meta.rdcp-tmp")).collect()
+}
+
 /// Entries of `dir`, sorted.
 pub fn listing(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> =

@@ -706,7 +706,8 @@ impl<'a> ReceiveSession<'a> {
                 | Ok(Outcome::Failed(crate::ProtocolError::Timeout { .. }))
         );
         if let Some(mut f) = file {
-            if resumable {
+            // A partial that holds nothing is worth nothing: it goes.
+            if resumable && machine.bytes_stored() > 0 {
                 f.keep(machine.bytes_stored());
             }
         }
@@ -761,9 +762,18 @@ impl<'a> ReceiveSession<'a> {
             return self.machine.handle(Input::OpenFailed(Status::Busy, why), now);
         }
         if let Some(dir) = &self.opts.dir {
+            let plain = || Incoming::create(dir, &name, session, self.opts.overwrite).map(|f| (f, 0));
             let opened = match self.machine.resume_key() {
-                Some(key) => Incoming::resumable(dir, &name, size, key, self.opts.overwrite, self.opts.partial_ttl),
-                None => Incoming::create(dir, &name, session, self.opts.overwrite).map(|f| (f, 0)),
+                Some(key) => {
+                    match Incoming::resumable(dir, &name, size, key, self.opts.overwrite, self.opts.partial_ttl) {
+                        // Its partial is still held (a session of this file whose sender was killed
+                        // a moment ago has not ended yet): serve this one from the start rather
+                        // than refuse it.
+                        Err((Status::Busy, _)) => plain(),
+                        r => r,
+                    }
+                }
+                None => plain(),
             };
             match opened {
                 Ok((f, held)) => {
