@@ -34,6 +34,27 @@ VENV="$SOFTROCE_CACHE/venv"
 KERNEL_DIR="$SOFTROCE_CACHE/kernel"
 VNG="$VENV/bin/vng"
 
+# The guest kernels, by series: Debian 12's own (6.1, the default) and the 6.12 that Debian 12's
+# security suite carries (source package linux-signed-6.12-amd64, bookworm-security). Each is the
+# package its meta-package depends on, unpacked under $KERNEL_DIR and found through a link.
+# SOFTROCE_KERNEL picks the one scripts/softroce boots.
+KERNELS=(6.1 6.12)
+SOFTROCE_KERNEL=${SOFTROCE_KERNEL:-6.1}
+kernel_meta() {
+    case $1 in
+    6.1) echo linux-image-amd64 ;;
+    6.12) echo linux-image-6.12-amd64 ;;
+    *) die "unknown guest kernel '$1' (known: ${KERNELS[*]})" ;;
+    esac
+}
+# The link to the unpacked tree: 6.1's keeps its first name, so existing caches stay valid.
+kernel_link() {
+    case $1 in
+    6.1) echo "$KERNEL_DIR/current" ;;
+    *) echo "$KERNEL_DIR/$1" ;;
+    esac
+}
+
 log() { printf '==> %s\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 

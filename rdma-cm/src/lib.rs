@@ -269,7 +269,7 @@
 //! - Every event is acknowledged (`rdma_ack_cm_event`) as soon as it has been copied, so
 //!   `rdma_destroy_id` never waits for one.
 //!
-//! # Measured on Soft-RoCE (rxe, Linux 6.1)
+//! # Measured on Soft-RoCE (rxe, Linux 6.1 and 6.12)
 //!
 //! - **Private data arrives zero-padded** to the InfiniBand CM message's fixed size: 56 bytes in
 //!   a request ([`MAX_CONNECT_PRIVATE_DATA`]), 196 in an acceptance

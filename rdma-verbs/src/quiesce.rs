@@ -12,7 +12,7 @@
 //! 3. then flushes the QP (error state): every request still queued completes, flushed, and
 //!    the local device alone makes those completions, so it waits for them at least
 //!    [`FLUSH_CONFIRM`] whatever the drain timeout. It flushes even a QP already in error,
-//!    because rxe (Linux 6.1) completes receives posted to a QP in error only when it is moved
+//!    because rxe (Linux 6.1 and 6.12) completes receives posted to a QP in error only when moved
 //!    to error again;
 //! 4. and if completions are still missing after that ([`Quiesced::Lost`]: a CQ overrun by
 //!    other QPs loses them) resets the QP, which removes every request without a completion.

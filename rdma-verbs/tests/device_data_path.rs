@@ -245,20 +245,26 @@ fn hundreds_of_writes_stay_in_flight_with_one_signal_per_batch() {
     let qp_s = owned_qp(&topo, &ctx_s, &pd_s, caps(512, 16), 1024, AccessFlags::LOCAL_WRITE);
     let qp_r = owned_qp(&topo, &ctx_r, &pd_r, caps(16, 16), 64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE);
     let (qp_s, _qp_r) = connect_pair(&topo, qp_s, qp_r);
-    let target = MemoryRegion::alloc(pd_r, 512 * 1024, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).unwrap();
-    let pool = SlotPool::new(pd_s, 1024, 512, AccessFlags::LOCAL_WRITE).unwrap();
     let mut sq = SendQueue::new(&qp_s, T).unwrap();
-    assert_eq!(sq.capacity(), 512);
-    // 16 chains of 32 writes, one doorbell and one signaled completion each.
-    for chain in 0..16u64 {
-        for i in 0..32u64 {
-            let n = chain * 32 + i;
+    // The queue holds what the device gave, at least what was asked: rxe in Linux 6.1 reports
+    // the 512 asked for, in 6.12 the 1023 its ring really holds (docs/testing.md, "Two kernels").
+    let depth = sq.capacity();
+    assert!(depth >= 512, "a send queue of {depth} for 512 asked");
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    let target = MemoryRegion::alloc(pd_r, depth * 1024, access).unwrap();
+    let pool = SlotPool::new(pd_s, 1024, depth, AccessFlags::LOCAL_WRITE).unwrap();
+    // The whole queue in chains of 32 writes (the last may be shorter), one doorbell and one
+    // signaled completion each.
+    for chain in 0..depth.div_ceil(32) {
+        let len = (depth - chain * 32).min(32);
+        for i in 0..len {
+            let n = (chain * 32 + i) as u64;
             let mut slot = pool.try_take().unwrap();
             slot.as_mut_slice().unwrap().fill(n as u8);
             let at = target.remote().slice(n * 1024, 1024).unwrap();
             sq.push(SlotRequest::write(slot, 1024, at).with_wr_id(n)).unwrap();
         }
-        assert_eq!(sq.submit().unwrap(), 32);
+        assert_eq!(sq.submit().unwrap(), len);
     }
     assert!(sq.in_flight() >= 256, "{} in flight", sq.in_flight());
     assert_eq!(pool.available(), 0);
@@ -272,9 +278,9 @@ fn hundreds_of_writes_stay_in_flight_with_one_signal_per_batch() {
         assert!(c.slot.is_some());
     })
     .unwrap();
-    assert_eq!(ids, (0..512).collect::<Vec<_>>(), "every request completed, in order");
-    assert_eq!(pool.available(), 512);
-    for n in [0usize, 255, 511] {
+    assert_eq!(ids, (0..depth as u64).collect::<Vec<_>>(), "every request completed, in order");
+    assert_eq!(pool.available(), depth);
+    for n in [0usize, 255, depth - 1] {
         assert!(read(&target, n * 1024, 1024).iter().all(|&b| b == n as u8), "write {n} landed");
     }
 }

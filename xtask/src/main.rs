@@ -10,8 +10,9 @@
 //!     checks the stated MSRV (`rust-version`) against every locked normal and build dependency
 //!     of the library crates (`cargo metadata`).
 //! cargo xtask test [--no-vm]
-//!     every test of the project, step by named step (fmt, lint, docs, host-tests, device-tests,
-//!     zero-copy), as scripts/test (which installs what is missing first) and CI run it.
+//!     every test of the project, step by named step (fmt, lint, docs, host-tests, device-tests
+//!     on Linux 6.1, device-tests-6.12, zero-copy), as scripts/test (which installs what is
+//!     missing first) and CI run it.
 //! cargo xtask totals FILE
 //!     sums the libtest and bench result lines of a test run's log, leaving out the host's runs of
 //!     device tests (they skip there), and prints "N passed, M failed".

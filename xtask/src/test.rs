@@ -83,7 +83,11 @@ pub(crate) fn test(args: &[String]) -> Step {
 
     run.step(
         "device-tests",
-        if vm { "device tests, then every bench once, in the Soft-RoCE VM" } else { "device tests on this host" },
+        if vm {
+            "device tests, then every bench once, in the Soft-RoCE VM on Linux 6.1"
+        } else {
+            "device tests on this host"
+        },
     );
     let tests = artifacts_of(
         false,
@@ -108,22 +112,32 @@ pub(crate) fn test(args: &[String]) -> Step {
     let names = |v: &[(String, String, String)]| v.iter().map(|a| a.2.as_str()).collect::<Vec<_>>().join(" ");
     log(&format!("{} device test binaries: {}", tests.len(), names(&tests)));
     log(&format!("{} benches, in test mode: {}", benches.len(), names(&benches)));
-    let list = target_dir(&run.root).join("device-tests.list");
-    let mut lines: Vec<String> = tests.iter().map(|(d, e, n)| format!("{d}\t{e}\t{n}")).collect();
+    let test_lines: Vec<String> = tests.iter().map(|(d, e, n)| format!("{d}\t{e}\t{n}")).collect();
+    let mut lines = test_lines.clone();
     lines.extend(benches.iter().map(|(d, e, n)| format!("{d}\t{e}\t{n}\tbench")));
-    std::fs::write(&list, lines.join("\n") + "\n").map_err(|e| e.to_string())?;
-    let list = list.to_str().ok_or("a non-UTF-8 target directory")?.to_owned();
+    let list = write_list(&run.root, "device-tests.list", &lines)?;
     let run_tests = run.root.join("scripts/guest/run-tests").to_str().ok_or("a non-UTF-8 path")?.to_owned();
     let devices = if vm {
-        run.tee("scripts/softroce", &["run", "--", &run_tests, &list], &[])
+        run.tee("scripts/softroce", &["run", "--kernel", "6.1", "--", &run_tests, &list], &[])
     } else {
         run.tee(&run_tests, &[&list], &[("RDMA_TEST_REQUIRE_DEVICE", "1")])
+    };
+    // The second kernel: the same device tests (not the benches), in a VM on Linux 6.12, also
+    // when 6.1's run failed, so that one run of the command reports both kernels.
+    let devices_612 = if vm {
+        run.step("device-tests-6.12", "the device tests again, in the Soft-RoCE VM on Linux 6.12");
+        let list = write_list(&run.root, "device-tests-6.12.list", &test_lines)?;
+        run.tee("scripts/softroce", &["run", "--kernel", "6.12", "--", &run_tests, &list], &[])
+    } else {
+        Ok(())
     };
     // Every libtest result line and run-tests' bench result lines, leaving out the host's run of
     // the device tests (they skipped there).
     let log_text = std::fs::read_to_string(&run.results_path).map_err(|e| e.to_string())?;
     let (passed, failed) = count(&log_text);
-    devices.map_err(|e| format!("device tests or benches failed: {e}"))?;
+    let on = if vm { " on Linux 6.1" } else { "" };
+    devices.map_err(|e| format!("device tests or benches failed{on}: {e}"))?;
+    devices_612.map_err(|e| format!("device tests failed on Linux 6.12: {e}"))?;
 
     run.step("zero-copy", "zero-copy file I/O: the 64 MiB file test under strace (scripts/check-zero-copy)");
     if vm {
@@ -137,6 +151,13 @@ pub(crate) fn test(args: &[String]) -> Step {
 
 fn log(line: &str) {
     eprintln!("==> {line}");
+}
+
+/// Writes a list for `scripts/guest/run-tests` into the target directory; returns its path.
+fn write_list(root: &Path, name: &str, lines: &[String]) -> Result<String, String> {
+    let path = target_dir(root).join(name);
+    std::fs::write(&path, lines.join("\n") + "\n").map_err(|e| e.to_string())?;
+    Ok(path.to_str().ok_or("a non-UTF-8 target directory")?.to_owned())
 }
 
 /// `CARGO_TARGET_DIR`, or the workspace's `target`.

@@ -160,9 +160,9 @@ impl Inner<'_> {
 
     /// Moves a QP that is in the error state to the error state again, so that receives posted
     /// to it since complete (flushed). The verbs spec has such receives complete flushed at
-    /// once; rxe (Linux 6.1) completes them only when the QP is moved to error again, so a wait
-    /// for them would never end. Waits that receives could end call this now and then when
-    /// nothing came. Does nothing to a QP in any other state.
+    /// once; rxe (Linux 6.1 and 6.12) completes them only when the QP is moved to error again,
+    /// so a wait for them would never end. Waits that receives could end call this now and then
+    /// when nothing came. Does nothing to a QP in any other state.
     pub(crate) fn reflush_if_in_error(&self) {
         if self.query_state().is_ok_and(|s| s == ffi::ibv_qp_state::IBV_QPS_ERR) {
             let _ = self.set_state(ffi::ibv_qp_state::IBV_QPS_ERR);
