@@ -163,7 +163,10 @@ impl Incoming {
     /// Keeps the partial when the session ends uncommitted, with the first `held` bytes
     /// vouched for (checkpointed now). A plain temporary is removed as always.
     pub(crate) fn keep(&mut self, held: u64) {
-        if self.partial.is_some() && self.checkpoint(held).is_ok() {
+        // Not when the file arrived meanwhile (another session of it, served while this one
+        // held the partial): nothing would continue it.
+        let arrived = !self.overwrite && self.target.symlink_metadata().is_ok();
+        if self.partial.is_some() && !arrived && self.checkpoint(held).is_ok() {
             if let Some(p) = &mut self.partial {
                 p.keep = true;
             }
@@ -216,6 +219,19 @@ impl Drop for Incoming {
         if let Some(p) = &self.partial {
             let _ = std::fs::remove_file(&p.meta);
         }
+    }
+}
+
+/// Removes the partial of `key` in `dir` unless a session holds it: the file it was of has
+/// just been committed by a session that could not use it. Best effort.
+pub(crate) fn drop_partial(dir: &Path, key: u64) {
+    let (data_name, meta_name) = partial_names(key);
+    let data = dir.join(data_name);
+    let Ok(f) = File::open(&data) else { return };
+    // SAFETY: a valid descriptor; an advisory lock, released when `f` closes.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        let _ = std::fs::remove_file(dir.join(meta_name));
+        let _ = std::fs::remove_file(&data);
     }
 }
 

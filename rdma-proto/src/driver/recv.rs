@@ -867,10 +867,18 @@ impl<'a> ReceiveSession<'a> {
             (Status::ChecksumMismatch, "the data does not match the sender's digest".to_owned())
         } else if let Some(f) = self.file.take() {
             let t = Instant::now();
+            let partial = f.is_partial();
             let r = f.commit();
             self.report.phases.sync_rename = t.elapsed();
             match r {
-                Ok(()) => (Status::Ok, String::new()),
+                Ok(()) => {
+                    // Served from the start while its partial was held: that partial, once
+                    // free, is of a file now in place.
+                    if let (false, Some(key), Some(dir)) = (partial, self.machine.resume_key(), &self.opts.dir) {
+                        super::files::drop_partial(dir, key);
+                    }
+                    (Status::Ok, String::new())
+                }
                 Err((status, why)) => (status, why),
             }
         } else {
