@@ -409,3 +409,36 @@ impl RawSender {
     }
 }
 
+/// A netem qdisc on some devices (`tc qdisc replace dev DEV root netem ARGS...`), removed when
+/// dropped, also when the test panics: the veth pair is shared by every test that follows.
+pub struct Netem(Vec<&'static str>);
+
+impl Netem {
+    pub fn new(devs: &[&'static str], args: &[&str]) -> Netem {
+        let mut netem = Netem(Vec::new());
+        for dev in devs {
+            // Owned before it is added: a failure on the second device still removes the first.
+            netem.0.push(dev);
+            let out = Command::new("tc")
+                .args(["qdisc", "replace", "dev", dev, "root", "netem"])
+                .args(args)
+                .output()
+                .unwrap_or_else(|e| panic!("running tc: {e}"));
+            assert!(out.status.success(), "tc qdisc replace dev {dev} root netem {args:?}: {}", text(&out.stderr));
+        }
+        netem
+    }
+
+    /// `delay` on every packet leaving each of `devs`.
+    pub fn delay(devs: &[&'static str], delay: &str) -> Netem {
+        Netem::new(devs, &["delay", delay])
+    }
+}
+
+impl Drop for Netem {
+    fn drop(&mut self) {
+        for dev in &self.0 {
+            let _ = Command::new("tc").args(["qdisc", "del", "dev", dev, "root"]).status();
+        }
+    }
+}
