@@ -108,7 +108,7 @@ fn transfer(topo: &testkit::Topology, port: u16, file: &Path, data: &[u8], case:
 
 /// The reference for the impaired cases below: the same 64 MiB over the clean wire.
 #[test]
-fn a_64_mib_transfer_over_a_clean_wire() {
+fn a_64_mib_transfer_completes_over_a_clean_wire() {
     let topo = testkit::require_topology!();
     let src = scratch("netem-clean");
     let data = random_file(&src.join("f"), SIZE, 1);
