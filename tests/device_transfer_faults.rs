@@ -191,31 +191,6 @@ fn connect_timeout_bounds_resolving_and_connecting_together() {
     assert_eq!(code, 0, "{report}");
 }
 
-/// A netem qdisc on some devices, removed when dropped (also when the test panics).
-struct Netem(Vec<&'static str>);
-
-impl Netem {
-    fn delay(devs: &[&'static str], delay: &str) -> Netem {
-        for dev in devs {
-            let ok = Command::new("tc")
-                .args(["qdisc", "replace", "dev", dev, "root", "netem", "delay", delay])
-                .status()
-                .map(|s| s.success())
-                .unwrap_or(false);
-            assert!(ok, "tc netem on {dev}");
-        }
-        Netem(devs.to_vec())
-    }
-}
-
-impl Drop for Netem {
-    fn drop(&mut self) {
-        for dev in &self.0 {
-            let _ = Command::new("tc").args(["qdisc", "del", "dev", dev, "root"]).status();
-        }
-    }
-}
-
 /// Every failed receive on the receiver was reported as "the peer disconnected": a peer's WRITE
 /// outside its grant or a Send larger than the receive buffers must say what the peer did. The
 /// receiver reports the violation, stores nothing, and serves the next sender.
