@@ -10,6 +10,20 @@ fn link(netdev: &str, state: &str) {
     assert!(st.success(), "ip link set {netdev} {state}");
 }
 
+/// After the link is up again: `scripts/guest/topology restore` re-adds the policy route that
+/// taking veth1 down deleted (else every later test in the VM would run without it) and checks
+/// that both ports connect. Reports a failure without panicking (it may run in a drop).
+fn restore_topology() -> bool {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/guest/topology");
+    match Command::new(&script).arg("restore").output() {
+        Ok(out) if out.status.success() => true,
+        other => {
+            eprintln!("{} restore: {other:?}", script.display());
+            false
+        }
+    }
+}
+
 /// Brings the link back up and waits for the port to be active again, whatever the test did.
 struct Restore<'a>(&'a Context, &'a str, u8);
 
@@ -19,6 +33,7 @@ impl Drop for Restore<'_> {
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if self.0.query_port(self.2).map(|p| p.state == PortState::Active).unwrap_or(false) {
+                assert!(restore_topology() || std::thread::panicking(), "the topology did not come back");
                 return;
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -141,4 +156,5 @@ fn port_events_are_awaited_on_the_reactor() {
         assert!(Instant::now() < deadline, "the port did not come back");
         std::thread::sleep(Duration::from_millis(50));
     }
+    assert!(restore_topology(), "the topology did not come back");
 }
