@@ -1,8 +1,14 @@
 //! Fuzzing of what a peer controls on the receiver's side, for a bounded time (issue 21 §3): the
-//! decoder (arbitrary bytes and structure-aware mutations of valid messages) and the receiver's
-//! state machine fed arbitrary sequences of inputs: junk and mutated messages of every kind and
-//! session, WRITE arrivals with any immediate and length, the driver's answers given when the
-//! machine asked for them and when it did not, and timeouts at any time.
+//! decoder (arbitrary bytes and structure-aware mutations of valid messages of all seven kinds)
+//! and the receiver's state machine fed arbitrary sequences of inputs: junk and mutated messages
+//! of every kind and session, WRITE arrivals with any immediate and length, the driver's answers
+//! given when the machine asked for them and when it did not, and timeouts at any time. Its
+//! configurations sometimes hold a shared secret (capability `AUTH`) and sometimes resume
+//! (`RESUME`): HELLOs come with and without `AUTH`, `RESUME` and a resume key; PROOFs are
+//! valid (computed here with the secret and both nonces, by docs/protocol.md's formula),
+//! with a flipped bit, another secret, reflected (the receiver's label), for another session or
+//! file, or answering another challenge; the driver answers `Resumed` with a prefix of the file,
+//! all of it, or more than the file.
 //!
 //! Each receiver case is checked twice at every step:
 //! - against **what users rely on** ([`Watch`], independent of how the machine works): every
@@ -10,9 +16,15 @@
 //!   over a slot not yet credited, nothing follows a commit asked for but its answer, a commit
 //!   is asked for only once every chunk of a FIN that matches the HELLO was stored, one Finish
 //!   and nothing after it, the ACK is the last message and agrees with the Finish, an ACK `Ok`
-//!   only for a commit that succeeded, a failure after the open always discards;
+//!   only for a commit that succeeded, a failure after the open always discards; with a secret,
+//!   nothing is opened (and no GRANT sent) before a PROOF of the sender's that verifies, the
+//!   receiver's own PROOF (correct, with its CHALLENGE's nonce) only after that, a wrong proof
+//!   ends in ACK NotAuthorized with nothing opened and `auth_failed()`; resuming, the GRANT's
+//!   `resume_from` is what the driver answered, chunk `n` is stored at `resume_from + n *
+//!   slot_size` and never past the file's end, and the ACK counts the bytes held;
 //! - against **the rules of `docs/protocol.md`** ([`Spec`], an executable copy of its receiver
-//!   tables): the exact actions and messages each input must produce, and the deadline.
+//!   tables, Authenticating and the resume flow included): the exact actions and messages each
+//!   input must produce, and the deadline.
 //!
 //! Stable Rust has no coverage-guided fuzzer, so this is proptest with a time budget: batches of
 //! random cases until `RDMA_FUZZ_SECS` (default 10) seconds are spent, shared among the targets.
@@ -27,15 +39,18 @@ use std::collections::VecDeque;
 use std::fmt::Debug;
 use std::time::{Duration, Instant};
 
+use hmac::{Hmac, Mac};
 use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestError, TestRunner};
+use rdma_proto::auth::{Secret, NONCE_LEN, PROOF_LEN};
 use rdma_proto::receiver::{Action, Input, Receiver, ReceiverConfig};
 use rdma_proto::wire::{
-    self, caps, decode, decode_header, encode, Ack, Credit, Fin, Grant, Header, Hello, Message, DIGEST_LEN, HEADER_LEN,
-    MAX_DETAIL_LEN, MAX_DIGEST_LEN, MAX_MESSAGE_LEN, MAX_NAME_LEN,
+    self, caps, decode, decode_header, encode, Ack, Challenge, Credit, Fin, Grant, Header, Hello, Message, Proof,
+    DIGEST_LEN, HEADER_LEN, MAX_DETAIL_LEN, MAX_DIGEST_LEN, MAX_MESSAGE_LEN, MAX_NAME_LEN,
 };
 use rdma_proto::{Outcome, ProtocolError, Status};
+use sha2::Sha256;
 
 // ---- The time budget. ----
 
@@ -182,10 +197,13 @@ fn mutate(buf: &mut Vec<u8>, m: &Mutation) {
             // Offsets of the header's fields, then of the body's of each kind.
             let body: &[usize] = match buf[5] {
                 1 => &[20, 22, 24, 28, 36, 40, 44, 46],
-                2 => &[20, 22, 26, 34, 38, 42],
+                2 => &[20, 22, 26, 34, 38, 42, 46],
                 3 => &[20],
                 4 => &[20, 28, 36, 37],
-                _ => &[20, 22, 30, 32],
+                5 => &[20, 22, 30, 32],
+                6 => &[20],
+                7 => &[20, 36],
+                _ => &[],
             };
             let fields: Vec<usize> =
                 [0, 4, 5, 6, 8, 12].iter().chain(body).copied().filter(|&f| f < buf.len()).collect();
@@ -247,6 +265,43 @@ fn overwrite(buf: &mut [u8], at: usize, w: &Word) {
     buf[at..at + n].copy_from_slice(&bytes[..n]);
 }
 
+// ---- Proofs of the shared secret, computed from docs/protocol.md's formula. ----
+
+type Nonce = [u8; NONCE_LEN];
+
+/// Whose proof: the two labels of `docs/protocol.md`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Sender,
+    Receiver,
+}
+
+/// What a proof covers besides the nonces: the session and the file the HELLO offered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Offered {
+    session: u64,
+    size: u64,
+    name: String,
+}
+
+/// `MAC_role = HMAC-SHA256(secret, label_role || session || Ns || Nr || size || name)`.
+fn mac(key: &[u8], role: Role, t: &Offered, ns: &Nonce, nr: &Nonce) -> [u8; PROOF_LEN] {
+    let mut m = <Hmac<Sha256> as Mac>::new_from_slice(key).expect("HMAC takes a key of any length");
+    m.update(match role {
+        Role::Sender => &b"rdcp auth v1 sender"[..],
+        Role::Receiver => &b"rdcp auth v1 receiver"[..],
+    });
+    m.update(&t.session.to_be_bytes());
+    m.update(ns);
+    m.update(nr);
+    m.update(&t.size.to_be_bytes());
+    m.update(t.name.as_bytes());
+    m.finalize().into_bytes().into()
+}
+
+/// The key of a receiver without a secret, for proofs nobody can check.
+const NO_KEY: &[u8] = b"no secret was configured here";
+
 // ---- Valid messages. ----
 
 /// Valid UTF-8 of at most `max` bytes: up to 64 characters of any kind, or one repeated up to
@@ -297,6 +352,10 @@ fn hello() -> impl Strategy<Value = Hello> {
     ];
     let caps = prop_oneof![
         6 => Just(caps::DIGEST_XXH3_128),
+        2 => Just(caps::DIGEST_XXH3_128 | caps::AUTH),
+        2 => Just(caps::DIGEST_XXH3_128 | caps::RESUME),
+        2 => Just(caps::DIGEST_XXH3_128 | caps::AUTH | caps::RESUME),
+        1 => Just(caps::RESUME | caps::AUTH),
         1 => Just(u32::MAX),
         1 => Just(0),
         1 => Just(caps::DIGEST_BLAKE3),
@@ -309,8 +368,9 @@ fn hello() -> impl Strategy<Value = Hello> {
     ];
     let chunk = prop_oneof![6 => 1u32..=40, 1 => Just(0), 1 => Just(u32::MAX), 1 => any::<u32>()];
     let depth = prop_oneof![6 => 1u32..=8, 1 => Just(0), 1 => Just(u32::MAX), 1 => any::<u32>()];
-    (versions, caps, size, chunk, depth, name()).prop_map(
-        |((version_min, version_max), caps, size, chunk, depth, name)| Hello {
+    let resume = prop_oneof![1 => Just(None), 1 => any::<u64>().prop_map(Some)];
+    (versions, caps, size, chunk, depth, name(), resume).prop_map(
+        |((version_min, version_max), caps, size, chunk, depth, name, resume)| Hello {
             version_min,
             version_max,
             caps,
@@ -318,21 +378,24 @@ fn hello() -> impl Strategy<Value = Hello> {
             chunk,
             depth,
             name,
-            resume: None,
+            resume,
         },
     )
 }
 
 fn grant() -> impl Strategy<Value = Grant> {
-    any::<(u16, u32, u64, u32, u32, u32)>().prop_map(|(version, caps, addr, rkey, slot_size, slot_count)| Grant {
-        version,
-        caps,
-        addr,
-        rkey,
-        slot_size,
-        slot_count,
-        resume_from: 0,
-    })
+    let resume_from = prop_oneof![2 => Just(0u64), 1 => any::<u64>()];
+    (any::<(u16, u32, u64, u32, u32, u32)>(), resume_from).prop_map(
+        |((version, caps, addr, rkey, slot_size, slot_count), resume_from)| Grant {
+            version,
+            caps,
+            addr,
+            rkey,
+            slot_size,
+            slot_count,
+            resume_from,
+        },
+    )
 }
 
 fn small_or_any() -> impl Strategy<Value = u64> {
@@ -357,6 +420,8 @@ fn message() -> impl Strategy<Value = Message> {
         small_or_any().prop_map(|consumed| Message::Credit(Credit { consumed })),
         fin().prop_map(Message::Fin),
         ack().prop_map(Message::Ack),
+        any::<Nonce>().prop_map(|nonce| Message::Challenge(Challenge { nonce })),
+        any::<(Nonce, [u8; PROOF_LEN])>().prop_map(|(nonce, mac)| Message::Proof(Proof { nonce, mac })),
     ]
 }
 
@@ -405,7 +470,7 @@ fn fuzz_the_decoder_with_arbitrary_bytes() {
     let bytes = prop_oneof![
         prop::collection::vec(any::<u8>(), 0..=MAX_MESSAGE_LEN + 64),
         // A valid header start, so that the body decoders get the junk.
-        (1u8..=5, prop::collection::vec(any::<u8>(), 0..=MAX_MESSAGE_LEN)).prop_map(|(kind, rest)| {
+        (1u8..=7, prop::collection::vec(any::<u8>(), 0..=MAX_MESSAGE_LEN)).prop_map(|(kind, rest)| {
             let mut b = wire::MAGIC.to_vec();
             b.extend_from_slice(&[wire::FRAME_VERSION, kind, 0, 0]);
             let len = (HEADER_LEN + rest.len().saturating_sub(12)) as u32;
@@ -495,16 +560,107 @@ enum Op {
     Stored(Seq),
     StoreFailed(Status),
     Finalized(Status),
+    /// A PROOF with the sender's nonce `nonce`, forged as `forge` says, for the HELLO the
+    /// machine took and the nonce of its CHALLENGE.
+    Proof {
+        sid: Sid,
+        forge: Forge,
+        nonce: Nonce,
+        muts: Vec<Mutation>,
+    },
+    /// The driver's answer to a resume lookup, asked for or not.
+    Resumed(Lookup),
     Time(Tick),
 }
 
-/// The file an honest sender offers.
+/// How a PROOF of the sender is made.
+#[derive(Debug, Clone)]
+enum Forge {
+    /// With the receiver's secret, as docs/protocol.md says: it verifies.
+    Valid,
+    /// The sender's nonce is the receiver's own, echoed: still a valid proof of the secret.
+    EchoedNonce,
+    /// A valid MAC with one bit flipped.
+    Flip(Index, u8),
+    /// With another secret.
+    WrongSecret,
+    /// The receiver's own proof (its label, its nonce) sent back.
+    Reflected,
+    /// A valid proof of another session.
+    OtherSession(u64),
+    /// A valid proof for another file (the size or the name differs).
+    OtherFile(bool),
+    /// A valid proof that answers another challenge (a recorded one).
+    Replayed(Nonce),
+    Junk([u8; PROOF_LEN]),
+}
+
+/// The bytes a resume lookup found, as a share of the file taken (or beyond it).
+#[derive(Debug, Clone)]
+enum Held {
+    Zero,
+    All,
+    Part(Index),
+    /// The whole chunks of a share: a checkpoint's offset.
+    Chunks(Index),
+    /// Past the file's end by this much (at least 1): a driver's bug.
+    Beyond(u64),
+}
+
+impl Held {
+    fn of(&self, size: u64, slot_size: u32) -> u64 {
+        let part = |i: &Index| ((u128::from(size) * i.index(1 << 20) as u128) >> 20) as u64;
+        match self {
+            Held::Zero => 0,
+            Held::All => size,
+            Held::Part(i) => part(i),
+            Held::Chunks(i) => part(i) / u64::from(slot_size.max(1)) * u64::from(slot_size.max(1)),
+            Held::Beyond(by) => size.saturating_add((*by).max(1)),
+        }
+    }
+}
+
+/// A hostile or buggy driver's `Resumed`.
+#[derive(Debug, Clone)]
+enum Lookup {
+    Held(Held),
+    Any(u64),
+}
+
+/// How the honest sender proves the secret.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Auth {
+    /// It offers no `AUTH` (it has no secret).
+    None,
+    /// With the receiver's secret.
+    Right,
+    /// With another one.
+    Wrong,
+}
+
+/// The file an honest sender offers, and what an honest driver finds of it.
 #[derive(Debug, Clone)]
 struct Offer {
     session: u64,
     size: u64,
     chunk: u32,
     depth: u32,
+    auth: Auth,
+    /// The sender's nonce.
+    nonce: Nonce,
+    /// The resume key its HELLO carries (with `RESUME`).
+    key: Option<u64>,
+    /// What the driver's lookup finds of a partial: nothing (no `Resumed`), a prefix, or (a
+    /// buggy driver) more than the file.
+    held: Option<Held>,
+}
+
+/// A receiver's configuration, with the secret's bytes as the MAC keys them and its nonce.
+#[derive(Debug, Clone)]
+struct Conf {
+    cfg: ReceiverConfig,
+    key: Option<Vec<u8>>,
+    nonce: Nonce,
 }
 
 fn status() -> impl Strategy<Value = Status> {
@@ -551,11 +707,49 @@ fn op(honest: u32) -> impl Strategy<Value = Op> {
         2 => seq.prop_map(Op::Stored),
         1 => status().prop_map(Op::StoreFailed),
         1 => status().prop_map(Op::Finalized),
+        2 => (sid(), forge(), any::<Nonce>(), muts()).prop_map(|(sid, forge, nonce, muts)| Op::Proof {
+            sid,
+            forge,
+            nonce,
+            muts
+        }),
+        1 => resume_from().prop_map(Op::Resumed),
         6 => tick.prop_map(Op::Time),
     ]
 }
 
-fn receiver_config() -> impl Strategy<Value = ReceiverConfig> {
+fn forge() -> impl Strategy<Value = Forge> {
+    prop_oneof![
+        4 => Just(Forge::Valid),
+        1 => Just(Forge::EchoedNonce),
+        2 => (any::<Index>(), 0u8..8).prop_map(|(i, b)| Forge::Flip(i, b)),
+        1 => Just(Forge::WrongSecret),
+        2 => Just(Forge::Reflected),
+        1 => any::<u64>().prop_map(Forge::OtherSession),
+        1 => any::<bool>().prop_map(Forge::OtherFile),
+        1 => any::<Nonce>().prop_map(Forge::Replayed),
+        1 => any::<[u8; PROOF_LEN]>().prop_map(Forge::Junk),
+    ]
+}
+
+fn held() -> impl Strategy<Value = Held> {
+    prop_oneof![
+        1 => Just(Held::Zero),
+        1 => Just(Held::All),
+        2 => any::<Index>().prop_map(Held::Part),
+        2 => any::<Index>().prop_map(Held::Chunks),
+        1 => prop_oneof![Just(1u64), 1u64..=100, any::<u64>()].prop_map(Held::Beyond),
+    ]
+}
+
+fn resume_from() -> impl Strategy<Value = Lookup> {
+    prop_oneof![
+        3 => held().prop_map(Lookup::Held),
+        1 => any::<u64>().prop_map(Lookup::Any),
+    ]
+}
+
+fn receiver_config() -> impl Strategy<Value = Conf> {
     let max_size = prop_oneof![4 => Just(u64::MAX), 1 => Just(1 << 40), 2 => 0u64..=400];
     let max_chunk = prop_oneof![4 => Just(4 << 20), 1 => Just(0), 2 => 1u32..=40, 1 => Just(u32::MAX)];
     let budget = prop_oneof![4 => Just(64 << 20), 1 => Just(0), 2 => 1u64..=400, 1 => Just(u64::MAX)];
@@ -572,20 +766,48 @@ fn receiver_config() -> impl Strategy<Value = ReceiverConfig> {
         2 => (0u64..20_000).prop_map(Duration::from_micros),
         1 => Just(Duration::MAX),
     ];
-    (max_size, max_chunk, budget, max_slots, timeout, hello_timeout).prop_map(
-        |(max_size, max_chunk, budget, max_slots, timeout, hello_timeout)| {
+    // A secret of 16 to 48 bytes, any inside, none of them whitespace at either end (the key),
+    // given with whitespace around it or not (which `Secret::new` trims).
+    let key = (33u8..=126, prop::collection::vec(any::<u8>(), 14..=46), 33u8..=126).prop_map(|(a, mid, b)| {
+        let mut k = vec![a];
+        k.extend(mid);
+        k.push(b);
+        k
+    });
+    let secret = prop_oneof![2 => Just(None), 1 => (key, prop::sample::select(vec!["", "\n", " \t"])).prop_map(Some)];
+    let auth = (secret, any::<bool>(), any::<Nonce>());
+    (max_size, max_chunk, budget, max_slots, timeout, hello_timeout, auth).prop_map(
+        |(max_size, max_chunk, budget, max_slots, timeout, hello_timeout, (secret, resume, nonce))| {
             let mut c = ReceiverConfig::default();
             (c.max_size, c.max_chunk, c.memory_budget, c.max_slots, c.timeout, c.hello_timeout) =
                 (max_size, max_chunk, budget, max_slots, timeout, hello_timeout);
-            c
+            c.resume = resume;
+            c.secret = secret.as_ref().map(|(key, around)| {
+                let given = [around.as_bytes(), key, around.as_bytes()].concat();
+                Secret::new(&given).expect("a secret of at least 16 bytes")
+            });
+            Conf { cfg: c, key: secret.map(|(key, _)| key), nonce }
         },
     )
 }
 
 /// A file of at most a dozen chunks, so that a case of a few hundred inputs can send it whole.
 fn offer() -> impl Strategy<Value = Offer> {
-    (1u64.., 1u32..=40, 1u32..=8).prop_flat_map(|(session, chunk, depth)| {
-        (0..=u64::from(chunk) * 12 + 3).prop_map(move |size| Offer { session, size, chunk, depth })
+    let auth = prop_oneof![4 => Just(Auth::Right), 1 => Just(Auth::None), 1 => Just(Auth::Wrong)];
+    let key = prop_oneof![1 => Just(None), 1 => any::<u64>().prop_map(Some)];
+    let held = prop_oneof![1 => Just(None), 3 => held().prop_map(Some)];
+    let sender = (auth, any::<Nonce>(), key, held);
+    (1u64.., 1u32..=40, 1u32..=8, sender).prop_flat_map(|(session, chunk, depth, (auth, nonce, key, held))| {
+        (0..=u64::from(chunk) * 12 + 3).prop_map(move |size| Offer {
+            session,
+            size,
+            chunk,
+            depth,
+            auth,
+            nonce,
+            key,
+            held: held.clone(),
+        })
     })
 }
 
@@ -595,6 +817,8 @@ fn offer() -> impl Strategy<Value = Offer> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Step {
     Open { name: String, size: u64, slot_size: u32, slot_count: u32 },
+    Challenge { session: u64, nonce: Nonce },
+    Proof { session: u64, nonce: Nonce, mac: [u8; PROOF_LEN] },
     Grant { session: u64, grant: Grant },
     Credit { session: u64, consumed: u64 },
     Ack { session: u64, status: Status, received: u64 },
@@ -629,6 +853,7 @@ impl End {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd)]
 enum Phase {
     AwaitHello,
+    Authenticating,
     Opening,
     Data,
     Finalizing,
@@ -636,10 +861,19 @@ enum Phase {
 }
 
 /// The receiver as `docs/protocol.md` ("Receiver states", "What the receiver checks on every
-/// WRITE arrival", "Data plane") describes it.
+/// WRITE arrival", "Data plane", "Authorization", "Resuming") describes it.
 #[derive(Debug)]
 struct Spec {
     cfg: ReceiverConfig,
+    /// The secret's bytes, and the nonce of the CHALLENGE.
+    key: Option<Vec<u8>>,
+    nonce: Nonce,
+    /// The file the HELLO offered, while the sender proves the secret.
+    offered: Option<Offered>,
+    /// The HELLO's resume key, when both sides resume.
+    resume_key: Option<u64>,
+    /// The bytes held before the session: chunk `n` is at `base + n * slot_size`.
+    base: u64,
     phase: Phase,
     session: u64,
     size: u64,
@@ -656,9 +890,14 @@ struct Spec {
 }
 
 impl Spec {
-    fn new(cfg: ReceiverConfig, now: Instant) -> Spec {
+    fn new(conf: &Conf, now: Instant) -> Spec {
         Spec {
-            cfg,
+            cfg: conf.cfg.clone(),
+            key: conf.key.clone(),
+            nonce: conf.nonce,
+            offered: None,
+            resume_key: None,
+            base: 0,
             phase: Phase::AwaitHello,
             session: 0,
             size: 0,
@@ -678,12 +917,13 @@ impl Spec {
     fn deadline(&self) -> Option<Instant> {
         // The HELLO has its own bound (`hello_timeout`); every later phase the phase timeout.
         let timeout = if self.phase == Phase::AwaitHello { self.cfg.hello_timeout } else { self.cfg.timeout };
-        let running = matches!(self.phase, Phase::AwaitHello | Phase::Opening | Phase::Data);
+        let running = matches!(self.phase, Phase::AwaitHello | Phase::Authenticating | Phase::Opening | Phase::Data);
         running.then(|| self.progress.checked_add(timeout)).flatten()
     }
 
     fn ack(&mut self, status: Status) {
-        let received = (self.stored * u64::from(self.slot_size)).min(self.size);
+        // "bytes the receiver stored": those held from before and those stored since.
+        let received = self.base.saturating_add(self.stored * u64::from(self.slot_size)).min(self.size);
         self.out.push(Step::Ack { session: self.session, status, received });
     }
 
@@ -728,6 +968,7 @@ impl Spec {
                 Err(_) => peer(self, End::Wire),
                 Ok((h, _)) if self.phase != Phase::AwaitHello && h.session != self.session => peer(self, End::Peer),
                 Ok((h, Message::Hello(hello))) if self.phase == Phase::AwaitHello => self.hello(h.session, hello, now),
+                Ok((_, Message::Proof(p))) if self.phase == Phase::Authenticating => self.proof(&p, now),
                 Ok((h, Message::Fin(fin))) if self.phase == Phase::Data && self.fin.is_none() => {
                     let _ = h;
                     let fits = fin.chunks == self.chunks && fin.size == self.size && fin.chunks == self.arrived;
@@ -747,28 +988,44 @@ impl Spec {
                     && seq < self.chunks
                     && imm == seq as u32
                     && seq < self.credited + u64::from(self.slot_count)
-                    && u64::from(len) == (self.size - seq * u64::from(self.slot_size)).min(u64::from(self.slot_size));
+                    && u64::from(len)
+                        == (self.size - self.base - seq * u64::from(self.slot_size)).min(u64::from(self.slot_size));
                 if !ok {
                     peer(self, End::Peer);
                 } else {
                     self.arrived += 1;
                     self.progress = now;
                     let slot = (seq % u64::from(self.slot_count)) as u32;
-                    self.out.push(Step::Store { seq, slot, offset: seq * u64::from(self.slot_size), len });
+                    let offset = self.base + seq * u64::from(self.slot_size);
+                    self.out.push(Step::Store { seq, slot, offset, len });
+                }
+            }
+            // Resuming: the driver holds the first `from` bytes; only the rest is asked for. A
+            // `from` past the end is the driver's bug.
+            Input::Resumed { from } if self.phase == Phase::Opening && self.resume_key.is_some() => {
+                if from > self.size {
+                    bug(self)
+                } else {
+                    self.base = from;
+                    self.chunks = (self.size - from).div_ceil(u64::from(self.slot_size));
                 }
             }
             Input::Ready { addr, rkey } if self.phase == Phase::Opening => {
                 self.opened = true;
                 self.phase = Phase::Data;
                 self.progress = now;
+                // The capabilities used: the digest, AUTH with a secret (the sender offered it, or
+                // it would have been refused), RESUME when both sides resume.
+                let auth = if self.key.is_some() { caps::AUTH } else { 0 };
+                let resume = if self.resume_key.is_some() { caps::RESUME } else { 0 };
                 let grant = Grant {
                     version: 1,
-                    caps: caps::DIGEST_XXH3_128,
+                    caps: caps::DIGEST_XXH3_128 | auth | resume,
                     addr,
                     rkey,
                     slot_size: self.slot_size,
                     slot_count: self.slot_count,
-                    resume_from: 0,
+                    resume_from: self.base,
                 };
                 self.out.push(Step::Grant { session: self.session, grant });
             }
@@ -831,13 +1088,41 @@ impl Spec {
         self.slot_count = u64::from(h.depth).min(fit).min(u64::from(self.cfg.max_slots)).max(1) as u32;
         self.size = h.size;
         self.chunks = h.size.div_ceil(u64::from(self.slot_size));
+        // RESUME: the key counts only when the sender offers the capability and this receiver
+        // resumes.
+        if self.cfg.resume && h.caps & caps::RESUME != 0 {
+            self.resume_key = h.resume;
+        }
+        if self.key.is_none() {
+            return self.open(h.name);
+        }
+        if h.caps & caps::AUTH == 0 {
+            return self.refuse(Status::NotAuthorized);
+        }
+        // A secret: CHALLENGE, Authenticating; nothing opened yet.
+        self.phase = Phase::Authenticating;
+        self.offered = Some(Offered { session, size: h.size, name: h.name });
+        self.out.push(Step::Challenge { session, nonce: self.nonce });
+    }
+
+    /// The sender's PROOF, while authenticating: one that verifies gets the receiver's own and
+    /// the Open; any other is NotAuthorized, nothing opened.
+    fn proof(&mut self, p: &Proof, now: Instant) {
+        let (key, offered) =
+            (self.key.clone().expect("authenticating with a key"), self.offered.take().expect("a file"));
+        if p.mac != mac(&key, Role::Sender, &offered, &p.nonce, &self.nonce) {
+            return self.refuse(Status::NotAuthorized);
+        }
+        // The PROOF is progress, as the HELLO is.
+        self.progress = now;
+        let mac = mac(&key, Role::Receiver, &offered, &p.nonce, &self.nonce);
+        self.out.push(Step::Proof { session: self.session, nonce: self.nonce, mac });
+        self.open(offered.name);
+    }
+
+    fn open(&mut self, name: String) {
         self.phase = Phase::Opening;
-        self.out.push(Step::Open {
-            name: h.name,
-            size: h.size,
-            slot_size: self.slot_size,
-            slot_count: self.slot_count,
-        });
+        self.out.push(Step::Open { name, size: self.size, slot_size: self.slot_size, slot_count: self.slot_count });
     }
 }
 
@@ -846,6 +1131,21 @@ impl Spec {
 /// Watches the actions of one receiver against the inputs it was given.
 #[derive(Debug, Default)]
 struct Watch {
+    /// The receiver's secret (as the MAC keys it), its nonce, and whether it resumes.
+    key: Option<Vec<u8>>,
+    nonce: Nonce,
+    resume: bool,
+    /// The HELLO the machine took (the first one given).
+    hello: Option<Hello>,
+    /// The CHALLENGE sent: its nonce.
+    challenge: Option<Nonce>,
+    /// The receiver's own PROOF was sent.
+    proved: bool,
+    /// A PROOF of the sender's was answered NotAuthorized.
+    auth_failed: bool,
+    /// The driver's last `Resumed` answer the machine may take (resuming, while opening, within
+    /// the file).
+    resumed: Option<u64>,
     /// The Open asked for: (size, slot_size, slot_count).
     open: Option<(u64, u32, u32)>,
     /// The GRANT sent: the file is open and the ring lent.
@@ -868,8 +1168,47 @@ struct Watch {
 }
 
 impl Watch {
+    fn new(conf: &Conf) -> Watch {
+        Watch { key: conf.key.clone(), nonce: conf.nonce, resume: conf.cfg.resume, ..Watch::default() }
+    }
+
     fn stored_prefix(&self) -> u64 {
         self.stored.iter().take_while(|s| **s).count() as u64
+    }
+
+    /// The bytes held before the session: chunk `n` goes to `base + n * slot_size`.
+    fn base(&self) -> u64 {
+        self.grant.map_or(self.resumed.unwrap_or(0), |g| g.resume_from)
+    }
+
+    /// Chunks the sender is to WRITE, once the ring is granted.
+    fn chunks(&self) -> u64 {
+        self.open.map_or(0, |(size, slot_size, _)| size.saturating_sub(self.base()).div_ceil(u64::from(slot_size)))
+    }
+
+    /// The file the HELLO offered, as a proof covers it.
+    fn offered(&self) -> Option<Offered> {
+        let (h, session) = (self.hello.as_ref()?, self.session?);
+        Some(Offered { session, size: h.size, name: h.name.clone() })
+    }
+
+    /// Whether the HELLO taken and the configuration make a resumable session: the key the
+    /// machine is to hand the driver.
+    fn resume_key(&self) -> Option<u64> {
+        let h = self.hello.as_ref()?;
+        (self.resume && h.caps & caps::RESUME != 0).then_some(h.resume).flatten()
+    }
+
+    /// `input` as a PROOF of the session while the receiver authenticates (a CHALLENGE sent,
+    /// no proof of its own yet, not over): whether its MAC verifies.
+    fn proof_given(&self, input: Option<&Input<'_>>) -> Option<bool> {
+        let Some(Input::Message(bytes)) = input else { return None };
+        let Ok((h, Message::Proof(p))) = decode(bytes) else { return None };
+        if Some(h.session) != self.session || self.challenge.is_none() || self.proved || self.finish.is_some() {
+            return None;
+        }
+        let (key, t) = (self.key.as_ref()?, self.offered()?);
+        Some(p.mac == mac(key, Role::Sender, &t, &p.nonce, &self.nonce))
     }
 
     /// Notes an input before the machine sees it.
@@ -877,9 +1216,19 @@ impl Watch {
         match *input {
             // The first HELLO names the session (anything else first ends it).
             Input::Message(bytes) if self.session.is_none() && self.finish.is_none() => {
-                if let Ok((h, Message::Hello(_))) = decode(bytes) {
+                if let Ok((h, Message::Hello(hello))) = decode(bytes) {
                     self.session = Some(h.session);
+                    self.hello = Some(hello);
                 }
+            }
+            // A lookup's answer within the file, while opening a resumable session.
+            Input::Resumed { from }
+                if self.open.is_some_and(|(size, _, _)| from <= size)
+                    && self.grant.is_none()
+                    && self.finish.is_none()
+                    && self.resume_key().is_some() =>
+            {
+                self.resumed = Some(from);
             }
             Input::Message(bytes) if self.grant.is_some() && self.finalize.is_none() => {
                 if let Ok((h, Message::Fin(f))) = decode(bytes) {
@@ -902,6 +1251,7 @@ impl Watch {
 
     /// Checks one step's actions; `input` is what caused them (`None`: a timeout).
     fn step(&mut self, cfg: &ReceiverConfig, input: Option<&Input<'_>>, steps: &[Step]) -> Result<(), TestCaseError> {
+        let proof = self.proof_given(input);
         for (i, s) in steps.iter().enumerate() {
             ensure!(self.finish.is_none(), "{s:?} after the Finish");
             ensure!(self.ack.is_none() || matches!(s, Step::Discard | Step::Finish(_)), "{s:?} after the ACK");
@@ -917,9 +1267,38 @@ impl Watch {
                 );
             }
             match s {
+                Step::Challenge { session, nonce } => {
+                    ensure!(self.key.is_some(), "a CHALLENGE without a secret");
+                    ensure!(self.challenge.is_none() && self.open.is_none(), "a CHALLENGE out of place");
+                    ensure!(steps.len() == 1, "a CHALLENGE among {steps:?}");
+                    let offers = self.hello.as_ref().is_some_and(|h| h.caps & caps::AUTH != 0);
+                    let hello =
+                        matches!(input, Some(Input::Message(b)) if matches!(decode(b), Ok((_, Message::Hello(_)))));
+                    ensure!(hello && offers, "a CHALLENGE answering {input:?}");
+                    ensure!(*nonce == self.nonce, "a CHALLENGE with the nonce {nonce:?}, not the receiver's");
+                    ensure!(Some(*session) == self.session, "a CHALLENGE of session {session:#x}");
+                    self.challenge = Some(*nonce);
+                }
+                Step::Proof { session, nonce, mac: m } => {
+                    // Never before the sender's proof verified: a receiver's proof is what a
+                    // sender trusts it by.
+                    ensure!(proof == Some(true) && i == 0, "the receiver's PROOF answering {input:?}");
+                    ensure!(*nonce == self.nonce, "the receiver's PROOF with the nonce {nonce:?}");
+                    let Some(Input::Message(bytes)) = input else { unreachable!() };
+                    let Ok((_, Message::Proof(theirs))) = decode(bytes) else { unreachable!() };
+                    let (key, t) = (self.key.as_ref().expect("a key"), self.offered().expect("a HELLO"));
+                    ensure!(*m == mac(key, Role::Receiver, &t, &theirs.nonce, nonce), "the receiver's PROOF is wrong");
+                    ensure!(Some(*session) == self.session, "a PROOF of session {session:#x}");
+                    self.proved = true;
+                }
                 Step::Open { name, size, slot_size, slot_count } => {
                     ensure!(self.open.is_none(), "a second Open");
                     ensure!(matches!(input, Some(Input::Message(_))), "an Open without a HELLO");
+                    // With a secret nothing is opened before the sender's proof verified (and
+                    // the receiver proved it back).
+                    ensure!(self.key.is_none() || (self.proved && proof == Some(true)), "an Open without a proof");
+                    let h = self.hello.as_ref().expect("a HELLO before an Open");
+                    ensure!((name, *size) == (&h.name, h.size), "an Open of {name:?} ({size} bytes), offered {h:?}");
                     ensure!(rdma_proto::name::check(name).is_ok(), "an Open of the name {name:?}");
                     ensure!(*size <= cfg.max_size, "an Open of {size} bytes, max_size {}", cfg.max_size);
                     ensure!(
@@ -945,14 +1324,18 @@ impl Watch {
                     let Some(&Input::Ready { addr, rkey }) = input else {
                         return Err(TestCaseError::fail(format!("a GRANT answering {input:?}")));
                     };
+                    ensure!(self.key.is_none() || self.proved, "a GRANT without the receiver's proof");
+                    let auth = if self.key.is_some() { caps::AUTH } else { 0 };
+                    let resume = if self.resume_key().is_some() { caps::RESUME } else { 0 };
+                    // Resuming at what the driver answered, and only then.
                     let want = Grant {
                         version: 1,
-                        caps: caps::DIGEST_XXH3_128,
+                        caps: caps::DIGEST_XXH3_128 | auth | resume,
                         addr,
                         rkey,
                         slot_size,
                         slot_count,
-                        resume_from: 0,
+                        resume_from: self.resumed.unwrap_or(0),
                     };
                     ensure!(*grant == want, "GRANT {grant:?}, the ring is {want:?}");
                     ensure!(Some(*session) == self.session, "a GRANT of session {session:#x}");
@@ -989,11 +1372,15 @@ impl Watch {
                         "chunk {seq} in slot {slot} of {count}"
                     );
                     let want = size.saturating_sub(*offset).min(u64::from(slot_size));
+                    let base = self.base();
                     ensure!(
-                        *offset == seq * u64::from(slot_size) && u64::from(*len) == want && want > 0,
-                        "chunk {seq}: {len} bytes at {offset} of a {size}-byte file"
+                        *offset == base + seq * u64::from(slot_size) && u64::from(*len) == want && want > 0,
+                        "chunk {seq}: {len} bytes at {offset} of a {size}-byte file resumed at {base}"
                     );
-                    ensure!(*offset + u64::from(*len) <= size, "chunk {seq} past the end");
+                    ensure!(
+                        offset.checked_add(u64::from(*len)).is_some_and(|end| end <= size),
+                        "chunk {seq} past the end"
+                    );
                     // The slot's previous chunk left the ring and was credited.
                     ensure!(
                         *seq < self.credit + u64::from(count),
@@ -1004,10 +1391,10 @@ impl Watch {
                     self.stored.push(false);
                 }
                 Step::Finalize(digest) => {
-                    let Some((size, slot_size, _)) = self.open else {
+                    let Some((size, _, _)) = self.open else {
                         return Err(TestCaseError::fail("a Finalize without an Open"));
                     };
-                    let chunks = size.div_ceil(u64::from(slot_size));
+                    let chunks = self.chunks();
                     ensure!(self.grant.is_some() && self.finalize.is_none(), "a Finalize out of place");
                     ensure!(
                         self.stores == chunks && self.stored_prefix() == chunks,
@@ -1034,9 +1421,9 @@ impl Watch {
                         "ACK Ok, the commit answered {:?}",
                         self.committed
                     );
-                    let bytes = self
-                        .open
-                        .map_or(0, |(size, slot_size, _)| (self.stored_prefix() * u64::from(slot_size)).min(size));
+                    let bytes = self.open.map_or(0, |(size, slot_size, _)| {
+                        self.base().saturating_add(self.stored_prefix() * u64::from(slot_size)).min(size)
+                    });
                     ensure!(*received == bytes, "an ACK for {received} bytes, {bytes} stored");
                     self.ack = Some(*status);
                 }
@@ -1077,6 +1464,23 @@ impl Watch {
                 }
             }
         }
+        // The sender's proof decides: one that verifies opens (the receiver's proof first), any
+        // other is refused as NotAuthorized with nothing opened, and counted.
+        match proof {
+            Some(true) => {
+                ensure!(matches!(steps, [Step::Proof { .. }, Step::Open { .. }]), "a verifying PROOF gave {steps:?}")
+            }
+            Some(false) => {
+                let session = self.session.expect("a session");
+                let refused = [
+                    Step::Ack { session, status: Status::NotAuthorized, received: 0 },
+                    Step::Finish(End::Acked(Status::NotAuthorized)),
+                ];
+                ensure!(steps == refused, "a wrong PROOF gave {steps:?}");
+                self.auth_failed = true;
+            }
+            None => {}
+        }
         Ok(())
     }
 }
@@ -1089,6 +1493,7 @@ enum In {
     Message(Vec<u8>),
     Write { imm: u32, len: u32 },
     Ready { addr: u64, rkey: u32 },
+    Resumed(u64),
     OpenFailed(Status),
     Stored(u64),
     StoreFailed(Status),
@@ -1102,6 +1507,7 @@ impl In {
             In::Message(b) => Input::Message(b),
             In::Write { imm, len } => Input::WriteArrived { imm: *imm, len: *len },
             In::Ready { addr, rkey } => Input::Ready { addr: *addr, rkey: *rkey },
+            In::Resumed(from) => Input::Resumed { from: *from },
             In::OpenFailed(s) => Input::OpenFailed(*s, why()),
             In::Stored(seq) => Input::ChunkStored { seq: *seq },
             In::StoreFailed(s) => Input::StoreFailed(*s, why()),
@@ -1115,10 +1521,15 @@ struct Case {
     spec: Spec,
     watch: Watch,
     cfg: ReceiverConfig,
+    conf: Conf,
     offer: Offer,
     now: Instant,
     /// Requests the harness's driver has not answered: the open, the stores, the commit.
     open_asked: bool,
+    /// The honest driver answered the resume lookup.
+    looked_up: bool,
+    /// The honest sender sent its PROOF.
+    proof_sent: bool,
     stores_asked: VecDeque<u64>,
     finalize_asked: bool,
     fin_sent: bool,
@@ -1129,16 +1540,19 @@ const RING_ADDR: u64 = 0x7f3a_0000_4000;
 const RKEY: u32 = 0xbeef;
 
 impl Case {
-    fn new(cfg: ReceiverConfig, offer: Offer) -> Case {
+    fn new(conf: Conf, offer: Offer) -> Case {
         let now = Instant::now();
         Case {
-            r: Receiver::new(cfg.clone(), now),
-            spec: Spec::new(cfg.clone(), now),
-            watch: Watch::default(),
-            cfg,
+            r: Receiver::new(conf.cfg.clone(), now).with_nonce(conf.nonce),
+            spec: Spec::new(&conf, now),
+            watch: Watch::new(&conf),
+            cfg: conf.cfg.clone(),
+            conf,
             offer,
             now,
             open_asked: false,
+            looked_up: false,
+            proof_sent: false,
             stores_asked: VecDeque::new(),
             finalize_asked: false,
             fin_sent: false,
@@ -1160,7 +1574,8 @@ impl Case {
 
     fn chunk_len(&self, seq: u64) -> u32 {
         let Some((size, slot_size, _)) = self.geometry() else { return self.offer.chunk };
-        size.saturating_sub(seq.saturating_mul(u64::from(slot_size))).min(u64::from(slot_size)) as u32
+        let offset = self.watch.base().saturating_add(seq.saturating_mul(u64::from(slot_size)));
+        size.saturating_sub(offset).min(u64::from(slot_size)) as u32
     }
 
     fn bytes(&self, sid: Sid, m: &Message, muts: &[Mutation]) -> Vec<u8> {
@@ -1176,7 +1591,7 @@ impl Case {
 
     fn fin(&self, chunks_by: i8, size_by: i8, digest_len: u8) -> Message {
         let (size, slot_size) = self.geometry().map_or((self.offer.size, self.offer.chunk), |(s, z, _)| (s, z));
-        let chunks = size.div_ceil(u64::from(slot_size));
+        let chunks = size.saturating_sub(self.watch.base()).div_ceil(u64::from(slot_size));
         Message::Fin(Fin {
             chunks: chunks.wrapping_add_signed(i64::from(chunks_by)),
             size: size.wrapping_add_signed(i64::from(size_by)),
@@ -1189,23 +1604,34 @@ impl Case {
         if self.watch.finish.is_some() {
             return None;
         }
+        let o = &self.offer;
         if self.watch.session.is_none() {
-            let o = &self.offer;
+            let auth = if o.auth == Auth::None { 0 } else { caps::AUTH };
+            let resume = if o.key.is_some() { caps::RESUME } else { 0 };
             let hello = Hello {
                 version_min: 1,
                 version_max: 1,
-                caps: caps::DIGEST_XXH3_128,
+                caps: caps::DIGEST_XXH3_128 | auth | resume,
                 size: o.size,
                 chunk: o.chunk,
                 depth: o.depth,
                 name: "f".into(),
-                resume: None,
+                resume: o.key,
             };
             return Some(In::Message(self.bytes(Sid::Ours, &Message::Hello(hello), &[])));
         }
-        let (size, slot_size, count) = self.geometry()?;
+        if let Some(nr) = self.watch.challenge.filter(|_| !self.proof_sent) {
+            // Its proof of the secret it holds, for the file it offered.
+            self.proof_sent = true;
+            let key = self.conf.key.clone().unwrap_or_else(|| NO_KEY.to_vec());
+            let key = if o.auth == Auth::Wrong { [&key[..], b"!"].concat() } else { key };
+            let t = Offered { session: o.session, size: o.size, name: "f".into() };
+            let proof = Proof { nonce: o.nonce, mac: mac(&key, Role::Sender, &t, &o.nonce, &nr) };
+            return Some(In::Message(self.bytes(Sid::Ours, &Message::Proof(proof), &[])));
+        }
+        let (_, _, count) = self.geometry()?;
         let next = self.watch.stores;
-        if next < size.div_ceil(u64::from(slot_size)) {
+        if next < self.watch.chunks() {
             let credited = next < self.watch.credit + u64::from(count);
             return credited.then(|| In::Write { imm: next as u32, len: self.chunk_len(next) });
         }
@@ -1216,10 +1642,59 @@ impl Case {
         None
     }
 
+    /// A PROOF of the sender's nonce `ns`, forged as `forge` says, for the HELLO the machine
+    /// took (else the honest sender's) and the receiver's nonce.
+    fn forge(&self, forge: &Forge, ns: &Nonce) -> Proof {
+        let key = self.conf.key.clone().unwrap_or_else(|| NO_KEY.to_vec());
+        let o = &self.offer;
+        let t = self.watch.offered().unwrap_or_else(|| Offered { session: o.session, size: o.size, name: "f".into() });
+        let nr = self.conf.nonce;
+        let valid = |t: &Offered, ns: &Nonce, nr: &Nonce| mac(&key, Role::Sender, t, ns, nr);
+        let (nonce, m) = match forge {
+            Forge::Valid => (*ns, valid(&t, ns, &nr)),
+            Forge::EchoedNonce => (nr, valid(&t, &nr, &nr)),
+            Forge::Flip(i, bit) => {
+                let mut m = valid(&t, ns, &nr);
+                m[i.index(PROOF_LEN)] ^= 1 << bit;
+                (*ns, m)
+            }
+            Forge::WrongSecret => (*ns, mac(&[&key[..], b"!"].concat(), Role::Sender, &t, ns, &nr)),
+            Forge::Reflected => (*ns, mac(&key, Role::Receiver, &t, ns, &nr)),
+            Forge::OtherSession(other) => {
+                let session = if *other == t.session { other ^ 1 } else { *other };
+                (*ns, valid(&Offered { session, ..t.clone() }, ns, &nr))
+            }
+            Forge::OtherFile(by_size) => {
+                let other = if *by_size {
+                    Offered { size: t.size.wrapping_add(1), ..t.clone() }
+                } else {
+                    Offered { name: format!("{}x", t.name), ..t.clone() }
+                };
+                (*ns, valid(&other, ns, &nr))
+            }
+            Forge::Replayed(old) => {
+                let mut old = *old;
+                if old == nr {
+                    old[0] ^= 1;
+                }
+                (*ns, valid(&t, ns, &old))
+            }
+            Forge::Junk(m) => (*ns, *m),
+        };
+        Proof { nonce, mac: m }
+    }
+
     /// What an honest driver does next, if anything.
     fn driver(&self, commit: Status) -> Option<In> {
         if self.open_asked {
-            Some(In::Ready { addr: RING_ADDR, rkey: RKEY })
+            // A resumable session: the lookup's answer (if it found a partial) before the ring.
+            let (size, slot_size, _) = self.watch.open?;
+            match &self.offer.held {
+                Some(held) if self.r.resume_key().is_some() && !self.looked_up => {
+                    Some(In::Resumed(held.of(size, slot_size)))
+                }
+                _ => Some(In::Ready { addr: RING_ADDR, rkey: RKEY }),
+            }
         } else if let Some(&seq) = self.stores_asked.front() {
             Some(In::Stored(seq))
         } else {
@@ -1253,6 +1728,16 @@ impl Case {
             })),
             Op::StoreFailed(s) => Some(In::StoreFailed(*s)),
             Op::Finalized(s) => Some(In::Finalized(*s)),
+            Op::Proof { sid, forge, nonce, muts } => {
+                Some(In::Message(self.bytes(*sid, &Message::Proof(self.forge(forge, nonce)), muts)))
+            }
+            Op::Resumed(lookup) => {
+                let (size, slot_size) = self.watch.open.map_or((self.offer.size, self.offer.chunk), |(s, z, _)| (s, z));
+                Some(In::Resumed(match lookup {
+                    Lookup::Held(h) => h.of(size, slot_size),
+                    Lookup::Any(from) => *from,
+                }))
+            }
             Op::Time(t) => return self.tick(t),
         };
         match input {
@@ -1267,6 +1752,7 @@ impl Case {
         self.watch.input(&input.input());
         match input {
             In::Ready { .. } | In::OpenFailed(_) => self.open_asked = false,
+            In::Resumed(_) => self.looked_up = true,
             In::Stored(seq) => self.stores_asked.retain(|s| s != seq),
             In::Finalized(_) => self.finalize_asked = false,
             _ => {}
@@ -1314,6 +1800,8 @@ impl Case {
                     ensure!(self.r.transmit(&mut buf), "a Send without its message");
                     let decoded = decode(&buf);
                     match decoded {
+                        Ok((h, Message::Challenge(c))) => Step::Challenge { session: h.session, nonce: c.nonce },
+                        Ok((h, Message::Proof(p))) => Step::Proof { session: h.session, nonce: p.nonce, mac: p.mac },
                         Ok((h, Message::Grant(grant))) => Step::Grant { session: h.session, grant },
                         Ok((h, Message::Credit(c))) => Step::Credit { session: h.session, consumed: c.consumed },
                         Ok((h, Message::Ack(a))) => {
@@ -1347,6 +1835,18 @@ impl Case {
         ensure!(got == want, "after {input:?} the machine did\n  {got:?}\nthe protocol says\n  {want:?}");
         let w = &self.watch;
         ensure!(self.r.is_done() == w.finish.is_some(), "is_done {} after a Finish {:?}", self.r.is_done(), w.finish);
+        ensure!(
+            self.r.auth_failed() == w.auth_failed,
+            "auth_failed() {} after {} wrong proof",
+            self.r.auth_failed(),
+            if w.auth_failed { "a" } else { "no" }
+        );
+        if w.challenge.is_some() || w.open.is_some() {
+            ensure!(self.r.resume_key() == w.resume_key(), "resume_key() {:?} for {:?}", self.r.resume_key(), w.hello);
+        }
+        if let Some(g) = w.grant {
+            ensure!(self.r.resumed_from() == g.resume_from, "resumed_from() {} after {g:?}", self.r.resumed_from());
+        }
         let deadline = self.r.poll_timeout();
         ensure!(
             deadline == self.spec.deadline(),
@@ -1357,7 +1857,10 @@ impl Case {
             ensure!(deadline.is_none(), "a deadline while the session is over or committing");
         }
         // Progress moves the deadline to a timeout from now.
-        if got.iter().any(|s| matches!(s, Step::Open { .. } | Step::Grant { .. } | Step::Store { .. })) {
+        if got
+            .iter()
+            .any(|s| matches!(s, Step::Challenge { .. } | Step::Open { .. } | Step::Grant { .. } | Step::Store { .. }))
+        {
             ensure!(deadline == self.now.checked_add(self.cfg.timeout), "deadline {deadline:?} after progress");
         }
         // Nothing stalls: a drained ring is credited, and a FIN with every chunk stored commits.
@@ -1366,7 +1869,7 @@ impl Case {
             if w.stores == stored {
                 ensure!(w.credit == stored, "the ring is drained ({stored} chunks) and credited to {}", w.credit);
             }
-            let chunks = w.open.map_or(0, |(size, slot_size, _)| size.div_ceil(u64::from(slot_size)));
+            let chunks = w.chunks();
             ensure!(!(w.fins.len() == 1 && stored == chunks), "a FIN, every chunk stored, and no commit asked for");
         }
         Ok(())
@@ -1383,6 +1886,13 @@ struct Tally {
     timeout: Cell<u64>,
     local: Cell<u64>,
     running: Cell<u64>,
+    /// Sessions that reached the GRANT after the proofs of the secret.
+    authorized: Cell<u64>,
+    /// Sessions refused for a wrong proof.
+    auth_failed: Cell<u64>,
+    /// Sessions granted from a held prefix, and those of them stored whole.
+    resumed: Cell<u64>,
+    resumed_ok: Cell<u64>,
 }
 
 fn bump(c: &Cell<u64>) {
@@ -1395,12 +1905,24 @@ fn fuzz_the_receiver_machine() {
     // Calm cases, mostly an honest transfer with a few hostile inputs, and stormy ones.
     let ops = prop_oneof![prop::collection::vec(op(150), 0..400), prop::collection::vec(op(20), 0..200)];
     let cases = (receiver_config(), offer(), ops);
-    let n = fuzz("receiver machine", 0.7, 128, cases, |(cfg, offer, ops)| {
-        let mut case = Case::new(cfg, offer);
+    let n = fuzz("receiver machine", 0.7, 128, cases, |(conf, offer, ops)| {
+        let mut case = Case::new(conf, offer);
         for op in &ops {
             case.run(op)?;
         }
         let w = &case.watch;
+        if w.proved && w.grant.is_some() {
+            bump(&tally.authorized);
+        }
+        if w.auth_failed {
+            bump(&tally.auth_failed);
+        }
+        if w.grant.is_some_and(|g| g.resume_from > 0) {
+            bump(&tally.resumed);
+            if w.finish == Some(End::Acked(Status::Ok)) {
+                bump(&tally.resumed_ok);
+            }
+        }
         match w.finish {
             Some(End::Acked(Status::Ok)) => bump(&tally.ok),
             Some(End::Acked(_)) if w.finalize.is_some() => bump(&tally.commit_failed),
@@ -1418,5 +1940,7 @@ fn fuzz_the_receiver_machine() {
         let share = |c: &Cell<u64>| c.get() * 1000 / n;
         assert!(share(&tally.ok) >= 20 && share(&tally.commit_failed) >= 2 && share(&tally.refused) >= 20, "{tally:?}");
         assert!(share(&tally.peer) >= 20 && share(&tally.timeout) >= 20 && share(&tally.local) >= 20, "{tally:?}");
+        assert!(share(&tally.authorized) >= 10 && share(&tally.auth_failed) >= 10, "{tally:?}");
+        assert!(share(&tally.resumed) >= 10 && share(&tally.resumed_ok) >= 2, "{tally:?}");
     }
 }
