@@ -28,7 +28,9 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use rdma_proto::auth::Secret;
-use rdma_proto::driver::{send_file, Phases, ReceiveOptions, ReceiveReport, SendOptions, SendReport, Server};
+use rdma_proto::driver::{
+    send_file, send_files, BatchReport, Phases, ReceiveOptions, ReceiveReport, SendOptions, SendReport, Server,
+};
 
 /// Port used when an address has none.
 const DEFAULT_PORT: u16 = 7471;
@@ -72,6 +74,10 @@ struct RecvArgs {
     /// Largest file accepted, in bytes (suffixes K, M, G, T: powers of 1024).
     #[arg(long, default_value = "1T", value_parser = parse_size)]
     max_size: u64,
+    /// Most bytes one session may bring: its file, or all the files of a batch (suffixes as
+    /// --max-size).
+    #[arg(long, default_value = "1T", value_parser = parse_size)]
+    max_session_bytes: u64,
     /// Memory for one transfer's slot ring, in bytes (suffixes as --max-size).
     #[arg(long, default_value = "64M", value_parser = parse_size)]
     memory: u64,
@@ -114,9 +120,17 @@ struct RecvArgs {
 
 #[derive(clap::Args)]
 struct SendArgs {
-    /// Files to send.
+    /// Files and directories to send. Files go one session each, unless --batch; directories
+    /// (sent with everything in them, under their own name) make the whole command one batch.
     #[arg(required = true)]
     files: Vec<PathBuf>,
+    /// Send everything in one session: one connection and one grant, a verdict per file, one
+    /// summary (the default when a directory is given).
+    #[arg(long)]
+    batch: bool,
+    /// Keep modes and modification times (files and directories of a batch).
+    #[arg(long, short = 'p')]
+    preserve: bool,
     /// The receiver's address, with an optional :PORT.
     #[arg(long)]
     to: String,
@@ -245,6 +259,7 @@ fn recv(a: RecvArgs, json: bool) -> i32 {
     opts.dir = (!a.discard).then_some(a.dir);
     opts.overwrite = a.overwrite;
     opts.max_size = a.max_size;
+    opts.max_session_bytes = a.max_session_bytes;
     opts.max_chunk = max_chunk;
     opts.memory_budget = a.memory;
     opts.max_slots = a.max_depth.max(1);
@@ -306,6 +321,11 @@ fn recv(a: RecvArgs, json: bool) -> i32 {
             });
             println!("{v}");
         } else {
+            for e in &r.entries {
+                let what = if e.status == rdma_proto::Status::Ok { "stored".to_owned() } else { format!("{}: {}", e.status, e.detail) };
+                let kind = if e.directory { "/" } else { "" };
+                println!("{:016x}   {}{kind} ({} bytes): {what}", r.session, e.path, e.bytes);
+            }
             let what = match (r.status(), &r.result) {
                 (Some(s), _) => s.to_string(),
                 (None, Err(e)) => format!("failed: {e}"),
@@ -357,6 +377,7 @@ fn send(a: SendArgs, json: bool) -> i32 {
     opts.connect_timeout = Duration::from_secs(a.connect_timeout);
     opts.timeout = Duration::from_secs(a.timeout);
     opts.resume = !a.no_resume;
+    opts.preserve = a.preserve;
     opts.secret = match load_secret(a.secret_file.as_deref()) {
         Ok(s) => s,
         Err(e) => return usage(e),
@@ -378,20 +399,15 @@ fn send(a: SendArgs, json: bool) -> i32 {
             Some(v) => return usage(format!("--test-after-fin {v:?}: junk, fin or write")),
         };
     }
+    if a.batch || a.files.iter().any(|f| f.is_dir()) {
+        if a.name.is_some() {
+            return usage("--name takes one file, not a batch".into());
+        }
+        return send_batch(&a, &opts, json);
+    }
     let mut code = 0;
     for path in &a.files {
-        let bar = if a.quiet || json || !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-            ProgressBar::hidden()
-        } else {
-            let b = ProgressBar::new(0);
-            b.set_style(
-                ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}")
-                    .expect("a valid template")
-                    .progress_chars("=> "),
-            );
-            b.set_message(path.display().to_string());
-            b
-        };
+        let bar = progress_bar(a.quiet || json, &path.display().to_string());
         let r = send_file(path, &opts, |done, total| {
             bar.set_length(total);
             bar.set_position(done);
@@ -409,6 +425,104 @@ fn send(a: SendArgs, json: bool) -> i32 {
                 }
             }
         }
+    }
+    code
+}
+
+/// A progress bar labelled `msg` on a terminal's stderr; hidden when `quiet` or not a terminal.
+fn progress_bar(quiet: bool, msg: &str) -> ProgressBar {
+    if quiet || !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        return ProgressBar::hidden();
+    }
+    let b = ProgressBar::new(0);
+    b.set_style(
+        ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}")
+            .expect("a valid template")
+            .progress_chars("=> "),
+    );
+    b.set_message(msg.to_owned());
+    b
+}
+
+/// `send --batch`, or with a directory: one session, a line per entry, one summary. The exit
+/// code is 0 when every entry was stored, else the first failure's.
+fn send_batch(a: &SendArgs, opts: &SendOptions, json: bool) -> i32 {
+    let bar = progress_bar(a.quiet || json, "batch");
+    let r = send_files(&a.files, opts, |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    });
+    bar.finish_and_clear();
+    let r: BatchReport = match r {
+        Ok(r) => r,
+        Err(e) => {
+            let code = e.exit_code();
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"role": "send", "batch": true, "error": e.to_string(), "exit_code": code})
+                );
+            } else {
+                eprintln!("rdma-copy: batch: {e}");
+            }
+            return code;
+        }
+    };
+    let mut code = 0;
+    for (path, why) in &r.skipped {
+        if json {
+            println!("{}", serde_json::json!({"role": "send", "file": path.display().to_string(), "skipped": why}));
+        } else {
+            eprintln!("rdma-copy: {}: {why}", path.display());
+        }
+    }
+    for e in &r.entries {
+        let c = e.result.as_ref().err().map_or(0, |e| e.exit_code());
+        if code == 0 {
+            code = c;
+        }
+        if json {
+            let err = e.result.as_ref().err().map(|e| e.to_string());
+            let v = serde_json::json!({"role": "send", "file": e.source.display().to_string(), "path": e.path,
+                "directory": e.directory, "bytes": e.size, "resumed_from": e.resumed_from, "error": err, "exit_code": c});
+            println!("{v}");
+        } else {
+            let kind = if e.directory { "/" } else { "" };
+            match &e.result {
+                Ok(()) if e.resumed_from > 0 => {
+                    println!("{}{kind}: {} bytes, stored, resumed at byte {}", e.path, e.size, e.resumed_from)
+                }
+                Ok(()) => println!("{}{kind}: {} bytes, stored", e.path, e.size),
+                Err(err) => println!("{}{kind}: {err}", e.path),
+            }
+        }
+    }
+    if code == 0 {
+        if let Err(e) = &r.result {
+            code = e.exit_code();
+        }
+    }
+    let stored = r.entries.iter().filter(|e| e.result.is_ok()).count();
+    let secs = r.total.as_secs_f64();
+    if json {
+        let err = r.result.as_ref().err().map(|e| e.to_string());
+        let v = serde_json::json!({"role": "send", "batch": true, "session": format!("{:016x}", r.session),
+            "entries": r.entries.len(), "stored": stored, "skipped": r.skipped.len(), "bytes": r.bytes,
+            "seconds": secs, "error": err, "exit_code": code});
+        println!("{v}");
+    } else {
+        let tail = match &r.result {
+            Ok(()) => String::new(),
+            Err(e) => format!("; {e}"),
+        };
+        println!(
+            "batch: {stored} of {} entries stored ({} skipped), {} bytes in {secs:.3} s, {:.1} MB/s, session {:016x}{tail}",
+            r.entries.len(),
+            r.skipped.len(),
+            r.bytes,
+            mb_per_s(r.bytes, r.total),
+            r.session
+        );
     }
     code
 }

@@ -1,6 +1,6 @@
 //! File names a receiver accepts: one path component, nothing that could escape its directory.
 
-use crate::wire::MAX_NAME_LEN;
+use crate::wire::{MAX_NAME_LEN, MAX_PATH_LEN};
 
 /// The suffix of a receiver's temporary files (`.SESSION-N.rdcp-tmp`), which no name may end with,
 /// so that no sender can name another session's temporary.
@@ -30,9 +30,36 @@ pub fn check(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Checks that `path` is a relative path under the destination: `/`-separated components,
+/// each a valid name ([`check`]: no `..`, no `.`, no empty component, so no absolute path and
+/// no doubled or trailing `/`), at most [`MAX_PATH_LEN`] bytes. Returns the components.
+///
+/// # Errors
+/// A sentence saying what is wrong.
+pub fn check_path(path: &str) -> Result<Vec<&str>, String> {
+    if path.len() > MAX_PATH_LEN {
+        return Err(format!("path of {} bytes, at most {MAX_PATH_LEN}", path.len()));
+    }
+    if path.starts_with('/') {
+        return Err("an absolute path".into());
+    }
+    path.split('/').map(|c| check(c).map(|()| c).map_err(|why| format!("path {path:?}: {why}"))).collect()
+}
+
 #[cfg(test)]
 mod tests {
-    use super::check;
+    use super::{check, check_path};
+
+    #[test]
+    fn only_relative_paths_of_valid_names_pass() {
+        for good in ["a", "a/b", "d/e/f.bin", "..x/y"] {
+            assert!(check_path(good).is_ok(), "{good:?}");
+        }
+        for bad in ["", "/a", "a/", "a//b", "./a", "a/./b", "../a", "a/../b", "a/..", "a\\b", "a/.0.rdcp-tmp"] {
+            assert!(check_path(bad).is_err(), "{bad:?}");
+        }
+        assert!(check_path(&"a/".repeat(481)).is_err(), "over the limit");
+    }
 
     #[test]
     fn only_single_components_pass() {

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use crate::auth::{Role, Secret, Transcript, NONCE_LEN};
 use crate::outbox::Outbox;
 use crate::status::Status;
-use crate::wire::{self, caps, Ack, Challenge, Credit, Grant, Message, Proof};
+use crate::wire::{self, caps, Ack, Challenge, Credit, End, Entry, EntryKind, Grant, Message, Proof, Ready};
 use crate::{Outcome, ProtocolError};
 
 /// What a receiver accepts. Made by [`Default`] (1 TiB files, 4 MiB chunks, 64 MiB and 64
@@ -36,6 +36,9 @@ use crate::{Outcome, ProtocolError};
 pub struct ReceiverConfig {
     /// Largest file accepted.
     pub max_size: u64,
+    /// Most bytes one session may bring: the file, or all the files of a batch
+    /// ([`caps::BATCH`]) together.
+    pub max_session_bytes: u64,
     /// Largest chunk (slot) size granted.
     pub max_chunk: u32,
     /// Memory for the slot ring of one transfer: slots granted = min(depth wanted,
@@ -56,12 +59,16 @@ pub struct ReceiverConfig {
     /// answer [`Input::Resumed`] with the bytes it already holds of that file. Needs a place to
     /// keep partial files, so off by default.
     pub resume: bool,
+    /// Take batches ([`caps::BATCH`]): with it off, a batch's HELLO is refused as a receiver
+    /// without batches refuses it (its name, `.`, is `BadName`).
+    pub batch: bool,
 }
 
 impl Default for ReceiverConfig {
     fn default() -> Self {
         ReceiverConfig {
             max_size: 1 << 40,
+            max_session_bytes: 1 << 40,
             max_chunk: 4 << 20,
             memory_budget: 64 << 20,
             max_slots: 64,
@@ -69,6 +76,7 @@ impl Default for ReceiverConfig {
             hello_timeout: Duration::from_secs(30),
             secret: None,
             resume: false,
+            batch: true,
         }
     }
 }
@@ -85,7 +93,9 @@ pub enum Input<'a> {
         /// The WRITE's length.
         len: u32,
     },
-    /// The file is open and the ring registered (answers [`Action::Open`]).
+    /// The file is open and the ring registered (answers [`Action::Open`]); in a batch, the
+    /// ring is registered (answers [`Action::Reserve`]) or the entry is open, or the directory
+    /// made (answers [`Action::OpenEntry`], with the same ring).
     Ready {
         /// Address of slot 0.
         addr: u64,
@@ -98,7 +108,8 @@ pub enum Input<'a> {
         /// Bytes held, at most the file's size.
         from: u64,
     },
-    /// [`Action::Open`] failed (a status of `Ok` here is taken as [`Status::Internal`]).
+    /// [`Action::Open`], [`Action::Reserve`] or [`Action::OpenEntry`] failed (a status of `Ok`
+    /// here is taken as [`Status::Internal`]). A batch goes on after an entry that failed to open.
     OpenFailed(Status, String),
     /// Chunk `seq` left its slot (stored, or checked in memory-only mode).
     ChunkStored {
@@ -125,6 +136,33 @@ pub enum Action {
         slot_size: u32,
         /// Slots.
         slot_count: u32,
+    },
+    /// A batch ([`caps::BATCH`]) was accepted: register a ring of `slot_count` slots of
+    /// `slot_size` bytes (no file yet); answer with [`Input::Ready`] or [`Input::OpenFailed`].
+    Reserve {
+        /// Bytes per slot.
+        slot_size: u32,
+        /// Slots.
+        slot_count: u32,
+    },
+    /// In a batch: open a temporary for the entry's file at its (checked) relative path,
+    /// making its parent directories, or make the directory it names; with the entry's
+    /// `flags`, apply its mode and modification time at the commit (a directory's at once).
+    /// Answer with [`Input::Ready`] (the ring's address again), preceded by [`Input::Resumed`]
+    /// when [`Receiver::resume_key`] is set, or [`Input::OpenFailed`].
+    OpenEntry(Entry),
+    /// In a batch: the entry's verdict was sent (its ACK); the batch goes on.
+    EntryDone {
+        /// The entry.
+        index: u32,
+        /// Its path.
+        path: String,
+        /// The verdict.
+        status: Status,
+        /// Why, for a failure.
+        detail: String,
+        /// Bytes of it held.
+        bytes: u64,
     },
     /// A control message is ready: take its bytes with [`Receiver::transmit`] (one message per `Send`, in
     /// order) and send them on the control plane.
@@ -158,6 +196,8 @@ enum Phase {
     AwaitHello,
     /// A secret is required: the CHALLENGE is out, the sender's PROOF awaited.
     Authenticating,
+    /// A batch between entries: the next ENTRY or the END awaited.
+    AwaitEntry,
     Opening,
     Data,
     Finalizing,
@@ -195,10 +235,34 @@ pub struct Receiver {
     resume_key: Option<u64>,
     /// Bytes of the file held before this session (chunk `n` starts at `base + n * slot`).
     base: u64,
+    /// The batch, when the HELLO asked for one.
+    batch: Option<Batch>,
     /// When the current phase last made progress: the timeout counts from here.
     progress: Instant,
     actions: VecDeque<Action>,
     outbox: Outbox,
+}
+
+/// A batch in progress ([`caps::BATCH`]).
+#[derive(Debug, Default)]
+struct Batch {
+    /// The total the HELLO announced.
+    declared: u64,
+    /// Whether both sides resume (per entry, by its key).
+    resume: bool,
+    /// ENTRY messages so far.
+    entries: u32,
+    /// Bytes of the files announced so far.
+    announced: u64,
+    /// Bytes held by the entries that ended.
+    held: u64,
+    /// Entries stored, and not.
+    ok: u32,
+    failed: u32,
+    /// The first failure's status and detail.
+    first_failure: Option<(Status, String)>,
+    /// The entry in progress.
+    current: Option<(u32, String, EntryKind)>,
 }
 
 impl Receiver {
@@ -226,6 +290,7 @@ impl Receiver {
             offered: None,
             resume_key: None,
             base: 0,
+            batch: None,
             actions: VecDeque::new(),
             outbox: Outbox::default(),
         }
@@ -260,9 +325,14 @@ impl Receiver {
     }
 
     /// Bytes of the file held: those from before the session ([`resumed_from`](Self::resumed_from))
-    /// and those stored since.
+    /// and those stored since. In a batch, of the entry in progress (or the last).
     pub fn bytes_stored(&self) -> u64 {
         self.base.saturating_add(self.stored * u64::from(self.slot_size)).min(self.size)
+    }
+
+    /// Whether the session is a batch ([`caps::BATCH`]).
+    pub fn is_batch(&self) -> bool {
+        self.batch.is_some()
     }
 
     /// The HELLO's resume key, when the session may resume (the sender offered it and
@@ -305,7 +375,10 @@ impl Receiver {
     /// `rdma_verbs::Deadline`).
     pub fn poll_timeout(&self) -> Option<Instant> {
         let timeout = if self.phase == Phase::AwaitHello { self.cfg.hello_timeout } else { self.cfg.timeout };
-        let running = matches!(self.phase, Phase::AwaitHello | Phase::Authenticating | Phase::Opening | Phase::Data);
+        let running = matches!(
+            self.phase,
+            Phase::AwaitHello | Phase::Authenticating | Phase::AwaitEntry | Phase::Opening | Phase::Data
+        );
         running.then(|| crate::timer(self.progress, timeout)).flatten()
     }
 
@@ -318,6 +391,7 @@ impl Receiver {
         let what = match self.phase {
             Phase::AwaitHello => "the sender's HELLO",
             Phase::Authenticating => "the sender's proof of the secret",
+            Phase::AwaitEntry => "the sender's next entry or END",
             Phase::Opening => "the file to open",
             Phase::Data => "the sender's chunks or FIN",
             _ => "the file to be synced",
@@ -351,8 +425,38 @@ impl Receiver {
                     Ok(())
                 }
             }
+            Input::Ready { .. } if self.phase == Phase::Opening && self.entry_open() => {
+                self.progress = now;
+                match self.batch.as_ref().and_then(|b| b.current.as_ref()) {
+                    Some((_, _, EntryKind::Directory)) => self.entry_done(Status::Ok, String::new()),
+                    Some(&(index, ..)) => {
+                        self.opened = true;
+                        self.phase = Phase::Data;
+                        self.send(&Message::Ready(Ready { index, resume_from: self.base }));
+                    }
+                    None => {}
+                }
+                Ok(())
+            }
             Input::Ready { addr, rkey } if self.phase == Phase::Opening => {
-                self.opened = true;
+                self.opened = !self.is_batch();
+                if self.is_batch() {
+                    self.phase = Phase::AwaitEntry;
+                    self.progress = now;
+                    let resume = if self.batch.as_ref().is_some_and(|b| b.resume) { caps::RESUME } else { 0 };
+                    let auth = if self.cfg.secret.is_some() { caps::AUTH } else { 0 };
+                    let g = Grant {
+                        version: self.version,
+                        caps: caps::DIGEST_XXH3_128 | caps::BATCH | auth | resume,
+                        addr,
+                        rkey,
+                        slot_size: self.slot_size,
+                        slot_count: self.slot_count,
+                        resume_from: 0,
+                    };
+                    self.send(&Message::Grant(g));
+                    return;
+                }
                 self.phase = Phase::Data;
                 self.progress = now;
                 let auth = if self.cfg.secret.is_some() { caps::AUTH } else { 0 };
@@ -369,6 +473,10 @@ impl Receiver {
                 self.send(&Message::Grant(g));
                 Ok(())
             }
+            Input::OpenFailed(status, why) if self.phase == Phase::Opening && self.entry_open() => {
+                self.entry_done(failed(status), why);
+                Ok(())
+            }
             Input::OpenFailed(status, why) if self.phase == Phase::Opening => {
                 self.refuse(failed(status), why);
                 Ok(())
@@ -380,6 +488,14 @@ impl Receiver {
             }
             Input::StoreFailed(status, why) if self.phase >= Phase::Data => {
                 self.fail(ProtocolError::Local(why.clone()), Some((failed(status), why)));
+                Ok(())
+            }
+            Input::Finalized(status, why) if self.phase == Phase::Finalizing && self.is_batch() => {
+                if status != Status::Ok {
+                    self.actions.push_back(Action::Discard);
+                }
+                self.progress = now;
+                self.entry_done(status, why);
                 Ok(())
             }
             Input::Finalized(status, why) if self.phase == Phase::Finalizing => {
@@ -430,32 +546,24 @@ impl Receiver {
                     self.refuse(Status::ProtocolMismatch, why);
                 } else if hello.caps & caps::DIGEST_XXH3_128 == 0 {
                     self.refuse(Status::ProtocolMismatch, "sender offers no digest this receiver knows".into());
+                } else if self.cfg.batch && hello.caps & caps::BATCH != 0 && hello.name == wire::BATCH_NAME {
+                    self.start_batch(hello);
                 } else if let Err(why) = crate::name::check(&hello.name) {
                     self.refuse(Status::BadName, why);
-                } else if hello.size > self.cfg.max_size {
-                    self.refuse(Status::TooLarge, format!("{} bytes, at most {}", hello.size, self.cfg.max_size));
+                } else if hello.size > self.cfg.max_size.min(self.cfg.max_session_bytes) {
+                    let most = self.cfg.max_size.min(self.cfg.max_session_bytes);
+                    self.refuse(Status::TooLarge, format!("{} bytes, at most {most}", hello.size));
                 } else if hello.chunk == 0 || hello.depth == 0 {
                     self.refuse(Status::ProtocolMismatch, "chunk size and depth must be at least 1".into());
                 } else {
                     self.version = hello.version_max.min(v);
                     self.size = hello.size;
-                    self.slot_size = hello.chunk.min(self.cfg.max_chunk).max(1);
-                    let fit = (self.cfg.memory_budget / u64::from(self.slot_size)).clamp(1, u64::from(u32::MAX));
-                    self.slot_count = hello.depth.min(fit as u32).min(self.cfg.max_slots).max(1);
+                    self.size_ring(&hello);
                     self.chunks = hello.size.div_ceil(u64::from(self.slot_size));
                     if self.cfg.resume && hello.caps & caps::RESUME != 0 {
                         self.resume_key = hello.resume;
                     }
-                    if self.cfg.secret.is_none() {
-                        self.open(hello.name);
-                    } else if hello.caps & caps::AUTH == 0 {
-                        let why = "this receiver requires a shared secret: give the sender one (rdma-copy: --secret-file or RDMA_COPY_SECRET)";
-                        self.refuse(Status::NotAuthorized, why.into());
-                    } else {
-                        self.phase = Phase::Authenticating;
-                        self.offered = Some((hello.name, hello.size));
-                        self.send(&Message::Challenge(Challenge { nonce: self.nonce }));
-                    }
+                    self.prove_then_open(hello);
                 }
             }
             (Phase::Authenticating, Message::Proof(p)) => {
@@ -496,15 +604,143 @@ impl Receiver {
                 self.fin = Some(fin.digest);
                 self.progress = now;
             }
+            (Phase::AwaitEntry, Message::Entry(e)) => self.on_entry(e, now)?,
+            (Phase::AwaitEntry, Message::End(End { entries })) => {
+                let Some(b) = self.batch.take() else {
+                    return Err(ProtocolError::Local("an END outside a batch".into()));
+                };
+                if entries != b.entries {
+                    return Err(ProtocolError::Peer(format!("END after {entries} entries; {} came", b.entries)));
+                }
+                let (status, mut detail) = b.first_failure.unwrap_or((Status::Ok, String::new()));
+                detail = if b.failed == 0 {
+                    format!("{} entries stored", b.ok)
+                } else {
+                    format!("{} of {} entries stored; the first failure: {detail}", b.ok, b.entries)
+                };
+                self.acked = true;
+                self.send(&Message::Ack(Ack { status, received: b.held, detail: detail.clone() }));
+                self.phase = Phase::Done;
+                self.actions.push_back(Action::Finish(Outcome::Acked { status, detail }));
+            }
             (phase, m) => return Err(ProtocolError::Peer(format!("unexpected {:?} while {phase:?}", m.kind()))),
         }
         Ok(())
+    }
+
+    /// A HELLO asking for a batch: checked as a session (its total within
+    /// `max_session_bytes`), then the ring is reserved (after the proof of the secret).
+    fn start_batch(&mut self, hello: wire::Hello) {
+        if hello.size > self.cfg.max_session_bytes {
+            let why = format!("a batch of {} bytes, at most {} per session", hello.size, self.cfg.max_session_bytes);
+            return self.refuse(Status::TooLarge, why);
+        }
+        if hello.chunk == 0 || hello.depth == 0 {
+            return self.refuse(Status::ProtocolMismatch, "chunk size and depth must be at least 1".into());
+        }
+        self.version = hello.version_max.min(*wire::PROTOCOL_VERSIONS.end());
+        self.size_ring(&hello);
+        let resume = self.cfg.resume && hello.caps & caps::RESUME != 0;
+        self.batch = Some(Batch { declared: hello.size, resume, ..Batch::default() });
+        self.prove_then_open(hello);
+    }
+
+    /// The ring a HELLO gets: its chunk within `max_chunk`, its depth within the memory budget
+    /// and `max_slots`.
+    fn size_ring(&mut self, hello: &wire::Hello) {
+        self.slot_size = hello.chunk.min(self.cfg.max_chunk).max(1);
+        let fit = (self.cfg.memory_budget / u64::from(self.slot_size)).clamp(1, u64::from(u32::MAX));
+        self.slot_count = hello.depth.min(fit as u32).min(self.cfg.max_slots).max(1);
+    }
+
+    /// After an accepted HELLO: opens at once, or with a secret challenges the sender first
+    /// (one that offers no `AUTH` is refused).
+    fn prove_then_open(&mut self, hello: wire::Hello) {
+        if self.cfg.secret.is_none() {
+            self.open(hello.name);
+        } else if hello.caps & caps::AUTH == 0 {
+            let why = "this receiver requires a shared secret: give the sender one (rdma-copy: --secret-file or RDMA_COPY_SECRET)";
+            self.refuse(Status::NotAuthorized, why.into());
+        } else {
+            self.phase = Phase::Authenticating;
+            self.offered = Some((hello.name, hello.size));
+            self.send(&Message::Challenge(Challenge { nonce: self.nonce }));
+        }
+    }
+
+    /// An ENTRY of the batch: checked (its path, its size within the limits), then opened by
+    /// the driver; a refused entry gets its ACK and the batch goes on.
+    fn on_entry(&mut self, e: Entry, now: Instant) -> Result<(), ProtocolError> {
+        let (max_size, max_session) = (self.cfg.max_size, self.cfg.max_session_bytes);
+        let Some(b) = self.batch.as_mut() else {
+            return Err(ProtocolError::Local("an ENTRY outside a batch".into()));
+        };
+        if e.index != b.entries {
+            return Err(ProtocolError::Peer(format!("ENTRY {}, expected {}", e.index, b.entries)));
+        }
+        if e.kind == EntryKind::Directory && e.size != 0 {
+            return Err(ProtocolError::Peer(format!("a directory of {} bytes", e.size)));
+        }
+        b.entries += 1;
+        b.current = Some((e.index, e.path.clone(), e.kind));
+        let announced = b.announced.saturating_add(e.size);
+        b.announced = announced;
+        let limit = b.declared.min(max_session);
+        self.progress = now;
+        // The entry's own state: nothing of the last one carries over.
+        self.size = e.size;
+        self.base = 0;
+        self.chunks = e.size.div_ceil(u64::from(self.slot_size));
+        (self.arrived, self.stored, self.credited, self.fin, self.opened) = (0, 0, 0, None, false);
+        self.resume_key = (b.resume && e.resume != 0).then_some(e.resume);
+        if let Err(why) = crate::name::check_path(&e.path) {
+            self.entry_done(Status::BadName, why);
+        } else if e.size > max_size {
+            self.entry_done(Status::TooLarge, format!("{}: {} bytes, at most {max_size}", e.path, e.size));
+        } else if announced > limit {
+            let why =
+                format!("{}: the batch would pass {limit} bytes (its announced total or the session limit)", e.path);
+            self.entry_done(Status::TooLarge, why);
+        } else {
+            self.phase = Phase::Opening;
+            self.actions.push_back(Action::OpenEntry(e));
+        }
+        Ok(())
+    }
+
+    /// Whether an entry of a batch is being opened (not the batch's ring).
+    fn entry_open(&self) -> bool {
+        self.batch.as_ref().is_some_and(|b| b.current.is_some())
+    }
+
+    /// The entry in progress ended with `status`, told to the sender by its ACK; the batch
+    /// waits for the next entry.
+    fn entry_done(&mut self, status: Status, detail: String) {
+        let bytes = self.bytes_stored();
+        self.ack(status, detail.clone());
+        let Some(b) = self.batch.as_mut() else { return };
+        let Some((index, path, _)) = b.current.take() else { return };
+        if status == Status::Ok {
+            b.ok += 1;
+            b.held = b.held.saturating_add(bytes);
+        } else {
+            b.failed += 1;
+            b.first_failure.get_or_insert_with(|| (status, format!("{path}: {status}: {detail}")));
+        }
+        self.opened = false;
+        self.phase = Phase::AwaitEntry;
+        self.actions.push_back(Action::EntryDone { index, path, status, detail, bytes });
     }
 
     /// Asks the driver to open the file and register the ring (the HELLO was accepted, and the
     /// sender proved the secret if one is required).
     fn open(&mut self, name: String) {
         self.phase = Phase::Opening;
+        if self.is_batch() {
+            let (slot_size, slot_count) = (self.slot_size, self.slot_count);
+            self.actions.push_back(Action::Reserve { slot_size, slot_count });
+            return;
+        }
         self.actions.push_back(Action::Open {
             name,
             size: self.size,

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use crate::auth::{Role, Secret, Transcript, NONCE_LEN};
 use crate::outbox::Outbox;
 use crate::status::Status;
-use crate::wire::{self, caps, Credit, Fin, Grant, Hello, Message, Proof};
+use crate::wire::{self, caps, Credit, End, Entry, EntryKind, Fin, Grant, Hello, Message, Proof};
 use crate::{Outcome, ProtocolError};
 
 /// What the sender asks for; the receiver may grant less. Made by [`new`](Self::new) (it is
@@ -97,6 +97,20 @@ pub enum Action {
     },
     /// Every chunk was read: report the whole-file digest ([`Input::Digest`]).
     NeedDigest,
+    /// In a batch: offer the next entry ([`Sender::start_entry`]) or end the batch
+    /// ([`Sender::end_batch`]).
+    NextEntry,
+    /// In a batch: the receiver's verdict on an entry.
+    EntryDone {
+        /// The entry.
+        index: u32,
+        /// The receiver's verdict.
+        status: Status,
+        /// Why, for a failure.
+        detail: String,
+        /// Bytes of it the receiver holds.
+        received: u64,
+    },
     /// The session is over.
     Finish(Outcome),
 }
@@ -104,8 +118,14 @@ pub enum Action {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     AwaitGrant,
+    /// A batch between entries: the driver's next entry (or its end) awaited.
+    Idle,
+    /// A batch: the ENTRY is out, its READY (or refusal) awaited.
+    AwaitReady,
     Data,
     AwaitAck,
+    /// A batch: the END is out, the summary ACK awaited.
+    AwaitSummary,
     Done,
 }
 
@@ -136,6 +156,12 @@ pub struct Sender {
     challenge: Option<[u8; NONCE_LEN]>,
     /// Whether the receiver proved it knows the secret.
     receiver_proven: bool,
+    /// Bytes the receiver held before (the GRANT's, or in a batch the READY's, `resume_from`).
+    resume_from: u64,
+    /// Whether this is a batch, and its entries so far.
+    batch: Option<u32>,
+    /// The entry in progress (a batch).
+    entry: Option<Entry>,
     /// When the current phase last made progress: the timeout counts from here.
     progress: Instant,
     actions: VecDeque<Action>,
@@ -187,6 +213,9 @@ impl Sender {
             nonce: [0; NONCE_LEN],
             challenge: None,
             receiver_proven: false,
+            resume_from: 0,
+            batch: None,
+            entry: None,
             progress: now,
             actions: VecDeque::new(),
             outbox: Outbox::default(),
@@ -204,6 +233,62 @@ impl Sender {
         };
         s.send(&Message::Hello(hello));
         Ok(s)
+    }
+
+    /// Starts a batch ([`caps::BATCH`]): many files and directories, `total` bytes together,
+    /// over this one session and its one grant. Queues the HELLO (name
+    /// [`wire::BATCH_NAME`]); once granted, [`Action::NextEntry`] asks for each entry in turn.
+    /// Offers [`caps::RESUME`]: each entry carries its own key (0: none).
+    ///
+    /// # Errors
+    /// [`ProtocolError::Local`] for a zero chunk or depth.
+    pub fn batch(session: u64, total: u64, mut cfg: SenderConfig, now: Instant) -> Result<Self, ProtocolError> {
+        // Offers resuming (the key itself is per entry).
+        cfg.resume_key.get_or_insert(0);
+        let mut s = Self::offering(session, wire::BATCH_NAME, total, cfg, now, wire::PROTOCOL_VERSIONS)?;
+        s.batch = Some(0);
+        Ok(s)
+    }
+
+    /// Offers the next entry of a batch (its `index` is set here), once
+    /// [`Action::NextEntry`] asked for one: a file's chunks follow its READY; a directory is
+    /// answered by its ACK. Ignored at any other time.
+    pub fn start_entry(&mut self, mut entry: Entry, now: Instant) {
+        let Some(count) = self.batch.filter(|_| self.phase == Phase::Idle) else { return };
+        entry.index = count;
+        self.batch = Some(count + 1);
+        if entry.kind == EntryKind::Directory {
+            entry.size = 0;
+        }
+        self.size = entry.size;
+        (self.chunks, self.next_read, self.next_read_done, self.next_write) = (0, 0, 0, 0);
+        (self.write_done, self.consumed, self.resume_from) = (0, 0, 0);
+        self.ready.clear();
+        (self.digest, self.digest_asked) = (None, false);
+        self.phase = Phase::AwaitReady;
+        self.progress = now;
+        self.send(&Message::Entry(entry.clone()));
+        self.entry = Some(entry);
+    }
+
+    /// Ends a batch once [`Action::NextEntry`] asked for an entry: the END goes out, and the
+    /// receiver's summary ACK ends the session. Ignored at any other time.
+    pub fn end_batch(&mut self, now: Instant) {
+        let Some(entries) = self.batch.filter(|_| self.phase == Phase::Idle) else { return };
+        self.phase = Phase::AwaitSummary;
+        self.progress = now;
+        self.send(&Message::End(End { entries }));
+    }
+
+    /// The entry in progress, in a batch.
+    pub fn entry(&self) -> Option<&Entry> {
+        self.entry.as_ref()
+    }
+
+    /// Whether chunks of the file (or the batch's entry) are being sent: from the GRANT (or
+    /// READY) to the ACK.
+    pub fn sending(&self) -> bool {
+        matches!(self.phase, Phase::Data | Phase::AwaitAck)
     }
 
     /// Sets this side's nonce for the proof of the secret: 16 random bytes from the driver
@@ -262,6 +347,9 @@ impl Sender {
         if self.poll_timeout().is_some_and(|deadline| now >= deadline) {
             let what = match self.phase {
                 Phase::AwaitGrant => "the receiver's grant",
+                Phase::Idle => "the driver's next entry",
+                Phase::AwaitReady => "the receiver's READY",
+                Phase::AwaitSummary => "the receiver's summary",
                 Phase::Data => "the receiver's credit or the WRITEs' completions",
                 _ => "the receiver's ACK",
             };
@@ -342,6 +430,49 @@ impl Sender {
                 self.accept_grant(g)?;
                 self.progress = now;
             }
+            (Phase::AwaitReady, Message::Ready(r)) => {
+                let Some(e) = &self.entry else { return Err(ProtocolError::Local("READY without an entry".into())) };
+                let g = self.grant.ok_or_else(|| ProtocolError::Local("READY before the grant".into()))?;
+                if r.index != e.index || e.kind != EntryKind::File {
+                    return Err(ProtocolError::Peer(format!("READY for entry {}, offered {}", r.index, e.index)));
+                }
+                if r.resume_from != 0 && (e.resume == 0 || g.caps & caps::RESUME == 0) {
+                    return Err(ProtocolError::Peer(format!("resuming at {} without resume offered", r.resume_from)));
+                }
+                if r.resume_from > e.size {
+                    return Err(ProtocolError::Peer(format!("resuming at {} of {} bytes", r.resume_from, e.size)));
+                }
+                self.resume_from = r.resume_from;
+                self.chunks = (e.size - r.resume_from).div_ceil(u64::from(g.slot_size));
+                self.phase = Phase::Data;
+                self.progress = now;
+            }
+            (Phase::AwaitReady | Phase::Data | Phase::AwaitAck, Message::Ack(a)) if self.batch.is_some() => {
+                // The entry's verdict: after its FIN, a refusal of the entry before its READY
+                // (or a directory made), or a failure midway, after which the receiver ended
+                // the session.
+                let index = self.entry.as_ref().map_or(0, |e| e.index);
+                let dir = self.entry.as_ref().is_some_and(|e| e.kind == EntryKind::Directory);
+                let expected = self.phase == Phase::AwaitAck || (self.phase == Phase::AwaitReady && dir);
+                if a.status == Status::Ok && !expected {
+                    return Err(ProtocolError::Peer("ACK ok before FIN".into()));
+                }
+                let midway = self.phase == Phase::Data;
+                self.actions.push_back(Action::EntryDone {
+                    index,
+                    status: a.status,
+                    detail: a.detail.clone(),
+                    received: a.received,
+                });
+                self.entry = None;
+                self.progress = now;
+                if midway {
+                    self.finish(Outcome::Acked { status: a.status, detail: a.detail });
+                } else {
+                    self.phase = Phase::Idle;
+                    self.actions.push_back(Action::NextEntry);
+                }
+            }
             (Phase::Data | Phase::AwaitAck, Message::Credit(Credit { consumed })) => {
                 if consumed > self.next_write {
                     return Err(ProtocolError::Peer(format!(
@@ -355,8 +486,8 @@ impl Sender {
                 }
             }
             (_, Message::Ack(a)) => {
-                // A refusal (in any phase) or the verdict after FIN.
-                if a.status == Status::Ok && self.phase != Phase::AwaitAck {
+                // A refusal (in any phase), the verdict after FIN, or a batch's summary.
+                if a.status == Status::Ok && !matches!(self.phase, Phase::AwaitAck | Phase::AwaitSummary) {
                     return Err(ProtocolError::Peer("ACK ok before FIN".into()));
                 }
                 self.finish(Outcome::Acked { status: a.status, detail: a.detail });
@@ -389,7 +520,17 @@ impl Sender {
         if g.resume_from > self.size {
             return bad(format!("resuming at {} of a {}-byte file", g.resume_from, self.size));
         }
+        if self.batch.is_some() {
+            if g.caps & caps::BATCH == 0 || g.resume_from != 0 {
+                return Err(ProtocolError::Peer("the receiver does not take batches of files".into()));
+            }
+            self.grant = Some(g);
+            self.phase = Phase::Idle;
+            self.actions.push_back(Action::NextEntry);
+            return Ok(());
+        }
         self.chunks = (self.size - g.resume_from).div_ceil(u64::from(g.slot_size));
+        self.resume_from = g.resume_from;
         self.grant = Some(g);
         self.phase = Phase::Data;
         Ok(())
@@ -435,7 +576,7 @@ impl Sender {
         // together use at most `depth` slots.
         while self.next_read < self.chunks && self.next_read - self.write_done < u64::from(self.cfg.depth) {
             let seq = self.next_read;
-            let offset = g.resume_from + seq * slot;
+            let offset = self.resume_from + seq * slot;
             self.actions.push_back(Action::ReadChunk { seq, offset, len: self.chunk_len(seq) });
             self.next_read += 1;
         }
@@ -462,13 +603,14 @@ impl Sender {
     fn offered_caps(&self) -> u32 {
         let auth = if self.cfg.secret.is_some() { caps::AUTH } else { 0 };
         let resume = if self.cfg.resume_key.is_some() { caps::RESUME } else { 0 };
-        caps::DIGEST_XXH3_128 | auth | resume
+        let batch = if self.name == wire::BATCH_NAME { caps::BATCH } else { 0 };
+        caps::DIGEST_XXH3_128 | auth | resume | batch
     }
 
     /// Bytes the receiver held before this session (its GRANT's `resume_from`): the file's
     /// chunks start there, and the driver's digest must cover the bytes before it too.
     pub fn resumed_from(&self) -> u64 {
-        self.grant.map_or(0, |g| g.resume_from)
+        self.resume_from
     }
 
     fn send(&mut self, m: &Message) {

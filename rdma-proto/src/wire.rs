@@ -29,6 +29,11 @@ pub const MAX_MESSAGE_LEN: usize = 1024;
 pub const MAX_NAME_LEN: usize = 255;
 /// The longest digest a FIN carries.
 pub const MAX_DIGEST_LEN: usize = 64;
+/// The longest relative path an ENTRY carries (what fits in one message after its fixed
+/// fields).
+pub const MAX_PATH_LEN: usize = 960;
+/// The name a HELLO gives a batch (capability [`caps::BATCH`]): the destination itself.
+pub const BATCH_NAME: &str = ".";
 /// The longest detail text an ACK carries.
 pub const MAX_DETAIL_LEN: usize = 512;
 /// Bytes of the version-1 digest (XXH3-128).
@@ -49,13 +54,16 @@ pub mod caps {
     /// Resuming: the HELLO carries the file's resume key, the GRANT the bytes the receiver
     /// already holds of that version; only the rest is sent, and the digest covers every byte.
     pub const RESUME: u32 = 1 << 8;
-    /// Reserved: directory trees (a later version).
-    pub const DIRECTORIES: u32 = 1 << 9;
+    /// Many files and directories in one session (over one connection and one grant): the
+    /// HELLO names the batch (`.`, the destination itself, with the batch's total bytes), then
+    /// each file or directory is an ENTRY answered by READY or an ACK of its own, and END asks
+    /// for the summary ACK. A receiver without it refuses the name `.` (`BadName`).
+    pub const BATCH: u32 = 1 << 9;
     /// Both sides prove they know a shared secret (CHALLENGE and PROOF, [`crate::auth`]). A
     /// sender with a secret offers it; a receiver with one requires it.
     pub const AUTH: u32 = 1 << 10;
     /// Every capability this version implements.
-    pub const SUPPORTED: u32 = DIGEST_XXH3_128 | AUTH | RESUME;
+    pub const SUPPORTED: u32 = DIGEST_XXH3_128 | AUTH | RESUME | BATCH;
 }
 
 /// What kind of message follows the header (`kind` byte).
@@ -76,6 +84,12 @@ pub enum Kind {
     Challenge = 6,
     /// Either way: a proof of the secret (capability [`caps::AUTH`]).
     Proof = 7,
+    /// Sender to receiver, in a batch: the next file or directory ([`caps::BATCH`]).
+    Entry = 8,
+    /// Receiver to sender, in a batch: the entry's file is open; send its chunks.
+    Ready = 9,
+    /// Sender to receiver, in a batch: no more entries; the summary ACK is asked for.
+    End = 10,
 }
 
 impl Kind {
@@ -88,6 +102,9 @@ impl Kind {
             5 => Kind::Ack,
             6 => Kind::Challenge,
             7 => Kind::Proof,
+            8 => Kind::Entry,
+            9 => Kind::Ready,
+            10 => Kind::End,
             _ => return None,
         })
     }
@@ -195,6 +212,63 @@ pub struct Proof {
     pub mac: [u8; crate::auth::PROOF_LEN],
 }
 
+/// What an ENTRY is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum EntryKind {
+    /// A regular file: its chunks follow a READY.
+    File = 0,
+    /// A directory: created (with its parents) and answered by an ACK at once.
+    Directory = 1,
+}
+
+/// Bits of an ENTRY's `flags`.
+pub mod entry_flags {
+    /// Apply the entry's `mode` (permission bits) on the receiver.
+    pub const MODE: u8 = 1 << 0;
+    /// Apply the entry's modification time on the receiver.
+    pub const MTIME: u8 = 1 << 1;
+}
+
+/// ENTRY: one file or directory of a batch, by its path relative to the destination.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// The entry's number in the batch, from 0.
+    pub index: u32,
+    /// File or directory.
+    pub kind: EntryKind,
+    /// [`entry_flags`]: which of `mode` and `mtime` the receiver applies.
+    pub flags: u8,
+    /// Permission bits (`0o7777` at most; the receiver keeps `0o777` of them).
+    pub mode: u32,
+    /// Modification time: seconds since the epoch.
+    pub mtime_sec: i64,
+    /// Modification time: nanoseconds (below 1e9).
+    pub mtime_nsec: u32,
+    /// Bytes (0 for a directory).
+    pub size: u64,
+    /// The file version's resume key (capability `RESUME`); 0: none.
+    pub resume: u64,
+    /// `/`-separated relative path, each component a valid name, at most [`MAX_PATH_LEN`] bytes.
+    pub path: String,
+}
+
+/// READY: the entry's file is open; chunk `n` is the bytes at `resume_from + n * slot_size`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ready {
+    /// The entry it answers.
+    pub index: u32,
+    /// Bytes of this file the receiver already holds (capability `RESUME`).
+    pub resume_from: u64,
+}
+
+/// END: the batch is over after `entries` entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct End {
+    /// ENTRY messages sent.
+    pub entries: u32,
+}
+
 /// A decoded message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[allow(missing_docs)]
@@ -206,6 +280,9 @@ pub enum Message {
     Ack(Ack),
     Challenge(Challenge),
     Proof(Proof),
+    Entry(Entry),
+    Ready(Ready),
+    End(End),
 }
 
 impl Message {
@@ -219,6 +296,9 @@ impl Message {
             Message::Ack(_) => Kind::Ack,
             Message::Challenge(_) => Kind::Challenge,
             Message::Proof(_) => Kind::Proof,
+            Message::Entry(_) => Kind::Entry,
+            Message::Ready(_) => Kind::Ready,
+            Message::End(_) => Kind::End,
         }
     }
 }
@@ -397,6 +477,31 @@ pub fn decode(buf: &[u8]) -> Result<(Header, Message), WireError> {
         }
         Kind::Challenge => Message::Challenge(Challenge { nonce: r.array()? }),
         Kind::Proof => Message::Proof(Proof { nonce: r.array()?, mac: r.array()? }),
+        Kind::Entry => {
+            let index = r.u32()?;
+            let kind = match r.u8()? {
+                0 => EntryKind::File,
+                1 => EntryKind::Directory,
+                k => return Err(invalid("entry kind", format!("unknown kind {k}"))),
+            };
+            let flags = r.u8()?;
+            let mode = r.u32()?;
+            let mtime_sec = r.u64()? as i64;
+            let mtime_nsec = r.u32()?;
+            if mtime_nsec >= 1_000_000_000 {
+                return Err(invalid("mtime", format!("{mtime_nsec} nanoseconds")));
+            }
+            let size = r.u64()?;
+            let resume = r.u64()?;
+            let path_len = usize::from(r.u16()?);
+            if path_len > MAX_PATH_LEN {
+                return Err(invalid("path", format!("{path_len} bytes, at most {MAX_PATH_LEN}")));
+            }
+            let path = r.text(path_len, "path")?;
+            Message::Entry(Entry { index, kind, flags, mode, mtime_sec, mtime_nsec, size, resume, path })
+        }
+        Kind::Ready => Message::Ready(Ready { index: r.u32()?, resume_from: r.u64()? }),
+        Kind::End => Message::End(End { entries: r.u32()? }),
     };
     Ok((h, m))
 }
@@ -474,6 +579,29 @@ pub fn encode(session: u64, msg: &Message, out: &mut Vec<u8>) -> Result<(), Wire
             out.extend_from_slice(&p.nonce);
             out.extend_from_slice(&p.mac);
         }
+        Message::Entry(e) => {
+            if e.path.len() > MAX_PATH_LEN {
+                return Err(invalid("path", format!("{} bytes, at most {MAX_PATH_LEN}", e.path.len())));
+            }
+            if e.mtime_nsec >= 1_000_000_000 {
+                return Err(invalid("mtime", format!("{} nanoseconds", e.mtime_nsec)));
+            }
+            out.extend_from_slice(&e.index.to_be_bytes());
+            out.push(e.kind as u8);
+            out.push(e.flags);
+            out.extend_from_slice(&e.mode.to_be_bytes());
+            out.extend_from_slice(&e.mtime_sec.to_be_bytes());
+            out.extend_from_slice(&e.mtime_nsec.to_be_bytes());
+            out.extend_from_slice(&e.size.to_be_bytes());
+            out.extend_from_slice(&e.resume.to_be_bytes());
+            out.extend_from_slice(&(e.path.len() as u16).to_be_bytes());
+            out.extend_from_slice(e.path.as_bytes());
+        }
+        Message::Ready(r) => {
+            out.extend_from_slice(&r.index.to_be_bytes());
+            out.extend_from_slice(&r.resume_from.to_be_bytes());
+        }
+        Message::End(e) => out.extend_from_slice(&e.entries.to_be_bytes()),
     }
     let len = out.len() as u32;
     out[8..12].copy_from_slice(&len.to_be_bytes());
@@ -516,6 +644,19 @@ mod tests {
             resume_from: 0,
         }));
         round_trip(Message::Credit(Credit { consumed: 99 }));
+        round_trip(Message::Entry(Entry {
+            index: 3,
+            kind: EntryKind::File,
+            flags: entry_flags::MODE | entry_flags::MTIME,
+            mode: 0o640,
+            mtime_sec: -5,
+            mtime_nsec: 999_999_999,
+            size: 1 << 33,
+            resume: 0xfeed,
+            path: "a/".repeat(MAX_PATH_LEN / 2),
+        }));
+        round_trip(Message::Ready(Ready { index: 3, resume_from: 7 }));
+        round_trip(Message::End(End { entries: 12 }));
         round_trip(Message::Fin(Fin { chunks: 3, size: 5, digest: vec![1; 32] }));
         round_trip(Message::Ack(Ack { status: Status::NoSpace, received: 4, detail: "disk full".into() }));
     }

@@ -5,8 +5,9 @@
 
 use proptest::prelude::*;
 use rdma_proto::wire::{
-    self, decode, decode_header, encode, Ack, Challenge, Credit, Fin, Grant, Header, Hello, Kind, Message, Proof,
-    WireError, HEADER_LEN, MAGIC, MAX_DETAIL_LEN, MAX_DIGEST_LEN, MAX_MESSAGE_LEN, MAX_NAME_LEN,
+    self, decode, decode_header, encode, Ack, Challenge, Credit, End, Entry, EntryKind, Fin, Grant, Header, Hello,
+    Kind, Message, Proof, Ready, WireError, HEADER_LEN, MAGIC, MAX_DETAIL_LEN, MAX_DIGEST_LEN, MAX_MESSAGE_LEN,
+    MAX_NAME_LEN,
 };
 use rdma_proto::Status;
 
@@ -80,7 +81,27 @@ fn message() -> impl Strategy<Value = Message> {
         ack().prop_map(Message::Ack),
         any::<[u8; 16]>().prop_map(|nonce| Message::Challenge(Challenge { nonce })),
         (any::<[u8; 16]>(), any::<[u8; 32]>()).prop_map(|(nonce, mac)| Message::Proof(Proof { nonce, mac })),
+        entry().prop_map(Message::Entry),
+        (any::<u32>(), any::<u64>()).prop_map(|(index, resume_from)| Message::Ready(Ready { index, resume_from })),
+        any::<u32>().prop_map(|entries| Message::End(End { entries })),
     ]
+}
+
+fn entry() -> impl Strategy<Value = Entry> {
+    let kind = prop_oneof![Just(EntryKind::File), Just(EntryKind::Directory)];
+    let path = prop::collection::vec(any::<char>(), 0..=40).prop_map(|c| c.into_iter().collect::<String>());
+    (any::<u32>(), kind, any::<u8>(), any::<u32>(), any::<i64>(), 0u32..1_000_000_000, any::<u64>(), any::<u64>(), path)
+        .prop_map(|(index, kind, flags, mode, mtime_sec, mtime_nsec, size, resume, path)| Entry {
+            index,
+            kind,
+            flags,
+            mode,
+            mtime_sec,
+            mtime_nsec,
+            size,
+            resume,
+            path,
+        })
 }
 
 fn encoded(session: u64, m: &Message) -> Vec<u8> {
@@ -246,8 +267,8 @@ proptest! {
                 prop_assert_eq!(h.kind as u8, byte);
                 prop_assert_eq!(back.kind(), h.kind);
             }
-            Err(WireError::UnknownKind(k)) => prop_assert!(k == byte && !(1..=7).contains(&byte)),
-            Err(WireError::Truncated { .. } | WireError::Invalid { .. }) => prop_assert!((1..=7).contains(&byte)),
+            Err(WireError::UnknownKind(k)) => prop_assert!(k == byte && !(1..=10).contains(&byte)),
+            Err(WireError::Truncated { .. } | WireError::Invalid { .. }) => prop_assert!((1..=10).contains(&byte)),
             Err(e) => prop_assert!(false, "kind {}: {:?}", byte, e),
         }
     }

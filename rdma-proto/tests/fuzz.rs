@@ -782,6 +782,9 @@ fn receiver_config() -> impl Strategy<Value = Conf> {
             (c.max_size, c.max_chunk, c.memory_budget, c.max_slots, c.timeout, c.hello_timeout) =
                 (max_size, max_chunk, budget, max_slots, timeout, hello_timeout);
             c.resume = resume;
+            // Batches (and their byte limit) are tests/batch.rs's: this model is of one file
+            // per session, and a batch's HELLO is refused here as by a receiver without them.
+            (c.batch, c.max_session_bytes) = (false, u64::MAX);
             c.secret = secret.as_ref().map(|(key, around)| {
                 let given = [around.as_bytes(), key, around.as_bytes()].concat();
                 Secret::new(&given).expect("a secret of at least 16 bytes")
@@ -1819,6 +1822,9 @@ impl Case {
                     Step::Finalize(digest)
                 }
                 Action::Discard => Step::Discard,
+                a @ (Action::Reserve { .. } | Action::OpenEntry(_) | Action::EntryDone { .. }) => {
+                    return Err(TestCaseError::fail(format!("{a:?} with batches off")))
+                }
                 Action::Finish(o) => {
                     (self.open_asked, self.finalize_asked) = (false, false);
                     self.stores_asked.clear();

@@ -222,6 +222,69 @@ impl Drop for Incoming {
     }
 }
 
+/// Makes the directories `components` name under `dest`, one level at a time (mode 0755
+/// before the umask), and returns the last one's path. Nothing is followed: a component that
+/// is a symbolic link is refused (`BadName`), one that is not a directory too (`Exists`), so
+/// a sender's path never leads out of `dest`, whatever links the destination holds. A local
+/// user who swaps a directory for a link between this check and the file's creation is
+/// outside this promise (the sender is the one it guards against).
+///
+/// # Errors
+/// The status and a sentence naming the path relative to `dest`.
+pub(crate) fn make_dirs(dest: &Path, components: &[&str]) -> Result<PathBuf, (Status, String)> {
+    let mut at = dest.to_path_buf();
+    let mut rel = String::new();
+    for c in components {
+        if !rel.is_empty() {
+            rel.push('/');
+        }
+        rel.push_str(c);
+        at.push(c);
+        match at.symlink_metadata() {
+            Ok(m) if m.file_type().is_symlink() => {
+                return Err((Status::BadName, format!("{rel} is a symbolic link on the receiver: not followed")))
+            }
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => return Err((Status::Exists, format!("{rel} exists and is not a directory"))),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => match std::fs::create_dir(&at) {
+                Ok(()) => {}
+                // Made meanwhile by another session: checked again as above.
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    if !at.symlink_metadata().is_ok_and(|m| m.is_dir()) {
+                        return Err((Status::Exists, format!("{rel} exists and is not a directory")));
+                    }
+                }
+                Err(e) => return Err((io_status(&e), format!("making {rel}: {e}"))),
+            },
+            Err(e) => return Err((io_status(&e), format!("{rel}: {e}"))),
+        }
+    }
+    Ok(at)
+}
+
+/// The permission bits and modification time an entry asks for (its `flags`), applied to
+/// `fd`: the received file before it is renamed into place, or a directory. Only the
+/// permission bits (`0o777`) are kept: no set-id or sticky bit comes from a peer.
+pub(crate) fn apply_meta(fd: &impl AsRawFd, e: &crate::wire::Entry) -> io::Result<()> {
+    use crate::wire::entry_flags;
+    if e.flags & entry_flags::MODE != 0 {
+        // SAFETY: a valid descriptor; fchmod reads nothing from our memory.
+        if unsafe { libc::fchmod(fd.as_raw_fd(), (e.mode & 0o777) as libc::mode_t) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    if e.flags & entry_flags::MTIME != 0 {
+        let omit = libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT };
+        let mtime = libc::timespec { tv_sec: e.mtime_sec as libc::time_t, tv_nsec: i64::from(e.mtime_nsec) as _ };
+        let times = [omit, mtime];
+        // SAFETY: a valid descriptor and two timespecs that live across the call.
+        if unsafe { libc::futimens(fd.as_raw_fd(), times.as_ptr()) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 /// Removes the partial of `key` in `dir` unless a session holds it: the file it was of has
 /// just been committed by a session that could not use it. Best effort.
 pub(crate) fn drop_partial(dir: &Path, key: u64) {

@@ -75,7 +75,7 @@ mod link;
 mod recv;
 mod send;
 
-pub use recv::{ReceiveOptions, ReceiveReport, Server};
+pub use recv::{EntryReport, ReceiveOptions, ReceiveReport, Server};
 
 /// A progress callback: called with the bytes of the file done so far and its size, as each
 /// chunk completes (the sender: its WRITE completed; the receiver: it was stored), bytes held
@@ -117,7 +117,7 @@ impl std::fmt::Debug for Progress {
 pub use send::send_file_async;
 #[cfg(feature = "fault-injection")]
 pub use send::AfterFin;
-pub use send::{send_file, SendOptions, SendReport};
+pub use send::{send_file, send_files, BatchReport, SendOptions, SendReport, SentEntry};
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::ops::ControlFlow;
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,7 +14,7 @@ use rdma_verbs::{AccessFlags, Rc, RecvRing, SendQueue, Slot, SlotPool};
 
 use xxhash_rust::xxh3::Xxh3;
 
-use super::files::{io_status, Incoming};
+use super::files::{apply_meta, io_status, make_dirs, Incoming};
 use super::link::{
     conn_params, explain_loss, peer_left, send_control, take_arrivals, Endpoint, EndpointParts, Pacer, Side,
     DISCONNECT_WAIT, DRAIN,
@@ -22,7 +22,7 @@ use super::link::{
 use super::{Error, Phases, Progress, ProgressEvent};
 use crate::auth::Secret;
 use crate::receiver::{Action, Input, Receiver, ReceiverConfig};
-use crate::wire::{self, Ack, Message};
+use crate::wire::{self, Ack, Entry, EntryKind, Message};
 use crate::{Outcome, Status};
 
 /// What a receiver accepts, and where it stores files. Made by [`Default`] (it is
@@ -37,6 +37,10 @@ pub struct ReceiveOptions {
     pub overwrite: bool,
     /// Largest file accepted.
     pub max_size: u64,
+    /// Most bytes one session may bring: its file, or all the files of a batch together
+    /// (more are refused with [`Status::TooLarge`]: the whole batch when it announces more,
+    /// else each entry that would pass it).
+    pub max_session_bytes: u64,
     /// Largest chunk granted.
     pub max_chunk: u32,
     /// Memory for one transfer's slot ring.
@@ -92,6 +96,7 @@ impl Default for ReceiveOptions {
             dir: None,
             overwrite: false,
             max_size: 1 << 40,
+            max_session_bytes: 1 << 40,
             max_chunk: 4 << 20,
             memory_budget: 64 << 20,
             max_slots: 64,
@@ -139,6 +144,26 @@ pub struct ReceiveReport {
     pub phases: Phases,
     /// Wall time from the connection request.
     pub total: Duration,
+    /// A batch's entries, each with its verdict, in the order they came (empty for a
+    /// single file). `result` is then the summary: `Ok` when every entry was stored, else
+    /// [`Error::Refused`] with the first failure's status.
+    pub entries: Vec<EntryReport>,
+}
+
+/// What became of one entry of a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EntryReport {
+    /// Its path, relative to the destination.
+    pub path: String,
+    /// A directory (else a file).
+    pub directory: bool,
+    /// The verdict sent for it.
+    pub status: Status,
+    /// Why, for a failure.
+    pub detail: String,
+    /// Bytes of it held.
+    pub bytes: u64,
 }
 
 /// A listening receiver.
@@ -447,6 +472,7 @@ impl ReceiveReport {
             result: Ok(()),
             phases: Phases::default(),
             total: Duration::ZERO,
+            entries: Vec::new(),
         }
     }
 
@@ -610,6 +636,10 @@ struct ReceiveSession<'a> {
     /// This session's place among `max_sessions`, from its valid HELLO on.
     admitted: Option<Counted>,
     file: Option<Incoming>,
+    /// The batch's entry in progress, and the directory its file is in.
+    entry: Option<(Entry, Option<PathBuf>)>,
+    /// The ring's address and rkey, once registered.
+    ring_at: Option<(u64, u32)>,
     /// The slots granted to the sender (writable by it), by index.
     slots: Vec<Slot<'static>>,
     /// Where a chunk is copied out of its slot before it is hashed and stored.
@@ -643,6 +673,7 @@ impl<'a> ReceiveSession<'a> {
         let sq = SendQueue::new(conn.qp(), DRAIN)?;
         let cfg = ReceiverConfig {
             max_size: opts.max_size,
+            max_session_bytes: opts.max_session_bytes,
             max_chunk: opts.max_chunk,
             memory_budget: opts.memory_budget,
             max_slots: opts.max_slots,
@@ -650,6 +681,7 @@ impl<'a> ReceiveSession<'a> {
             hello_timeout: opts.hello_timeout,
             secret: opts.secret.clone(),
             resume: opts.resume && opts.dir.is_some(),
+            batch: true,
         };
         Ok(ReceiveSession {
             opts,
@@ -663,6 +695,8 @@ impl<'a> ReceiveSession<'a> {
             ring,
             admitted: None,
             file: None,
+            entry: None,
+            ring_at: None,
             slots: Vec::new(),
             copy: Vec::new(),
             hasher: Xxh3::new(),
@@ -716,7 +750,11 @@ impl<'a> ReceiveSession<'a> {
         report.session = machine.session();
         report.hello = machine.hello_received();
         report.auth_failed = machine.auth_failed();
-        report.bytes = machine.bytes_stored();
+        report.bytes = if machine.is_batch() || !report.entries.is_empty() {
+            report.entries.iter().map(|e| e.bytes).sum::<u64>() + machine.bytes_stored()
+        } else {
+            machine.bytes_stored()
+        };
         // A session that failed midway reports the time to its last chunk stored, so that its
         // rate is that of the bytes it did store.
         if let (Some(a), Some(b)) = (data_start, data_end.or(last_stored)) {
@@ -733,6 +771,15 @@ impl<'a> ReceiveSession<'a> {
             acted = true;
             match action {
                 Action::Open { name, size, slot_size, slot_count } => self.open(name, size, slot_size, slot_count),
+                Action::Reserve { slot_size, slot_count } => self.reserve(slot_size, slot_count),
+                Action::OpenEntry(e) => self.open_entry(e),
+                Action::EntryDone { path, status, detail, bytes, .. } => {
+                    // A file not committed (its digest did not match, its open failed) goes.
+                    self.file = None;
+                    let directory = self.entry.take().is_some_and(|(e, _)| e.kind == EntryKind::Directory);
+                    let bytes = if status == Status::Ok { bytes } else { 0 };
+                    self.report.entries.push(EntryReport { path, directory, status, detail, bytes });
+                }
                 Action::Send => {
                     self.machine.transmit(&mut self.out);
                     send_control(&mut self.sq, &self.control, &self.out, self.opts.timeout, drop)?;
@@ -762,10 +809,81 @@ impl<'a> ReceiveSession<'a> {
             return self.machine.handle(Input::OpenFailed(Status::Busy, why), now);
         }
         if let Some(dir) = &self.opts.dir {
-            let plain = || Incoming::create(dir, &name, session, self.opts.overwrite).map(|f| (f, 0));
+            if !self.open_file(dir, &name, size, now) {
+                return;
+            }
+        }
+        self.register(slot_size, slot_count, now);
+    }
+
+    /// A batch: admits the session and registers its ring (`Action::Reserve`).
+    fn reserve(&mut self, slot_size: u32, slot_count: u32) {
+        let now = Instant::now();
+        let session = self.machine.session();
+        self.report.session = session;
+        self.report.name = Some(wire::BATCH_NAME.into());
+        tracing::info!(session = format_args!("{session:016x}"), slot_size, slot_count, "receiving a batch");
+        self.admitted = Counted::enter(self.active, self.opts.max_sessions);
+        if self.admitted.is_none() {
+            let why = format!("already serving {} transfers", self.opts.max_sessions);
+            return self.machine.handle(Input::OpenFailed(Status::Busy, why), now);
+        }
+        self.register(slot_size, slot_count, now);
+    }
+
+    /// A batch's entry (`Action::OpenEntry`): its parent directories made under the
+    /// destination, then its file opened as a single file's, or the directory made.
+    fn open_entry(&mut self, e: Entry) {
+        let now = Instant::now();
+        let Some((addr, rkey)) = self.ring_at else {
+            return self.machine.handle(Input::OpenFailed(Status::Internal, "no ring".into()), now);
+        };
+        self.file = None;
+        self.hasher.reset();
+        let opts = self.opts;
+        let mut parent = None;
+        if let Some(dest) = &opts.dir {
+            let path = e.path.clone();
+            let Ok(components) = crate::name::check_path(&path) else {
+                return self.machine.handle(Input::OpenFailed(Status::BadName, path), now);
+            };
+            let (last, parents) = components.split_last().expect("a path has a component");
+            let dir = match make_dirs(dest, parents) {
+                Ok(d) => d,
+                Err((status, why)) => return self.machine.handle(Input::OpenFailed(status, why), now),
+            };
+            match e.kind {
+                EntryKind::Directory => {
+                    let made = make_dirs(&dir, &[last])
+                        .and_then(|d| {
+                            std::fs::File::open(&d).map_err(|err| (io_status(&err), format!("{path}: {err}")))
+                        })
+                        .and_then(|d| apply_meta(&d, &e).map_err(|err| (io_status(&err), format!("{path}: {err}"))));
+                    if let Err((status, why)) = made {
+                        return self.machine.handle(Input::OpenFailed(status, why), now);
+                    }
+                }
+                EntryKind::File => {
+                    if !self.open_file(&dir, last, e.size, now) {
+                        return;
+                    }
+                }
+            }
+            parent = Some(dir);
+        }
+        self.entry = Some((e, parent));
+        self.machine.handle(Input::Ready { addr, rkey }, now);
+    }
+
+    /// Opens the temporary (or the resumable partial) of `name` in `dir`, and tells the
+    /// machine what a partial holds; `false` when it failed (the machine was told).
+    fn open_file(&mut self, dir: &Path, name: &str, size: u64, now: Instant) -> bool {
+        let session = self.machine.session();
+        {
+            let plain = || Incoming::create(dir, name, session, self.opts.overwrite).map(|f| (f, 0));
             let opened = match self.machine.resume_key() {
                 Some(key) => {
-                    match Incoming::resumable(dir, &name, size, key, self.opts.overwrite, self.opts.partial_ttl) {
+                    match Incoming::resumable(dir, name, size, key, self.opts.overwrite, self.opts.partial_ttl) {
                         // Its partial is still held (a session of this file whose sender was killed
                         // a moment ago has not ended yet): serve this one from the start rather
                         // than refuse it.
@@ -786,9 +904,17 @@ impl<'a> ReceiveSession<'a> {
                         self.machine.handle(Input::Resumed { from: held }, now);
                     }
                 }
-                Err((status, why)) => return self.machine.handle(Input::OpenFailed(status, why), now),
+                Err((status, why)) => {
+                    self.machine.handle(Input::OpenFailed(status, why), now);
+                    return false;
+                }
             }
         }
+        true
+    }
+
+    /// Registers the ring of slots the sender writes into, and tells the machine.
+    fn register(&mut self, slot_size: u32, slot_count: u32, now: Instant) {
         let pool = match SlotPool::new(self.pd.clone(), slot_size as usize, slot_count as usize, GRANTED_ACCESS) {
             Ok(p) => p,
             Err(e) => return self.machine.handle(Input::OpenFailed(Status::Internal, e.to_string()), now),
@@ -797,6 +923,7 @@ impl<'a> ReceiveSession<'a> {
         self.slots.sort_by_key(Slot::index);
         self.copy = vec![0; slot_size as usize];
         let remote = pool.remote();
+        self.ring_at = Some((remote.addr, remote.rkey));
         self.data_start = Some(now);
         self.machine.handle(Input::Ready { addr: remote.addr, rkey: remote.rkey }, now);
     }
@@ -843,7 +970,10 @@ impl<'a> ReceiveSession<'a> {
         self.last_stored = Some(Instant::now());
         self.machine.handle(Input::ChunkStored { seq }, now);
         if let Some(p) = &self.opts.progress {
-            let name = self.report.name.as_deref().unwrap_or("");
+            let name = match &self.entry {
+                Some((e, _)) => e.path.as_str(),
+                None => self.report.name.as_deref().unwrap_or(""),
+            };
             let (session, size) = (self.machine.session(), self.machine.size());
             p.call(&ProgressEvent { session, name, done: self.machine.bytes_stored(), size });
         }
@@ -868,13 +998,18 @@ impl<'a> ReceiveSession<'a> {
         } else if let Some(f) = self.file.take() {
             let t = Instant::now();
             let partial = f.is_partial();
-            let r = f.commit();
+            let meta = match &self.entry {
+                Some((e, _)) => apply_meta(&f.file, e).map_err(|err| (io_status(&err), format!("{}: {err}", e.path))),
+                None => Ok(()),
+            };
+            let r = meta.and_then(|()| f.commit());
             self.report.phases.sync_rename = t.elapsed();
             match r {
                 Ok(()) => {
                     // Served from the start while its partial was held: that partial, once
                     // free, is of a file now in place.
-                    if let (false, Some(key), Some(dir)) = (partial, self.machine.resume_key(), &self.opts.dir) {
+                    let dir = self.entry.as_ref().and_then(|(_, d)| d.as_deref()).or(self.opts.dir.as_deref());
+                    if let (false, Some(key), Some(dir)) = (partial, self.machine.resume_key(), dir) {
                         super::files::drop_partial(dir, key);
                     }
                     (Status::Ok, String::new())

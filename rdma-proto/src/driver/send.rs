@@ -5,7 +5,7 @@ use std::fs::OpenOptions;
 use std::net::SocketAddr;
 use std::ops::ControlFlow;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -49,6 +49,9 @@ pub struct SendOptions {
     /// round (within a millisecond or so; an idle round's wait is at most 20 ms) once connected (connecting itself is bounded by `connect_timeout`), and the receiver
     /// keeps what it stored for a resume. A signal handler or another thread or task can set it.
     pub cancel: Arc<AtomicBool>,
+    /// Keep each file's and directory's permission bits and modification time on the receiver
+    /// ([`send_files`] only).
+    pub preserve: bool,
     /// Offer to resume: a receiver holding the first bytes of this version of the file (from
     /// an interrupted transfer) is sent only the rest. The version is the file's name, size,
     /// device, inode and modification time; the whole-file digest covers every byte either way.
@@ -100,6 +103,7 @@ impl SendOptions {
             timeout: Duration::from_secs(30),
             cancel: Arc::new(AtomicBool::new(false)),
             resume: true,
+            preserve: false,
             secret: None,
             #[cfg(feature = "fault-injection")]
             test_offer: None,
@@ -140,6 +144,23 @@ pub struct SendReport {
 pub fn send_file(path: &Path, opts: &SendOptions, mut progress: impl FnMut(u64, u64)) -> Result<SendReport, Error> {
     let start = Instant::now();
     let file = SourceFile::open(path, opts)?;
+    let (outcome, summary, _) = run(path, file, None, opts, &mut progress, start)?;
+    summary.report(outcome)
+}
+
+/// A session that ran: its outcome, its summary, and a batch's state.
+type Ran = (Result<Outcome, Error>, SendSummary, Option<BatchState>);
+
+/// Connects, drives the session to its end and tears the connection down: what a blocking
+/// send of a file or a batch does. `Err` when no session started (connecting failed).
+fn run(
+    path: &Path,
+    file: SourceFile,
+    batch: Option<BatchState>,
+    opts: &SendOptions,
+    mut progress: impl FnMut(u64, u64),
+    start: Instant,
+) -> Result<Ran, Error> {
     // Connect, with the receive ring posted before the peer can send; `connect_timeout`
     // bounds the whole of it, not each step.
     let deadline = Deadline::after(opts.connect_timeout);
@@ -159,6 +180,7 @@ pub fn send_file(path: &Path, opts: &SendOptions, mut progress: impl FnMut(u64, 
         r => r.map_err(refusal)?,
     };
     let mut s = SendSession::new(opts, path, file, parts, &conn, start)?;
+    s.batch = batch;
     let outcome = loop {
         match s.drive_round(&mut progress) {
             Ok(ControlFlow::Break(o)) => break o,
@@ -171,7 +193,7 @@ pub fn send_file(path: &Path, opts: &SendOptions, mut progress: impl FnMut(u64, 
         }
     };
     let outcome = outcome.map_err(|e| explain_loss(e, Side::Sender, &conn, s.pd.context()));
-    let (mut sq, ring, summary) = s.into_parts();
+    let (mut sq, ring, summary, batch) = s.into_parts();
     tracing::debug!(ok = outcome.is_ok(), after = ?start.elapsed(), "session over; tearing down");
     // Let the last sends complete before the connection goes.
     let _ = sq.drain(DRAIN, drop);
@@ -181,7 +203,7 @@ pub fn send_file(path: &Path, opts: &SendOptions, mut progress: impl FnMut(u64, 
     // not delay the exit. The connection is torn down either way.
     let _ = conn.disconnect(DISCONNECT_WAIT.min(opts.connect_timeout));
     drop(ring);
-    summary.report(outcome)
+    Ok((outcome, summary, batch))
 }
 
 /// [`send_file`] for async code (feature `tokio`): the same rounds of the same session, with
@@ -240,7 +262,7 @@ pub async fn send_file_async(
         Err(e) => Err(super::link::explain_loss_async(e, Side::Sender, &conn, s.pd.context()).await),
         ok => ok,
     };
-    let (mut sq, ring, summary) = s.into_parts();
+    let (mut sq, ring, summary, _) = s.into_parts();
     let _ = tokio::time::timeout(DRAIN, sq.drain_async(drop)).await;
     let _ = sq.close_async().await;
     let _ = tokio::time::timeout(DISCONNECT_WAIT.min(opts.connect_timeout), conn.disconnect_async()).await;
@@ -248,9 +270,10 @@ pub async fn send_file_async(
     summary.report(outcome)
 }
 
-/// The file to send, opened and checked, and the machine made for it.
+/// The file to send, opened and checked, and the machine made for it (for a batch: no file
+/// yet, and the batch's machine).
 struct SourceFile {
-    file: std::fs::File,
+    file: Option<std::fs::File>,
     size: u64,
     session: u64,
     machine: Sender,
@@ -259,7 +282,6 @@ struct SourceFile {
 
 impl SourceFile {
     fn open(path: &Path, opts: &SendOptions) -> Result<Self, Error> {
-        let file_err = |e| Error::File { path: path.display().to_string(), source: e };
         let name = match &opts.name {
             Some(n) => n.clone(),
             None => match path.file_name().map(|n| n.to_str()) {
@@ -274,20 +296,8 @@ impl SourceFile {
         if offer.is_none() {
             crate::name::check(&name).map_err(|why| Error::Usage(format!("{name:?}: {why}")))?;
         }
-        // Non-blocking, so that a FIFO does not hang the open; then only regular files are sent
-        // (a device or /proc file reports no size, a directory no data).
-        let file = OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).map_err(file_err)?;
-        let meta = file.metadata().map_err(file_err)?;
-        if !meta.is_file() {
-            return Err(file_err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file")));
-        }
+        let (file, meta) = open_regular(path)?;
         let size = meta.len();
-        if size == 0 && has_data(&file).map_err(file_err)? {
-            // /proc and some other pseudo-files report a size of 0 and yield data: sent as
-            // what they report, they would arrive empty.
-            let why = "reports a size of 0 but has data (a /proc or /sys file?): copy it to a regular file first";
-            return Err(file_err(std::io::Error::new(std::io::ErrorKind::InvalidInput, why)));
-        }
         let session = test_session(opts).unwrap_or_else(session_id);
         let mut cfg = SenderConfig::new(opts.chunk, opts.depth, opts.timeout);
         cfg.secret = opts.secret.clone();
@@ -298,15 +308,39 @@ impl SourceFile {
         }
         .with_nonce(super::random_bytes());
         tracing::info!(session = format_args!("{session:016x}"), %name, size, to = %opts.to, "sending");
-        Ok(SourceFile { file, size, session, machine, identity: Identity::of(&meta) })
+        Ok(SourceFile { file: Some(file), size, session, machine, identity: Identity::of(&meta) })
     }
 }
+
+/// Opens `path` for sending and checks it is a regular file with the size it reports.
+fn open_regular(path: &Path) -> Result<(std::fs::File, std::fs::Metadata), Error> {
+    let file_err = |e| Error::File { path: path.display().to_string(), source: e };
+    // Non-blocking, so that a FIFO does not hang the open; then only regular files are sent
+    // (a device or /proc file reports no size, a directory no data).
+    let file = OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).map_err(file_err)?;
+    let meta = file.metadata().map_err(file_err)?;
+    if !meta.is_file() {
+        return Err(file_err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file")));
+    }
+    if meta.len() == 0 && has_data(&file).map_err(file_err)? {
+        // /proc and some other pseudo-files report a size of 0 and yield data: sent as
+        // what they report, they would arrive empty.
+        let why = "reports a size of 0 but has data (a /proc or /sys file?): copy it to a regular file first";
+        return Err(file_err(std::io::Error::new(std::io::ErrorKind::InvalidInput, why)));
+    }
+    Ok((file, meta))
+}
+
+#[path = "batch.rs"]
+mod batch;
+use batch::BatchState;
+pub use batch::{send_files, BatchReport, SentEntry};
 
 /// What tells a file changed since it was opened, as rsync and tar tell it: its inode, size,
 /// modification and status-change times. Compared once every chunk was read, before the FIN:
 /// a source rewritten while it was read would otherwise be stored torn, with a digest that
 /// matches the torn bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 struct Identity {
     dev: u64,
     ino: u64,
@@ -401,9 +435,12 @@ impl SendSummary {
 /// method does one part of a round; `send_file`'s loop calls them in turn.
 struct SendSession<'a> {
     opts: &'a SendOptions,
-    path: &'a Path,
+    path: PathBuf,
     machine: Sender,
-    file: std::fs::File,
+    /// The file being sent (none yet in a batch before its first file).
+    file: Option<std::fs::File>,
+    /// A batch's entries and results.
+    batch: Option<BatchState>,
     /// The file as it was opened ([`Identity`]).
     identity: Identity,
     size: u64,
@@ -437,7 +474,7 @@ struct SendSession<'a> {
 impl<'a> SendSession<'a> {
     fn new(
         opts: &'a SendOptions,
-        path: &'a Path,
+        path: &Path,
         source: SourceFile,
         parts: EndpointParts,
         conn: &rdma_cm::Connection<'static>,
@@ -450,9 +487,10 @@ impl<'a> SendSession<'a> {
         let SourceFile { file, size, session, machine, identity } = source;
         Ok(SendSession {
             opts,
-            path,
+            path: path.to_path_buf(),
             machine,
             file,
+            batch: None,
             identity,
             size,
             session,
@@ -491,6 +529,11 @@ impl<'a> SendSession<'a> {
         Ok(ControlFlow::Continue(pushed || completed || arrived))
     }
 
+    /// The file being sent.
+    fn file(&self) -> Result<&std::fs::File, Error> {
+        self.file.as_ref().ok_or_else(|| ProtocolError::Local("a chunk read without a file".into()).into())
+    }
+
     fn file_err(&self, e: std::io::Error) -> Error {
         Error::File { path: self.path.display().to_string(), source: e }
     }
@@ -518,6 +561,12 @@ impl<'a> SendSession<'a> {
                     let digest = self.hasher.digest128().to_be_bytes();
                     self.machine.handle(Input::Digest(digest.to_vec()), Instant::now());
                 }
+                Action::NextEntry => self.next_entry(),
+                Action::EntryDone { status, detail, received, .. } => {
+                    if let Some(b) = &mut self.batch {
+                        b.entry_done(status, detail, received);
+                    }
+                }
                 Action::Finish(o) => return Ok(ControlFlow::Break(o)),
             }
         }
@@ -529,9 +578,8 @@ impl<'a> SendSession<'a> {
 
     fn send_message(&mut self) -> Result<(), Error> {
         self.machine.transmit(&mut self.out);
-        // After the HELLO, the only message a sender sends is its FIN.
-        let fin = self.machine.grant().is_some() && self.fin_at.is_none();
-        if fin {
+        let fin = wire::decode_header(&self.out).is_ok_and(|h| h.kind == wire::Kind::Fin);
+        if fin && self.fin_at.is_none() {
             self.fin_at = Some(Instant::now());
         }
         let (done, failed) = (&mut self.done, &mut self.failed);
@@ -545,7 +593,7 @@ impl<'a> SendSession<'a> {
 
     /// Fails with [`Error::SourceChanged`] when the file is not as it was opened.
     fn check_unchanged(&self) -> Result<(), Error> {
-        let now = Identity::of(&self.file.metadata().map_err(|e| self.file_err(e))?);
+        let now = Identity::of(&self.file()?.metadata().map_err(|e| self.file_err(e))?);
         if now == self.identity {
             return Ok(());
         }
@@ -564,7 +612,7 @@ impl<'a> SendSession<'a> {
         let Some(mut slot) = self.data.try_take() else {
             return Err(ProtocolError::Local("no free data slot: depth exceeded".into()).into());
         };
-        match slot.read_file(&self.file, offset, len as usize) {
+        match slot.read_file(self.file()?, offset, len as usize) {
             Ok(n) if n == len as usize => {}
             Ok(n) => {
                 let e = std::io::ErrorKind::UnexpectedEof;
@@ -596,8 +644,9 @@ impl<'a> SendSession<'a> {
             let held = self.machine.resumed_from();
             // Per chunk, not per batch of completions: a caller's progress moves as each WRITE
             // completes.
+            let (before, total) = self.batch.as_ref().map_or((0, self.size), |b| (b.done_bytes, b.total));
             for &seq in &self.done {
-                progress(held.saturating_add((seq + 1) * slot).min(self.size), self.size);
+                progress(before + held.saturating_add((seq + 1) * slot).min(self.size), total);
             }
             self.done.clear();
             let written = self.machine.chunks_written();
@@ -618,8 +667,9 @@ impl<'a> SendSession<'a> {
                 *granted_at = Some(Instant::now());
             }
         })?;
-        if self.granted_at.is_some() && !self.held_hashed {
+        if self.machine.sending() && !self.held_hashed {
             self.held_hashed = true;
+            self.note_resumed();
             self.hash_held()?;
         }
         Ok(n > 0)
@@ -637,7 +687,7 @@ impl<'a> SendSession<'a> {
         let mut at = 0u64;
         while at < held {
             let n = (held - at).min(buf.len() as u64) as usize;
-            self.file.read_exact_at(&mut buf[..n], at).map_err(|e| self.file_err(e))?;
+            self.file()?.read_exact_at(&mut buf[..n], at).map_err(|e| self.file_err(e))?;
             self.hasher.update(&buf[..n]);
             at += n as u64;
         }
@@ -674,9 +724,11 @@ impl<'a> SendSession<'a> {
     }
 
     /// Splits the session, once over, into its queues (to tear down) and its summary.
-    fn into_parts(self) -> (SendQueue<'static, Rc>, RecvRing<'static>, SendSummary) {
-        let SendSession { machine, sq, ring, size, session, start, connect, granted_at, data_end, fin_at, .. } = self;
-        (sq, ring, SendSummary { machine, size, session, start, connect, granted_at, data_end, fin_at })
+    fn into_parts(self) -> (SendQueue<'static, Rc>, RecvRing<'static>, SendSummary, Option<BatchState>) {
+        let SendSession {
+            machine, sq, ring, size, session, start, connect, granted_at, data_end, fin_at, batch, ..
+        } = self;
+        (sq, ring, SendSummary { machine, size, session, start, connect, granted_at, data_end, fin_at }, batch)
     }
 }
 

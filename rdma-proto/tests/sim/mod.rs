@@ -513,6 +513,9 @@ impl Sim {
         while let Some(action) = self.sender.poll_action() {
             self.check(self.sender_outcome.is_none(), || format!("sender action {action:?} after Finish"));
             match action {
+                sender::Action::NextEntry | sender::Action::EntryDone { .. } => {
+                    self.check(false, || format!("{action:?} in a session of one file"))
+                }
                 sender::Action::Send => {
                     let mut bytes = Vec::new();
                     let had = self.sender.transmit(&mut bytes);
@@ -583,6 +586,11 @@ impl Sim {
         while let Some(action) = self.receiver.poll_action() {
             self.check(self.receiver_outcome.is_none(), || format!("receiver action {action:?} after Finish"));
             match action {
+                receiver::Action::Reserve { .. }
+                | receiver::Action::OpenEntry(_)
+                | receiver::Action::EntryDone { .. } => {
+                    self.check(false, || format!("{action:?} in a session of one file"))
+                }
                 receiver::Action::Open { name, size, slot_size, slot_count } => {
                     self.check(self.temp == Temp::None && slot_size > 0 && slot_count > 0, || {
                         format!("open of {name:?}: {slot_count} slots of {slot_size}")
@@ -696,6 +704,9 @@ pub fn describe(bytes: &[u8]) -> String {
         Ok((_, Message::Ack(a))) => format!("ACK {}", a.status),
         Ok((_, Message::Challenge(_))) => "CHALLENGE".into(),
         Ok((_, Message::Proof(_))) => "PROOF".into(),
+        Ok((_, Message::Entry(e))) => format!("ENTRY {} {}", e.index, e.path),
+        Ok((_, Message::Ready(r))) => format!("READY {} from {}", r.index, r.resume_from),
+        Ok((_, Message::End(e))) => format!("END {}", e.entries),
         Err(e) => format!("{} bytes that do not decode ({e})", bytes.len()),
     }
 }

@@ -1,0 +1,271 @@
+//! [`send_files`]: many files and directory trees in one session (capability `BATCH`): one
+//! connection, one grant, an ENTRY per file or directory, a verdict per entry, one summary.
+
+use std::collections::VecDeque;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use super::{open_regular, resume_key, run, test_session, Identity, SendOptions, SendSession, SourceFile};
+use crate::driver::Error;
+use crate::sender::{Sender, SenderConfig};
+use crate::wire::{entry_flags, Entry, EntryKind, MAX_PATH_LEN};
+use crate::{Outcome, Status};
+
+/// What became of one entry of a batch, as the sender saw it.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct SentEntry {
+    /// The local path.
+    pub source: PathBuf,
+    /// The path the receiver was asked to store it under, relative to its destination.
+    pub path: String,
+    /// A directory (else a file).
+    pub directory: bool,
+    /// Bytes of the file.
+    pub size: u64,
+    /// `Ok` when the receiver stored it; [`Error::Refused`] with the receiver's status;
+    /// another error when it could not be sent (a local file error: then it was never
+    /// offered), or when the session ended during it.
+    pub result: Result<(), Error>,
+    /// Bytes the receiver already held of it (resumed): not sent again.
+    pub resumed_from: u64,
+}
+
+/// What a batch did.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct BatchReport {
+    /// The session id.
+    pub session: u64,
+    /// Each entry, in the order sent (a directory after what it holds).
+    pub entries: Vec<SentEntry>,
+    /// What was left out: symbolic links and special files, with why.
+    pub skipped: Vec<(PathBuf, String)>,
+    /// Bytes of the files the receiver stored.
+    pub bytes: u64,
+    /// Wall time from start to the summary.
+    pub total: Duration,
+    /// `Ok` when every entry was stored; [`Error::Refused`] with the receiver's summary (the
+    /// first failure's status) when some were not; another error when the session broke off
+    /// (entries after the one in progress were not sent).
+    pub result: Result<(), Error>,
+}
+
+impl BatchReport {
+    /// Entries that were not stored.
+    pub fn failed(&self) -> impl Iterator<Item = &SentEntry> {
+        self.entries.iter().filter(|e| e.result.is_err())
+    }
+}
+
+/// A local file or directory to send, and the path it is stored under.
+#[derive(Debug)]
+struct SourceEntry {
+    source: PathBuf,
+    path: String,
+    meta: std::fs::Metadata,
+}
+
+/// A batch in progress, in a [`SendSession`].
+#[derive(Debug)]
+pub(super) struct BatchState {
+    queue: VecDeque<SourceEntry>,
+    /// The entry offered, awaiting its verdict.
+    current: Option<SourceEntry>,
+    sent: Vec<SentEntry>,
+    /// Bytes of the entries that ended, and of all the files.
+    pub(super) done_bytes: u64,
+    pub(super) total: u64,
+}
+
+impl BatchState {
+    /// The receiver's verdict on the entry in progress.
+    pub(super) fn entry_done(&mut self, status: Status, detail: String, _received: u64) {
+        let Some(e) = self.current.take() else { return };
+        let size = if e.meta.is_dir() { 0 } else { e.meta.len() };
+        self.done_bytes += size;
+        let result = if status == Status::Ok { Ok(()) } else { Err(Error::Refused { status, detail }) };
+        if let Some(last) = self.sent.last_mut().filter(|s| s.path == e.path && s.result.is_ok()) {
+            last.result = result;
+        }
+    }
+}
+
+/// Sends the files and directory trees `paths` to a receiver in one session: one connection
+/// and one grant, each file or directory offered in turn (a directory's contents before the
+/// directory itself, so that its modification time can be kept), each with its own verdict,
+/// then one summary. A directory is stored under its own name (as `cp -r`), with every path
+/// relative to the receiver's destination; empty files and empty directories are sent;
+/// symbolic links and special files are skipped and listed. With [`SendOptions::preserve`]
+/// modes and modification times are kept. A file that cannot be read is listed with its error
+/// and not offered; the rest of the batch goes on. `progress(done, total)` covers the whole
+/// batch.
+///
+/// # Errors
+/// When no session started: a path that cannot be read or has no name, or connecting failed,
+/// or the receiver refused the batch (`Error::Refused`; a receiver that does not take batches
+/// refuses its name with `BadName`). Everything after that is in the report.
+pub fn send_files(
+    paths: &[PathBuf],
+    opts: &SendOptions,
+    mut progress: impl FnMut(u64, u64),
+) -> Result<BatchReport, Error> {
+    let start = Instant::now();
+    let mut skipped = Vec::new();
+    let mut queue = VecDeque::new();
+    for p in paths {
+        collect(p, None, &mut queue, &mut skipped)?;
+    }
+    let total = queue.iter().filter(|e| e.meta.is_file()).map(|e| e.meta.len()).sum();
+    let session = test_session(opts).unwrap_or_else(super::session_id);
+    let mut cfg = SenderConfig::new(opts.chunk, opts.depth, opts.timeout);
+    cfg.secret = opts.secret.clone();
+    let machine = Sender::batch(session, total, cfg, Instant::now())?.with_nonce(super::super::random_bytes());
+    tracing::info!(session = format_args!("{session:016x}"), entries = queue.len(), total, to = %opts.to, "sending a batch");
+    let identity = Identity::default();
+    let source = SourceFile { file: None, size: 0, session, machine, identity };
+    let batch = BatchState { queue, current: None, sent: Vec::new(), done_bytes: 0, total };
+    let first = paths.first().cloned().unwrap_or_default();
+    let (outcome, _summary, batch) = run(&first, source, Some(batch), opts, &mut progress, start)?;
+    let mut batch = batch.expect("the batch comes back");
+    let result = match outcome {
+        Ok(Outcome::Acked { status: Status::Ok, .. }) => Ok(()),
+        Ok(Outcome::Acked { status, detail }) => Err(Error::Refused { status, detail }),
+        Ok(Outcome::Failed(e)) => Err(e.into()),
+        Err(e) => Err(e),
+    };
+    // Nothing was offered: the receiver refused the batch itself.
+    let result = match result {
+        Err(e) if batch.sent.is_empty() && !batch.queue.is_empty() => return Err(e),
+        r => r,
+    };
+    // The entry in progress when the session broke off.
+    if let (Some(e), Err(err)) = (batch.current.take(), &result) {
+        if let Some(last) = batch.sent.last_mut().filter(|s| s.path == e.path && s.result.is_ok()) {
+            last.result = Err(Error::Usage(format!("not stored: the session ended ({err})")));
+        }
+    }
+    let bytes = batch.sent.iter().filter(|e| e.result.is_ok()).map(|e| e.size).sum();
+    Ok(BatchReport { session, entries: batch.sent, skipped, bytes, total: start.elapsed(), result })
+}
+
+/// Adds `path` (stored as `under/name`) to `queue`: a file, or a directory's contents (sorted
+/// by name) and then the directory. Symbolic links and special files go to `skipped`.
+fn collect(
+    path: &Path,
+    under: Option<&str>,
+    queue: &mut VecDeque<SourceEntry>,
+    skipped: &mut Vec<(PathBuf, String)>,
+) -> Result<(), Error> {
+    let file_err = |e| Error::File { path: path.display().to_string(), source: e };
+    let meta = std::fs::symlink_metadata(path).map_err(file_err)?;
+    let name = match path.file_name().map(|n| n.to_str()) {
+        Some(Some(n)) => n,
+        Some(None) => return Err(Error::Usage(format!("{}: the name is not UTF-8", path.display()))),
+        None => {
+            // `.` or `/`: the directory's real name.
+            let real = std::fs::canonicalize(path).map_err(file_err)?;
+            return match real.file_name() {
+                Some(_) => collect(&real, under, queue, skipped),
+                None => Err(Error::Usage(format!("{}: send a directory with a name", path.display()))),
+            };
+        }
+    };
+    let rel = match under {
+        Some(u) => format!("{u}/{name}"),
+        None => name.to_owned(),
+    };
+    if let Err(why) = crate::name::check_path(&rel) {
+        let why = if rel.len() > MAX_PATH_LEN { format!("path over {MAX_PATH_LEN} bytes") } else { why };
+        skipped.push((path.to_path_buf(), why));
+        return Ok(());
+    }
+    let ft = meta.file_type();
+    if ft.is_dir() {
+        let mut children: Vec<_> = std::fs::read_dir(path)
+            .map_err(file_err)?
+            .map(|e| e.map(|e| e.path()))
+            .collect::<Result<_, _>>()
+            .map_err(file_err)?;
+        children.sort();
+        for c in children {
+            collect(&c, Some(&rel), queue, skipped)?;
+        }
+        queue.push_back(SourceEntry { source: path.to_path_buf(), path: rel, meta });
+    } else if ft.is_file() {
+        queue.push_back(SourceEntry { source: path.to_path_buf(), path: rel, meta });
+    } else {
+        let what = if ft.is_symlink() { "a symbolic link" } else { "not a regular file or directory" };
+        skipped.push((path.to_path_buf(), format!("{what}: not sent")));
+    }
+    Ok(())
+}
+
+impl SendSession<'_> {
+    /// The machine asks for the next entry: the next file that opens (one that does not is
+    /// listed with its error and skipped), or a directory, or the end of the batch.
+    pub(super) fn next_entry(&mut self) {
+        let now = Instant::now();
+        let (preserve, resume) = (self.opts.preserve, self.opts.resume);
+        let Some(b) = self.batch.as_mut() else { return };
+        while let Some(e) = b.queue.pop_front() {
+            let flags = if preserve { entry_flags::MODE | entry_flags::MTIME } else { 0 };
+            let mut entry = Entry {
+                index: 0,
+                kind: EntryKind::Directory,
+                flags,
+                mode: e.meta.permissions().mode() & 0o7777,
+                mtime_sec: e.meta.mtime(),
+                mtime_nsec: e.meta.mtime_nsec().clamp(0, 999_999_999) as u32,
+                size: 0,
+                resume: 0,
+                path: e.path.clone(),
+            };
+            let mut sent = SentEntry {
+                source: e.source.clone(),
+                path: e.path.clone(),
+                directory: e.meta.is_dir(),
+                size: 0,
+                result: Ok(()),
+                resumed_from: 0,
+            };
+            if !e.meta.is_dir() {
+                let (file, meta) = match open_regular(&e.source) {
+                    Ok(f) => f,
+                    Err(err) => {
+                        b.done_bytes += e.meta.len();
+                        sent.result = Err(err);
+                        b.sent.push(sent);
+                        continue;
+                    }
+                };
+                entry.kind = EntryKind::File;
+                entry.size = meta.len();
+                entry.resume = if resume { resume_key(&e.path, &meta) } else { 0 };
+                sent.size = meta.len();
+                // The file as it is now: what the batch's total counted may have changed.
+                b.total = b.total - e.meta.len().min(b.total) + meta.len();
+                self.identity = Identity::of(&meta);
+                self.size = meta.len();
+                self.file = Some(file);
+                self.path = e.source.clone();
+                self.hasher.reset();
+                self.held_hashed = false;
+            }
+            b.sent.push(sent);
+            b.current = Some(e);
+            self.machine.start_entry(entry, now);
+            return;
+        }
+        self.machine.end_batch(now);
+    }
+
+    /// Records the bytes the receiver held of the entry in progress (its READY).
+    pub(super) fn note_resumed(&mut self) {
+        let held = self.machine.resumed_from();
+        if let Some(last) = self.batch.as_mut().and_then(|b| b.sent.last_mut()) {
+            last.resumed_from = held;
+        }
+    }
+}
