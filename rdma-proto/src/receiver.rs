@@ -62,6 +62,9 @@ pub struct ReceiverConfig {
     /// Take batches ([`caps::BATCH`]): with it off, a batch's HELLO is refused as a receiver
     /// without batches refuses it (its name, `.`, is `BadName`).
     pub batch: bool,
+    /// Most entries one batch may offer (each costs the driver a line of its report): past
+    /// it the session ends as for a message out of place.
+    pub max_entries: u32,
 }
 
 impl Default for ReceiverConfig {
@@ -77,6 +80,7 @@ impl Default for ReceiverConfig {
             secret: None,
             resume: false,
             batch: true,
+            max_entries: 1_000_000,
         }
     }
 }
@@ -675,6 +679,9 @@ impl Receiver {
         let Some(b) = self.batch.as_mut() else {
             return Err(ProtocolError::Local("an ENTRY outside a batch".into()));
         };
+        if b.entries >= self.cfg.max_entries {
+            return Err(ProtocolError::Peer(format!("more than {} entries in one batch", self.cfg.max_entries)));
+        }
         if e.index != b.entries {
             return Err(ProtocolError::Peer(format!("ENTRY {}, expected {}", e.index, b.entries)));
         }

@@ -457,7 +457,9 @@ impl Sender {
                 if a.status == Status::Ok && !expected {
                     return Err(ProtocolError::Peer("ACK ok before FIN".into()));
                 }
-                let midway = self.phase == Phase::Data;
+                // Midway through a file, or a violation (never an entry's own verdict): the
+                // receiver has ended the session.
+                let midway = self.phase == Phase::Data || a.status == Status::ProtocolMismatch;
                 self.actions.push_back(Action::EntryDone {
                     index,
                     status: a.status,

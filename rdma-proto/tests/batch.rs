@@ -218,6 +218,17 @@ fn the_session_byte_limit_refuses_a_batch_that_announces_more_and_entries_that_w
 }
 
 #[test]
+fn a_batch_past_max_entries_ends_the_session() {
+    let mut cfg = ReceiverConfig::default();
+    cfg.max_entries = 2;
+    let entries = vec![("a", Some(bytes(10, 1))), ("b", None), ("c", Some(bytes(10, 2)))];
+    let run = pump(entries, cfg, 1024);
+    assert_eq!(run.received.len(), 2, "{run:?}");
+    assert_eq!(status(&run.sender), Some(Status::ProtocolMismatch), "{run:?}");
+    assert!(matches!(run.receiver, Some(Outcome::Failed(_))), "{run:?}");
+}
+
+#[test]
 fn a_receiver_without_batches_refuses_the_batch_by_its_name() {
     // A receiver that knows no BATCH reads the HELLO as one file named ".": refused, nothing
     // stored. Simulated by a HELLO whose BATCH bit is cleared on the way.

@@ -112,6 +112,35 @@ pub fn send_files(
     mut progress: impl FnMut(u64, u64),
 ) -> Result<BatchReport, Error> {
     let start = Instant::now();
+    let (source, batch, skipped) = prepare(paths, opts)?;
+    let first = paths.first().cloned().unwrap_or_default();
+    let ran = run(&first, source, Some(batch), opts, &mut progress, start)?;
+    finish(ran, skipped, start)
+}
+
+/// [`send_files`] for async code (feature `tokio`): the same session, awaited as
+/// `send_file_async` awaits one file's.
+///
+/// # Errors
+/// As [`send_files`].
+#[cfg(feature = "tokio")]
+pub async fn send_files_async(
+    paths: &[PathBuf],
+    opts: &SendOptions,
+    mut progress: impl FnMut(u64, u64),
+) -> Result<BatchReport, Error> {
+    let start = Instant::now();
+    let (source, batch, skipped) = prepare(paths, opts)?;
+    let first = paths.first().cloned().unwrap_or_default();
+    let ran = super::run_async(&first, source, Some(batch), opts, &mut progress, start).await?;
+    finish(ran, skipped, start)
+}
+
+/// What was left out of a batch, and why.
+type Skipped = Vec<(PathBuf, String)>;
+
+/// The batch's entries walked from `paths`, and its machine.
+fn prepare(paths: &[PathBuf], opts: &SendOptions) -> Result<(SourceFile, BatchState, Skipped), Error> {
     let mut skipped = Vec::new();
     let mut queue = VecDeque::new();
     for p in paths {
@@ -126,8 +155,13 @@ pub fn send_files(
     let identity = Identity::default();
     let source = SourceFile { file: None, size: 0, session, machine, identity };
     let batch = BatchState { queue, current: None, sent: Vec::new(), done_bytes: 0, total };
-    let first = paths.first().cloned().unwrap_or_default();
-    let (outcome, _summary, batch) = run(&first, source, Some(batch), opts, &mut progress, start)?;
+    Ok((source, batch, skipped))
+}
+
+/// The batch's report, once its session ran.
+fn finish(ran: super::Ran, skipped: Skipped, start: Instant) -> Result<BatchReport, Error> {
+    let (outcome, summary, batch) = ran;
+    let session = summary.session;
     let mut batch = batch.expect("the batch comes back");
     let result = match outcome {
         Ok(Outcome::Acked { status: Status::Ok, .. }) => Ok(()),

@@ -113,11 +113,11 @@ impl std::fmt::Debug for Progress {
         f.write_str("Progress(..)")
     }
 }
-#[cfg(feature = "tokio")]
-pub use send::send_file_async;
 #[cfg(feature = "fault-injection")]
 pub use send::AfterFin;
 pub use send::{send_file, send_files, BatchReport, SendOptions, SendReport, SentEntry};
+#[cfg(feature = "tokio")]
+pub use send::{send_file_async, send_files_async};
 
 use std::time::Duration;
 

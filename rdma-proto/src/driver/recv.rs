@@ -682,6 +682,7 @@ impl<'a> ReceiveSession<'a> {
             secret: opts.secret.clone(),
             resume: opts.resume && opts.dir.is_some(),
             batch: true,
+            max_entries: 1_000_000,
         };
         Ok(ReceiveSession {
             opts,

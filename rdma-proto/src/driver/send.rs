@@ -232,6 +232,20 @@ pub async fn send_file_async(
 ) -> Result<SendReport, Error> {
     let start = Instant::now();
     let file = SourceFile::open(path, opts)?;
+    let (outcome, summary, _) = run_async(path, file, None, opts, &mut progress, start).await?;
+    summary.report(outcome)
+}
+
+/// [`run`] for async code: what an async send of a file or a batch does.
+#[cfg(feature = "tokio")]
+async fn run_async(
+    path: &Path,
+    file: SourceFile,
+    batch: Option<BatchState>,
+    opts: &SendOptions,
+    mut progress: impl FnMut(u64, u64),
+    start: Instant,
+) -> Result<Ran, Error> {
     let connecting = async {
         let id = CmId::new()?.resolve_async(opts.from, opts.to).await?;
         let ctx = id.open_context()?;
@@ -247,6 +261,7 @@ pub async fn send_file_async(
         }
     };
     let mut s = SendSession::new(opts, path, file, parts, &conn, start)?;
+    s.batch = batch;
     let outcome = loop {
         match s.drive_round(&mut progress) {
             Ok(ControlFlow::Break(o)) => break o,
@@ -262,12 +277,12 @@ pub async fn send_file_async(
         Err(e) => Err(super::link::explain_loss_async(e, Side::Sender, &conn, s.pd.context()).await),
         ok => ok,
     };
-    let (mut sq, ring, summary, _) = s.into_parts();
+    let (mut sq, ring, summary, batch) = s.into_parts();
     let _ = tokio::time::timeout(DRAIN, sq.drain_async(drop)).await;
     let _ = sq.close_async().await;
     let _ = tokio::time::timeout(DISCONNECT_WAIT.min(opts.connect_timeout), conn.disconnect_async()).await;
     let _ = ring.close_async().await;
-    summary.report(outcome)
+    Ok((outcome, summary, batch))
 }
 
 /// The file to send, opened and checked, and the machine made for it (for a batch: no file
@@ -333,6 +348,8 @@ fn open_regular(path: &Path) -> Result<(std::fs::File, std::fs::Metadata), Error
 
 #[path = "batch.rs"]
 mod batch;
+#[cfg(feature = "tokio")]
+pub use batch::send_files_async;
 use batch::BatchState;
 pub use batch::{send_files, BatchReport, SentEntry};
 
