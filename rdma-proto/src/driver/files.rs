@@ -174,15 +174,20 @@ impl Incoming {
     }
 
     /// Syncs the data and renames the temporary into place (without replacing an existing file
-    /// unless `overwrite`), then syncs the directory.
+    /// unless `overwrite`), then syncs the directory. With a batch's `entry`, its mode and
+    /// modification time are applied first (after the last write: a truncation would change
+    /// the time again).
     ///
     /// # Errors
     /// The status and a sentence; the temporary is then removed when `self` drops.
-    pub(crate) fn commit(mut self) -> Result<(), (Status, String)> {
+    pub(crate) fn commit(mut self, entry: Option<&crate::wire::Entry>) -> Result<(), (Status, String)> {
         let io = |what: &str, e: io::Error| (io_status(&e), format!("{what}: {e}"));
         if let Some(p) = &self.partial {
             // A partial may hold bytes past the file's end from an earlier, longer write.
             self.file.set_len(p.size).map_err(|e| io("truncating the partial", e))?;
+        }
+        if let Some(e) = entry {
+            apply_meta(&self.file, e).map_err(|err| io("setting the mode and time", err))?;
         }
         self.file.sync_all().map_err(|e| io("fsync", e))?;
         if self.overwrite {
@@ -420,9 +425,34 @@ mod tests {
         let (a, _) = Incoming::resumable(&d, "f", 10, 9, false, DAY).unwrap();
         std::os::unix::fs::FileExt::write_all_at(&a.file, &[5; 16], 0).unwrap();
         a.checkpoint(10).unwrap();
-        a.commit().unwrap();
+        a.commit(None).unwrap();
         assert_eq!(listing(&d), ["f"]);
         assert_eq!(std::fs::read(d.join("f")).unwrap(), [5; 10]);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_committed_partial_keeps_the_entry_s_mode_and_time_without_set_id_bits() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let d = scratch("meta");
+        let (a, _) = Incoming::resumable(&d, "f", 4, 5, false, DAY).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&a.file, &[7; 4], 0).unwrap();
+        let e = crate::wire::Entry {
+            index: 0,
+            kind: crate::wire::EntryKind::File,
+            flags: crate::wire::entry_flags::MODE | crate::wire::entry_flags::MTIME,
+            mode: 0o4751,
+            mtime_sec: 1_600_000_000,
+            mtime_nsec: 5,
+            size: 4,
+            resume: 5,
+            path: "f".into(),
+        };
+        // The partial is cut to its size at the commit: the time must be set after that.
+        a.commit(Some(&e)).unwrap();
+        let m = std::fs::metadata(d.join("f")).unwrap();
+        assert_eq!((m.mtime(), m.mtime_nsec()), (1_600_000_000, 5));
+        assert_eq!(m.permissions().mode() & 0o7777, 0o751);
         std::fs::remove_dir_all(&d).unwrap();
     }
 

@@ -740,6 +740,7 @@ impl<'a> ReceiveSession<'a> {
             Err(Error::PeerDisconnected | Error::ConnectionLost { .. } | Error::Stopped)
                 | Ok(Outcome::Failed(crate::ProtocolError::Timeout { .. }))
         );
+        let midway = file.is_some();
         if let Some(mut f) = file {
             // A partial that holds nothing is worth nothing: it goes.
             if resumable && machine.bytes_stored() > 0 {
@@ -752,7 +753,9 @@ impl<'a> ReceiveSession<'a> {
         report.hello = machine.hello_received();
         report.auth_failed = machine.auth_failed();
         report.bytes = if machine.is_batch() || !report.entries.is_empty() {
-            report.entries.iter().map(|e| e.bytes).sum::<u64>() + machine.bytes_stored()
+            // The entries that ended, and the one in progress when the session ended midway.
+            let midway = if midway { machine.bytes_stored() } else { 0 };
+            report.entries.iter().map(|e| e.bytes).sum::<u64>() + midway
         } else {
             machine.bytes_stored()
         };
@@ -855,7 +858,7 @@ impl<'a> ReceiveSession<'a> {
             };
             match e.kind {
                 EntryKind::Directory => {
-                    let made = make_dirs(&dir, &[last])
+                    let made = make_dirs(dest, &components)
                         .and_then(|d| {
                             std::fs::File::open(&d).map_err(|err| (io_status(&err), format!("{path}: {err}")))
                         })
@@ -999,11 +1002,7 @@ impl<'a> ReceiveSession<'a> {
         } else if let Some(f) = self.file.take() {
             let t = Instant::now();
             let partial = f.is_partial();
-            let meta = match &self.entry {
-                Some((e, _)) => apply_meta(&f.file, e).map_err(|err| (io_status(&err), format!("{}: {err}", e.path))),
-                None => Ok(()),
-            };
-            let r = meta.and_then(|()| f.commit());
+            let r = f.commit(self.entry.as_ref().map(|(e, _)| e));
             self.report.phases.sync_rename = t.elapsed();
             match r {
                 Ok(()) => {
