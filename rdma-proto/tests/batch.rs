@@ -592,3 +592,59 @@ fn the_summary_and_bytes_match_the_entries() {
     // mid-file adds that file's).
     assert_eq!(h.r.bytes_stored(), 0, "the last entry's bytes are its report's, not in progress");
 }
+
+#[test]
+fn a_store_that_fails_after_the_fin_ends_the_senders_batch() {
+    // The receiver stores a file's last chunks after its FIN arrived; a store that fails then
+    // ends its session (ACK DiskIo with fewer bytes than the file). The sender must not take
+    // that for the entry's verdict and offer the next entry to a receiver that is gone.
+    let now = Instant::now();
+    let mut s = Sender::batch(SESSION, 4096, SenderConfig::new(1024, 4, Duration::from_secs(5)), now).unwrap();
+    let mut out = Vec::new();
+    let grant = wire::Grant {
+        version: 1,
+        caps: caps::DIGEST_XXH3_128 | caps::BATCH,
+        addr: 0x1000,
+        rkey: 7,
+        slot_size: 1024,
+        slot_count: 4,
+        resume_from: 0,
+    };
+    let to_sender = |s: &mut Sender, m: Message| {
+        let mut buf = Vec::new();
+        wire::encode(SESSION, &m, &mut buf).unwrap();
+        s.handle(sender::Input::Message(&buf), now);
+    };
+    to_sender(&mut s, Message::Grant(grant));
+    let mut finished = None;
+    let mut offered = 0;
+    for round in 0..100 {
+        let Some(a) = s.poll_action() else { break };
+        match a {
+            sender::Action::Send => {
+                s.transmit(&mut out);
+                let (_, m) = wire::decode(&out).unwrap();
+                match m {
+                    Message::Entry(e) => {
+                        offered += 1;
+                        to_sender(&mut s, Message::Ready(Ready { index: e.index, resume_from: 0 }));
+                    }
+                    Message::Fin(_) => {
+                        let ack = Ack { status: Status::DiskIo, received: 1024, detail: "writing: EIO".into() };
+                        to_sender(&mut s, Message::Ack(ack));
+                    }
+                    _ => {}
+                }
+            }
+            sender::Action::NextEntry => s.start_entry(entry(0, EntryKind::File, 2048, "a"), now),
+            sender::Action::ReadChunk { seq, .. } => s.handle(sender::Input::ChunkRead { seq }, now),
+            sender::Action::WriteChunk { seq, .. } => s.handle(sender::Input::WriteDone { seq }, now),
+            sender::Action::NeedDigest => s.handle(sender::Input::Digest(vec![0; 16]), now),
+            sender::Action::EntryDone { .. } => {}
+            sender::Action::Finish(o) => finished = Some(o),
+        }
+        assert!(round < 99);
+    }
+    assert_eq!(offered, 1, "no entry offered after the receiver ended the session");
+    assert_eq!(status(&finished), Some(Status::DiskIo), "{finished:?}");
+}
