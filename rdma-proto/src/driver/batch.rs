@@ -83,10 +83,12 @@ impl BatchState {
     /// The receiver's verdict on the entry in progress.
     pub(super) fn entry_done(&mut self, status: Status, detail: String, _received: u64) {
         let Some(e) = self.current.take() else { return };
-        let size = if e.meta.is_dir() { 0 } else { e.meta.len() };
-        self.done_bytes += size;
         let result = if status == Status::Ok { Ok(()) } else { Err(Error::Refused { status, detail }) };
-        if let Some(last) = self.sent.last_mut().filter(|s| s.path == e.path && s.result.is_ok()) {
+        let last = self.sent.last_mut().filter(|s| s.path == e.path && s.result.is_ok());
+        // The size it was offered with (what `total` now counts), not the walk's: a file that
+        // changed since would leave the progress short of (or past) its total.
+        self.done_bytes += last.as_ref().map_or(0, |s| s.size);
+        if let Some(last) = last {
             last.result = result;
         }
     }
@@ -340,6 +342,27 @@ mod tests {
             collect(p, None, &mut queue, &mut skipped)?;
         }
         Ok((queue.into_iter().map(|e| e.path).collect(), skipped))
+    }
+
+    #[test]
+    fn progress_ends_at_the_total_when_a_file_changed_size_since_the_walk() {
+        let d = scratch("grew");
+        std::fs::write(d.join("f"), [0u8; 10]).unwrap();
+        let meta = std::fs::symlink_metadata(d.join("f")).unwrap();
+        let e = SourceEntry { source: d.join("f"), path: "f".into(), meta };
+        // Offered at 25 bytes (it grew): `next_entry` moved the total to match.
+        let sent = SentEntry {
+            source: d.join("f"),
+            path: "f".into(),
+            directory: false,
+            size: 25,
+            result: Ok(()),
+            resumed_from: 0,
+        };
+        let mut b = BatchState { queue: VecDeque::new(), current: Some(e), sent: vec![sent], done_bytes: 0, total: 25 };
+        b.entry_done(Status::Ok, String::new(), 25);
+        assert_eq!(b.done_bytes, b.total);
+        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
