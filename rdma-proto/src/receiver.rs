@@ -329,7 +329,8 @@ impl Receiver {
     }
 
     /// Bytes of the file held: those from before the session ([`resumed_from`](Self::resumed_from))
-    /// and those stored since. In a batch, of the entry in progress (or the last).
+    /// and those stored since. In a batch, of the entry in progress (0 between entries and
+    /// after the END: an entry's bytes are in its [`Action::EntryDone`]).
     pub fn bytes_stored(&self) -> u64 {
         self.base.saturating_add(self.stored * u64::from(self.slot_size)).min(self.size)
     }
@@ -690,8 +691,10 @@ impl Receiver {
         }
         b.entries += 1;
         b.current = Some((e.index, e.path.clone(), e.kind));
+        // Only an entry that is opened counts against the total: a refused one brings no
+        // bytes, and counting it (a file that grew since the sender walked its tree, a size
+        // that overflows) would refuse every later entry, directories too.
         let announced = b.announced.saturating_add(e.size);
-        b.announced = announced;
         let limit = b.declared.min(max_session);
         self.progress = now;
         // The entry's own state: nothing of the last one carries over.
@@ -709,6 +712,9 @@ impl Receiver {
                 format!("{}: the batch would pass {limit} bytes (its announced total or the session limit)", e.path);
             self.entry_done(Status::TooLarge, why);
         } else {
+            if let Some(b) = self.batch.as_mut() {
+                b.announced = announced;
+            }
             self.phase = Phase::Opening;
             self.actions.push_back(Action::OpenEntry(e));
         }
@@ -736,6 +742,9 @@ impl Receiver {
         }
         self.opened = false;
         self.phase = Phase::AwaitEntry;
+        // The entry's bytes are now its verdict's: none is in progress (`bytes_stored` is 0),
+        // so that a driver adding them to its entries' counts each once.
+        (self.size, self.base, self.stored, self.arrived, self.chunks) = (0, 0, 0, 0, 0);
         self.actions.push_back(Action::EntryDone { index, path, status, detail, bytes });
     }
 

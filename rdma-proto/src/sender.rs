@@ -459,7 +459,11 @@ impl Sender {
                 }
                 // Midway through a file, or a violation (never an entry's own verdict): the
                 // receiver has ended the session.
-                let midway = self.phase == Phase::Data || a.status == Status::ProtocolMismatch;
+                // After the FIN, an entry's own verdict (its digest, its commit) comes with
+                // every byte stored; fewer is a store that failed, which ended the session.
+                let size = self.entry.as_ref().map_or(0, |e| e.size);
+                let short = self.phase == Phase::AwaitAck && a.received < size;
+                let midway = self.phase == Phase::Data || a.status == Status::ProtocolMismatch || short;
                 self.actions.push_back(Action::EntryDone {
                     index,
                     status: a.status,

@@ -248,3 +248,403 @@ fn a_receiver_without_batches_refuses_the_batch_by_its_name() {
     s.handle(sender::Input::Message(&out), now);
     assert!(matches!(s.poll_action(), Some(sender::Action::Finish(Outcome::Acked { status: Status::BadName, .. }))));
 }
+
+// ---- A hostile sender, played by hand: the receiver machine fed encoded messages. ----
+
+use rdma_proto::wire::{self, caps, Ack, End, Fin, Hello, Message, Ready};
+
+/// A receiver driven by hand: every driver action is answered at once (opens succeed, chunks
+/// store, digests match), and everything it did is recorded.
+struct Hostile {
+    r: Receiver,
+    now: Instant,
+    /// Messages the receiver sent, decoded.
+    sent: Vec<Message>,
+    /// Entries it asked the driver to open.
+    opened: Vec<Entry>,
+    /// Its per-entry verdicts.
+    done: Vec<(u32, String, Status, u64)>,
+    finished: Option<Outcome>,
+    discards: usize,
+}
+
+impl Hostile {
+    /// A batch session granted (`total` bytes announced, the sender offering `offer` too).
+    fn granted(cfg: ReceiverConfig, total: u64, offer: u32) -> Self {
+        let now = Instant::now();
+        let mut h = Hostile {
+            r: Receiver::new(cfg, now),
+            now,
+            sent: Vec::new(),
+            opened: Vec::new(),
+            done: Vec::new(),
+            finished: None,
+            discards: 0,
+        };
+        h.msg(Message::Hello(Hello {
+            version_min: 1,
+            version_max: 1,
+            resume: (offer & caps::RESUME != 0).then_some(0),
+            caps: caps::DIGEST_XXH3_128 | caps::BATCH | offer,
+            size: total,
+            chunk: 1024,
+            depth: 4,
+            name: wire::BATCH_NAME.into(),
+        }));
+        assert!(matches!(h.sent.last(), Some(Message::Grant(_))), "{:?}", h.sent);
+        h
+    }
+
+    fn msg(&mut self, m: Message) {
+        let mut out = Vec::new();
+        wire::encode(SESSION, &m, &mut out).unwrap();
+        self.r.handle(receiver::Input::Message(&out), self.now);
+        self.drain();
+    }
+
+    fn write(&mut self, imm: u32, len: u32) {
+        self.r.handle(receiver::Input::WriteArrived { imm, len }, self.now);
+        self.drain();
+    }
+
+    fn drain(&mut self) {
+        let mut out = Vec::new();
+        while let Some(a) = self.r.poll_action() {
+            match a {
+                receiver::Action::Send => {
+                    assert!(self.r.transmit(&mut out));
+                    self.sent.push(wire::decode(&out).unwrap().1);
+                }
+                receiver::Action::Reserve { .. } => {
+                    self.r.handle(receiver::Input::Ready { addr: 0x1000, rkey: 7 }, self.now)
+                }
+                receiver::Action::OpenEntry(e) => {
+                    self.opened.push(e.clone());
+                    if self.r.resume_key().is_some() {
+                        self.r.handle(receiver::Input::Resumed { from: 0 }, self.now);
+                    }
+                    self.r.handle(receiver::Input::Ready { addr: 0x1000, rkey: 7 }, self.now);
+                }
+                receiver::Action::StoreChunk { seq, .. } => {
+                    self.r.handle(receiver::Input::ChunkStored { seq }, self.now)
+                }
+                receiver::Action::Finalize { .. } => {
+                    self.r.handle(receiver::Input::Finalized(Status::Ok, String::new()), self.now)
+                }
+                receiver::Action::EntryDone { index, path, status, bytes, .. } => {
+                    self.done.push((index, path, status, bytes))
+                }
+                receiver::Action::Discard => self.discards += 1,
+                receiver::Action::Open { .. } => panic!("a batch opens entries, not a file"),
+                receiver::Action::Finish(o) => self.finished = Some(o),
+            }
+        }
+    }
+
+    fn entry(&mut self, index: u32, kind: EntryKind, size: u64, path: &str) {
+        self.msg(Message::Entry(entry(index, kind, size, path)));
+    }
+
+    /// The ACKs the receiver sent, in order.
+    fn acks(&self) -> Vec<&Ack> {
+        self.sent.iter().filter_map(|m| if let Message::Ack(a) = m { Some(a) } else { None }).collect()
+    }
+
+    fn last_ack(&self) -> &Ack {
+        self.acks().last().copied().expect("an ACK")
+    }
+
+    /// The session failed as for a message out of place: ProtocolMismatch to the sender,
+    /// `Failed` here.
+    fn violated(&self) -> bool {
+        matches!(self.finished, Some(Outcome::Failed(_))) && self.last_ack().status == Status::ProtocolMismatch
+    }
+
+    /// A file entry of `size` bytes sent whole (chunks of 1024 bytes), then its FIN.
+    fn send_file(&mut self, index: u32, size: u64, path: &str) {
+        self.entry(index, EntryKind::File, size, path);
+        assert!(matches!(self.sent.last(), Some(Message::Ready(Ready { index: i, .. })) if *i == index));
+        let chunks = size.div_ceil(1024);
+        for n in 0..chunks {
+            self.write(n as u32, (size - n * 1024).min(1024) as u32);
+        }
+        self.msg(Message::Fin(Fin { chunks, size, digest: vec![0; 16] }));
+    }
+}
+
+fn entry(index: u32, kind: EntryKind, size: u64, path: &str) -> Entry {
+    Entry { index, kind, flags: 0, mode: 0o644, mtime_sec: 0, mtime_nsec: 0, size, resume: 0, path: path.into() }
+}
+
+/// The invariants every hostile run must keep: no bad path was opened, no entry that was
+/// not committed got an ACK `Ok`, and a summary matches the per-entry verdicts.
+fn check_invariants(h: &Hostile) {
+    for e in &h.opened {
+        assert!(rdma_proto::name::check_path(&e.path).is_ok(), "opened a bad path {:?}", e.path);
+    }
+    let committed = h.done.iter().filter(|d| d.2 == Status::Ok).count();
+    let entry_acks_ok =
+        h.acks().iter().filter(|a| a.status == Status::Ok && !a.detail.contains("entries stored")).count();
+    assert_eq!(entry_acks_ok, committed, "ACK Ok only for committed entries: {:?} / {:?}", h.acks(), h.done);
+    if let Some(Outcome::Acked { status, detail }) = &h.finished {
+        let first = h.done.iter().find(|d| d.2 != Status::Ok).map_or(Status::Ok, |d| d.2);
+        assert_eq!(*status, first, "the summary is the first failure's: {detail}");
+        let held: u64 = h.done.iter().filter(|d| d.2 == Status::Ok).map(|d| d.3).sum();
+        assert_eq!(h.last_ack().received, held, "the summary's received");
+        assert_eq!(h.last_ack().status, *status);
+    }
+}
+
+#[test]
+fn hostile_out_of_place_messages_end_the_session() {
+    // ENTRY before the GRANT: the HELLO not yet answered (a secret holds it in Authenticating).
+    {
+        let now = Instant::now();
+        let mut cfg = ReceiverConfig::default();
+        cfg.secret = Some(rdma_proto::auth::Secret::new(b"0123456789abcdef0123456789abcdef").unwrap());
+        let mut h = Hostile {
+            r: Receiver::new(cfg, now),
+            now,
+            sent: Vec::new(),
+            opened: Vec::new(),
+            done: Vec::new(),
+            finished: None,
+            discards: 0,
+        };
+        h.msg(Message::Hello(Hello {
+            version_min: 1,
+            version_max: 1,
+            resume: None,
+            caps: caps::DIGEST_XXH3_128 | caps::BATCH | caps::AUTH,
+            size: 10,
+            chunk: 1024,
+            depth: 4,
+            name: wire::BATCH_NAME.into(),
+        }));
+        h.entry(0, EntryKind::File, 10, "a");
+        assert!(h.violated() && h.opened.is_empty(), "ENTRY before GRANT: {:?}", h.sent);
+    }
+    // ENTRY as the very first message.
+    {
+        let now = Instant::now();
+        let mut r = Receiver::new(ReceiverConfig::default(), now);
+        let mut out = Vec::new();
+        wire::encode(SESSION, &Message::Entry(entry(0, EntryKind::File, 1, "a")), &mut out).unwrap();
+        r.handle(receiver::Input::Message(&out), now);
+        let mut opened = false;
+        while let Some(a) = r.poll_action() {
+            opened |= matches!(a, receiver::Action::OpenEntry(_) | receiver::Action::Open { .. });
+        }
+        assert!(r.is_done() && !opened);
+    }
+    type Case = (&'static str, fn(&mut Hostile));
+    let cases: [Case; 9] = [
+        ("ENTRY in a file's data phase", |h| {
+            h.entry(0, EntryKind::File, 5000, "a");
+            h.write(0, 1024);
+            h.entry(1, EntryKind::File, 10, "b");
+        }),
+        ("a WRITE for the previous entry after its ACK", |h| {
+            h.send_file(0, 2048, "a");
+            h.write(2, 1024);
+        }),
+        ("a WRITE for the previous entry in the next one's data phase", |h| {
+            h.send_file(0, 2048, "a");
+            h.entry(1, EntryKind::File, 2048, "b");
+            h.write(2, 1024);
+        }),
+        ("a FIN for a directory", |h| {
+            h.entry(0, EntryKind::Directory, 0, "d");
+            h.msg(Message::Fin(Fin { chunks: 0, size: 0, digest: vec![0; 16] }));
+        }),
+        ("READY from the sender", |h| h.msg(Message::Ready(Ready { index: 0, resume_from: 0 }))),
+        ("END with a wrong count", |h| {
+            h.send_file(0, 10, "a");
+            h.msg(Message::End(End { entries: 2 }));
+        }),
+        ("END mid-file", |h| {
+            h.entry(0, EntryKind::File, 5000, "a");
+            h.write(0, 1024);
+            h.msg(Message::End(End { entries: 1 }));
+        }),
+        ("an ENTRY index gap", |h| {
+            h.send_file(0, 10, "a");
+            h.entry(2, EntryKind::File, 10, "b");
+        }),
+        ("an ENTRY index repeated", |h| {
+            h.send_file(0, 10, "a");
+            h.entry(0, EntryKind::File, 10, "b");
+        }),
+    ];
+    for (what, play) in cases {
+        let mut h = Hostile::granted(ReceiverConfig::default(), 1 << 20, 0);
+        play(&mut h);
+        assert!(h.violated(), "{what}: {:?} / {:?}", h.sent, h.finished);
+        check_invariants(&h);
+        assert!(h.opened.iter().all(|e| ["a", "b", "d"].contains(&e.path.as_str())), "{what}: nothing else opened");
+    }
+    // A directory with a size, or an ENTRY of kind 2 (refused by the codec).
+    let mut h = Hostile::granted(ReceiverConfig::default(), 1 << 20, 0);
+    h.entry(0, EntryKind::Directory, 10, "d");
+    assert!(h.violated() && h.opened.is_empty(), "a directory with a size");
+    let mut h = Hostile::granted(ReceiverConfig::default(), 1 << 20, 0);
+    let mut out = Vec::new();
+    wire::encode(SESSION, &Message::Entry(entry(0, EntryKind::File, 1, "a")), &mut out).unwrap();
+    out[24] = 2;
+    h.r.handle(receiver::Input::Message(&out), h.now);
+    h.drain();
+    assert!(h.violated() && h.opened.is_empty(), "kind 2");
+}
+
+#[test]
+fn hostile_paths_are_refused_alone_and_never_opened() {
+    let long = format!("{}/x", "d".repeat(200)).repeat(5); // over 960 bytes
+    let bad = ["a\0b", "a\\b", "a/", "a/.", "./a", ".", "..", "a/../b", "/a", "", "d/.KEY.part.rdcp-tmp", "a\nb"];
+    let mut h = Hostile::granted(ReceiverConfig::default(), 1 << 20, 0);
+    let mut i = 0;
+    for p in bad {
+        h.entry(i, EntryKind::File, 10, p);
+        i += 1;
+        h.entry(i, EntryKind::Directory, 0, p);
+        i += 1;
+    }
+    // 960 bytes is the limit (decode refuses more: the session ends).
+    let edge = format!("{}/{}", "e".repeat(255), "f".repeat(255)).repeat(2);
+    let edge = &edge[..959];
+    h.entry(i, EntryKind::Directory, 0, edge.trim_end_matches('/'));
+    i += 1;
+    assert!(h.done.iter().take(2 * bad.len()).all(|d| d.2 == Status::BadName), "{:?}", h.done);
+    assert_eq!(h.done.len() as u32, i, "every entry answered, the batch goes on");
+    h.msg(Message::End(End { entries: i }));
+    check_invariants(&h);
+    // Over 960 bytes: the codec refuses it (the session ends), nothing opened.
+    let mut h = Hostile::granted(ReceiverConfig::default(), 1 << 20, 0);
+    let mut e = entry(0, EntryKind::File, 1, "a");
+    e.path = long.clone();
+    let mut out = Vec::new();
+    assert!(wire::encode(SESSION, &Message::Entry(e), &mut out).is_err());
+    wire::encode(SESSION, &Message::Entry(entry(0, EntryKind::File, 1, &"a".repeat(960))), &mut out).unwrap();
+    // Patch the length to 961 with one more byte.
+    out.push(b'a');
+    let len = out.len() as u32;
+    out[8..12].copy_from_slice(&len.to_be_bytes());
+    out[58..60].copy_from_slice(&961u16.to_be_bytes());
+    h.r.handle(receiver::Input::Message(&out), h.now);
+    h.drain();
+    assert!(h.violated() && h.opened.is_empty());
+}
+
+#[test]
+fn hostile_sizes_are_refused_alone() {
+    // Entries whose sizes pass the announced total (and overflow u64 added up).
+    let mut h = Hostile::granted(ReceiverConfig::default(), 3000, 0);
+    h.send_file(0, 2000, "a");
+    h.entry(1, EntryKind::File, u64::MAX, "huge");
+    h.entry(2, EntryKind::File, u64::MAX - 1000, "huge2");
+    h.entry(3, EntryKind::File, 2000, "over");
+    assert_eq!(
+        h.done.iter().map(|d| d.2).collect::<Vec<_>>(),
+        [Status::Ok, Status::TooLarge, Status::TooLarge, Status::TooLarge]
+    );
+    // A refused entry brought no bytes: what is left of the total still takes a file, and
+    // a directory is never too large.
+    h.send_file(4, 1000, "fits");
+    h.entry(5, EntryKind::Directory, 0, "d");
+    assert_eq!(h.done[4].2, Status::Ok, "{:?}", h.done);
+    assert_eq!(h.done[5].2, Status::Ok, "{:?}", h.done);
+    h.msg(Message::End(End { entries: 6 }));
+    assert_eq!(status(&h.finished), Some(Status::TooLarge));
+    check_invariants(&h);
+    assert_eq!(h.opened.iter().map(|e| e.path.as_str()).collect::<Vec<_>>(), ["a", "fits", "d"]);
+}
+
+#[test]
+fn a_resume_key_is_ignored_unless_resume_was_granted() {
+    let mut h = Hostile::granted(ReceiverConfig::default(), 100, caps::RESUME);
+    let mut e = entry(0, EntryKind::File, 10, "a");
+    e.resume = 77;
+    h.msg(Message::Entry(e));
+    assert_eq!(h.r.resume_key(), None, "the receiver does not resume");
+    assert!(matches!(h.sent.last(), Some(Message::Ready(Ready { resume_from: 0, .. }))));
+    // Resuming on: the key is used for a file; a directory's is not.
+    let mut cfg = ReceiverConfig::default();
+    cfg.resume = true;
+    let mut h = Hostile::granted(cfg, 100, caps::RESUME);
+    let mut e = entry(0, EntryKind::File, 10, "a");
+    e.resume = 77;
+    h.msg(Message::Entry(e));
+    assert_eq!(h.r.resume_key(), Some(77));
+}
+
+#[test]
+fn the_summary_and_bytes_match_the_entries() {
+    let mut h = Hostile::granted(ReceiverConfig::default(), 1 << 20, 0);
+    h.send_file(0, 3000, "a");
+    h.entry(1, EntryKind::File, 10, "../x");
+    h.send_file(2, 5000, "b");
+    assert_eq!(h.done.iter().map(|d| d.3).collect::<Vec<_>>(), [3000, 0, 5000]);
+    h.msg(Message::End(End { entries: 3 }));
+    check_invariants(&h);
+    assert_eq!(status(&h.finished), Some(Status::BadName));
+    assert_eq!(h.last_ack().received, 8000);
+    // Between entries and after the END, no entry is in progress: nothing is counted twice
+    // by a driver that adds the machine's bytes to its entries' (a session that broke off
+    // mid-file adds that file's).
+    assert_eq!(h.r.bytes_stored(), 0, "the last entry's bytes are its report's, not in progress");
+}
+
+#[test]
+fn a_store_that_fails_after_the_fin_ends_the_senders_batch() {
+    // The receiver stores a file's last chunks after its FIN arrived; a store that fails then
+    // ends its session (ACK DiskIo with fewer bytes than the file). The sender must not take
+    // that for the entry's verdict and offer the next entry to a receiver that is gone.
+    let now = Instant::now();
+    let mut s = Sender::batch(SESSION, 4096, SenderConfig::new(1024, 4, Duration::from_secs(5)), now).unwrap();
+    let mut out = Vec::new();
+    let grant = wire::Grant {
+        version: 1,
+        caps: caps::DIGEST_XXH3_128 | caps::BATCH,
+        addr: 0x1000,
+        rkey: 7,
+        slot_size: 1024,
+        slot_count: 4,
+        resume_from: 0,
+    };
+    let to_sender = |s: &mut Sender, m: Message| {
+        let mut buf = Vec::new();
+        wire::encode(SESSION, &m, &mut buf).unwrap();
+        s.handle(sender::Input::Message(&buf), now);
+    };
+    to_sender(&mut s, Message::Grant(grant));
+    let mut finished = None;
+    let mut offered = 0;
+    for round in 0..100 {
+        let Some(a) = s.poll_action() else { break };
+        match a {
+            sender::Action::Send => {
+                s.transmit(&mut out);
+                let (_, m) = wire::decode(&out).unwrap();
+                match m {
+                    Message::Entry(e) => {
+                        offered += 1;
+                        to_sender(&mut s, Message::Ready(Ready { index: e.index, resume_from: 0 }));
+                    }
+                    Message::Fin(_) => {
+                        let ack = Ack { status: Status::DiskIo, received: 1024, detail: "writing: EIO".into() };
+                        to_sender(&mut s, Message::Ack(ack));
+                    }
+                    _ => {}
+                }
+            }
+            sender::Action::NextEntry => s.start_entry(entry(0, EntryKind::File, 2048, "a"), now),
+            sender::Action::ReadChunk { seq, .. } => s.handle(sender::Input::ChunkRead { seq }, now),
+            sender::Action::WriteChunk { seq, .. } => s.handle(sender::Input::WriteDone { seq }, now),
+            sender::Action::NeedDigest => s.handle(sender::Input::Digest(vec![0; 16]), now),
+            sender::Action::EntryDone { .. } => {}
+            sender::Action::Finish(o) => finished = Some(o),
+        }
+        assert!(round < 99);
+    }
+    assert_eq!(offered, 1, "no entry offered after the receiver ended the session");
+    assert_eq!(status(&finished), Some(Status::DiskIo), "{finished:?}");
+}

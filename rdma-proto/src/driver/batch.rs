@@ -83,10 +83,12 @@ impl BatchState {
     /// The receiver's verdict on the entry in progress.
     pub(super) fn entry_done(&mut self, status: Status, detail: String, _received: u64) {
         let Some(e) = self.current.take() else { return };
-        let size = if e.meta.is_dir() { 0 } else { e.meta.len() };
-        self.done_bytes += size;
         let result = if status == Status::Ok { Ok(()) } else { Err(Error::Refused { status, detail }) };
-        if let Some(last) = self.sent.last_mut().filter(|s| s.path == e.path && s.result.is_ok()) {
+        let last = self.sent.last_mut().filter(|s| s.path == e.path && s.result.is_ok());
+        // The size it was offered with (what `total` now counts), not the walk's: a file that
+        // changed since would leave the progress short of (or past) its total.
+        self.done_bytes += last.as_ref().map_or(0, |s| s.size);
+        if let Some(last) = last {
             last.result = result;
         }
     }
@@ -97,7 +99,8 @@ impl BatchState {
 /// directory itself, so that its modification time can be kept), each with its own verdict,
 /// then one summary. A directory is stored under its own name (as `cp -r`), with every path
 /// relative to the receiver's destination; empty files and empty directories are sent;
-/// symbolic links and special files are skipped and listed. With [`SendOptions::preserve`]
+/// symbolic links and special files, and inside a tree names that are not UTF-8 or not
+/// valid on the receiver, paths over 960 bytes and what cannot be read, are skipped and listed. With [`SendOptions::preserve`]
 /// modes and modification times are kept. A file that cannot be read is listed with its error
 /// and not offered; the rest of the batch goes on. `progress(done, total)` covers the whole
 /// batch.
@@ -193,10 +196,26 @@ fn collect(
     skipped: &mut Vec<(PathBuf, String)>,
 ) -> Result<(), Error> {
     let file_err = |e| Error::File { path: path.display().to_string(), source: e };
-    let meta = std::fs::symlink_metadata(path).map_err(file_err)?;
+    // Inside a tree, what cannot be read or named is skipped and listed (as a link is): one
+    // such name must not cost the rest of the batch. A path given by the caller is an error.
+    let skip = |skipped: &mut Vec<(PathBuf, String)>, e: Error| {
+        if under.is_none() {
+            return Err(e);
+        }
+        let why = match e {
+            Error::File { source, .. } => source.to_string(),
+            e => e.to_string(),
+        };
+        skipped.push((path.to_path_buf(), why));
+        Ok(())
+    };
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) => return skip(skipped, file_err(e)),
+    };
     let name = match path.file_name().map(|n| n.to_str()) {
         Some(Some(n)) => n,
-        Some(None) => return Err(Error::Usage(format!("{}: the name is not UTF-8", path.display()))),
+        Some(None) => return skip(skipped, Error::Usage(format!("{}: the name is not UTF-8", path.display()))),
         None => {
             // `.` or `/`: the directory's real name.
             let real = std::fs::canonicalize(path).map_err(file_err)?;
@@ -217,11 +236,12 @@ fn collect(
     }
     let ft = meta.file_type();
     if ft.is_dir() {
-        let mut children: Vec<_> = std::fs::read_dir(path)
-            .map_err(file_err)?
-            .map(|e| e.map(|e| e.path()))
-            .collect::<Result<_, _>>()
-            .map_err(file_err)?;
+        let listed =
+            std::fs::read_dir(path).and_then(|d| d.map(|e| e.map(|e| e.path())).collect::<Result<Vec<_>, _>>());
+        let mut children = match listed {
+            Ok(c) => c,
+            Err(e) => return skip(skipped, file_err(e)),
+        };
         children.sort();
         for c in children {
             collect(&c, Some(&rel), queue, skipped)?;
@@ -301,5 +321,101 @@ impl SendSession<'_> {
         if let Some(last) = self.batch.as_mut().and_then(|b| b.sent.last_mut()) {
             last.resumed_from = held;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::ffi::OsStrExt;
+
+    fn scratch(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("rdma-proto-walk-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn walk(paths: &[PathBuf]) -> Result<(Vec<String>, Vec<(PathBuf, String)>), Error> {
+        let (mut queue, mut skipped) = (VecDeque::new(), Vec::new());
+        for p in paths {
+            collect(p, None, &mut queue, &mut skipped)?;
+        }
+        Ok((queue.into_iter().map(|e| e.path).collect(), skipped))
+    }
+
+    #[test]
+    fn progress_ends_at_the_total_when_a_file_changed_size_since_the_walk() {
+        let d = scratch("grew");
+        std::fs::write(d.join("f"), [0u8; 10]).unwrap();
+        let meta = std::fs::symlink_metadata(d.join("f")).unwrap();
+        let e = SourceEntry { source: d.join("f"), path: "f".into(), meta };
+        // Offered at 25 bytes (it grew): `next_entry` moved the total to match.
+        let sent = SentEntry {
+            source: d.join("f"),
+            path: "f".into(),
+            directory: false,
+            size: 25,
+            result: Ok(()),
+            resumed_from: 0,
+        };
+        let mut b = BatchState { queue: VecDeque::new(), current: Some(e), sent: vec![sent], done_bytes: 0, total: 25 };
+        b.entry_done(Status::Ok, String::new(), 25);
+        assert_eq!(b.done_bytes, b.total);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_dot_a_trailing_slash_and_dot_dot_send_the_directory_under_its_name() {
+        let d = scratch("dot");
+        std::fs::create_dir_all(d.join("top/sub")).unwrap();
+        std::fs::write(d.join("top/sub/f"), b"x").unwrap();
+        let want = vec!["top/sub/f".to_owned(), "top/sub".into(), "top".into()];
+        for p in [d.join("top/"), d.join("top/."), d.join("top/sub/..")] {
+            let (q, skipped) = walk(&[p.clone()]).unwrap();
+            assert_eq!(q, want, "{p:?}");
+            assert!(skipped.is_empty());
+        }
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn links_fifos_bad_names_and_deep_paths_are_skipped_not_fatal() {
+        let d = scratch("skip");
+        let top = d.join("t");
+        std::fs::create_dir(&top).unwrap();
+        std::fs::write(top.join("ok"), b"x").unwrap();
+        std::os::unix::fs::symlink(top.join("ok"), top.join("link")).unwrap();
+        std::os::unix::fs::symlink(d.join("nowhere"), top.join("dangling")).unwrap();
+        let fifo = std::ffi::CString::new(top.join("fifo").as_os_str().as_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+        // A name that is not UTF-8, a file and a directory.
+        let bad = std::ffi::OsStr::from_bytes(b"bad\xff");
+        std::fs::write(top.join(bad), b"x").unwrap();
+        std::fs::create_dir(top.join("dir")).unwrap();
+        std::fs::create_dir(top.join("dir").join(bad)).unwrap();
+        // A name the receiver would refuse.
+        std::fs::write(top.join("x.rdcp-tmp"), b"x").unwrap();
+        // A tree deeper than a path may be (over 960 bytes).
+        let mut deep = top.join("deep");
+        for _ in 0..6 {
+            deep.push("d".repeat(200));
+        }
+        std::fs::create_dir_all(&deep).unwrap();
+        std::fs::write(deep.join("f"), b"x").unwrap();
+        let (q, skipped) = walk(&[top.clone()]).unwrap();
+        let skipped: Vec<_> = skipped.iter().map(|(p, _)| p.strip_prefix(&top).unwrap().to_owned()).collect();
+        assert!(q.contains(&"t/ok".to_owned()) && q.contains(&"t/dir".to_owned()) && q.last().unwrap() == "t", "{q:?}");
+        assert!(q.iter().all(|p| crate::name::check_path(p).is_ok() && p.len() <= MAX_PATH_LEN), "{q:?}");
+        assert_eq!(q.iter().filter(|p| p.starts_with("t/deep")).count(), 5, "{q:?}: the levels that fit");
+        for s in ["link", "dangling", "fifo", "x.rdcp-tmp"] {
+            assert!(skipped.contains(&PathBuf::from(s)), "{s}: {skipped:?}");
+        }
+        assert!(skipped.contains(&PathBuf::from(bad)), "{skipped:?}");
+        assert!(skipped.contains(&Path::new("dir").join(bad)), "{skipped:?}");
+        // Given by itself, a name that is not UTF-8 is the caller's error.
+        assert!(matches!(walk(&[top.join(bad)]), Err(Error::Usage(_))));
+        std::fs::remove_dir_all(&d).unwrap();
     }
 }

@@ -236,7 +236,7 @@ impl Drop for Incoming {
 ///
 /// # Errors
 /// The status and a sentence naming the path relative to `dest`.
-pub(crate) fn make_dirs(dest: &Path, components: &[&str]) -> Result<PathBuf, (Status, String)> {
+pub(crate) fn make_dirs(dest: &Path, components: &[&str], made: &mut MadeDirs) -> Result<PathBuf, (Status, String)> {
     let mut at = dest.to_path_buf();
     let mut rel = String::new();
     for c in components {
@@ -252,7 +252,7 @@ pub(crate) fn make_dirs(dest: &Path, components: &[&str]) -> Result<PathBuf, (St
             Ok(m) if m.is_dir() => {}
             Ok(_) => return Err((Status::Exists, format!("{rel} exists and is not a directory"))),
             Err(e) if e.kind() == io::ErrorKind::NotFound => match std::fs::create_dir(&at) {
-                Ok(()) => {}
+                Ok(()) => made.note(&at),
                 // Made meanwhile by another session: checked again as above.
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
                     if !at.symlink_metadata().is_ok_and(|m| m.is_dir()) {
@@ -265,6 +265,60 @@ pub(crate) fn make_dirs(dest: &Path, components: &[&str]) -> Result<PathBuf, (St
         }
     }
     Ok(at)
+}
+
+/// The directories a session made (by device and inode, at most [`MadeDirs::MAX`]): only
+/// those take a directory entry's mode and time, so that a sender cannot change those of
+/// directories that were there before it (a `.ssh` made world-writable), unless overwriting
+/// is on.
+#[derive(Debug, Default)]
+pub(crate) struct MadeDirs(std::collections::HashSet<(u64, u64)>);
+
+impl MadeDirs {
+    /// Directories remembered; those made past it keep the receiver's mode and time.
+    const MAX: usize = 1 << 20;
+
+    fn note(&mut self, dir: &Path) {
+        use std::os::unix::fs::MetadataExt;
+        if let Ok(m) = dir.symlink_metadata() {
+            if self.0.len() < Self::MAX {
+                self.0.insert((m.dev(), m.ino()));
+            }
+        }
+    }
+
+    fn contains(&self, m: &std::fs::Metadata) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        self.0.contains(&(m.dev(), m.ino()))
+    }
+}
+
+/// A batch's directory entry `name` in `dir` (its parents made): made unless it is there (a
+/// link or a file there is refused as by [`make_dirs`]), then given the entry's mode and
+/// time when this session made it, or `overwrite` is on; an existing directory otherwise
+/// keeps its own.
+///
+/// # Errors
+/// The status and a sentence naming the path relative to the destination (`rel`).
+pub(crate) fn make_dir_entry(
+    dir: &Path,
+    name: &str,
+    e: &crate::wire::Entry,
+    overwrite: bool,
+    made: &mut MadeDirs,
+) -> Result<(), (Status, String)> {
+    // Its details name the entry by its whole path, not by its last component.
+    let whole = |(status, why): (Status, String)| match why.strip_prefix(name) {
+        Some(rest) => (status, format!("{}{rest}", e.path)),
+        None => (status, why),
+    };
+    let d = make_dirs(dir, &[name], made).map_err(whole)?;
+    let f = File::open(&d).map_err(|err| (io_status(&err), format!("{}: {err}", e.path)))?;
+    let m = f.metadata().map_err(|err| (io_status(&err), format!("{}: {err}", e.path)))?;
+    if overwrite || made.contains(&m) {
+        apply_meta(&f, e).map_err(|err| (io_status(&err), format!("{}: {err}", e.path)))?;
+    }
+    Ok(())
 }
 
 /// The permission bits and modification time an entry asks for (its `flags`), applied to
@@ -394,6 +448,105 @@ mod tests {
     }
 
     const DAY: Duration = Duration::from_secs(86_400);
+
+    fn dir_entry(path: &str, mode: u32, mtime_sec: i64) -> crate::wire::Entry {
+        use crate::wire::{entry_flags, Entry, EntryKind};
+        let flags = entry_flags::MODE | entry_flags::MTIME;
+        Entry {
+            index: 0,
+            kind: EntryKind::Directory,
+            flags,
+            mode,
+            mtime_sec,
+            mtime_nsec: 5,
+            size: 0,
+            resume: 0,
+            path: path.into(),
+        }
+    }
+
+    fn mode_of(p: &Path) -> u32 {
+        use std::os::unix::fs::PermissionsExt;
+        p.symlink_metadata().unwrap().permissions().mode() & 0o7777
+    }
+
+    #[test]
+    fn make_dirs_follows_no_link_and_refuses_a_file() {
+        let d = scratch("mkdirs");
+        let outside = scratch("mkdirs-outside");
+        std::os::unix::fs::symlink(&outside, d.join("link")).unwrap();
+        std::os::unix::fs::symlink(d.join("nowhere"), d.join("dangling")).unwrap();
+        std::fs::write(d.join("file"), b"x").unwrap();
+        std::fs::create_dir(d.join("there")).unwrap();
+        let mut made = MadeDirs::default();
+        for (path, status) in [
+            (&["link", "x"][..], Status::BadName),
+            (&["link"][..], Status::BadName),
+            (&["dangling", "x"][..], Status::BadName),
+            (&["file", "x"][..], Status::Exists),
+            (&["file"][..], Status::Exists),
+        ] {
+            let (s, why) = make_dirs(&d, path, &mut made).unwrap_err();
+            assert_eq!(s, status, "{path:?}: {why}");
+            assert!(!why.contains(d.to_str().unwrap()), "{why}: names the receiver's own path");
+        }
+        assert!(std::fs::read_dir(&outside).unwrap().next().is_none(), "nothing made through the link");
+        assert!(!d.join("nowhere").exists(), "nothing made through the dangling link");
+        assert_eq!(make_dirs(&d, &["there", "a", "b"], &mut made).unwrap(), d.join("there/a/b"));
+        assert!(d.join("there/a/b").is_dir());
+        assert_eq!(made.0.len(), 2, "there was not made, a and b were");
+        std::fs::remove_dir_all(&d).unwrap();
+        std::fs::remove_dir_all(&outside).unwrap();
+    }
+
+    #[test]
+    fn apply_meta_keeps_only_the_permission_bits() {
+        let d = scratch("meta");
+        let f = File::create(d.join("f")).unwrap();
+        let mut e = dir_entry("f", 0o7755, 1_000_000);
+        apply_meta(&f, &e).unwrap();
+        assert_eq!(mode_of(&d.join("f")), 0o755, "no set-uid, set-gid or sticky bit");
+        let m = d.join("f").metadata().unwrap();
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!((m.mtime(), m.mtime_nsec()), (1_000_000, 5));
+        e.flags = 0;
+        e.mode = 0o600;
+        apply_meta(&f, &e).unwrap();
+        assert_eq!(mode_of(&d.join("f")), 0o755, "without its flag, no mode is applied");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_directory_entry_sets_the_mode_only_of_a_directory_this_session_made() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = scratch("direntry");
+        std::fs::create_dir(d.join("old")).unwrap();
+        std::fs::set_permissions(d.join("old"), std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::fs::write(d.join("file"), b"x").unwrap();
+        let mut made = MadeDirs::default();
+        // A directory that was there keeps its mode (a sender cannot open up a `.ssh`).
+        make_dir_entry(&d, "old", &dir_entry("old", 0o777, 7), false, &mut made).unwrap();
+        assert_eq!(mode_of(&d.join("old")), 0o700);
+        // One made now, or made earlier in the session as a parent, takes the entry's.
+        make_dir_entry(&d, "new", &dir_entry("new", 0o750, 7), false, &mut made).unwrap();
+        assert_eq!(mode_of(&d.join("new")), 0o750);
+        make_dirs(&d, &["parent", "child"], &mut made).unwrap();
+        make_dir_entry(&d.join("parent"), "child", &dir_entry("parent/child", 0o711, 7), false, &mut made).unwrap();
+        make_dir_entry(&d, "parent", &dir_entry("parent", 0o751, 7), false, &mut made).unwrap();
+        assert_eq!((mode_of(&d.join("parent/child")), mode_of(&d.join("parent"))), (0o711, 0o751));
+        // With overwriting on, the sender may change what is there.
+        make_dir_entry(&d, "old", &dir_entry("old", 0o755, 7), true, &mut MadeDirs::default()).unwrap();
+        assert_eq!(mode_of(&d.join("old")), 0o755);
+        // A directory entry over a file, or a link, is refused; the file stays.
+        let (s, _) = make_dir_entry(&d, "file", &dir_entry("file", 0o755, 7), true, &mut made).unwrap_err();
+        assert_eq!(s, Status::Exists);
+        assert_eq!(std::fs::read(d.join("file")).unwrap(), b"x");
+        std::os::unix::fs::symlink(d.join("old"), d.join("l")).unwrap();
+        let (s, _) = make_dir_entry(&d, "l", &dir_entry("l", 0o777, 7), true, &mut made).unwrap_err();
+        assert_eq!(s, Status::BadName);
+        assert_eq!(mode_of(&d.join("old")), 0o755);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
 
     #[test]
     fn a_kept_partial_is_found_again_with_what_it_vouched_for() {

@@ -14,7 +14,7 @@ use rdma_verbs::{AccessFlags, Rc, RecvRing, SendQueue, Slot, SlotPool};
 
 use xxhash_rust::xxh3::Xxh3;
 
-use super::files::{apply_meta, io_status, make_dirs, Incoming};
+use super::files::{io_status, make_dir_entry, make_dirs, Incoming, MadeDirs};
 use super::link::{
     conn_params, explain_loss, peer_left, send_control, take_arrivals, Endpoint, EndpointParts, Pacer, Side,
     DISCONNECT_WAIT, DRAIN,
@@ -638,6 +638,8 @@ struct ReceiveSession<'a> {
     file: Option<Incoming>,
     /// The batch's entry in progress, and the directory its file is in.
     entry: Option<(Entry, Option<PathBuf>)>,
+    /// The directories this batch made (only those take a directory entry's mode and time).
+    made_dirs: MadeDirs,
     /// The ring's address and rkey, once registered.
     ring_at: Option<(u64, u32)>,
     /// The slots granted to the sender (writable by it), by index.
@@ -697,6 +699,7 @@ impl<'a> ReceiveSession<'a> {
             admitted: None,
             file: None,
             entry: None,
+            made_dirs: MadeDirs::default(),
             ring_at: None,
             slots: Vec::new(),
             copy: Vec::new(),
@@ -852,17 +855,13 @@ impl<'a> ReceiveSession<'a> {
                 return self.machine.handle(Input::OpenFailed(Status::BadName, path), now);
             };
             let (last, parents) = components.split_last().expect("a path has a component");
-            let dir = match make_dirs(dest, parents) {
+            let dir = match make_dirs(dest, parents, &mut self.made_dirs) {
                 Ok(d) => d,
                 Err((status, why)) => return self.machine.handle(Input::OpenFailed(status, why), now),
             };
             match e.kind {
                 EntryKind::Directory => {
-                    let made = make_dirs(dest, &components)
-                        .and_then(|d| {
-                            std::fs::File::open(&d).map_err(|err| (io_status(&err), format!("{path}: {err}")))
-                        })
-                        .and_then(|d| apply_meta(&d, &e).map_err(|err| (io_status(&err), format!("{path}: {err}"))));
+                    let made = make_dir_entry(&dir, last, &e, opts.overwrite, &mut self.made_dirs);
                     if let Err((status, why)) = made {
                         return self.machine.handle(Input::OpenFailed(status, why), now);
                     }
