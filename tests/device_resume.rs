@@ -128,6 +128,15 @@ fn a_killed_receiver_resumes_from_its_last_checkpoint_and_the_file_arrives_ident
             continue;
         }
         assert_eq!(code, Some(6), "{err}");
+        if dst.join("f").exists() {
+            // Killed after the commit but before its ACK left (seen once on 6.12): the file is
+            // in place and whole, the sender had no verdict; a resend would be told Exists.
+            eprintln!("seed {seed}: the receiver was killed between its commit and its ACK");
+            assert_eq!(listing(&dst), ["f"], "seed {seed}: nothing but the file is left");
+            assert!(std::fs::read(dst.join("f")).unwrap() == data, "seed {seed}: the file differs");
+            std::fs::remove_file(dst.join("f")).unwrap();
+            continue;
+        }
         let rx = Receiver::start(&topo, 7581, &["--dir", dst.to_str().unwrap(), "--count", "1"]);
         let report = send_ok(&topo, 7581, &src.join("f"));
         let (code, lines) = rx.finish(Duration::from_secs(60));

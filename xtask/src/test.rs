@@ -122,11 +122,22 @@ pub(crate) fn test(args: &[String]) -> Step {
     } else {
         run.tee(&run_tests, &[&list], &[("RDMA_TEST_REQUIRE_DEVICE", "1")])
     };
-    // The second kernel: the same device tests (not the benches), in a VM on Linux 6.12, also
-    // when 6.1's run failed, so that one run of the command reports both kernels.
+    // The second kernel: the transfer and its fault tests (the device tests of rdma-proto and
+    // of the root package: rdma-copy, resume, kills, netem, flaps, the soak, batches), in a VM
+    // on Linux 6.12, also when 6.1's run failed, so that one run of the command reports both
+    // kernels. The verbs and CM suites run on 6.1 only: both kernels in full took the command
+    // past its 40 minutes (issue 21 allows this split; docs/testing.md).
     let devices_612 = if vm {
-        run.step("device-tests-6.12", "the device tests again, in the Soft-RoCE VM on Linux 6.12");
-        let list = write_list(&run.root, "device-tests-6.12.list", &test_lines)?;
+        run.step("device-tests-6.12", "the transfer and fault tests again, in the Soft-RoCE VM on Linux 6.12");
+        let transfer: Vec<String> = tests
+            .iter()
+            .filter(|(dir, _, _)| {
+                let dir = std::path::Path::new(dir);
+                dir == run.root || dir == run.root.join("rdma-proto")
+            })
+            .map(|(d, e, n)| format!("{d}\t{e}\t{n}"))
+            .collect();
+        let list = write_list(&run.root, "device-tests-6.12.list", &transfer)?;
         run.tee("scripts/softroce", &["run", "--kernel", "6.12", "--", &run_tests, &list], &[])
     } else {
         Ok(())
