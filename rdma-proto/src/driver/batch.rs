@@ -336,7 +336,7 @@ mod tests {
         d
     }
 
-    fn walk(paths: &[PathBuf]) -> Result<(Vec<String>, Vec<(PathBuf, String)>), Error> {
+    fn walk(paths: &[PathBuf]) -> Result<(Vec<String>, Skipped), Error> {
         let (mut queue, mut skipped) = (VecDeque::new(), Vec::new());
         for p in paths {
             collect(p, None, &mut queue, &mut skipped)?;
@@ -372,7 +372,7 @@ mod tests {
         std::fs::write(d.join("top/sub/f"), b"x").unwrap();
         let want = vec!["top/sub/f".to_owned(), "top/sub".into(), "top".into()];
         for p in [d.join("top/"), d.join("top/."), d.join("top/sub/..")] {
-            let (q, skipped) = walk(&[p.clone()]).unwrap();
+            let (q, skipped) = walk(std::slice::from_ref(&p)).unwrap();
             assert_eq!(q, want, "{p:?}");
             assert!(skipped.is_empty());
         }
@@ -404,7 +404,7 @@ mod tests {
         }
         std::fs::create_dir_all(&deep).unwrap();
         std::fs::write(deep.join("f"), b"x").unwrap();
-        let (q, skipped) = walk(&[top.clone()]).unwrap();
+        let (q, skipped) = walk(std::slice::from_ref(&top)).unwrap();
         let skipped: Vec<_> = skipped.iter().map(|(p, _)| p.strip_prefix(&top).unwrap().to_owned()).collect();
         assert!(q.contains(&"t/ok".to_owned()) && q.contains(&"t/dir".to_owned()) && q.last().unwrap() == "t", "{q:?}");
         assert!(q.iter().all(|p| crate::name::check_path(p).is_ok() && p.len() <= MAX_PATH_LEN), "{q:?}");
