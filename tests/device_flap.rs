@@ -380,9 +380,10 @@ fn interrupted_transfer_completes_or_resumes(port: u16, sender_s: u64, receiver_
     let (code, lines) = rx2.finish(Duration::from_secs(30));
     assert_eq!(code, 0, "{lines}");
     assert!(std::fs::read(dst.join(small.file_name().unwrap())).unwrap() == small_data);
+    // Sorted, as `listing` is.
     assert_eq!(
         cli::listing(&dst),
-        [name.clone(), format!("after-{port}")],
+        [format!("after-{port}"), name.clone()],
         "the two files and nothing else: no partial, sidecar or temporary"
     );
     eprintln!("path: {path}; the flap helper took {flap_took:.1?}; the next transfer {next_took:.2?}");
