@@ -402,9 +402,9 @@ fn interrupted_transfer_completes_or_resumes(port: u16, sender_s: u64, receiver_
 }
 
 /// The sender's timeout (10 s) outlasts the flap: a connection that survives it completes the
-/// transfer. In the VM none did (3 of 3 on 6.1, 1 of 1 on 6.12): the receiver's QP went to
-/// error during the flap, the sender timed out, and the second send resumed
-/// (docs/results/2026-11.md).
+/// transfer. In the VM most did not (one of 9 on 6.1 completed, none of 1 on 6.12): the
+/// receiver's QP went to error during the flap, the sender timed out, and the second send
+/// resumed (docs/results/2026-11.md).
 #[test]
 fn a_transfer_across_a_3_s_link_flap_completes_or_resumes_identical() {
     interrupted_transfer_completes_or_resumes(7603, 10, 10);
