@@ -246,8 +246,8 @@ fn spawn_reporting_sender(topo: &testkit::Topology, port: u16, timeout_s: u64, f
 /// connection lost) and then a second send of the same file resumes where the receiver's
 /// sidecar says and the file arrives identical. Either way a new transfer then works, and the
 /// directory holds the two files and nothing else (no partial, sidecar or temporary).
-/// Ports `port` (the transfer across the flap) and `port + 1` (the resume and the new
-/// transfer). Prints the path taken and its timings.
+/// Ports `port` (the transfer across the flap) and `port + 1` (a 1 MiB warm-up before it, the
+/// resume and the new transfer). Prints the path taken and its timings.
 fn interrupted_transfer_completes_or_resumes(port: u16, sender_s: u64, receiver_s: u64) {
     let topo = testkit::require_topology!();
     // Only inside the harness: this takes the VM's network interface down.
@@ -410,7 +410,7 @@ fn interrupted_transfer_completes_or_resumes(port: u16, sender_s: u64, receiver_
 }
 
 /// The sender's timeout (10 s) outlasts the flap: a connection that survives it completes the
-/// transfer. In the VM most did not (one of 9 on 6.1 completed, none of 1 on 6.12): the
+/// transfer. In the VM most did not (one of 9 on 6.1 completed, none of 3 on 6.12): the
 /// receiver's QP went to error during the flap, the sender timed out, and the second send
 /// resumed (docs/results/2026-11.md).
 #[test]
