@@ -367,9 +367,12 @@ fn what_cannot_be_sent_fails_before_connecting() {
     std::fs::write(&reserved, b"x").unwrap();
     let latin1 = src.join(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(b"r\xff.txt"));
     std::fs::write(&latin1, b"x").unwrap();
-    let cases: [(&[&std::ffi::OsStr], i32, &str); 5] = [
+    let missing = src.join("missing");
+    // A directory is a batch now (device_batch.rs): only `--name` with it is refused.
+    let cases: [(&[&std::ffi::OsStr], i32, &str); 6] = [
         (&[fifo.as_os_str()], 5, "not a regular file"),
-        (&[src.as_os_str()], 5, "not a regular file"),
+        (&[src.as_os_str(), "--name".as_ref(), "x".as_ref()], 1, "not a batch"),
+        (&["--batch".as_ref(), plain.as_os_str(), missing.as_os_str()], 5, "No such file"),
         (&[plain.as_os_str(), "--name".as_ref(), "a/b".as_ref()], 1, "'/'"),
         (&[reserved.as_os_str()], 1, "reserved"),
         (&[latin1.as_os_str()], 1, "not UTF-8"),
