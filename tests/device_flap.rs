@@ -14,69 +14,21 @@
 
 mod cli;
 
+use cli::{random_file, resumed_at, text, tool, Scratch};
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-/// The example binary, built by `cargo test` next to this test's own binary.
-fn tool() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().unwrap().parent().unwrap().join("examples/rdma-copy")
-}
 
 /// The harness's flap helper (runs in the VM, as root).
 fn flap_helper() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/guest/flap")
 }
 
-/// A fresh directory under the system's temporary directory, removed when the value drops.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Scratch {
-        let d = std::env::temp_dir().join(format!("rdma-flap-test-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        Scratch(d)
-    }
-}
-
-impl std::ops::Deref for Scratch {
-    type Target = Path;
-    fn deref(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// `len` bytes of a reproducible pseudo-random stream (xorshift64*), written to `path`.
-fn random_file(path: &Path, len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    let mut data = Vec::with_capacity(len + 8);
-    while data.len() < len {
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        data.extend_from_slice(&x.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes());
-    }
-    data.truncate(len);
-    std::fs::write(path, &data).unwrap();
-    data
-}
-
 /// The packets `device` has received so far (rxe's port counter).
 fn rcvd_pkts(device: &str) -> u64 {
     let path = format!("/sys/class/infiniband/{device}/ports/1/hw_counters/rcvd_pkts");
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}")).trim().parse().unwrap()
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
 }
 
 /// Starts `rdma-copy recv --count 1` on rxe0's address and `port`, storing into `dir`, and waits
@@ -203,16 +155,6 @@ fn a_transfer_after_a_link_flap_succeeds() {
 /// `veth0`'s operational state is down (`/sys/class/net/veth0/operstate`).
 fn veth0_down() -> bool {
     std::fs::read_to_string("/sys/class/net/veth0/operstate").is_ok_and(|s| s.trim() == "down")
-}
-
-/// "resumed at byte N" of a sender's report, 0 without.
-fn resumed_at(report: &str) -> u64 {
-    report
-        .split("resumed at byte ")
-        .nth(1)
-        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
 }
 
 /// The bytes a partial's sidecar (`.KEY.meta.rdcp-tmp` in `dir`) vouches for: its `held=` line;

@@ -48,16 +48,6 @@ fn spawn_send_reporting(topo: &testkit::Topology, port: u16, file: &Path) -> Chi
         .unwrap()
 }
 
-/// "resumed at byte N" of a sender's report, 0 without.
-fn resumed_at(report: &str) -> u64 {
-    report
-        .split("resumed at byte ")
-        .nth(1)
-        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
-}
-
 /// A deterministic delay in 0..max_ms for `seed` (xorshift).
 fn seeded_ms(seed: u64, max_ms: u64) -> u64 {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;

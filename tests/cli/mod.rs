@@ -166,6 +166,16 @@ pub fn send(topo: &testkit::Topology, port: u16, args: &[&str]) -> Output {
     Command::new(tool()).args(["send", "--quiet", "--to", &to, "--from", &from]).args(args).output().unwrap()
 }
 
+/// "resumed at byte N" of a sender's report, 0 without.
+pub fn resumed_at(report: &str) -> u64 {
+    report
+        .split("resumed at byte ")
+        .nth(1)
+        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
 pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
