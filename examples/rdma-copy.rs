@@ -93,6 +93,10 @@ struct RecvArgs {
     /// Seconds a transfer may make no progress before it is ended (1..=31536000).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=31_536_000))]
     timeout: u64,
+    /// The QP's local ACK timeout exponent: a packet not acknowledged within 4.096 us x 2^N is
+    /// sent again (1..=31).
+    #[arg(long, value_name = "N", default_value_t = 14, value_parser = clap::value_parser!(u8).range(1..=31))]
+    ack_timeout: u8,
     /// Exit after this many transfers (default: serve forever). A transfer counts once its
     /// sender's HELLO arrived, whatever its outcome; connections that send none do not count.
     #[arg(long)]
@@ -152,6 +156,10 @@ struct SendArgs {
     /// Seconds a transfer may make no progress before it is ended (1..=31536000).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=31_536_000))]
     timeout: u64,
+    /// The QP's local ACK timeout exponent: a packet not acknowledged within 4.096 us x 2^N is
+    /// sent again (1..=31).
+    #[arg(long, value_name = "N", default_value_t = 14, value_parser = clap::value_parser!(u8).range(1..=31))]
+    ack_timeout: u8,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -266,6 +274,7 @@ fn recv(a: RecvArgs, json: bool) -> i32 {
     opts.max_sessions = a.max_sessions.max(1);
     opts.timeout = Duration::from_secs(a.timeout);
     opts.accept_timeout = Duration::from_secs(a.timeout);
+    opts.ack_timeout = a.ack_timeout;
     opts.stop = Arc::new(AtomicBool::new(false));
     opts.resume = !a.no_resume;
     opts.partial_ttl = Duration::from_secs(a.partial_ttl);
@@ -376,6 +385,7 @@ fn send(a: SendArgs, json: bool) -> i32 {
     opts.depth = a.depth;
     opts.connect_timeout = Duration::from_secs(a.connect_timeout);
     opts.timeout = Duration::from_secs(a.timeout);
+    opts.ack_timeout = a.ack_timeout;
     opts.resume = !a.no_resume;
     opts.preserve = a.preserve;
     opts.secret = match load_secret(a.secret_file.as_deref()) {

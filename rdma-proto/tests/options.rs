@@ -43,3 +43,26 @@ fn a_file_that_reports_no_size_but_has_data_is_refused_before_connecting() {
     std::fs::remove_file(&empty).unwrap();
     assert!(!matches!(r, Err(Error::File { .. }) | Err(Error::Usage(_))), "{r:?}");
 }
+
+/// An ACK timeout exponent outside 1..=31 (0 would mean "never retransmit") is a usage error,
+/// on both sides, before anything is bound or connected.
+#[test]
+fn an_ack_timeout_outside_five_bits_is_refused_on_both_sides() {
+    use rdma_proto::driver::{send_file, SendOptions};
+    for bad in [0u8, 32] {
+        let mut opts = ReceiveOptions::default();
+        opts.ack_timeout = bad;
+        match Server::bind("127.0.0.1:0".parse().unwrap(), opts) {
+            Err(e @ Error::Usage(_)) => assert!(e.to_string().contains("ack_timeout"), "{e}"),
+            Err(other) => panic!("{bad}: {other:?} instead of a usage error"),
+            Ok(_) => panic!("{bad}: a receiver was bound"),
+        }
+        let mut opts = SendOptions::new("127.0.0.1:9".parse().unwrap());
+        opts.ack_timeout = bad;
+        let path = std::env::temp_dir().join(format!("rdma-proto-ack-{}-{bad}", std::process::id()));
+        std::fs::write(&path, b"x").unwrap();
+        let r = send_file(&path, &opts, |_, _| {});
+        std::fs::remove_file(&path).unwrap();
+        assert!(matches!(r, Err(Error::Usage(ref m)) if m.contains("ack_timeout")), "{bad}: {r:?}");
+    }
+}

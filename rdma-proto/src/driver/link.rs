@@ -205,17 +205,29 @@ pub(crate) fn take_arrivals(
     Ok(ARRIVALS_PER_ROUND)
 }
 
-/// The connection parameters both sides use: perftest's local ACK timeout, 4.096 µs × 2^14 =
-/// 67 ms, rather than the one the CM derives from the path's packet lifetime, so that a packet
-/// the fabric drops (rxe drops some under load: its `duplicate_request` and
-/// `completer_retry_err` counters) stalls the transfer no longer than it stalls `ib_write_bw`.
-/// In one VM run the difference was within the run-to-run noise (`docs/protocol.md`).
-pub(crate) fn conn_params() -> rdma_cm::ConnParams<'static> {
-    rdma_cm::ConnParams::new().ack_timeout(ACK_TIMEOUT)
+/// The connection parameters both sides use: the local ACK timeout given (`ack_timeout`, an
+/// exponent: 4.096 µs × 2^n) rather than the one the CM derives from the path's packet
+/// lifetime, the CM's 7 transport retries (the most there are) and RNR retries without end (a
+/// receive is posted for every WRITE the receiver grants, so an RNR NAK means a control
+/// message outran the peer's reposting, never a failure). Why [`ACK_TIMEOUT`] is the default:
+/// `docs/protocol.md`, "Recovery under loss".
+pub(crate) fn conn_params(ack_timeout: u8) -> rdma_cm::ConnParams<'static> {
+    rdma_cm::ConnParams::new().ack_timeout(ack_timeout)
 }
 
-/// The local ACK timeout exponent (see [`conn_params`]).
-const ACK_TIMEOUT: u8 = 14;
+/// The default local ACK timeout exponent ([`SendOptions::ack_timeout`](super::SendOptions),
+/// [`ReceiveOptions::ack_timeout`](super::ReceiveOptions)): perftest's 14, 4.096 µs × 2^14 =
+/// 67 ms.
+pub(crate) const ACK_TIMEOUT: u8 = 14;
+
+/// Checks an ACK timeout exponent (5 bits; 0 would mean no timeout at all).
+pub(crate) fn check_ack_timeout(n: u8) -> Result<(), Error> {
+    if (1..=31).contains(&n) {
+        Ok(())
+    } else {
+        Err(Error::Usage(format!("ack_timeout {n}: the exponent is 1..=31 (4.096 us x 2^n)")))
+    }
+}
 
 /// Whether the peer disconnected (reads the connection's pending CM events).
 pub(crate) fn peer_left(conn: &rdma_cm::Connection<'_>) -> bool {

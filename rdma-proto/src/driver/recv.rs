@@ -53,6 +53,10 @@ pub struct ReceiveOptions {
     pub timeout: Duration,
     /// Bound on accepting a connection.
     pub accept_timeout: Duration,
+    /// The QP's local ACK timeout, an exponent: a control message not acknowledged within
+    /// 4.096 µs × 2^`ack_timeout` is sent again (1..=31; as
+    /// [`SendOptions::ack_timeout`](super::SendOptions::ack_timeout)).
+    pub ack_timeout: u8,
     /// How long an accepted connection may take to send its HELLO: an idle connection holds
     /// one of the few places past `max_sessions` until then, and is closed after it.
     pub hello_timeout: Duration,
@@ -103,6 +107,7 @@ impl Default for ReceiveOptions {
             max_sessions: 8,
             timeout: Duration::from_secs(30),
             accept_timeout: Duration::from_secs(10),
+            ack_timeout: super::link::ACK_TIMEOUT,
             hello_timeout: Duration::from_secs(10),
             progress: None,
             resume: true,
@@ -248,6 +253,7 @@ impl Server {
     /// [`Error::Usage`] for options no session could be served with (a `max_chunk` of 0),
     /// before anything is bound; [`Error::Cm`] when binding or listening fails.
     pub fn bind(addr: SocketAddr, opts: ReceiveOptions) -> Result<Self, Error> {
+        super::link::check_ack_timeout(opts.ack_timeout)?;
         if opts.max_chunk == 0 {
             return Err(Error::Usage("max_chunk 0: a chunk holds at least one byte".into()));
         }
@@ -513,7 +519,7 @@ fn session(
     let ctx = req.open_context()?;
     let ep = Endpoint::new(ctx, 0, ring_depth(opts), |qp| req.init_qp(qp, GRANTED_ACCESS))?;
     let (qp, parts) = ep.split();
-    let conn = req.accept(qp, &conn_params(), opts.accept_timeout)?;
+    let conn = req.accept(qp, &conn_params(opts.ack_timeout), opts.accept_timeout)?;
     let mut s = ReceiveSession::new(opts, active, tally, report, parts, &conn, start)?;
     let outcome = loop {
         match s.drive_round() {
@@ -559,13 +565,14 @@ async fn session_async(
     let ctx = req.open_context()?;
     let ep = Endpoint::new(ctx, 0, ring_depth(opts), |qp| req.init_qp(qp, GRANTED_ACCESS))?;
     let (qp, parts) = ep.split();
-    let conn = match tokio::time::timeout(opts.accept_timeout, req.accept_async(qp, &conn_params())).await {
-        Ok(r) => r?,
-        Err(_) => {
-            let after = opts.accept_timeout;
-            return Err(rdma_cm::Error::Timeout { what: "accepting", device: None, after }.into());
-        }
-    };
+    let conn =
+        match tokio::time::timeout(opts.accept_timeout, req.accept_async(qp, &conn_params(opts.ack_timeout))).await {
+            Ok(r) => r?,
+            Err(_) => {
+                let after = opts.accept_timeout;
+                return Err(rdma_cm::Error::Timeout { what: "accepting", device: None, after }.into());
+            }
+        };
     let mut s = ReceiveSession::new(opts, active, tally, report, parts, &conn, start)?;
     let outcome = loop {
         match s.drive_round() {

@@ -45,6 +45,10 @@ pub struct SendOptions {
     pub connect_timeout: Duration,
     /// How long a phase may make no progress.
     pub timeout: Duration,
+    /// The QP's local ACK timeout, an exponent: a WRITE not acknowledged within 4.096 µs ×
+    /// 2^`ack_timeout` is sent again (1..=31; the default's reason: `docs/protocol.md`,
+    /// "Recovery under loss").
+    pub ack_timeout: u8,
     /// Set it to cancel the send: it ends with [`Error::Cancelled`] at the end of the current
     /// round (within a millisecond or so; an idle round's wait is at most 20 ms) once connected (connecting itself is bounded by `connect_timeout`), and the receiver
     /// keeps what it stored for a resume. A signal handler or another thread or task can set it.
@@ -101,6 +105,7 @@ impl SendOptions {
             depth: 16,
             connect_timeout: Duration::from_secs(10),
             timeout: Duration::from_secs(30),
+            ack_timeout: super::link::ACK_TIMEOUT,
             cancel: Arc::new(AtomicBool::new(false)),
             resume: true,
             preserve: false,
@@ -163,6 +168,7 @@ fn run(
 ) -> Result<Ran, Error> {
     // Connect, with the receive ring posted before the peer can send; `connect_timeout`
     // bounds the whole of it, not each step.
+    super::link::check_ack_timeout(opts.ack_timeout)?;
     let deadline = Deadline::after(opts.connect_timeout);
     let id = CmId::new()?.resolve(opts.from, opts.to, opts.connect_timeout)?;
     let ctx = id.open_context()?;
@@ -174,7 +180,7 @@ fn run(
     if left.is_zero() {
         return Err(timed_out());
     }
-    let conn = match id.connect(qp, &conn_params(), left) {
+    let conn = match id.connect(qp, &conn_params(opts.ack_timeout), left) {
         // Said as the caller's bound, not as what was left of it.
         Err(e) if e.is_timeout() => return Err(timed_out()),
         r => r.map_err(refusal)?,
@@ -246,12 +252,13 @@ async fn run_async(
     mut progress: impl FnMut(u64, u64),
     start: Instant,
 ) -> Result<Ran, Error> {
+    super::link::check_ack_timeout(opts.ack_timeout)?;
     let connecting = async {
         let id = CmId::new()?.resolve_async(opts.from, opts.to).await?;
         let ctx = id.open_context()?;
         let ep = Endpoint::new(ctx, opts.depth, 32, |qp| id.init_qp(qp, AccessFlags::LOCAL_WRITE))?;
         let (qp, parts) = ep.split();
-        let conn = id.connect_async(qp, &conn_params()).await.map_err(refusal)?;
+        let conn = id.connect_async(qp, &conn_params(opts.ack_timeout)).await.map_err(refusal)?;
         Ok::<_, Error>((conn, parts))
     };
     let (conn, parts) = match tokio::time::timeout(opts.connect_timeout, connecting).await {
