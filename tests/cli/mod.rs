@@ -241,6 +241,7 @@ pub fn raw_hello(size: u64) -> rdma_proto::wire::Hello {
         depth: 4,
         name: "f".into(),
         resume: None,
+        lanes: 1,
     }
 }
 

@@ -685,6 +685,8 @@ impl<'a> ReceiveSession<'a> {
             resume: opts.resume && opts.dir.is_some(),
             batch: true,
             max_entries: 1_000_000,
+            // Striping needs the driver's lanes: until then every session is served on one.
+            max_lanes: 1,
         };
         Ok(ReceiveSession {
             opts,
