@@ -35,6 +35,7 @@ fn messages() -> Vec<(&'static str, Message)> {
                 depth: 16,
                 name: "backup-2024-11-21.tar.zst".into(),
                 resume: None,
+                lanes: 1,
             }),
         ),
         (
@@ -47,6 +48,7 @@ fn messages() -> Vec<(&'static str, Message)> {
                 slot_size: 1 << 20,
                 slot_count: 16,
                 resume_from: 0,
+                lanes: None,
             }),
         ),
         ("CREDIT", Message::Credit(Credit { consumed: 4242 })),

@@ -90,6 +90,9 @@ struct RecvArgs {
     /// Transfers served at the same time; more are refused with status "busy".
     #[arg(long, default_value_t = 8)]
     max_sessions: usize,
+    /// Most connections (lanes) one transfer may be striped over (1..=16; 1: no striping).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=16))]
+    max_lanes: u16,
     /// Seconds a transfer may make no progress before it is ended (1..=31536000).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=31_536_000))]
     timeout: u64,
@@ -150,6 +153,10 @@ struct SendArgs {
     /// Chunks in flight (1..=4096).
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=4096))]
     depth: u32,
+    /// Connections (lanes, each a QP) to stripe each transfer's chunks over (1..=16); a
+    /// receiver grants at most its --max-lanes, one without striping takes everything on one.
+    #[arg(long, visible_alias = "qps", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16))]
+    lanes: u16,
     /// Seconds to resolve and connect (1..=86400).
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     connect_timeout: u64,
@@ -183,6 +190,10 @@ struct SendArgs {
     #[cfg(feature = "fault-injection")]
     #[arg(long, hide = true)]
     test_session: Option<u64>,
+    /// Test hook: extra lanes present this token (32 hex digits) instead of the GRANT's.
+    #[cfg(feature = "fault-injection")]
+    #[arg(long, hide = true)]
+    test_lane_token: Option<String>,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -272,6 +283,7 @@ fn recv(a: RecvArgs, json: bool) -> i32 {
     opts.memory_budget = a.memory;
     opts.max_slots = a.max_depth.max(1);
     opts.max_sessions = a.max_sessions.max(1);
+    opts.max_lanes = a.max_lanes;
     opts.timeout = Duration::from_secs(a.timeout);
     opts.accept_timeout = Duration::from_secs(a.timeout);
     opts.ack_timeout = a.ack_timeout;
@@ -383,6 +395,7 @@ fn send(a: SendArgs, json: bool) -> i32 {
     opts.name = a.name.clone();
     opts.chunk = chunk;
     opts.depth = a.depth;
+    opts.lanes = a.lanes;
     opts.connect_timeout = Duration::from_secs(a.connect_timeout);
     opts.timeout = Duration::from_secs(a.timeout);
     opts.ack_timeout = a.ack_timeout;
@@ -401,6 +414,11 @@ fn send(a: SendArgs, json: bool) -> i32 {
             opts.test_offer = Some(lo..=hi);
         }
         opts.test_session = a.test_session;
+        if let Some(hex) = &a.test_lane_token {
+            let token = u128::from_str_radix(hex, 16).map(u128::to_be_bytes);
+            let Ok(token) = token else { return usage(format!("--test-lane-token {hex:?}: 32 hex digits")) };
+            opts.test_lane_token = Some(token);
+        }
         opts.test_after_fin = match a.test_after_fin.as_deref() {
             None => None,
             Some("junk") => Some(AfterFin::Junk),
@@ -557,7 +575,7 @@ fn print_sent(path: &std::path::Path, r: &SendReport, json: bool) {
         let v = serde_json::json!({
             "role": "send", "file": path.display().to_string(), "session": format!("{:016x}", r.session),
             "bytes": r.bytes, "chunk": r.chunk, "slots": r.slots, "seconds": r.total.as_secs_f64(),
-            "resumed_from": r.resumed_from,
+            "resumed_from": r.resumed_from, "lanes": r.lanes,
             "mb_per_s": mb_per_s(r.bytes - r.resumed_from, r.phases.data), "phases": phases_json(&r.phases), "exit_code": 0,
         });
         println!("{v}");
@@ -565,8 +583,9 @@ fn print_sent(path: &std::path::Path, r: &SendReport, json: bool) {
     }
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let resumed = if r.resumed_from > 0 { format!(", resumed at byte {}", r.resumed_from) } else { String::new() };
+    let lanes = if r.lanes > 1 { format!(", {} lanes", r.lanes) } else { String::new() };
     println!(
-        "{}: {} bytes in {:.3} s, {:.1} MB/s (data phase), chunk {} x {} slots, session {:016x}{resumed}",
+        "{}: {} bytes in {:.3} s, {:.1} MB/s (data phase), chunk {} x {} slots, session {:016x}{lanes}{resumed}",
         path.display(),
         r.bytes,
         r.total.as_secs_f64(),

@@ -5,48 +5,9 @@
 mod cli;
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cli::*;
-
-/// The partial of a transfer in `dst`, if one exists: its data file's length.
-fn partial_len(dst: &Path) -> Option<u64> {
-    let name = listing(dst).into_iter().find(|n| n.ends_with(".part.rdcp-tmp"))?;
-    std::fs::metadata(dst.join(name)).ok().map(|m| m.len())
-}
-
-/// Waits until the partial in `dst` holds at least `bytes`.
-fn wait_for_partial(dst: &Path, bytes: u64) {
-    let t = Instant::now();
-    while partial_len(dst).unwrap_or(0) < bytes {
-        assert!(t.elapsed() < Duration::from_secs(60), "the partial never reached {bytes} bytes");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-/// Waits until the receiver's session of a killed sender ended: it kept its partial (the
-/// sidecar appears) or the file arrived whole before the kill. The next send would otherwise
-/// find the partial still held (`Busy`).
-fn wait_for_session_end(dst: &Path, name: &str) {
-    let t = Instant::now();
-    while !listing(dst).iter().any(|n| n.ends_with(".meta.rdcp-tmp") || n == name) {
-        assert!(t.elapsed() < Duration::from_secs(30), "the session never ended: {:?}", listing(dst));
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-/// `rdma-copy send` of `file` to `port`, its report on stdout.
-fn spawn_send_reporting(topo: &testkit::Topology, port: u16, file: &Path) -> Child {
-    let to = format!("{}:{port}", topo.server.addr);
-    Command::new(tool())
-        .args(["send", "--quiet", "--timeout", "5", "--to", &to, "--from", &topo.client.addr.to_string()])
-        .arg(file)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
 
 /// A deterministic delay in 0..max_ms for `seed` (xorshift).
 fn seeded_ms(seed: u64, max_ms: u64) -> u64 {
@@ -59,7 +20,7 @@ fn seeded_ms(seed: u64, max_ms: u64) -> u64 {
 
 /// Sends `file` to completion; its stdout report.
 fn send_ok(topo: &testkit::Topology, port: u16, file: &Path) -> String {
-    let out = spawn_send_reporting(topo, port, file).wait_with_output().unwrap();
+    let out = spawn_send_reporting(topo, port, file, &[]).wait_with_output().unwrap();
     assert!(out.status.success(), "the resumed send failed: {}", text(&out.stderr));
     text(&out.stdout)
 }
@@ -72,7 +33,7 @@ fn a_killed_sender_resumes_at_seeded_points_and_the_file_arrives_identical() {
     let mut resumed = Vec::new();
     for seed in 0..10 {
         let rx = Receiver::start(&topo, 7580, &["--dir", dst.to_str().unwrap(), "--count", "2", "--timeout", "5"]);
-        let mut sender = spawn_send_reporting(&topo, 7580, &src.join("f"));
+        let mut sender = spawn_send_reporting(&topo, 7580, &src.join("f"), &[]);
         wait_for_partial(&dst, 1);
         std::thread::sleep(Duration::from_millis(seeded_ms(seed, 600)));
         sender.kill().unwrap();
@@ -105,7 +66,7 @@ fn a_killed_receiver_resumes_from_its_last_checkpoint_and_the_file_arrives_ident
     let mut resumed = Vec::new();
     for seed in 0..10 {
         let mut rx = Receiver::start(&topo, 7581, &["--dir", dst.to_str().unwrap(), "--count", "1"]);
-        let sender = spawn_send_reporting(&topo, 7581, &src.join("f"));
+        let sender = spawn_send_reporting(&topo, 7581, &src.join("f"), &[]);
         let past = if seed % 2 == 0 { 70 << 20 } else { 1 };
         wait_for_partial(&dst, past);
         std::thread::sleep(Duration::from_millis(seeded_ms(seed, 300)));
@@ -150,7 +111,7 @@ fn a_changed_source_starts_over_and_stale_partials_expire() {
     let (src, dst) = (scratch("rc-src"), scratch("rc-dst"));
     random_file(&src.join("f"), 48 << 20, 23);
     let rx = Receiver::start(&topo, 7582, &["--dir", dst.to_str().unwrap(), "--count", "2", "--timeout", "5"]);
-    let mut sender = spawn_send_reporting(&topo, 7582, &src.join("f"));
+    let mut sender = spawn_send_reporting(&topo, 7582, &src.join("f"), &[]);
     wait_for_partial(&dst, 8 << 20);
     sender.kill().unwrap();
     sender.wait().unwrap();
@@ -182,7 +143,7 @@ fn no_resume_sends_every_byte_and_keeps_no_partial() {
         7583,
         &["--dir", dst.to_str().unwrap(), "--count", "2", "--timeout", "5", "--no-resume"],
     );
-    let mut sender = spawn_send_reporting(&topo, 7583, &src.join("f"));
+    let mut sender = spawn_send_reporting(&topo, 7583, &src.join("f"), &[]);
     wait_for_temporary(&dst);
     std::thread::sleep(Duration::from_millis(300));
     sender.kill().unwrap();

@@ -65,6 +65,11 @@ pub struct ReceiverConfig {
     /// Most entries one batch may offer (each costs the driver a line of its report): past
     /// it the session ends as for a message out of place.
     pub max_entries: u32,
+    /// Most lanes (connections) one session's chunks may be striped over ([`caps::LANES`]):
+    /// a sender asking for more gets this many, and 1 (or 0) grants no striping, as a
+    /// receiver without `LANES` does. At most [`wire::MAX_LANES`]. Give
+    /// [`Receiver::with_lane_token`] 16 random bytes with it.
+    pub max_lanes: u16,
 }
 
 impl Default for ReceiverConfig {
@@ -81,6 +86,7 @@ impl Default for ReceiverConfig {
             resume: false,
             batch: true,
             max_entries: 1_000_000,
+            max_lanes: 4,
         }
     }
 }
@@ -90,12 +96,29 @@ impl Default for ReceiverConfig {
 pub enum Input<'a> {
     /// A control message arrived.
     Message(&'a [u8]),
-    /// A WRITE with immediate `imm` of `len` bytes landed.
+    /// A WRITE with immediate `imm` of `len` bytes landed on lane 0 (the session's own
+    /// connection; the only lane without [`caps::LANES`]).
     WriteArrived {
         /// The immediate data.
         imm: u32,
         /// The WRITE's length.
         len: u32,
+    },
+    /// A WRITE with immediate `imm` of `len` bytes landed on `lane` ([`caps::LANES`]; lane 0
+    /// is [`Input::WriteArrived`]).
+    LaneWrite {
+        /// The lane (connection) it came on.
+        lane: u16,
+        /// The immediate data.
+        imm: u32,
+        /// The WRITE's length.
+        len: u32,
+    },
+    /// A control message arrived on an extra lane, where only WRITEs may come: the peer's
+    /// violation.
+    LaneMessage {
+        /// The lane.
+        lane: u16,
     },
     /// The file is open and the ring registered (answers [`Action::Open`]); in a batch, the
     /// ring is registered (answers [`Action::Reserve`]) or the entry is open, or the directory
@@ -239,6 +262,12 @@ pub struct Receiver {
     resume_key: Option<u64>,
     /// Bytes of the file held before this session (chunk `n` starts at `base + n * slot`).
     base: u64,
+    /// Lanes granted ([`caps::LANES`]; 1 without): chunk `n` comes on lane `n % lanes`.
+    lanes: u16,
+    /// Per lane, the next chunk it must bring (lane `l` brings `l`, `l + lanes`, ...).
+    lane_next: Vec<u64>,
+    /// The token extra lanes present (`with_lane_token`).
+    lane_token: [u8; wire::LANE_TOKEN_LEN],
     /// The batch, when the HELLO asked for one.
     batch: Option<Batch>,
     /// When the current phase last made progress: the timeout counts from here.
@@ -294,6 +323,9 @@ impl Receiver {
             offered: None,
             resume_key: None,
             base: 0,
+            lanes: 1,
+            lane_next: vec![0],
+            lane_token: [0; wire::LANE_TOKEN_LEN],
             batch: None,
             actions: VecDeque::new(),
             outbox: Outbox::default(),
@@ -315,6 +347,24 @@ impl Receiver {
     pub fn with_nonce(mut self, nonce: [u8; NONCE_LEN]) -> Self {
         self.nonce = nonce;
         self
+    }
+
+    /// Sets the token the GRANT hands a striping sender ([`caps::LANES`]): 16 random bytes
+    /// from the driver, which then takes an extra lane's connection only when it presents
+    /// them. Needed only with [`ReceiverConfig::max_lanes`] above 1.
+    pub fn with_lane_token(mut self, token: [u8; wire::LANE_TOKEN_LEN]) -> Self {
+        self.lane_token = token;
+        self
+    }
+
+    /// Lanes granted (1 without striping, and until the HELLO was accepted).
+    pub fn lanes(&self) -> u16 {
+        self.lanes
+    }
+
+    /// The token extra lanes must present ([`with_lane_token`](Self::with_lane_token)).
+    pub fn lane_token(&self) -> [u8; wire::LANE_TOKEN_LEN] {
+        self.lane_token
     }
 
     /// Whether the session ended on a wrong proof of the secret (what a driver rate-limits).
@@ -420,13 +470,16 @@ impl Receiver {
         }
         let r = match input {
             Input::Message(bytes) => self.on_message(bytes, now),
-            Input::WriteArrived { imm, len } => self.on_write(imm, len, now),
+            Input::WriteArrived { imm, len } => self.on_write(0, imm, len, now),
+            Input::LaneWrite { lane, imm, len } => self.on_write(lane, imm, len, now),
+            Input::LaneMessage { lane } => Err(ProtocolError::Peer(format!("a control message on lane {lane}"))),
             Input::Resumed { from } if self.phase == Phase::Opening && self.resume_key.is_some() => {
                 if from > self.size {
                     Err(ProtocolError::Local(format!("resuming at {from} of a {}-byte file", self.size)))
                 } else {
                     self.base = from;
                     self.chunks = (self.size - from).div_ceil(u64::from(self.slot_size));
+                    self.reset_lanes();
                     Ok(())
                 }
             }
@@ -452,12 +505,13 @@ impl Receiver {
                     let auth = if self.cfg.secret.is_some() { caps::AUTH } else { 0 };
                     let g = Grant {
                         version: self.version,
-                        caps: caps::DIGEST_XXH3_128 | caps::BATCH | auth | resume,
+                        caps: caps::DIGEST_XXH3_128 | caps::BATCH | auth | resume | self.lanes_cap(),
                         addr,
                         rkey,
                         slot_size: self.slot_size,
                         slot_count: self.slot_count,
                         resume_from: 0,
+                        lanes: self.granted_lanes(),
                     };
                     self.send(&Message::Grant(g));
                     return;
@@ -468,12 +522,13 @@ impl Receiver {
                 let resume = if self.resume_key.is_some() { caps::RESUME } else { 0 };
                 let g = Grant {
                     version: self.version,
-                    caps: caps::DIGEST_XXH3_128 | auth | resume,
+                    caps: caps::DIGEST_XXH3_128 | auth | resume | self.lanes_cap(),
                     addr,
                     rkey,
                     slot_size: self.slot_size,
                     slot_count: self.slot_count,
                     resume_from: self.base,
+                    lanes: self.granted_lanes(),
                 };
                 self.send(&Message::Grant(g));
                 Ok(())
@@ -593,7 +648,11 @@ impl Receiver {
                 self.open(name);
             }
             (Phase::Data, Message::Fin(fin)) if self.fin.is_none() => {
-                if fin.chunks != self.chunks || fin.size != self.size || fin.chunks != self.arrived {
+                // The FIN comes on lane 0, after lane 0's WRITEs; the other lanes' last ones
+                // may still be on their way (no order between connections).
+                let complete =
+                    if self.lanes > 1 { self.lane_next[0] >= self.chunks } else { fin.chunks == self.arrived };
+                if fin.chunks != self.chunks || fin.size != self.size || !complete {
                     return Err(ProtocolError::Peer(format!(
                         "FIN for {} chunks / {} bytes; {} of {} chunks / {} bytes arrived",
                         fin.chunks, fin.size, self.arrived, self.chunks, self.size
@@ -656,6 +715,32 @@ impl Receiver {
         self.slot_size = hello.chunk.min(self.cfg.max_chunk).max(1);
         let fit = (self.cfg.memory_budget / u64::from(self.slot_size)).clamp(1, u64::from(u32::MAX));
         self.slot_count = hello.depth.min(fit as u32).min(self.cfg.max_slots).max(1);
+        // Striping, when both sides want it: at most `max_lanes` and `MAX_LANES`.
+        self.lanes = if hello.caps & caps::LANES != 0 {
+            hello.lanes.min(self.cfg.max_lanes).clamp(1, wire::MAX_LANES)
+        } else {
+            1
+        };
+        self.reset_lanes();
+    }
+
+    /// Every lane back to its first chunk (a new file, or a resume that moved chunk 0).
+    fn reset_lanes(&mut self) {
+        self.lane_next = (0..u64::from(self.lanes)).collect();
+    }
+
+    /// [`caps::LANES`] when striping was granted.
+    fn lanes_cap(&self) -> u32 {
+        if self.lanes > 1 {
+            caps::LANES
+        } else {
+            0
+        }
+    }
+
+    /// The GRANT's lanes block.
+    fn granted_lanes(&self) -> Option<wire::Lanes> {
+        (self.lanes > 1).then_some(wire::Lanes { count: self.lanes, token: self.lane_token })
     }
 
     /// After an accepted HELLO: opens at once, or with a secret challenges the sender first
@@ -703,6 +788,7 @@ impl Receiver {
         self.chunks = e.size.div_ceil(u64::from(self.slot_size));
         (self.arrived, self.stored, self.credited, self.fin, self.opened) = (0, 0, 0, None, false);
         self.resume_key = (b.resume && e.resume != 0).then_some(e.resume);
+        self.reset_lanes();
         if let Err(why) = crate::name::check_path(&e.path) {
             self.entry_done(Status::BadName, why);
         } else if e.size > max_size {
@@ -765,16 +851,24 @@ impl Receiver {
         });
     }
 
-    fn on_write(&mut self, imm: u32, len: u32, now: Instant) -> Result<(), ProtocolError> {
-        let seq = self.arrived;
-        if self.phase != Phase::Data || self.fin.is_some() {
+    /// A WRITE on `lane`: it must be that lane's next chunk (chunk `n` comes on lane
+    /// `n % lanes`, each lane in order), within the file and the credit, of its chunk's
+    /// length. Chunks are then stored in their global order, as they become contiguous.
+    fn on_write(&mut self, lane: u16, imm: u32, len: u32, now: Instant) -> Result<(), ProtocolError> {
+        if self.phase != Phase::Data || (self.fin.is_some() && lane == 0) {
             return Err(ProtocolError::Peer("a WRITE outside the data phase".into()));
         }
+        let Some(&seq) = self.lane_next.get(usize::from(lane)) else {
+            return Err(ProtocolError::Peer(format!("a WRITE on lane {lane}; {} granted", self.lanes)));
+        };
         if seq >= self.chunks {
             return Err(ProtocolError::Peer(format!("a WRITE beyond the file's {} chunks", self.chunks)));
         }
         if imm != seq as u32 {
-            return Err(ProtocolError::Peer(format!("WRITE tagged chunk {imm}, expected chunk {}", seq as u32)));
+            return Err(ProtocolError::Peer(format!(
+                "WRITE tagged chunk {imm} on lane {lane}, expected chunk {}",
+                seq as u32
+            )));
         }
         if seq >= self.credited + u64::from(self.slot_count) {
             return Err(ProtocolError::Peer(format!("chunk {seq} written before its slot was credited")));
@@ -783,14 +877,21 @@ impl Receiver {
         if len != want {
             return Err(ProtocolError::Peer(format!("chunk {seq} of {len} bytes, expected {want}")));
         }
-        self.arrived += 1;
+        self.lane_next[usize::from(lane)] = seq + u64::from(self.lanes);
         self.progress = now;
-        self.actions.push_back(Action::StoreChunk {
-            seq,
-            slot: (seq % u64::from(self.slot_count)) as u32,
-            offset: self.base + seq * u64::from(self.slot_size),
-            len,
-        });
+        // Store, in order, every chunk now contiguous: chunk `n` arrived when its lane is past it.
+        let lanes = u64::from(self.lanes);
+        while self.arrived < self.chunks && self.lane_next[(self.arrived % lanes) as usize] > self.arrived {
+            let seq = self.arrived;
+            let len = (self.size - self.base - seq * u64::from(self.slot_size)).min(u64::from(self.slot_size)) as u32;
+            self.arrived += 1;
+            self.actions.push_back(Action::StoreChunk {
+                seq,
+                slot: (seq % u64::from(self.slot_count)) as u32,
+                offset: self.base + seq * u64::from(self.slot_size),
+                len,
+            });
+        }
         Ok(())
     }
 

@@ -39,12 +39,17 @@ pub struct SenderConfig {
     /// sender then offers [`caps::RESUME`], and sends only what the receiver's GRANT says it
     /// lacks. `None`: every byte is sent.
     pub resume_key: Option<u64>,
+    /// Connections (lanes) to stripe the chunks over ([`caps::LANES`]): with more than 1 the
+    /// sender offers `LANES`, and a receiver that grants it gets chunk `n` on lane
+    /// `n % lanes` ([`Sender::lane_of`]); one that does not gets every chunk on lane 0.
+    /// At most [`wire::MAX_LANES`].
+    pub lanes: u16,
 }
 
 impl SenderConfig {
     /// Chunks of `chunk` bytes, `depth` in flight, `timeout` per phase, no secret, no resume.
     pub fn new(chunk: u32, depth: u32, timeout: Duration) -> Self {
-        SenderConfig { chunk, depth, timeout, secret: None, resume_key: None }
+        SenderConfig { chunk, depth, timeout, secret: None, resume_key: None, lanes: 1 }
     }
 }
 
@@ -145,6 +150,10 @@ pub struct Sender {
     next_read_done: u64,
     next_write: u64,
     write_done: u64,
+    /// Lanes granted (1 without [`caps::LANES`]).
+    lanes: u16,
+    /// Per lane, the first of its chunks whose WRITE has not completed.
+    lane_done: Vec<u64>,
     consumed: u64,
     digest: Option<Vec<u8>>,
     digest_asked: bool,
@@ -195,6 +204,13 @@ impl Sender {
         if cfg.chunk == 0 || cfg.depth == 0 {
             return Err(ProtocolError::Local("chunk size and depth must be at least 1".into()));
         }
+        if cfg.lanes == 0 || cfg.lanes > wire::MAX_LANES {
+            return Err(ProtocolError::Local(format!(
+                "{} lanes: 1 ..= {} may be asked for",
+                cfg.lanes,
+                wire::MAX_LANES
+            )));
+        }
         let mut s = Sender {
             session,
             size,
@@ -206,6 +222,8 @@ impl Sender {
             next_read_done: 0,
             next_write: 0,
             write_done: 0,
+            lanes: 1,
+            lane_done: vec![0],
             consumed: 0,
             digest: None,
             digest_asked: false,
@@ -230,6 +248,7 @@ impl Sender {
             chunk: s.cfg.chunk,
             depth: s.cfg.depth,
             name: name.to_owned(),
+            lanes: s.cfg.lanes,
         };
         s.send(&Message::Hello(hello));
         Ok(s)
@@ -263,6 +282,7 @@ impl Sender {
         self.size = entry.size;
         (self.chunks, self.next_read, self.next_read_done, self.next_write) = (0, 0, 0, 0);
         (self.write_done, self.consumed, self.resume_from) = (0, 0, 0);
+        self.lane_done = (0..u64::from(self.lanes)).collect();
         self.ready.clear();
         (self.digest, self.digest_asked) = (None, false);
         self.phase = Phase::AwaitReady;
@@ -313,9 +333,19 @@ impl Sender {
         self.chunks
     }
 
-    /// Chunks whose WRITE completed.
+    /// Chunks whose WRITE completed (every chunk before this number).
     pub fn chunks_written(&self) -> u64 {
         self.write_done
+    }
+
+    /// Lanes granted: 1 until the GRANT, and when the receiver does not stripe.
+    pub fn lanes(&self) -> u16 {
+        self.lanes
+    }
+
+    /// The lane chunk `seq` is written on: `seq % lanes`.
+    pub fn lane_of(&self, seq: u64) -> u16 {
+        (seq % u64::from(self.lanes)) as u16
     }
 
     /// Whether the session is over.
@@ -526,6 +556,12 @@ impl Sender {
         if g.resume_from > self.size {
             return bad(format!("resuming at {} of a {}-byte file", g.resume_from, self.size));
         }
+        self.lanes = match (g.caps & caps::LANES != 0, g.lanes) {
+            (false, None) => 1,
+            (true, Some(l)) if (2..=self.cfg.lanes).contains(&l.count) => l.count,
+            (_, l) => return bad(format!("{:?} lanes; {} asked for", l.map(|l| l.count), self.cfg.lanes)),
+        };
+        self.lane_done = (0..u64::from(self.lanes)).collect();
         if self.batch.is_some() {
             if g.caps & caps::BATCH == 0 || g.resume_from != 0 {
                 return Err(ProtocolError::Peer("the receiver does not take batches of files".into()));
@@ -551,11 +587,16 @@ impl Sender {
         Ok(())
     }
 
+    /// The WRITE of `seq` completed, and every earlier one of its lane (a lane's queue
+    /// completes in order; lanes do not complete in order with each other).
     fn on_write_done(&mut self, seq: u64, now: Instant) -> Result<(), ProtocolError> {
-        if seq < self.write_done || seq >= self.next_write {
+        let lane = self.lane_of(seq) as usize;
+        if seq < self.lane_done[lane] || seq >= self.next_write {
             return Err(ProtocolError::Local(format!("completion of chunk {seq}, not in flight")));
         }
-        self.write_done = seq + 1;
+        self.lane_done[lane] = seq + u64::from(self.lanes);
+        // Every chunk before the first one not completed, on any lane.
+        self.write_done = self.lane_done.iter().copied().min().unwrap_or(0).min(self.chunks);
         self.progress = now;
         Ok(())
     }
@@ -610,7 +651,8 @@ impl Sender {
         let auth = if self.cfg.secret.is_some() { caps::AUTH } else { 0 };
         let resume = if self.cfg.resume_key.is_some() { caps::RESUME } else { 0 };
         let batch = if self.name == wire::BATCH_NAME { caps::BATCH } else { 0 };
-        caps::DIGEST_XXH3_128 | auth | resume | batch
+        let lanes = if self.cfg.lanes > 1 { caps::LANES } else { 0 };
+        caps::DIGEST_XXH3_128 | auth | resume | batch | lanes
     }
 
     /// Bytes the receiver held before this session (its GRANT's `resume_from`): the file's

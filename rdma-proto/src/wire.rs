@@ -36,6 +36,12 @@ pub const MAX_PATH_LEN: usize = 960;
 pub const BATCH_NAME: &str = ".";
 /// The longest detail text an ACK carries.
 pub const MAX_DETAIL_LEN: usize = 512;
+/// The most lanes (connections) one session is striped over ([`caps::LANES`]).
+pub const MAX_LANES: u16 = 16;
+/// Bytes of a session's lane token ([`Lanes::token`]).
+pub const LANE_TOKEN_LEN: usize = 16;
+/// Bytes of a LANE message (it must fit a connect request's 56 bytes of private data).
+pub const LANE_LEN: usize = HEADER_LEN + 2 + LANE_TOKEN_LEN;
 /// Bytes of the version-1 digest (XXH3-128).
 pub const DIGEST_LEN: usize = 16;
 /// The protocol versions this implementation speaks.
@@ -62,8 +68,12 @@ pub mod caps {
     /// Both sides prove they know a shared secret (CHALLENGE and PROOF, [`crate::auth`]). A
     /// sender with a secret offers it; a receiver with one requires it.
     pub const AUTH: u32 = 1 << 10;
+    /// Striping: a session's chunks spread over several connections (lanes). The HELLO
+    /// appends the lanes wanted, the GRANT the lanes granted and the token each extra lane
+    /// presents (a [`Lane`](super::Lane) message as its connect request's private data).
+    pub const LANES: u32 = 1 << 11;
     /// Every capability this version implements.
-    pub const SUPPORTED: u32 = DIGEST_XXH3_128 | AUTH | RESUME | BATCH;
+    pub const SUPPORTED: u32 = DIGEST_XXH3_128 | AUTH | RESUME | BATCH | LANES;
 }
 
 /// What kind of message follows the header (`kind` byte).
@@ -90,6 +100,9 @@ pub enum Kind {
     Ready = 9,
     /// Sender to receiver, in a batch: no more entries; the summary ACK is asked for.
     End = 10,
+    /// Sender to receiver, as an extra lane's connect private data: the lane's number and
+    /// the session's token ([`caps::LANES`]).
+    Lane = 11,
 }
 
 impl Kind {
@@ -105,6 +118,7 @@ impl Kind {
             8 => Kind::Entry,
             9 => Kind::Ready,
             10 => Kind::End,
+            11 => Kind::Lane,
             _ => return None,
         })
     }
@@ -142,6 +156,10 @@ pub struct Hello {
     /// name, size and identity), which a receiver's partial of it carries. Appended after the
     /// name when present.
     pub resume: Option<u64>,
+    /// With [`caps::LANES`]: the connections (lanes) the sender wants to stripe its chunks
+    /// over, 1 when it does not stripe. On the wire only with `LANES` offered, after the
+    /// resume key (then always there, 0 when none).
+    pub lanes: u16,
 }
 
 /// GRANT: the receiver accepts, and lends its ring of slots.
@@ -164,6 +182,30 @@ pub struct Grant {
     /// an earlier session). Chunk `n` then starts at `resume_from + n * slot_size`. Appended
     /// when not 0 (absent reads as 0).
     pub resume_from: u64,
+    /// With [`caps::LANES`] granted: the lanes and their token (else `None`).
+    pub lanes: Option<Lanes>,
+}
+
+/// The lanes a GRANT grants ([`caps::LANES`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lanes {
+    /// Connections the session's chunks are spread over, lane 0 (this connection) included:
+    /// 2 ..= [`MAX_LANES`].
+    pub count: u16,
+    /// The session's token: each extra lane presents it ([`Lane`]), and the receiver takes
+    /// only a lane whose token is a live session's.
+    pub token: [u8; LANE_TOKEN_LEN],
+}
+
+/// LANE: an extra lane of a session, sent as its connect request's private data
+/// ([`caps::LANES`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lane {
+    /// The lane's number, 1 ..= the lanes granted − 1 (lane 0 is the session's first
+    /// connection).
+    pub lane: u16,
+    /// The token of the session's GRANT.
+    pub token: [u8; LANE_TOKEN_LEN],
 }
 
 /// CREDIT: chunks `0..consumed` have left the ring (stored or checked): their slots may be
@@ -283,6 +325,7 @@ pub enum Message {
     Entry(Entry),
     Ready(Ready),
     End(End),
+    Lane(Lane),
 }
 
 impl Message {
@@ -299,6 +342,7 @@ impl Message {
             Message::Entry(_) => Kind::Entry,
             Message::Ready(_) => Kind::Ready,
             Message::End(_) => Kind::End,
+            Message::Lane(_) => Kind::Lane,
         }
     }
 }
@@ -443,18 +487,27 @@ pub fn decode(buf: &[u8]) -> Result<(Header, Message), WireError> {
                 return Err(invalid("name", format!("{name_len} bytes, at most {MAX_NAME_LEN}")));
             }
             let name = r.text(name_len, "name")?;
-            let resume = r.optional_u64()?;
-            Message::Hello(Hello { version_min, version_max, caps, size, chunk, depth, name, resume })
+            let (resume, lanes) = if caps & caps::LANES != 0 {
+                // With LANES the key is always there (0: none), then the lanes wanted.
+                let key = r.u64()?;
+                (((caps & caps::RESUME) != 0 || key != 0).then_some(key), r.u16()?)
+            } else {
+                (r.optional_u64()?, 1)
+            };
+            Message::Hello(Hello { version_min, version_max, caps, size, chunk, depth, name, resume, lanes })
         }
-        Kind::Grant => Message::Grant(Grant {
-            version: r.u16()?,
-            caps: r.u32()?,
-            addr: r.u64()?,
-            rkey: r.u32()?,
-            slot_size: r.u32()?,
-            slot_count: r.u32()?,
-            resume_from: r.optional_u64()?.unwrap_or(0),
-        }),
+        Kind::Grant => {
+            let (version, caps) = (r.u16()?, r.u32()?);
+            let (addr, rkey, slot_size, slot_count) = (r.u64()?, r.u32()?, r.u32()?, r.u32()?);
+            let (resume_from, lanes) = if caps & caps::LANES != 0 {
+                // With LANES: `resume_from` always, then the lanes block.
+                let from = r.u64()?;
+                (from, Some(Lanes { count: r.u16()?, token: r.array()? }))
+            } else {
+                (r.optional_u64()?.unwrap_or(0), None)
+            };
+            Message::Grant(Grant { version, caps, addr, rkey, slot_size, slot_count, resume_from, lanes })
+        }
         Kind::Credit => Message::Credit(Credit { consumed: r.u64()? }),
         Kind::Fin => {
             let chunks = r.u64()?;
@@ -502,6 +555,7 @@ pub fn decode(buf: &[u8]) -> Result<(Header, Message), WireError> {
         }
         Kind::Ready => Message::Ready(Ready { index: r.u32()?, resume_from: r.u64()? }),
         Kind::End => Message::End(End { entries: r.u32()? }),
+        Kind::Lane => Message::Lane(Lane { lane: r.u16()?, token: r.array()? }),
     };
     Ok((h, m))
 }
@@ -536,7 +590,11 @@ pub fn encode(session: u64, msg: &Message, out: &mut Vec<u8>) -> Result<(), Wire
             out.extend_from_slice(&h.depth.to_be_bytes());
             out.extend_from_slice(&(h.name.len() as u16).to_be_bytes());
             out.extend_from_slice(h.name.as_bytes());
-            if let Some(key) = h.resume {
+            if h.caps & caps::LANES != 0 {
+                // The key always (0: none), so that the lanes after it have their place.
+                out.extend_from_slice(&h.resume.unwrap_or(0).to_be_bytes());
+                out.extend_from_slice(&h.lanes.to_be_bytes());
+            } else if let Some(key) = h.resume {
                 out.extend_from_slice(&key.to_be_bytes());
             }
         }
@@ -547,10 +605,21 @@ pub fn encode(session: u64, msg: &Message, out: &mut Vec<u8>) -> Result<(), Wire
             out.extend_from_slice(&g.rkey.to_be_bytes());
             out.extend_from_slice(&g.slot_size.to_be_bytes());
             out.extend_from_slice(&g.slot_count.to_be_bytes());
-            // Only when not 0: a GRANT that resumes nothing is the version-1 GRANT, whatever
-            // its caps (one encoding per message).
-            if g.resume_from != 0 {
-                out.extend_from_slice(&g.resume_from.to_be_bytes());
+            // The lanes block (capability LANES): `resume_from` always, the lanes, the token.
+            match (g.caps & caps::LANES != 0, g.lanes) {
+                (true, Some(l)) => {
+                    out.extend_from_slice(&g.resume_from.to_be_bytes());
+                    out.extend_from_slice(&l.count.to_be_bytes());
+                    out.extend_from_slice(&l.token);
+                }
+                (false, None) => {
+                    // Only when not 0: a GRANT that resumes nothing is the version-1 GRANT,
+                    // whatever its caps (one encoding per message).
+                    if g.resume_from != 0 {
+                        out.extend_from_slice(&g.resume_from.to_be_bytes());
+                    }
+                }
+                _ => return Err(invalid("lanes", "given if and only if LANES is granted")),
             }
         }
         Message::Credit(c) => out.extend_from_slice(&c.consumed.to_be_bytes()),
@@ -602,6 +671,10 @@ pub fn encode(session: u64, msg: &Message, out: &mut Vec<u8>) -> Result<(), Wire
             out.extend_from_slice(&r.resume_from.to_be_bytes());
         }
         Message::End(e) => out.extend_from_slice(&e.entries.to_be_bytes()),
+        Message::Lane(l) => {
+            out.extend_from_slice(&l.lane.to_be_bytes());
+            out.extend_from_slice(&l.token);
+        }
     }
     let len = out.len() as u32;
     out[8..12].copy_from_slice(&len.to_be_bytes());
@@ -633,6 +706,7 @@ mod tests {
             depth: 32,
             name: "a".repeat(MAX_NAME_LEN),
             resume: None,
+            lanes: 1,
         }));
         round_trip(Message::Grant(Grant {
             version: 1,
@@ -642,6 +716,7 @@ mod tests {
             slot_size: 4096,
             slot_count: 16,
             resume_from: 0,
+            lanes: None,
         }));
         round_trip(Message::Credit(Credit { consumed: 99 }));
         round_trip(Message::Entry(Entry {
@@ -673,6 +748,7 @@ mod tests {
             depth: 1,
             name: "f".into(),
             resume: None,
+            lanes: 1,
         };
         encode(1, &Message::Hello(hello), &mut buf).unwrap();
         for cut in 0..buf.len() {

@@ -290,6 +290,7 @@ impl Hostile {
             chunk: 1024,
             depth: 4,
             name: wire::BATCH_NAME.into(),
+            lanes: 1,
         }));
         assert!(matches!(h.sent.last(), Some(Message::Grant(_))), "{:?}", h.sent);
         h
@@ -420,6 +421,7 @@ fn hostile_out_of_place_messages_end_the_session() {
             chunk: 1024,
             depth: 4,
             name: wire::BATCH_NAME.into(),
+            lanes: 1,
         }));
         h.entry(0, EntryKind::File, 10, "a");
         assert!(h.violated() && h.opened.is_empty(), "ENTRY before GRANT: {:?}", h.sent);
@@ -609,6 +611,7 @@ fn a_store_that_fails_after_the_fin_ends_the_senders_batch() {
         slot_size: 1024,
         slot_count: 4,
         resume_from: 0,
+        lanes: None,
     };
     let to_sender = |s: &mut Sender, m: Message| {
         let mut buf = Vec::new();

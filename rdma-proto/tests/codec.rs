@@ -5,9 +5,9 @@
 
 use proptest::prelude::*;
 use rdma_proto::wire::{
-    self, decode, decode_header, encode, Ack, Challenge, Credit, End, Entry, EntryKind, Fin, Grant, Header, Hello,
-    Kind, Message, Proof, Ready, WireError, HEADER_LEN, MAGIC, MAX_DETAIL_LEN, MAX_DIGEST_LEN, MAX_MESSAGE_LEN,
-    MAX_NAME_LEN,
+    self, caps, decode, decode_header, encode, Ack, Challenge, Credit, End, Entry, EntryKind, Fin, Grant, Header,
+    Hello, Kind, Lane, Lanes, Message, Proof, Ready, WireError, HEADER_LEN, MAGIC, MAX_DETAIL_LEN, MAX_DIGEST_LEN,
+    MAX_MESSAGE_LEN, MAX_NAME_LEN,
 };
 use rdma_proto::Status;
 
@@ -34,22 +34,23 @@ fn hello() -> impl Strategy<Value = Hello> {
         any::<u32>(),
         text(MAX_NAME_LEN),
         any::<Option<u64>>(),
+        any::<u16>(),
     )
-        .prop_map(|((a, b), caps, size, chunk, depth, name, resume)| Hello {
-            version_min: a.min(b),
-            version_max: a.max(b),
-            caps,
-            size,
-            chunk,
-            depth,
-            name,
-            resume,
+        .prop_map(|((a, b), caps, size, chunk, depth, name, resume, lanes)| {
+            // With LANES the key is always on the wire: absent reads as 0 with RESUME, and 0
+            // reads as absent without it.
+            let (resume, lanes) = match (caps & caps::LANES != 0, caps & caps::RESUME != 0) {
+                (false, _) => (resume, 1),
+                (true, true) => (Some(resume.unwrap_or(0)), lanes),
+                (true, false) => (resume.filter(|&k| k != 0), lanes),
+            };
+            Hello { version_min: a.min(b), version_max: a.max(b), caps, size, chunk, depth, name, resume, lanes }
         })
 }
 
 fn grant() -> impl Strategy<Value = Grant> {
-    (any::<(u16, u32, u64, u32, u32, u32)>(), any::<u64>()).prop_map(
-        |((version, caps, addr, rkey, slot_size, slot_count), resume_from)| Grant {
+    (any::<(u16, u32, u64, u32, u32, u32)>(), any::<u64>(), any::<(u16, [u8; 16])>()).prop_map(
+        |((version, caps, addr, rkey, slot_size, slot_count), resume_from, (count, token))| Grant {
             version,
             caps,
             addr,
@@ -57,6 +58,8 @@ fn grant() -> impl Strategy<Value = Grant> {
             slot_size,
             slot_count,
             resume_from,
+            // The lanes block is there exactly when LANES is granted.
+            lanes: (caps & caps::LANES != 0).then_some(Lanes { count, token }),
         },
     )
 }
@@ -84,6 +87,7 @@ fn message() -> impl Strategy<Value = Message> {
         entry().prop_map(Message::Entry),
         (any::<u32>(), any::<u64>()).prop_map(|(index, resume_from)| Message::Ready(Ready { index, resume_from })),
         any::<u32>().prop_map(|entries| Message::End(End { entries })),
+        (any::<u16>(), any::<[u8; 16]>()).prop_map(|(lane, token)| Message::Lane(Lane { lane, token })),
     ]
 }
 
@@ -201,7 +205,7 @@ proptest! {
         // length that ends right before one is that message without it.
         let buf = encoded(session, &m);
         let without = match &m {
-            Message::Hello(h) if h.resume.is_some() => Some(Message::Hello(Hello { resume: None, ..h.clone() })),
+            Message::Hello(h) if h.resume.is_some() && h.caps & caps::LANES == 0 => Some(Message::Hello(Hello { resume: None, ..h.clone() })),
             Message::Grant(g) if buf.len() == 54 => Some(Message::Grant(Grant { resume_from: 0, ..*g })),
             _ => None,
         };
@@ -267,8 +271,8 @@ proptest! {
                 prop_assert_eq!(h.kind as u8, byte);
                 prop_assert_eq!(back.kind(), h.kind);
             }
-            Err(WireError::UnknownKind(k)) => prop_assert!(k == byte && !(1..=10).contains(&byte)),
-            Err(WireError::Truncated { .. } | WireError::Invalid { .. }) => prop_assert!((1..=10).contains(&byte)),
+            Err(WireError::UnknownKind(k)) => prop_assert!(k == byte && !(1..=11).contains(&byte)),
+            Err(WireError::Truncated { .. } | WireError::Invalid { .. }) => prop_assert!((1..=11).contains(&byte)),
             Err(e) => prop_assert!(false, "kind {}: {:?}", byte, e),
         }
     }
@@ -294,7 +298,7 @@ proptest! {
         // How a later version extends a message: fields appended within the length, after every
         // field this version knows (its optional appended fields included).
         let m = match m {
-            Message::Hello(h) => Message::Hello(Hello { resume: Some(h.resume.unwrap_or(0)), ..h }),
+            Message::Hello(h) if h.caps & caps::LANES == 0 => Message::Hello(Hello { resume: Some(h.resume.unwrap_or(0)), ..h }),
             Message::Grant(g) => Message::Grant(Grant { resume_from: g.resume_from.max(1), ..g }),
             m => m,
         };
@@ -323,7 +327,7 @@ proptest! {
         name_len in MAX_NAME_LEN + 1..=2 * MAX_MESSAGE_LEN,
         digest_len in MAX_DIGEST_LEN + 1..=300,
     ) {
-        let hello = Hello { version_min: 1, version_max: 1, caps: 1, size: 1, chunk: 1, depth: 1, name: "n".repeat(name_len), resume: None };
+        let hello = Hello { version_min: 1, version_max: 1, caps: 1, size: 1, chunk: 1, depth: 1, name: "n".repeat(name_len), resume: None, lanes: 1 };
         let r = encode(1, &Message::Hello(hello), &mut Vec::new());
         prop_assert!(matches!(r, Err(WireError::Invalid { field: "name", .. })), "{:?}", r);
         let fin = Fin { chunks: 1, size: 1, digest: vec![7; digest_len] };
@@ -335,7 +339,7 @@ proptest! {
     fn a_name_length_over_the_limit_does_not_decode(name_len in MAX_NAME_LEN as u16 + 1..=u16::MAX) {
         let mut buf = encoded(1, &Message::Hello(Hello {
             version_min: 1, version_max: 1, caps: 1, size: 1, chunk: 1, depth: 1, name: String::new(),
-            resume: None,
+            resume: None, lanes: 1,
         }));
         let at = buf.len() - 2;
         buf[at..].copy_from_slice(&name_len.to_be_bytes());
@@ -389,6 +393,7 @@ fn invalid_field_values_are_invalid() {
             depth: 1,
             name: "x".into(),
             resume: None,
+            lanes: 1,
         });
         let mut buf = encoded(9, &m);
         buf[HEADER_LEN..HEADER_LEN + 2].copy_from_slice(&version_min.to_be_bytes());
@@ -424,7 +429,8 @@ fn the_largest_messages_fit_the_limit() {
         chunk: u32::MAX,
         depth: u32::MAX,
         name: "\u{10ffff}".repeat(MAX_NAME_LEN / 4) + "abc",
-        resume: None,
+        resume: Some(u64::MAX),
+        lanes: u16::MAX,
     };
     assert_eq!(hello.name.len(), MAX_NAME_LEN);
     let fin = Fin { chunks: u64::MAX, size: u64::MAX, digest: vec![0xff; MAX_DIGEST_LEN] };
@@ -445,7 +451,7 @@ fn the_layout_is_the_documented_one() {
         h.extend_from_slice(&[1, kind, 0, 0, 0, 0, 0, len, 1, 2, 3, 4, 5, 6, 7, 8]);
         h
     };
-    let cases: [(Message, Vec<u8>); 7] = [
+    let cases: [(Message, Vec<u8>); 10] = [
         (
             Message::Hello(Hello {
                 version_min: 1,
@@ -456,6 +462,7 @@ fn the_layout_is_the_documented_one() {
                 depth: 16,
                 name: "ab".into(),
                 resume: None,
+                lanes: 1,
             }),
             [
                 header(1, 48),
@@ -474,6 +481,7 @@ fn the_layout_is_the_documented_one() {
                 slot_size: 4096,
                 slot_count: 8,
                 resume_from: 0,
+                lanes: None,
             }),
             [
                 header(2, 46),
@@ -495,14 +503,82 @@ fn the_layout_is_the_documented_one() {
             Message::Proof(Proof { nonce: [0xa1; 16], mac: [0xb2; 32] }),
             [header(7, 68), vec![0xa1; 16], vec![0xb2; 32]].concat(),
         ),
+        // LANES (bit 11): the HELLO's key is then always there (0: none), the lanes after it.
+        (
+            Message::Hello(Hello {
+                version_min: 1,
+                version_max: 1,
+                caps: 0x0000_0801,
+                size: 0x1122,
+                chunk: 0x10_0000,
+                depth: 16,
+                name: "ab".into(),
+                resume: None,
+                lanes: 4,
+            }),
+            [
+                header(1, 58),
+                vec![
+                    0, 1, 0, 1, 0, 0, 8, 1, 0, 0, 0, 0, 0, 0, 0x11, 0x22, 0, 0x10, 0, 0, 0, 0, 0, 16, 0, 2, b'a', b'b',
+                ],
+                vec![0; 8],
+                vec![0, 4],
+            ]
+            .concat(),
+        ),
+        // The GRANT's lanes block: resume_from always, the lanes granted, the token.
+        (
+            Message::Grant(Grant {
+                version: 1,
+                caps: 0x0000_0801,
+                addr: 0xaabb_ccdd_0000_1000,
+                rkey: 0x55,
+                slot_size: 4096,
+                slot_count: 8,
+                resume_from: 0,
+                lanes: Some(Lanes { count: 2, token: [0x7e; 16] }),
+            }),
+            [
+                header(2, 72),
+                vec![0, 1, 0, 0, 8, 1, 0xaa, 0xbb, 0xcc, 0xdd, 0, 0, 0x10, 0, 0, 0, 0, 0x55, 0, 0, 0x10, 0, 0, 0, 0, 8],
+                vec![0; 8],
+                vec![0, 2],
+                vec![0x7e; 16],
+            ]
+            .concat(),
+        ),
+        (Message::Lane(Lane { lane: 3, token: [0x7e; 16] }), [header(11, 38), vec![0, 3], vec![0x7e; 16]].concat()),
     ];
     for (m, bytes) in cases {
         assert_eq!(encoded(session, &m), bytes, "{:?}", m.kind());
         assert_eq!(decode(&bytes).unwrap(), (Header { kind: m.kind(), len: bytes.len() as u32, session }, m));
     }
     assert_eq!(
-        [Kind::Hello, Kind::Grant, Kind::Credit, Kind::Fin, Kind::Ack, Kind::Challenge, Kind::Proof].map(|k| k as u8),
-        [1, 2, 3, 4, 5, 6, 7],
+        [Kind::Hello, Kind::Grant, Kind::Credit, Kind::Fin, Kind::Ack, Kind::Challenge, Kind::Proof, Kind::Lane]
+            .map(|k| k as u8),
+        [1, 2, 3, 4, 5, 6, 7, 11],
         "kind bytes"
     );
+}
+
+#[test]
+fn a_grant_whose_lanes_disagree_with_its_caps_does_not_encode() {
+    let g = Grant {
+        version: 1,
+        caps: 1,
+        addr: 0,
+        rkey: 0,
+        slot_size: 1,
+        slot_count: 1,
+        resume_from: 0,
+        lanes: Some(Lanes { count: 2, token: [0; 16] }),
+    };
+    let mut out = Vec::new();
+    assert!(matches!(encode(1, &Message::Grant(g), &mut out), Err(WireError::Invalid { field: "lanes", .. })));
+    let g = Grant { caps: 1 | caps::LANES, lanes: None, ..g };
+    assert!(matches!(encode(1, &Message::Grant(g), &mut out), Err(WireError::Invalid { field: "lanes", .. })));
+    // A LANE fits a connect request's private data (56 bytes).
+    let lane = encoded(1, &Message::Lane(Lane { lane: 1, token: [0; 16] }));
+    assert_eq!(lane.len(), wire::LANE_LEN);
+    assert!(lane.len() <= 56);
 }

@@ -27,6 +27,25 @@ async fn serve(server: Server, sessions: usize) -> Vec<ReceiveReport> {
     reports
 }
 
+/// A server on `addr` storing into `dst` (replacing files), and a sender to it from `from`.
+fn overwriting_pair(addr: SocketAddr, dst: &std::path::Path, from: Option<SocketAddr>) -> (Server, SendOptions) {
+    let mut opts = ReceiveOptions::default();
+    opts.dir = Some(dst.to_path_buf());
+    opts.overwrite = true;
+    let mut send = SendOptions::new(addr);
+    send.from = from;
+    (Server::bind(addr, opts).unwrap(), send)
+}
+
+/// [`serve`] on this thread, with the threaded server.
+fn serve_threaded(server: Server, sessions: usize) -> Vec<ReceiveReport> {
+    let reports = Arc::new(Mutex::new(Vec::new()));
+    let sink = reports.clone();
+    server.serve(Some(sessions), move |r| sink.lock().unwrap().push(r)).unwrap();
+    let reports = std::mem::take(&mut *reports.lock().unwrap());
+    reports
+}
+
 /// Two transfers at once, server and both senders on one current-thread runtime: both files
 /// arrive byte for byte, and each session reports OK.
 #[test]
@@ -85,12 +104,7 @@ fn async_and_threaded_transfers_side_by_side() {
     for round in 0..3u16 {
         for threaded in [true, false] {
             let addr = SocketAddr::from((topo.server.addr, 18650 + round * 2 + u16::from(threaded)));
-            let mut opts = ReceiveOptions::default();
-            opts.dir = Some(dst.0.clone());
-            opts.overwrite = true;
-            let server = Server::bind(addr, opts).unwrap();
-            let mut send = SendOptions::new(addr);
-            send.from = from;
+            let (server, send) = overwriting_pair(addr, &dst.0, from);
             let report = if threaded {
                 let serving = std::thread::spawn(move || server.serve(Some(1), |_| {}));
                 let r = send_file(&path, &send, |_, _| {}).unwrap();
@@ -167,4 +181,39 @@ fn a_send_dropped_mid_transfer_leaves_nothing_and_the_next_one_arrives() {
     let names: Vec<_> = std::fs::read_dir(&dst.0).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(names, ["big"], "what the destination holds");
     assert!(std::fs::read(dst.0.join("big")).unwrap() == bytes, "the second copy differs");
+}
+
+/// Striping (`LANES`) through both fronts: an async sender over 3 lanes into `serve_async` on
+/// one current-thread runtime, and async against threaded each way; every copy is identical
+/// and every send striped.
+#[test]
+fn striped_transfers_through_the_async_and_threaded_fronts() {
+    let topo = testkit::require_topology!();
+    let (src, dst) = (TempDir::new("lanes-src"), TempDir::new("lanes-dst"));
+    let path = src.0.join("data");
+    let bytes = random_file(&path, (24 << 20) + 4099, 77);
+    let from = Some(SocketAddr::from((topo.client.addr, 0)));
+    for (i, (async_send, async_serve)) in [(true, true), (true, false), (false, true)].into_iter().enumerate() {
+        let addr = SocketAddr::from((topo.server.addr, 18670 + i as u16));
+        let (server, mut send) = overwriting_pair(addr, &dst.0, from);
+        send.lanes = 3;
+        let rt = runtime(false);
+        let (report, reports) = rt.block_on(async {
+            let serving = if async_serve {
+                tokio::spawn(serve(server, 1))
+            } else {
+                tokio::task::spawn_blocking(move || serve_threaded(server, 1))
+            };
+            let report = if async_send {
+                send_file_async(&path, &send, |_, _| {}).await.unwrap()
+            } else {
+                let (path, send) = (path.clone(), send.clone());
+                tokio::task::spawn_blocking(move || send_file(&path, &send, |_, _| {})).await.unwrap().unwrap()
+            };
+            (report, serving.await.unwrap())
+        });
+        assert_eq!(report.lanes, 3, "send {i}: striped");
+        assert!(reports.iter().all(|r| r.result.is_ok()), "{reports:?}");
+        assert!(std::fs::read(dst.0.join("data")).unwrap() == bytes, "send {i}: the copy differs");
+    }
 }

@@ -369,24 +369,24 @@ fn hello() -> impl Strategy<Value = Hello> {
     let chunk = prop_oneof![6 => 1u32..=40, 1 => Just(0), 1 => Just(u32::MAX), 1 => any::<u32>()];
     let depth = prop_oneof![6 => 1u32..=8, 1 => Just(0), 1 => Just(u32::MAX), 1 => any::<u32>()];
     let resume = prop_oneof![1 => Just(None), 1 => any::<u64>().prop_map(Some)];
-    (versions, caps, size, chunk, depth, name(), resume).prop_map(
-        |((version_min, version_max), caps, size, chunk, depth, name, resume)| Hello {
-            version_min,
-            version_max,
-            caps,
-            size,
-            chunk,
-            depth,
-            name,
-            resume,
+    (versions, caps, size, chunk, depth, name(), resume, any::<u16>()).prop_map(
+        |((version_min, version_max), caps, size, chunk, depth, name, resume, lanes)| {
+            // With LANES the key is always on the wire: absent reads as 0 with RESUME, and 0
+            // reads as absent without it.
+            let (resume, lanes) = match (caps & caps::LANES != 0, caps & caps::RESUME != 0) {
+                (false, _) => (resume, 1),
+                (true, true) => (Some(resume.unwrap_or(0)), lanes),
+                (true, false) => (resume.filter(|&k| k != 0), lanes),
+            };
+            Hello { version_min, version_max, caps, size, chunk, depth, name, resume, lanes }
         },
     )
 }
 
 fn grant() -> impl Strategy<Value = Grant> {
     let resume_from = prop_oneof![2 => Just(0u64), 1 => any::<u64>()];
-    (any::<(u16, u32, u64, u32, u32, u32)>(), resume_from).prop_map(
-        |((version, caps, addr, rkey, slot_size, slot_count), resume_from)| Grant {
+    (any::<(u16, u32, u64, u32, u32, u32)>(), resume_from, any::<(u16, [u8; 16])>()).prop_map(
+        |((version, caps, addr, rkey, slot_size, slot_count), resume_from, (count, token))| Grant {
             version,
             caps,
             addr,
@@ -394,6 +394,8 @@ fn grant() -> impl Strategy<Value = Grant> {
             slot_size,
             slot_count,
             resume_from,
+            // The lanes block is there exactly when LANES is granted.
+            lanes: (caps & caps::LANES != 0).then_some(wire::Lanes { count, token }),
         },
     )
 }
@@ -785,6 +787,9 @@ fn receiver_config() -> impl Strategy<Value = Conf> {
             // Batches (and their byte limit) are tests/batch.rs's: this model is of one file
             // per session, and a batch's HELLO is refused here as by a receiver without them.
             (c.batch, c.max_session_bytes) = (false, u64::MAX);
+            // Striping is tests/lanes.rs's: this model is of one lane, and a HELLO offering
+            // LANES is served on one, as by a receiver without them.
+            c.max_lanes = 1;
             c.secret = secret.as_ref().map(|(key, around)| {
                 let given = [around.as_bytes(), key, around.as_bytes()].concat();
                 Secret::new(&given).expect("a secret of at least 16 bytes")
@@ -1029,6 +1034,7 @@ impl Spec {
                     slot_size: self.slot_size,
                     slot_count: self.slot_count,
                     resume_from: self.base,
+                    lanes: None,
                 };
                 self.out.push(Step::Grant { session: self.session, grant });
             }
@@ -1339,6 +1345,7 @@ impl Watch {
                         slot_size,
                         slot_count,
                         resume_from: self.resumed.unwrap_or(0),
+                        lanes: None,
                     };
                     ensure!(*grant == want, "GRANT {grant:?}, the ring is {want:?}");
                     ensure!(Some(*session) == self.session, "a GRANT of session {session:#x}");
@@ -1620,6 +1627,7 @@ impl Case {
                 depth: o.depth,
                 name: "f".into(),
                 resume: o.key,
+                lanes: 1,
             };
             return Some(In::Message(self.bytes(Sid::Ours, &Message::Hello(hello), &[])));
         }

@@ -130,6 +130,7 @@ fn repeated_credits_do_not_hold_off_the_senders_timeout() {
         slot_size: 16,
         slot_count: 2,
         resume_from: 0,
+        lanes: None,
     };
     s.handle(sender::Input::Message(&encode(7, &Message::Grant(grant))), t0);
     for a in actions_of_sender(&mut s) {
@@ -171,6 +172,7 @@ fn hello(name: &str, size: u64) -> Hello {
         depth: 4,
         name: name.into(),
         resume: None,
+        lanes: 1,
     }
 }
 
@@ -555,6 +557,7 @@ fn grant_4x2() -> Grant {
         slot_size: 4,
         slot_count: 2,
         resume_from: 0,
+        lanes: None,
     }
 }
 

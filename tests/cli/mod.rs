@@ -159,6 +159,45 @@ impl Receiver {
     }
 }
 
+/// The partial of a transfer in `dst`, if one exists: its data file's length.
+pub fn partial_len(dst: &Path) -> Option<u64> {
+    let name = listing(dst).into_iter().find(|n| n.ends_with(".part.rdcp-tmp"))?;
+    std::fs::metadata(dst.join(name)).ok().map(|m| m.len())
+}
+
+/// Waits until the partial in `dst` holds at least `bytes`.
+pub fn wait_for_partial(dst: &Path, bytes: u64) {
+    let t = Instant::now();
+    while partial_len(dst).unwrap_or(0) < bytes {
+        assert!(t.elapsed() < Duration::from_secs(60), "the partial never reached {bytes} bytes");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Waits until the receiver's session of a killed sender ended: it kept its partial (the
+/// sidecar appears) or the file arrived whole before the kill. The next send would otherwise
+/// find the partial still held (`Busy`).
+pub fn wait_for_session_end(dst: &Path, name: &str) {
+    let t = Instant::now();
+    while !listing(dst).iter().any(|n| n.ends_with(".meta.rdcp-tmp") || n == name) {
+        assert!(t.elapsed() < Duration::from_secs(30), "the session never ended: {:?}", listing(dst));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// `rdma-copy send --timeout 5 EXTRA... FILE` to `port`, its report on stdout.
+pub fn spawn_send_reporting(topo: &testkit::Topology, port: u16, file: &Path, extra: &[&str]) -> Child {
+    let to = format!("{}:{port}", topo.server.addr);
+    Command::new(tool())
+        .args(["send", "--quiet", "--timeout", "5", "--to", &to, "--from", &topo.client.addr.to_string()])
+        .args(extra)
+        .arg(file)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 /// Runs `rdma-copy send` from rxe1's address to rxe0's `port`.
 pub fn send(topo: &testkit::Topology, port: u16, args: &[&str]) -> Output {
     let to = format!("{}:{port}", topo.server.addr);
@@ -215,6 +254,16 @@ pub fn wait_within(mut child: Child, limit: Duration, what: &str) -> (Option<i32
 
 /// An RC connection to `port` that never sends anything (no HELLO).
 pub fn idle_connection(topo: &testkit::Topology, port: u16) -> rdma_cm::Connection<'static> {
+    connect_with(topo, port, &[]).unwrap()
+}
+
+/// Connects from rxe1 to rxe0's `port` with `private` as the connect request's private data
+/// (a LANE message makes it an extra lane of a session); the CM's answer.
+pub fn connect_with(
+    topo: &testkit::Topology,
+    port: u16,
+    private: &[u8],
+) -> rdma_cm::Result<rdma_cm::Connection<'static>> {
     use rdma_verbs::qp::state::{Rc, Reset};
     use rdma_verbs::{AccessFlags, CompletionQueue, ProtectionDomain, QpCreateAttr, QueuePair};
     use std::net::SocketAddr;
@@ -227,7 +276,7 @@ pub fn idle_connection(topo: &testkit::Topology, port: u16) -> rdma_cm::Connecti
     let cq = Arc::new(CompletionQueue::new(ctx, 4, None).unwrap());
     let qp = QueuePair::<Rc, Reset>::create(pd, QpCreateAttr::new(cq.clone(), cq)).unwrap();
     let qp = id.init_qp(qp, AccessFlags::LOCAL_WRITE).unwrap();
-    id.connect(qp, &rdma_cm::ConnParams::new(), Duration::from_secs(10)).unwrap()
+    id.connect(qp, &rdma_cm::ConnParams::new().private_data(private), Duration::from_secs(10))
 }
 
 /// A valid HELLO for `size` bytes in 4 KiB chunks, 4 in flight.
@@ -241,6 +290,7 @@ pub fn raw_hello(size: u64) -> rdma_proto::wire::Hello {
         depth: 4,
         name: "f".into(),
         resume: None,
+        lanes: 1,
     }
 }
 

@@ -153,6 +153,7 @@ fn prepare(paths: &[PathBuf], opts: &SendOptions) -> Result<(SourceFile, BatchSt
     let session = test_session(opts).unwrap_or_else(super::session_id);
     let mut cfg = SenderConfig::new(opts.chunk, opts.depth, opts.timeout);
     cfg.secret = opts.secret.clone();
+    cfg.lanes = opts.lanes;
     let machine = Sender::batch(session, total, cfg, Instant::now())?.with_nonce(super::super::random_bytes());
     tracing::info!(session = format_args!("{session:016x}"), entries = queue.len(), total, to = %opts.to, "sending a batch");
     let identity = Identity::default();

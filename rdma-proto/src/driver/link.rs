@@ -26,6 +26,9 @@ pub(crate) const DRAIN: Duration = Duration::from_millis(200);
 /// A QP in `Init` with its receive ring posted, on resources the thread owns.
 pub(crate) struct Endpoint {
     pub(crate) pd: Arc<ProtectionDomain<'static>>,
+    /// The channel every CQ of the session shares, its extra lanes' too.
+    pub(crate) channel: Arc<CompletionChannel<'static>>,
+    pub(crate) ctx: Arc<Context>,
     pub(crate) qp: QueuePair<'static, Rc, Init>,
     pub(crate) ring: RecvRing<'static>,
     pub(crate) control: SlotPool<'static>,
@@ -46,7 +49,7 @@ impl Endpoint {
         // One channel for both CQs: an idle loop blocks on it (`Pacer`).
         let channel = Arc::new(CompletionChannel::new(ctx.clone())?);
         let send_cq = Arc::new(CompletionQueue::new(ctx.clone(), send_wr, Some(channel.clone().into()))?);
-        let recv_cq = Arc::new(CompletionQueue::new(ctx.clone(), ring_depth, Some(channel.into()))?);
+        let recv_cq = Arc::new(CompletionQueue::new(ctx.clone(), ring_depth, Some(channel.clone().into()))?);
         let caps = QpCaps {
             max_send_wr: send_wr,
             max_recv_wr: ring_depth,
@@ -59,13 +62,61 @@ impl Endpoint {
         let ring_pool = SlotPool::new(pd.clone(), MAX_MESSAGE_LEN, ring_depth as usize, AccessFlags::LOCAL_WRITE)?;
         let ring = RecvRing::new(&qp, ring_pool, ring_depth as usize, DRAIN)?;
         let control = SlotPool::new(pd.clone(), MAX_MESSAGE_LEN, CONTROL_SLOTS as usize, AccessFlags::LOCAL_WRITE)?;
-        Ok(Endpoint { pd, qp, ring, control })
+        Ok(Endpoint { pd, channel, ctx, qp, ring, control })
     }
 }
+
+/// What a session's extra lanes are made on: its context, protection domain (so that one
+/// registered ring and one rkey serve every lane) and completion channel (so that an idle
+/// round sleeps on every lane's CQs at once).
+#[derive(Clone)]
+pub(crate) struct LaneBase {
+    pub(crate) ctx: Arc<Context>,
+    pub(crate) pd: Arc<ProtectionDomain<'static>>,
+    pub(crate) channel: Arc<CompletionChannel<'static>>,
+}
+
+impl LaneBase {
+    /// An extra lane's QP (to `init`) and, with `ring_depth` above 0, its receive ring posted
+    /// (`ring_depth` receives: each WRITE with immediate takes one). `send_wr` requests may be
+    /// in flight on it.
+    pub(crate) fn lane(
+        &self,
+        send_wr: u32,
+        ring_depth: u32,
+        init: impl FnOnce(QueuePair<'static, Rc, Reset>) -> rdma_cm::Result<QueuePair<'static, Rc, Init>>,
+    ) -> rdma_cm::Result<(QueuePair<'static, Rc, Init>, Option<RecvRing<'static>>)> {
+        let ctx = &self.ctx;
+        let send_cq = Arc::new(CompletionQueue::new(ctx.clone(), send_wr.max(1), Some(self.channel.clone().into()))?);
+        let recv_cq =
+            Arc::new(CompletionQueue::new(ctx.clone(), ring_depth.max(1), Some(self.channel.clone().into()))?);
+        let caps = QpCaps {
+            max_send_wr: send_wr.max(1),
+            max_recv_wr: ring_depth.max(1),
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let qp = QueuePair::<Rc, Reset>::create(self.pd.clone(), QpCreateAttr::new(send_cq, recv_cq).caps(caps))?;
+        let qp = init(qp)?;
+        if ring_depth == 0 {
+            return Ok((qp, None));
+        }
+        // A WRITE with immediate uses no receive buffer's bytes; a Send on a lane is refused.
+        let pool = SlotPool::new(self.pd.clone(), LANE_RECV_LEN, ring_depth as usize, AccessFlags::LOCAL_WRITE)?;
+        let ring = RecvRing::new(&qp, pool, ring_depth as usize, DRAIN)?;
+        Ok((qp, Some(ring)))
+    }
+}
+
+/// Bytes of an extra lane's receive buffers: only WRITEs with immediate come there (which
+/// use none); a Send that does not fit fails, the peer's violation.
+const LANE_RECV_LEN: usize = 64;
 
 /// An endpoint's resources other than its QP, once the QP went to the connection.
 pub(crate) struct EndpointParts {
     pub(crate) pd: Arc<ProtectionDomain<'static>>,
+    pub(crate) lane_base: LaneBase,
     pub(crate) ring: RecvRing<'static>,
     pub(crate) control: SlotPool<'static>,
 }
@@ -73,8 +124,9 @@ pub(crate) struct EndpointParts {
 impl Endpoint {
     /// The QP (for connecting or accepting) and the rest.
     pub(crate) fn split(self) -> (QueuePair<'static, Rc, Init>, EndpointParts) {
-        let Endpoint { pd, qp, ring, control } = self;
-        (qp, EndpointParts { pd, ring, control })
+        let Endpoint { pd, channel, ctx, qp, ring, control } = self;
+        let lane_base = LaneBase { ctx, pd: pd.clone(), channel };
+        (qp, EndpointParts { pd, lane_base, ring, control })
     }
 }
 
@@ -156,8 +208,8 @@ impl Pacer {
     ///
     /// # Errors
     /// [`Error::Verbs`] when arming a CQ or reading the channel fails.
-    pub(crate) fn round(&mut self, progressed: bool, cqs: [&CompletionQueue<'static>; 2]) -> Result<bool, Error> {
-        let quiet = !progressed && self.waiter.idle(&cqs, Deadline::after(IDLE_WAIT))? == Idle::Slept;
+    pub(crate) fn round(&mut self, progressed: bool, cqs: &[&CompletionQueue<'static>]) -> Result<bool, Error> {
+        let quiet = !progressed && self.waiter.idle(cqs, Deadline::after(IDLE_WAIT))? == Idle::Slept;
         Ok(self.end_round(progressed, quiet))
     }
 
@@ -169,9 +221,9 @@ impl Pacer {
     pub(crate) async fn round_async(
         &mut self,
         progressed: bool,
-        cqs: [&CompletionQueue<'static>; 2],
+        cqs: &[&CompletionQueue<'static>],
     ) -> Result<bool, Error> {
-        let quiet = !progressed && self.waiter.idle_async(&cqs, Some(IDLE_WAIT)).await? == Idle::Slept;
+        let quiet = !progressed && self.waiter.idle_async(cqs, Some(IDLE_WAIT)).await? == Idle::Slept;
         Ok(self.end_round(progressed, quiet))
     }
 
@@ -211,7 +263,7 @@ pub(crate) fn take_arrivals(
 /// receive is posted for every WRITE the receiver grants, so an RNR NAK means a control
 /// message outran the peer's reposting, never a failure). Why [`ACK_TIMEOUT`] is the default:
 /// `docs/protocol.md`, "Recovery under loss".
-pub(crate) fn conn_params(ack_timeout: u8) -> rdma_cm::ConnParams<'static> {
+pub(crate) fn conn_params<'a>(ack_timeout: u8) -> rdma_cm::ConnParams<'a> {
     rdma_cm::ConnParams::new().ack_timeout(ack_timeout)
 }
 

@@ -16,7 +16,7 @@ use xxhash_rust::xxh3::Xxh3;
 
 use super::files::{io_status, make_dir_entry, make_dirs, Incoming, MadeDirs};
 use super::link::{
-    conn_params, explain_loss, peer_left, send_control, take_arrivals, Endpoint, EndpointParts, Pacer, Side,
+    conn_params, explain_loss, peer_left, send_control, take_arrivals, Endpoint, EndpointParts, LaneBase, Pacer, Side,
     DISCONNECT_WAIT, DRAIN,
 };
 use super::{Error, Phases, Progress, ProgressEvent};
@@ -77,6 +77,12 @@ pub struct ReceiveOptions {
     pub auth_attempts: u32,
     /// The window `auth_attempts` counts in.
     pub auth_window: Duration,
+    /// Most lanes (connections) one session's chunks may be striped over
+    /// ([`wire::caps::LANES`]), 1 ..= [`wire::MAX_LANES`]: a sender asking for more is granted
+    /// this many; 1 grants no striping. Each extra lane is a connection to this server that
+    /// presents the session's token (from its GRANT) and is taken only while its session
+    /// lives; it costs a QP and `max_slots + 16` receives of 64 bytes.
+    pub max_lanes: u16,
     /// Called as each chunk is stored ([`Progress`]), from the session's thread or task.
     pub progress: Option<Progress>,
     /// Set it to stop: [`Server::serve`] returns within about half a second, and sessions in
@@ -115,6 +121,7 @@ impl Default for ReceiveOptions {
             secret: None,
             auth_attempts: 5,
             auth_window: Duration::from_secs(60),
+            max_lanes: 4,
             stop: Arc::new(AtomicBool::new(false)),
             #[cfg(feature = "fault-injection")]
             corrupt_chunk: None,
@@ -181,6 +188,69 @@ pub struct Server {
     connections: Arc<AtomicUsize>,
     /// Wrong proofs of the secret, by address.
     attempts: Arc<Attempts>,
+    /// The live sessions that granted lanes, by token: where an extra lane's connection
+    /// request goes.
+    routes: Arc<Routes>,
+}
+
+/// The sessions waiting for (or served by) extra lanes, by their token.
+#[derive(Default)]
+struct Routes(std::sync::Mutex<std::collections::HashMap<[u8; wire::LANE_TOKEN_LEN], Route>>);
+
+/// Where a session's extra lanes go.
+struct Route {
+    session: u64,
+    /// Lanes granted.
+    lanes: u16,
+    /// Lanes handed over so far, by number (bit `n`): each at most once.
+    taken: u32,
+    /// The session's side of the hand-over.
+    to: std::sync::mpsc::Sender<(u16, ConnectRequest)>,
+}
+
+/// A session's registration in [`Routes`]: removed when dropped (the session ended), so that
+/// a lane arriving later names no live session.
+struct RouteGuard {
+    routes: Arc<Routes>,
+    token: [u8; wire::LANE_TOKEN_LEN],
+}
+
+impl Drop for RouteGuard {
+    fn drop(&mut self) {
+        self.routes.0.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.token);
+    }
+}
+
+impl Routes {
+    /// Registers a session that granted `lanes` lanes with `token`; its lanes' requests come
+    /// out of the returned receiver.
+    fn register(
+        self: &Arc<Self>,
+        session: u64,
+        lanes: u16,
+        token: [u8; wire::LANE_TOKEN_LEN],
+    ) -> (RouteGuard, std::sync::mpsc::Receiver<(u16, ConnectRequest)>) {
+        let (to, from) = std::sync::mpsc::channel();
+        let route = Route { session, lanes, taken: 1, to };
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).insert(token, route);
+        (RouteGuard { routes: self.clone(), token }, from)
+    }
+
+    /// Where a lane's request goes (its session's side of the hand-over), the lane marked as
+    /// taken: `Err` with why when its token names no live session, the session is another, or
+    /// the lane is not one granted or came already.
+    fn take(&self, lane: wire::Lane, session: u64) -> Result<std::sync::mpsc::Sender<(u16, ConnectRequest)>, String> {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(route) = map.get_mut(&lane.token).filter(|r| r.session == session) else {
+            return Err("a lane whose token names no live session".into());
+        };
+        let bit = 1u32.checked_shl(u32::from(lane.lane)).unwrap_or(0);
+        if lane.lane == 0 || lane.lane >= route.lanes || route.taken & bit != 0 {
+            return Err(format!("lane {} of {} granted, or one that came already", lane.lane, route.lanes));
+        }
+        route.taken |= bit;
+        Ok(route.to.clone())
+    }
 }
 
 /// Wrong proofs of the secret by address, for [`ReceiveOptions::auth_attempts`].
@@ -266,6 +336,7 @@ impl Server {
             active: Arc::new(AtomicUsize::new(0)),
             connections: Arc::new(AtomicUsize::new(0)),
             attempts: Arc::new(Attempts::default()),
+            routes: Arc::new(Routes::default()),
         })
     }
 
@@ -278,9 +349,11 @@ impl Server {
     /// for (forever with `None`); `report` is called (from that thread) as each session ends.
     /// A transfer is asked for when a connection's HELLO arrives, whatever its outcome (a
     /// refusal, a failure and a success count alike); a connection that sends none, or is
-    /// rejected as busy, does not count. Once the count is reached no connection is accepted,
-    /// those still without a HELLO end, and `serve` returns when the transfers in progress
-    /// ended (HELLOs that raced the count are served too, so more may end than `sessions`).
+    /// rejected as busy, does not count. Once the count is reached no connection is accepted
+    /// (a request is rejected as busy; only the extra lanes of the striped sessions in
+    /// progress are still taken), those still without a HELLO end, and `serve` returns when
+    /// the transfers in progress ended (HELLOs that raced the count are served too, so more
+    /// may end than `sessions`).
     ///
     /// A connection counts toward `max_sessions` from its valid HELLO on; connections past
     /// `max_sessions` and a small slack are rejected at once (the sender sees
@@ -296,10 +369,10 @@ impl Server {
     ) -> Result<(), Error> {
         let report = Arc::new(report);
         let tally = Arc::new(Tally::default());
-        let stop = &self.opts.stop;
         std::thread::scope(|scope| -> Result<(), Error> {
             let r = loop {
-                if tally.enough(sessions) || stop.load(Ordering::Relaxed) {
+                let closed = self.closed(&tally, sessions);
+                if closed && self.connections.load(Ordering::Acquire) == 0 {
                     break Ok(());
                 }
                 let req = match self.listener.recv_request(accept_check(&self.connections)) {
@@ -307,15 +380,19 @@ impl Server {
                     Err(e) if e.is_timeout() => continue,
                     Err(e) => break Err(e.into()),
                 };
+                let Some(req) = self.route_lane(req, &*report) else { continue };
+                if closed {
+                    report(reject(req, Status::Busy, "the receiver takes no more transfers".into()));
+                    continue;
+                }
                 let Some(place) = self.admit(req, &*report) else { continue };
                 let (req, place) = place;
-                let (opts, active, report, tally, attempts) =
-                    (self.opts.clone(), self.active.clone(), report.clone(), tally.clone(), self.attempts.clone());
+                let (shared, report, attempts) = (self.shared(&tally), report.clone(), self.attempts.clone());
                 scope.spawn(move || {
-                    let r = receive(req, &opts, &active, &tally);
+                    let r = receive(req, &shared);
                     drop(place);
                     if r.auth_failed {
-                        attempts.failed(r.peer.ip(), &opts);
+                        attempts.failed(r.peer.ip(), &shared.opts);
                     }
                     report(r);
                 });
@@ -355,9 +432,9 @@ impl Server {
         let report = Arc::new(report);
         let tally = Arc::new(Tally::default());
         let mut tasks = tokio::task::JoinSet::new();
-        let stop = &self.opts.stop;
         let result = loop {
-            if tally.enough(sessions) || stop.load(Ordering::Relaxed) {
+            let closed = self.closed(&tally, sessions);
+            if closed && self.connections.load(Ordering::Acquire) == 0 {
                 break Ok(());
             }
             let check = accept_check(&self.connections);
@@ -367,14 +444,18 @@ impl Server {
                 Ok(Ok(r)) => r,
             };
             while tasks.try_join_next().is_some() {}
+            let Some(req) = self.route_lane(req, &*report) else { continue };
+            if closed {
+                report(reject(req, Status::Busy, "the receiver takes no more transfers".into()));
+                continue;
+            }
             let Some((req, place)) = self.admit(req, &*report) else { continue };
-            let (opts, active, report, tally, attempts) =
-                (self.opts.clone(), self.active.clone(), report.clone(), tally.clone(), self.attempts.clone());
+            let (shared, report, attempts) = (self.shared(&tally), report.clone(), self.attempts.clone());
             tasks.spawn(async move {
-                let r = receive_async(req, &opts, &active, &tally).await;
+                let r = receive_async(req, &shared).await;
                 drop(place);
                 if r.auth_failed {
-                    attempts.failed(r.peer.ip(), &opts);
+                    attempts.failed(r.peer.ip(), &shared.opts);
                 }
                 report(r);
             });
@@ -407,6 +488,58 @@ fn accept_check(connections: &AtomicUsize) -> Duration {
 }
 
 impl Server {
+    /// Whether the accept loop takes no more transfers (`sessions` were asked for, or the
+    /// server stops); then connections still without a HELLO end. The loop still runs while
+    /// sessions are in progress, to hand their extra lanes over (any other request is then
+    /// rejected as busy).
+    /// What a session of this server shares with it and the others.
+    fn shared(&self, tally: &Arc<Tally>) -> Shared {
+        Shared {
+            opts: self.opts.clone(),
+            active: self.active.clone(),
+            tally: tally.clone(),
+            routes: self.routes.clone(),
+        }
+    }
+
+    fn closed(&self, tally: &Tally, sessions: Option<usize>) -> bool {
+        let closed = tally.enough(sessions) || self.opts.stop.load(Ordering::Relaxed);
+        if closed {
+            tally.closing.store(true, Ordering::Release);
+        }
+        closed
+    }
+
+    /// A connection request whose private data is a LANE message is an extra lane of a
+    /// session: handed to it when its token names a live session that granted that lane, else
+    /// rejected (reported; counted as a wrong proof of its address, and nothing allocated).
+    /// Any other request is returned, to be served as a session of its own.
+    fn route_lane(&self, req: ConnectRequest, report: &dyn Fn(ReceiveReport)) -> Option<ConnectRequest> {
+        let Ok((h, Message::Lane(lane))) = wire::decode(req.private_data()) else { return Some(req) };
+        let peer = req.peer_addr();
+        if let Some(left) = self.attempts.blocked(peer.ip(), &self.opts) {
+            let why =
+                format!("too many wrong proofs of the secret from this address: retry in {}s", left.as_secs() + 1);
+            report(reject(req, Status::NotAuthorized, why));
+            return None;
+        }
+        match self.routes.take(lane, h.session) {
+            Ok(to) => match to.send((lane.lane, req)) {
+                Ok(()) => {
+                    tracing::debug!(session = format_args!("{:016x}", h.session), lane = lane.lane, "lane handed over")
+                }
+                Err(std::sync::mpsc::SendError((_, req))) => {
+                    report(reject(req, Status::NotAuthorized, "its session ended".into()));
+                }
+            },
+            Err(why) => {
+                self.attempts.failed(peer.ip(), &self.opts);
+                report(reject(req, Status::NotAuthorized, why));
+            }
+        }
+        None
+    }
+
     /// Takes a place for a connection request, or rejects it (reported): from an address past
     /// its wrong proofs of the secret, or past every connection limit.
     fn admit(&self, req: ConnectRequest, report: &dyn Fn(ReceiveReport)) -> Option<(ConnectRequest, Counted)> {
@@ -444,24 +577,19 @@ fn reject(req: ConnectRequest, status: Status, detail: String) -> ReceiveReport 
 }
 
 /// Serves one connection request to its end.
-fn receive(req: ConnectRequest, opts: &ReceiveOptions, active: &Arc<AtomicUsize>, tally: &Tally) -> ReceiveReport {
+fn receive(req: ConnectRequest, shared: &Shared) -> ReceiveReport {
     let start = Instant::now();
     let mut report = ReceiveReport::starting(req.peer_addr());
-    let result = session(req, opts, active, tally, &mut report, start);
+    let result = session(req, shared, &mut report, start);
     report.ended(result, start)
 }
 
 /// [`receive`] for async code.
 #[cfg(feature = "tokio")]
-async fn receive_async(
-    req: ConnectRequest,
-    opts: &ReceiveOptions,
-    active: &Arc<AtomicUsize>,
-    tally: &Tally,
-) -> ReceiveReport {
+async fn receive_async(req: ConnectRequest, shared: &Shared) -> ReceiveReport {
     let start = Instant::now();
     let mut report = ReceiveReport::starting(req.peer_addr());
-    let result = session_async(req, opts, active, tally, &mut report, start).await;
+    let result = session_async(req, shared, &mut report, start).await;
     report.ended(result, start)
 }
 
@@ -508,24 +636,19 @@ impl ReceiveReport {
     }
 }
 
-fn session(
-    req: ConnectRequest,
-    opts: &ReceiveOptions,
-    active: &Arc<AtomicUsize>,
-    tally: &Tally,
-    report: &mut ReceiveReport,
-    start: Instant,
-) -> Result<(), Error> {
+fn session(req: ConnectRequest, shared: &Shared, report: &mut ReceiveReport, start: Instant) -> Result<(), Error> {
+    let opts = &*shared.opts;
     let ctx = req.open_context()?;
     let ep = Endpoint::new(ctx, 0, ring_depth(opts), |qp| req.init_qp(qp, GRANTED_ACCESS))?;
     let (qp, parts) = ep.split();
     let conn = req.accept(qp, &conn_params(opts.ack_timeout), opts.accept_timeout)?;
-    let mut s = ReceiveSession::new(opts, active, tally, report, parts, &conn, start)?;
+    let mut s = ReceiveSession::new(shared, report, parts, &conn, start)?;
     let outcome = loop {
         match s.drive_round() {
             Ok(ControlFlow::Break(o)) => break Ok(o),
             Ok(ControlFlow::Continue(progressed)) => {
-                if let Err(e) = s.drive_timers(progressed, &conn) {
+                let r = s.accept_lanes().and_then(|()| s.drive_timers(progressed, &conn));
+                if let Err(e) = r {
                     break Err(e);
                 }
             }
@@ -534,7 +657,15 @@ fn session(
     };
     let outcome = outcome.map_err(|e| explain_loss(e, Side::Receiver, &conn, s.pd.context()));
     let acked = s.machine.acked();
-    let (mut sq, ring, slots) = s.end(&outcome);
+    let (mut sq, ring, slots, lanes) = s.end(&outcome);
+    for RecvLane { conn, ring } in lanes {
+        if acked {
+            let _ = conn.wait_disconnected(TEARDOWN_WAIT.min(opts.timeout));
+        } else {
+            let _ = conn.disconnect(DISCONNECT_WAIT);
+        }
+        drop(ring);
+    }
     // An ACK must reach the sender before the connection goes: the sender reads it, then
     // disconnects. Without one there is nothing to wait for.
     let _ = sq.drain(TEARDOWN_WAIT.min(opts.timeout), drop);
@@ -556,12 +687,11 @@ fn session(
 #[cfg(feature = "tokio")]
 async fn session_async(
     req: ConnectRequest,
-    opts: &ReceiveOptions,
-    active: &Arc<AtomicUsize>,
-    tally: &Tally,
+    shared: &Shared,
     report: &mut ReceiveReport,
     start: Instant,
 ) -> Result<(), Error> {
+    let opts = &*shared.opts;
     let ctx = req.open_context()?;
     let ep = Endpoint::new(ctx, 0, ring_depth(opts), |qp| req.init_qp(qp, GRANTED_ACCESS))?;
     let (qp, parts) = ep.split();
@@ -573,11 +703,14 @@ async fn session_async(
                 return Err(rdma_cm::Error::Timeout { what: "accepting", device: None, after }.into());
             }
         };
-    let mut s = ReceiveSession::new(opts, active, tally, report, parts, &conn, start)?;
+    let mut s = ReceiveSession::new(shared, report, parts, &conn, start)?;
     let outcome = loop {
         match s.drive_round() {
             Ok(ControlFlow::Break(o)) => break Ok(o),
             Ok(ControlFlow::Continue(progressed)) => {
+                if let Err(e) = s.accept_lanes_async().await {
+                    break Err(e);
+                }
                 if let Err(e) = s.drive_timers_async(progressed, &conn).await {
                     break Err(e);
                 }
@@ -590,8 +723,16 @@ async fn session_async(
         ok => ok,
     };
     let acked = s.machine.acked();
-    let (mut sq, ring, slots) = s.end(&outcome);
+    let (mut sq, ring, slots, lanes) = s.end(&outcome);
     let wait = TEARDOWN_WAIT.min(opts.timeout);
+    for RecvLane { conn, ring } in lanes {
+        if acked {
+            let _ = tokio::time::timeout(wait, conn.wait_disconnected_async()).await;
+        } else {
+            let _ = tokio::time::timeout(DISCONNECT_WAIT, conn.disconnect_async()).await;
+        }
+        let _ = ring.close_async().await;
+    }
     let _ = tokio::time::timeout(wait, sq.drain_async(drop)).await;
     let _ = sq.close_async().await;
     if acked {
@@ -625,6 +766,31 @@ fn status_of(outcome: Result<Outcome, Error>) -> Result<(), Error> {
     }
 }
 
+/// What a server's sessions share with it: the options, the count of sessions past their
+/// HELLO, the accept loop's tally, and the routes of extra lanes.
+struct Shared {
+    opts: Arc<ReceiveOptions>,
+    active: Arc<AtomicUsize>,
+    tally: Arc<Tally>,
+    routes: Arc<Routes>,
+}
+
+/// What a session's teardown releases, in order: its send queue, its receive ring (the QP's
+/// last handle), the peer-writable slots (after the QP is gone), and its extra lanes.
+type Teardown = (SendQueue<'static, Rc>, RecvRing<'static>, Vec<Slot<'static>>, Vec<RecvLane>);
+
+/// A lane's request handed over, ready to accept: its number, the request, its QP and
+/// receive ring.
+type PendingLane =
+    (u16, ConnectRequest, rdma_verbs::QueuePair<'static, Rc, rdma_verbs::qp::state::Init>, Option<RecvRing<'static>>);
+
+/// An extra lane of a session: its connection, and the receives its WRITEs with immediate
+/// take.
+struct RecvLane {
+    conn: rdma_cm::Connection<'static>,
+    ring: RecvRing<'static>,
+}
+
 /// What the receiver lets the sender do to its slots.
 const GRANTED_ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE.union(AccessFlags::REMOTE_WRITE);
 
@@ -634,6 +800,13 @@ struct ReceiveSession<'a> {
     opts: &'a ReceiveOptions,
     active: &'a Arc<AtomicUsize>,
     tally: &'a Tally,
+    routes: &'a Arc<Routes>,
+    /// What extra lanes are made on (this connection's PD and channel).
+    lane_base: LaneBase,
+    /// This session's registration for its extra lanes, and where they are handed over.
+    route: Option<(RouteGuard, std::sync::mpsc::Receiver<(u16, ConnectRequest)>)>,
+    /// The extra lanes accepted, by number (lane `n` at `n - 1`).
+    lanes: Vec<Option<RecvLane>>,
     report: &'a mut ReceiveReport,
     machine: Receiver,
     pd: Arc<rdma_verbs::ProtectionDomain<'static>>,
@@ -669,16 +842,15 @@ struct ReceiveSession<'a> {
 
 impl<'a> ReceiveSession<'a> {
     fn new(
-        opts: &'a ReceiveOptions,
-        active: &'a Arc<AtomicUsize>,
-        tally: &'a Tally,
+        shared: &'a Shared,
         report: &'a mut ReceiveReport,
         parts: EndpointParts,
         conn: &rdma_cm::Connection<'static>,
         start: Instant,
     ) -> Result<Self, Error> {
         report.phases.connect = start.elapsed();
-        let EndpointParts { pd, ring, control } = parts;
+        let Shared { opts, active, tally, routes } = shared;
+        let EndpointParts { pd, lane_base, ring, control } = parts;
         let sq = SendQueue::new(conn.qp(), DRAIN)?;
         let cfg = ReceiverConfig {
             max_size: opts.max_size,
@@ -692,13 +864,20 @@ impl<'a> ReceiveSession<'a> {
             resume: opts.resume && opts.dir.is_some(),
             batch: true,
             max_entries: 1_000_000,
+            max_lanes: opts.max_lanes.clamp(1, wire::MAX_LANES),
         };
         Ok(ReceiveSession {
             opts,
             active,
             tally,
+            routes,
+            lane_base,
+            route: None,
+            lanes: Vec::new(),
             report,
-            machine: Receiver::new(cfg, Instant::now()).with_nonce(super::random_bytes()),
+            machine: Receiver::new(cfg, Instant::now())
+                .with_nonce(super::random_bytes())
+                .with_lane_token(super::random_bytes()),
             pd,
             control,
             sq,
@@ -738,10 +917,25 @@ impl<'a> ReceiveSession<'a> {
     /// Ends the session: an uncommitted temporary is removed, the place among `max_sessions`
     /// given back, the report filled in; the queues and the granted slots are returned for
     /// the teardown, which must release the slots last (after the QP is destroyed).
-    fn end(self, outcome: &Result<Outcome, Error>) -> (SendQueue<'static, Rc>, RecvRing<'static>, Vec<Slot<'static>>) {
+    fn end(self, outcome: &Result<Outcome, Error>) -> Teardown {
         let ReceiveSession {
-            report, machine, sq, ring, file, admitted, slots, data_start, data_end, last_stored, ..
+            report,
+            machine,
+            sq,
+            ring,
+            file,
+            admitted,
+            slots,
+            data_start,
+            data_end,
+            last_stored,
+            lanes,
+            route,
+            ..
         } = self;
+        // No lane is taken any more.
+        drop(route);
+        let lanes = lanes.into_iter().flatten().collect();
         // A partial outlives a session that ended in a way a resume can follow: the peer or the
         // path went, the peer went silent, the receiver stopped. One that broke the rules or
         // failed its digest goes (as does everything of a session that was not resumable).
@@ -774,7 +968,7 @@ impl<'a> ReceiveSession<'a> {
         if let (Some(a), Some(b)) = (data_start, data_end.or(last_stored)) {
             report.phases.data = b - a;
         }
-        (sq, ring, slots)
+        (sq, ring, slots, lanes)
     }
 
     /// Does what the machine asks: `Break` with the outcome once it finished, else `Continue`
@@ -934,6 +1128,11 @@ impl<'a> ReceiveSession<'a> {
         self.copy = vec![0; slot_size as usize];
         let remote = pool.remote();
         self.ring_at = Some((remote.addr, remote.rkey));
+        let lanes = self.machine.lanes();
+        if lanes > 1 && self.route.is_none() {
+            self.route = Some(self.routes.register(self.machine.session(), lanes, self.machine.lane_token()));
+            self.lanes = (1..lanes).map(|_| None).collect();
+        }
         self.data_start = Some(now);
         self.machine.handle(Input::Ready { addr: remote.addr, rkey: remote.rkey }, now);
     }
@@ -1040,7 +1239,7 @@ impl<'a> ReceiveSession<'a> {
 
     fn take_arrivals(&mut self) -> Result<bool, Error> {
         let machine = &mut self.machine;
-        let n = take_arrivals(&mut self.ring, |msg| {
+        let mut n = take_arrivals(&mut self.ring, |msg| {
             let now = Instant::now();
             if msg.is_write_with_imm() {
                 let imm = msg.imm().unwrap_or(u32::MAX);
@@ -1049,7 +1248,68 @@ impl<'a> ReceiveSession<'a> {
                 machine.handle(Input::Message(msg.bytes()), now);
             }
         })?;
+        for (i, lane) in self.lanes.iter_mut().enumerate() {
+            let Some(RecvLane { ring, .. }) = lane else { continue };
+            let lane = i as u16 + 1;
+            n += take_arrivals(ring, |msg| {
+                let now = Instant::now();
+                if msg.is_write_with_imm() {
+                    let imm = msg.imm().unwrap_or(u32::MAX);
+                    machine.handle(Input::LaneWrite { lane, imm, len: msg.write_len() }, now);
+                } else {
+                    machine.handle(Input::LaneMessage { lane }, now);
+                }
+            })?;
+        }
         Ok(n > 0)
+    }
+
+    /// The lane requests handed over since the last round, each accepted on a QP in this
+    /// session's PD (the granted ring's rkey serves it) with its receives posted first.
+    fn accept_lanes(&mut self) -> Result<(), Error> {
+        while let Some((lane, req, qp, ring)) = self.next_lane()? {
+            let conn = req.accept(qp, &conn_params(self.opts.ack_timeout), self.opts.accept_timeout)?;
+            self.attach(lane, conn, ring);
+        }
+        Ok(())
+    }
+
+    /// [`accept_lanes`](Self::accept_lanes) for async code.
+    #[cfg(feature = "tokio")]
+    async fn accept_lanes_async(&mut self) -> Result<(), Error> {
+        while let Some((lane, req, qp, ring)) = self.next_lane()? {
+            let after = self.opts.accept_timeout;
+            let conn = match tokio::time::timeout(after, req.accept_async(qp, &conn_params(self.opts.ack_timeout)))
+                .await
+            {
+                Ok(r) => r?,
+                Err(_) => return Err(rdma_cm::Error::Timeout { what: "accepting a lane", device: None, after }.into()),
+            };
+            self.attach(lane, conn, ring);
+        }
+        Ok(())
+    }
+
+    /// The next lane request handed over, if any, with its QP (in `Init`) and its receives
+    /// posted; a request whose QP could not be made is rejected.
+    fn next_lane(&mut self) -> Result<Option<PendingLane>, Error> {
+        let Some((lane, req)) = self.route.as_ref().and_then(|(_, from)| from.try_recv().ok()) else {
+            return Ok(None);
+        };
+        match self.lane_base.lane(1, ring_depth(self.opts), |qp| req.init_qp(qp, GRANTED_ACCESS)) {
+            Ok((qp, ring)) => Ok(Some((lane, req, qp, ring))),
+            Err(e) => {
+                let _ = req.reject(&[]);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Keeps an accepted lane, whose arrivals the rounds take from now on.
+    fn attach(&mut self, lane: u16, conn: rdma_cm::Connection<'static>, ring: Option<RecvRing<'static>>) {
+        let (Some(ring), Some(place)) = (ring, self.lanes.get_mut(usize::from(lane) - 1)) else { return };
+        tracing::debug!(session = format_args!("{:016x}", self.machine.session()), lane, "lane accepted");
+        *place = Some(RecvLane { conn, ring });
     }
 
     /// Takes the completions of the control messages sent; whether any came.
@@ -1060,14 +1320,30 @@ impl<'a> ReceiveSession<'a> {
     /// Ends the round: spins or sleeps on the CQs ([`Pacer`]), and when the slow checks are due,
     /// the machine's timeout, whether the peer left, and whether the receiver is stopping.
     fn drive_timers(&mut self, progressed: bool, conn: &rdma_cm::Connection<'static>) -> Result<(), Error> {
-        let due = self.pacer.round(progressed, [self.sq.cq(), self.ring.cq()])?;
+        let due = if self.lanes.is_empty() {
+            self.pacer.round(progressed, &[self.sq.cq(), self.ring.cq()])?
+        } else {
+            let cqs: Vec<_> = [self.sq.cq(), self.ring.cq()]
+                .into_iter()
+                .chain(self.lanes.iter().flatten().map(|l| l.ring.cq()))
+                .collect();
+            self.pacer.round(progressed, &cqs)?
+        };
         self.drive_slow_checks(due, conn)
     }
 
     /// [`drive_timers`](Self::drive_timers), awaiting the CQs' channel when idle.
     #[cfg(feature = "tokio")]
     async fn drive_timers_async(&mut self, progressed: bool, conn: &rdma_cm::Connection<'static>) -> Result<(), Error> {
-        let due = self.pacer.round_async(progressed, [self.sq.cq(), self.ring.cq()]).await?;
+        let due = if self.lanes.is_empty() {
+            self.pacer.round_async(progressed, &[self.sq.cq(), self.ring.cq()]).await?
+        } else {
+            let cqs: Vec<_> = [self.sq.cq(), self.ring.cq()]
+                .into_iter()
+                .chain(self.lanes.iter().flatten().map(|l| l.ring.cq()))
+                .collect();
+            self.pacer.round_async(progressed, &cqs).await?
+        };
         self.drive_slow_checks(due, conn)
     }
 

@@ -18,7 +18,7 @@ use rdma_verbs::{
 use xxhash_rust::xxh3::Xxh3;
 
 use super::link::{
-    conn_params, explain_loss, peer_left, send_control, take_arrivals, Endpoint, EndpointParts, Pacer, Side,
+    conn_params, explain_loss, peer_left, send_control, take_arrivals, Endpoint, EndpointParts, LaneBase, Pacer, Side,
     CONTROL_WR_ID, DISCONNECT_WAIT, DRAIN,
 };
 use super::{Error, Phases};
@@ -64,6 +64,12 @@ pub struct SendOptions {
     /// and data goes only to a receiver that proves it too. Load it from a file or the
     /// environment ([`Secret::new`](crate::auth::Secret::new)), never from a command line.
     pub secret: Option<crate::auth::Secret>,
+    /// Connections (lanes) to stripe the chunks over, 1 ..= [`wire::MAX_LANES`]: a receiver
+    /// that takes striping ([`wire::caps::LANES`]) grants at most this many, and chunk `n`
+    /// goes on lane `n % lanes`; one that does not is sent everything on one connection.
+    /// Each extra lane is another connection to the receiver, made after its GRANT within
+    /// `connect_timeout`, presenting the GRANT's token.
+    pub lanes: u16,
     /// Test hook: offer these protocol versions and send the name unchecked.
     #[cfg(feature = "fault-injection")]
     #[doc(hidden)]
@@ -78,6 +84,11 @@ pub struct SendOptions {
     #[cfg(feature = "fault-injection")]
     #[doc(hidden)]
     pub test_session: Option<u64>,
+    /// Test hook: extra lanes present this token instead of the GRANT's (to prove the
+    /// receiver refuses them).
+    #[cfg(feature = "fault-injection")]
+    #[doc(hidden)]
+    pub test_lane_token: Option<[u8; wire::LANE_TOKEN_LEN]>,
 }
 
 /// What a hostile test sender sends right after its FIN ([`SendOptions::test_after_fin`]).
@@ -110,12 +121,15 @@ impl SendOptions {
             resume: true,
             preserve: false,
             secret: None,
+            lanes: 1,
             #[cfg(feature = "fault-injection")]
             test_offer: None,
             #[cfg(feature = "fault-injection")]
             test_after_fin: None,
             #[cfg(feature = "fault-injection")]
             test_session: None,
+            #[cfg(feature = "fault-injection")]
+            test_lane_token: None,
         }
     }
 }
@@ -137,6 +151,8 @@ pub struct SendReport {
     pub total: Duration,
     /// Bytes the receiver already held (an interrupted transfer resumed): not sent again.
     pub resumed_from: u64,
+    /// Connections the chunks went over (1 when the receiver does not stripe).
+    pub lanes: u16,
 }
 
 /// Sends `path` to a receiver; `progress(bytes_written, total)` is called as chunks complete.
@@ -191,7 +207,8 @@ fn run(
         match s.drive_round(&mut progress) {
             Ok(ControlFlow::Break(o)) => break o,
             Ok(ControlFlow::Continue(progressed)) => {
-                if let Err(e) = s.drive_timers(progressed, &conn) {
+                let r = s.connect_lanes().and_then(|()| s.drive_timers(progressed, &conn));
+                if let Err(e) = r {
                     break Err(e);
                 }
             }
@@ -199,11 +216,16 @@ fn run(
         }
     };
     let outcome = outcome.map_err(|e| explain_loss(e, Side::Sender, &conn, s.pd.context()));
-    let (mut sq, ring, summary, batch) = s.into_parts();
+    let (mut sq, ring, summary, batch, lanes) = s.into_parts();
     tracing::debug!(ok = outcome.is_ok(), after = ?start.elapsed(), "session over; tearing down");
-    // Let the last sends complete before the connection goes.
+    // Let the last sends complete before the connections go.
     let _ = sq.drain(DRAIN, drop);
     drop(sq);
+    for SendLane { conn, mut sq } in lanes {
+        let _ = sq.drain(DRAIN, drop);
+        drop(sq);
+        let _ = conn.disconnect(DISCONNECT_WAIT.min(opts.connect_timeout));
+    }
     // The peer's answer to the disconnect only confirms what is already decided; a peer that
     // withholds it (measured: a never-ACKing receiver held a timed-out sender 10 s here) must
     // not delay the exit. The connection is torn down either way.
@@ -273,6 +295,9 @@ async fn run_async(
         match s.drive_round(&mut progress) {
             Ok(ControlFlow::Break(o)) => break o,
             Ok(ControlFlow::Continue(progressed)) => {
+                if let Err(e) = s.connect_lanes_async().await {
+                    break Err(e);
+                }
                 if let Err(e) = s.drive_timers_async(progressed, &conn).await {
                     break Err(e);
                 }
@@ -284,9 +309,14 @@ async fn run_async(
         Err(e) => Err(super::link::explain_loss_async(e, Side::Sender, &conn, s.pd.context()).await),
         ok => ok,
     };
-    let (mut sq, ring, summary, batch) = s.into_parts();
+    let (mut sq, ring, summary, batch, lanes) = s.into_parts();
     let _ = tokio::time::timeout(DRAIN, sq.drain_async(drop)).await;
     let _ = sq.close_async().await;
+    for SendLane { conn, mut sq } in lanes {
+        let _ = tokio::time::timeout(DRAIN, sq.drain_async(drop)).await;
+        let _ = sq.close_async().await;
+        let _ = tokio::time::timeout(DISCONNECT_WAIT.min(opts.connect_timeout), conn.disconnect_async()).await;
+    }
     let _ = tokio::time::timeout(DISCONNECT_WAIT.min(opts.connect_timeout), conn.disconnect_async()).await;
     let _ = ring.close_async().await;
     Ok((outcome, summary, batch))
@@ -323,6 +353,7 @@ impl SourceFile {
         let session = test_session(opts).unwrap_or_else(session_id);
         let mut cfg = SenderConfig::new(opts.chunk, opts.depth, opts.timeout);
         cfg.secret = opts.secret.clone();
+        cfg.lanes = opts.lanes;
         cfg.resume_key = opts.resume.then(|| resume_key(&name, &meta));
         let machine = match offer {
             None => Sender::new(session, &name, size, cfg, Instant::now())?,
@@ -447,6 +478,7 @@ impl SendSummary {
                     phases,
                     total: end - start,
                     resumed_from: g.resume_from,
+                    lanes: machine.lanes(),
                 })
             }
             Outcome::Acked { status, detail } => Err(Error::Refused { status, detail }),
@@ -478,6 +510,10 @@ struct SendSession<'a> {
     control: SlotPool<'static>,
     sq: SendQueue<'static, Rc>,
     ring: RecvRing<'static>,
+    /// What extra lanes are made on (this connection's PD and channel).
+    lane_base: LaneBase,
+    /// The extra lanes, once connected: lane `n` is `lanes[n - 1]`.
+    lanes: Vec<SendLane>,
     hasher: Xxh3,
     /// Chunks read and not yet pushed, with their slots.
     read: VecDeque<(u64, Slot<'static>)>,
@@ -504,7 +540,7 @@ impl<'a> SendSession<'a> {
         conn: &rdma_cm::Connection<'static>,
         start: Instant,
     ) -> Result<Self, Error> {
-        let EndpointParts { pd, ring, control } = parts;
+        let EndpointParts { pd, lane_base, ring, control } = parts;
         let connect = start.elapsed();
         let data = SlotPool::new(pd.clone(), opts.chunk as usize, opts.depth as usize, AccessFlags::LOCAL_WRITE)?;
         let sq = SendQueue::new(conn.qp(), DRAIN)?;
@@ -525,6 +561,8 @@ impl<'a> SendSession<'a> {
             control,
             sq,
             ring,
+            lane_base,
+            lanes: Vec::new(),
             hasher: Xxh3::new(),
             read: VecDeque::new(),
             done: Vec::new(),
@@ -577,7 +615,14 @@ impl<'a> SendSession<'a> {
                     let (_, slot) = self.read.remove(pos).expect("position found above");
                     let remote = RemoteRegion { addr: remote_addr, rkey, len: u64::from(len) };
                     let req = SlotRequest::write(slot, len as usize, remote).with_imm(imm).with_wr_id(seq);
-                    self.sq.push(req).map_err(|r| Error::from(r.error))?;
+                    let sq = match self.machine.lane_of(seq) {
+                        0 => &mut self.sq,
+                        n => match self.lanes.get_mut(usize::from(n) - 1) {
+                            Some(lane) => &mut lane.sq,
+                            None => return Err(ProtocolError::Local(format!("lane {n} is not connected")).into()),
+                        },
+                    };
+                    sq.push(req).map_err(|r| Error::from(r.error))?;
                     pushed = true;
                 }
                 Action::NeedDigest => {
@@ -596,6 +641,9 @@ impl<'a> SendSession<'a> {
         }
         if pushed {
             self.sq.submit()?;
+            for lane in &mut self.lanes {
+                lane.sq.submit()?;
+            }
         }
         Ok(ControlFlow::Continue(pushed))
     }
@@ -658,19 +706,23 @@ impl<'a> SendSession<'a> {
     /// Takes the send queue's completions and tells the machine; whether any came.
     fn drive_completions(&mut self, progress: &mut impl FnMut(u64, u64)) -> Result<bool, Error> {
         let (done, failed) = (&mut self.done, &mut self.failed);
-        let n = self.sq.poll(|c| collect(c, done, failed))?;
+        let mut n = self.sq.poll(|c| collect(c, done, failed))?;
+        for lane in &mut self.lanes {
+            n += lane.sq.poll(|c| collect(c, done, failed))?;
+        }
         if let Some(e) = self.failed.take() {
             return Err(e);
         }
-        if let Some(&last) = self.done.last() {
-            self.machine.handle(Input::WriteDone { seq: last }, Instant::now());
+        if !self.done.is_empty() {
             let slot = u64::from(self.machine.grant().map_or(1, |g| g.slot_size));
             let held = self.machine.resumed_from();
-            // Per chunk, not per batch of completions: a caller's progress moves as each WRITE
-            // completes.
             let (before, total) = self.batch.as_ref().map_or((0, self.size), |b| (b.done_bytes, b.total));
+            // Per chunk, not per batch of completions: a caller's progress moves as each WRITE
+            // completes (with lanes, as the chunks before it completed too).
             for &seq in &self.done {
-                progress(before + held.saturating_add((seq + 1) * slot).min(self.size), total);
+                self.machine.handle(Input::WriteDone { seq }, Instant::now());
+                let written = self.machine.chunks_written();
+                progress(before + held.saturating_add(written * slot).min(self.size), total);
             }
             self.done.clear();
             let written = self.machine.chunks_written();
@@ -721,14 +773,93 @@ impl<'a> SendSession<'a> {
     /// Ends the round: spins or sleeps on the CQs ([`Pacer`]), and when the slow checks are due,
     /// the machine's timeout and whether the peer left.
     fn drive_timers(&mut self, progressed: bool, conn: &rdma_cm::Connection<'static>) -> Result<(), Error> {
-        let due = self.pacer.round(progressed, [self.sq.cq(), self.ring.cq()])?;
+        let due = if self.lanes.is_empty() {
+            self.pacer.round(progressed, &[self.sq.cq(), self.ring.cq()])?
+        } else {
+            let cqs: Vec<_> =
+                [self.sq.cq(), self.ring.cq()].into_iter().chain(self.lanes.iter().map(|l| l.sq.cq())).collect();
+            self.pacer.round(progressed, &cqs)?
+        };
         self.drive_slow_checks(due, conn)
+    }
+
+    /// Whether the GRANT asks for lanes not yet connected.
+    fn lanes_due(&self) -> Option<(u16, [u8; wire::LANE_TOKEN_LEN])> {
+        let l = self.machine.grant()?.lanes?;
+        (self.lanes.len() + 1 < usize::from(l.count)).then_some((l.count, l.token))
+    }
+
+    /// The LANE message lane `lane` presents as its connect private data.
+    fn lane_message(&self, lane: u16, token: [u8; wire::LANE_TOKEN_LEN]) -> Result<Vec<u8>, Error> {
+        #[cfg(feature = "fault-injection")]
+        let token = self.opts.test_lane_token.unwrap_or(token);
+        let mut bytes = Vec::new();
+        wire::encode(self.session, &Message::Lane(wire::Lane { lane, token }), &mut bytes)
+            .map_err(|e| Error::Protocol(e.into()))?;
+        Ok(bytes)
+    }
+
+    /// Connects the extra lanes the GRANT granted, each a connection to the receiver in this
+    /// connection's PD, within `connect_timeout` together.
+    fn connect_lanes(&mut self) -> Result<(), Error> {
+        let Some((count, token)) = self.lanes_due() else { return Ok(()) };
+        let after = self.opts.connect_timeout;
+        let deadline = Deadline::after(after);
+        let timed_out = || Error::from(rdma_cm::Error::Timeout { what: "connecting a lane", device: None, after });
+        for lane in self.lanes.len() as u16 + 1..count {
+            let private = self.lane_message(lane, token)?;
+            let id = CmId::new()?.resolve(self.opts.from, self.opts.to, deadline.remaining())?;
+            let (qp, _) = self.lane_base.lane(self.opts.depth, 0, |qp| id.init_qp(qp, AccessFlags::LOCAL_WRITE))?;
+            let left = deadline.remaining();
+            if left.is_zero() {
+                return Err(timed_out());
+            }
+            let conn = match id.connect(qp, &conn_params(self.opts.ack_timeout).private_data(&private), left) {
+                Err(e) if e.is_timeout() => return Err(timed_out()),
+                r => r.map_err(refusal)?,
+            };
+            let sq = SendQueue::new(conn.qp(), DRAIN)?;
+            self.lanes.push(SendLane { conn, sq });
+        }
+        tracing::debug!(session = format_args!("{:016x}", self.session), lanes = count, "lanes connected");
+        Ok(())
+    }
+
+    /// [`connect_lanes`](Self::connect_lanes) for async code.
+    #[cfg(feature = "tokio")]
+    async fn connect_lanes_async(&mut self) -> Result<(), Error> {
+        let Some((count, token)) = self.lanes_due() else { return Ok(()) };
+        let after = self.opts.connect_timeout;
+        let connecting = async {
+            for lane in self.lanes.len() as u16 + 1..count {
+                let private = self.lane_message(lane, token)?;
+                let id = CmId::new()?.resolve_async(self.opts.from, self.opts.to).await?;
+                let (qp, _) = self.lane_base.lane(self.opts.depth, 0, |qp| id.init_qp(qp, AccessFlags::LOCAL_WRITE))?;
+                let conn = id
+                    .connect_async(qp, &conn_params(self.opts.ack_timeout).private_data(&private))
+                    .await
+                    .map_err(refusal)?;
+                let sq = SendQueue::new(conn.qp(), DRAIN)?;
+                self.lanes.push(SendLane { conn, sq });
+            }
+            Ok::<_, Error>(())
+        };
+        match tokio::time::timeout(after, connecting).await {
+            Ok(r) => r,
+            Err(_) => Err(rdma_cm::Error::Timeout { what: "connecting a lane", device: None, after }.into()),
+        }
     }
 
     /// [`drive_timers`](Self::drive_timers), awaiting the CQs' channel when idle.
     #[cfg(feature = "tokio")]
     async fn drive_timers_async(&mut self, progressed: bool, conn: &rdma_cm::Connection<'static>) -> Result<(), Error> {
-        let due = self.pacer.round_async(progressed, [self.sq.cq(), self.ring.cq()]).await?;
+        let due = if self.lanes.is_empty() {
+            self.pacer.round_async(progressed, &[self.sq.cq(), self.ring.cq()]).await?
+        } else {
+            let cqs: Vec<_> =
+                [self.sq.cq(), self.ring.cq()].into_iter().chain(self.lanes.iter().map(|l| l.sq.cq())).collect();
+            self.pacer.round_async(progressed, &cqs).await?
+        };
         self.drive_slow_checks(due, conn)
     }
 
@@ -748,12 +879,31 @@ impl<'a> SendSession<'a> {
     }
 
     /// Splits the session, once over, into its queues (to tear down) and its summary.
-    fn into_parts(self) -> (SendQueue<'static, Rc>, RecvRing<'static>, SendSummary, Option<BatchState>) {
+    fn into_parts(self) -> (SendQueue<'static, Rc>, RecvRing<'static>, SendSummary, Option<BatchState>, Vec<SendLane>) {
         let SendSession {
-            machine, sq, ring, size, session, start, connect, granted_at, data_end, fin_at, batch, ..
+            machine,
+            sq,
+            ring,
+            size,
+            session,
+            start,
+            connect,
+            granted_at,
+            data_end,
+            fin_at,
+            batch,
+            lanes,
+            ..
         } = self;
-        (sq, ring, SendSummary { machine, size, session, start, connect, granted_at, data_end, fin_at }, batch)
+        let summary = SendSummary { machine, size, session, start, connect, granted_at, data_end, fin_at };
+        (sq, ring, summary, batch, lanes)
     }
+}
+
+/// An extra lane of a send: its connection and the send queue its chunks go on.
+struct SendLane {
+    conn: rdma_cm::Connection<'static>,
+    sq: SendQueue<'static, Rc>,
 }
 
 /// The protocol versions a test sender offers instead of this build's (and then sends its

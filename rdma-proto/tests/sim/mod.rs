@@ -707,6 +707,7 @@ pub fn describe(bytes: &[u8]) -> String {
         Ok((_, Message::Entry(e))) => format!("ENTRY {} {}", e.index, e.path),
         Ok((_, Message::Ready(r))) => format!("READY {} from {}", r.index, r.resume_from),
         Ok((_, Message::End(e))) => format!("END {}", e.entries),
+        Ok((_, Message::Lane(l))) => format!("LANE {}", l.lane),
         Err(e) => format!("{} bytes that do not decode ({e})", bytes.len()),
     }
 }
