@@ -2,7 +2,7 @@
 //!
 //! | benchmark | what one iteration is |
 //! |---|---|
-//! | `transfer/send_file/64MiB` | `send_file` of a 64 MiB file from the topology's client address to a `Server` on its server address (port 7472): connect, HELLO/GRANT, every chunk read into a slot and RDMA-WRITten (1 MiB chunks, 16 in flight: `SendOptions`' defaults), FIN, the receiver's digest check and ACK, disconnect |
+//! | `transfer/send_file/64MiB` | `send_file` of a 64 MiB file from the topology's client address to a `Server` on its server address (port 7472): connect, HELLO/GRANT, every chunk read into a slot and RDMA-WRITten (1 MiB chunks, 4 in flight: `SendOptions`' defaults), FIN, the receiver's digest check and ACK, disconnect |
 //!
 //! The receiver runs `Server::serve` on a thread of this process with `dir: None`: it checks
 //! each chunk into the whole-file digest and discards the data (as `rdma-copy recv --discard`),

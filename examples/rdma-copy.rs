@@ -98,7 +98,7 @@ struct RecvArgs {
     timeout: u64,
     /// The QP's local ACK timeout exponent: a packet not acknowledged within 4.096 us x 2^N is
     /// sent again (1..=31).
-    #[arg(long, value_name = "N", default_value_t = 14, value_parser = clap::value_parser!(u8).range(1..=31))]
+    #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u8).range(1..=31))]
     ack_timeout: u8,
     /// Exit after this many transfers (default: serve forever). A transfer counts once its
     /// sender's HELLO arrived, whatever its outcome; connections that send none do not count.
@@ -151,7 +151,7 @@ struct SendArgs {
     #[arg(long, default_value = "1M", value_parser = parse_size)]
     chunk: u64,
     /// Chunks in flight (1..=4096).
-    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=4096))]
     depth: u32,
     /// Connections (lanes, each a QP) to stripe each transfer's chunks over (1..=16); a
     /// receiver grants at most its --max-lanes, one without striping takes everything on one.
@@ -165,7 +165,7 @@ struct SendArgs {
     timeout: u64,
     /// The QP's local ACK timeout exponent: a packet not acknowledged within 4.096 us x 2^N is
     /// sent again (1..=31).
-    #[arg(long, value_name = "N", default_value_t = 14, value_parser = clap::value_parser!(u8).range(1..=31))]
+    #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u8).range(1..=31))]
     ack_timeout: u8,
     /// No progress bar.
     #[arg(long)]

@@ -105,15 +105,16 @@ pub enum AfterFin {
 }
 
 impl SendOptions {
-    /// Defaults for sending to `to`: 1 MiB chunks, 16 in flight (measured on rxe:
-    /// `docs/protocol.md`), 10 s to connect, 30 s without progress.
+    /// Defaults for sending to `to`: 1 MiB chunks, 4 in flight, one lane (each chosen by
+    /// measurement: `docs/protocol.md`, "Speed, and the defaults"), 10 s to connect, 30 s
+    /// without progress.
     pub fn new(to: SocketAddr) -> Self {
         SendOptions {
             to,
             from: None,
             name: None,
             chunk: 1 << 20,
-            depth: 16,
+            depth: 4,
             connect_timeout: Duration::from_secs(10),
             timeout: Duration::from_secs(30),
             ack_timeout: super::link::ACK_TIMEOUT,
