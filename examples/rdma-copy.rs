@@ -97,8 +97,8 @@ struct RecvArgs {
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=31_536_000))]
     timeout: u64,
     /// The QP's local ACK timeout exponent: a packet not acknowledged within 4.096 us x 2^N is
-    /// sent again (1..=31).
-    #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u8).range(1..=31))]
+    /// sent again (1..=31). Shorter recovers sooner from loss; see docs/protocol.md.
+    #[arg(long, value_name = "N", default_value_t = 14, value_parser = clap::value_parser!(u8).range(1..=31))]
     ack_timeout: u8,
     /// Exit after this many transfers (default: serve forever). A transfer counts once its
     /// sender's HELLO arrived, whatever its outcome; connections that send none do not count.
@@ -164,8 +164,8 @@ struct SendArgs {
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=31_536_000))]
     timeout: u64,
     /// The QP's local ACK timeout exponent: a packet not acknowledged within 4.096 us x 2^N is
-    /// sent again (1..=31).
-    #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u8).range(1..=31))]
+    /// sent again (1..=31). Shorter recovers sooner from loss; see docs/protocol.md.
+    #[arg(long, value_name = "N", default_value_t = 14, value_parser = clap::value_parser!(u8).range(1..=31))]
     ack_timeout: u8,
     /// No progress bar.
     #[arg(long)]
