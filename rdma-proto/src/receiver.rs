@@ -865,10 +865,9 @@ impl Receiver {
             return Err(ProtocolError::Peer(format!("a WRITE beyond the file's {} chunks", self.chunks)));
         }
         if imm != seq as u32 {
-            return Err(ProtocolError::Peer(format!(
-                "WRITE tagged chunk {imm} on lane {lane}, expected chunk {}",
-                seq as u32
-            )));
+            // Which lane matters only when there are several.
+            let on = if self.lanes > 1 { format!(" on lane {lane}") } else { String::new() };
+            return Err(ProtocolError::Peer(format!("WRITE tagged chunk {imm}{on}, expected chunk {}", seq as u32)));
         }
         if seq >= self.credited + u64::from(self.slot_count) {
             return Err(ProtocolError::Peer(format!("chunk {seq} written before its slot was credited")));
