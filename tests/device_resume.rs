@@ -9,6 +9,10 @@ use std::time::Duration;
 
 use cli::*;
 
+/// Kill points per test: half of them (the even seeds) past the receiver's first checkpoint.
+/// Six, not more: each costs about 10 s of VM time, on two kernels (docs/testing.md).
+const SEEDS: u64 = 6;
+
 /// A deterministic delay in 0..max_ms for `seed` (xorshift).
 fn seeded_ms(seed: u64, max_ms: u64) -> u64 {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
@@ -31,7 +35,7 @@ fn a_killed_sender_resumes_at_seeded_points_and_the_file_arrives_identical() {
     let (src, dst) = (scratch("rs-src"), scratch("rs-dst"));
     let data = random_file(&src.join("f"), 48 << 20, 21);
     let mut resumed = Vec::new();
-    for seed in 0..10 {
+    for seed in 0..SEEDS {
         let rx = Receiver::start(&topo, 7580, &["--dir", dst.to_str().unwrap(), "--count", "2", "--timeout", "5"]);
         let mut sender = spawn_send_reporting(&topo, 7580, &src.join("f"), &[]);
         wait_for_partial(&dst, 1);
@@ -54,7 +58,7 @@ fn a_killed_sender_resumes_at_seeded_points_and_the_file_arrives_identical() {
         resumed.push(at);
     }
     // A killed sender's receiver keeps every byte it stored: most kills land mid-file.
-    assert!(resumed.iter().filter(|&&at| at > 0).count() >= 5, "resumed at {resumed:?}");
+    assert!(resumed.iter().filter(|&&at| at > 0).count() >= 3, "resumed at {resumed:?}");
 }
 
 #[test]
@@ -64,7 +68,7 @@ fn a_killed_receiver_resumes_from_its_last_checkpoint_and_the_file_arrives_ident
     // Over the 64 MiB checkpoint interval, so that a SIGKILL after it leaves a sidecar.
     let data = random_file(&src.join("f"), 96 << 20, 22);
     let mut resumed = Vec::new();
-    for seed in 0..10 {
+    for seed in 0..SEEDS {
         let mut rx = Receiver::start(&topo, 7581, &["--dir", dst.to_str().unwrap(), "--count", "1"]);
         let sender = spawn_send_reporting(&topo, 7581, &src.join("f"), &[]);
         let past = if seed % 2 == 0 { 70 << 20 } else { 1 };

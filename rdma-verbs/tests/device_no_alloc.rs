@@ -147,7 +147,6 @@ fn the_pipelined_data_path_allocates_nothing_per_request() {
 /// `pread`/`pwrite` names a slot's registered bytes (printed, for `strace -e pread64,pwrite64`).
 #[test]
 fn a_64_mib_file_round_trips_through_slots_without_a_copy() {
-    use std::io::Write;
     let topo = testkit::require_topology!();
     const CHUNK: usize = 1 << 20;
     const SLOTS: u32 = 8;
@@ -155,17 +154,7 @@ fn a_64_mib_file_round_trips_through_slots_without_a_copy() {
     let dir = std::env::temp_dir().join(format!("rdma-verbs-file-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (src_path, dst_path) = (dir.join("source"), dir.join("copy"));
-    {
-        let mut f = std::io::BufWriter::new(std::fs::File::create(&src_path).unwrap());
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        for _ in 0..SIZE / 8 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            f.write_all(&x.to_le_bytes()).unwrap();
-        }
-        f.flush().unwrap();
-    }
+    std::fs::write(&src_path, testkit::random_bytes(SIZE, 0x9e37_79b9_7f4a_7c15)).unwrap();
     let (ctx_s, pd_s) = open_shared(&topo.client.device);
     let (ctx_r, pd_r) = open_shared(&topo.server.device);
     let qp_s = owned_qp(&topo, &ctx_s, &pd_s, data_caps(), 512, AccessFlags::LOCAL_WRITE);

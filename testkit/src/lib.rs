@@ -194,3 +194,40 @@ pub fn resource_count(device: &str, what: &str) -> u64 {
 pub fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").expect("reading /proc/self/fd").count()
 }
+
+/// `len` pseudo-random bytes from `seed` (xorshift64*): the same bytes for the same seed, and
+/// no two 8-byte words of one call alike in practice, so that data stored at a wrong offset
+/// never compares equal.
+///
+/// Built optimized in test builds (the workspace's `[profile.dev.package.testkit]`): the device
+/// tests make gigabytes of it, which an unoptimized loop made at a few MiB/s under TCG.
+pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut data = vec![0u8; len.next_multiple_of(8)];
+    for word in data.chunks_exact_mut(8) {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        word.copy_from_slice(&x.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes());
+    }
+    data.truncate(len);
+    data
+}
+
+#[cfg(test)]
+mod tests {
+    use super::random_bytes;
+
+    #[test]
+    fn random_bytes_are_reproducible_and_no_word_repeats() {
+        let a = random_bytes(8 << 20, 7);
+        assert_eq!(a, random_bytes(8 << 20, 7), "the same seed, the same bytes");
+        assert_eq!(&a[..1001], &random_bytes(1001, 7)[..], "a shorter call is a prefix");
+        assert_ne!(a[..64], random_bytes(64, 8)[..], "another seed, other bytes");
+        // Data stored at a wrong offset must not compare equal: no 8-byte word comes twice.
+        let mut words: Vec<&[u8]> = a.chunks_exact(8).collect();
+        words.sort_unstable();
+        words.dedup();
+        assert_eq!(words.len(), a.len() / 8);
+    }
+}

@@ -47,15 +47,7 @@ pub fn scratch(name: &str) -> Scratch {
 
 /// `len` bytes of a reproducible pseudo-random stream (xorshift64*), written to `path`.
 pub fn random_file(path: &Path, len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    let mut data = Vec::with_capacity(len + 8);
-    while data.len() < len {
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        data.extend_from_slice(&x.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes());
-    }
-    data.truncate(len);
+    let data = testkit::random_bytes(len, seed);
     std::fs::write(path, &data).unwrap();
     data
 }

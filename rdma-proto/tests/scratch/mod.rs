@@ -23,15 +23,7 @@ impl Drop for TempDir {
 
 /// A file of `len` pseudo-random bytes (seeded) at `path`.
 pub fn random_file(path: &Path, len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    let bytes: Vec<u8> = (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
+    let bytes = testkit::random_bytes(len, seed);
     std::fs::write(path, &bytes).unwrap();
     bytes
 }
