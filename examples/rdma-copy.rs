@@ -31,6 +31,7 @@ use rdma_proto::auth::Secret;
 use rdma_proto::driver::{
     send_file, send_files, BatchReport, Phases, ReceiveOptions, ReceiveReport, SendOptions, SendReport, Server,
 };
+use rdma_verbs::WaitPolicy;
 
 /// Port used when an address has none.
 const DEFAULT_PORT: u16 = 7471;
@@ -100,6 +101,10 @@ struct RecvArgs {
     /// sent again (1..=31). Shorter recovers sooner from loss; see docs/protocol.md.
     #[arg(long, value_name = "N", default_value_t = 14, value_parser = clap::value_parser!(u8).range(1..=31))]
     ack_timeout: u8,
+    /// Microseconds a waiting loop polls its completion queues before it sleeps on their
+    /// channel (0..=1000000; 0, the default: sleep at once). See docs/protocol.md.
+    #[arg(long, value_name = "US", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+    spin_us: u64,
     /// Exit after this many transfers (default: serve forever). A transfer counts once its
     /// sender's HELLO arrived, whatever its outcome; connections that send none do not count.
     #[arg(long)]
@@ -167,6 +172,10 @@ struct SendArgs {
     /// sent again (1..=31). Shorter recovers sooner from loss; see docs/protocol.md.
     #[arg(long, value_name = "N", default_value_t = 14, value_parser = clap::value_parser!(u8).range(1..=31))]
     ack_timeout: u8,
+    /// Microseconds a waiting loop polls its completion queues before it sleeps on their
+    /// channel (0..=1000000; 0, the default: sleep at once). See docs/protocol.md.
+    #[arg(long, value_name = "US", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+    spin_us: u64,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -287,6 +296,7 @@ fn recv(a: RecvArgs, json: bool) -> i32 {
     opts.timeout = Duration::from_secs(a.timeout);
     opts.accept_timeout = Duration::from_secs(a.timeout);
     opts.ack_timeout = a.ack_timeout;
+    opts.wait = WaitPolicy::spin_then_sleep(Duration::from_micros(a.spin_us));
     opts.stop = Arc::new(AtomicBool::new(false));
     opts.resume = !a.no_resume;
     opts.partial_ttl = Duration::from_secs(a.partial_ttl);
@@ -399,6 +409,7 @@ fn send(a: SendArgs, json: bool) -> i32 {
     opts.connect_timeout = Duration::from_secs(a.connect_timeout);
     opts.timeout = Duration::from_secs(a.timeout);
     opts.ack_timeout = a.ack_timeout;
+    opts.wait = WaitPolicy::spin_then_sleep(Duration::from_micros(a.spin_us));
     opts.resume = !a.no_resume;
     opts.preserve = a.preserve;
     opts.secret = match load_secret(a.secret_file.as_deref()) {

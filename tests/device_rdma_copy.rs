@@ -60,10 +60,17 @@ fn small_chunks_in_a_shallow_pipeline_arrive_identical() {
     let data = random_file(&file, 64 << 20, 7);
     const ROUNDS: usize = 3;
     let count = ROUNDS.to_string();
-    let rx = Receiver::start(&topo, 7520, &["--dir", dst.to_str().unwrap(), "--count", &count, "--overwrite"]);
+    // Every other test waits as by default (sleeping at once); here the receiver spins 50 us
+    // before it sleeps, and so does the second round's sender.
+    let rx = Receiver::start(
+        &topo,
+        7520,
+        &["--dir", dst.to_str().unwrap(), "--count", &count, "--overwrite", "--spin-us", "50"],
+    );
     let before = out_of_seq_requests(&topo.server.device);
     for round in 1..=ROUNDS {
-        let out = send(&topo, 7520, &["--chunk", "256K", "--depth", "4", file.to_str().unwrap()]);
+        let spin = if round == 2 { "50" } else { "0" };
+        let out = send(&topo, 7520, &["--chunk", "256K", "--depth", "4", "--spin-us", spin, file.to_str().unwrap()]);
         let after = out_of_seq_requests(&topo.server.device);
         let reordered = before.zip(after).map(|(b, a)| a - b);
         assert!(

@@ -169,9 +169,9 @@ pub(crate) fn send_control(
 }
 
 /// Paces a polling loop over the session's two CQs: after a round with no progress it waits
-/// as every wait of rdma-verbs does ([`CqWaiter`]: spins for the default budget, arms the CQs,
-/// polls once more, then sleeps on their shared completion channel until a completion or
-/// `IDLE_WAIT`).
+/// as every wait of rdma-verbs does ([`CqWaiter`]: spins for the options' [`WaitPolicy`]
+/// budget, by default none ([`WAIT`]), arms the CQs, polls once more, then sleeps on their
+/// shared completion channel until a completion or `IDLE_WAIT`).
 ///
 /// Why sleep rather than spin (measured under TCG, `docs/protocol.md`): a spinning thread takes
 /// the vCPU rxe's own packet processing needs (the transfer reached 0.84x `ib_write_bw`), and
@@ -188,9 +188,17 @@ pub(crate) struct Pacer {
     rounds: u32,
 }
 
-impl Default for Pacer {
-    fn default() -> Self {
-        Pacer { waiter: CqWaiter::new(WaitPolicy::default()), rounds: 0 }
+/// How a transfer's loops wait by default ([`SendOptions::wait`](super::SendOptions::wait),
+/// [`ReceiveOptions::wait`](super::ReceiveOptions::wait)): they sleep as soon as a round made
+/// no progress, spinning not at all. A chunk takes milliseconds to arrive (tens of µs on a
+/// 100 Gb/s NIC), so a spin budget of a round trip buys no latency worth having; under TCG it
+/// cost the receiver CPU and the transfer speed (`docs/protocol.md`, "Speed, and the defaults").
+pub(crate) const WAIT: WaitPolicy = WaitPolicy::sleep_at_once();
+
+impl Pacer {
+    /// A pacer whose idle rounds wait as `policy` says.
+    pub(crate) fn new(policy: WaitPolicy) -> Self {
+        Pacer { waiter: CqWaiter::new(policy), rounds: 0 }
     }
 }
 

@@ -57,6 +57,11 @@ pub struct ReceiveOptions {
     /// 4.096 µs × 2^`ack_timeout` is sent again (1..=31; as
     /// [`SendOptions::ack_timeout`](super::SendOptions::ack_timeout)).
     pub ack_timeout: u8,
+    /// How the session's loop waits for completions once a round made no progress: by
+    /// default it sleeps on the CQs' channel at once ([`rdma_verbs::WaitPolicy::sleep_at_once`]; why:
+    /// `docs/protocol.md`, "Speed, and the defaults"). A spin budget
+    /// ([`rdma_verbs::WaitPolicy::spin_then_sleep`]) trades a core for the wake-up latency.
+    pub wait: rdma_verbs::WaitPolicy,
     /// How long an accepted connection may take to send its HELLO: an idle connection holds
     /// one of the few places past `max_sessions` until then, and is closed after it.
     pub hello_timeout: Duration,
@@ -114,6 +119,7 @@ impl Default for ReceiveOptions {
             timeout: Duration::from_secs(30),
             accept_timeout: Duration::from_secs(10),
             ack_timeout: super::link::ACK_TIMEOUT,
+            wait: super::link::WAIT,
             hello_timeout: Duration::from_secs(10),
             progress: None,
             resume: true,
@@ -893,7 +899,7 @@ impl<'a> ReceiveSession<'a> {
             data_start: None,
             data_end: None,
             last_stored: None,
-            pacer: Pacer::default(),
+            pacer: Pacer::new(opts.wait),
             out: Vec::new(),
             #[cfg(feature = "fault-injection")]
             flood: None,

@@ -49,6 +49,11 @@ pub struct SendOptions {
     /// 2^`ack_timeout` is sent again (1..=31; the default's reason: `docs/protocol.md`,
     /// "Recovery under loss").
     pub ack_timeout: u8,
+    /// How the session's loop waits for completions once a round made no progress: by
+    /// default it sleeps on the CQs' channel at once ([`rdma_verbs::WaitPolicy::sleep_at_once`]; why:
+    /// `docs/protocol.md`, "Speed, and the defaults"). A spin budget
+    /// ([`rdma_verbs::WaitPolicy::spin_then_sleep`]) trades a core for the wake-up latency.
+    pub wait: rdma_verbs::WaitPolicy,
     /// Set it to cancel the send: it ends with [`Error::Cancelled`] at the end of the current
     /// round (within a millisecond or so; an idle round's wait is at most 20 ms) once connected (connecting itself is bounded by `connect_timeout`), and the receiver
     /// keeps what it stored for a resume. A signal handler or another thread or task can set it.
@@ -118,6 +123,7 @@ impl SendOptions {
             connect_timeout: Duration::from_secs(10),
             timeout: Duration::from_secs(30),
             ack_timeout: super::link::ACK_TIMEOUT,
+            wait: super::link::WAIT,
             cancel: Arc::new(AtomicBool::new(false)),
             resume: true,
             preserve: false,
@@ -572,7 +578,7 @@ impl<'a> SendSession<'a> {
             held_hashed: false,
             data_end: None,
             fin_at: None,
-            pacer: Pacer::default(),
+            pacer: Pacer::new(opts.wait),
             out: Vec::new(),
         })
     }
