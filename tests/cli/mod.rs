@@ -127,6 +127,14 @@ impl Receiver {
         line.split_whitespace().nth(1).unwrap().parse().unwrap()
     }
 
+    /// Kills the receiver and returns what it printed so far (a report line per session,
+    /// failures with their reason): for the message of a test that failed mid-way.
+    pub fn kill_for_reports(mut self) -> String {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.stdout.take().map(|h| h.join().unwrap_or_default()).unwrap_or_default()
+    }
+
     /// Waits (at most `limit`) for the receiver to exit; returns its exit code and stdout.
     pub fn finish(mut self, limit: Duration) -> (i32, String) {
         let deadline = Instant::now() + limit;
