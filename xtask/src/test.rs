@@ -15,6 +15,10 @@ const TESTED_FEATURES: [&str; 2] = ["--features", "rdma-tools/fault-injection,rd
 
 /// The library crates, in publishing order.
 const PUBLISHED: [&str; 4] = ["rdma-verbs-sys", "rdma-verbs", "rdma-cm", "rdma-proto"];
+/// The VM runs keep the guest kernel's console, so that a guest that dies (a panic reboots it
+/// at once) leaves its last messages in the command's output (`scripts/softroce`).
+const GUEST_CONSOLE: [(&str, &str); 1] = [("SOFTROCE_VERBOSE", "1")];
+
 /// The root package's device tests that are not of the transfer (the examples' CM protocols):
 /// on Linux 6.1 only, with the rdma-verbs and rdma-cm suites.
 const NOT_TRANSFER: [&str; 2] = ["device_echo", "device_interop"];
@@ -131,7 +135,7 @@ pub(crate) fn test(args: &[String]) -> Step {
     let list = write_list(&run.root, "device-tests.list", &lines)?;
     let run_tests = run.root.join("scripts/guest/run-tests").to_str().ok_or("a non-UTF-8 path")?.to_owned();
     let devices = if vm {
-        run.tee("scripts/softroce", &["run", "--kernel", "6.1", "--", &run_tests, &list], &[])
+        run.tee("scripts/softroce", &["run", "--kernel", "6.1", "--", &run_tests, &list], &GUEST_CONSOLE)
     } else {
         run.tee(&run_tests, &[&list], &[("RDMA_TEST_REQUIRE_DEVICE", "1")])
     };
@@ -152,7 +156,7 @@ pub(crate) fn test(args: &[String]) -> Step {
             .map(|(d, e, n)| format!("{d}\t{e}\t{n}"))
             .collect();
         let list = write_list(&run.root, "device-tests-6.12.list", &transfer)?;
-        run.tee("scripts/softroce", &["run", "--kernel", "6.12", "--", &run_tests, &list], &[])
+        run.tee("scripts/softroce", &["run", "--kernel", "6.12", "--", &run_tests, &list], &GUEST_CONSOLE)
     } else {
         Ok(())
     };
