@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdma_cm::{ConnectRequest, Listener};
-use rdma_verbs::{AccessFlags, Rc, RecvRing, SendQueue, Slot, SlotPool};
+use rdma_verbs::{AccessFlags, AlignedBuffer, Rc, RecvRing, SendQueue, Slot, SlotPool};
 
 use xxhash_rust::xxh3::Xxh3;
 
@@ -830,8 +830,10 @@ struct ReceiveSession<'a> {
     ring_at: Option<(u64, u32)>,
     /// The slots granted to the sender (writable by it), by index.
     slots: Vec<Slot<'static>>,
-    /// Where a chunk is copied out of its slot before it is hashed and stored.
-    copy: Vec<u8>,
+    /// Where a chunk is copied out of its slot before it is hashed and stored: mapped for the
+    /// session and unmapped with it (`AlignedBuffer`), not taken from the thread's malloc
+    /// arena, which kept chunk-sized buffers resident after their sessions (`device_soak`).
+    copy: Option<AlignedBuffer>,
     hasher: Xxh3,
     data_start: Option<Instant>,
     data_end: Option<Instant>,
@@ -894,7 +896,7 @@ impl<'a> ReceiveSession<'a> {
             made_dirs: MadeDirs::default(),
             ring_at: None,
             slots: Vec::new(),
-            copy: Vec::new(),
+            copy: None,
             hasher: Xxh3::new(),
             data_start: None,
             data_end: None,
@@ -1125,13 +1127,19 @@ impl<'a> ReceiveSession<'a> {
 
     /// Registers the ring of slots the sender writes into, and tells the machine.
     fn register(&mut self, slot_size: u32, slot_count: u32, now: Instant) {
+        // Unmaps the previous entry's buffer, if any, before mapping this one.
+        self.copy = None;
+        self.copy = AlignedBuffer::zeroed(slot_size as usize);
+        if self.copy.is_none() {
+            let why = format!("mapping a {slot_size}-byte copy buffer failed");
+            return self.machine.handle(Input::OpenFailed(Status::Internal, why), now);
+        }
         let pool = match SlotPool::new(self.pd.clone(), slot_size as usize, slot_count as usize, GRANTED_ACCESS) {
             Ok(p) => p,
             Err(e) => return self.machine.handle(Input::OpenFailed(Status::Internal, e.to_string()), now),
         };
         self.slots = std::iter::from_fn(|| pool.try_take()).collect();
         self.slots.sort_by_key(Slot::index);
-        self.copy = vec![0; slot_size as usize];
         let remote = pool.remote();
         self.ring_at = Some((remote.addr, remote.rkey));
         let lanes = self.machine.lanes();
@@ -1167,7 +1175,11 @@ impl<'a> ReceiveSession<'a> {
         // The slot is writable by the peer: copy it out once (no reference to it is made),
         // then hash and store that copy, so the bytes hashed are the bytes stored whatever the
         // peer does meanwhile.
-        let buf = &mut self.copy[..len as usize];
+        let Some(copy) = self.copy.as_mut() else {
+            let why = "a chunk arrived before its ring was registered".to_owned();
+            return self.machine.handle(Input::StoreFailed(Status::Internal, why), now);
+        };
+        let buf = &mut copy.as_mut_slice()[..len as usize];
         if let Err(e) = self.slots[slot as usize].read_at(0, buf) {
             return self.machine.handle(Input::StoreFailed(Status::Internal, e.to_string()), now);
         }
