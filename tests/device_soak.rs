@@ -66,6 +66,15 @@ fn settle(topo: &testkit::Topology, pid: u32, base: &Held) -> Held {
     }
 }
 
+/// How many of the concurrent senders may be sent again after Linux 6.1's rxe refused a
+/// retransmission (seen in 2 of 4 CI runs of 2026-11-25/26, one sender each time).
+const MAX_SENT_AGAIN: usize = 2;
+
+/// Whether the guest runs Linux 6.1 (whose rxe has the refused-retransmission bug).
+fn kernel_is_6_1() -> bool {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease").is_ok_and(|r| r.starts_with("6.1."))
+}
+
 /// The most the receiver's RSS may grow over a phase, idle before and after, in KiB. Each
 /// session maps its chunk copy buffer and unmaps it at its end; what stays is malloc's
 /// bookkeeping of the sessions' threads (their arenas' small allocations). Measured in the VM
@@ -241,8 +250,10 @@ fn eight_concurrent_senders_are_all_served_and_leave_the_receiver_at_its_baselin
     const SENDERS: usize = 8;
     let rounds = env_count("RDMA_SOAK_ROUNDS", 2);
     let (src, dst) = (scratch("soak-conc-src"), scratch("soak-conc-dst"));
-    let count = (SENDERS * rounds + 1).to_string();
+    // Room in the count for sends again after Linux 6.1's rxe refused a retransmission (below).
+    let count = (SENDERS * rounds + 1 + MAX_SENT_AGAIN).to_string();
     let rx = Receiver::start(&topo, 7591, &["--dir", dst.to_str().unwrap(), "--count", &count, "--max-sessions", "8"]);
+    let mut sent_again = 0;
     let pid = rx.child.id();
     let base = Baseline::of(&topo, pid);
     let mut rng = Rng(0xc0_5eed);
@@ -285,13 +296,32 @@ fn eight_concurrent_senders_are_all_served_and_leave_the_receiver_at_its_baselin
              receiver RSS at most {peak_rss} KiB",
             t.elapsed()
         );
-        if let Some((s, (code, err, took))) = results.iter().enumerate().find(|(_, r)| r.0 != Some(0)) {
-            // The receiver's side of it (once seen on 6.1: a sender told "the peer disconnected
-            // mid-transfer", cause unknown): its session reports, each with its reason.
-            let reports = rx.kill_for_reports();
-            panic!(
-                "round {round}, sender {s} exited {code:?} after {took:?}: {err}\nthe receiver's reports:\n{reports}"
-            );
+        for (s, (code, err, took)) in results.iter().enumerate().filter(|(_, r)| r.0 != Some(0)) {
+            // Linux 6.1's rxe sometimes refuses a retransmitted WRITE with immediate
+            // (docs/testing.md, Known limits); eight transfers at once under TCG retransmit.
+            // The receiver reports it; the sender is told the peer disconnected (exit 6), and
+            // what a user does next is send again. Any other failure fails.
+            let name = &files[s].0;
+            let report_of = || {
+                let reports = rx.reports_so_far();
+                reports.lines().find(|l| l.contains(&format!(": {name} ("))).map(str::to_owned)
+            };
+            let t = Instant::now();
+            while report_of().is_none() && t.elapsed() < Duration::from_secs(5) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let line = report_of().unwrap_or_default();
+            let known = kernel_is_6_1() && *code == Some(6) && line.contains("(RemoteInvalidRequestError)");
+            if !known || sent_again == MAX_SENT_AGAIN {
+                let reports = rx.kill_for_reports();
+                panic!(
+                    "round {round}, sender {s} exited {code:?} after {took:?}: {err}\nthe receiver's reports:\n{reports}"
+                );
+            }
+            eprintln!("round {round}, sender {s}: Linux 6.1's rxe refused a retransmission ({line}); sending it again");
+            let out = send(&topo, 7591, &[src.join(name).as_os_str().to_str().unwrap()]);
+            assert!(out.status.success(), "round {round}, sender {s} again: {}", text(&out.stderr));
+            sent_again += 1;
         }
         for (name, data) in &files {
             check_arrived(&dst, name, data, &format!("round {round}"));
@@ -300,12 +330,17 @@ fn eight_concurrent_senders_are_all_served_and_leave_the_receiver_at_its_baselin
         let what = format!("after round {round} of {SENDERS} at once");
         assert_back_at_baseline(&topo, pid, &what, &base, RSS_BOUND_KIB);
     }
-    let last = src.join("last");
-    let data = random_file(&last, 100_000, 1);
-    let out = send(&topo, 7591, &[last.to_str().unwrap()]);
-    assert!(out.status.success(), "the last transfer: {}", text(&out.stderr));
-    check_arrived(&dst, "last", &data, "the last transfer");
+    // The last transfers end the receiver by its count: one, and one for each send again
+    // the count kept room for and no refusal used.
+    for i in 0..1 + MAX_SENT_AGAIN - sent_again {
+        let name = format!("last{i}");
+        let data = random_file(&src.join(&name), 100_000, 1 + i as u64);
+        let out = send(&topo, 7591, &[src.join(&name).to_str().unwrap()]);
+        assert!(out.status.success(), "the last transfers: {}", text(&out.stderr));
+        check_arrived(&dst, &name, &data, "the last transfers");
+    }
     let (code, report) = rx.finish(Duration::from_secs(30));
     assert_eq!(code, 0, "{report}");
-    assert_eq!(report.lines().filter(|l| l.contains(" MB/s): ok; ")).count(), SENDERS * rounds + 1, "{report}");
+    let ok = SENDERS * rounds + 1 + MAX_SENT_AGAIN - sent_again;
+    assert_eq!(report.lines().filter(|l| l.contains(" MB/s): ok; ")).count(), ok, "{report}");
 }
