@@ -203,6 +203,10 @@ struct SendArgs {
     #[cfg(feature = "fault-injection")]
     #[arg(long, hide = true)]
     test_lane_token: Option<String>,
+    /// Test hook: connecting the extra lanes takes this many milliseconds longer.
+    #[cfg(feature = "fault-injection")]
+    #[arg(long, hide = true)]
+    test_lane_delay_ms: Option<u64>,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -430,6 +434,7 @@ fn send(a: SendArgs, json: bool) -> i32 {
             let Ok(token) = token else { return usage(format!("--test-lane-token {hex:?}: 32 hex digits")) };
             opts.test_lane_token = Some(token);
         }
+        opts.test_lane_delay = a.test_lane_delay_ms.map(Duration::from_millis);
         opts.test_after_fin = match a.test_after_fin.as_deref() {
             None => None,
             Some("junk") => Some(AfterFin::Junk),
@@ -576,7 +581,8 @@ fn mb_per_s(bytes: u64, t: Duration) -> f64 {
 
 fn phases_json(p: &Phases) -> serde_json::Value {
     serde_json::json!({
-        "connect": p.connect.as_secs_f64(), "grant": p.grant.as_secs_f64(), "data": p.data.as_secs_f64(),
+        "connect": p.connect.as_secs_f64(), "grant": p.grant.as_secs_f64(), "lanes": p.lanes.as_secs_f64(),
+        "data": p.data.as_secs_f64(),
         "digest": p.digest.as_secs_f64(), "sync_rename": p.sync_rename.as_secs_f64(),
     })
 }
@@ -605,8 +611,9 @@ fn print_sent(path: &std::path::Path, r: &SendReport, json: bool) {
         r.slots,
         r.session
     );
+    let lanes = if r.lanes > 1 { format!(", lanes {:.1} ms", ms(r.phases.lanes)) } else { String::new() };
     println!(
-        "  connect {:.1} ms, grant {:.1} ms, data {:.1} ms, FIN to ACK (digest, fsync, rename) {:.1} ms",
+        "  connect {:.1} ms, grant {:.1} ms{lanes}, data {:.1} ms, FIN to ACK (digest, fsync, rename) {:.1} ms",
         ms(r.phases.connect),
         ms(r.phases.grant),
         ms(r.phases.data),

@@ -2,7 +2,8 @@
 //! one session's chunks over N connections to the receiver: a 64 MiB file over 2 and 4 lanes,
 //! a batch, and a transfer killed and resumed all arrive identical; a receiver that grants no
 //! lanes (`--max-lanes 1`) is sent everything on one; a lane whose token names no live session
-//! is rejected, and the session it tried to join goes on. Ports 7630-7635.
+//! is rejected, and the session it tried to join goes on; the time the lanes take to connect
+//! does not count against the transfer's timeout. Ports 7630-7636.
 
 mod cli;
 
@@ -187,4 +188,22 @@ fn a_sender_whose_lanes_present_another_token_is_refused_and_nothing_is_stored()
     assert_eq!(out.status.code(), Some(19), "NotAuthorized: {}", text(&out.stderr));
     assert_eq!(code, 9, "its session failed: {lines}");
     assert_eq!(listing_without_partials(&dst), Vec::<String>::new(), "nothing stored");
+}
+
+/// The extra lanes connect after the GRANT, within the sender's `--connect-timeout` (10 s), as the
+/// first connection does; a CM message lost on the way is resent only after seconds. That time is
+/// not the data phase's: the transfer's `--timeout 5` counts from when the lanes are up (CI once
+/// saw a striped send time out "waiting for the receiver's credit or the WRITEs' completions").
+#[test]
+fn lanes_slow_to_connect_do_not_count_against_the_transfer_timeout() {
+    let topo = testkit::require_topology!();
+    let (src, dst) = (scratch("st-d-src"), scratch("st-d-dst"));
+    let data = random_file(&src.join("f"), 8 << 20, 37);
+    let rx = Receiver::start(&topo, 7636, &["--dir", dst.to_str().unwrap(), "--count", "1"]);
+    let report = send_striped(&topo, 7636, 2, &src.join("f"), &["--test-lane-delay-ms", "6000"]);
+    let (code, lines) = rx.finish(Duration::from_secs(30));
+    eprintln!("{}{lines}", report.trim());
+    assert_eq!(code, 0, "{lines}");
+    assert!(report.contains(", 2 lanes"), "{report}");
+    assert!(std::fs::read(dst.join("f")).unwrap() == data, "the file differs");
 }

@@ -70,6 +70,12 @@ pub enum Input<'a> {
     },
     /// The whole-file digest, once every chunk was read.
     Digest(Vec<u8>),
+    /// The extra lanes the GRANT asked for ([`Sender::lanes`]) are connected: the current
+    /// phase's timeout counts from now. Connecting them is bounded by the driver's own connect
+    /// timeout, as the first connection is; without this input, a lane whose connection took
+    /// long (a lost CM message is resent only after seconds) would eat into the time the first
+    /// WRITEs have to complete.
+    LanesConnected,
 }
 
 /// Work the machine asks the driver to do.
@@ -398,6 +404,10 @@ impl Sender {
             Input::WriteDone { seq } => self.on_write_done(seq, now),
             Input::Digest(d) => {
                 self.digest = Some(d);
+                Ok(())
+            }
+            Input::LanesConnected => {
+                self.progress = now;
                 Ok(())
             }
         };

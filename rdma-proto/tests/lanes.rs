@@ -432,3 +432,37 @@ fn a_fin_may_overtake_the_other_lanes_last_writes_but_not_lane_0s() {
     r.handle(receiver::Input::Message(&fin(2)), now);
     assert!(refused(drain(&mut r, &mut Vec::new())));
 }
+
+// ---- The sender alone: its clock while the lanes connect. ----
+
+#[test]
+fn the_data_phase_timeout_counts_from_when_the_lanes_are_connected() {
+    let t0 = Instant::now();
+    let timeout = std::time::Duration::from_secs(10);
+    let mut s = Sender::new(0x5e55, "f", 64, striping(2), t0).unwrap();
+    while s.poll_action().is_some() {} // the HELLO
+    let grant = wire::Grant {
+        version: 1,
+        caps: caps::DIGEST_XXH3_128 | caps::LANES,
+        addr: RING_ADDR,
+        rkey: 7,
+        slot_size: 16,
+        slot_count: 2,
+        resume_from: 0,
+        lanes: Some(wire::Lanes { count: 2, token: [3; 16] }),
+    };
+    let mut buf = Vec::new();
+    wire::encode(0x5e55, &Message::Grant(grant), &mut buf).unwrap();
+    s.handle(sender::Input::Message(&buf), t0);
+    assert_eq!(s.lanes(), 2);
+    assert_eq!(s.poll_timeout(), Some(t0 + timeout), "the GRANT starts the data phase's clock");
+    // Connecting the extra lane took most of the timeout (within the driver's own connect
+    // timeout): the first WRITEs get the whole timeout from when it is up.
+    let up = t0 + timeout - std::time::Duration::from_secs(1);
+    s.handle(sender::Input::LanesConnected, up);
+    assert_eq!(s.poll_timeout(), Some(up + timeout));
+    s.handle_timeout(t0 + timeout);
+    assert!(!s.is_done(), "timed out while the lanes were connecting");
+    s.handle_timeout(up + timeout);
+    assert!(s.is_done(), "no progress for the timeout after the lanes are up");
+}

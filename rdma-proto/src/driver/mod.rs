@@ -254,6 +254,9 @@ pub struct Phases {
     pub connect: Duration,
     /// HELLO to GRANT.
     pub grant: Duration,
+    /// Sender: connecting the extra lanes the GRANT granted (zero on one lane). The data phase
+    /// starts once they are up.
+    pub lanes: Duration,
     /// First chunk to the last WRITE's completion (sender) or the last chunk stored (receiver).
     pub data: Duration,
     /// Sender: FIN to ACK. Receiver: the digest comparison.

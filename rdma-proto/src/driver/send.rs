@@ -94,6 +94,11 @@ pub struct SendOptions {
     #[cfg(feature = "fault-injection")]
     #[doc(hidden)]
     pub test_lane_token: Option<[u8; wire::LANE_TOKEN_LEN]>,
+    /// Test hook: connecting the extra lanes takes this much longer (within `connect_timeout`),
+    /// as when a CM message is lost and resent (to prove it does not count against `timeout`).
+    #[cfg(feature = "fault-injection")]
+    #[doc(hidden)]
+    pub test_lane_delay: Option<Duration>,
 }
 
 /// What a hostile test sender sends right after its FIN ([`SendOptions::test_after_fin`]).
@@ -137,6 +142,8 @@ impl SendOptions {
             test_session: None,
             #[cfg(feature = "fault-injection")]
             test_lane_token: None,
+            #[cfg(feature = "fault-injection")]
+            test_lane_delay: None,
         }
     }
 }
@@ -459,6 +466,8 @@ struct SendSummary {
     start: Instant,
     connect: Duration,
     granted_at: Option<Instant>,
+    /// When the extra lanes were connected (none on one lane).
+    lanes_at: Option<Instant>,
     data_end: Option<Instant>,
     fin_at: Option<Instant>,
 }
@@ -466,15 +475,17 @@ struct SendSummary {
 impl SendSummary {
     /// The session's outcome as the caller sees it.
     fn report(self, outcome: Result<Outcome, Error>) -> Result<SendReport, Error> {
-        let SendSummary { machine, size, session, start, connect, granted_at, data_end, fin_at } = self;
+        let SendSummary { machine, size, session, start, connect, granted_at, lanes_at, data_end, fin_at } = self;
         let end = Instant::now();
         match outcome? {
             Outcome::Acked { status: Status::Ok, .. } => {
                 let g = *machine.grant().expect("an OK ACK follows a grant");
                 let fin = fin_at.unwrap_or(end);
-                let data_start = granted_at.unwrap_or(start);
+                let granted = granted_at.unwrap_or(start);
+                let data_start = lanes_at.unwrap_or(granted);
                 let mut phases = Phases { connect, ..Phases::default() };
-                phases.grant = data_start.duration_since(start).saturating_sub(connect);
+                phases.grant = granted.duration_since(start).saturating_sub(connect);
+                phases.lanes = data_start.duration_since(granted);
                 phases.data = data_end.unwrap_or(fin).duration_since(data_start);
                 phases.digest = end.duration_since(fin);
                 Ok(SendReport {
@@ -528,6 +539,8 @@ struct SendSession<'a> {
     done: Vec<u64>,
     failed: Option<Error>,
     granted_at: Option<Instant>,
+    /// When the extra lanes were connected.
+    lanes_at: Option<Instant>,
     /// Whether the bytes the receiver already held were hashed.
     held_hashed: bool,
     data_end: Option<Instant>,
@@ -575,6 +588,7 @@ impl<'a> SendSession<'a> {
             done: Vec::new(),
             failed: None,
             granted_at: None,
+            lanes_at: None,
             held_hashed: false,
             data_end: None,
             fin_at: None,
@@ -813,6 +827,10 @@ impl<'a> SendSession<'a> {
         let after = self.opts.connect_timeout;
         let deadline = Deadline::after(after);
         let timed_out = || Error::from(rdma_cm::Error::Timeout { what: "connecting a lane", device: None, after });
+        #[cfg(feature = "fault-injection")]
+        if let Some(delay) = self.opts.test_lane_delay {
+            std::thread::sleep(delay.min(deadline.remaining()));
+        }
         for lane in self.lanes.len() as u16 + 1..count {
             let private = self.lane_message(lane, token)?;
             let id = CmId::new()?.resolve(self.opts.from, self.opts.to, deadline.remaining())?;
@@ -829,7 +847,16 @@ impl<'a> SendSession<'a> {
             self.lanes.push(SendLane { conn, sq });
         }
         tracing::debug!(session = format_args!("{:016x}", self.session), lanes = count, "lanes connected");
+        self.lanes_connected();
         Ok(())
+    }
+
+    /// The lanes are up: the data phase starts now, and its timeout counts from now
+    /// ([`Input::LanesConnected`]).
+    fn lanes_connected(&mut self) {
+        let now = Instant::now();
+        self.lanes_at = Some(now);
+        self.machine.handle(Input::LanesConnected, now);
     }
 
     /// [`connect_lanes`](Self::connect_lanes) for async code.
@@ -838,6 +865,10 @@ impl<'a> SendSession<'a> {
         let Some((count, token)) = self.lanes_due() else { return Ok(()) };
         let after = self.opts.connect_timeout;
         let connecting = async {
+            #[cfg(feature = "fault-injection")]
+            if let Some(delay) = self.opts.test_lane_delay {
+                tokio::time::sleep(delay).await;
+            }
             for lane in self.lanes.len() as u16 + 1..count {
                 let private = self.lane_message(lane, token)?;
                 let id = CmId::new()?.resolve_async(self.opts.from, self.opts.to).await?;
@@ -852,9 +883,11 @@ impl<'a> SendSession<'a> {
             Ok::<_, Error>(())
         };
         match tokio::time::timeout(after, connecting).await {
-            Ok(r) => r,
-            Err(_) => Err(rdma_cm::Error::Timeout { what: "connecting a lane", device: None, after }.into()),
+            Ok(r) => r?,
+            Err(_) => return Err(rdma_cm::Error::Timeout { what: "connecting a lane", device: None, after }.into()),
         }
+        self.lanes_connected();
+        Ok(())
     }
 
     /// [`drive_timers`](Self::drive_timers), awaiting the CQs' channel when idle.
@@ -896,13 +929,14 @@ impl<'a> SendSession<'a> {
             start,
             connect,
             granted_at,
+            lanes_at,
             data_end,
             fin_at,
             batch,
             lanes,
             ..
         } = self;
-        let summary = SendSummary { machine, size, session, start, connect, granted_at, data_end, fin_at };
+        let summary = SendSummary { machine, size, session, start, connect, granted_at, lanes_at, data_end, fin_at };
         (sq, ring, summary, batch, lanes)
     }
 }
