@@ -67,7 +67,7 @@ fn settle(topo: &testkit::Topology, pid: u32, base: &Held) -> Held {
 }
 
 /// How many of the concurrent senders may be sent again after Linux 6.1's rxe refused a
-/// retransmission (seen in 2 of 4 CI runs of 2026-11-25/26, one sender each time).
+/// retransmission (seen in 3 of 5 full runs on 6.1 in 2026-11, one sender each time; `docs/testing.md`, Known limits).
 const MAX_SENT_AGAIN: usize = 2;
 
 /// Whether the guest runs Linux 6.1 (whose rxe has the refused-retransmission bug).
