@@ -192,15 +192,14 @@ fn a_sender_whose_lanes_present_another_token_is_refused_and_nothing_is_stored()
 
 /// The extra lanes connect after the GRANT, within the sender's `--connect-timeout` (10 s), as the
 /// first connection does; a CM message lost on the way is resent only after seconds. That time is
-/// not the data phase's: the transfer's `--timeout 5` counts from when the lanes are up (CI once
-/// saw a striped send time out "waiting for the receiver's credit or the WRITEs' completions").
+/// not the data phase's: the transfer's `--timeout 5` counts from when the lanes are up.
 #[test]
 fn lanes_slow_to_connect_do_not_count_against_the_transfer_timeout() {
     let topo = testkit::require_topology!();
     let (src, dst) = (scratch("st-d-src"), scratch("st-d-dst"));
     let data = random_file(&src.join("f"), 8 << 20, 37);
     let rx = Receiver::start(&topo, 7636, &["--dir", dst.to_str().unwrap(), "--count", "1"]);
-    let report = send_striped(&topo, 7636, 2, &src.join("f"), &["--test-lane-delay-ms", "6000"]);
+    let report = send_striped(&topo, 7636, 2, &src.join("f"), &["--test-lane-delay-ms", "6000", "--timeout", "5"]);
     let (code, lines) = rx.finish(Duration::from_secs(30));
     eprintln!("{}{lines}", report.trim());
     assert_eq!(code, 0, "{lines}");
