@@ -166,7 +166,10 @@ fn a_killed_receiver_always_gives_the_sender_exit_6() {
 /// `--connect-timeout` bounded each step (resolving, then connecting) rather than the whole:
 /// 17.5 s were seen for 10 s. With 1.2 s of delay each way on the wire (netem), resolving
 /// (an ARP round trip) and connecting (REQ/REP) each take about 2.4 s: under a 3 s bound each,
-/// over it together. The send now fails as a timeout (exit 3) within the bound and a margin.
+/// over it together. The send now fails as a timeout (exit 3, where the old code connected and
+/// exited 0) within the bound and a margin: the wall time measured here also holds the
+/// process's start and exit (libibverbs loading its providers over the VM's 9p root, up to about
+/// a second under TCG; a CI run once took 3.94 s in all), so the margin is 2 s.
 #[test]
 fn connect_timeout_bounds_resolving_and_connecting_together() {
     let topo = testkit::require_topology!();
@@ -182,7 +185,7 @@ fn connect_timeout_bounds_resolving_and_connecting_together() {
     drop(delay);
     let err = text(&out.stderr);
     eprintln!("send with --connect-timeout 3: exit {:?} after {took:?}: {}", out.status.code(), err.trim());
-    assert!(took < Duration::from_millis(3900), "took {took:?} for a 3 s bound: {err}");
+    assert!(took < Duration::from_secs(5), "took {took:?} for a 3 s bound: {err}");
     assert_eq!(out.status.code(), Some(3), "{err}");
     // The receiver saw no transfer; a plain send now completes it.
     let out = send(&topo, 7565, &[src.join("f").to_str().unwrap()]);
