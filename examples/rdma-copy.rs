@@ -31,6 +31,7 @@ use rdma_proto::auth::Secret;
 use rdma_proto::driver::{
     send_file, send_files, BatchReport, Phases, ReceiveOptions, ReceiveReport, SendOptions, SendReport, Server,
 };
+use rdma_proto::Digest;
 use rdma_verbs::WaitPolicy;
 
 /// Port used when an address has none.
@@ -94,6 +95,10 @@ struct RecvArgs {
     /// Most connections (lanes) one transfer may be striped over (1..=16; 1: no striping).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=16))]
     max_lanes: u16,
+    /// The whole-file digest granted to senders that offer it (every sender offers xxh3-128):
+    /// auto picks the one that hashes faster on this CPU.
+    #[arg(long, default_value = "auto", value_parser = parse_digest)]
+    digest: DigestArg,
     /// Seconds a transfer may make no progress before it is ended (1..=31536000).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=31_536_000))]
     timeout: u64,
@@ -209,6 +214,17 @@ struct SendArgs {
     test_lane_delay_ms: Option<u64>,
 }
 
+/// `recv --digest`: a digest, or `auto` (`None`: the faster one on this CPU).
+#[derive(Debug, Clone, Copy)]
+struct DigestArg(Option<Digest>);
+
+fn parse_digest(s: &str) -> Result<DigestArg, String> {
+    if s.eq_ignore_ascii_case("auto") {
+        return Ok(DigestArg(None));
+    }
+    s.parse().map(|d| DigestArg(Some(d))).map_err(|e: String| format!("{e}, or auto"))
+}
+
 fn parse_size(s: &str) -> Result<u64, String> {
     let s = s.trim();
     let (digits, shift) = match s.chars().last().map(|c| c.to_ascii_uppercase()) {
@@ -297,6 +313,7 @@ fn recv(a: RecvArgs, json: bool) -> i32 {
     opts.max_slots = a.max_depth.max(1);
     opts.max_sessions = a.max_sessions.max(1);
     opts.max_lanes = a.max_lanes;
+    opts.digest = a.digest.0;
     opts.timeout = Duration::from_secs(a.timeout);
     opts.accept_timeout = Duration::from_secs(a.timeout);
     opts.ack_timeout = a.ack_timeout;
@@ -592,7 +609,7 @@ fn print_sent(path: &std::path::Path, r: &SendReport, json: bool) {
         let v = serde_json::json!({
             "role": "send", "file": path.display().to_string(), "session": format!("{:016x}", r.session),
             "bytes": r.bytes, "chunk": r.chunk, "slots": r.slots, "seconds": r.total.as_secs_f64(),
-            "resumed_from": r.resumed_from, "lanes": r.lanes,
+            "resumed_from": r.resumed_from, "lanes": r.lanes, "digest": r.digest.name(),
             "mb_per_s": mb_per_s(r.bytes - r.resumed_from, r.phases.data), "phases": phases_json(&r.phases), "exit_code": 0,
         });
         println!("{v}");
@@ -612,8 +629,9 @@ fn print_sent(path: &std::path::Path, r: &SendReport, json: bool) {
         r.session
     );
     let lanes = if r.lanes > 1 { format!(", lanes {:.1} ms", ms(r.phases.lanes)) } else { String::new() };
+    let digest = r.digest;
     println!(
-        "  connect {:.1} ms, grant {:.1} ms{lanes}, data {:.1} ms, FIN to ACK (digest, fsync, rename) {:.1} ms",
+        "  connect {:.1} ms, grant {:.1} ms{lanes}, data {:.1} ms, FIN to ACK ({digest} digest, fsync, rename) {:.1} ms",
         ms(r.phases.connect),
         ms(r.phases.grant),
         ms(r.phases.data),

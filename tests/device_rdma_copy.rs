@@ -159,18 +159,50 @@ fn refusals_end_with_their_status_exit_code_and_no_file() {
 #[test]
 fn a_corrupted_chunk_is_a_checksum_mismatch_and_leaves_nothing() {
     let topo = testkit::require_topology!();
-    let (src, dst) = (scratch("corrupt-src"), scratch("corrupt-dst"));
-    let f = src.join("data");
-    random_file(&f, 3 << 20, 5);
-    let rx = Receiver::start(&topo, 7504, &["--dir", dst.to_str().unwrap(), "--count", "1", "--corrupt-chunk", "1"]);
-    let out = send(&topo, 7504, &[f.to_str().unwrap(), "--chunk", "1M"]);
-    let err = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(11), "{err}");
-    assert!(err.contains("checksum mismatch"), "{err}");
-    let (code, report) = rx.finish(Duration::from_secs(30));
-    assert_eq!(code, 9, "{report}");
-    assert!(report.contains("checksum mismatch"), "{report}");
-    assert!(listing(&dst).is_empty(), "{:?}", listing(&dst));
+    // With each digest the receiver may choose.
+    for (port, digest) in [(7504, "xxh3-128"), (7637, "xxh64")] {
+        let (src, dst) = (scratch(&format!("corrupt-src-{digest}")), scratch(&format!("corrupt-dst-{digest}")));
+        let f = src.join("data");
+        random_file(&f, 3 << 20, 5);
+        let dir = dst.to_str().unwrap();
+        let rx =
+            Receiver::start(&topo, port, &["--dir", dir, "--count", "1", "--corrupt-chunk", "1", "--digest", digest]);
+        let out = send(&topo, port, &[f.to_str().unwrap(), "--chunk", "1M"]);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(11), "{digest}: {err}");
+        assert!(err.contains("checksum mismatch"), "{digest}: {err}");
+        let (code, report) = rx.finish(Duration::from_secs(30));
+        assert_eq!(code, 9, "{digest}: {report}");
+        assert!(report.contains("checksum mismatch"), "{digest}: {report}");
+        assert!(listing(&dst).is_empty(), "{digest}: {:?}", listing(&dst));
+    }
+}
+
+/// The receiver chooses the digest (`--digest`, or the faster one on its CPU); the sender
+/// hashes with it, reports it, and the file arrives identical either way.
+#[test]
+fn each_digest_the_receiver_chooses_stores_the_file_identical() {
+    let topo = testkit::require_topology!();
+    for (i, digest) in ["xxh3-128", "xxh64", "auto"].into_iter().enumerate() {
+        let port = 7638 + i as u16;
+        let (src, dst) = (scratch(&format!("digest-src-{digest}")), scratch(&format!("digest-dst-{digest}")));
+        let f = src.join("data");
+        let data = random_file(&f, (5 << 20) + 12_345, 40 + i as u64);
+        let rx = Receiver::start(&topo, port, &["--dir", dst.to_str().unwrap(), "--count", "1", "--digest", digest]);
+        let out = send(&topo, port, &[f.to_str().unwrap(), "--chunk", "1M", "--json"]);
+        assert!(out.status.success(), "{digest}: {}", text(&out.stderr));
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON line");
+        let used = json["digest"].as_str().expect("the report names the digest");
+        if digest == "auto" {
+            assert!(["xxh3-128", "xxh64"].contains(&used), "{used}");
+            eprintln!("auto chose {used} on this CPU");
+        } else {
+            assert_eq!(used, digest);
+        }
+        let (code, report) = rx.finish(Duration::from_secs(30));
+        assert_eq!(code, 0, "{digest}: {report}");
+        assert!(std::fs::read(dst.join("data")).unwrap() == data, "{digest}: the file differs");
+    }
 }
 
 #[test]

@@ -13,6 +13,7 @@
 //! The wire format and both state diagrams are in the workspace's `docs/protocol.md`.
 
 pub mod auth;
+pub mod digest;
 pub mod name;
 mod outbox;
 pub mod receiver;
@@ -23,6 +24,7 @@ pub mod wire;
 #[cfg(feature = "driver")]
 pub mod driver;
 
+pub use digest::Digest;
 pub use status::Status;
 
 use std::time::Duration;

@@ -23,6 +23,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crate::auth::{Role, Secret, Transcript, NONCE_LEN};
+use crate::digest::Digest;
 use crate::outbox::Outbox;
 use crate::status::Status;
 use crate::wire::{self, caps, Ack, Challenge, Credit, End, Entry, EntryKind, Grant, Message, Proof, Ready};
@@ -70,6 +71,10 @@ pub struct ReceiverConfig {
     /// receiver without `LANES` does. At most [`wire::MAX_LANES`]. Give
     /// [`Receiver::with_lane_token`] 16 random bytes with it.
     pub max_lanes: u16,
+    /// The digest granted when the sender offers it ([`Digest::choose`]): otherwise the
+    /// other one it offers. XXH3-128 by default, the one every sender knows; the driver
+    /// picks the faster one on its CPU unless told (`ReceiveOptions::digest`).
+    pub digest: Digest,
 }
 
 impl Default for ReceiverConfig {
@@ -87,6 +92,7 @@ impl Default for ReceiverConfig {
             batch: true,
             max_entries: 1_000_000,
             max_lanes: 4,
+            digest: Digest::Xxh3_128,
         }
     }
 }
@@ -264,6 +270,8 @@ pub struct Receiver {
     base: u64,
     /// Lanes granted ([`caps::LANES`]; 1 without): chunk `n` comes on lane `n % lanes`.
     lanes: u16,
+    /// The digest granted (chosen from the HELLO's offer).
+    digest: Digest,
     /// Per lane, the next chunk it must bring (lane `l` brings `l`, `l + lanes`, ...).
     lane_next: Vec<u64>,
     /// The token extra lanes present (`with_lane_token`).
@@ -324,6 +332,7 @@ impl Receiver {
             resume_key: None,
             base: 0,
             lanes: 1,
+            digest: Digest::Xxh3_128,
             lane_next: vec![0],
             lane_token: [0; wire::LANE_TOKEN_LEN],
             batch: None,
@@ -360,6 +369,12 @@ impl Receiver {
     /// Lanes granted (1 without striping, and until the HELLO was accepted).
     pub fn lanes(&self) -> u16 {
         self.lanes
+    }
+
+    /// The digest the session uses: chosen from the HELLO's offer (XXH3-128 until then). The
+    /// driver hashes what it stores with it; the FIN must carry one of its size.
+    pub fn digest(&self) -> Digest {
+        self.digest
     }
 
     /// The token extra lanes must present ([`with_lane_token`](Self::with_lane_token)).
@@ -505,7 +520,7 @@ impl Receiver {
                     let auth = if self.cfg.secret.is_some() { caps::AUTH } else { 0 };
                     let g = Grant {
                         version: self.version,
-                        caps: caps::DIGEST_XXH3_128 | caps::BATCH | auth | resume | self.lanes_cap(),
+                        caps: self.digest.cap() | caps::BATCH | auth | resume | self.lanes_cap(),
                         addr,
                         rkey,
                         slot_size: self.slot_size,
@@ -522,7 +537,7 @@ impl Receiver {
                 let resume = if self.resume_key.is_some() { caps::RESUME } else { 0 };
                 let g = Grant {
                     version: self.version,
-                    caps: caps::DIGEST_XXH3_128 | auth | resume | self.lanes_cap(),
+                    caps: self.digest.cap() | auth | resume | self.lanes_cap(),
                     addr,
                     rkey,
                     slot_size: self.slot_size,
@@ -596,6 +611,8 @@ impl Receiver {
                 self.greeted = true;
                 self.progress = now;
                 let v = *wire::PROTOCOL_VERSIONS.end();
+                let chosen = Digest::choose(hello.caps, self.cfg.digest);
+                self.digest = chosen.unwrap_or_default();
                 if hello.version_max < *wire::PROTOCOL_VERSIONS.start() || hello.version_min > v {
                     let why = format!(
                         "sender speaks versions {}..={}, receiver {:?}",
@@ -604,7 +621,7 @@ impl Receiver {
                         wire::PROTOCOL_VERSIONS
                     );
                     self.refuse(Status::ProtocolMismatch, why);
-                } else if hello.caps & caps::DIGEST_XXH3_128 == 0 {
+                } else if chosen.is_none() {
                     self.refuse(Status::ProtocolMismatch, "sender offers no digest this receiver knows".into());
                 } else if self.cfg.batch && hello.caps & caps::BATCH != 0 && hello.name == wire::BATCH_NAME {
                     self.start_batch(hello);
@@ -658,11 +675,12 @@ impl Receiver {
                         fin.chunks, fin.size, self.arrived, self.chunks, self.size
                     )));
                 }
-                if fin.digest.len() != wire::DIGEST_LEN {
+                if fin.digest.len() != self.digest.size() {
                     let n = fin.digest.len();
                     return Err(ProtocolError::Peer(format!(
-                        "an XXH3-128 digest has {} bytes, not {n}",
-                        wire::DIGEST_LEN
+                        "an {} digest has {} bytes, not {n}",
+                        self.digest,
+                        self.digest.size()
                     )));
                 }
                 self.fin = Some(fin.digest);

@@ -15,6 +15,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crate::auth::{Role, Secret, Transcript, NONCE_LEN};
+use crate::digest::{Digest, DIGEST_CAPS};
 use crate::outbox::Outbox;
 use crate::status::Status;
 use crate::wire::{self, caps, Credit, End, Entry, EntryKind, Fin, Grant, Hello, Message, Proof};
@@ -158,6 +159,8 @@ pub struct Sender {
     write_done: u64,
     /// Lanes granted (1 without [`caps::LANES`]).
     lanes: u16,
+    /// The digest the GRANT named (XXH3-128 until then).
+    granted_digest: Digest,
     /// Per lane, the first of its chunks whose WRITE has not completed.
     lane_done: Vec<u64>,
     consumed: u64,
@@ -229,6 +232,7 @@ impl Sender {
             next_write: 0,
             write_done: 0,
             lanes: 1,
+            granted_digest: Digest::Xxh3_128,
             lane_done: vec![0],
             consumed: 0,
             digest: None,
@@ -344,6 +348,12 @@ impl Sender {
         self.write_done
     }
 
+    /// The digest the receiver granted ([`Digest::granted`]): XXH3-128 until the GRANT. The
+    /// driver hashes the file with it and answers [`Action::NeedDigest`] with one of its size.
+    pub fn digest(&self) -> Digest {
+        self.granted_digest
+    }
+
     /// Lanes granted: 1 until the GRANT, and when the receiver does not stripe.
     pub fn lanes(&self) -> u16 {
         self.lanes
@@ -402,6 +412,12 @@ impl Sender {
             Input::Message(bytes) => self.on_message(bytes, now),
             Input::ChunkRead { seq } => self.on_read(seq),
             Input::WriteDone { seq } => self.on_write_done(seq, now),
+            Input::Digest(d) if d.len() != self.granted_digest.size() => Err(ProtocolError::Local(format!(
+                "an {} digest has {} bytes, not {}",
+                self.granted_digest,
+                self.granted_digest.size(),
+                d.len()
+            ))),
             Input::Digest(d) => {
                 self.digest = Some(d);
                 Ok(())
@@ -550,9 +566,12 @@ impl Sender {
         if !wire::PROTOCOL_VERSIONS.contains(&g.version) {
             return bad(format!("version {} not offered", g.version));
         }
-        if g.caps & caps::DIGEST_XXH3_128 == 0 || g.caps & !self.offered_caps() != 0 {
+        if g.caps & !self.offered_caps() != 0 {
             return bad(format!("capabilities {:#x} not offered", g.caps));
         }
+        let Some(digest) = Digest::granted(g.caps) else {
+            return bad(format!("capabilities {:#x} name no single digest", g.caps));
+        };
         if g.slot_size == 0 || g.slot_size > self.cfg.chunk || g.slot_count == 0 {
             return bad(format!("{} slots of {} bytes", g.slot_count, g.slot_size));
         }
@@ -572,6 +591,7 @@ impl Sender {
             (_, l) => return bad(format!("{:?} lanes; {} asked for", l.map(|l| l.count), self.cfg.lanes)),
         };
         self.lane_done = (0..u64::from(self.lanes)).collect();
+        self.granted_digest = digest;
         if self.batch.is_some() {
             if g.caps & caps::BATCH == 0 || g.resume_from != 0 {
                 return Err(ProtocolError::Peer("the receiver does not take batches of files".into()));
@@ -662,7 +682,7 @@ impl Sender {
         let resume = if self.cfg.resume_key.is_some() { caps::RESUME } else { 0 };
         let batch = if self.name == wire::BATCH_NAME { caps::BATCH } else { 0 };
         let lanes = if self.cfg.lanes > 1 { caps::LANES } else { 0 };
-        caps::DIGEST_XXH3_128 | auth | resume | batch | lanes
+        DIGEST_CAPS | auth | resume | batch | lanes
     }
 
     /// Bytes the receiver held before this session (its GRANT's `resume_from`): the file's

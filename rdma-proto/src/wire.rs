@@ -57,6 +57,9 @@ pub mod caps {
     /// Reserved: a BLAKE3 digest (32 bytes), for when authentication makes a cryptographic
     /// hash worth its cost.
     pub const DIGEST_BLAKE3: u32 = 1 << 1;
+    /// The whole-file digest is XXH64 (seed 0, 8 bytes big-endian; [`crate::digest::Digest`]).
+    /// A sender offers it with XXH3-128; the receiver grants one of them.
+    pub const DIGEST_XXH64: u32 = 1 << 2;
     /// Resuming: the HELLO carries the file's resume key, the GRANT the bytes the receiver
     /// already holds of that version; only the rest is sent, and the digest covers every byte.
     pub const RESUME: u32 = 1 << 8;
@@ -73,7 +76,7 @@ pub mod caps {
     /// presents (a [`Lane`](super::Lane) message as its connect request's private data).
     pub const LANES: u32 = 1 << 11;
     /// Every capability this version implements.
-    pub const SUPPORTED: u32 = DIGEST_XXH3_128 | AUTH | RESUME | BATCH | LANES;
+    pub const SUPPORTED: u32 = DIGEST_XXH3_128 | DIGEST_XXH64 | AUTH | RESUME | BATCH | LANES;
 }
 
 /// What kind of message follows the header (`kind` byte).

@@ -49,7 +49,7 @@ use rdma_proto::wire::{
     self, caps, decode, decode_header, encode, Ack, Challenge, Credit, Fin, Grant, Header, Hello, Message, Proof,
     DIGEST_LEN, HEADER_LEN, MAX_DETAIL_LEN, MAX_DIGEST_LEN, MAX_MESSAGE_LEN, MAX_NAME_LEN,
 };
-use rdma_proto::{Outcome, ProtocolError, Status};
+use rdma_proto::{Digest, Outcome, ProtocolError, Status};
 use sha2::Sha256;
 
 // ---- The time budget. ----
@@ -352,6 +352,8 @@ fn hello() -> impl Strategy<Value = Hello> {
     ];
     let caps = prop_oneof![
         6 => Just(caps::DIGEST_XXH3_128),
+        3 => Just(caps::DIGEST_XXH3_128 | caps::DIGEST_XXH64),
+        1 => Just(caps::DIGEST_XXH64 | caps::AUTH | caps::RESUME),
         2 => Just(caps::DIGEST_XXH3_128 | caps::AUTH),
         2 => Just(caps::DIGEST_XXH3_128 | caps::RESUME),
         2 => Just(caps::DIGEST_XXH3_128 | caps::AUTH | caps::RESUME),
@@ -692,7 +694,7 @@ fn op(honest: u32) -> impl Strategy<Value = Op> {
         1 => Just(Tick::AtDeadline),
         1 => prop::sample::select(vec![Duration::from_secs(3600), Duration::from_secs(u64::MAX)]).prop_map(Tick::Past),
     ];
-    let digest_len = prop_oneof![4 => Just(DIGEST_LEN as u8), 1 => 0u8..=MAX_DIGEST_LEN as u8];
+    let digest_len = prop_oneof![4 => Just(DIGEST_LEN as u8), 2 => Just(8), 1 => 0u8..=MAX_DIGEST_LEN as u8];
     prop_oneof![
         honest => Just(Op::Sender),
         honest => prop_oneof![8 => Just(Status::Ok), 1 => status()].prop_map(Op::Driver),
@@ -777,13 +779,14 @@ fn receiver_config() -> impl Strategy<Value = Conf> {
         k
     });
     let secret = prop_oneof![2 => Just(None), 1 => (key, prop::sample::select(vec!["", "\n", " \t"])).prop_map(Some)];
-    let auth = (secret, any::<bool>(), any::<Nonce>());
+    let auth = (secret, any::<bool>(), any::<Nonce>(), any::<bool>());
     (max_size, max_chunk, budget, max_slots, timeout, hello_timeout, auth).prop_map(
-        |(max_size, max_chunk, budget, max_slots, timeout, hello_timeout, (secret, resume, nonce))| {
+        |(max_size, max_chunk, budget, max_slots, timeout, hello_timeout, (secret, resume, nonce, xxh64))| {
             let mut c = ReceiverConfig::default();
             (c.max_size, c.max_chunk, c.memory_budget, c.max_slots, c.timeout, c.hello_timeout) =
                 (max_size, max_chunk, budget, max_slots, timeout, hello_timeout);
             c.resume = resume;
+            c.digest = if xxh64 { Digest::Xxh64 } else { Digest::Xxh3_128 };
             // Batches (and their byte limit) are tests/batch.rs's: this model is of one file
             // per session, and a batch's HELLO is refused here as by a receiver without them.
             (c.batch, c.max_session_bytes) = (false, u64::MAX);
@@ -892,6 +895,8 @@ struct Spec {
     stored: u64,
     credited: u64,
     fin: Option<Vec<u8>>,
+    /// The digest granted: its capability bit and its size.
+    digest: (u32, usize),
     opened: bool,
     progress: Instant,
     out: Vec<Step>,
@@ -916,6 +921,7 @@ impl Spec {
             stored: 0,
             credited: 0,
             fin: None,
+            digest: (0, 0),
             opened: false,
             progress: now,
             out: Vec::new(),
@@ -980,7 +986,7 @@ impl Spec {
                 Ok((h, Message::Fin(fin))) if self.phase == Phase::Data && self.fin.is_none() => {
                     let _ = h;
                     let fits = fin.chunks == self.chunks && fin.size == self.size && fin.chunks == self.arrived;
-                    if !fits || fin.digest.len() != DIGEST_LEN {
+                    if !fits || fin.digest.len() != self.digest.1 {
                         peer(self, End::Peer);
                     } else {
                         self.fin = Some(fin.digest);
@@ -1028,7 +1034,7 @@ impl Spec {
                 let resume = if self.resume_key.is_some() { caps::RESUME } else { 0 };
                 let grant = Grant {
                     version: 1,
-                    caps: caps::DIGEST_XXH3_128 | auth | resume,
+                    caps: self.digest.0 | auth | resume,
                     addr,
                     rkey,
                     slot_size: self.slot_size,
@@ -1078,7 +1084,15 @@ impl Spec {
     fn hello(&mut self, session: u64, h: Hello, now: Instant) {
         self.session = session;
         self.progress = now;
-        if h.version_max < 1 || h.version_min > 1 || h.caps & caps::DIGEST_XXH3_128 == 0 {
+        // The digest: the receiver's preferred one when offered, else XXH64, else XXH3-128.
+        let preferred = self.cfg.digest.cap();
+        let digest = [preferred, caps::DIGEST_XXH64, caps::DIGEST_XXH3_128].into_iter().find(|&d| h.caps & d != 0);
+        self.digest = match digest {
+            Some(caps::DIGEST_XXH64) => (caps::DIGEST_XXH64, 8),
+            Some(d) => (d, 16),
+            None => (0, 0),
+        };
+        if h.version_max < 1 || h.version_min > 1 || digest.is_none() {
             return self.refuse(Status::ProtocolMismatch);
         }
         if rdma_proto::name::check(&h.name).is_err() {

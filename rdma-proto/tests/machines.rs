@@ -9,10 +9,11 @@ mod sim;
 
 use std::time::{Duration, Instant};
 
+use rdma_proto::digest::DIGEST_CAPS;
 use rdma_proto::receiver::{self, Receiver};
 use rdma_proto::sender::{self, Sender, SenderConfig};
 use rdma_proto::wire::{self, caps, Ack, Credit, Fin, Grant, Hello, Message};
-use rdma_proto::{Outcome, ProtocolError, Status};
+use rdma_proto::{Digest, Outcome, ProtocolError, Status};
 use sim::*;
 
 #[test]
@@ -383,6 +384,105 @@ fn every_write_arrival_is_checked() {
     assert_eq!(verdict(&mut r), (Some(Status::ProtocolMismatch), false), "a WRITE before the grant");
 }
 
+// ---- The digest: offered by the sender, chosen by the receiver. ----
+
+/// A receiver preferring `prefers`, after a HELLO offering `offered`: the GRANT's digest
+/// bits, or the refusal's status.
+fn granted_digest(prefers: Digest, offered: u32) -> Result<u32, Option<Status>> {
+    let t = Instant::now();
+    let mut cfg = receiver_cfg(2);
+    cfg.digest = prefers;
+    let mut r = Receiver::new(cfg, t);
+    let h = Hello { caps: offered, ..hello("f", 16) };
+    r.handle(receiver::Input::Message(&encode(9, &Message::Hello(h))), t);
+    if r.is_done() || !actions_of_receiver(&mut r).iter().any(|a| matches!(a, receiver::Action::Open { .. })) {
+        return Err(verdict(&mut r).0);
+    }
+    r.handle(receiver::Input::Ready { addr: RING_ADDR, rkey: RKEY }, t);
+    let (_, sent) = polled(&mut r);
+    let Ok((_, Message::Grant(g))) = wire::decode(&sent[0]) else { panic!("not a GRANT") };
+    assert_eq!(Digest::granted(g.caps), Some(r.digest()), "the GRANT names the digest the receiver uses");
+    Ok(g.caps & DIGEST_CAPS)
+}
+
+#[test]
+fn the_receiver_grants_one_digest_its_preferred_one_when_offered() {
+    use caps::{DIGEST_XXH3_128 as XXH3, DIGEST_XXH64 as XXH64};
+    // This crate's senders offer both: the receiver's preference decides.
+    assert_eq!(granted_digest(Digest::Xxh64, XXH3 | XXH64), Ok(XXH64));
+    assert_eq!(granted_digest(Digest::Xxh3_128, XXH3 | XXH64), Ok(XXH3));
+    // A sender from before XXH64 offers XXH3-128 alone, and gets it whatever the preference.
+    assert_eq!(granted_digest(Digest::Xxh64, XXH3), Ok(XXH3));
+    assert_eq!(granted_digest(Digest::Xxh3_128, XXH64), Ok(XXH64));
+    // Bits it does not know change nothing; no digest it knows is a refusal.
+    assert_eq!(granted_digest(Digest::Xxh64, u32::MAX), Ok(XXH64));
+    for offered in [0, caps::DIGEST_BLAKE3, caps::RESUME | caps::AUTH] {
+        assert_eq!(granted_digest(Digest::Xxh64, offered), Err(Some(Status::ProtocolMismatch)), "{offered:#x}");
+    }
+}
+
+#[test]
+fn a_fin_must_carry_the_granted_digests_size() {
+    let t = Instant::now();
+    for (prefers, size) in [(Digest::Xxh64, 8), (Digest::Xxh3_128, 16)] {
+        for len in [0, 8, 16, 32] {
+            let mut cfg = receiver_cfg(2);
+            cfg.digest = prefers;
+            let mut r = Receiver::new(cfg, t);
+            let h = Hello { caps: DIGEST_CAPS, ..hello("f", 0) };
+            r.handle(receiver::Input::Message(&encode(9, &Message::Hello(h))), t);
+            r.handle(receiver::Input::Ready { addr: RING_ADDR, rkey: RKEY }, t);
+            actions_of_receiver(&mut r);
+            let fin = Fin { chunks: 0, size: 0, digest: vec![7; len] };
+            r.handle(receiver::Input::Message(&encode(9, &Message::Fin(fin))), t);
+            let actions = actions_of_receiver(&mut r);
+            let finalized =
+                actions.iter().any(|a| matches!(a, receiver::Action::Finalize { digest } if digest.len() == size));
+            assert_eq!(finalized, len == size, "{prefers} with a {len}-byte digest: {actions:?}");
+            assert_eq!(r.is_done(), len != size, "{prefers} with a {len}-byte digest: the session ends");
+        }
+    }
+}
+
+#[test]
+fn the_sender_takes_the_digest_the_grant_names() {
+    let t = Instant::now();
+    let mut s = Sender::new(SESSION, "f", 0, sender_cfg(4, 2), t).unwrap();
+    let sent = actions_of_sender(&mut s);
+    assert!(matches!(sent[..], [sender::Action::Send]), "{sent:?}");
+    s.handle(
+        sender::Input::Message(&encode(SESSION, &Message::Grant(Grant { caps: caps::DIGEST_XXH64, ..grant_4x2() }))),
+        t,
+    );
+    assert_eq!(s.digest(), Digest::Xxh64);
+    assert!(actions_of_sender(&mut s).contains(&sender::Action::NeedDigest));
+    s.handle(sender::Input::Digest(vec![1; 8]), t);
+    assert!(!s.is_done(), "an 8-byte digest is XXH64's");
+}
+
+#[test]
+fn a_transfer_verifies_with_either_digest() {
+    for prefers in Digest::ALL {
+        let mut rcfg = receiver_cfg(2);
+        rcfg.digest = prefers;
+        let sim = transfer(file_of(100, 3), sender_cfg(16, 2), rcfg, Hooks::default(), 11);
+        assert_ok(&sim);
+        assert_eq!((sim.sender.digest(), sim.receiver.digest()), (prefers, prefers));
+    }
+}
+
+#[test]
+fn digests_are_named_as_the_command_line_spells_them() {
+    for d in Digest::ALL {
+        assert_eq!(d.to_string().parse::<Digest>(), Ok(d));
+        assert_eq!(Digest::granted(d.cap()), Some(d));
+        assert_eq!(Digest::choose(d.cap(), Digest::default()), Some(d));
+    }
+    assert!("blake3".parse::<Digest>().is_err());
+    assert_eq!(Digest::granted(DIGEST_CAPS), None, "two digests at once");
+    assert_eq!(Digest::granted(0), None);
+}
+
 /// A hostile sender that follows its FIN at once with junk, a WRITE, a second FIN, or lets the
 /// clock run, before the driver committed: the commit asked for decides the verdict.
 #[test]
@@ -585,6 +685,8 @@ fn the_sender_refuses_bad_grants_and_messages_out_of_place() {
         Grant { version: 2, ..good },
         Grant { caps: 0, ..good },
         Grant { caps: caps::DIGEST_XXH3_128 | caps::RESUME, ..good },
+        Grant { caps: caps::DIGEST_XXH3_128 | caps::DIGEST_XXH64, ..good },
+        Grant { caps: caps::DIGEST_BLAKE3, ..good },
         Grant { slot_size: 0, ..good },
         Grant { slot_size: 5, ..good },
         Grant { slot_count: 0, ..good },
@@ -638,8 +740,13 @@ fn a_digest_that_cannot_be_sent_ends_the_sender() {
     let (mut s, t) = granted(0);
     assert_eq!(actions_of_sender(&mut s), []);
     s.handle(sender::Input::Digest(vec![0; wire::MAX_DIGEST_LEN + 1]), t);
-    assert!(matches!(failure(&mut s), Some(ProtocolError::Wire(_))));
+    assert!(matches!(failure(&mut s), Some(ProtocolError::Local(_))));
     assert!(s.is_done() && s.poll_timeout().is_none());
+    // A digest of another size than the granted one's is the driver's bug, not sent.
+    let (mut s, t) = granted(0);
+    assert_eq!(s.digest(), Digest::Xxh3_128);
+    s.handle(sender::Input::Digest(vec![0; Digest::Xxh64.size()]), t);
+    assert!(matches!(failure(&mut s), Some(ProtocolError::Local(_))));
 }
 
 // ---- A hostile network. ----

@@ -305,7 +305,6 @@ impl SendSession<'_> {
                 self.size = meta.len();
                 self.file = Some(file);
                 self.path = e.source.clone();
-                self.hasher.reset();
                 self.held_hashed = false;
             }
             b.sent.push(sent);

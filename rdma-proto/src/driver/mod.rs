@@ -70,11 +70,13 @@
 //! # }
 //! ```
 
+mod digest;
 mod files;
 mod link;
 mod recv;
 mod send;
 
+pub use digest::fastest_digest;
 pub use recv::{EntryReport, ReceiveOptions, ReceiveReport, Server};
 
 /// A progress callback: called with the bytes of the file done so far and its size, as each

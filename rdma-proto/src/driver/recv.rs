@@ -12,8 +12,7 @@ use std::time::{Duration, Instant};
 use rdma_cm::{ConnectRequest, Listener};
 use rdma_verbs::{AccessFlags, AlignedBuffer, Rc, RecvRing, SendQueue, Slot, SlotPool};
 
-use xxhash_rust::xxh3::Xxh3;
-
+use super::digest::Hasher;
 use super::files::{io_status, make_dir_entry, make_dirs, Incoming, MadeDirs};
 use super::link::{
     conn_params, explain_loss, peer_left, send_control, take_arrivals, Endpoint, EndpointParts, LaneBase, Pacer, Side,
@@ -23,7 +22,7 @@ use super::{Error, Phases, Progress, ProgressEvent};
 use crate::auth::Secret;
 use crate::receiver::{Action, Input, Receiver, ReceiverConfig};
 use crate::wire::{self, Ack, Entry, EntryKind, Message};
-use crate::{Outcome, Status};
+use crate::{Digest, Outcome, Status};
 
 /// What a receiver accepts, and where it stores files. Made by [`Default`] (it is
 /// `#[non_exhaustive]`: fields may be added), then changed field by field.
@@ -88,6 +87,11 @@ pub struct ReceiveOptions {
     /// presents the session's token (from its GRANT) and is taken only while its session
     /// lives; it costs a QP and `max_slots + 16` receives of 64 bytes.
     pub max_lanes: u16,
+    /// The whole-file digest granted when the sender offers it (every sender offers
+    /// XXH3-128; this crate's also offer XXH64). `None` (the default): the one that hashes
+    /// faster on this CPU ([`fastest_digest`](super::fastest_digest), measured once per
+    /// process).
+    pub digest: Option<Digest>,
     /// Called as each chunk is stored ([`Progress`]), from the session's thread or task.
     pub progress: Option<Progress>,
     /// Set it to stop: [`Server::serve`] returns within about half a second, and sessions in
@@ -128,6 +132,7 @@ impl Default for ReceiveOptions {
             auth_attempts: 5,
             auth_window: Duration::from_secs(60),
             max_lanes: 4,
+            digest: None,
             stop: Arc::new(AtomicBool::new(false)),
             #[cfg(feature = "fault-injection")]
             corrupt_chunk: None,
@@ -834,7 +839,7 @@ struct ReceiveSession<'a> {
     /// session and unmapped with it (`AlignedBuffer`), not taken from the thread's malloc
     /// arena, which kept chunk-sized buffers resident after their sessions (`device_soak`).
     copy: Option<AlignedBuffer>,
-    hasher: Xxh3,
+    hasher: Hasher,
     data_start: Option<Instant>,
     data_end: Option<Instant>,
     /// When the last chunk was stored.
@@ -873,6 +878,7 @@ impl<'a> ReceiveSession<'a> {
             batch: true,
             max_entries: 1_000_000,
             max_lanes: opts.max_lanes.clamp(1, wire::MAX_LANES),
+            digest: opts.digest.unwrap_or_else(super::fastest_digest),
         };
         Ok(ReceiveSession {
             opts,
@@ -897,7 +903,7 @@ impl<'a> ReceiveSession<'a> {
             ring_at: None,
             slots: Vec::new(),
             copy: None,
-            hasher: Xxh3::new(),
+            hasher: Hasher::new(Digest::default()),
             data_start: None,
             data_end: None,
             last_stored: None,
@@ -1018,7 +1024,9 @@ impl<'a> ReceiveSession<'a> {
         let session = self.machine.session();
         self.report.session = session;
         self.report.name = Some(name.clone());
-        tracing::info!(session = format_args!("{session:016x}"), %name, size, slot_size, slot_count, "receiving");
+        let digest = self.machine.digest();
+        tracing::info!(session = format_args!("{session:016x}"), %name, size, slot_size, slot_count, %digest, "receiving");
+        self.hasher.reset(digest);
         self.admitted = Counted::enter(self.active, self.opts.max_sessions);
         if self.admitted.is_none() {
             let why = format!("already serving {} transfers", self.opts.max_sessions);
@@ -1055,7 +1063,7 @@ impl<'a> ReceiveSession<'a> {
             return self.machine.handle(Input::OpenFailed(Status::Internal, "no ring".into()), now);
         };
         self.file = None;
-        self.hasher.reset();
+        self.hasher.reset(self.machine.digest());
         let opts = self.opts;
         let mut parent = None;
         if let Some(dest) = &opts.dir {
@@ -1160,7 +1168,7 @@ impl<'a> ReceiveSession<'a> {
         while at < held {
             let n = (held - at).min(buf.len() as u64) as usize;
             if f.file.read_exact_at(&mut buf[..n], at).is_err() {
-                self.hasher.reset();
+                self.hasher.reset(self.machine.digest());
                 return 0;
             }
             self.hasher.update(&buf[..n]);
@@ -1218,7 +1226,7 @@ impl<'a> ReceiveSession<'a> {
     fn finalize(&mut self, digest: &[u8]) {
         let now = Instant::now();
         self.data_end = Some(now);
-        let ours = self.hasher.digest128().to_be_bytes();
+        let ours = self.hasher.finish();
         self.report.phases.digest = now.elapsed(); // the hashing itself ran with the data
         let (status, why) = if ours[..] != digest[..] {
             (Status::ChecksumMismatch, "the data does not match the sender's digest".to_owned())

@@ -15,8 +15,8 @@ use rdma_verbs::{
     AccessFlags, Deadline, ProtectionDomain, Rc, RecvRing, RemoteRegion, SendQueue, Slot, SlotPool, SlotRequest,
     WcStatus,
 };
-use xxhash_rust::xxh3::Xxh3;
 
+use super::digest::Hasher;
 use super::link::{
     conn_params, explain_loss, peer_left, send_control, take_arrivals, Endpoint, EndpointParts, LaneBase, Pacer, Side,
     CONTROL_WR_ID, DISCONNECT_WAIT, DRAIN,
@@ -24,7 +24,7 @@ use super::link::{
 use super::{Error, Phases};
 use crate::sender::{Action, Input, Sender, SenderConfig};
 use crate::wire::{self, Message};
-use crate::{Outcome, ProtocolError, Status};
+use crate::{Digest, Outcome, ProtocolError, Status};
 
 /// How to send. Made by [`new`](Self::new) (it is `#[non_exhaustive]`: fields may be added),
 /// then changed field by field.
@@ -167,6 +167,8 @@ pub struct SendReport {
     pub resumed_from: u64,
     /// Connections the chunks went over (1 when the receiver does not stripe).
     pub lanes: u16,
+    /// The whole-file digest the receiver chose ([`ReceiveOptions::digest`](super::ReceiveOptions::digest)).
+    pub digest: Digest,
 }
 
 /// Sends `path` to a receiver; `progress(bytes_written, total)` is called as chunks complete.
@@ -497,6 +499,7 @@ impl SendSummary {
                     total: end - start,
                     resumed_from: g.resume_from,
                     lanes: machine.lanes(),
+                    digest: machine.digest(),
                 })
             }
             Outcome::Acked { status, detail } => Err(Error::Refused { status, detail }),
@@ -532,7 +535,7 @@ struct SendSession<'a> {
     lane_base: LaneBase,
     /// The extra lanes, once connected: lane `n` is `lanes[n - 1]`.
     lanes: Vec<SendLane>,
-    hasher: Xxh3,
+    hasher: Hasher,
     /// Chunks read and not yet pushed, with their slots.
     read: VecDeque<(u64, Slot<'static>)>,
     /// Chunks whose WRITE completed since the machine was last told.
@@ -583,7 +586,7 @@ impl<'a> SendSession<'a> {
             ring,
             lane_base,
             lanes: Vec::new(),
-            hasher: Xxh3::new(),
+            hasher: Hasher::new(Digest::default()),
             read: VecDeque::new(),
             done: Vec::new(),
             failed: None,
@@ -648,8 +651,8 @@ impl<'a> SendSession<'a> {
                 }
                 Action::NeedDigest => {
                     self.check_unchanged()?;
-                    let digest = self.hasher.digest128().to_be_bytes();
-                    self.machine.handle(Input::Digest(digest.to_vec()), Instant::now());
+                    let digest = self.hasher.finish();
+                    self.machine.handle(Input::Digest(digest), Instant::now());
                 }
                 Action::NextEntry => self.next_entry(),
                 Action::EntryDone { status, detail, received, .. } => {
@@ -766,6 +769,8 @@ impl<'a> SendSession<'a> {
         })?;
         if self.machine.sending() && !self.held_hashed {
             self.held_hashed = true;
+            // The file's first bytes: hashed with the digest the GRANT named.
+            self.hasher.reset(self.machine.digest());
             self.note_resumed();
             self.hash_held()?;
         }

@@ -19,9 +19,14 @@ pub const RKEY: u32 = 0xbeef;
 /// The session id every test sender uses.
 pub const SESSION: u64 = 0x5e55_1011_0000_0001;
 
-/// The test's whole-file digest: FNV-1a on 128 bits (the core does not hash; the driver's
-/// digest is XXH3-128, of the same length).
+/// The test's whole-file digest of XXH3-128's size: FNV-1a on 128 bits (the core does not
+/// hash; the driver does).
 pub fn digest(data: &[u8]) -> Vec<u8> {
+    digest_of(rdma_proto::Digest::Xxh3_128, data)
+}
+
+/// The test's stand-in for digest `d`: FNV-1a on 128 bits, cut to `d`'s size.
+pub fn digest_of(d: rdma_proto::Digest, data: &[u8]) -> Vec<u8> {
     const OFFSET: u128 = 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d;
     const PRIME: u128 = 0x0000_0000_0100_0000_0000_0000_0000_013b;
     let mut h = OFFSET;
@@ -29,7 +34,7 @@ pub fn digest(data: &[u8]) -> Vec<u8> {
         h ^= u128::from(b);
         h = h.wrapping_mul(PRIME);
     }
-    h.to_be_bytes()[..wire::DIGEST_LEN].to_vec()
+    h.to_be_bytes()[..d.size()].to_vec()
 }
 
 /// xorshift64*: the seeded randomness of the simulation.
@@ -448,7 +453,7 @@ impl Sim {
                 self.sender.handle(sender::Input::ChunkRead { seq }, self.now);
             }
             SendJob::Digest => {
-                let d = digest(&self.file);
+                let d = digest_of(self.sender.digest(), &self.file);
                 self.sender.handle(sender::Input::Digest(d), self.now);
             }
         }
@@ -497,7 +502,7 @@ impl Sim {
                 self.receiver.handle(receiver::Input::ChunkStored { seq }, self.now);
             }
             RecvJob::Finalize { digest: theirs } => {
-                let (status, detail) = if digest(&self.output) == theirs {
+                let (status, detail) = if digest_of(self.receiver.digest(), &self.output) == theirs {
                     self.temp = Temp::Committed;
                     (Status::Ok, String::new())
                 } else {
