@@ -657,6 +657,8 @@ struct Offer {
     /// What the driver's lookup finds of a partial: nothing (no `Resumed`), a prefix, or (a
     /// buggy driver) more than the file.
     held: Option<Held>,
+    /// The digests its HELLO offers: XXH3-128 alone (a sender from before XXH64) or both.
+    digests: u32,
 }
 
 /// A receiver's configuration, with the secret's bytes as the MAC keys them and its nonce.
@@ -807,8 +809,9 @@ fn offer() -> impl Strategy<Value = Offer> {
     let auth = prop_oneof![4 => Just(Auth::Right), 1 => Just(Auth::None), 1 => Just(Auth::Wrong)];
     let key = prop_oneof![1 => Just(None), 1 => any::<u64>().prop_map(Some)];
     let held = prop_oneof![1 => Just(None), 3 => held().prop_map(Some)];
-    let sender = (auth, any::<Nonce>(), key, held);
-    (1u64.., 1u32..=40, 1u32..=8, sender).prop_flat_map(|(session, chunk, depth, (auth, nonce, key, held))| {
+    let digests = prop_oneof![Just(caps::DIGEST_XXH3_128), Just(caps::DIGEST_XXH3_128 | caps::DIGEST_XXH64)];
+    let sender = (auth, any::<Nonce>(), key, held, digests);
+    (1u64.., 1u32..=40, 1u32..=8, sender).prop_flat_map(|(session, chunk, depth, (auth, nonce, key, held, digests))| {
         (0..=u64::from(chunk) * 12 + 3).prop_map(move |size| Offer {
             session,
             size,
@@ -818,6 +821,7 @@ fn offer() -> impl Strategy<Value = Offer> {
             nonce,
             key,
             held: held.clone(),
+            digests,
         })
     })
 }
@@ -1199,6 +1203,13 @@ impl Watch {
         self.stored.iter().take_while(|s| **s).count() as u64
     }
 
+    /// The digest the session must use: the receiver's preferred one when the HELLO offers
+    /// it, else XXH64, else XXH3-128 (`None`: it offers neither, and is refused).
+    fn digest(&self, cfg: &ReceiverConfig) -> Option<Digest> {
+        let offered = self.hello.as_ref()?.caps;
+        [cfg.digest, Digest::Xxh64, Digest::Xxh3_128].into_iter().find(|d| offered & d.cap() != 0)
+    }
+
     /// The bytes held before the session: chunk `n` goes to `base + n * slot_size`.
     fn base(&self) -> u64 {
         self.grant.map_or(self.resumed.unwrap_or(0), |g| g.resume_from)
@@ -1351,9 +1362,12 @@ impl Watch {
                     let auth = if self.key.is_some() { caps::AUTH } else { 0 };
                     let resume = if self.resume_key().is_some() { caps::RESUME } else { 0 };
                     // Resuming at what the driver answered, and only then.
+                    let Some(digest) = self.digest(cfg) else {
+                        return Err(TestCaseError::fail("a GRANT for a HELLO that offers no digest"));
+                    };
                     let want = Grant {
                         version: 1,
-                        caps: caps::DIGEST_XXH3_128 | auth | resume,
+                        caps: digest.cap() | auth | resume,
                         addr,
                         rkey,
                         slot_size,
@@ -1428,7 +1442,8 @@ impl Watch {
                     ensure!(self.fins.len() == 1, "a Finalize after {} FINs", self.fins.len());
                     let fin = &self.fins[0];
                     ensure!(
-                        (fin.chunks, fin.size, &fin.digest) == (chunks, size, digest) && digest.len() == DIGEST_LEN,
+                        (fin.chunks, fin.size, &fin.digest) == (chunks, size, digest)
+                            && Some(digest.len()) == self.digest(cfg).map(Digest::size),
                         "a Finalize of {digest:?} after {fin:?}"
                     );
                     self.finalize = Some(digest.clone());
@@ -1635,7 +1650,7 @@ impl Case {
             let hello = Hello {
                 version_min: 1,
                 version_max: 1,
-                caps: caps::DIGEST_XXH3_128 | auth | resume,
+                caps: o.digests | auth | resume,
                 size: o.size,
                 chunk: o.chunk,
                 depth: o.depth,
@@ -1662,7 +1677,9 @@ impl Case {
         }
         if !self.fin_sent {
             self.fin_sent = true;
-            return Some(In::Message(self.bytes(Sid::Ours, &self.fin(0, 0, DIGEST_LEN as u8), &[])));
+            // A digest of the size the GRANT's digest has.
+            let len = self.watch.grant.map_or(DIGEST_LEN, |g| Digest::granted(g.caps).map_or(DIGEST_LEN, Digest::size));
+            return Some(In::Message(self.bytes(Sid::Ours, &self.fin(0, 0, len as u8), &[])));
         }
         None
     }
