@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use rdma_proto::receiver::{self, Receiver, ReceiverConfig};
 use rdma_proto::sender::{self, Sender, SenderConfig};
 use rdma_proto::wire::{Entry, EntryKind};
-use rdma_proto::{Outcome, Status};
+use rdma_proto::{Digest, Outcome, Status};
 
 const SESSION: u64 = 0xba7c;
 
@@ -27,6 +27,8 @@ struct Run {
     sent: Vec<(u32, Status)>,
     sender: Option<Outcome>,
     receiver: Option<Outcome>,
+    /// The size of each digest the receiver was asked to compare.
+    digest_sizes: Vec<usize>,
 }
 
 fn pump(entries: Vec<Local>, cfg: ReceiverConfig, chunk: u32) -> Run {
@@ -64,7 +66,7 @@ fn pump(entries: Vec<Local>, cfg: ReceiverConfig, chunk: u32) -> Run {
                     s.handle(sender::Input::WriteDone { seq }, now);
                 }
                 sender::Action::NeedDigest => {
-                    let d = digest(&hasher);
+                    let d = digest(&hasher)[..s.digest().size()].to_vec();
                     s.handle(sender::Input::Digest(d), now);
                 }
                 sender::Action::NextEntry => match queue.next() {
@@ -121,7 +123,8 @@ fn pump(entries: Vec<Local>, cfg: ReceiverConfig, chunk: u32) -> Run {
                     r.handle(receiver::Input::ChunkStored { seq }, now);
                 }
                 receiver::Action::Finalize { digest } => {
-                    let ok = self::digest(&rhash) == digest;
+                    run.digest_sizes.push(digest.len());
+                    let ok = self::digest(&rhash)[..r.digest().size()] == digest[..];
                     let (e, data) = current.take().unwrap();
                     if ok {
                         run.files.insert(e.path, data);
@@ -143,7 +146,8 @@ fn pump(entries: Vec<Local>, cfg: ReceiverConfig, chunk: u32) -> Run {
     run
 }
 
-/// The test's digest: FNV-1a on 128 bits, cut to the wire's 16 bytes (the core does not hash).
+/// The test's digest: FNV-1a on 128 bits (the core does not hash), cut to the granted
+/// digest's size where it is used.
 fn digest(data: &[u8]) -> Vec<u8> {
     let mut h: u128 = 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d;
     for &b in data {
@@ -185,6 +189,21 @@ fn files_empty_files_and_directories_arrive_over_one_grant_with_a_verdict_each()
     assert_eq!(run.dirs, ["d/sub/void", "d/sub", "d"]);
     assert_eq!(run.sent.iter().map(|s| s.0).collect::<Vec<_>>(), [0, 1, 2, 3, 4, 5]);
     assert!(run.sent.iter().chain(run.received.iter().map(|_| &(0, Status::Ok))).all(|s| s.1 == Status::Ok));
+}
+
+#[test]
+fn a_batch_uses_the_digest_the_receiver_granted_for_every_entry() {
+    let a = bytes(9_000, 3);
+    let entries = vec![("x/a", Some(a.clone())), ("x/empty", Some(Vec::new())), ("x", None)];
+    let mut cfg = ReceiverConfig::default();
+    cfg.digest = Digest::Xxh64;
+    let run = pump(entries, cfg, 4096);
+    assert_eq!(status(&run.sender), Some(Status::Ok), "{run:?}");
+    assert_eq!(status(&run.receiver), Some(Status::Ok), "{run:?}");
+    assert_eq!(run.files.get("x/a"), Some(&a));
+    assert_eq!(run.files.get("x/empty"), Some(&Vec::new()));
+    assert!(run.sent.iter().all(|s| s.1 == Status::Ok), "{run:?}");
+    assert_eq!(run.digest_sizes, [8, 8], "each file's FIN carries XXH64's 8 bytes");
 }
 
 #[test]
