@@ -202,6 +202,38 @@ impl Pacer {
     }
 }
 
+/// The CQs one round of a session polls, and its idle wait sleeps on: the connection's two
+/// (send queue, receive ring) and one per extra lane, gathered on the stack (an idle round
+/// allocates nothing).
+pub(crate) struct SessionCqs<'a> {
+    cqs: [&'a CompletionQueue<'static>; 2 + crate::wire::MAX_LANES as usize],
+    len: usize,
+}
+
+impl<'a> SessionCqs<'a> {
+    /// `send` and `recv`, then `lanes` (at most [`MAX_LANES`](crate::wire::MAX_LANES) of them
+    /// are kept: a session has no more).
+    pub(crate) fn new(
+        send: &'a CompletionQueue<'static>,
+        recv: &'a CompletionQueue<'static>,
+        lanes: impl IntoIterator<Item = &'a CompletionQueue<'static>>,
+    ) -> Self {
+        let mut set = SessionCqs { cqs: [send; 2 + crate::wire::MAX_LANES as usize], len: 2 };
+        set.cqs[1] = recv;
+        for cq in lanes {
+            let Some(place) = set.cqs.get_mut(set.len) else { break };
+            *place = cq;
+            set.len += 1;
+        }
+        set
+    }
+
+    /// The CQs gathered.
+    pub(crate) fn as_slice(&self) -> &[&'a CompletionQueue<'static>] {
+        &self.cqs[..self.len]
+    }
+}
+
 /// The longest one blocking wait lasts.
 const IDLE_WAIT: Duration = Duration::from_millis(20);
 /// Rounds between slow checks.

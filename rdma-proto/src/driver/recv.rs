@@ -15,8 +15,8 @@ use rdma_verbs::{AccessFlags, AlignedBuffer, Rc, RecvRing, SendQueue, Slot, Slot
 use super::digest::Hasher;
 use super::files::{io_status, make_dir_entry, make_dirs, Incoming, MadeDirs};
 use super::link::{
-    conn_params, explain_loss, peer_left, send_control, take_arrivals, Endpoint, EndpointParts, LaneBase, Pacer, Side,
-    DISCONNECT_WAIT, DRAIN,
+    conn_params, explain_loss, peer_left, send_control, take_arrivals, Endpoint, EndpointParts, LaneBase, Pacer,
+    SessionCqs, Side, DISCONNECT_WAIT, DRAIN,
 };
 use super::{Error, Phases, Progress, ProgressEvent};
 use crate::auth::Secret;
@@ -1346,30 +1346,16 @@ impl<'a> ReceiveSession<'a> {
     /// Ends the round: spins or sleeps on the CQs ([`Pacer`]), and when the slow checks are due,
     /// the machine's timeout, whether the peer left, and whether the receiver is stopping.
     fn drive_timers(&mut self, progressed: bool, conn: &rdma_cm::Connection<'static>) -> Result<(), Error> {
-        let due = if self.lanes.is_empty() {
-            self.pacer.round(progressed, &[self.sq.cq(), self.ring.cq()])?
-        } else {
-            let cqs: Vec<_> = [self.sq.cq(), self.ring.cq()]
-                .into_iter()
-                .chain(self.lanes.iter().flatten().map(|l| l.ring.cq()))
-                .collect();
-            self.pacer.round(progressed, &cqs)?
-        };
+        let cqs = SessionCqs::new(self.sq.cq(), self.ring.cq(), self.lanes.iter().flatten().map(|l| l.ring.cq()));
+        let due = self.pacer.round(progressed, cqs.as_slice())?;
         self.drive_slow_checks(due, conn)
     }
 
     /// [`drive_timers`](Self::drive_timers), awaiting the CQs' channel when idle.
     #[cfg(feature = "tokio")]
     async fn drive_timers_async(&mut self, progressed: bool, conn: &rdma_cm::Connection<'static>) -> Result<(), Error> {
-        let due = if self.lanes.is_empty() {
-            self.pacer.round_async(progressed, &[self.sq.cq(), self.ring.cq()]).await?
-        } else {
-            let cqs: Vec<_> = [self.sq.cq(), self.ring.cq()]
-                .into_iter()
-                .chain(self.lanes.iter().flatten().map(|l| l.ring.cq()))
-                .collect();
-            self.pacer.round_async(progressed, &cqs).await?
-        };
+        let cqs = SessionCqs::new(self.sq.cq(), self.ring.cq(), self.lanes.iter().flatten().map(|l| l.ring.cq()));
+        let due = self.pacer.round_async(progressed, cqs.as_slice()).await?;
         self.drive_slow_checks(due, conn)
     }
 

@@ -18,8 +18,8 @@ use rdma_verbs::{
 
 use super::digest::Hasher;
 use super::link::{
-    conn_params, explain_loss, peer_left, send_control, take_arrivals, Endpoint, EndpointParts, LaneBase, Pacer, Side,
-    CONTROL_WR_ID, DISCONNECT_WAIT, DRAIN,
+    conn_params, explain_loss, peer_left, send_control, take_arrivals, Endpoint, EndpointParts, LaneBase, Pacer,
+    SessionCqs, Side, CONTROL_WR_ID, DISCONNECT_WAIT, DRAIN,
 };
 use super::{Error, Phases};
 use crate::sender::{Action, Input, Sender, SenderConfig};
@@ -799,13 +799,8 @@ impl<'a> SendSession<'a> {
     /// Ends the round: spins or sleeps on the CQs ([`Pacer`]), and when the slow checks are due,
     /// the machine's timeout and whether the peer left.
     fn drive_timers(&mut self, progressed: bool, conn: &rdma_cm::Connection<'static>) -> Result<(), Error> {
-        let due = if self.lanes.is_empty() {
-            self.pacer.round(progressed, &[self.sq.cq(), self.ring.cq()])?
-        } else {
-            let cqs: Vec<_> =
-                [self.sq.cq(), self.ring.cq()].into_iter().chain(self.lanes.iter().map(|l| l.sq.cq())).collect();
-            self.pacer.round(progressed, &cqs)?
-        };
+        let cqs = SessionCqs::new(self.sq.cq(), self.ring.cq(), self.lanes.iter().map(|l| l.sq.cq()));
+        let due = self.pacer.round(progressed, cqs.as_slice())?;
         self.drive_slow_checks(due, conn)
     }
 
@@ -898,13 +893,8 @@ impl<'a> SendSession<'a> {
     /// [`drive_timers`](Self::drive_timers), awaiting the CQs' channel when idle.
     #[cfg(feature = "tokio")]
     async fn drive_timers_async(&mut self, progressed: bool, conn: &rdma_cm::Connection<'static>) -> Result<(), Error> {
-        let due = if self.lanes.is_empty() {
-            self.pacer.round_async(progressed, &[self.sq.cq(), self.ring.cq()]).await?
-        } else {
-            let cqs: Vec<_> =
-                [self.sq.cq(), self.ring.cq()].into_iter().chain(self.lanes.iter().map(|l| l.sq.cq())).collect();
-            self.pacer.round_async(progressed, &cqs).await?
-        };
+        let cqs = SessionCqs::new(self.sq.cq(), self.ring.cq(), self.lanes.iter().map(|l| l.sq.cq()));
+        let due = self.pacer.round_async(progressed, cqs.as_slice()).await?;
         self.drive_slow_checks(due, conn)
     }
 
