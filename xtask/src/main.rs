@@ -24,6 +24,7 @@ use std::process::{Command, ExitCode, Stdio};
 
 use serde_json::Value;
 
+mod guest_crash;
 mod test;
 
 /// The crates users build: the MSRV applies to them and everything they pull in.

@@ -6,7 +6,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use crate::{artifacts_of, count};
+use crate::{artifacts_of, count, guest_crash};
 
 /// The tests run with the fault-injection hooks (rdma-copy's hidden test flags) and the async
 /// fronts (feature `tokio` of each library crate) built in; the default build, without them, is
@@ -28,6 +28,9 @@ struct Run {
     /// Every test result line goes here too, for the totals.
     results: File,
     results_path: PathBuf,
+    /// The guest crash in rxe whose remaining binaries ran again in a fresh boot, when one did
+    /// (at most one per run): said again in the summary.
+    rxe_rerun: Option<String>,
 }
 
 type Step = Result<(), String>;
@@ -42,7 +45,7 @@ pub(crate) fn test(args: &[String]) -> Step {
     let results_path = target_dir(&root).join("test-results.log");
     std::fs::create_dir_all(results_path.parent().expect("a parent")).map_err(|e| e.to_string())?;
     let results = File::create(&results_path).map_err(|e| format!("{}: {e}", results_path.display()))?;
-    let mut run = Run { root, results, results_path };
+    let mut run = Run { root, results, results_path, rxe_rerun: None };
 
     run.step("fmt", "cargo fmt --check");
     run.cargo(&["fmt", "--all", "--check"], &[])?;
@@ -132,12 +135,13 @@ pub(crate) fn test(args: &[String]) -> Step {
         let script = script.to_str().ok_or("a non-UTF-8 path")?;
         lines.push(format!("{}\t{script}\tzero-copy\tcheck\t--guest\t{}", no_alloc.0, no_alloc.1));
     }
-    let list = write_list(&run.root, "device-tests.list", &lines)?;
-    let run_tests = run.root.join("scripts/guest/run-tests").to_str().ok_or("a non-UTF-8 path")?.to_owned();
     let devices = if vm {
-        run.tee("scripts/softroce", &["run", "--kernel", "6.1", "--", &run_tests, &list], &GUEST_CONSOLE)
+        run.vm("6.1", "device-tests.list", &lines)
     } else {
-        run.tee(&run_tests, &[&list], &[("RDMA_TEST_REQUIRE_DEVICE", "1")])
+        let list = write_list(&run.root, "device-tests.list", &lines)?;
+        let run_tests = run.root.join("scripts/guest/run-tests");
+        let run_tests = run_tests.to_str().ok_or("a non-UTF-8 path")?;
+        run.tee(run_tests, &[&list], &[("RDMA_TEST_REQUIRE_DEVICE", "1")])
     };
     // The second kernel: the transfer and its fault tests (the device tests of rdma-proto and
     // of the root package but the examples' echo and interop tests: rdma-copy, resume, kills,
@@ -155,8 +159,7 @@ pub(crate) fn test(args: &[String]) -> Step {
             })
             .map(|(d, e, n)| format!("{d}\t{e}\t{n}"))
             .collect();
-        let list = write_list(&run.root, "device-tests-6.12.list", &transfer)?;
-        run.tee("scripts/softroce", &["run", "--kernel", "6.12", "--", &run_tests, &list], &GUEST_CONSOLE)
+        run.vm("6.12", "device-tests-6.12.list", &transfer)
     } else {
         Ok(())
     };
@@ -168,6 +171,9 @@ pub(crate) fn test(args: &[String]) -> Step {
     devices.map_err(|e| format!("device tests or benches failed{on}: {e}"))?;
     devices_612.map_err(|e| format!("device tests failed on Linux 6.12: {e}"))?;
 
+    if let Some(note) = &run.rxe_rerun {
+        log(&format!("NOTE: {note}"));
+    }
     println!("tests: {passed} passed, {failed} failed");
     Ok(())
 }
@@ -237,8 +243,55 @@ impl Run {
         Ok(())
     }
 
+    /// Runs the `run-tests` list `lines` in the Soft-RoCE VM on `kernel`, with the guest's
+    /// console kept. When the guest dies in an oops that runs through rxe, the binaries that had
+    /// not finished run again in a fresh boot, once per run of the command, and loudly; any other
+    /// crash, or a second one, fails (see `guest_crash`).
+    fn vm(&mut self, kernel: &str, list_name: &str, lines: &[String]) -> Step {
+        let run_tests = self.root.join("scripts/guest/run-tests");
+        let run_tests = run_tests.to_str().ok_or("a non-UTF-8 path")?.to_owned();
+        let list = write_list(&self.root, list_name, lines)?;
+        let args = ["run", "--kernel", kernel, "--", &run_tests, &list];
+        let (result, output) = self.tee_output("scripts/softroce", &args, &GUEST_CONSOLE);
+        let crashed = result.is_err() && output.iter().any(|l| l.starts_with("softroce: the guest's whole console"));
+        if !crashed || self.rxe_rerun.is_some() {
+            return result;
+        }
+        let console = guest_crash::kept_console(&output).ok_or("the kept console's path was not printed")?;
+        let text = std::fs::read_to_string(console).map_err(|e| format!("{console}: {e}"))?;
+        let Some(oops) = guest_crash::oops(&text).filter(|o| guest_crash::in_rxe(o)) else {
+            return result;
+        };
+        let running = guest_crash::running(&output).ok_or("the guest died before run-tests started a binary")?;
+        let rest = guest_crash::remaining(lines, running).ok_or_else(|| format!("{running} is not in {list}"))?;
+        let first = oops.lines().next().unwrap_or_default();
+        let note = format!(
+            "the Linux {kernel} guest crashed in rxe (the kernel's defect, docs/testing.md \"Known limits\") \
+             during {running}: {first}; its console: {console}; {running} and the {} binaries after it \
+             ran again in a fresh boot",
+            rest.len() - 1
+        );
+        log(&format!("RE-RUN: {note}"));
+        eprintln!("{oops}");
+        self.rxe_rerun = Some(note);
+        let list = write_list(&self.root, &list_name.replace(".list", "-rerun.list"), rest)?;
+        let args = ["run", "--kernel", kernel, "--", &run_tests, &list];
+        self.tee_output("scripts/softroce", &args, &GUEST_CONSOLE).0
+    }
+
     /// Runs a command, its stdout and stderr both to the terminal and to the results log.
     fn tee(&mut self, program: &str, args: &[&str], env: &[(&str, &str)]) -> Step {
+        self.tee_output(program, args, env).0
+    }
+
+    /// [`Run::tee`], returning the command's output lines too.
+    fn tee_output(&mut self, program: &str, args: &[&str], env: &[(&str, &str)]) -> (Step, Vec<String>) {
+        let mut output = Vec::new();
+        let result = self.tee_into(program, args, env, &mut output);
+        (result, output)
+    }
+
+    fn tee_into(&mut self, program: &str, args: &[&str], env: &[(&str, &str)], output: &mut Vec<String>) -> Step {
         let program = if program == "cargo" {
             std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
         } else {
@@ -262,6 +315,7 @@ impl Run {
             let line = line.map_err(|e| e.to_string())?;
             let _ = writeln!(stdout, "{line}");
             writeln!(self.results, "{line}").map_err(|e| e.to_string())?;
+            output.push(line);
         }
         let status = child.wait().map_err(|e| e.to_string())?;
         if !status.success() {
