@@ -52,8 +52,9 @@ pub(crate) fn remaining<'a>(list: &'a [String], from: &str) -> Option<&'a [Strin
 mod tests {
     use super::*;
 
-    /// The console tail of issue 32's crash (Linux 6.12.117, `device_resume`), with the lines
-    /// before the oops and the console's timestamps as vng keeps them.
+    /// Issue 32's call trace (Linux 6.12.117, `device_resume`) in a console as vng keeps it:
+    /// timestamps, a line before the oops, and first lines of the kind that oops lost (its
+    /// console was cut above `R10`), so those two are made up.
     const CONSOLE: &str = "\
 [  812.114031] softroce flap: veth0 was down for 3 s
 [ 1021.553811] BUG: unable to handle page fault for address: ffff9b5a1ca30000
