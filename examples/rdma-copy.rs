@@ -181,6 +181,13 @@ struct SendArgs {
     /// channel (0..=1000000; 0, the default: sleep at once). See docs/protocol.md.
     #[arg(long, value_name = "US", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     spin_us: u64,
+    /// Send a file again, up to N times, when its connection failed mid-transfer (the peer
+    /// disconnected or stopped answering: exit 6 otherwise); the receiver resumes it where it
+    /// kept data. Waits 0.5 s before the first retry, doubling to at most 4 s; a retry that
+    /// cannot connect (the receiver restarting) counts as one. Single files only, not --batch
+    /// or a directory.
+    #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=100))]
+    retries: u32,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -432,6 +439,7 @@ fn send(a: SendArgs, json: bool) -> i32 {
     opts.ack_timeout = a.ack_timeout;
     opts.wait = WaitPolicy::spin_then_sleep(Duration::from_micros(a.spin_us));
     opts.resume = !a.no_resume;
+    opts.retries = a.retries;
     opts.preserve = a.preserve;
     opts.secret = match load_secret(a.secret_file.as_deref()) {
         Ok(s) => s,
@@ -463,6 +471,9 @@ fn send(a: SendArgs, json: bool) -> i32 {
     if a.batch || a.files.iter().any(|f| f.is_dir()) {
         if a.name.is_some() {
             return usage("--name takes one file, not a batch".into());
+        }
+        if a.retries > 0 {
+            return usage("--retries takes single files, not a batch: send it again to resume".into());
         }
         return send_batch(&a, &opts, json);
     }
@@ -609,7 +620,7 @@ fn print_sent(path: &std::path::Path, r: &SendReport, json: bool) {
         let v = serde_json::json!({
             "role": "send", "file": path.display().to_string(), "session": format!("{:016x}", r.session),
             "bytes": r.bytes, "chunk": r.chunk, "slots": r.slots, "seconds": r.total.as_secs_f64(),
-            "resumed_from": r.resumed_from, "lanes": r.lanes, "digest": r.digest.name(),
+            "resumed_from": r.resumed_from, "lanes": r.lanes, "digest": r.digest.name(), "retries": r.retries,
             "mb_per_s": mb_per_s(r.bytes - r.resumed_from, r.phases.data), "phases": phases_json(&r.phases), "exit_code": 0,
         });
         println!("{v}");
@@ -618,8 +629,13 @@ fn print_sent(path: &std::path::Path, r: &SendReport, json: bool) {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let resumed = if r.resumed_from > 0 { format!(", resumed at byte {}", r.resumed_from) } else { String::new() };
     let lanes = if r.lanes > 1 { format!(", {} lanes", r.lanes) } else { String::new() };
+    let retried = match r.retries {
+        0 => String::new(),
+        1 => ", after 1 retry".to_owned(),
+        n => format!(", after {n} retries"),
+    };
     println!(
-        "{}: {} bytes in {:.3} s, {:.1} MB/s (data phase), chunk {} x {} slots, session {:016x}{lanes}{resumed}",
+        "{}: {} bytes in {:.3} s, {:.1} MB/s (data phase), chunk {} x {} slots, session {:016x}{lanes}{resumed}{retried}",
         path.display(),
         r.bytes,
         r.total.as_secs_f64(),

@@ -109,6 +109,33 @@ fn a_killed_receiver_resumes_from_its_last_checkpoint_and_the_file_arrives_ident
     assert!(!resumed.is_empty());
 }
 
+/// `send --retries`: a sender whose receiver was killed mid-file, then started again by its
+/// administrator, sends the file again by itself, and the new receiver resumes it from the
+/// checkpoint the killed one left. Without `--retries` the sender exits 6 (the test above).
+#[test]
+fn a_sender_with_retries_resumes_by_itself_once_its_killed_receiver_is_back() {
+    let topo = testkit::require_topology!();
+    let (src, dst) = (scratch("rt-src"), scratch("rt-dst"));
+    // Killed past the 64 MiB checkpoint with 56 MiB to go: the kill finds it in flight.
+    let data = random_file(&src.join("f"), 128 << 20, 23);
+    let mut rx = Receiver::start(&topo, 7582, &["--dir", dst.to_str().unwrap(), "--count", "1"]);
+    let sender = spawn_send_reporting(&topo, 7582, &src.join("f"), &["--retries", "5"]);
+    wait_for_partial(&dst, 72 << 20);
+    rx.child.kill().unwrap();
+    let _ = rx.child.wait();
+    let rx = Receiver::start(&topo, 7582, &["--dir", dst.to_str().unwrap(), "--count", "1"]);
+    let out = sender.wait_with_output().unwrap();
+    let (report, err) = (text(&out.stdout), text(&out.stderr));
+    eprintln!("the sender: {}{}", report.trim(), err.trim());
+    assert!(out.status.success(), "the sender did not resume by itself: {err}");
+    assert!(report.contains(" retr"), "the report does not say it retried: {report}");
+    assert!(resumed_at(&report) >= 64 << 20, "killed past the checkpoint, resumed at {}", resumed_at(&report));
+    let (code, lines) = rx.finish(Duration::from_secs(60));
+    assert_eq!(code, 0, "{lines}");
+    assert_eq!(listing(&dst), ["f"], "nothing but the file is left");
+    assert!(std::fs::read(dst.join("f")).unwrap() == data, "the file differs");
+}
+
 #[test]
 fn a_changed_source_starts_over_and_stale_partials_expire() {
     let topo = testkit::require_topology!();

@@ -74,6 +74,7 @@ mod digest;
 mod files;
 mod link;
 mod recv;
+mod retry;
 mod send;
 
 pub use digest::fastest_digest;
@@ -206,6 +207,14 @@ pub enum Error {
 }
 
 impl Error {
+    /// Whether the connection failed mid-session, without a verdict ([`Error::PeerDisconnected`],
+    /// [`Error::ConnectionLost`]): the transfer may succeed if sent again, and a resume then
+    /// sends only what the receiver lacks. [`SendOptions::retries`] sends again on these.
+    /// Linux 6.1's rxe ends some connections so under load (`docs/testing.md`, Known limits).
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Error::PeerDisconnected | Error::ConnectionLost { .. })
+    }
+
     /// The exit code a tool should use: the status's for a verdict ([`Status::exit_code`]),
     /// 1 for a usage error, 2 for a connection failure, 3 for a timeout, 4 for a protocol error,
     /// 5 for a local file error (or a source that changed while it was sent), 6 when the peer

@@ -21,6 +21,7 @@ use super::link::{
     conn_params, explain_loss, peer_left, send_control, take_arrivals, Endpoint, EndpointParts, LaneBase, Pacer,
     SessionCqs, Side, CONTROL_WR_ID, DISCONNECT_WAIT, DRAIN,
 };
+use super::retry::{Attempt, Retries};
 use super::{Error, Phases};
 use crate::sender::{Action, Input, Sender, SenderConfig};
 use crate::wire::{self, Message};
@@ -75,6 +76,14 @@ pub struct SendOptions {
     /// Each extra lane is another connection to the receiver, made after its GRANT within
     /// `connect_timeout`, presenting the GRANT's token.
     pub lanes: u16,
+    /// How many times a send whose connection failed mid-session ([`Error::is_transient`]:
+    /// the peer disconnected, or the connection was lost) is made again, after a wait of 0.5 s
+    /// that doubles each time (at most 4 s); the receiver then resumes it where it kept data
+    /// (with [`resume`](Self::resume)). A retry that cannot connect (the receiver restarting)
+    /// uses up a retry too; if the last one cannot, the send ends with the error that started
+    /// the retries. Default 0: [`send_file`] reports the first failure. [`send_files`] does
+    /// not retry.
+    pub retries: u32,
     /// Test hook: offer these protocol versions and send the name unchecked.
     #[cfg(feature = "fault-injection")]
     #[doc(hidden)]
@@ -134,6 +143,7 @@ impl SendOptions {
             preserve: false,
             secret: None,
             lanes: 1,
+            retries: 0,
             #[cfg(feature = "fault-injection")]
             test_offer: None,
             #[cfg(feature = "fault-injection")]
@@ -169,6 +179,9 @@ pub struct SendReport {
     pub lanes: u16,
     /// The whole-file digest the receiver chose ([`ReceiveOptions::digest`](super::ReceiveOptions::digest)).
     pub digest: Digest,
+    /// Attempts that failed before this one succeeded ([`SendOptions::retries`]); the other
+    /// fields are of the attempt that succeeded.
+    pub retries: u32,
 }
 
 /// Sends `path` to a receiver; `progress(bytes_written, total)` is called as chunks complete.
@@ -179,10 +192,24 @@ pub struct SendReport {
 /// [`Error::Refused`] with the receiver's status when it did not store the file; otherwise
 /// the connection, file, protocol or timeout error.
 pub fn send_file(path: &Path, opts: &SendOptions, mut progress: impl FnMut(u64, u64)) -> Result<SendReport, Error> {
-    let start = Instant::now();
-    let file = SourceFile::open(path, opts)?;
-    let (outcome, summary, _) = run(path, file, None, opts, &mut progress, start)?;
-    summary.report(outcome)
+    let mut retries = Retries::new(opts);
+    loop {
+        let start = Instant::now();
+        let attempt = match SourceFile::open(path, opts) {
+            Err(e) => Attempt::Done(Err(e)),
+            Ok(file) => match run(path, file, None, opts, &mut progress, start) {
+                Err(e) => Attempt::ConnectFailed(e),
+                Ok((outcome, summary, _)) => match summary.report(outcome) {
+                    Err(e) => Attempt::SessionFailed(e),
+                    Ok(report) => Attempt::Done(Ok(SendReport { retries: retries.made(), ..report })),
+                },
+            },
+        };
+        match retries.after(attempt, opts) {
+            Ok(wait) => std::thread::sleep(wait),
+            Err(result) => return result,
+        }
+    }
 }
 
 /// A session that ran: its outcome, its summary, and a batch's state.
@@ -274,10 +301,24 @@ pub async fn send_file_async(
     opts: &SendOptions,
     mut progress: impl FnMut(u64, u64),
 ) -> Result<SendReport, Error> {
-    let start = Instant::now();
-    let file = SourceFile::open(path, opts)?;
-    let (outcome, summary, _) = run_async(path, file, None, opts, &mut progress, start).await?;
-    summary.report(outcome)
+    let mut retries = Retries::new(opts);
+    loop {
+        let start = Instant::now();
+        let attempt = match SourceFile::open(path, opts) {
+            Err(e) => Attempt::Done(Err(e)),
+            Ok(file) => match run_async(path, file, None, opts, &mut progress, start).await {
+                Err(e) => Attempt::ConnectFailed(e),
+                Ok((outcome, summary, _)) => match summary.report(outcome) {
+                    Err(e) => Attempt::SessionFailed(e),
+                    Ok(report) => Attempt::Done(Ok(SendReport { retries: retries.made(), ..report })),
+                },
+            },
+        };
+        match retries.after(attempt, opts) {
+            Ok(wait) => tokio::time::sleep(wait).await,
+            Err(result) => return result,
+        }
+    }
 }
 
 /// [`run`] for async code: what an async send of a file or a batch does.
@@ -500,6 +541,7 @@ impl SendSummary {
                     resumed_from: g.resume_from,
                     lanes: machine.lanes(),
                     digest: machine.digest(),
+                    retries: 0,
                 })
             }
             Outcome::Acked { status, detail } => Err(Error::Refused { status, detail }),

@@ -1,0 +1,138 @@
+//! When a failed send is tried again ([`SendOptions::retries`]): the one rule, for the
+//! blocking and the async send alike.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::{Error, SendOptions};
+
+/// The wait before the first retry; each later one waits twice the one before, up to
+/// [`MOST_BACKOFF`]. Long enough for a receiver's device to finish retransmitting what the
+/// lost connection left in flight, short beside any transfer worth resuming.
+const FIRST_BACKOFF: Duration = Duration::from_millis(500);
+
+/// The longest wait between two attempts.
+const MOST_BACKOFF: Duration = Duration::from_secs(4);
+
+/// The attempts of one send: how many retries are left, and the error that started them.
+pub(super) struct Retries {
+    left: u32,
+    made: u32,
+    /// The first attempt's error: what the send reports if a retry cannot even connect.
+    first: Option<Error>,
+}
+
+/// How an attempt ended, as the retry rule needs to know it.
+pub(super) enum Attempt<T> {
+    /// It ended with a verdict or an error that no retry changes.
+    Done(Result<T, Error>),
+    /// The session started (connected) and failed with this error.
+    SessionFailed(Error),
+    /// No session started: connecting failed with this error.
+    ConnectFailed(Error),
+}
+
+impl Retries {
+    /// The retries `opts` allows.
+    pub(super) fn new(opts: &SendOptions) -> Self {
+        Retries { left: opts.retries, made: 0, first: None }
+    }
+
+    /// Failed attempts tried again so far.
+    pub(super) fn made(&self) -> u32 {
+        self.made
+    }
+
+    /// After an attempt: `Ok(wait)` to try again after `wait`, or `Err` with the send's
+    /// result. Retries start only after an error that says the connection failed mid-session
+    /// ([`Error::is_transient`]), never once the send is cancelled. A retry that cannot
+    /// connect (the receiver restarting, say) uses up a retry too; if the last one cannot,
+    /// the send ends with the error that started the retries (the peer that left is the
+    /// cause, not that it is gone now).
+    pub(super) fn after<T>(&mut self, attempt: Attempt<T>, opts: &SendOptions) -> Result<Duration, Result<T, Error>> {
+        let e = match attempt {
+            Attempt::Done(r) => return Err(r),
+            Attempt::ConnectFailed(e) if self.first.is_none() => return Err(Err(e)),
+            Attempt::ConnectFailed(e) if self.left == 0 || opts.cancel.load(Ordering::Relaxed) => {
+                return Err(Err(self.first.take().unwrap_or(e)))
+            }
+            Attempt::ConnectFailed(e) => e,
+            Attempt::SessionFailed(e) if !e.is_transient() => return Err(Err(e)),
+            Attempt::SessionFailed(e) => e,
+        };
+        if self.left == 0 || opts.cancel.load(Ordering::Relaxed) {
+            return Err(Err(e));
+        }
+        tracing::info!(error = %e, retries_left = self.left - 1, "the connection failed mid-transfer; sending again");
+        self.left -= 1;
+        self.made += 1;
+        self.first.get_or_insert(e);
+        Ok(FIRST_BACKOFF.saturating_mul(1 << (self.made - 1).min(8)).min(MOST_BACKOFF))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(retries: u32) -> SendOptions {
+        let mut o = SendOptions::new("127.0.0.1:1".parse().unwrap());
+        o.retries = retries;
+        o
+    }
+
+    fn waits(r: &mut Retries, o: &SendOptions) -> Vec<Duration> {
+        let mut w = Vec::new();
+        while let Ok(d) = r.after::<()>(Attempt::SessionFailed(Error::PeerDisconnected), o) {
+            w.push(d);
+        }
+        w
+    }
+
+    #[test]
+    fn a_lost_connection_is_tried_again_as_often_as_allowed_with_growing_waits() {
+        let o = opts(5);
+        let mut r = Retries::new(&o);
+        let ms: Vec<u128> = waits(&mut r, &o).iter().map(Duration::as_millis).collect();
+        assert_eq!(ms, [500, 1000, 2000, 4000, 4000]);
+        assert_eq!(r.made(), 5);
+        assert!(waits(&mut Retries::new(&opts(0)), &opts(0)).is_empty(), "0 retries: none");
+    }
+
+    #[test]
+    fn a_verdict_or_a_lasting_error_is_not_tried_again() {
+        let o = opts(3);
+        let mut r = Retries::new(&o);
+        let refused = Error::Refused { status: crate::Status::Busy, detail: String::new() };
+        assert!(matches!(r.after::<()>(Attempt::SessionFailed(refused), &o), Err(Err(Error::Refused { .. }))));
+        let usage = Error::Usage("x".into());
+        assert!(matches!(r.after::<()>(Attempt::SessionFailed(usage), &o), Err(Err(Error::Usage(_)))));
+        assert!(matches!(r.after::<u8>(Attempt::Done(Ok(7)), &o), Err(Ok(7))));
+        assert_eq!(r.made(), 0);
+    }
+
+    #[test]
+    fn retries_that_cannot_connect_end_with_the_error_that_started_them() {
+        let o = opts(3);
+        let mut r = Retries::new(&o);
+        assert!(r.after::<()>(Attempt::SessionFailed(Error::PeerDisconnected), &o).is_ok());
+        // Retries that cannot connect use up the retries, then the first error is reported.
+        let refused = || Error::Usage("connection refused".into());
+        assert!(r.after::<()>(Attempt::ConnectFailed(refused()), &o).is_ok());
+        assert!(r.after::<()>(Attempt::ConnectFailed(refused()), &o).is_ok());
+        assert_eq!(r.made(), 3);
+        assert!(matches!(r.after::<()>(Attempt::ConnectFailed(refused()), &o), Err(Err(Error::PeerDisconnected))));
+        // The first attempt's own connect failure is reported as it is.
+        let mut r = Retries::new(&o);
+        let e = r.after::<()>(Attempt::ConnectFailed(Error::Usage("no route".into())), &o);
+        assert!(matches!(e, Err(Err(Error::Usage(_)))));
+    }
+
+    #[test]
+    fn a_cancelled_send_is_not_tried_again() {
+        let o = opts(3);
+        o.cancel.store(true, Ordering::Relaxed);
+        let mut r = Retries::new(&o);
+        assert!(r.after::<()>(Attempt::SessionFailed(Error::PeerDisconnected), &o).is_err());
+    }
+}
