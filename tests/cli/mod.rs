@@ -544,9 +544,10 @@ pub fn kernel_is_6_1() -> bool {
 /// Checks a receiver's report lines (`--dir` mode, one line per session) from senders that
 /// ran with `--retries`: every file in `names` was stored (an "ok" line), and every failed
 /// session is one that Linux 6.1's rxe ends under load, the failure the senders' retries
-/// exist for: the device refused a retransmitted WRITE (`RemoteInvalidRequestError`) or
-/// delivered one twice (`WRITE tagged chunk N, expected chunk N+1`). On any other kernel no
-/// session may fail. Returns the failed sessions' lines.
+/// exist for: the device refused a retransmitted WRITE (`RemoteInvalidRequestError`). On any
+/// other kernel no session may fail, nor for any other reason on 6.1 (a chunk tagged out of
+/// order, also seen under such load, is not explained by rxe: it fails here until it is).
+/// Returns the failed sessions' lines.
 pub fn failures_retried(reports: &str, names: &[&str]) -> Vec<String> {
     for name in names {
         let stored = reports.lines().any(|l| l.contains(&format!(": {name} (")) && l.contains(" ok;"));
@@ -554,7 +555,7 @@ pub fn failures_retried(reports: &str, names: &[&str]) -> Vec<String> {
     }
     let failed: Vec<String> = reports.lines().filter(|l| l.contains(": failed: ")).map(str::to_owned).collect();
     for line in &failed {
-        let known = line.contains("(RemoteInvalidRequestError)") || line.contains("expected chunk");
+        let known = line.contains("(RemoteInvalidRequestError)");
         assert!(
             kernel_is_6_1() && known,
             "a session failed other than by Linux 6.1's rxe under load: {line}\n{reports}"
