@@ -14,6 +14,39 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(500);
 /// The longest wait between two attempts.
 const MOST_BACKOFF: Duration = Duration::from_secs(4);
 
+/// How often a wait between attempts looks at [`SendOptions::cancel`], as an idle round does.
+const CANCEL_CHECK: Duration = Duration::from_millis(20);
+
+/// The slices of a wait of `wait`, each at most [`CANCEL_CHECK`].
+fn slices(wait: Duration) -> impl Iterator<Item = Duration> {
+    let n = wait.as_nanos().div_ceil(CANCEL_CHECK.as_nanos()) as u32;
+    (0..n).map(move |i| CANCEL_CHECK.min(wait - CANCEL_CHECK * i))
+}
+
+/// Sleeps the thread for `wait`, unless the send is cancelled meanwhile: then
+/// [`Error::Cancelled`] at once.
+pub(super) fn sleep(wait: Duration, opts: &SendOptions) -> Result<(), Error> {
+    for slice in slices(wait) {
+        if opts.cancel.load(Ordering::Relaxed) {
+            return Err(Error::Cancelled);
+        }
+        std::thread::sleep(slice);
+    }
+    Ok(())
+}
+
+/// [`sleep`] for async code: the task waits on tokio's timer.
+#[cfg(feature = "tokio")]
+pub(super) async fn sleep_async(wait: Duration, opts: &SendOptions) -> Result<(), Error> {
+    for slice in slices(wait) {
+        if opts.cancel.load(Ordering::Relaxed) {
+            return Err(Error::Cancelled);
+        }
+        tokio::time::sleep(slice).await;
+    }
+    Ok(())
+}
+
 /// The attempts of one send: how many retries are left, and the error that started them.
 pub(super) struct Retries {
     left: u32,
@@ -126,6 +159,30 @@ mod tests {
         let mut r = Retries::new(&o);
         let e = r.after::<()>(Attempt::ConnectFailed(Error::Usage("no route".into())), &o);
         assert!(matches!(e, Err(Err(Error::Usage(_)))));
+    }
+
+    #[test]
+    fn a_wait_is_cut_in_slices_that_add_up_to_it() {
+        for ms in [0, 1, 20, 21, 500, 4000] {
+            let wait = Duration::from_millis(ms);
+            let s: Vec<Duration> = slices(wait).collect();
+            assert_eq!(s.iter().sum::<Duration>(), wait);
+            assert!(s.iter().all(|d| *d <= CANCEL_CHECK && !d.is_zero()));
+        }
+    }
+
+    #[test]
+    fn a_send_cancelled_while_it_waits_to_retry_ends_at_once() {
+        let o = opts(3);
+        let cancel = o.cancel.clone();
+        let t = std::time::Instant::now();
+        let setter = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            cancel.store(true, Ordering::Relaxed);
+        });
+        assert!(matches!(sleep(Duration::from_secs(4), &o), Err(Error::Cancelled)));
+        setter.join().unwrap();
+        assert!(t.elapsed() < Duration::from_secs(2), "it waited {:?}", t.elapsed());
     }
 
     #[test]

@@ -206,7 +206,7 @@ pub fn send_file(path: &Path, opts: &SendOptions, mut progress: impl FnMut(u64, 
             },
         };
         match retries.after(attempt, opts) {
-            Ok(wait) => std::thread::sleep(wait),
+            Ok(wait) => super::retry::sleep(wait, opts)?,
             Err(result) => return result,
         }
     }
@@ -315,7 +315,7 @@ pub async fn send_file_async(
             },
         };
         match retries.after(attempt, opts) {
-            Ok(wait) => tokio::time::sleep(wait).await,
+            Ok(wait) => super::retry::sleep_async(wait, opts).await?,
             Err(result) => return result,
         }
     }
