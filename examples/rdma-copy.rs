@@ -184,8 +184,8 @@ struct SendArgs {
     /// Send a file again, up to N times, when its connection failed mid-transfer (the peer
     /// disconnected or stopped answering: exit 6 otherwise); the receiver resumes it where it
     /// kept data. Waits 0.5 s before the first retry, doubling to at most 4 s; a retry that
-    /// cannot connect (the receiver restarting) counts as one. Single files only, not --batch
-    /// or a directory.
+    /// cannot connect (the receiver restarting) counts as one. A receiver's --count counts the
+    /// failed session too. Single files only, not --batch or a directory.
     #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=100))]
     retries: u32,
     /// No progress bar.

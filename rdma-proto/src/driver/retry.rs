@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::{Error, SendOptions};
+use crate::Status;
 
 /// The wait before the first retry; each later one waits twice the one before, up to
 /// [`MOST_BACKOFF`]. Long enough for a receiver's device to finish retransmitting what the
@@ -27,24 +28,28 @@ fn slices(wait: Duration) -> impl Iterator<Item = Duration> {
 /// [`Error::Cancelled`] at once.
 pub(super) fn sleep(wait: Duration, opts: &SendOptions) -> Result<(), Error> {
     for slice in slices(wait) {
-        if opts.cancel.load(Ordering::Relaxed) {
-            return Err(Error::Cancelled);
-        }
+        cancelled(opts)?;
         std::thread::sleep(slice);
     }
-    Ok(())
+    cancelled(opts)
+}
+
+/// `Err(Cancelled)` once the send is cancelled.
+fn cancelled(opts: &SendOptions) -> Result<(), Error> {
+    match opts.cancel.load(Ordering::Relaxed) {
+        true => Err(Error::Cancelled),
+        false => Ok(()),
+    }
 }
 
 /// [`sleep`] for async code: the task waits on tokio's timer.
 #[cfg(feature = "tokio")]
 pub(super) async fn sleep_async(wait: Duration, opts: &SendOptions) -> Result<(), Error> {
     for slice in slices(wait) {
-        if opts.cancel.load(Ordering::Relaxed) {
-            return Err(Error::Cancelled);
-        }
+        cancelled(opts)?;
         tokio::time::sleep(slice).await;
     }
-    Ok(())
+    cancelled(opts)
 }
 
 /// The attempts of one send: how many retries are left, and the error that started them.
@@ -78,25 +83,37 @@ impl Retries {
 
     /// After an attempt: `Ok(wait)` to try again after `wait`, or `Err` with the send's
     /// result. Retries start only after an error that says the connection failed mid-session
-    /// ([`Error::is_transient`]), never once the send is cancelled. A retry that cannot
-    /// connect (the receiver restarting, say) uses up a retry too; if the last one cannot,
-    /// the send ends with the error that started the retries (the peer that left is the
-    /// cause, not that it is gone now).
+    /// ([`Error::is_transient`]). A retry that cannot connect (the receiver restarting, say)
+    /// uses up a retry too; if the last one cannot, the send ends with the error that started
+    /// the retries (the peer that left is the cause, not that it is gone now). A verdict is
+    /// never retried, at connect time either (a retry turned away as `Busy` ends the send so).
+    /// Once the send is cancelled, a failure that would be retried ends it as
+    /// [`Error::Cancelled`]. A retry told `Exists` says that an earlier attempt may have stored
+    /// the file (its ACK lost with the connection).
     pub(super) fn after<T>(&mut self, attempt: Attempt<T>, opts: &SendOptions) -> Result<Duration, Result<T, Error>> {
+        let retrying = self.first.is_some();
         let e = match attempt {
             Attempt::Done(r) => return Err(r),
-            Attempt::ConnectFailed(e) if self.first.is_none() => return Err(Err(e)),
-            Attempt::ConnectFailed(e) if self.left == 0 || opts.cancel.load(Ordering::Relaxed) => {
-                return Err(Err(self.first.take().unwrap_or(e)))
+            Attempt::SessionFailed(Error::Refused { status: Status::Exists, detail }) if retrying => {
+                let detail = if detail.is_empty() { String::new() } else { format!("{detail}; ") };
+                let detail = format!("{detail}an earlier attempt whose connection failed may have stored it");
+                return Err(Err(Error::Refused { status: Status::Exists, detail }));
             }
-            Attempt::ConnectFailed(e) => e,
+            Attempt::ConnectFailed(e) | Attempt::SessionFailed(e) if !retrying && !e.is_transient() => {
+                return Err(Err(e))
+            }
+            Attempt::ConnectFailed(e @ Error::Refused { .. }) => return Err(Err(e)),
             Attempt::SessionFailed(e) if !e.is_transient() => return Err(Err(e)),
-            Attempt::SessionFailed(e) => e,
+            Attempt::ConnectFailed(e) | Attempt::SessionFailed(e) => e,
         };
-        if self.left == 0 || opts.cancel.load(Ordering::Relaxed) {
-            return Err(Err(e));
+        if opts.cancel.load(Ordering::Relaxed) {
+            return Err(Err(Error::Cancelled));
         }
-        tracing::info!(error = %e, retries_left = self.left - 1, "the connection failed mid-transfer; sending again");
+        if self.left == 0 {
+            // A retry that could not connect reports what started the retries.
+            return Err(Err(if e.is_transient() { e } else { self.first.take().unwrap_or(e) }));
+        }
+        tracing::info!(error = %e, retries_left = self.left - 1, "sending again");
         self.left -= 1;
         self.made += 1;
         self.first.get_or_insert(e);
@@ -136,12 +153,33 @@ mod tests {
     fn a_verdict_or_a_lasting_error_is_not_tried_again() {
         let o = opts(3);
         let mut r = Retries::new(&o);
-        let refused = Error::Refused { status: crate::Status::Busy, detail: String::new() };
-        assert!(matches!(r.after::<()>(Attempt::SessionFailed(refused), &o), Err(Err(Error::Refused { .. }))));
+        let refused = || Error::Refused { status: Status::Busy, detail: String::new() };
+        assert!(matches!(r.after::<()>(Attempt::SessionFailed(refused()), &o), Err(Err(Error::Refused { .. }))));
+        // Nor at connect time, on a retry either: the receiver's verdict is reported as it is.
+        assert!(r.after::<()>(Attempt::SessionFailed(Error::PeerDisconnected), &o).is_ok());
+        let busy = r.after::<()>(Attempt::ConnectFailed(refused()), &o);
+        assert!(matches!(busy, Err(Err(Error::Refused { status: Status::Busy, .. }))));
         let usage = Error::Usage("x".into());
         assert!(matches!(r.after::<()>(Attempt::SessionFailed(usage), &o), Err(Err(Error::Usage(_)))));
         assert!(matches!(r.after::<u8>(Attempt::Done(Ok(7)), &o), Err(Ok(7))));
-        assert_eq!(r.made(), 0);
+        assert_eq!(r.made(), 1);
+    }
+
+    #[test]
+    fn a_retry_told_exists_says_an_earlier_attempt_may_have_stored_it() {
+        let o = opts(3);
+        let exists = || Error::Refused { status: Status::Exists, detail: String::new() };
+        // The first attempt's Exists is the receiver's plain verdict.
+        let first = Retries::new(&o).after::<()>(Attempt::SessionFailed(exists()), &o);
+        assert!(matches!(first, Err(Err(Error::Refused { ref detail, .. })) if detail.is_empty()));
+        let mut r = Retries::new(&o);
+        assert!(r.after::<()>(Attempt::SessionFailed(Error::PeerDisconnected), &o).is_ok());
+        match r.after::<()>(Attempt::SessionFailed(exists()), &o) {
+            Err(Err(Error::Refused { status: Status::Exists, detail })) => {
+                assert!(detail.contains("earlier attempt"), "{detail}")
+            }
+            other => panic!("{:?}", other.err()),
+        }
     }
 
     #[test]
@@ -186,10 +224,13 @@ mod tests {
     }
 
     #[test]
-    fn a_cancelled_send_is_not_tried_again() {
+    fn a_cancelled_send_is_not_tried_again_and_says_it_was_cancelled() {
         let o = opts(3);
-        o.cancel.store(true, Ordering::Relaxed);
         let mut r = Retries::new(&o);
-        assert!(r.after::<()>(Attempt::SessionFailed(Error::PeerDisconnected), &o).is_err());
+        assert!(r.after::<()>(Attempt::SessionFailed(Error::PeerDisconnected), &o).is_ok());
+        o.cancel.store(true, Ordering::Relaxed);
+        let refused = Error::Usage("connection refused".into());
+        assert!(matches!(r.after::<()>(Attempt::ConnectFailed(refused), &o), Err(Err(Error::Cancelled))));
+        assert!(matches!(sleep(Duration::ZERO, &o), Err(Error::Cancelled)), "checked after the wait too");
     }
 }

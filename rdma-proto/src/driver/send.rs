@@ -81,8 +81,9 @@ pub struct SendOptions {
     /// that doubles each time (at most 4 s); the receiver then resumes it where it kept data
     /// (with [`resume`](Self::resume)). A retry that cannot connect (the receiver restarting)
     /// uses up a retry too; if the last one cannot, the send ends with the error that started
-    /// the retries. Default 0: [`send_file`] reports the first failure. [`send_files`] does
-    /// not retry.
+    /// the retries. A verdict is never retried; a retry told `Exists` says that the failed
+    /// attempt may have stored the file. Default 0: [`send_file`] reports the first failure.
+    /// [`send_files`] does not retry. The rules: `docs/protocol.md`, "Resuming".
     pub retries: u32,
     /// Test hook: offer these protocol versions and send the name unchecked.
     #[cfg(feature = "fault-injection")]
@@ -184,13 +185,16 @@ pub struct SendReport {
     pub retries: u32,
 }
 
-/// Sends `path` to a receiver; `progress(bytes_written, total)` is called as chunks complete.
-/// Blocks the calling thread; `send_file_async` (feature `tokio`) is the same transfer for
-/// async code.
+/// Sends `path` to a receiver; `progress(bytes_written, total)` is called as chunks complete
+/// (after a retry, [`SendOptions::retries`], from where the receiver resumed it: it may go
+/// back). Blocks the calling thread; `send_file_async` (feature `tokio`) is the same transfer
+/// for async code.
 ///
 /// # Errors
 /// [`Error::Refused`] with the receiver's status when it did not store the file; otherwise
-/// the connection, file, protocol or timeout error.
+/// the connection, file, protocol or timeout error; [`Error::Cancelled`] once
+/// [`SendOptions::cancel`] is set. After retries that could not connect, the error that
+/// started them.
 pub fn send_file(path: &Path, opts: &SendOptions, mut progress: impl FnMut(u64, u64)) -> Result<SendReport, Error> {
     let mut retries = Retries::new(opts);
     loop {
