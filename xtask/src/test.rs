@@ -365,3 +365,96 @@ impl Run {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! `Run::vm`'s handling of a guest that dies, end to end but for the VM: a stand-in
+    //! `scripts/softroce` follows a plan (one line per call: `rxe` dies in an oops through rxe
+    //! while the list's second binary runs, `other` dies in an oops outside it, `ok` passes),
+    //! prints what the real one prints (`run-tests`' "--- device tests: NAME" lines, then the
+    //! kept console's line) and exits 125 as it does for a guest that died. The real script's
+    //! side (console kept, exit 125) was seen with a real panic (`docs/testing.md`).
+    use super::*;
+
+    const STAND_IN: &str = r#"#!/usr/bin/env bash
+set -eu
+dir=$(cd "$(dirname "$0")/.." && pwd)
+list=${!#}
+n=$(cat "$dir/calls" 2>/dev/null | wc -l)
+echo "$list" >>"$dir/calls"
+cp "$list" "$dir/list-$n"
+mode=$(sed -n "$((n + 1))p" "$dir/plan")
+oops() {
+    echo "[ 10.1] BUG: unable to handle page fault for address: ffff9b5a1ca30000"
+    echo "[ 10.2] Call Trace:"
+    echo "[ 10.3]  $1"
+    echo "[ 10.4] Modules linked in: rdma_rxe ib_uverbs ib_core veth"
+    echo "[ 10.5] Kernel panic - not syncing: Fatal exception in interrupt"
+    echo "[ 10.6] ---[ end Kernel panic - not syncing: Fatal exception in interrupt ]---"
+}
+case $mode in
+ok) cut -f3 "$list" | sed 's/^/--- device tests: /'; exit 0 ;;
+rxe) oops "rxe_receiver+0x1cc6/0x2410 [rdma_rxe]" >"$dir/console-$n" ;;
+other) oops "ext4_find_entry+0x1/0x2" >"$dir/console-$n" ;;
+esac
+head -n 2 "$list" | cut -f3 | sed 's/^/--- device tests: /'
+echo "softroce: the guest's whole console is kept in $dir/console-$n"
+exit 125
+"#;
+
+    /// A run whose root holds the stand-in and `plan`; its root.
+    fn run_with(name: &str, plan: &str) -> (Run, PathBuf) {
+        let root = std::env::temp_dir().join(format!("xtask-vm-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(root.join("scripts")).unwrap();
+        std::fs::create_dir_all(target_dir(&root)).unwrap();
+        let softroce = root.join("scripts/softroce");
+        std::fs::write(&softroce, STAND_IN).unwrap();
+        std::fs::set_permissions(&softroce, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        std::fs::write(root.join("plan"), plan).unwrap();
+        let results_path = root.join("results.log");
+        let results = File::create(&results_path).unwrap();
+        (Run { root: root.clone(), results, results_path, rxe_rerun: None }, root)
+    }
+
+    fn list() -> Vec<String> {
+        ["a", "b", "c"].iter().map(|n| format!("/dir\t/exe-{n}\t{n}")).collect()
+    }
+
+    fn calls(root: &Path) -> usize {
+        std::fs::read_to_string(root.join("calls")).map_or(0, |c| c.lines().count())
+    }
+
+    #[test]
+    fn a_crash_in_rxe_runs_the_crashed_binary_and_the_rest_again_in_a_fresh_boot_once() {
+        let (mut run, root) = run_with("rxe", "rxe\nok\nrxe\n");
+        run.vm("6.12", "rxe-test.list", &list()).expect("the re-run passed");
+        assert_eq!(calls(&root), 2);
+        let again = std::fs::read_to_string(root.join("list-1")).unwrap();
+        assert_eq!(again, "/dir\t/exe-b\tb\n/dir\t/exe-c\tc\n", "b, which crashed, and c after it");
+        let note = run.rxe_rerun.clone().expect("the note for the summary");
+        assert!(note.contains("during b") && note.contains("the 1 binaries after it"), "{note}");
+        assert!(note.contains("BUG: unable to handle page fault") && note.contains("console-0"), "{note}");
+        // Once per run: a second crash in rxe, in a later VM run of the command, fails.
+        assert!(run.vm("6.1", "rxe-test-2.list", &list()).is_err());
+        assert_eq!(calls(&root), 3);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn a_second_crash_in_the_re_run_fails() {
+        let (mut run, root) = run_with("twice", "rxe\nrxe\n");
+        assert!(run.vm("6.12", "twice-test.list", &list()).is_err());
+        assert_eq!(calls(&root), 2);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn a_crash_outside_rxe_fails_without_a_re_run() {
+        let (mut run, root) = run_with("other", "other\nok\n");
+        assert!(run.vm("6.12", "other-test.list", &list()).is_err());
+        assert_eq!(calls(&root), 1, "no second boot");
+        assert!(run.rxe_rerun.is_none());
+        let _ = std::fs::remove_dir_all(&root);
+    }
+}
