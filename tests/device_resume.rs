@@ -76,7 +76,7 @@ fn a_killed_receiver_resumes_from_its_last_checkpoint_and_the_file_arrives_ident
         std::thread::sleep(Duration::from_millis(seeded_ms(seed, 300)));
         rx.child.kill().unwrap();
         let _ = rx.child.wait();
-        let (code, err, _) = wait_within(sender, Duration::from_secs(30), "the sender of a killed receiver");
+        let (code, err, _) = wait_within(sender, Duration::from_secs(90), "the sender of a killed receiver");
         if code == Some(0) {
             // The transfer finished before the kill landed: nothing to resume.
             std::fs::remove_file(dst.join("f")).unwrap();
@@ -118,12 +118,12 @@ fn a_sender_with_retries_resumes_by_itself_once_its_killed_receiver_is_back() {
     let (src, dst) = (scratch("rt-src"), scratch("rt-dst"));
     // Killed past the 64 MiB checkpoint with 56 MiB to go: the kill finds it in flight.
     let data = random_file(&src.join("f"), 128 << 20, 23);
-    let mut rx = Receiver::start(&topo, 7582, &["--dir", dst.to_str().unwrap(), "--count", "1"]);
-    let sender = spawn_send_reporting(&topo, 7582, &src.join("f"), &["--retries", "5"]);
+    let mut rx = Receiver::start(&topo, 7584, &["--dir", dst.to_str().unwrap(), "--count", "1"]);
+    let sender = spawn_send_reporting(&topo, 7584, &src.join("f"), &["--retries", "5"]);
     wait_for_partial(&dst, 72 << 20);
     rx.child.kill().unwrap();
     let _ = rx.child.wait();
-    let rx = Receiver::start(&topo, 7582, &["--dir", dst.to_str().unwrap(), "--count", "1"]);
+    let rx = Receiver::start(&topo, 7584, &["--dir", dst.to_str().unwrap(), "--count", "1"]);
     let out = sender.wait_with_output().unwrap();
     let (report, err) = (text(&out.stdout), text(&out.stderr));
     eprintln!("the sender: {}{}", report.trim(), err.trim());

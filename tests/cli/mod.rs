@@ -211,8 +211,9 @@ pub fn wait_for_session_end(dst: &Path, name: &str) {
 /// The sender's `--timeout` (seconds without progress) in tests that expect a transfer to
 /// complete: a bound on a hang, not on speed. Under TCG the VM's speed swings several-fold from
 /// one moment to the next (`docs/testing.md`, Known limits): CI once saw a send make no progress
-/// for 5 s and then, rerun, complete. Tests of the timeout itself pass their own.
-pub const SEND_TIMEOUT_S: &str = "20";
+/// for 5 s and then, rerun, complete, and after `device_soak` transfers stall for 20-40 s (on
+/// 6.1 too: a 20 s bound failed there, 2026-11-27). Tests of the timeout itself pass their own.
+pub const SEND_TIMEOUT_S: &str = "60";
 
 /// `rdma-copy send --timeout SEND_TIMEOUT_S EXTRA... FILE` to `port` (`EXTRA` may give its own
 /// `--timeout`), its report on stdout.
@@ -544,10 +545,13 @@ pub fn kernel_is_6_1() -> bool {
 /// Checks a receiver's report lines (`--dir` mode, one line per session) from senders that
 /// ran with `--retries`: every file in `names` was stored (an "ok" line), and every failed
 /// session is one that Linux 6.1's rxe ends under load, the failure the senders' retries
-/// exist for: the device refused a retransmitted WRITE (`RemoteInvalidRequestError`). On any
-/// other kernel no session may fail, nor for any other reason on 6.1 (a chunk tagged out of
-/// order, also seen under such load, is not explained by rxe: it fails here until it is).
-/// Returns the failed sessions' lines.
+/// exist for: a failure of the connection, not of the protocol. The device refused a
+/// retransmitted WRITE (`RemoteInvalidRequestError`), or the QP went to error with no request
+/// of the receiver's to fail (the connection lost, its receives flushed: `WrFlushError`), or
+/// the sender left after its own QP failed. On any other kernel no session may fail, nor on 6.1
+/// by the protocol's rules (a chunk tagged out of order, a digest mismatch: also seen under
+/// such load, and not explained by rxe, they fail here until they are). Returns the failed
+/// sessions' lines.
 pub fn failures_retried(reports: &str, names: &[&str]) -> Vec<String> {
     for name in names {
         let stored = reports.lines().any(|l| l.contains(&format!(": {name} (")) && l.contains(" ok;"));
@@ -555,7 +559,12 @@ pub fn failures_retried(reports: &str, names: &[&str]) -> Vec<String> {
     }
     let failed: Vec<String> = reports.lines().filter(|l| l.contains(": failed: ")).map(str::to_owned).collect();
     for line in &failed {
-        let known = line.contains("(RemoteInvalidRequestError)");
+        let transport = [
+            "(RemoteInvalidRequestError)",
+            "the connection was lost mid-transfer",
+            "the peer disconnected mid-transfer",
+        ];
+        let known = transport.iter().any(|t| line.contains(t));
         assert!(
             kernel_is_6_1() && known,
             "a session failed other than by Linux 6.1's rxe under load: {line}\n{reports}"
