@@ -201,18 +201,24 @@ pub fn send_file(path: &Path, opts: &SendOptions, mut progress: impl FnMut(u64, 
         let start = Instant::now();
         let attempt = match SourceFile::open(path, opts) {
             Err(e) => Attempt::Done(Err(e)),
-            Ok(file) => match run(path, file, None, opts, &mut progress, start) {
-                Err(e) => Attempt::ConnectFailed(e),
-                Ok((outcome, summary, _)) => match summary.report(outcome) {
-                    Err(e) => Attempt::SessionFailed(e),
-                    Ok(report) => Attempt::Done(Ok(SendReport { retries: retries.made(), ..report })),
-                },
-            },
+            Ok(file) => attempt_of(run(path, file, None, opts, &mut progress, start), retries.made()),
         };
         match retries.after(attempt, opts) {
             Ok(wait) => super::retry::sleep(wait, opts)?,
             Err(result) => return result,
         }
+    }
+}
+
+/// How one attempt of [`send_file`] (or its async twin) ended, for the retry rule: `ran` is
+/// what [`run`] returned, `made` the retries before it.
+fn attempt_of(ran: Result<Ran, Error>, made: u32) -> Attempt<SendReport> {
+    match ran {
+        Err(e) => Attempt::ConnectFailed(e),
+        Ok((outcome, summary, _)) => match summary.report(outcome) {
+            Err(e) => Attempt::SessionFailed(e),
+            Ok(report) => Attempt::Done(Ok(SendReport { retries: made, ..report })),
+        },
     }
 }
 
@@ -310,13 +316,7 @@ pub async fn send_file_async(
         let start = Instant::now();
         let attempt = match SourceFile::open(path, opts) {
             Err(e) => Attempt::Done(Err(e)),
-            Ok(file) => match run_async(path, file, None, opts, &mut progress, start).await {
-                Err(e) => Attempt::ConnectFailed(e),
-                Ok((outcome, summary, _)) => match summary.report(outcome) {
-                    Err(e) => Attempt::SessionFailed(e),
-                    Ok(report) => Attempt::Done(Ok(SendReport { retries: retries.made(), ..report })),
-                },
-            },
+            Ok(file) => attempt_of(run_async(path, file, None, opts, &mut progress, start).await, retries.made()),
         };
         match retries.after(attempt, opts) {
             Ok(wait) => super::retry::sleep_async(wait, opts).await?,
