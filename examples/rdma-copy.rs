@@ -121,6 +121,11 @@ struct RecvArgs {
     /// Seconds an unused partial is kept (default: a day).
     #[arg(long, default_value_t = 86_400, value_name = "SECS")]
     partial_ttl: u64,
+    /// Sync a resumable transfer's data and record how much of it is safe every SIZE bytes
+    /// stored: the most a receiver killed outright (SIGKILL, a crash) makes its sender send
+    /// again.
+    #[arg(long, default_value = "64M", value_parser = parse_size, value_name = "SIZE")]
+    checkpoint_every: u64,
     /// Require senders to prove they know the shared secret in this file (at least 16 bytes;
     /// mode 0600 or stricter). Without it, the secret comes from $RDMA_COPY_SECRET if set.
     #[arg(long, value_name = "PATH")]
@@ -328,6 +333,7 @@ fn recv(a: RecvArgs, json: bool) -> i32 {
     opts.stop = Arc::new(AtomicBool::new(false));
     opts.resume = !a.no_resume;
     opts.partial_ttl = Duration::from_secs(a.partial_ttl);
+    opts.checkpoint_every = a.checkpoint_every;
     opts.secret = match load_secret(a.secret_file.as_deref()) {
         Ok(s) => s,
         Err(e) => return usage(e),

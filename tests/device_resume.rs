@@ -10,8 +10,14 @@ use std::time::Duration;
 use cli::*;
 
 /// Kill points per test: half of them (the even seeds) past the receiver's first checkpoint.
-/// Six, not more: each costs about 10 s of VM time, on two kernels (docs/testing.md).
+/// Six, not more: each costs seconds of VM time, on two kernels (docs/testing.md).
 const SEEDS: u64 = 6;
+
+/// The receivers' checkpoint interval (`recv --checkpoint-every`): small, so that files of a few
+/// checkpoints are small too (at the default 64 MiB, the killed-receiver test moved 96 MiB a
+/// seed and took 138 s).
+const CHECKPOINT: &str = "8M";
+const CHECKPOINT_BYTES: u64 = 8 << 20;
 
 /// A deterministic delay in 0..max_ms for `seed` (xorshift).
 fn seeded_ms(seed: u64, max_ms: u64) -> u64 {
@@ -33,7 +39,7 @@ fn send_ok(topo: &testkit::Topology, port: u16, file: &Path) -> String {
 fn a_killed_sender_resumes_at_seeded_points_and_the_file_arrives_identical() {
     let topo = testkit::require_topology!();
     let (src, dst) = (scratch("rs-src"), scratch("rs-dst"));
-    let data = random_file(&src.join("f"), 48 << 20, 21);
+    let data = random_file(&src.join("f"), 32 << 20, 21);
     let mut resumed = Vec::new();
     for seed in 0..SEEDS {
         let rx = Receiver::start(&topo, 7580, &["--dir", dst.to_str().unwrap(), "--count", "2", "--timeout", "5"]);
@@ -65,13 +71,14 @@ fn a_killed_sender_resumes_at_seeded_points_and_the_file_arrives_identical() {
 fn a_killed_receiver_resumes_from_its_last_checkpoint_and_the_file_arrives_identical() {
     let topo = testkit::require_topology!();
     let (src, dst) = (scratch("rr-src"), scratch("rr-dst"));
-    // Over the 64 MiB checkpoint interval, so that a SIGKILL after it leaves a sidecar.
-    let data = random_file(&src.join("f"), 96 << 20, 22);
+    // Over the checkpoint interval, so that a SIGKILL after it leaves a sidecar.
+    let data = random_file(&src.join("f"), 3 * CHECKPOINT_BYTES as usize, 22);
     let mut resumed = Vec::new();
+    let args = ["--dir", dst.to_str().unwrap(), "--count", "1", "--checkpoint-every", CHECKPOINT];
     for seed in 0..SEEDS {
-        let mut rx = Receiver::start(&topo, 7581, &["--dir", dst.to_str().unwrap(), "--count", "1"]);
+        let mut rx = Receiver::start(&topo, 7581, &args);
         let sender = spawn_send_reporting(&topo, 7581, &src.join("f"), &[]);
-        let past = if seed % 2 == 0 { 70 << 20 } else { 1 };
+        let past = if seed % 2 == 0 { CHECKPOINT_BYTES + (CHECKPOINT_BYTES >> 2) } else { 1 };
         wait_for_partial(&dst, past);
         std::thread::sleep(Duration::from_millis(seeded_ms(seed, 300)));
         rx.child.kill().unwrap();
@@ -92,7 +99,7 @@ fn a_killed_receiver_resumes_from_its_last_checkpoint_and_the_file_arrives_ident
             std::fs::remove_file(dst.join("f")).unwrap();
             continue;
         }
-        let rx = Receiver::start(&topo, 7581, &["--dir", dst.to_str().unwrap(), "--count", "1"]);
+        let rx = Receiver::start(&topo, 7581, &args);
         let report = send_ok(&topo, 7581, &src.join("f"));
         let (code, lines) = rx.finish(Duration::from_secs(60));
         let at = resumed_at(&report);
@@ -102,7 +109,7 @@ fn a_killed_receiver_resumes_from_its_last_checkpoint_and_the_file_arrives_ident
         assert!(std::fs::read(dst.join("f")).unwrap() == data, "seed {seed}: the file differs");
         std::fs::remove_file(dst.join("f")).unwrap();
         if past > 1 {
-            assert!(at >= 64 << 20, "seed {seed}: killed past the checkpoint, resumed at {at}");
+            assert!(at >= CHECKPOINT_BYTES, "seed {seed}: killed past the checkpoint, resumed at {at}");
         }
         resumed.push(at);
     }
@@ -116,20 +123,22 @@ fn a_killed_receiver_resumes_from_its_last_checkpoint_and_the_file_arrives_ident
 fn a_sender_with_retries_resumes_by_itself_once_its_killed_receiver_is_back() {
     let topo = testkit::require_topology!();
     let (src, dst) = (scratch("rt-src"), scratch("rt-dst"));
-    // Killed past the 64 MiB checkpoint with 56 MiB to go: the kill finds it in flight.
-    let data = random_file(&src.join("f"), 128 << 20, 23);
-    let mut rx = Receiver::start(&topo, 7584, &["--dir", dst.to_str().unwrap(), "--count", "1"]);
+    // Killed past the first checkpoint with half the file to go: the kill finds it in flight.
+    let data = random_file(&src.join("f"), 5 * CHECKPOINT_BYTES as usize, 23);
+    let args = ["--dir", dst.to_str().unwrap(), "--count", "1", "--checkpoint-every", CHECKPOINT];
+    let mut rx = Receiver::start(&topo, 7584, &args);
     let sender = spawn_send_reporting(&topo, 7584, &src.join("f"), &["--retries", "5"]);
-    wait_for_partial(&dst, 72 << 20);
+    wait_for_partial(&dst, CHECKPOINT_BYTES + (CHECKPOINT_BYTES >> 1));
     rx.child.kill().unwrap();
     let _ = rx.child.wait();
-    let rx = Receiver::start(&topo, 7584, &["--dir", dst.to_str().unwrap(), "--count", "1"]);
+    let rx = Receiver::start(&topo, 7584, &args);
     let out = sender.wait_with_output().unwrap();
     let (report, err) = (text(&out.stdout), text(&out.stderr));
     eprintln!("the sender: {}{}", report.trim(), err.trim());
     assert!(out.status.success(), "the sender did not resume by itself: {err}");
     assert!(report.contains(" retr"), "the report does not say it retried: {report}");
-    assert!(resumed_at(&report) >= 64 << 20, "killed past the checkpoint, resumed at {}", resumed_at(&report));
+    let at = resumed_at(&report);
+    assert!(at >= CHECKPOINT_BYTES, "killed past the checkpoint, resumed at {at}");
     let (code, lines) = rx.finish(Duration::from_secs(60));
     assert_eq!(code, 0, "{lines}");
     assert_eq!(listing(&dst), ["f"], "nothing but the file is left");
@@ -140,7 +149,7 @@ fn a_sender_with_retries_resumes_by_itself_once_its_killed_receiver_is_back() {
 fn a_changed_source_starts_over_and_stale_partials_expire() {
     let topo = testkit::require_topology!();
     let (src, dst) = (scratch("rc-src"), scratch("rc-dst"));
-    random_file(&src.join("f"), 48 << 20, 23);
+    random_file(&src.join("f"), 24 << 20, 23);
     let rx = Receiver::start(&topo, 7582, &["--dir", dst.to_str().unwrap(), "--count", "2", "--timeout", "5"]);
     let mut sender = spawn_send_reporting(&topo, 7582, &src.join("f"), &[]);
     wait_for_partial(&dst, 8 << 20);
@@ -149,7 +158,7 @@ fn a_changed_source_starts_over_and_stale_partials_expire() {
     wait_for_session_end(&dst, "f");
     // The file changes (another version): its partial is not this version's.
     std::thread::sleep(Duration::from_millis(20));
-    let data = random_file(&src.join("f"), 48 << 20, 24);
+    let data = random_file(&src.join("f"), 24 << 20, 24);
     let report = send_ok(&topo, 7582, &src.join("f"));
     assert_eq!(resumed_at(&report), 0, "{report}");
     let _ = rx.finish(Duration::from_secs(60));

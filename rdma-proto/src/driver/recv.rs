@@ -72,6 +72,11 @@ pub struct ReceiveOptions {
     /// Partials not written for this long are removed (when the server binds, and when a
     /// transfer looks for one).
     pub partial_ttl: Duration,
+    /// How often a partial's sidecar vouches for what it holds, in bytes stored (64 MiB by
+    /// default; at least one chunk, whatever it is set to): the most a receiver killed
+    /// outright (SIGKILL, a crash) loses of a transfer it was resuming-capable for. Each
+    /// checkpoint syncs the data stored so far and replaces the sidecar.
+    pub checkpoint_every: u64,
     /// The shared secret a sender must prove it knows ([`crate::auth`]): checked before
     /// anything is opened or registered for its file; `None` serves everyone. Load it from a
     /// file or the environment ([`Secret::new`]), never from a command line.
@@ -128,6 +133,7 @@ impl Default for ReceiveOptions {
             progress: None,
             resume: true,
             partial_ttl: Duration::from_secs(24 * 3600),
+            checkpoint_every: 64 << 20,
             secret: None,
             auth_attempts: 5,
             auth_window: Duration::from_secs(60),
@@ -756,9 +762,6 @@ async fn session_async(
     status_of(outcome)
 }
 
-/// How often (in bytes stored) a partial's sidecar is brought up to date.
-const CHECKPOINT_EVERY: u64 = 64 << 20;
-
 /// How long a session's teardown waits for its ACK to complete, and for the sender to
 /// disconnect.
 const TEARDOWN_WAIT: Duration = Duration::from_secs(5);
@@ -1212,11 +1215,12 @@ impl<'a> ReceiveSession<'a> {
             let (session, size) = (self.machine.session(), self.machine.size());
             p.call(&ProgressEvent { session, name, done: self.machine.bytes_stored(), size });
         }
-        // A partial vouches for what it holds every CHECKPOINT_EVERY bytes, so that a receiver
-        // killed outright (SIGKILL, a crash) loses at most that much.
+        // A partial vouches for what it holds every `checkpoint_every` bytes, so that a
+        // receiver killed outright (SIGKILL, a crash) loses at most that much.
         let held = self.machine.bytes_stored();
+        let every = self.opts.checkpoint_every.max(1);
         if let Some(f) = self.file.as_ref().filter(|f| f.is_partial()) {
-            if held / CHECKPOINT_EVERY != held.saturating_sub(u64::from(len)) / CHECKPOINT_EVERY {
+            if held / every != held.saturating_sub(u64::from(len)) / every {
                 let _ = f.checkpoint(held);
             }
         }
