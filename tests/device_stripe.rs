@@ -27,10 +27,10 @@ fn send_striped(topo: &testkit::Topology, port: u16, lanes: u16, file: &Path, ex
 }
 
 #[test]
-fn a_64_mib_file_striped_over_2_and_4_lanes_arrives_identical() {
+fn a_32_mib_file_striped_over_2_and_4_lanes_arrives_identical() {
     let topo = testkit::require_topology!();
     let (src, dst) = (scratch("st-src"), scratch("st-dst"));
-    let data = random_file(&src.join("f"), 64 << 20, 31);
+    let data = random_file(&src.join("f"), 32 << 20, 31);
     let rx = Receiver::start(&topo, 7630, &["--dir", dst.to_str().unwrap(), "--count", "3"]);
     for lanes in [2u16, 4] {
         let name = format!("f{lanes}");

@@ -42,17 +42,25 @@ fn two_senders_with_one_session_id_are_both_served() {
     let (src, dst) = (scratch("sid-src"), scratch("sid-dst"));
     let da = random_file(&src.join("a"), 24 << 20, 2);
     let db = random_file(&src.join("b"), 24 << 20, 3);
-    let rx = Receiver::start(&topo, 7561, &["--dir", dst.to_str().unwrap(), "--count", "2"]);
+    // No --count: a sender's retry is a session of its own.
+    let rx = Receiver::start(&topo, 7561, &["--dir", dst.to_str().unwrap()]);
+    // Two senders at once: Linux 6.1's rxe ends some such connections under TCG (Known limits
+    // in docs/testing.md; seen here once, 2026-11-27), and a user's answer is --retries. A
+    // retry keeps the session id.
     let sid = std::ffi::OsStr::new("--test-session=42");
-    let a = spawn_send(&topo, 7561, &[sid, src.join("a").as_os_str()]);
-    let b = spawn_send(&topo, 7561, &[sid, src.join("b").as_os_str()]);
+    let retries = [std::ffi::OsStr::new("--retries"), "3".as_ref()];
+    let a = spawn_send(&topo, 7561, &[&retries[..], &[sid, src.join("a").as_os_str()]].concat());
+    let b = spawn_send(&topo, 7561, &[&retries[..], &[sid, src.join("b").as_os_str()]].concat());
     let (ca, ea, _) = wait_within(a, Duration::from_secs(120), "sender a");
     let (cb, eb, _) = wait_within(b, Duration::from_secs(120), "sender b");
-    let (code, report) = rx.finish(Duration::from_secs(30));
+    let (code, report) = rx.stop(Duration::from_secs(30));
     eprintln!("receiver: {report}");
     assert_eq!((ca, cb), (Some(0), Some(0)), "a: {ea}\nb: {eb}");
     assert!(!report.contains(dst.to_str().unwrap()), "a detail named the receiver's path: {report}");
-    assert_eq!(code, 0, "{report}");
+    assert_eq!(code, 128 + libc::SIGTERM, "{report}");
+    for line in failures_retried(&report, &["a", "b"]) {
+        eprintln!("tried again after Linux 6.1's rxe ended it: {line}");
+    }
     assert!(std::fs::read(dst.join("a")).unwrap() == da);
     assert!(std::fs::read(dst.join("b")).unwrap() == db);
 }
@@ -65,7 +73,8 @@ fn a_source_changed_while_it_is_sent_is_not_stored() {
     let topo = testkit::require_topology!();
     let (src, dst) = (scratch("torn-src"), scratch("torn-dst"));
     let path = src.join("f");
-    random_file(&path, 128 << 20, 4);
+    // Long enough to be rewritten mid-transfer: the rewrite follows the first chunk at once.
+    random_file(&path, 32 << 20, 4);
     let rx = Receiver::start(&topo, 7562, &["--dir", dst.to_str().unwrap(), "--count", "1"]);
     let sender = spawn_send(&topo, 7562, &[path.as_os_str()]);
     wait_for_temporary(&dst);
