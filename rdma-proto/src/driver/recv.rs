@@ -72,10 +72,10 @@ pub struct ReceiveOptions {
     /// Partials not written for this long are removed (when the server binds, and when a
     /// transfer looks for one).
     pub partial_ttl: Duration,
-    /// How often a partial's sidecar vouches for what it holds, in bytes stored (64 MiB by
-    /// default; at least one chunk, whatever it is set to): the most a receiver killed
-    /// outright (SIGKILL, a crash) loses of a transfer it was resuming-capable for. Each
-    /// checkpoint syncs the data stored so far and replaces the sidecar.
+    /// How often a resumable transfer's partial is checkpointed, in bytes stored (64 MiB by
+    /// default): each checkpoint syncs the data stored so far and replaces the sidecar that
+    /// vouches for it, so a receiver killed outright (SIGKILL, a crash) loses at most this much
+    /// of the transfer. Values below one chunk checkpoint after every chunk.
     pub checkpoint_every: u64,
     /// The shared secret a sender must prove it knows ([`crate::auth`]): checked before
     /// anything is opened or registered for its file; `None` serves everyone. Load it from a
