@@ -357,6 +357,10 @@ fn recv(a: RecvArgs, json: bool) -> i32 {
     }
     let server = match Server::bind(listen, opts) {
         Ok(s) => s,
+        Err(e @ rdma_proto::driver::Error::Destination(_)) => {
+            eprintln!("rdma-copy: {e}");
+            return e.exit_code();
+        }
         Err(e) => {
             eprintln!("rdma-copy: listening on {listen}: {e}");
             return e.exit_code();

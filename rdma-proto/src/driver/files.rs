@@ -1,15 +1,23 @@
 //! The receiver's files: a temporary in the destination directory, renamed into place only
 //! after the digest matched and the data is synced; removed on every failure.
+//!
+//! Every call here is relative to an open directory ([`DirFd`]: the destination, or a batch's
+//! directory under it, opened one component at a time) and follows no symbolic link: no name
+//! a sender chooses, and no link or hard link a local user plants at a temporary's, partial's
+//! or sidecar's name, makes the receiver touch a file outside its destination
+//! (`docs/protocol.md`, "Threat model").
 
-use std::ffi::CString;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+
+use rustix::fs::{AtFlags, FileType, FlockOperation, Mode, OFlags, RenameFlags};
 
 use crate::Status;
+
+/// An open directory: the destination, or a directory under it.
+pub(crate) type DirFd = Arc<OwnedFd>;
 
 /// The status an I/O error on the receiver's files maps to.
 pub(crate) fn io_status(e: &io::Error) -> Status {
@@ -22,19 +30,33 @@ pub(crate) fn io_status(e: &io::Error) -> Status {
 /// Temporaries of one session id tried before creating one fails.
 const MAX_TEMP_TRIES: u32 = 64;
 
-/// A file being received: `dir/.SESSION-N.rdcp-tmp` until [`commit`](Self::commit), `N` the
-/// first number whose name is free (two senders may use one session id: both are served). The
-/// temporary's name does not contain the file's, so every valid name (up to 255 bytes) fits,
-/// and no valid name is a temporary's ([`crate::name::TEMP_SUFFIX`] is refused).
-/// Dropping it uncommitted removes the temporary.
+/// How every file of the receiver is opened: never through a link at the last component,
+/// never inherited by a child.
+const NOFOLLOW: OFlags = OFlags::NOFOLLOW.union(OFlags::CLOEXEC);
+
+/// A new file's mode before the umask.
+const FILE_MODE: Mode = Mode::from_raw_mode(0o644);
+
+/// A new directory's mode before the umask (as `mkdir(1)`).
+const DIR_MODE: Mode = Mode::from_raw_mode(0o777);
+
+/// A file being received: `.SESSION-N.rdcp-tmp` in its directory until
+/// [`commit`](Self::commit), `N` the first number whose name is free (two senders may use one
+/// session id: both are served). The temporary's name does not contain the file's, so every
+/// valid name (up to 255 bytes) fits, and no valid name is a temporary's
+/// ([`crate::name::TEMP_SUFFIX`] is refused). Dropping it uncommitted removes the temporary.
 ///
 /// The details of its errors name files relative to the destination directory: they go to
 /// the sender, which has no business knowing the receiver's paths.
 #[derive(Debug)]
 pub(crate) struct Incoming {
     pub(crate) file: File,
-    temp: PathBuf,
-    target: PathBuf,
+    /// The directory the file goes in.
+    dir: DirFd,
+    /// The temporary's name in `dir`.
+    temp: String,
+    /// The file's name in `dir`.
+    target: String,
     /// The name the file is stored under, relative to the destination directory.
     name: String,
     overwrite: bool,
@@ -43,15 +65,14 @@ pub(crate) struct Incoming {
     partial: Option<Partial>,
 }
 
-/// A resumable partial: `dir/.KEY.part.rdcp-tmp` holds the data, `dir/.KEY.meta.rdcp-tmp`
-/// (the sidecar) says which file version it is of (key, size, name) and how many of its first
+/// A resumable partial: `.KEY.part.rdcp-tmp` holds the data, `.KEY.meta.rdcp-tmp` (the
+/// sidecar) says which file version it is of (key, size, name) and how many of its first
 /// bytes are synced (`held`). The sidecar is replaced atomically (written to
 /// `.KEY.meta-new.rdcp-tmp`, synced, renamed) after the data it vouches for is synced, so a
 /// crash at any moment leaves a sidecar that undercounts, never one that overcounts. The data
 /// file is locked (`flock`) while a session writes it.
 #[derive(Debug)]
 struct Partial {
-    meta: PathBuf,
     key: u64,
     size: u64,
     /// Keep it when the session ends uncommitted (it failed in a way a resume can follow).
@@ -61,80 +82,133 @@ struct Partial {
 /// The first line of a sidecar.
 const META_MAGIC: &str = "rdcp-partial 1";
 
+/// Whether something is at `name` in `dir` (a link counts: it is not followed).
+fn exists(dir: &DirFd, name: &str) -> bool {
+    rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).is_ok()
+}
+
+/// Whether `file` is one this process may take as its own partial: a regular file it owns
+/// with no other name. A file a local user planted (their own, or a hard link to someone
+/// else's) is not one.
+fn is_own_private_file(file: &impl AsFd) -> bool {
+    rustix::fs::fstat(file).is_ok_and(|st| {
+        FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
+            && st.st_nlink == 1
+            && st.st_uid == rustix::process::geteuid().as_raw()
+    })
+}
+
+/// Opens `name` in `dir` for reading and writing when it is this process's own private file
+/// ([`is_own_private_file`]); anything else there (a link, a planted file, a directory) is
+/// removed when it can be, and `None` returned.
+fn open_own(dir: &DirFd, name: &str, write: bool) -> Option<File> {
+    let access = if write { OFlags::RDWR } else { OFlags::RDONLY };
+    // NONBLOCK: a FIFO planted at the name must not block the open.
+    match rustix::fs::openat(dir, name, access | NOFOLLOW | OFlags::NONBLOCK, Mode::empty()) {
+        Ok(fd) if is_own_private_file(&fd) => {
+            let file = File::from(fd);
+            // Back to blocking I/O (regular files ignore the flag; this only keeps it tidy).
+            let _ = rustix::fs::fcntl_setfl(&file, OFlags::empty());
+            Some(file)
+        }
+        Err(e) if e == rustix::io::Errno::NOENT => None,
+        _ => {
+            let _ = rustix::fs::unlinkat(dir, name, AtFlags::empty());
+            None
+        }
+    }
+}
+
+/// Creates `name` in `dir`, exclusively (nothing there is followed or reused).
+fn create_new(dir: &DirFd, name: &str) -> io::Result<File> {
+    let fd = rustix::fs::openat(dir, name, OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | NOFOLLOW, FILE_MODE)?;
+    Ok(File::from(fd))
+}
+
 impl Incoming {
-    /// Creates the temporary (exclusively) for `name`.
+    /// Creates the temporary (exclusively) for `name` in `dir`; `rel` is its path relative to
+    /// the destination.
     ///
     /// # Errors
     /// [`Status::Exists`] when `name` exists and `overwrite` is off; the I/O status otherwise.
-    pub(crate) fn create(dir: &Path, name: &str, session: u64, overwrite: bool) -> Result<Self, (Status, String)> {
-        let target = dir.join(name);
-        if !overwrite && target.symlink_metadata().is_ok() {
-            return Err((Status::Exists, format!("{name} exists")));
+    pub(crate) fn create(
+        dir: &DirFd,
+        name: &str,
+        rel: &str,
+        session: u64,
+        overwrite: bool,
+    ) -> Result<Self, (Status, String)> {
+        if !overwrite && exists(dir, name) {
+            return Err((Status::Exists, format!("{rel} exists")));
         }
         let mut n = 0u32;
         loop {
-            let temp_name = format!(".{session:016x}-{n}{}", crate::name::TEMP_SUFFIX);
-            let temp = dir.join(&temp_name);
-            match OpenOptions::new().write(true).create_new(true).mode(0o644).open(&temp) {
+            let temp = format!(".{session:016x}-{n}{}", crate::name::TEMP_SUFFIX);
+            match create_new(dir, &temp) {
                 Ok(file) => {
                     return Ok(Incoming {
                         file,
+                        dir: dir.clone(),
                         temp,
-                        target,
-                        name: name.to_owned(),
+                        target: name.to_owned(),
+                        name: rel.to_owned(),
                         overwrite,
                         committed: false,
                         partial: None,
                     })
                 }
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists && n < MAX_TEMP_TRIES => n += 1,
-                Err(e) => return Err((io_status(&e), format!("creating the temporary {temp_name}: {e}"))),
+                Err(e) => return Err((io_status(&e), format!("creating the temporary {temp}: {e}"))),
             }
         }
     }
 
     /// Opens (or creates) the resumable partial of the file version `key` names: its data file
     /// locked for this session, and the bytes a valid sidecar vouches for (0 when there is none,
-    /// or it is of another name or size, or claims more than the data file holds). Removes
-    /// partials whose sidecar (or, without one, data) was last written more than `ttl` ago.
+    /// or it is of another name or size, or claims more than the data file holds). A data file
+    /// that is not this process's own ([`is_own_private_file`]: a link or a file a local user
+    /// planted) is removed and a new one made. Removes partials whose sidecar (or, without
+    /// one, data) was last written more than `ttl` ago.
     ///
     /// # Errors
     /// [`Status::Exists`] as [`create`](Self::create); [`Status::Busy`] while another session
     /// writes this partial; the I/O status otherwise.
     pub(crate) fn resumable(
-        dir: &Path,
+        dir: &DirFd,
         name: &str,
+        rel: &str,
         size: u64,
         key: u64,
         overwrite: bool,
         ttl: std::time::Duration,
     ) -> Result<(Self, u64), (Status, String)> {
-        let target = dir.join(name);
-        if !overwrite && target.symlink_metadata().is_ok() {
-            return Err((Status::Exists, format!("{name} exists")));
+        if !overwrite && exists(dir, name) {
+            return Err((Status::Exists, format!("{rel} exists")));
         }
         sweep_partials(dir, ttl);
         let (data_name, meta_name) = partial_names(key);
-        let temp = dir.join(&data_name);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o644)
-            .open(&temp)
-            .map_err(|e| (io_status(&e), format!("opening the partial {data_name}: {e}")))?;
-        // SAFETY: a valid descriptor; `flock` only takes an advisory lock on it.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            return Err((Status::Busy, format!("another transfer of {name} is in progress")));
+        let file = match open_own(dir, &data_name, true) {
+            Some(f) => f,
+            None => create_new(dir, &data_name)
+                .map_err(|e| (io_status(&e), format!("opening the partial {data_name}: {e}")))?,
+        };
+        if rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive).is_err() {
+            return Err((Status::Busy, format!("another transfer of {rel} is in progress")));
         }
-        let meta = dir.join(&meta_name);
         let len = file.metadata().map(|m| m.len()).unwrap_or(0);
-        let held = read_meta(&meta).filter(|m| m.key == key && m.size == size && m.name == name && m.held <= len);
+        let held =
+            read_meta(dir, &meta_name).filter(|m| m.key == key && m.size == size && m.name == rel && m.held <= len);
         let held = held.map_or(0, |m| m.held);
-        let partial = Partial { meta, key, size, keep: false };
-        let name = name.to_owned();
-        let incoming = Incoming { file, temp, target, name, overwrite, committed: false, partial: Some(partial) };
+        let incoming = Incoming {
+            file,
+            dir: dir.clone(),
+            temp: data_name,
+            target: name.to_owned(),
+            name: rel.to_owned(),
+            overwrite,
+            committed: false,
+            partial: Some(Partial { key, size, keep: false }),
+        };
         Ok((incoming, held))
     }
 
@@ -152,12 +226,17 @@ impl Incoming {
         let Some(p) = &self.partial else { return Ok(()) };
         self.file.sync_data()?;
         let text = format!("{META_MAGIC}\nkey={:016x}\nsize={}\nheld={held}\nname={}\n", p.key, p.size, self.name);
-        let dir = self.target.parent().unwrap_or(Path::new("."));
-        let new = dir.join(format!(".{:016x}.meta-new{}", p.key, crate::name::TEMP_SUFFIX));
-        let mut f = OpenOptions::new().write(true).create(true).truncate(true).mode(0o644).open(&new)?;
-        io::Write::write_all(&mut f, text.as_bytes())?;
-        f.sync_all()?;
-        std::fs::rename(&new, &p.meta)
+        let new = format!(".{:016x}.meta-new{}", p.key, crate::name::TEMP_SUFFIX);
+        // Left by a crash, or planted: only the name is removed, nothing it points at.
+        let _ = rustix::fs::unlinkat(&self.dir, &new, AtFlags::empty());
+        let mut f = create_new(&self.dir, &new)?;
+        let written = io::Write::write_all(&mut f, text.as_bytes()).and_then(|()| f.sync_all());
+        let (_, meta) = partial_names(p.key);
+        let renamed = written.and_then(|()| Ok(rustix::fs::renameat(&self.dir, &new, &self.dir, &meta)?));
+        if renamed.is_err() {
+            let _ = rustix::fs::unlinkat(&self.dir, &new, AtFlags::empty());
+        }
+        renamed
     }
 
     /// Keeps the partial when the session ends uncommitted, with the first `held` bytes
@@ -165,7 +244,7 @@ impl Incoming {
     pub(crate) fn keep(&mut self, held: u64) {
         // Not when the file arrived meanwhile (another session of it, served while this one
         // held the partial): nothing would continue it.
-        let arrived = !self.overwrite && self.target.symlink_metadata().is_ok();
+        let arrived = !self.overwrite && exists(&self.dir, &self.target);
         if self.partial.is_some() && !arrived && self.checkpoint(held).is_ok() {
             if let Some(p) = &mut self.partial {
                 p.keep = true;
@@ -174,9 +253,9 @@ impl Incoming {
     }
 
     /// Syncs the data and renames the temporary into place (without replacing an existing file
-    /// unless `overwrite`), then syncs the directory. With a batch's `entry`, its mode and
-    /// modification time are applied first (after the last write: a truncation would change
-    /// the time again).
+    /// unless `overwrite`: [`put_in_place`]), then syncs the directory. With a batch's `entry`,
+    /// its mode and modification time are applied first (after the last write: a truncation
+    /// would change the time again).
     ///
     /// # Errors
     /// The status and a sentence; the temporary is then removed when `self` drops.
@@ -191,26 +270,24 @@ impl Incoming {
         }
         self.file.sync_all().map_err(|e| io("fsync", e))?;
         if self.overwrite {
-            std::fs::rename(&self.temp, &self.target).map_err(|e| io("rename", e))?;
+            // Replaces what is at the name (a link itself, never its target).
+            rustix::fs::renameat(&self.dir, &self.temp, &self.dir, &self.target).map_err(|e| io("rename", e.into()))?;
         } else {
-            rename_noreplace(&self.temp, &self.target).map_err(|e| {
-                if e.raw_os_error() == Some(libc::EEXIST) {
-                    (Status::Exists, format!("{} appeared meanwhile", self.name))
-                } else {
-                    io("rename", e)
-                }
+            put_in_place(&self.dir, &self.temp, &self.target).map_err(|e| match e {
+                PutError::Exists => (Status::Exists, format!("{} appeared meanwhile", self.name)),
+                PutError::Unsupported(why) => (Status::DiskIo, why),
+                PutError::Io(e) => io("rename", e),
             })?;
         }
         self.committed = true;
         if let Some(p) = &self.partial {
-            let _ = std::fs::remove_file(&p.meta);
+            let (_, meta) = partial_names(p.key);
+            let _ = rustix::fs::unlinkat(&self.dir, &meta, AtFlags::empty());
         }
-        if let Some(dir) = self.target.parent() {
-            File::open(dir).and_then(|d| d.sync_all()).map_err(|e| {
-                let (status, why) = io("fsync of the directory", e);
-                (status, format!("the file is in place, but not known durable: {why}"))
-            })?;
-        }
+        rustix::fs::fsync(&*self.dir).map_err(|e| {
+            let (status, why) = io("fsync of the directory", e.into());
+            (status, format!("the file is in place, but not known durable: {why}"))
+        })?;
         Ok(())
     }
 }
@@ -220,57 +297,134 @@ impl Drop for Incoming {
         if self.committed || self.partial.as_ref().is_some_and(|p| p.keep) {
             return;
         }
-        let _ = std::fs::remove_file(&self.temp);
+        let _ = rustix::fs::unlinkat(&self.dir, &self.temp, AtFlags::empty());
         if let Some(p) = &self.partial {
-            let _ = std::fs::remove_file(&p.meta);
+            let (_, meta) = partial_names(p.key);
+            let _ = rustix::fs::unlinkat(&self.dir, &meta, AtFlags::empty());
         }
     }
 }
 
-/// Makes the directories `components` name under `dest`, one level at a time (mode 0755
-/// before the umask), and returns the last one's path. Nothing is followed: a component that
-/// is a symbolic link is refused (`BadName`), one that is not a directory too (`Exists`), so
-/// a sender's path never leads out of `dest`, whatever links the destination holds. A local
-/// user who swaps a directory for a link between this check and the file's creation is
-/// outside this promise (the sender is the one it guards against).
+/// Why [`put_in_place`] did not.
+#[derive(Debug)]
+pub(crate) enum PutError {
+    /// Something is at the name.
+    Exists,
+    /// The file system can do neither way (the sentence names it).
+    Unsupported(String),
+    /// Another error.
+    Io(io::Error),
+}
+
+/// Gives the file `from` the name `to` in `dir`, never replacing what is there:
+/// `renameat2(RENAME_NOREPLACE)`, or, on file systems that refuse it (`EINVAL`: 9p, some NFS
+/// and FUSE), a hard link at `to` and then the removal of `from`, which never replaces either.
+pub(crate) fn put_in_place(dir: &DirFd, from: &str, to: &str) -> Result<(), PutError> {
+    use rustix::io::Errno;
+    let errno = |e: Errno| match e {
+        Errno::EXIST => PutError::Exists,
+        e => PutError::Io(e.into()),
+    };
+    match rustix::fs::renameat_with(dir, from, dir, to, RenameFlags::NOREPLACE) {
+        Ok(()) => return Ok(()),
+        Err(Errno::INVAL) | Err(Errno::NOSYS) => {}
+        Err(e) => return Err(errno(e)),
+    }
+    match rustix::fs::linkat(dir, from, dir, to, AtFlags::empty()) {
+        Ok(()) => {
+            let _ = rustix::fs::unlinkat(dir, from, AtFlags::empty());
+            Ok(())
+        }
+        Err(Errno::EXIST) => Err(PutError::Exists),
+        Err(e @ (Errno::PERM | Errno::OPNOTSUPP | Errno::NOSYS | Errno::INVAL)) => Err(PutError::Unsupported(format!(
+            "the receiver's file system ({}) can put a file in place without replacing another neither by \
+             renameat2(RENAME_NOREPLACE) nor by a hard link ({e})",
+            file_system_name(dir)
+        ))),
+        Err(e) => Err(errno(e)),
+    }
+}
+
+/// The type of the file system `dir` is on, for messages: its mount's type in
+/// `/proc/self/mountinfo` (by device number: `statfs` would name the exported file system of
+/// a 9p or FUSE share), else `unknown`.
+pub(crate) fn file_system_name(dir: &impl AsFd) -> String {
+    let Ok(st) = rustix::fs::fstat(dir) else { return "unknown".into() };
+    let dev = format!("{}:{}", rustix::fs::major(st.st_dev), rustix::fs::minor(st.st_dev));
+    let Ok(mounts) = std::fs::read_to_string("/proc/self/mountinfo") else { return "unknown".into() };
+    // "ID PARENT MAJOR:MINOR ROOT POINT OPTIONS [TAGS...] - TYPE SOURCE SUPER-OPTIONS"
+    let fs = mounts.lines().rev().find_map(|l| {
+        let mut f = l.split(' ');
+        (f.nth(2)? == dev).then(|| l.split(" - ").nth(1)?.split(' ').next().map(str::to_owned)).flatten()
+    });
+    fs.unwrap_or_else(|| "unknown".into())
+}
+
+/// Opens the directories `components` name under `dest`, one level at a time, each relative
+/// to the one before and with `O_NOFOLLOW`, making those missing (mode 0777 before the
+/// umask), and returns the last one. Nothing is followed: a component that is a symbolic link
+/// is refused (`BadName`), one that is not a directory too (`Exists`), so no path leads out of
+/// `dest`, whatever links the destination holds or a local user swaps in meanwhile: the file
+/// is then made in the directory this opened, not by its path.
 ///
 /// # Errors
 /// The status and a sentence naming the path relative to `dest`.
-pub(crate) fn make_dirs(dest: &Path, components: &[&str], made: &mut MadeDirs) -> Result<PathBuf, (Status, String)> {
-    let mut at = dest.to_path_buf();
+pub(crate) fn make_dirs(dest: &DirFd, components: &[&str], made: &mut MadeDirs) -> Result<DirFd, (Status, String)> {
+    use rustix::io::Errno;
+    let mut at = dest.clone();
     let mut rel = String::new();
     for c in components {
         if !rel.is_empty() {
             rel.push('/');
         }
         rel.push_str(c);
-        at.push(c);
-        match at.symlink_metadata() {
-            Ok(m) if m.file_type().is_symlink() => {
-                return Err((Status::BadName, format!("{rel} is a symbolic link on the receiver: not followed")))
-            }
-            Ok(m) if m.is_dir() => {}
-            Ok(_) => return Err((Status::Exists, format!("{rel} exists and is not a directory"))),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => match std::fs::create_dir(&at) {
-                Ok(()) => made.note(&at),
-                // Made meanwhile by another session: checked again as above.
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                    if !at.symlink_metadata().is_ok_and(|m| m.is_dir()) {
-                        return Err((Status::Exists, format!("{rel} exists and is not a directory")));
+        let open = || rustix::fs::openat(&at, *c, OFlags::RDONLY | OFlags::DIRECTORY | NOFOLLOW, Mode::empty());
+        let link = || Err((Status::BadName, format!("{rel} is a symbolic link on the receiver: not followed")));
+        let not_dir = || Err((Status::Exists, format!("{rel} exists and is not a directory")));
+        let kind =
+            || rustix::fs::statat(&at, *c, AtFlags::SYMLINK_NOFOLLOW).map(|s| FileType::from_raw_mode(s.st_mode));
+        let fd = match open() {
+            Ok(fd) => fd,
+            Err(Errno::LOOP) => return link(),
+            Err(Errno::NOTDIR) => return if kind().is_ok_and(|k| k == FileType::Symlink) { link() } else { not_dir() },
+            Err(Errno::NOENT) => {
+                let created = rustix::fs::mkdirat(&at, *c, DIR_MODE);
+                match created {
+                    // Made meanwhile by another session: opened as above.
+                    Ok(()) | Err(Errno::EXIST) => {}
+                    Err(e) => {
+                        let e = io::Error::from(e);
+                        return Err((io_status(&e), format!("making {rel}: {e}")));
                     }
                 }
-                Err(e) => return Err((io_status(&e), format!("making {rel}: {e}"))),
-            },
-            Err(e) => return Err((io_status(&e), format!("{rel}: {e}"))),
-        }
+                match open() {
+                    Ok(fd) => {
+                        if created.is_ok() {
+                            made.note(&fd);
+                        }
+                        fd
+                    }
+                    Err(Errno::LOOP) => return link(),
+                    Err(Errno::NOTDIR) => return not_dir(),
+                    Err(e) => {
+                        let e = io::Error::from(e);
+                        return Err((io_status(&e), format!("{rel}: {e}")));
+                    }
+                }
+            }
+            Err(e) => {
+                let e = io::Error::from(e);
+                return Err((io_status(&e), format!("{rel}: {e}")));
+            }
+        };
+        at = Arc::new(fd);
     }
     Ok(at)
 }
 
 /// The directories a session made (by device and inode, at most [`MadeDirs::MAX`]): only
 /// those take a directory entry's mode and time, so that a sender cannot change those of
-/// directories that were there before it (a `.ssh` made world-writable), unless overwriting
-/// is on.
+/// directories that were there before it (a `.ssh` made world-writable).
 #[derive(Debug, Default)]
 pub(crate) struct MadeDirs(std::collections::HashSet<(u64, u64)>);
 
@@ -278,33 +432,30 @@ impl MadeDirs {
     /// Directories remembered; those made past it keep the receiver's mode and time.
     const MAX: usize = 1 << 20;
 
-    fn note(&mut self, dir: &Path) {
-        use std::os::unix::fs::MetadataExt;
-        if let Ok(m) = dir.symlink_metadata() {
+    fn note(&mut self, dir: &impl AsFd) {
+        if let Ok(st) = rustix::fs::fstat(dir) {
             if self.0.len() < Self::MAX {
-                self.0.insert((m.dev(), m.ino()));
+                self.0.insert((st.st_dev, st.st_ino));
             }
         }
     }
 
-    fn contains(&self, m: &std::fs::Metadata) -> bool {
-        use std::os::unix::fs::MetadataExt;
-        self.0.contains(&(m.dev(), m.ino()))
+    fn contains(&self, dir: &impl AsFd) -> bool {
+        rustix::fs::fstat(dir).is_ok_and(|st| self.0.contains(&(st.st_dev, st.st_ino)))
     }
 }
 
 /// A batch's directory entry `name` in `dir` (its parents made): made unless it is there (a
 /// link or a file there is refused as by [`make_dirs`]), then given the entry's mode and
-/// time when this session made it, or `overwrite` is on; an existing directory otherwise
-/// keeps its own.
+/// time when this session made it. A directory that was there keeps its own, even with
+/// overwriting on (overwriting replaces files, it does not open up directories).
 ///
 /// # Errors
-/// The status and a sentence naming the path relative to the destination (`rel`).
+/// The status and a sentence naming the path relative to the destination.
 pub(crate) fn make_dir_entry(
-    dir: &Path,
+    dir: &DirFd,
     name: &str,
     e: &crate::wire::Entry,
-    overwrite: bool,
     made: &mut MadeDirs,
 ) -> Result<(), (Status, String)> {
     // Its details name the entry by its whole path, not by its last component.
@@ -313,10 +464,8 @@ pub(crate) fn make_dir_entry(
         None => (status, why),
     };
     let d = make_dirs(dir, &[name], made).map_err(whole)?;
-    let f = File::open(&d).map_err(|err| (io_status(&err), format!("{}: {err}", e.path)))?;
-    let m = f.metadata().map_err(|err| (io_status(&err), format!("{}: {err}", e.path)))?;
-    if overwrite || made.contains(&m) {
-        apply_meta(&f, e).map_err(|err| (io_status(&err), format!("{}: {err}", e.path)))?;
+    if made.contains(&*d) {
+        apply_meta(&*d, e).map_err(|err| (io_status(&err), format!("{}: {err}", e.path)))?;
     }
     Ok(())
 }
@@ -324,37 +473,36 @@ pub(crate) fn make_dir_entry(
 /// The permission bits and modification time an entry asks for (its `flags`), applied to
 /// `fd`: the received file before it is renamed into place, or a directory. Only the
 /// permission bits (`0o777`) are kept: no set-id or sticky bit comes from a peer.
-pub(crate) fn apply_meta(fd: &impl AsRawFd, e: &crate::wire::Entry) -> io::Result<()> {
+pub(crate) fn apply_meta(fd: &impl AsFd, e: &crate::wire::Entry) -> io::Result<()> {
     use crate::wire::entry_flags;
     if e.flags & entry_flags::MODE != 0 {
-        // SAFETY: a valid descriptor; fchmod reads nothing from our memory.
-        if unsafe { libc::fchmod(fd.as_raw_fd(), (e.mode & 0o777) as libc::mode_t) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        rustix::fs::fchmod(fd, Mode::from_raw_mode((e.mode & 0o777) as _))?;
     }
     if e.flags & entry_flags::MTIME != 0 {
-        let omit = libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT };
-        let mtime = libc::timespec { tv_sec: e.mtime_sec as libc::time_t, tv_nsec: i64::from(e.mtime_nsec) as _ };
-        let times = [omit, mtime];
-        // SAFETY: a valid descriptor and two timespecs that live across the call.
-        if unsafe { libc::futimens(fd.as_raw_fd(), times.as_ptr()) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let omit = rustix::fs::Timespec { tv_sec: 0, tv_nsec: rustix::fs::UTIME_OMIT };
+        let mtime = rustix::fs::Timespec { tv_sec: e.mtime_sec as _, tv_nsec: i64::from(e.mtime_nsec) as _ };
+        rustix::fs::futimens(fd, &rustix::fs::Timestamps { last_access: omit, last_modification: mtime })?;
     }
     Ok(())
 }
 
 /// Removes the partial of `key` in `dir` unless a session holds it: the file it was of has
 /// just been committed by a session that could not use it. Best effort.
-pub(crate) fn drop_partial(dir: &Path, key: u64) {
+pub(crate) fn drop_partial(dir: &DirFd, key: u64) {
     let (data_name, meta_name) = partial_names(key);
-    let data = dir.join(data_name);
-    let Ok(f) = File::open(&data) else { return };
-    // SAFETY: a valid descriptor; an advisory lock, released when `f` closes.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-        let _ = std::fs::remove_file(dir.join(meta_name));
-        let _ = std::fs::remove_file(&data);
+    remove_partial(dir, &data_name, &meta_name);
+}
+
+/// Removes a partial's data and sidecar unless a session holds the data's lock. What is at
+/// the data's name and is not the process's own file is only unlinked (as a name).
+fn remove_partial(dir: &DirFd, data_name: &str, meta_name: &str) {
+    if let Some(f) = open_own(dir, data_name, false) {
+        if rustix::fs::flock(&f, FlockOperation::NonBlockingLockExclusive).is_err() {
+            return;
+        }
+        let _ = rustix::fs::unlinkat(dir, data_name, AtFlags::empty());
     }
+    let _ = rustix::fs::unlinkat(dir, meta_name, AtFlags::empty());
 }
 
 /// The data and sidecar names of the partial of key `key`. Both end with
@@ -373,9 +521,12 @@ struct Meta {
     name: String,
 }
 
-/// Reads a sidecar; `None` when it is missing or not one.
-fn read_meta(path: &Path) -> Option<Meta> {
-    let text = std::fs::read_to_string(path).ok()?;
+/// Reads the sidecar `name` in `dir`; `None` when it is missing, not one, or not this
+/// process's own file.
+fn read_meta(dir: &DirFd, name: &str) -> Option<Meta> {
+    let mut f = open_own(dir, name, false)?;
+    let mut text = String::new();
+    io::Read::read_to_string(&mut io::Read::take(&mut f, 4096), &mut text).ok()?;
     let mut lines = text.lines();
     if lines.next()? != META_MAGIC {
         return None;
@@ -390,47 +541,59 @@ fn read_meta(path: &Path) -> Option<Meta> {
 
 /// Removes the partials of `dir` last written more than `ttl` ago (their sidecar's time, or
 /// the data's without one), unless a session holds them. Best effort: errors are ignored.
-pub(crate) fn sweep_partials(dir: &Path, ttl: std::time::Duration) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
+pub(crate) fn sweep_partials(dir: &DirFd, ttl: std::time::Duration) {
+    let Ok(entries) = rustix::fs::Dir::read_from(&**dir) else { return };
     let suffix = format!(".part{}", crate::name::TEMP_SUFFIX);
+    let now = std::time::SystemTime::now();
     for e in entries.flatten() {
-        let file_name = e.file_name();
-        let Some(n) = file_name.to_str() else { continue };
+        let Ok(n) = e.file_name().to_str() else { continue };
         let Some(hex) = n.strip_prefix('.').and_then(|n| n.strip_suffix(&suffix)) else { continue };
         let Ok(key) = u64::from_str_radix(hex, 16) else { continue };
         let (data_name, meta_name) = partial_names(key);
-        let (data, meta) = (dir.join(data_name), dir.join(meta_name));
-        let age = |p: &Path| p.metadata().and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
-        let Some(age) = age(&meta).or_else(|| age(&data)) else { continue };
-        if age <= ttl {
-            continue;
-        }
-        let Ok(f) = File::open(&data) else { continue };
-        // SAFETY: a valid descriptor; an advisory lock, released when `f` closes.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-            let _ = std::fs::remove_file(&meta);
-            let _ = std::fs::remove_file(&data);
+        let age = |name: &str| {
+            let st = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).ok()?;
+            let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs(st.st_mtime.max(0) as u64);
+            now.duration_since(at).ok()
+        };
+        let Some(age) = age(&meta_name).or_else(|| age(&data_name)) else { continue };
+        if age > ttl {
+            remove_partial(dir, &data_name, &meta_name);
         }
     }
 }
 
-/// `renameat2(RENAME_NOREPLACE)`: fails with `EEXIST` rather than replace `to`.
-fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
-    let c = |p: &Path| CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL));
-    let (from, to) = (c(from)?, c(to)?);
-    // SAFETY: both are NUL-terminated paths that live across the call.
-    let r =
-        unsafe { libc::renameat2(libc::AT_FDCWD, from.as_ptr(), libc::AT_FDCWD, to.as_ptr(), libc::RENAME_NOREPLACE) };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
+/// Opens the destination directory `path` (a link there is followed: it is the
+/// administrator's), and proves it can take files: a file made in it, put in place under a
+/// second name ([`put_in_place`]), and removed. Run once, when a receiver starts, so that a
+/// destination that cannot work fails then, not after a sender's data crossed the wire.
+///
+/// # Errors
+/// A sentence naming the cause: not a directory, not writable ("Read-only file system",
+/// "Permission denied"), or a file system that cannot put a file in place without replacing.
+pub(crate) fn open_destination(path: &std::path::Path) -> Result<DirFd, String> {
+    let shown = path.display();
+    let fd = rustix::fs::open(path, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+        .map_err(|e| format!("the destination {shown}: {}", io::Error::from(e)))?;
+    let dir = Arc::new(fd);
+    let nonce: [u8; 8] = super::random_bytes();
+    let probe = |n: u8| format!(".probe-{:016x}-{n}{}", u64::from_le_bytes(nonce), crate::name::TEMP_SUFFIX);
+    let (a, b) = (probe(0), probe(1));
+    create_new(&dir, &a).map_err(|e| format!("the destination {shown} is not writable: {e}"))?;
+    let put = put_in_place(&dir, &a, &b);
+    let _ = rustix::fs::unlinkat(&dir, &a, AtFlags::empty());
+    let _ = rustix::fs::unlinkat(&dir, &b, AtFlags::empty());
+    match put {
+        Ok(()) => Ok(dir),
+        Err(PutError::Unsupported(why)) => Err(format!("the destination {shown}: {why}")),
+        Err(PutError::Exists) => Err(format!("the destination {shown}: a fresh probe name was taken")),
+        Err(PutError::Io(e)) => Err(format!("the destination {shown}: putting a file in place: {e}")),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::{Path, PathBuf};
     use std::time::Duration;
 
     fn scratch(name: &str) -> PathBuf {
@@ -438,6 +601,10 @@ mod tests {
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
         d
+    }
+
+    fn open(d: &Path) -> DirFd {
+        open_destination(d).unwrap()
     }
 
     fn listing(dir: &Path) -> Vec<String> {
@@ -470,6 +637,10 @@ mod tests {
         p.symlink_metadata().unwrap().permissions().mode() & 0o7777
     }
 
+    fn resumable(d: &DirFd, name: &str, size: u64, key: u64) -> Result<(Incoming, u64), (Status, String)> {
+        Incoming::resumable(d, name, name, size, key, false, DAY)
+    }
+
     #[test]
     fn make_dirs_follows_no_link_and_refuses_a_file() {
         let d = scratch("mkdirs");
@@ -478,7 +649,7 @@ mod tests {
         std::os::unix::fs::symlink(d.join("nowhere"), d.join("dangling")).unwrap();
         std::fs::write(d.join("file"), b"x").unwrap();
         std::fs::create_dir(d.join("there")).unwrap();
-        let mut made = MadeDirs::default();
+        let (fd, mut made) = (open(&d), MadeDirs::default());
         for (path, status) in [
             (&["link", "x"][..], Status::BadName),
             (&["link"][..], Status::BadName),
@@ -486,23 +657,116 @@ mod tests {
             (&["file", "x"][..], Status::Exists),
             (&["file"][..], Status::Exists),
         ] {
-            let (s, why) = make_dirs(&d, path, &mut made).unwrap_err();
+            let (s, why) = make_dirs(&fd, path, &mut made).unwrap_err();
             assert_eq!(s, status, "{path:?}: {why}");
             assert!(!why.contains(d.to_str().unwrap()), "{why}: names the receiver's own path");
         }
         assert!(std::fs::read_dir(&outside).unwrap().next().is_none(), "nothing made through the link");
         assert!(!d.join("nowhere").exists(), "nothing made through the dangling link");
-        assert_eq!(make_dirs(&d, &["there", "a", "b"], &mut made).unwrap(), d.join("there/a/b"));
+        let b = make_dirs(&fd, &["there", "a", "b"], &mut made).unwrap();
         assert!(d.join("there/a/b").is_dir());
+        assert!(made.contains(&*b));
         assert_eq!(made.0.len(), 2, "there was not made, a and b were");
         std::fs::remove_dir_all(&d).unwrap();
         std::fs::remove_dir_all(&outside).unwrap();
     }
 
     #[test]
+    fn a_directory_swapped_for_a_link_after_it_was_opened_leads_nowhere_else() {
+        let d = scratch("swap");
+        let outside = scratch("swap-outside");
+        let fd = open(&d);
+        let sub = make_dirs(&fd, &["sub"], &mut MadeDirs::default()).unwrap();
+        // A local user moves the directory away and puts a link to elsewhere in its place.
+        std::fs::rename(d.join("sub"), d.join("moved")).unwrap();
+        std::os::unix::fs::symlink(&outside, d.join("sub")).unwrap();
+        let f = Incoming::create(&sub, "f", "sub/f", 1, false).unwrap();
+        f.commit(None).unwrap();
+        assert!(listing(&outside).is_empty(), "nothing through the link: {:?}", listing(&outside));
+        assert_eq!(listing(&d.join("moved")), ["f"], "the file went into the directory opened");
+        // The next entry's walk refuses the link.
+        assert_eq!(make_dirs(&fd, &["sub"], &mut MadeDirs::default()).unwrap_err().0, Status::BadName);
+        std::fs::remove_dir_all(&d).unwrap();
+        std::fs::remove_dir_all(&outside).unwrap();
+    }
+
+    /// A local user who can write the destination plants, at every name the receiver makes
+    /// for `key`, a symbolic link and then a hard link to a file outside it: nothing is
+    /// written through any of them, and the transfer still works.
+    #[test]
+    fn links_planted_at_every_temporary_partial_and_sidecar_name_are_not_followed() {
+        let d = scratch("plant");
+        let victim_dir = scratch("plant-victim");
+        let victim = victim_dir.join("precious");
+        let key = 0x42u64;
+        let s = crate::name::TEMP_SUFFIX;
+        let names = [
+            format!(".{key:016x}.part{s}"),
+            format!(".{key:016x}.meta{s}"),
+            format!(".{key:016x}.meta-new{s}"),
+            format!(".{:016x}-0{s}", 9u64),
+        ];
+        for hard in [false, true] {
+            std::fs::write(&victim, b"keep me").unwrap();
+            for n in &names {
+                let at = d.join(n);
+                let _ = std::fs::remove_file(&at);
+                if hard {
+                    std::fs::hard_link(&victim, &at).unwrap();
+                } else {
+                    std::os::unix::fs::symlink(&victim, &at).unwrap();
+                }
+            }
+            let fd = open(&d);
+            // A resumable transfer: opened, written, checkpointed, kept, then resumed and committed.
+            let (mut a, held) = resumable(&fd, "f", 8, key).unwrap();
+            assert_eq!(held, 0, "a planted file vouches for nothing");
+            std::os::unix::fs::FileExt::write_all_at(&a.file, b"new data", 0).unwrap();
+            a.checkpoint(8).unwrap();
+            a.keep(8);
+            drop(a);
+            let (b, held) = resumable(&fd, "f", 8, key).unwrap();
+            assert_eq!(held, 8);
+            b.commit(None).unwrap();
+            // A plain temporary at a planted name takes the next number.
+            let c = Incoming::create(&fd, "g", "g", 9, false).unwrap();
+            std::io::Write::write_all(&mut &c.file, b"g").unwrap();
+            c.commit(None).unwrap();
+            assert_eq!(std::fs::read(&victim).unwrap(), b"keep me", "hard link {hard}: the victim was written");
+            assert_eq!(std::fs::read(d.join("f")).unwrap(), b"new data");
+            assert_eq!(std::fs::read(d.join("g")).unwrap(), b"g");
+            for n in ["f", "g"] {
+                std::fs::remove_file(d.join(n)).unwrap();
+            }
+            let _ = std::fs::remove_file(d.join(&names[3]));
+        }
+        std::fs::remove_dir_all(&d).unwrap();
+        std::fs::remove_dir_all(&victim_dir).unwrap();
+    }
+
+    #[test]
+    fn a_forged_sidecar_beside_a_planted_data_file_vouches_for_nothing() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = scratch("forged");
+        let key = 7u64;
+        let s = crate::name::TEMP_SUFFIX;
+        // Data with two names (not the process's private file) and a sidecar claiming it.
+        std::fs::write(d.join("elsewhere"), [9u8; 100]).unwrap();
+        std::fs::hard_link(d.join("elsewhere"), d.join(format!(".{key:016x}.part{s}"))).unwrap();
+        let meta = format!("{META_MAGIC}\nkey={key:016x}\nsize=100\nheld=100\nname=f\n");
+        std::fs::write(d.join(format!(".{key:016x}.meta{s}")), meta).unwrap();
+        std::fs::set_permissions(d.join("elsewhere"), std::fs::Permissions::from_mode(0o644)).unwrap();
+        let (a, held) = resumable(&open(&d), "f", 100, key).unwrap();
+        assert_eq!(held, 0);
+        assert_eq!(a.file.metadata().unwrap().len(), 0, "a new data file");
+        assert_eq!(std::fs::read(d.join("elsewhere")).unwrap(), [9u8; 100]);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
     fn apply_meta_keeps_only_the_permission_bits() {
         let d = scratch("meta");
-        let f = File::create(d.join("f")).unwrap();
+        let f = std::fs::File::create(d.join("f")).unwrap();
         let mut e = dir_entry("f", 0o7755, 1_000_000);
         apply_meta(&f, &e).unwrap();
         assert_eq!(mode_of(&d.join("f")), 0o755, "no set-uid, set-gid or sticky bit");
@@ -523,48 +787,50 @@ mod tests {
         std::fs::create_dir(d.join("old")).unwrap();
         std::fs::set_permissions(d.join("old"), std::fs::Permissions::from_mode(0o700)).unwrap();
         std::fs::write(d.join("file"), b"x").unwrap();
-        let mut made = MadeDirs::default();
+        let (fd, mut made) = (open(&d), MadeDirs::default());
         // A directory that was there keeps its mode (a sender cannot open up a `.ssh`).
-        make_dir_entry(&d, "old", &dir_entry("old", 0o777, 7), false, &mut made).unwrap();
+        make_dir_entry(&fd, "old", &dir_entry("old", 0o777, 7), &mut made).unwrap();
         assert_eq!(mode_of(&d.join("old")), 0o700);
         // One made now, or made earlier in the session as a parent, takes the entry's.
-        make_dir_entry(&d, "new", &dir_entry("new", 0o750, 7), false, &mut made).unwrap();
+        make_dir_entry(&fd, "new", &dir_entry("new", 0o750, 7), &mut made).unwrap();
         assert_eq!(mode_of(&d.join("new")), 0o750);
-        make_dirs(&d, &["parent", "child"], &mut made).unwrap();
-        make_dir_entry(&d.join("parent"), "child", &dir_entry("parent/child", 0o711, 7), false, &mut made).unwrap();
-        make_dir_entry(&d, "parent", &dir_entry("parent", 0o751, 7), false, &mut made).unwrap();
+        let parent = make_dirs(&fd, &["parent"], &mut made).unwrap();
+        make_dirs(&parent, &["child"], &mut made).unwrap();
+        make_dir_entry(&parent, "child", &dir_entry("parent/child", 0o711, 7), &mut made).unwrap();
+        make_dir_entry(&fd, "parent", &dir_entry("parent", 0o751, 7), &mut made).unwrap();
         assert_eq!((mode_of(&d.join("parent/child")), mode_of(&d.join("parent"))), (0o711, 0o751));
-        // With overwriting on, the sender may change what is there.
-        make_dir_entry(&d, "old", &dir_entry("old", 0o755, 7), true, &mut MadeDirs::default()).unwrap();
-        assert_eq!(mode_of(&d.join("old")), 0o755);
+        // Another session (overwriting or not) does not change what is there.
+        make_dir_entry(&fd, "new", &dir_entry("new", 0o777, 7), &mut MadeDirs::default()).unwrap();
+        assert_eq!(mode_of(&d.join("new")), 0o750);
         // A directory entry over a file, or a link, is refused; the file stays.
-        let (s, _) = make_dir_entry(&d, "file", &dir_entry("file", 0o755, 7), true, &mut made).unwrap_err();
+        let (s, _) = make_dir_entry(&fd, "file", &dir_entry("file", 0o755, 7), &mut made).unwrap_err();
         assert_eq!(s, Status::Exists);
         assert_eq!(std::fs::read(d.join("file")).unwrap(), b"x");
         std::os::unix::fs::symlink(d.join("old"), d.join("l")).unwrap();
-        let (s, _) = make_dir_entry(&d, "l", &dir_entry("l", 0o777, 7), true, &mut made).unwrap_err();
+        let (s, _) = make_dir_entry(&fd, "l", &dir_entry("l", 0o777, 7), &mut made).unwrap_err();
         assert_eq!(s, Status::BadName);
-        assert_eq!(mode_of(&d.join("old")), 0o755);
+        assert_eq!(mode_of(&d.join("old")), 0o700);
         std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
     fn a_kept_partial_is_found_again_with_what_it_vouched_for() {
         let d = scratch("keep");
-        let (mut a, held) = Incoming::resumable(&d, "f", 100, 7, false, DAY).unwrap();
+        let fd = open(&d);
+        let (mut a, held) = resumable(&fd, "f", 100, 7).unwrap();
         assert_eq!(held, 0);
         std::os::unix::fs::FileExt::write_all_at(&a.file, &[1; 60], 0).unwrap();
         // While a session holds it, another is told Busy.
-        assert_eq!(Incoming::resumable(&d, "f", 100, 7, false, DAY).unwrap_err().0, Status::Busy);
+        assert_eq!(resumable(&fd, "f", 100, 7).unwrap_err().0, Status::Busy);
         a.keep(40);
         drop(a);
         assert_eq!(listing(&d), [".0000000000000007.meta.rdcp-tmp", ".0000000000000007.part.rdcp-tmp"]);
-        let (b, held) = Incoming::resumable(&d, "f", 100, 7, false, DAY).unwrap();
+        let (b, held) = resumable(&fd, "f", 100, 7).unwrap();
         assert_eq!(held, 40, "the sidecar's count, not the data's length");
         // Another size, name or key does not take it.
         drop(b);
         for (name, size, key) in [("g", 100, 7), ("f", 101, 7)] {
-            let (c, held) = Incoming::resumable(&d, name, size, key, false, DAY).unwrap();
+            let (c, held) = resumable(&fd, name, size, key).unwrap();
             assert_eq!(held, 0, "{name} {size} {key}");
             drop(c); // not kept: removed, sidecar and all
         }
@@ -575,7 +841,7 @@ mod tests {
     #[test]
     fn a_committed_partial_leaves_only_the_file_cut_to_its_size() {
         let d = scratch("commit");
-        let (a, _) = Incoming::resumable(&d, "f", 10, 9, false, DAY).unwrap();
+        let (a, _) = resumable(&open(&d), "f", 10, 9).unwrap();
         std::os::unix::fs::FileExt::write_all_at(&a.file, &[5; 16], 0).unwrap();
         a.checkpoint(10).unwrap();
         a.commit(None).unwrap();
@@ -585,10 +851,46 @@ mod tests {
     }
 
     #[test]
+    fn put_in_place_never_replaces_and_the_probe_leaves_nothing() {
+        let d = scratch("put");
+        let fd = open(&d);
+        assert!(listing(&d).is_empty(), "the probe cleaned up: {:?}", listing(&d));
+        std::fs::write(d.join("a"), b"a").unwrap();
+        std::fs::write(d.join("b"), b"b").unwrap();
+        assert!(matches!(put_in_place(&fd, "a", "b"), Err(PutError::Exists)));
+        std::os::unix::fs::symlink(d.join("nowhere"), d.join("l")).unwrap();
+        assert!(matches!(put_in_place(&fd, "a", "l"), Err(PutError::Exists)), "a dangling link is something");
+        put_in_place(&fd, "a", "c").unwrap();
+        assert_eq!(listing(&d), ["b", "c", "l"]);
+        assert!(!d.join("nowhere").exists());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn the_file_system_is_named_by_its_mount() {
+        let d = scratch("fsname");
+        let name = file_system_name(&*open(&d));
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        assert!(name != "unknown" && mounts.contains(&format!(" - {name} ")), "{name}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_destination_that_cannot_take_files_fails_at_once_with_its_cause() {
+        let d = scratch("dest");
+        std::fs::write(d.join("file"), b"x").unwrap();
+        let why = open_destination(&d.join("missing")).unwrap_err();
+        assert!(why.contains("No such file"), "{why}");
+        let why = open_destination(&d.join("file")).unwrap_err();
+        assert!(why.contains("Not a directory"), "{why}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
     fn a_committed_partial_keeps_the_entry_s_mode_and_time_without_set_id_bits() {
         use std::os::unix::fs::{MetadataExt, PermissionsExt};
         let d = scratch("meta");
-        let (a, _) = Incoming::resumable(&d, "f", 4, 5, false, DAY).unwrap();
+        let (a, _) = resumable(&open(&d), "f", 4, 5).unwrap();
         std::os::unix::fs::FileExt::write_all_at(&a.file, &[7; 4], 0).unwrap();
         let e = crate::wire::Entry {
             index: 0,
@@ -612,11 +914,14 @@ mod tests {
     #[test]
     fn stale_partials_expire_and_held_ones_do_not() {
         let d = scratch("sweep");
-        let (mut a, _) = Incoming::resumable(&d, "f", 10, 1, false, DAY).unwrap();
+        let fd = open(&d);
+        let (mut a, _) = resumable(&fd, "f", 10, 1).unwrap();
         a.keep(0);
         drop(a);
-        let (held, _) = Incoming::resumable(&d, "g", 10, 2, false, DAY).unwrap();
-        sweep_partials(&d, Duration::ZERO);
+        let (held, _) = resumable(&fd, "g", 10, 2).unwrap();
+        // Whole seconds: a partial written this second is not yet older than nothing.
+        std::thread::sleep(Duration::from_millis(1100));
+        sweep_partials(&fd, Duration::ZERO);
         assert_eq!(listing(&d), [".0000000000000002.part.rdcp-tmp"], "the held one stays");
         drop(held);
         assert!(listing(&d).is_empty());
@@ -626,10 +931,11 @@ mod tests {
     #[test]
     fn a_sidecar_that_claims_more_than_the_data_holds_is_ignored() {
         let d = scratch("claims");
-        let (mut a, _) = Incoming::resumable(&d, "f", 100, 3, false, DAY).unwrap();
+        let fd = open(&d);
+        let (mut a, _) = resumable(&fd, "f", 100, 3).unwrap();
         a.keep(90); // nothing was written: the data file is empty
         drop(a);
-        let (_b, held) = Incoming::resumable(&d, "f", 100, 3, false, DAY).unwrap();
+        let (_b, held) = resumable(&fd, "f", 100, 3).unwrap();
         assert_eq!(held, 0);
         std::fs::remove_dir_all(&d).unwrap();
     }

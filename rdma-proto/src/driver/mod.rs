@@ -197,6 +197,12 @@ pub enum Error {
     /// name, say); nothing was sent.
     #[error("{0}")]
     Usage(String),
+    /// The receiver's destination directory cannot take files (it is missing, not a
+    /// directory, not writable, or its file system can put a file in place neither by
+    /// `renameat2(RENAME_NOREPLACE)` nor by a hard link): found when the receiver starts,
+    /// before any sender's data. The sentence names the cause.
+    #[error("{0}")]
+    Destination(String),
     /// The receiver was asked to stop ([`ReceiveOptions::stop`]) mid-session.
     #[error("the receiver is stopping")]
     Stopped,
@@ -228,7 +234,7 @@ impl Error {
             Error::Cm(e) if e.is_timeout() => 3,
             Error::Cm(_) | Error::Verbs(_) => 2,
             Error::Protocol(_) | Error::PeerViolation { .. } => 4,
-            Error::File { .. } | Error::SourceChanged { .. } => 5,
+            Error::File { .. } | Error::SourceChanged { .. } | Error::Destination(_) => 5,
             Error::PeerDisconnected | Error::ConnectionLost { .. } => 6,
             Error::Usage(_) => 1,
             Error::Stopped => 7,

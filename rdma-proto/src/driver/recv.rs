@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::ops::ControlFlow;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,7 +13,7 @@ use rdma_cm::{ConnectRequest, Listener};
 use rdma_verbs::{AccessFlags, AlignedBuffer, Rc, RecvRing, SendQueue, Slot, SlotPool};
 
 use super::digest::Hasher;
-use super::files::{io_status, make_dir_entry, make_dirs, Incoming, MadeDirs};
+use super::files::{io_status, make_dir_entry, make_dirs, DirFd, Incoming, MadeDirs};
 use super::link::{
     conn_params, explain_loss, peer_left, send_control, take_arrivals, Endpoint, EndpointParts, LaneBase, Pacer,
     SessionCqs, Side, DISCONNECT_WAIT, DRAIN,
@@ -30,7 +30,9 @@ use crate::{Digest, Outcome, Status};
 #[non_exhaustive]
 pub struct ReceiveOptions {
     /// The directory files are stored in; `None` receives into memory only (the data is
-    /// checked against the digest, then thrown away).
+    /// checked against the digest, then thrown away). [`Server::bind`] opens it once and
+    /// proves it can take files; every file is then made relative to it, following no link
+    /// (`docs/protocol.md`, "Threat model").
     pub dir: Option<PathBuf>,
     /// Replace existing files.
     pub overwrite: bool,
@@ -208,6 +210,8 @@ pub struct Server {
     /// The live sessions that granted lanes, by token: where an extra lane's connection
     /// request goes.
     routes: Arc<Routes>,
+    /// The destination directory, open (`opts.dir`): every file is made relative to it.
+    dest: Option<DirFd>,
 }
 
 /// The sessions waiting for (or served by) extra lanes, by their token.
@@ -344,7 +348,11 @@ impl Server {
         if opts.max_chunk == 0 {
             return Err(Error::Usage("max_chunk 0: a chunk holds at least one byte".into()));
         }
-        if let Some(dir) = &opts.dir {
+        let dest = match &opts.dir {
+            Some(dir) => Some(super::files::open_destination(dir).map_err(Error::Destination)?),
+            None => None,
+        };
+        if let Some(dir) = &dest {
             super::files::sweep_partials(dir, opts.partial_ttl);
         }
         Ok(Server {
@@ -354,6 +362,7 @@ impl Server {
             connections: Arc::new(AtomicUsize::new(0)),
             attempts: Arc::new(Attempts::default()),
             routes: Arc::new(Routes::default()),
+            dest,
         })
     }
 
@@ -516,6 +525,7 @@ impl Server {
             active: self.active.clone(),
             tally: tally.clone(),
             routes: self.routes.clone(),
+            dest: self.dest.clone(),
         }
     }
 
@@ -787,6 +797,8 @@ struct Shared {
     active: Arc<AtomicUsize>,
     tally: Arc<Tally>,
     routes: Arc<Routes>,
+    /// The destination directory, open (`opts.dir`): every file is made relative to it.
+    dest: Option<DirFd>,
 }
 
 /// What a session's teardown releases, in order: its send queue, its receive ring (the QP's
@@ -812,6 +824,8 @@ const GRANTED_ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE.union(AccessFlags::
 /// queues. Each `drive_*` method does one part of a round; `session`'s loop calls them in turn.
 struct ReceiveSession<'a> {
     opts: &'a ReceiveOptions,
+    /// The destination directory, open.
+    dest: Option<&'a DirFd>,
     active: &'a Arc<AtomicUsize>,
     tally: &'a Tally,
     routes: &'a Arc<Routes>,
@@ -831,7 +845,7 @@ struct ReceiveSession<'a> {
     admitted: Option<Counted>,
     file: Option<Incoming>,
     /// The batch's entry in progress, and the directory its file is in.
-    entry: Option<(Entry, Option<PathBuf>)>,
+    entry: Option<(Entry, Option<DirFd>)>,
     /// The directories this batch made (only those take a directory entry's mode and time).
     made_dirs: MadeDirs,
     /// The ring's address and rkey, once registered.
@@ -865,7 +879,7 @@ impl<'a> ReceiveSession<'a> {
         start: Instant,
     ) -> Result<Self, Error> {
         report.phases.connect = start.elapsed();
-        let Shared { opts, active, tally, routes } = shared;
+        let Shared { opts, active, tally, routes, dest } = shared;
         let EndpointParts { pd, lane_base, ring, control } = parts;
         let sq = SendQueue::new(conn.qp(), DRAIN)?;
         let cfg = ReceiverConfig {
@@ -877,7 +891,7 @@ impl<'a> ReceiveSession<'a> {
             timeout: opts.timeout,
             hello_timeout: opts.hello_timeout,
             secret: opts.secret.clone(),
-            resume: opts.resume && opts.dir.is_some(),
+            resume: opts.resume && dest.is_some(),
             batch: true,
             max_entries: 1_000_000,
             max_lanes: opts.max_lanes.clamp(1, wire::MAX_LANES),
@@ -885,6 +899,7 @@ impl<'a> ReceiveSession<'a> {
         };
         Ok(ReceiveSession {
             opts,
+            dest: dest.as_ref(),
             active,
             tally,
             routes,
@@ -1035,8 +1050,8 @@ impl<'a> ReceiveSession<'a> {
             let why = format!("already serving {} transfers", self.opts.max_sessions);
             return self.machine.handle(Input::OpenFailed(Status::Busy, why), now);
         }
-        if let Some(dir) = &self.opts.dir {
-            if !self.open_file(dir, &name, size, now) {
+        if let Some(dir) = self.dest {
+            if !self.open_file(dir, &name, &name, size, now) {
                 return;
             }
         }
@@ -1067,9 +1082,8 @@ impl<'a> ReceiveSession<'a> {
         };
         self.file = None;
         self.hasher.reset(self.machine.digest());
-        let opts = self.opts;
         let mut parent = None;
-        if let Some(dest) = &opts.dir {
+        if let Some(dest) = self.dest {
             let path = e.path.clone();
             let Ok(components) = crate::name::check_path(&path) else {
                 return self.machine.handle(Input::OpenFailed(Status::BadName, path), now);
@@ -1081,13 +1095,13 @@ impl<'a> ReceiveSession<'a> {
             };
             match e.kind {
                 EntryKind::Directory => {
-                    let made = make_dir_entry(&dir, last, &e, opts.overwrite, &mut self.made_dirs);
+                    let made = make_dir_entry(&dir, last, &e, &mut self.made_dirs);
                     if let Err((status, why)) = made {
                         return self.machine.handle(Input::OpenFailed(status, why), now);
                     }
                 }
                 EntryKind::File => {
-                    if !self.open_file(&dir, last, e.size, now) {
+                    if !self.open_file(&dir, last, &e.path, e.size, now) {
                         return;
                     }
                 }
@@ -1098,15 +1112,16 @@ impl<'a> ReceiveSession<'a> {
         self.machine.handle(Input::Ready { addr, rkey }, now);
     }
 
-    /// Opens the temporary (or the resumable partial) of `name` in `dir`, and tells the
-    /// machine what a partial holds; `false` when it failed (the machine was told).
-    fn open_file(&mut self, dir: &Path, name: &str, size: u64, now: Instant) -> bool {
+    /// Opens the temporary (or the resumable partial) of `name` in `dir` (`rel` under the
+    /// destination), and tells the machine what a partial holds; `false` when it failed (the
+    /// machine was told).
+    fn open_file(&mut self, dir: &DirFd, name: &str, rel: &str, size: u64, now: Instant) -> bool {
         let session = self.machine.session();
         {
-            let plain = || Incoming::create(dir, name, session, self.opts.overwrite).map(|f| (f, 0));
+            let plain = || Incoming::create(dir, name, rel, session, self.opts.overwrite).map(|f| (f, 0));
             let opened = match self.machine.resume_key() {
                 Some(key) => {
-                    match Incoming::resumable(dir, name, size, key, self.opts.overwrite, self.opts.partial_ttl) {
+                    match Incoming::resumable(dir, name, rel, size, key, self.opts.overwrite, self.opts.partial_ttl) {
                         // Its partial is still held (a session of this file whose sender was killed
                         // a moment ago has not ended yet): serve this one from the start rather
                         // than refuse it.
@@ -1243,7 +1258,7 @@ impl<'a> ReceiveSession<'a> {
                 Ok(()) => {
                     // Served from the start while its partial was held: that partial, once
                     // free, is of a file now in place.
-                    let dir = self.entry.as_ref().and_then(|(_, d)| d.as_deref()).or(self.opts.dir.as_deref());
+                    let dir = self.entry.as_ref().and_then(|(_, d)| d.as_ref()).or(self.dest);
                     if let (false, Some(key), Some(dir)) = (partial, self.machine.resume_key(), dir) {
                         super::files::drop_partial(dir, key);
                     }
