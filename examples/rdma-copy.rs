@@ -1,7 +1,7 @@
 //! `rdma-copy`: send files over RDMA, control by Send/Recv, data by pipelined RDMA WRITE.
 //!
 //! ```text
-//! cargo run --release --example rdma-copy -- recv --listen 10.77.0.1:7471 --dir /srv/in
+//! cargo run --release --example rdma-copy -- recv --listen 10.77.0.1:7471 --dir /srv/in --secret-file key
 //! cargo run --release --example rdma-copy -- send big.iso --to 10.77.0.1:7471 --from 10.77.0.2
 //! ```
 //! The receiver stores each file under a temporary name, checks the whole-file XXH3-128 digest,
@@ -70,6 +70,11 @@ struct RecvArgs {
     /// Check the data against its digest in memory, then throw it away (no disk).
     #[arg(long)]
     discard: bool,
+    /// Serve senders without a shared secret on an address other than loopback: anyone who
+    /// can reach it may store files (without it, such a receiver needs --secret-file or
+    /// $RDMA_COPY_SECRET).
+    #[arg(long)]
+    no_auth: bool,
     /// Replace files that exist (default: refuse them with status "exists").
     #[arg(long)]
     overwrite: bool,
@@ -80,8 +85,9 @@ struct RecvArgs {
     /// --max-size).
     #[arg(long, default_value = "1T", value_parser = parse_size)]
     max_session_bytes: u64,
-    /// Memory for one transfer's slot ring, in bytes (suffixes as --max-size).
-    #[arg(long, default_value = "64M", value_parser = parse_size)]
+    /// Memory for the slot rings of all transfers together, in bytes (suffixes as
+    /// --max-size): each of --max-sessions transfers gets an equal share.
+    #[arg(long, default_value = "256M", value_parser = parse_size)]
     memory: u64,
     /// Largest chunk granted, in bytes.
     #[arg(long, default_value = "4M", value_parser = parse_size)]
@@ -92,6 +98,10 @@ struct RecvArgs {
     /// Transfers served at the same time; more are refused with status "busy".
     #[arg(long, default_value_t = 8)]
     max_sessions: usize,
+    /// Connections one address may hold at once (sessions, and those before their HELLO);
+    /// more are refused with status "busy".
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    max_per_address: u64,
     /// Most connections (lanes) one transfer may be striped over (1..=16; 1: no striping).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=16))]
     max_lanes: u16,
@@ -324,6 +334,7 @@ fn recv(a: RecvArgs, json: bool) -> i32 {
     opts.memory_budget = a.memory;
     opts.max_slots = a.max_depth.max(1);
     opts.max_sessions = a.max_sessions.max(1);
+    opts.max_per_address = a.max_per_address as usize;
     opts.max_lanes = a.max_lanes;
     opts.digest = a.digest.0;
     opts.timeout = Duration::from_secs(a.timeout);
@@ -338,6 +349,13 @@ fn recv(a: RecvArgs, json: bool) -> i32 {
         Ok(s) => s,
         Err(e) => return usage(e),
     };
+    if opts.secret.is_none() && !a.no_auth && !listen.ip().is_loopback() {
+        return usage(format!(
+            "listening on {} without a shared secret would let anyone who reaches it store files: give \
+             --secret-file FILE (or $RDMA_COPY_SECRET), or --no-auth to serve everyone",
+            listen.ip()
+        ));
+    }
     #[cfg(feature = "fault-injection")]
     {
         opts.corrupt_chunk = a.corrupt_chunk;

@@ -37,7 +37,7 @@ fn receiver(topo: &testkit::Topology, port: u16, dir: &Path, timeout_s: u32) -> 
     use std::io::BufRead;
     let listen = format!("{}:{port}", topo.server.addr);
     let mut child = Command::new(tool())
-        .args(["recv", "--listen", &listen, "--count", "1", "--timeout", &timeout_s.to_string(), "--dir"])
+        .args(["recv", "--no-auth", "--listen", &listen, "--count", "1", "--timeout", &timeout_s.to_string(), "--dir"])
         .arg(dir)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

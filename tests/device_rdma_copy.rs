@@ -94,7 +94,8 @@ fn a_file_four_times_the_memory_budget_arrives_in_bounded_memory() {
     let topo = testkit::require_topology!();
     let (src, dst) = (scratch("budget-src"), scratch("budget-dst"));
     const BUDGET: usize = 4 << 20;
-    let budget = ["--memory", "4M", "--max-chunk", "1M"];
+    // One session: --memory is the budget of all sessions together, shared equally.
+    let budget = ["--memory", "4M", "--max-chunk", "1M", "--max-sessions", "1"];
     // Peak RSS of a receiver that took one chunk, then of one that took 4x its budget, each
     // read while it still runs (after its one session), then it is stopped.
     let mut peaks = Vec::new();
@@ -354,8 +355,13 @@ fn idle_connections_do_not_lock_senders_out_and_past_the_limit_senders_hear_busy
     let f = src.join("f");
     random_file(&f, 1 << 20, 14);
     // 2 sessions, so 2 + 4 connections get a thread; 4 + 1 + 2 + 1 + 1 connections in all, of
-    // which 2 ask for a transfer (the count).
-    let rx = Receiver::start(&topo, 7510, &["--discard", "--max-sessions", "2", "--timeout", "20", "--count", "2"]);
+    // which 2 ask for a transfer (the count). All from one address: its own limit is lifted
+    // (device_receiver_limits tests that one).
+    let rx = Receiver::start(
+        &topo,
+        7510,
+        &["--discard", "--max-sessions", "2", "--max-per-address", "16", "--timeout", "20", "--count", "2"],
+    );
     let mut idle: Vec<_> = (0..4).map(|_| idle_connection(&topo, 7510)).collect();
     let out = send(&topo, 7510, &[f.to_str().unwrap()]);
     assert!(out.status.success(), "4 idle connections locked a sender out: {}", text(&out.stderr));

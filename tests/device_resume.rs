@@ -194,3 +194,37 @@ fn no_resume_sends_every_byte_and_keeps_no_partial() {
     assert_eq!(listing(&dst), ["f"]);
     assert!(std::fs::read(dst.join("f")).unwrap() == data);
 }
+
+/// Issue 33 §3: a key seen in `ls -a` or on the wire, offered with another name, neither takes
+/// the owner's partial nor removes it; the owner's next send still resumes.
+#[test]
+fn a_sniffed_key_offered_with_another_name_leaves_the_owner_s_partial_alone() {
+    use rdma_proto::wire::{caps, Hello, Message};
+    let topo = testkit::require_topology!();
+    let (src, dst) = (scratch("sniff-src"), scratch("sniff-dst"));
+    let data = random_file(&src.join("f"), 3 * CHECKPOINT_BYTES as usize, 24);
+    let args = ["--dir", dst.to_str().unwrap(), "--count", "3", "--timeout", "5", "--checkpoint-every", CHECKPOINT];
+    let rx = Receiver::start(&topo, 7585, &args);
+    let mut sender = spawn_send_reporting(&topo, 7585, &src.join("f"), &[]);
+    wait_for_partial(&dst, CHECKPOINT_BYTES + (CHECKPOINT_BYTES >> 1));
+    sender.kill().unwrap();
+    sender.wait().unwrap();
+    wait_for_session_end(&dst, "f");
+    let part = listing(&dst).into_iter().find(|n| n.ends_with(".part.rdcp-tmp")).expect("a partial");
+    let key = u64::from_str_radix(part.trim_start_matches('.').split('.').next().unwrap(), 16).unwrap();
+    // Another peer offers a small file "other" under that key, then leaves after the GRANT.
+    let mut thief = RawSender::connect(&topo, 7585);
+    let caps = caps::DIGEST_XXH3_128 | caps::RESUME;
+    let hello = Hello { name: "other".into(), caps, resume: Some(key), ..raw_hello(4096) };
+    thief.send_message(0x7585_0001, &Message::Hello(hello)).unwrap();
+    let answer = thief.recv();
+    assert!(matches!(answer, Message::Grant(_)), "{answer:?}");
+    drop(thief);
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(listing(&dst).contains(&part), "the owner's partial was removed: {:?}", listing(&dst));
+    let report = send_ok(&topo, 7585, &src.join("f"));
+    let (_, lines) = rx.finish(Duration::from_secs(60));
+    let at = resumed_at(&report);
+    assert!(at >= CHECKPOINT_BYTES, "the owner resumed at {at}: {report}{lines}");
+    assert!(std::fs::read(dst.join("f")).unwrap() == data, "the file differs");
+}

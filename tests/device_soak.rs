@@ -248,7 +248,11 @@ fn eight_concurrent_senders_are_all_served_and_leave_the_receiver_at_its_baselin
     let rounds = env_count("RDMA_SOAK_ROUNDS", 2);
     let (src, dst) = (scratch("soak-conc-src"), scratch("soak-conc-dst"));
     // No --count: a sender's retry is a session of its own. Stopped by SIGTERM at the end.
-    let rx = Receiver::start(&topo, 7591, &["--dir", dst.to_str().unwrap(), "--max-sessions", "8"]);
+    let rx = Receiver::start(
+        &topo,
+        7591,
+        &["--dir", dst.to_str().unwrap(), "--max-sessions", "8", "--max-per-address", "8"],
+    );
     let mut names = Vec::new();
     let pid = rx.child.id();
     let base = Baseline::of(&topo, pid);

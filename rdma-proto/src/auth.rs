@@ -63,6 +63,18 @@ impl Secret {
         self.mac(role, t).verify_slice(proof).is_ok()
     }
 
+    /// The key a receiver with this secret stores a resumable partial under, for the resume
+    /// key `key` a sender offered: the first 8 bytes of HMAC-SHA256(secret, "rdcp resume v1" ||
+    /// key). The names on disk (`.KEY.part.rdcp-tmp`) then tell a local user nothing a HELLO
+    /// could use, and a key seen on the wire opens nothing without the secret.
+    pub(crate) fn partial_key(&self, key: u64) -> u64 {
+        let mut m = <Hmac<Sha256> as Mac>::new_from_slice(&self.0).expect("HMAC takes a key of any length");
+        m.update(b"rdcp resume v1");
+        m.update(&key.to_be_bytes());
+        let out = m.finalize().into_bytes();
+        u64::from_be_bytes(out[..8].try_into().expect("32 bytes"))
+    }
+
     fn mac(&self, role: Role, t: &Transcript<'_>) -> Hmac<Sha256> {
         let mut m = <Hmac<Sha256> as Mac>::new_from_slice(&self.0).expect("HMAC takes a key of any length");
         m.update(match role {
@@ -121,6 +133,15 @@ pub(crate) enum Role {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_partial_s_key_needs_the_secret() {
+        let (a, b) = (Secret::new(b"a secret of sixteen+").unwrap(), Secret::new(b"another of sixteen+").unwrap());
+        assert_eq!(a.partial_key(7), a.partial_key(7), "the same key each session");
+        assert_ne!(a.partial_key(7), 7, "not the key the HELLO carries");
+        assert_ne!(a.partial_key(7), a.partial_key(8));
+        assert_ne!(a.partial_key(7), b.partial_key(7), "another secret, another name on disk");
+    }
 
     #[test]
     fn proofs_bind_role_session_nonces_and_file() {

@@ -89,11 +89,15 @@ pub struct Receiver {
 }
 
 impl Receiver {
-    /// Starts `rdma-copy recv` on rxe0's address and port, and waits until it listens.
+    /// Starts `rdma-copy recv` on rxe0's address and port, and waits until it listens. Without
+    /// a `--secret-file` in `args` it serves everyone (`--no-auth`: rxe0's address is not
+    /// loopback).
     pub fn start(topo: &testkit::Topology, port: u16, args: &[&str]) -> Receiver {
         let listen = format!("{}:{port}", topo.server.addr);
+        let open: &[&str] = if args.contains(&"--secret-file") { &[] } else { &["--no-auth"] };
         let mut child = Command::new(tool())
             .args(["recv", "--listen", &listen])
+            .args(open)
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

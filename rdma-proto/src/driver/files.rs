@@ -165,14 +165,16 @@ impl Incoming {
 
     /// Opens (or creates) the resumable partial of the file version `key` names: its data file
     /// locked for this session, and the bytes a valid sidecar vouches for (0 when there is none,
-    /// or it is of another name or size, or claims more than the data file holds). A data file
+    /// or it claims more than the data file holds). A partial whose sidecar names another name
+    /// or size is not touched: `Busy` (the caller serves the file from a plain temporary,
+    /// leaving the partial to its owner). A data file
     /// that is not this process's own ([`is_own_private_file`]: a link or a file a local user
     /// planted) is removed and a new one made. Removes partials whose sidecar (or, without
     /// one, data) was last written more than `ttl` ago.
     ///
     /// # Errors
     /// [`Status::Exists`] as [`create`](Self::create); [`Status::Busy`] while another session
-    /// writes this partial; the I/O status otherwise.
+    /// writes this partial, or when it is of another file; the I/O status otherwise.
     pub(crate) fn resumable(
         dir: &DirFd,
         name: &str,
@@ -196,9 +198,13 @@ impl Incoming {
             return Err((Status::Busy, format!("another transfer of {rel} is in progress")));
         }
         let len = file.metadata().map(|m| m.len()).unwrap_or(0);
-        let held =
-            read_meta(dir, &meta_name).filter(|m| m.key == key && m.size == size && m.name == rel && m.held <= len);
-        let held = held.map_or(0, |m| m.held);
+        let meta = read_meta(dir, &meta_name);
+        if meta.as_ref().is_some_and(|m| m.key == key && (m.size != size || m.name != rel)) {
+            // The partial of another file under this key: a sender that saw the key (in `ls -a`
+            // or a HELLO) and offers another name or size. Left alone, it is not this one's.
+            return Err((Status::Busy, format!("the partial under this key is of another file than {rel}")));
+        }
+        let held = meta.filter(|m| m.key == key && m.held <= len).map_or(0, |m| m.held);
         let incoming = Incoming {
             file,
             dir: dir.clone(),
@@ -827,13 +833,17 @@ mod tests {
         assert_eq!(listing(&d), [".0000000000000007.meta.rdcp-tmp", ".0000000000000007.part.rdcp-tmp"]);
         let (b, held) = resumable(&fd, "f", 100, 7).unwrap();
         assert_eq!(held, 40, "the sidecar's count, not the data's length");
-        // Another size, name or key does not take it.
+        // Another name or size under its key does not take it, nor remove it.
+        let mut b = b;
+        b.keep(40);
         drop(b);
-        for (name, size, key) in [("g", 100, 7), ("f", 101, 7)] {
-            let (c, held) = resumable(&fd, name, size, key).unwrap();
-            assert_eq!(held, 0, "{name} {size} {key}");
-            drop(c); // not kept: removed, sidecar and all
+        for (name, size) in [("g", 100), ("f", 101)] {
+            assert_eq!(resumable(&fd, name, size, 7).unwrap_err().0, Status::Busy, "{name} {size}");
         }
+        assert_eq!(listing(&d), [".0000000000000007.meta.rdcp-tmp", ".0000000000000007.part.rdcp-tmp"]);
+        let (b, held) = resumable(&fd, "f", 100, 7).unwrap();
+        assert_eq!(held, 40, "still whole");
+        drop(b); // not kept: removed, sidecar and all
         assert!(listing(&d).is_empty(), "{:?}", listing(&d));
         std::fs::remove_dir_all(&d).unwrap();
     }

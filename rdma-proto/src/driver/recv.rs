@@ -44,7 +44,11 @@ pub struct ReceiveOptions {
     pub max_session_bytes: u64,
     /// Largest chunk granted.
     pub max_chunk: u32,
-    /// Memory for one transfer's slot ring.
+    /// Memory for the slot rings of all transfers together (256 MiB by default): each of the
+    /// `max_sessions` transfers may take an equal share, its ring and its one-chunk copy
+    /// buffer within it (its chunk at most half the share), so that no set of peers, however
+    /// many and whatever they ask, makes the receiver hold more, and fewer than `max_sessions`
+    /// of them cannot take it all. A sender asking for more gets fewer or smaller slots.
     pub memory_budget: u64,
     /// Most slots per transfer.
     pub max_slots: u32,
@@ -83,11 +87,18 @@ pub struct ReceiveOptions {
     /// anything is opened or registered for its file; `None` serves everyone. Load it from a
     /// file or the environment ([`Secret::new`]), never from a command line.
     pub secret: Option<Secret>,
-    /// Wrong proofs of the secret from one address within `auth_window` before its connection
-    /// requests are rejected at once (until the window ends).
+    /// Wrong proofs of the secret from one address within `auth_window` that are answered at
+    /// once; past them, the answer to each further wrong proof from that address is held back
+    /// (1 s, then doubling, up to `auth_window / auth_attempts`): a token bucket that slows a
+    /// guesser down. A correct proof is never delayed or refused, whatever its address did.
     pub auth_attempts: u32,
     /// The window `auth_attempts` counts in.
     pub auth_window: Duration,
+    /// Connections one address may hold at the same time (4 by default), sessions and those
+    /// still before their HELLO together: more are refused with [`Status::Busy`], so that a
+    /// few peers cannot take every place (`max_sessions` and the few beyond it for HELLOs).
+    /// Extra lanes of a session are not counted.
+    pub max_per_address: usize,
     /// Most lanes (connections) one session's chunks may be striped over
     /// ([`wire::caps::LANES`]), 1 ..= [`wire::MAX_LANES`]: a sender asking for more is granted
     /// this many; 1 grants no striping. Each extra lane is a connection to this server that
@@ -124,7 +135,7 @@ impl Default for ReceiveOptions {
             max_size: 1 << 40,
             max_session_bytes: 1 << 40,
             max_chunk: 4 << 20,
-            memory_budget: 64 << 20,
+            memory_budget: 256 << 20,
             max_slots: 64,
             max_sessions: 8,
             timeout: Duration::from_secs(30),
@@ -139,6 +150,7 @@ impl Default for ReceiveOptions {
             secret: None,
             auth_attempts: 5,
             auth_window: Duration::from_secs(60),
+            max_per_address: 4,
             max_lanes: 4,
             digest: None,
             stop: Arc::new(AtomicBool::new(false)),
@@ -207,6 +219,8 @@ pub struct Server {
     connections: Arc<AtomicUsize>,
     /// Wrong proofs of the secret, by address.
     attempts: Arc<Attempts>,
+    /// Connections, by address.
+    per_address: Arc<PerAddress>,
     /// The live sessions that granted lanes, by token: where an extra lane's connection
     /// request goes.
     routes: Arc<Routes>,
@@ -279,20 +293,55 @@ impl Routes {
 struct Attempts(std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, (Instant, u32)>>);
 
 impl Attempts {
-    /// How long `ip` stays rejected, if it is.
-    fn blocked(&self, ip: std::net::IpAddr, opts: &ReceiveOptions) -> Option<Duration> {
-        let map = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let &(since, n) = map.get(&ip)?;
-        let left = opts.auth_window.checked_sub(since.elapsed())?;
-        (n >= opts.auth_attempts).then_some(left)
-    }
-
-    /// Counts a wrong proof from `ip`.
-    fn failed(&self, ip: std::net::IpAddr, opts: &ReceiveOptions) {
+    /// Counts a wrong proof from `ip`; how long its answer is held back: nothing for the first
+    /// `auth_attempts` within `auth_window`, then 1 s doubling, up to the time the bucket
+    /// takes to refill one (`auth_window / auth_attempts`).
+    fn wrong_proof(&self, ip: std::net::IpAddr, opts: &ReceiveOptions) -> Duration {
         let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
         map.retain(|_, (since, _)| since.elapsed() < opts.auth_window);
         let e = map.entry(ip).or_insert((Instant::now(), 0));
         e.1 = e.1.saturating_add(1);
+        let past = e.1.saturating_sub(opts.auth_attempts);
+        if past == 0 {
+            return Duration::ZERO;
+        }
+        let most = opts.auth_window / opts.auth_attempts.max(1);
+        Duration::from_secs(1u64 << (past - 1).min(16)).min(most)
+    }
+}
+
+/// Connections by address, for [`ReceiveOptions::max_per_address`].
+#[derive(Debug, Default)]
+struct PerAddress(std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>);
+
+impl PerAddress {
+    /// Takes a place for a connection from `ip` if it holds fewer than `limit`.
+    fn enter(self: &Arc<Self>, ip: std::net::IpAddr, limit: usize) -> Option<AddressPlace> {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let n = map.entry(ip).or_insert(0);
+        if *n >= limit {
+            return None;
+        }
+        *n += 1;
+        Some(AddressPlace(self.clone(), ip))
+    }
+}
+
+/// A connection's places: among all connections, and among its address's.
+type Places = (Counted, AddressPlace);
+
+/// One connection's place among its address's, given back when dropped.
+struct AddressPlace(Arc<PerAddress>, std::net::IpAddr);
+
+impl Drop for AddressPlace {
+    fn drop(&mut self) {
+        let mut map = self.0 .0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = map.get_mut(&self.1) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.1);
+            }
+        }
     }
 }
 
@@ -361,6 +410,7 @@ impl Server {
             active: Arc::new(AtomicUsize::new(0)),
             connections: Arc::new(AtomicUsize::new(0)),
             attempts: Arc::new(Attempts::default()),
+            per_address: Arc::new(PerAddress::default()),
             routes: Arc::new(Routes::default()),
             dest,
         })
@@ -413,13 +463,10 @@ impl Server {
                 }
                 let Some(place) = self.admit(req, &*report) else { continue };
                 let (req, place) = place;
-                let (shared, report, attempts) = (self.shared(&tally), report.clone(), self.attempts.clone());
+                let (shared, report) = (self.shared(&tally), report.clone());
                 scope.spawn(move || {
                     let r = receive(req, &shared);
                     drop(place);
-                    if r.auth_failed {
-                        attempts.failed(r.peer.ip(), &shared.opts);
-                    }
                     report(r);
                 });
             };
@@ -476,13 +523,10 @@ impl Server {
                 continue;
             }
             let Some((req, place)) = self.admit(req, &*report) else { continue };
-            let (shared, report, attempts) = (self.shared(&tally), report.clone(), self.attempts.clone());
+            let (shared, report) = (self.shared(&tally), report.clone());
             tasks.spawn(async move {
                 let r = receive_async(req, &shared).await;
                 drop(place);
-                if r.auth_failed {
-                    attempts.failed(r.peer.ip(), &shared.opts);
-                }
                 report(r);
             });
         };
@@ -526,6 +570,7 @@ impl Server {
             tally: tally.clone(),
             routes: self.routes.clone(),
             dest: self.dest.clone(),
+            attempts: self.attempts.clone(),
         }
     }
 
@@ -539,17 +584,12 @@ impl Server {
 
     /// A connection request whose private data is a LANE message is an extra lane of a
     /// session: handed to it when its token names a live session that granted that lane, else
-    /// rejected (reported; counted as a wrong proof of its address, and nothing allocated).
+    /// rejected (reported; nothing allocated; with a secret, counted as a wrong proof of its
+    /// address).
     /// Any other request is returned, to be served as a session of its own.
     fn route_lane(&self, req: ConnectRequest, report: &dyn Fn(ReceiveReport)) -> Option<ConnectRequest> {
         let Ok((h, Message::Lane(lane))) = wire::decode(req.private_data()) else { return Some(req) };
         let peer = req.peer_addr();
-        if let Some(left) = self.attempts.blocked(peer.ip(), &self.opts) {
-            let why =
-                format!("too many wrong proofs of the secret from this address: retry in {}s", left.as_secs() + 1);
-            report(reject(req, Status::NotAuthorized, why));
-            return None;
-        }
         match self.routes.take(lane, h.session) {
             Ok(to) => match to.send((lane.lane, req)) {
                 Ok(()) => {
@@ -560,25 +600,29 @@ impl Server {
                 }
             },
             Err(why) => {
-                self.attempts.failed(peer.ip(), &self.opts);
+                // A guessed token, on a receiver with a secret, counts as a wrong proof (it slows
+                // the address's next wrong proofs); without a secret it costs only the connection.
+                if self.opts.secret.is_some() {
+                    let _ = self.attempts.wrong_proof(peer.ip(), &self.opts);
+                }
                 report(reject(req, Status::NotAuthorized, why));
             }
         }
         None
     }
 
-    /// Takes a place for a connection request, or rejects it (reported): from an address past
-    /// its wrong proofs of the secret, or past every connection limit.
-    fn admit(&self, req: ConnectRequest, report: &dyn Fn(ReceiveReport)) -> Option<(ConnectRequest, Counted)> {
-        if let Some(left) = self.attempts.blocked(req.peer_addr().ip(), &self.opts) {
-            let why =
-                format!("too many wrong proofs of the secret from this address: retry in {}s", left.as_secs() + 1);
-            report(reject(req, Status::NotAuthorized, why));
+    /// Takes a place for a connection request, or rejects it with `Busy` (reported): past its
+    /// address's `max_per_address`, or past every connection limit.
+    fn admit(&self, req: ConnectRequest, report: &dyn Fn(ReceiveReport)) -> Option<(ConnectRequest, Places)> {
+        let ip = req.peer_addr().ip();
+        let Some(mine) = self.per_address.enter(ip, self.opts.max_per_address.max(1)) else {
+            let why = format!("{} connections from this address already", self.opts.max_per_address.max(1));
+            report(reject(req, Status::Busy, why));
             return None;
-        }
+        };
         let limit = self.opts.max_sessions.saturating_add(BUSY_SLACK);
         match Counted::enter(&self.connections, limit) {
-            Some(place) => Some((req, place)),
+            Some(place) => Some((req, (place, mine))),
             None => {
                 report(reject(req, Status::Busy, format!("serving {} transfers", self.opts.max_sessions)));
                 None
@@ -790,6 +834,17 @@ fn status_of(outcome: Result<Outcome, Error>) -> Result<(), Error> {
     }
 }
 
+/// One session's share of [`ReceiveOptions::memory_budget`]: the largest chunk it may be
+/// granted and the budget of its ring. A session holds its ring (`slot_count × slot_size`,
+/// within the ring's budget) and one slot-sized copy buffer; the two together stay within
+/// `memory_budget / max_sessions`, so all sessions together stay within `memory_budget`. The
+/// chunk is at most half the share, so that a ring of at least one slot fits beside its copy.
+fn session_memory(opts: &ReceiveOptions) -> (u32, u64) {
+    let share = opts.memory_budget / opts.max_sessions.max(1) as u64;
+    let chunk = u64::from(opts.max_chunk).min(share / 2).max(1);
+    (chunk as u32, share.saturating_sub(chunk).max(chunk))
+}
+
 /// What a server's sessions share with it: the options, the count of sessions past their
 /// HELLO, the accept loop's tally, and the routes of extra lanes.
 struct Shared {
@@ -799,6 +854,8 @@ struct Shared {
     routes: Arc<Routes>,
     /// The destination directory, open (`opts.dir`): every file is made relative to it.
     dest: Option<DirFd>,
+    /// Wrong proofs of the secret, by address.
+    attempts: Arc<Attempts>,
 }
 
 /// What a session's teardown releases, in order: its send queue, its receive ring (the QP's
@@ -826,6 +883,12 @@ struct ReceiveSession<'a> {
     opts: &'a ReceiveOptions,
     /// The destination directory, open.
     dest: Option<&'a DirFd>,
+    /// Wrong proofs of the secret, by address, and the peer's.
+    attempts: &'a Attempts,
+    peer: std::net::IpAddr,
+    /// The answer to a wrong proof, held back until then ([`Attempts::wrong_proof`]); set once
+    /// the wrong proof was counted.
+    tarpit: Option<Option<Instant>>,
     active: &'a Arc<AtomicUsize>,
     tally: &'a Tally,
     routes: &'a Arc<Routes>,
@@ -879,14 +942,14 @@ impl<'a> ReceiveSession<'a> {
         start: Instant,
     ) -> Result<Self, Error> {
         report.phases.connect = start.elapsed();
-        let Shared { opts, active, tally, routes, dest } = shared;
+        let Shared { opts, active, tally, routes, dest, attempts } = shared;
         let EndpointParts { pd, lane_base, ring, control } = parts;
         let sq = SendQueue::new(conn.qp(), DRAIN)?;
         let cfg = ReceiverConfig {
             max_size: opts.max_size,
             max_session_bytes: opts.max_session_bytes,
-            max_chunk: opts.max_chunk,
-            memory_budget: opts.memory_budget,
+            max_chunk: session_memory(opts).0,
+            memory_budget: session_memory(opts).1,
             max_slots: opts.max_slots,
             timeout: opts.timeout,
             hello_timeout: opts.hello_timeout,
@@ -897,9 +960,13 @@ impl<'a> ReceiveSession<'a> {
             max_lanes: opts.max_lanes.clamp(1, wire::MAX_LANES),
             digest: opts.digest.unwrap_or_else(super::fastest_digest),
         };
+        let peer = report.peer.ip();
         Ok(ReceiveSession {
             opts,
             dest: dest.as_ref(),
+            attempts,
+            peer,
+            tarpit: None,
             active,
             tally,
             routes,
@@ -937,6 +1004,13 @@ impl<'a> ReceiveSession<'a> {
     /// anything progressed.
     fn drive_round(&mut self) -> Result<ControlFlow<Outcome, bool>, Error> {
         self.drive_faults()?;
+        if let Some(Some(until)) = self.tarpit {
+            if Instant::now() < until {
+                return Ok(ControlFlow::Continue(false));
+            }
+            self.tarpit = Some(None);
+            send_control(&mut self.sq, &self.control, &self.out, self.opts.timeout, drop)?;
+        }
         let acted = match self.drive_actions()? {
             ControlFlow::Break(o) => return Ok(ControlFlow::Break(o)),
             ControlFlow::Continue(acted) => acted,
@@ -1022,6 +1096,16 @@ impl<'a> ReceiveSession<'a> {
                 }
                 Action::Send => {
                     self.machine.transmit(&mut self.out);
+                    if self.machine.auth_failed() && self.tarpit.is_none() {
+                        // The answer to a wrong proof: held back while its address is past its
+                        // attempts (the rest of the machine's actions wait with it).
+                        let hold = self.attempts.wrong_proof(self.peer, self.opts);
+                        self.tarpit = Some((!hold.is_zero()).then(|| Instant::now() + hold));
+                        if !hold.is_zero() {
+                            tracing::info!(peer = %self.peer, ?hold, "a wrong proof of the secret: its answer held back");
+                            return Ok(ControlFlow::Continue(true));
+                        }
+                    }
                     send_control(&mut self.sq, &self.control, &self.out, self.opts.timeout, drop)?;
                 }
                 Action::StoreChunk { seq, slot, offset, len } => self.store(seq, slot, offset, len),
@@ -1112,6 +1196,13 @@ impl<'a> ReceiveSession<'a> {
         self.machine.handle(Input::Ready { addr, rkey }, now);
     }
 
+    /// The key this session's partial is stored under: the sender's resume key, or with a
+    /// secret its keyed derivation ([`Secret::partial_key`]); `None` without resuming.
+    fn partial_key(&self) -> Option<u64> {
+        let key = self.machine.resume_key()?;
+        Some(self.opts.secret.as_ref().map_or(key, |s| s.partial_key(key)))
+    }
+
     /// Opens the temporary (or the resumable partial) of `name` in `dir` (`rel` under the
     /// destination), and tells the machine what a partial holds; `false` when it failed (the
     /// machine was told).
@@ -1119,7 +1210,7 @@ impl<'a> ReceiveSession<'a> {
         let session = self.machine.session();
         {
             let plain = || Incoming::create(dir, name, rel, session, self.opts.overwrite).map(|f| (f, 0));
-            let opened = match self.machine.resume_key() {
+            let opened = match self.partial_key() {
                 Some(key) => {
                     match Incoming::resumable(dir, name, rel, size, key, self.opts.overwrite, self.opts.partial_ttl) {
                         // Its partial is still held (a session of this file whose sender was killed
@@ -1135,7 +1226,7 @@ impl<'a> ReceiveSession<'a> {
                 Ok((f, held)) => {
                     let held = self.hash_held(&f, held);
                     self.file = Some(f);
-                    if self.machine.resume_key().is_some() {
+                    if self.partial_key().is_some() {
                         if held > 0 {
                             tracing::info!(session = format_args!("{session:016x}"), %name, held, "resuming");
                         }
@@ -1259,7 +1350,7 @@ impl<'a> ReceiveSession<'a> {
                     // Served from the start while its partial was held: that partial, once
                     // free, is of a file now in place.
                     let dir = self.entry.as_ref().and_then(|(_, d)| d.as_ref()).or(self.dest);
-                    if let (false, Some(key), Some(dir)) = (partial, self.machine.resume_key(), dir) {
+                    if let (false, Some(key), Some(dir)) = (partial, self.partial_key(), dir) {
                         super::files::drop_partial(dir, key);
                     }
                     (Status::Ok, String::new())
