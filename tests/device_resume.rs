@@ -212,14 +212,27 @@ fn a_sniffed_key_offered_with_another_name_leaves_the_owner_s_partial_alone() {
     wait_for_session_end(&dst, "f");
     let part = listing(&dst).into_iter().find(|n| n.ends_with(".part.rdcp-tmp")).expect("a partial");
     let key = u64::from_str_radix(part.trim_start_matches('.').split('.').next().unwrap(), 16).unwrap();
-    // Another peer offers a small file "other" under that key, then leaves after the GRANT.
+    // Another peer offers a small file "other" under that key and sends it whole (the review
+    // found a completed transfer removed the partial it could not use).
     let mut thief = RawSender::connect(&topo, 7585);
     let caps = caps::DIGEST_XXH3_128 | caps::RESUME;
     let hello = Hello { name: "other".into(), caps, resume: Some(key), ..raw_hello(4096) };
     thief.send_message(0x7585_0001, &Message::Hello(hello)).unwrap();
-    let answer = thief.recv();
-    assert!(matches!(answer, Message::Grant(_)), "{answer:?}");
+    let Message::Grant(g) = thief.recv() else { panic!("no GRANT") };
+    let other = vec![7u8; 4096];
+    thief.write_chunk(&g, &other, 0).unwrap();
+    let digest = xxhash_rust::xxh3::xxh3_128(&other).to_be_bytes().to_vec();
+    let fin = rdma_proto::wire::Fin { chunks: 1, size: 4096, digest };
+    thief.send_message(0x7585_0001, &Message::Fin(fin)).unwrap();
+    let answer = loop {
+        match thief.recv() {
+            Message::Credit(_) => continue,
+            m => break m,
+        }
+    };
+    assert!(matches!(&answer, Message::Ack(a) if a.status == rdma_proto::Status::Ok), "{answer:?}");
     drop(thief);
+    assert!(std::fs::read(dst.join("other")).unwrap() == other);
     std::thread::sleep(Duration::from_secs(1));
     assert!(listing(&dst).contains(&part), "the owner's partial was removed: {:?}", listing(&dst));
     let report = send_ok(&topo, 7585, &src.join("f"));

@@ -492,11 +492,15 @@ pub(crate) fn apply_meta(fd: &impl AsFd, e: &crate::wire::Entry) -> io::Result<(
     Ok(())
 }
 
-/// Removes the partial of `key` in `dir` unless a session holds it: the file it was of has
-/// just been committed by a session that could not use it. Best effort.
-pub(crate) fn drop_partial(dir: &DirFd, key: u64) {
+/// Removes the partial of `key` in `dir` unless a session holds it, when its sidecar says it is
+/// of the file `rel` of `size` bytes: that file has just been committed by a session that could
+/// not use the partial. A partial of another file under the key (a peer that saw the key and
+/// sent something else under it) is its owner's and stays. Best effort.
+pub(crate) fn drop_partial(dir: &DirFd, key: u64, rel: &str, size: u64) {
     let (data_name, meta_name) = partial_names(key);
-    remove_partial(dir, &data_name, &meta_name);
+    if read_meta(dir, &meta_name).is_some_and(|m| m.key == key && m.name == rel && m.size == size) {
+        remove_partial(dir, &data_name, &meta_name);
+    }
 }
 
 /// Removes a partial's data and sidecar unless a session holds the data's lock. What is at
@@ -840,6 +844,10 @@ mod tests {
         for (name, size) in [("g", 100), ("f", 101)] {
             assert_eq!(resumable(&fd, name, size, 7).unwrap_err().0, Status::Busy, "{name} {size}");
         }
+        assert_eq!(listing(&d), [".0000000000000007.meta.rdcp-tmp", ".0000000000000007.part.rdcp-tmp"]);
+        // Nor does committing another file under its key remove it.
+        drop_partial(&fd, 7, "g", 100);
+        drop_partial(&fd, 7, "f", 101);
         assert_eq!(listing(&d), [".0000000000000007.meta.rdcp-tmp", ".0000000000000007.part.rdcp-tmp"]);
         let (b, held) = resumable(&fd, "f", 100, 7).unwrap();
         assert_eq!(held, 40, "still whole");

@@ -1348,10 +1348,14 @@ impl<'a> ReceiveSession<'a> {
             match r {
                 Ok(()) => {
                     // Served from the start while its partial was held: that partial, once
-                    // free, is of a file now in place.
+                    // free, is of a file now in place (unless it is of another file).
                     let dir = self.entry.as_ref().and_then(|(_, d)| d.as_ref()).or(self.dest);
+                    let (rel, size) = match &self.entry {
+                        Some((e, _)) => (e.path.as_str(), e.size),
+                        None => (self.report.name.as_deref().unwrap_or_default(), self.machine.size()),
+                    };
                     if let (false, Some(key), Some(dir)) = (partial, self.partial_key(), dir) {
-                        super::files::drop_partial(dir, key);
+                        super::files::drop_partial(dir, key, rel, size);
                     }
                     (Status::Ok, String::new())
                 }
