@@ -110,3 +110,53 @@ fn bogus_lanes_on_a_receiver_without_a_secret_cost_only_their_connection() {
     assert!(std::fs::read(dst.join("f")).unwrap() == data);
     let _ = rx.stop(Duration::from_secs(30));
 }
+
+/// A session that failed after its GRANT gave its place among `--max-sessions` back before its
+/// teardown freed the ring, and the teardown waits up to 5 s per lane for a peer that never
+/// disconnects: a new session could be granted a share while the old ring was still registered,
+/// so one address held 2.5 times `--memory` (review finding F2). Now the place, and with it the
+/// share, is given back only after the ring is freed.
+#[test]
+fn a_session_in_teardown_holds_its_memory_share_until_its_ring_is_freed() {
+    let topo = testkit::require_topology!();
+    let (src, dst) = (scratch("teardown-src"), scratch("teardown-dst"));
+    let data = random_file(&src.join("f"), 1 << 20, 53);
+    let dir = dst.to_str().unwrap();
+    let args = ["--dir", dir, "--max-sessions", "1", "--max-per-address", "4", "--memory", "8M", "--timeout", "20"];
+    let rx = Receiver::start(&topo, 7653, &args);
+    let mut first = RawSender::connect(&topo, 7653);
+    let ring = greedy_hello(&mut first, 0x7653_0001);
+    // Out of place after the GRANT: the session fails with an ACK, then waits for this peer to
+    // disconnect, which it does not do.
+    first.send_message(0x7653_0001, &Message::Hello(raw_hello(1))).unwrap();
+    match first.recv() {
+        Message::Ack(a) => assert_ne!(a.status, rdma_proto::Status::Ok, "a second HELLO was accepted"),
+        other => panic!("{other:?} instead of an ACK"),
+    }
+    let mut second = RawSender::connect(&topo, 7653);
+    let hello = Hello { chunk: u32::MAX, depth: u32::MAX, name: "greedy-second".into(), ..raw_hello(1 << 40) };
+    second.send_message(0x7653_0002, &Message::Hello(hello)).unwrap();
+    match second.recv() {
+        Message::Ack(a) => assert_eq!(a.status, rdma_proto::Status::Busy, "{a:?}"),
+        Message::Grant(g) => panic!(
+            "a ring of {} MiB granted while the failed session's ring of {} MiB was still registered (--memory 8M)",
+            (u64::from(g.slot_size) * u64::from(g.slot_count)) >> 20,
+            ring >> 20
+        ),
+        other => panic!("{other:?} instead of an ACK"),
+    }
+    drop(second);
+    drop(first);
+    // With the failed peer gone, its place comes back: an honest send is served.
+    let mut out = send(&topo, 7653, &[src.join("f").to_str().unwrap()]);
+    for _ in 0..10 {
+        if out.status.code() != Some(18) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        out = send(&topo, 7653, &[src.join("f").to_str().unwrap()]);
+    }
+    assert!(out.status.success(), "the honest send after: {}", text(&out.stderr));
+    assert!(std::fs::read(dst.join("f")).unwrap() == data);
+    let _ = rx.stop(Duration::from_secs(30));
+}

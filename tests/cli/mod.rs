@@ -186,6 +186,19 @@ impl Receiver {
     }
 }
 
+/// A receiver its test left running (a failed assertion unwinds past `stop`/`finish`) is killed
+/// and reaped, so that it does not keep its port from the tests after it (seen: "Address
+/// already in use" for the next test on that port).
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        // `finish` takes `stdout` once it has reaped the child; still here, the child may run.
+        if self.stdout.is_some() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 /// The partial of a transfer in `dst`, if one exists: its data file's length.
 pub fn partial_len(dst: &Path) -> Option<u64> {
     let name = listing(dst).into_iter().find(|n| n.ends_with(".part.rdcp-tmp"))?;

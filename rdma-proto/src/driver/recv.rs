@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdma_cm::{ConnectRequest, Listener};
-use rdma_verbs::{AccessFlags, AlignedBuffer, Rc, RecvRing, SendQueue, Slot, SlotPool};
+use rdma_verbs::{AccessFlags, AlignedBuffer, Deadline, Rc, RecvRing, SendQueue, Slot, SlotPool};
 
 use super::digest::Hasher;
 use super::files::{io_status, make_dir_entry, make_dirs, DirFd, Incoming, MadeDirs};
@@ -728,10 +728,13 @@ fn session(req: ConnectRequest, shared: &Shared, report: &mut ReceiveReport, sta
     };
     let outcome = outcome.map_err(|e| explain_loss(e, Side::Receiver, &conn, s.pd.context()));
     let acked = s.machine.acked();
-    let (mut sq, ring, slots, lanes) = s.end(&outcome);
+    let (mut sq, ring, slots, lanes, admitted) = s.end(&outcome);
+    // One bound for the whole teardown, not one per lane: a peer that never disconnects holds
+    // it `TEARDOWN_WAIT` at most, however many lanes it opened.
+    let teardown = Deadline::after(TEARDOWN_WAIT.min(opts.timeout));
     for RecvLane { conn, ring } in lanes {
         if acked {
-            let _ = conn.wait_disconnected(TEARDOWN_WAIT.min(opts.timeout));
+            let _ = conn.wait_disconnected(teardown.remaining());
         } else {
             let _ = conn.disconnect(DISCONNECT_WAIT);
         }
@@ -739,17 +742,18 @@ fn session(req: ConnectRequest, shared: &Shared, report: &mut ReceiveReport, sta
     }
     // An ACK must reach the sender before the connection goes: the sender reads it, then
     // disconnects. Without one there is nothing to wait for.
-    let _ = sq.drain(TEARDOWN_WAIT.min(opts.timeout), drop);
+    let _ = sq.drain(teardown.remaining(), drop);
     drop(sq);
     if acked {
-        let _ = conn.wait_disconnected(TEARDOWN_WAIT.min(opts.timeout));
+        let _ = conn.wait_disconnected(teardown.remaining());
     } else {
         let _ = conn.disconnect(DISCONNECT_WAIT);
     }
     // The ring holds the QP's last handle now: dropped, it destroys the QP; only then may the
-    // peer-writable slots go.
+    // peer-writable slots go, and only then is their memory free for another session.
     drop(ring);
     drop(slots);
+    drop(admitted);
     status_of(outcome)
 }
 
@@ -794,25 +798,26 @@ async fn session_async(
         ok => ok,
     };
     let acked = s.machine.acked();
-    let (mut sq, ring, slots, lanes) = s.end(&outcome);
-    let wait = TEARDOWN_WAIT.min(opts.timeout);
+    let (mut sq, ring, slots, lanes, admitted) = s.end(&outcome);
+    let teardown = Deadline::after(TEARDOWN_WAIT.min(opts.timeout));
     for RecvLane { conn, ring } in lanes {
         if acked {
-            let _ = tokio::time::timeout(wait, conn.wait_disconnected_async()).await;
+            let _ = tokio::time::timeout(teardown.remaining(), conn.wait_disconnected_async()).await;
         } else {
             let _ = tokio::time::timeout(DISCONNECT_WAIT, conn.disconnect_async()).await;
         }
         let _ = ring.close_async().await;
     }
-    let _ = tokio::time::timeout(wait, sq.drain_async(drop)).await;
+    let _ = tokio::time::timeout(teardown.remaining(), sq.drain_async(drop)).await;
     let _ = sq.close_async().await;
     if acked {
-        let _ = tokio::time::timeout(wait, conn.wait_disconnected_async()).await;
+        let _ = tokio::time::timeout(teardown.remaining(), conn.wait_disconnected_async()).await;
     } else {
         let _ = tokio::time::timeout(DISCONNECT_WAIT, conn.disconnect_async()).await;
     }
     let _ = ring.close_async().await;
     drop(slots);
+    drop(admitted);
     status_of(outcome)
 }
 
@@ -860,7 +865,9 @@ struct Shared {
 
 /// What a session's teardown releases, in order: its send queue, its receive ring (the QP's
 /// last handle), the peer-writable slots (after the QP is gone), and its extra lanes.
-type Teardown = (SendQueue<'static, Rc>, RecvRing<'static>, Vec<Slot<'static>>, Vec<RecvLane>);
+/// What a session's teardown releases, in order: the queues, then the granted slots, then its
+/// place among `max_sessions` (whose memory share the slots are).
+type Teardown = (SendQueue<'static, Rc>, RecvRing<'static>, Vec<Slot<'static>>, Vec<RecvLane>, Option<Counted>);
 
 /// A lane's request handed over, ready to accept: its number, the request, its QP and
 /// receive ring.
@@ -1020,9 +1027,10 @@ impl<'a> ReceiveSession<'a> {
         Ok(ControlFlow::Continue(acted || arrived || completed))
     }
 
-    /// Ends the session: an uncommitted temporary is removed, the place among `max_sessions`
-    /// given back, the report filled in; the queues and the granted slots are returned for
-    /// the teardown, which must release the slots last (after the QP is destroyed).
+    /// Ends the session: an uncommitted temporary is removed, the report filled in; the
+    /// queues, the granted slots and the place among `max_sessions` are returned for the
+    /// teardown, which must release the slots after the QP is destroyed, and the place only
+    /// after the slots (a new session's share must not overlap a ring still registered).
     fn end(self, outcome: &Result<Outcome, Error>) -> Teardown {
         let ReceiveSession {
             report,
@@ -1057,7 +1065,6 @@ impl<'a> ReceiveSession<'a> {
                 f.keep(machine.bytes_stored());
             }
         }
-        drop(admitted);
         // A HELLO refused before anything was opened still named its session.
         report.session = machine.session();
         report.hello = machine.hello_received();
@@ -1074,7 +1081,7 @@ impl<'a> ReceiveSession<'a> {
         if let (Some(a), Some(b)) = (data_start, data_end.or(last_stored)) {
             report.phases.data = b - a;
         }
-        (sq, ring, slots, lanes)
+        (sq, ring, slots, lanes, admitted)
     }
 
     /// Does what the machine asks: `Break` with the outcome once it finished, else `Continue`
