@@ -121,7 +121,8 @@ struct RecvArgs {
     #[arg(long, value_name = "US", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     spin_us: u64,
     /// Exit after this many transfers (default: serve forever). A transfer counts once its
-    /// sender's HELLO arrived, whatever its outcome; connections that send none do not count.
+    /// sender's HELLO arrived and, with a secret, the sender proved it, whatever its outcome;
+    /// connections that send none or cannot prove the secret do not count.
     #[arg(long)]
     count: Option<usize>,
     /// Do not keep the data of interrupted transfers for a resume (by default a transfer that
@@ -391,8 +392,8 @@ fn recv(a: RecvArgs, json: bool) -> i32 {
     let f = failures.clone();
     let r = server.serve(a.count, move |r: ReceiveReport| {
         // A failed transfer makes the exit status 9; a connection that asked for none (an idle
-        // one timed out, say) is only reported.
-        if r.hello && r.result.is_err() {
+        // one timed out, say), or could not prove the secret, is only reported.
+        if r.authorized && r.result.is_err() {
             f.fetch_add(1, Ordering::Relaxed);
         }
         if json {

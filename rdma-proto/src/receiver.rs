@@ -47,9 +47,10 @@ pub struct ReceiverConfig {
     pub memory_budget: u64,
     /// Most slots granted (each chunk in flight also takes one posted receive).
     pub max_slots: u32,
-    /// How long any phase may pass without progress.
+    /// How long any phase after the peer's admission may pass without progress.
     pub timeout: Duration,
-    /// How long a connection may wait before its HELLO (an idle connection holds a place among
+    /// How long a connection may wait before its HELLO, and then (with a secret) before its
+    /// proof (an idle connection holds a place among
     /// the receiver's connections until then).
     pub hello_timeout: Duration,
     /// The shared secret, if any: a sender must then prove it knows it before anything is
@@ -262,6 +263,8 @@ pub struct Receiver {
     nonce: [u8; NONCE_LEN],
     /// Whether the sender's proof of the secret was wrong.
     auth_failed: bool,
+    /// Whether the sender proved the secret.
+    proved: bool,
     /// The file offered, kept while the sender proves the secret.
     offered: Option<(String, u64)>,
     /// The HELLO's resume key, when both sides resume.
@@ -328,6 +331,7 @@ impl Receiver {
             acked: false,
             nonce: [0; NONCE_LEN],
             auth_failed: false,
+            proved: false,
             offered: None,
             resume_key: None,
             base: 0,
@@ -349,6 +353,13 @@ impl Receiver {
     /// Whether a HELLO arrived (valid or not): the peer asked for a transfer.
     pub fn hello_received(&self) -> bool {
         self.greeted
+    }
+
+    /// Whether the peer is one this receiver serves: its HELLO arrived and, with a secret, it
+    /// proved the secret. What a driver counts as a transfer asked for: a peer that cannot
+    /// prove the secret must not use up a count meant for those that can.
+    pub fn authorized(&self) -> bool {
+        self.greeted && (self.cfg.secret.is_none() || self.proved)
     }
 
     /// Sets this side's nonce for the proof of the secret: 16 random bytes from the driver
@@ -444,12 +455,21 @@ impl Receiver {
     /// Also `None` when the timeout is too large to represent (no deadline, as with
     /// `rdma_verbs::Deadline`).
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let timeout = if self.phase == Phase::AwaitHello { self.cfg.hello_timeout } else { self.cfg.timeout };
+        let timeout = self.phase_timeout();
         let running = matches!(
             self.phase,
             Phase::AwaitHello | Phase::Authenticating | Phase::AwaitEntry | Phase::Opening | Phase::Data
         );
         running.then(|| crate::timer(self.progress, timeout)).flatten()
+    }
+
+    /// How long the current phase may go without progress: a peer not yet admitted (before its
+    /// HELLO, and while it proves the secret) has `hello_timeout`, the rest `timeout`.
+    fn phase_timeout(&self) -> Duration {
+        match self.phase {
+            Phase::AwaitHello | Phase::Authenticating => self.cfg.hello_timeout,
+            _ => self.cfg.timeout,
+        }
     }
 
     /// Time passed: ends the session if the current phase made no progress in time. Ignored
@@ -466,7 +486,7 @@ impl Receiver {
             Phase::Data => "the sender's chunks or FIN",
             _ => "the file to be synced",
         };
-        let after = if self.phase == Phase::AwaitHello { self.cfg.hello_timeout } else { self.cfg.timeout };
+        let after = self.phase_timeout();
         self.fail(ProtocolError::Timeout { waiting_for: what, after }, None);
     }
 
@@ -660,6 +680,7 @@ impl Receiver {
                     return Ok(());
                 }
                 self.progress = now;
+                self.proved = true;
                 let mac = secret.proof(Role::Receiver, &t);
                 self.send(&Message::Proof(Proof { nonce: self.nonce, mac }));
                 self.open(name);

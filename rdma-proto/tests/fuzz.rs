@@ -933,8 +933,10 @@ impl Spec {
     }
 
     fn deadline(&self) -> Option<Instant> {
-        // The HELLO has its own bound (`hello_timeout`); every later phase the phase timeout.
-        let timeout = if self.phase == Phase::AwaitHello { self.cfg.hello_timeout } else { self.cfg.timeout };
+        // A peer not yet admitted (before its HELLO, and while it proves the secret) has its own
+        // bound (`hello_timeout`); every later phase the phase timeout.
+        let admitting = matches!(self.phase, Phase::AwaitHello | Phase::Authenticating);
+        let timeout = if admitting { self.cfg.hello_timeout } else { self.cfg.timeout };
         let running = matches!(self.phase, Phase::AwaitHello | Phase::Authenticating | Phase::Opening | Phase::Data);
         running.then(|| self.progress.checked_add(timeout)).flatten()
     }
@@ -1886,6 +1888,10 @@ impl Case {
             self.r.auth_failed(),
             if w.auth_failed { "a" } else { "no" }
         );
+        // A peer counts as served once its HELLO was taken and, with a secret, its proof verified:
+        // what a driver's transfer count counts.
+        let authorized = w.hello.is_some() && (w.key.is_none() || w.proved);
+        ensure!(self.r.authorized() == authorized, "authorized() {}, the watch says {authorized}", self.r.authorized());
         if w.challenge.is_some() || w.open.is_some() {
             ensure!(self.r.resume_key() == w.resume_key(), "resume_key() {:?} for {:?}", self.r.resume_key(), w.hello);
         }
@@ -1901,11 +1907,14 @@ impl Case {
         if w.finish.is_some() || (w.finalize.is_some() && w.committed.is_none()) {
             ensure!(deadline.is_none(), "a deadline while the session is over or committing");
         }
-        // Progress moves the deadline to a timeout from now.
-        if got
-            .iter()
-            .any(|s| matches!(s, Step::Challenge { .. } | Step::Open { .. } | Step::Grant { .. } | Step::Store { .. }))
-        {
+        // Progress moves the deadline to a timeout from now: the HELLO timeout while the peer
+        // proves the secret (after a CHALLENGE), the phase timeout once it is admitted.
+        if got.iter().any(|s| matches!(s, Step::Challenge { .. })) {
+            ensure!(
+                deadline == self.now.checked_add(self.cfg.hello_timeout),
+                "deadline {deadline:?} after a CHALLENGE"
+            );
+        } else if got.iter().any(|s| matches!(s, Step::Open { .. } | Step::Grant { .. } | Step::Store { .. })) {
             ensure!(deadline == self.now.checked_add(self.cfg.timeout), "deadline {deadline:?} after progress");
         }
         // Nothing stalls: a drained ring is credited, and a FIN with every chunk stored commits.

@@ -67,8 +67,9 @@ pub struct ReceiveOptions {
     /// `docs/protocol.md`, "Speed, and the defaults"). A spin budget
     /// ([`rdma_verbs::WaitPolicy::spin_then_sleep`]) trades a core for the wake-up latency.
     pub wait: rdma_verbs::WaitPolicy,
-    /// How long an accepted connection may take to send its HELLO: an idle connection holds
-    /// one of the few places past `max_sessions` until then, and is closed after it.
+    /// How long an accepted connection may take to send its HELLO, and then (with a secret)
+    /// its proof: an idle connection holds one of the few places past `max_sessions` until
+    /// then, and is closed after it.
     pub hello_timeout: Duration,
     /// Resume interrupted transfers (with a `dir`): a session that fails midway (the sender
     /// killed or gone, the link cut, the receiver stopped) keeps its data as a partial, and a
@@ -168,9 +169,11 @@ impl Default for ReceiveOptions {
 pub struct ReceiveReport {
     /// The session id (0 if no HELLO came).
     pub session: u64,
-    /// Whether a HELLO came (valid or not): the connection asked for a transfer. What
-    /// [`Server::serve`]'s count counts.
+    /// Whether a HELLO came (valid or not, proved or not).
     pub hello: bool,
+    /// Whether the connection asked for a transfer as a peer this receiver serves: its HELLO
+    /// came and, with a secret, it proved the secret. What [`Server::serve`]'s count counts.
+    pub authorized: bool,
     /// Whether the sender's proof of the secret was wrong (what the server rate-limits).
     pub auth_failed: bool,
     /// The sender's address.
@@ -423,9 +426,11 @@ impl Server {
 
     /// Serves senders, each connection on its own thread, until `sessions` transfers were asked
     /// for (forever with `None`); `report` is called (from that thread) as each session ends.
-    /// A transfer is asked for when a connection's HELLO arrives, whatever its outcome (a
-    /// refusal, a failure and a success count alike); a connection that sends none, or is
-    /// rejected as busy, does not count. Once the count is reached no connection is accepted
+    /// A transfer is asked for when a connection's HELLO arrives and, with a secret, its sender
+    /// proved the secret, whatever its outcome then (a refusal, a failure and a success count
+    /// alike); a connection that sends none, one rejected as busy, and one that cannot prove
+    /// the secret do not count ([`ReceiveReport::authorized`]): a peer without the secret
+    /// cannot use up a count meant for those with it. Once the count is reached no connection is accepted
     /// (a request is rejected as busy; only the extra lanes of the striped sessions in
     /// progress are still taken), those still without a HELLO end, and `serve` returns when
     /// the transfers in progress ended (HELLOs that raced the count are served too, so more
@@ -670,6 +675,7 @@ impl ReceiveReport {
         ReceiveReport {
             session: 0,
             hello: false,
+            authorized: false,
             auth_failed: false,
             peer,
             name: None,
@@ -1068,6 +1074,7 @@ impl<'a> ReceiveSession<'a> {
         // A HELLO refused before anything was opened still named its session.
         report.session = machine.session();
         report.hello = machine.hello_received();
+        report.authorized = machine.authorized();
         report.auth_failed = machine.auth_failed();
         report.bytes = if machine.is_batch() || !report.entries.is_empty() {
             // The entries that ended, and the one in progress when the session ended midway.
@@ -1376,9 +1383,9 @@ impl<'a> ReceiveSession<'a> {
 
     /// Takes the control messages and WRITEs with immediate that arrived; whether any came.
     fn drive_arrivals(&mut self) -> Result<bool, Error> {
-        let greeted = self.machine.hello_received();
+        let counted = self.machine.authorized();
         let n = self.take_arrivals()?;
-        if !greeted && self.machine.hello_received() {
+        if !counted && self.machine.authorized() {
             self.tally.asked.fetch_add(1, Ordering::AcqRel);
         }
         Ok(n)
