@@ -2,8 +2,9 @@
 //! rdma-copy's choice of XXH3-128 over BLAKE3 (`docs/protocol.md`). Run it where the transfer runs (in the VM:
 //! `scripts/softroce run -- target/release/examples/digest-cost`).
 //!
-//! Prints MB/s (10^6 bytes) over 1 MiB buffers for: memcpy, BLAKE3 (its SIMD as detected),
-//! XXH3-128 and XXH64 (not cryptographic), and which of the two the receiver picks here.
+//! Prints MB/s (10^6 bytes) over 1 MiB buffers for: memcpy, BLAKE3 plain and keyed (its SIMD
+//! as detected), HMAC-SHA256 (the keyed digests a session with a secret could use), XXH3-128
+//! and XXH64 (not cryptographic), and which of the two the receiver picks here.
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -29,6 +30,15 @@ fn main() {
     });
     rate("blake3", LEN, || {
         black_box(blake3::hash(black_box(&src)));
+    });
+    rate("blake3-keyed", LEN, || {
+        black_box(blake3::keyed_hash(&[7; 32], black_box(&src)));
+    });
+    rate("hmac-sha256", LEN, || {
+        use hmac::Mac;
+        let mut m = <hmac::Hmac<sha2::Sha256> as Mac>::new_from_slice(&[7; 32]).unwrap();
+        m.update(black_box(&src));
+        black_box(m.finalize().into_bytes());
     });
     rate("xxh3-128", LEN, || {
         black_box(xxhash_rust::xxh3::xxh3_128(black_box(&src)));

@@ -235,6 +235,11 @@ struct SendArgs {
     #[cfg(feature = "fault-injection")]
     #[arg(long, hide = true)]
     test_lane_delay_ms: Option<u64>,
+    /// Test hook: change chunk N after hashing it, and send the digest a forger without the
+    /// secret computes for what was sent.
+    #[cfg(feature = "fault-injection")]
+    #[arg(long, hide = true)]
+    test_tamper: Option<u64>,
 }
 
 /// `recv --digest`: a digest, or `auto` (`None`: the faster one on this CPU).
@@ -489,6 +494,7 @@ fn send(a: SendArgs, json: bool) -> i32 {
             opts.test_lane_token = Some(token);
         }
         opts.test_lane_delay = a.test_lane_delay_ms.map(Duration::from_millis);
+        opts.test_tamper = a.test_tamper;
         opts.test_after_fin = match a.test_after_fin.as_deref() {
             None => None,
             Some("junk") => Some(AfterFin::Junk),

@@ -402,6 +402,73 @@ fn senders_that_cannot_prove_the_secret_do_not_use_up_the_count() {
     assert_eq!(report.lines().count(), 3, "{report}");
 }
 
+/// The digest was not keyed with a secret: someone on the path who rewrote a WRITE's payload
+/// (and its ICRC) and the FIN's digest had the changed data stored with the verdict `Ok`
+/// (issue 33 §5). The hidden `--test-tamper N` plays that forger from inside the sender: chunk
+/// N changes after it was hashed, and the FIN carries the digest of what was sent, computed
+/// without the secret. With a secret the session's digest is BLAKE3 keyed from it, so the
+/// verdict is ChecksumMismatch (exit 11) and nothing is stored. Without a secret the forger
+/// wins, as `docs/protocol.md` ("Threat model") says: that half shows the forger's digest is
+/// right, so the keyed half fails for the key and for nothing else.
+#[test]
+fn data_changed_on_the_path_fails_the_verdict_when_the_digest_is_keyed() {
+    let topo = testkit::require_topology!();
+    let (src, dst, keys) = (scratch("tamper-src"), scratch("tamper-dst"), scratch("tamper-keys"));
+    let data = random_file(&src.join("f"), 3 << 20, 12);
+    const SECRET: &str = "a shared secret of 32 bytes, ok!";
+    let key = secret_file(&keys, "key", SECRET, 0o600);
+    let dir = dst.to_str().unwrap();
+    let tampered = |port: u16, secret: Option<&str>| {
+        let to = format!("{}:{port}", topo.server.addr);
+        let mut c = Command::new(tool());
+        c.args(["send", "--quiet", "--to", &to, "--from", &topo.client.addr.to_string(), "--chunk", "512K"]);
+        c.args(["--test-tamper", "2"]).arg(src.join("f"));
+        match secret {
+            Some(s) => c.env("RDMA_COPY_SECRET", s),
+            None => c.env_remove("RDMA_COPY_SECRET"),
+        };
+        c.output().unwrap()
+    };
+
+    let rx = Receiver::start(&topo, 7546, &["--dir", dir, "--count", "1", "--secret-file", key.to_str().unwrap()]);
+    let out = tampered(7546, Some(SECRET));
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(11), "with a secret, the changed chunk must fail the verdict: {err}");
+    assert!(listing(&dst).is_empty(), "{:?}", listing(&dst));
+    let (_, report) = rx.finish(Duration::from_secs(30));
+    assert!(report.contains("checksum mismatch"), "the receiver's report: {report}");
+
+    let rx = Receiver::start(&topo, 7547, &["--dir", dir, "--count", "1"]);
+    let out = tampered(7547, None);
+    assert!(out.status.success(), "without a secret the forger's digest is the right one: {}", text(&out.stderr));
+    let stored = std::fs::read(dst.join("f")).unwrap();
+    assert_eq!(stored.len(), data.len());
+    assert!(stored != data, "the hook changed nothing");
+    let _ = rx.finish(Duration::from_secs(30));
+
+    // Untouched, a batch over two lanes with the secret arrives whole: each entry's keyed
+    // digest checks on both sides.
+    let tree = src.join("tree");
+    std::fs::create_dir(&tree).unwrap();
+    let a = random_file(&tree.join("a"), (2 << 20) + 5, 13);
+    let b = random_file(&tree.join("b"), 100_000, 14);
+    let dst2 = scratch("tamper-dst2");
+    let dir2 = dst2.to_str().unwrap();
+    let rx = Receiver::start(&topo, 7548, &["--dir", dir2, "--count", "1", "--secret-file", key.to_str().unwrap()]);
+    let to = format!("{}:7548", topo.server.addr);
+    let out = Command::new(tool())
+        .args(["send", "--quiet", "--to", &to, "--from", &topo.client.addr.to_string(), "--lanes", "2"])
+        .arg(&tree)
+        .env("RDMA_COPY_SECRET", SECRET)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "a batch with the secret: {}", text(&out.stderr));
+    assert!(std::fs::read(dst2.join("tree/a")).unwrap() == a);
+    assert!(std::fs::read(dst2.join("tree/b")).unwrap() == b);
+    let (code, report) = rx.finish(Duration::from_secs(30));
+    assert_eq!(code, 0, "{report}");
+}
+
 /// The time from a sender's "sending" log line (`RUST_LOG=rdma_proto=info`: just before it
 /// resolves the receiver) to `exited`: what the sender itself took, without the start of its
 /// process (the debug binary read over the VM's 9p root under TCG, which swings by seconds on

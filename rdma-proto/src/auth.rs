@@ -17,6 +17,12 @@
 //! Nonces are 16 random bytes from each side; the machines take them as inputs (they have no
 //! randomness of their own).
 //!
+//! Once both proofs are exchanged each side also derives the session's digest secret
+//! (`HMAC(secret, "rdcp digest v1" || session || Ns || Nr)`) and from it each file's
+//! [`DigestKey`] (`HMAC(digest secret, "rdcp file" || index)`): the whole-file digest of a
+//! session with a secret is BLAKE3 keyed with it ([`crate::Digest::Blake3Keyed`]), so that
+//! data changed on the path fails the verdict.
+//!
 //! The secret is never sent, logged or printed: [`Secret`]'s `Debug` shows only its length.
 
 use std::fmt;
@@ -24,6 +30,8 @@ use std::sync::Arc;
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
+
+use crate::digest::DigestKey;
 
 /// Bytes of a nonce.
 pub const NONCE_LEN: usize = 16;
@@ -76,6 +84,18 @@ impl Secret {
         u64::from_be_bytes(out[..8].try_into().expect("32 bytes"))
     }
 
+    /// The session's digest secret, from which each file's [`DigestKey`] is derived
+    /// ([`digest_key`]): HMAC-SHA256(secret, "rdcp digest v1" || session || Ns || Nr). Both
+    /// sides compute it once the proofs are exchanged; it never crosses the wire.
+    pub(crate) fn digest_secret(&self, t: &Transcript<'_>) -> [u8; 32] {
+        let mut m = <Hmac<Sha256> as Mac>::new_from_slice(&self.0).expect("HMAC takes a key of any length");
+        m.update(b"rdcp digest v1");
+        m.update(&t.session.to_be_bytes());
+        m.update(t.sender_nonce);
+        m.update(t.receiver_nonce);
+        m.finalize().into_bytes().into()
+    }
+
     fn mac(&self, role: Role, t: &Transcript<'_>) -> Hmac<Sha256> {
         let mut m = <Hmac<Sha256> as Mac>::new_from_slice(&self.0).expect("HMAC takes a key of any length");
         m.update(match role {
@@ -89,6 +109,17 @@ impl Secret {
         m.update(t.name.as_bytes());
         m
     }
+}
+
+/// The key of the `index`th file's digest in a session whose digest secret is `secret`
+/// ([`Secret::digest_secret`]; a single file is index 0): HMAC-SHA256(secret, "rdcp file" ||
+/// index). A file's keyed digest then proves its own bytes only: swapping two files' data and
+/// their FINs on the path fails both.
+pub(crate) fn digest_key(secret: &[u8; 32], index: u32) -> DigestKey {
+    let mut m = <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("HMAC takes a key of any length");
+    m.update(b"rdcp file");
+    m.update(&index.to_be_bytes());
+    DigestKey(m.finalize().into_bytes().into())
 }
 
 /// What a proof covers: one session, both nonces, the file offered.

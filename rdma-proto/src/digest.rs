@@ -10,9 +10,10 @@
 
 use crate::wire::caps;
 
-/// A whole-file digest: what the sender's FIN carries and the receiver compares. Neither is
-/// cryptographic; both catch accidents (a bug, a late or misplaced WRITE, a torn copy), and
-/// a shared secret ([`crate::auth`]) is what keeps a hostile peer out.
+/// A whole-file digest: what the sender's FIN carries and the receiver compares. XXH3-128 and
+/// XXH64 are not cryptographic: they catch accidents (a bug, a late or misplaced WRITE, a torn
+/// copy). With a shared secret ([`crate::auth`]) the session uses [`Digest::Blake3Keyed`],
+/// keyed from the secret, so that a change of the data on the path fails the verdict too.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum Digest {
@@ -23,17 +24,25 @@ pub enum Digest {
     /// XXH64 with seed 0 ([`caps::DIGEST_XXH64`]), 8 bytes big-endian: scalar 64-bit
     /// arithmetic, the faster of the two where SIMD is emulated.
     Xxh64,
+    /// BLAKE3 in keyed mode ([`caps::DIGEST_BLAKE3`]), 32 bytes, keyed with the file's
+    /// [`DigestKey`]: derived from the shared secret, both nonces of the session and the
+    /// entry's index ([`crate::auth`]). Only a session whose sides proved a secret uses it, and
+    /// such a session uses nothing else: a receiver with a secret grants only it, and a sender
+    /// with a secret takes no other grant (so nobody on the path can strip the offer).
+    Blake3Keyed,
 }
 
 impl Digest {
-    /// Every digest this version implements, the receiver's fallback order last.
-    pub const ALL: [Digest; 2] = [Digest::Xxh64, Digest::Xxh3_128];
+    /// Every digest this version implements, the receiver's fallback order last (the keyed one
+    /// is never a fallback: it is chosen by the secret, not by the offer).
+    pub const ALL: [Digest; 3] = [Digest::Xxh64, Digest::Xxh3_128, Digest::Blake3Keyed];
 
     /// The capability bit that offers or grants it.
     pub const fn cap(self) -> u32 {
         match self {
             Digest::Xxh3_128 => caps::DIGEST_XXH3_128,
             Digest::Xxh64 => caps::DIGEST_XXH64,
+            Digest::Blake3Keyed => caps::DIGEST_BLAKE3,
         }
     }
 
@@ -42,25 +51,38 @@ impl Digest {
         match self {
             Digest::Xxh3_128 => 16,
             Digest::Xxh64 => 8,
+            Digest::Blake3Keyed => 32,
         }
     }
 
-    /// Its name, as the command line spells it (`xxh3-128`, `xxh64`).
+    /// Its name, as the command line spells it (`xxh3-128`, `xxh64`, `blake3-keyed`).
     pub const fn name(self) -> &'static str {
         match self {
             Digest::Xxh3_128 => "xxh3-128",
             Digest::Xxh64 => "xxh64",
+            Digest::Blake3Keyed => "blake3-keyed",
         }
     }
 
-    /// The digest a receiver grants for a HELLO's capabilities: `preferred` if the sender
-    /// offers it, else the first of [`ALL`](Self::ALL) it offers; `None` when it offers none
-    /// this version knows (the HELLO is then refused).
-    pub fn choose(offered: u32, preferred: Digest) -> Option<Digest> {
-        if offered & preferred.cap() != 0 {
+    /// Whether it is keyed (needs a [`DigestKey`], so a shared secret).
+    pub const fn is_keyed(self) -> bool {
+        matches!(self, Digest::Blake3Keyed)
+    }
+
+    /// The digest a receiver grants for a HELLO's capabilities. With a secret (`keyed`):
+    /// [`Digest::Blake3Keyed`] if the sender offers it, else `None`. Without: `preferred` if the
+    /// sender offers it and it is not keyed, else the first unkeyed one of
+    /// [`ALL`](Self::ALL) it offers; `None` when it offers none this version knows. A HELLO
+    /// with `None` is refused.
+    pub fn choose(offered: u32, preferred: Digest, keyed: bool) -> Option<Digest> {
+        if keyed {
+            return (offered & caps::DIGEST_BLAKE3 != 0).then_some(Digest::Blake3Keyed);
+        }
+        let unkeyed = |d: &Digest| !d.is_keyed() && offered & d.cap() != 0;
+        if unkeyed(&preferred) {
             return Some(preferred);
         }
-        Digest::ALL.into_iter().find(|d| offered & d.cap() != 0)
+        Digest::ALL.into_iter().find(unkeyed)
     }
 
     /// The digest a GRANT names: `None` unless exactly one digest bit this version knows is
@@ -71,6 +93,28 @@ impl Digest {
             (Some(d), None) => Some(d),
             _ => None,
         }
+    }
+}
+
+/// The key of one file's [`Digest::Blake3Keyed`]: 32 bytes derived from the session's shared
+/// secret, both nonces and the file's index in the session ([`crate::auth`]), so that no key
+/// serves two files or two sessions. Given by the machines
+/// ([`Sender::digest_key`](crate::sender::Sender::digest_key),
+/// [`Receiver::digest_key`](crate::receiver::Receiver::digest_key)) once both sides proved the
+/// secret. Its bytes are never shown (`Debug` prints nothing of them).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct DigestKey(pub(crate) [u8; 32]);
+
+impl DigestKey {
+    /// The key's bytes, for the hasher (`blake3::Hasher::new_keyed`).
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for DigestKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DigestKey(..)")
     }
 }
 
@@ -86,10 +130,12 @@ impl std::str::FromStr for Digest {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Digest::ALL
             .into_iter()
+            .filter(|d| !d.is_keyed())
             .find(|d| d.name().eq_ignore_ascii_case(s))
-            .ok_or_else(|| format!("unknown digest {s:?}: xxh3-128 or xxh64"))
+            .ok_or_else(|| format!("unknown digest {s:?}: xxh3-128 or xxh64 (blake3-keyed comes with a secret)"))
     }
 }
 
-/// Every digest bit this version knows.
+/// Every unkeyed digest bit this version knows (what any sender offers; one with a secret
+/// offers [`caps::DIGEST_BLAKE3`] too).
 pub const DIGEST_CAPS: u32 = caps::DIGEST_XXH3_128 | caps::DIGEST_XXH64;

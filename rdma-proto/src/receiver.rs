@@ -23,7 +23,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crate::auth::{Role, Secret, Transcript, NONCE_LEN};
-use crate::digest::Digest;
+use crate::digest::{Digest, DigestKey};
 use crate::outbox::Outbox;
 use crate::status::Status;
 use crate::wire::{self, caps, Ack, Challenge, Credit, End, Entry, EntryKind, Grant, Message, Proof, Ready};
@@ -74,7 +74,8 @@ pub struct ReceiverConfig {
     pub max_lanes: u16,
     /// The digest granted when the sender offers it ([`Digest::choose`]): otherwise the
     /// other one it offers. XXH3-128 by default, the one every sender knows; the driver
-    /// picks the faster one on its CPU unless told (`ReceiveOptions::digest`).
+    /// picks the faster one on its CPU unless told (`ReceiveOptions::digest`). Not used with a
+    /// [`secret`](Self::secret): that session's digest is [`Digest::Blake3Keyed`].
     pub digest: Digest,
 }
 
@@ -265,6 +266,8 @@ pub struct Receiver {
     auth_failed: bool,
     /// Whether the sender proved the secret.
     proved: bool,
+    /// The session's digest secret, once the sender proved the secret ([`crate::auth`]).
+    digest_secret: Option<[u8; 32]>,
     /// The file offered, kept while the sender proves the secret.
     offered: Option<(String, u64)>,
     /// The HELLO's resume key, when both sides resume.
@@ -332,6 +335,7 @@ impl Receiver {
             nonce: [0; NONCE_LEN],
             auth_failed: false,
             proved: false,
+            digest_secret: None,
             offered: None,
             resume_key: None,
             base: 0,
@@ -386,6 +390,15 @@ impl Receiver {
     /// driver hashes what it stores with it; the FIN must carry one of its size.
     pub fn digest(&self) -> Digest {
         self.digest
+    }
+
+    /// The key of the current file's digest when the session's digest is keyed
+    /// ([`Digest::Blake3Keyed`]: with a secret, once the sender proved it); `None` otherwise.
+    /// In a batch, the key of the entry in progress. The driver hashes what it stores with it.
+    pub fn digest_key(&self) -> Option<DigestKey> {
+        let secret = self.digest_secret.as_ref().filter(|_| self.digest.is_keyed())?;
+        let index = self.batch.as_ref().and_then(|b| b.current.as_ref()).map_or(0, |c| c.0);
+        Some(crate::auth::digest_key(secret, index))
     }
 
     /// The token extra lanes must present ([`with_lane_token`](Self::with_lane_token)).
@@ -631,7 +644,9 @@ impl Receiver {
                 self.greeted = true;
                 self.progress = now;
                 let v = *wire::PROTOCOL_VERSIONS.end();
-                let chosen = Digest::choose(hello.caps, self.cfg.digest);
+                // With a secret, and a sender that offers to prove it, only the keyed digest.
+                let keyed = self.cfg.secret.is_some() && hello.caps & caps::AUTH != 0;
+                let chosen = Digest::choose(hello.caps, self.cfg.digest, keyed);
                 self.digest = chosen.unwrap_or_default();
                 if hello.version_max < *wire::PROTOCOL_VERSIONS.start() || hello.version_min > v {
                     let why = format!(
@@ -641,6 +656,9 @@ impl Receiver {
                         wire::PROTOCOL_VERSIONS
                     );
                     self.refuse(Status::ProtocolMismatch, why);
+                } else if chosen.is_none() && keyed {
+                    let why = "with a shared secret this receiver needs the keyed digest (blake3-keyed), which the sender does not offer";
+                    self.refuse(Status::ProtocolMismatch, why.into());
                 } else if chosen.is_none() {
                     self.refuse(Status::ProtocolMismatch, "sender offers no digest this receiver knows".into());
                 } else if self.cfg.batch && hello.caps & caps::BATCH != 0 && hello.name == wire::BATCH_NAME {
@@ -681,6 +699,7 @@ impl Receiver {
                 }
                 self.progress = now;
                 self.proved = true;
+                self.digest_secret = Some(secret.digest_secret(&t));
                 let mac = secret.proof(Role::Receiver, &t);
                 self.send(&Message::Proof(Proof { nonce: self.nonce, mac }));
                 self.open(name);

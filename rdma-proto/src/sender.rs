@@ -174,6 +174,8 @@ pub struct Sender {
     challenge: Option<[u8; NONCE_LEN]>,
     /// Whether the receiver proved it knows the secret.
     receiver_proven: bool,
+    /// The session's digest secret, once the receiver proved the secret ([`crate::auth`]).
+    digest_secret: Option<[u8; 32]>,
     /// Bytes the receiver held before (the GRANT's, or in a batch the READY's, `resume_from`).
     resume_from: u64,
     /// Whether this is a batch, and its entries so far.
@@ -241,6 +243,7 @@ impl Sender {
             nonce: [0; NONCE_LEN],
             challenge: None,
             receiver_proven: false,
+            digest_secret: None,
             resume_from: 0,
             batch: None,
             entry: None,
@@ -352,6 +355,14 @@ impl Sender {
     /// driver hashes the file with it and answers [`Action::NeedDigest`] with one of its size.
     pub fn digest(&self) -> Digest {
         self.granted_digest
+    }
+
+    /// The key of the current file's digest when the granted digest is keyed
+    /// ([`Digest::Blake3Keyed`]: with a secret, once the receiver proved it); `None` otherwise.
+    /// In a batch, the key of the entry in progress. The driver hashes what it sends with it.
+    pub fn digest_key(&self) -> Option<crate::digest::DigestKey> {
+        let secret = self.digest_secret.as_ref().filter(|_| self.granted_digest.is_keyed())?;
+        Some(crate::auth::digest_key(secret, self.entry.as_ref().map_or(0, |e| e.index)))
     }
 
     /// Lanes granted: 1 until the GRANT, and when the receiver does not stripe.
@@ -475,6 +486,7 @@ impl Sender {
                     ));
                 }
                 self.receiver_proven = true;
+                self.digest_secret = Some(secret.digest_secret(&t));
                 self.progress = now;
             }
             (Phase::AwaitGrant, Message::Grant(_)) if self.cfg.secret.is_some() && !self.receiver_proven => {
@@ -572,6 +584,11 @@ impl Sender {
         let Some(digest) = Digest::granted(g.caps) else {
             return bad(format!("capabilities {:#x} name no single digest", g.caps));
         };
+        // With a secret, the keyed digest or nothing: an unkeyed one would let the data be
+        // changed on the path (and a receiver that proved the secret grants only the keyed).
+        if digest.is_keyed() != self.cfg.secret.is_some() {
+            return bad(format!("digest {digest} with{} a shared secret", if digest.is_keyed() { "out" } else { "" }));
+        }
         if g.slot_size == 0 || g.slot_size > self.cfg.chunk || g.slot_count == 0 {
             return bad(format!("{} slots of {} bytes", g.slot_count, g.slot_size));
         }
@@ -678,7 +695,7 @@ impl Sender {
 
     /// The capabilities this sender's HELLO offered.
     fn offered_caps(&self) -> u32 {
-        let auth = if self.cfg.secret.is_some() { caps::AUTH } else { 0 };
+        let auth = if self.cfg.secret.is_some() { caps::AUTH | caps::DIGEST_BLAKE3 } else { 0 };
         let resume = if self.cfg.resume_key.is_some() { caps::RESUME } else { 0 };
         let batch = if self.name == wire::BATCH_NAME { caps::BATCH } else { 0 };
         let lanes = if self.cfg.lanes > 1 { caps::LANES } else { 0 };

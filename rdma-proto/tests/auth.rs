@@ -205,3 +205,88 @@ fn proofs_out_of_place_are_protocol_errors() {
     let Message::Hello(h) = wire::decode(&sent[0]).unwrap().1 else { panic!() };
     assert_eq!(h.caps & caps::AUTH, 0);
 }
+
+/// With a secret the session's digest is keyed BLAKE3 on both sides, with the same key, which
+/// depends on the session's nonces: a digest computed for one session checks in no other.
+#[test]
+fn a_session_with_the_secret_uses_the_keyed_digest_with_one_key_per_session() {
+    let mut keys = Vec::new();
+    for nonce in [4u8, 5] {
+        let (s, r) = machines(Some("correct horse battery staple"), Some("correct horse battery staple"));
+        let r = r.with_nonce([nonce; 16]);
+        let mut s = s;
+        // Run the exchange by hand, keeping the sender to read its key.
+        let t = Instant::now();
+        let mut r = r;
+        for _ in 0..6 {
+            let (_, to_r) = drain_sender(&mut s);
+            for m in &to_r {
+                r.handle(receiver::Input::Message(m), t);
+            }
+            let (ra, mut to_s) = drain_receiver(&mut r);
+            if opened(&ra) {
+                r.handle(receiver::Input::Ready { addr: 4096, rkey: 7 }, t);
+                to_s.extend(drain_receiver(&mut r).1);
+            }
+            for m in to_s {
+                deliver(&mut s, &m, t);
+            }
+        }
+        assert_eq!((s.digest(), r.digest()), (rdma_proto::Digest::Blake3Keyed, rdma_proto::Digest::Blake3Keyed));
+        let (sk, rk) = (s.digest_key().expect("the sender's key"), r.digest_key().expect("the receiver's key"));
+        assert_eq!(sk, rk, "both sides derive the same key");
+        keys.push(sk);
+    }
+    assert_ne!(keys[0], keys[1], "another nonce, another key");
+    // Without a secret: an unkeyed digest and no key.
+    let (s, r) = machines(None, None);
+    let (_, _, r) = exchange(s, r);
+    assert!(!r.digest().is_keyed() && r.digest_key().is_none());
+}
+
+/// Nobody on the path can strip the keyed digest: a receiver with a secret refuses a HELLO that
+/// offers AUTH without it, and a sender with a secret refuses a GRANT that names another digest
+/// (here the receiver's own GRANT, rewritten on the way).
+#[test]
+fn the_keyed_digest_cannot_be_stripped_on_the_path() {
+    let (mut s, mut r) = machines(Some("correct horse battery staple"), Some("correct horse battery staple"));
+    let (_, hello) = drain_sender(&mut s);
+    let (h, Message::Hello(mut stripped)) = wire::decode(&hello[0]).unwrap() else { panic!("a HELLO") };
+    assert_ne!(stripped.caps & caps::DIGEST_BLAKE3, 0, "a sender with a secret offers the keyed digest");
+    stripped.caps &= !caps::DIGEST_BLAKE3;
+    let mut out = Vec::new();
+    wire::encode(h.session, &Message::Hello(stripped), &mut out).unwrap();
+    r.handle(receiver::Input::Message(&out), Instant::now());
+    let (ra, _) = drain_receiver(&mut r);
+    assert_eq!(refused(&ra), Some(Status::ProtocolMismatch), "{ra:?}");
+    assert!(!opened(&ra));
+
+    let (mut s, mut r) = machines(Some("correct horse battery staple"), Some("correct horse battery staple"));
+    let t = Instant::now();
+    let mut failure = None;
+    for _ in 0..6 {
+        let (sa, to_r) = drain_sender(&mut s);
+        failure = failure.or(sender_failure(&sa));
+        assert!(!data_read(&sa), "data read under a rewritten GRANT: {sa:?}");
+        for m in &to_r {
+            r.handle(receiver::Input::Message(m), t);
+        }
+        let (ra, mut to_s) = drain_receiver(&mut r);
+        if opened(&ra) {
+            r.handle(receiver::Input::Ready { addr: 4096, rkey: 7 }, t);
+            to_s.extend(drain_receiver(&mut r).1);
+        }
+        for m in to_s {
+            let m = match m {
+                Message::Grant(mut g) => {
+                    g.caps = (g.caps & !caps::DIGEST_BLAKE3) | caps::DIGEST_XXH3_128;
+                    Message::Grant(g)
+                }
+                m => m,
+            };
+            deliver(&mut s, &m, t);
+        }
+    }
+    let failure = failure.or_else(|| sender_failure(&drain_sender(&mut s).0)).expect("the sender failed");
+    assert!(failure.contains("digest xxh3-128 with a shared secret"), "{failure}");
+}

@@ -435,7 +435,7 @@ fn hostile_out_of_place_messages_end_the_session() {
             version_min: 1,
             version_max: 1,
             resume: None,
-            caps: caps::DIGEST_XXH3_128 | caps::BATCH | caps::AUTH,
+            caps: caps::DIGEST_XXH3_128 | caps::DIGEST_BLAKE3 | caps::BATCH | caps::AUTH,
             size: 10,
             chunk: 1024,
             depth: 4,

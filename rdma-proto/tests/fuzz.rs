@@ -355,6 +355,7 @@ fn hello() -> impl Strategy<Value = Hello> {
         3 => Just(caps::DIGEST_XXH3_128 | caps::DIGEST_XXH64),
         1 => Just(caps::DIGEST_XXH64 | caps::AUTH | caps::RESUME),
         2 => Just(caps::DIGEST_XXH3_128 | caps::AUTH),
+        2 => Just(caps::DIGEST_XXH3_128 | caps::DIGEST_BLAKE3 | caps::AUTH),
         2 => Just(caps::DIGEST_XXH3_128 | caps::RESUME),
         2 => Just(caps::DIGEST_XXH3_128 | caps::AUTH | caps::RESUME),
         1 => Just(caps::RESUME | caps::AUTH),
@@ -1090,11 +1091,17 @@ impl Spec {
     fn hello(&mut self, session: u64, h: Hello, now: Instant) {
         self.session = session;
         self.progress = now;
-        // The digest: the receiver's preferred one when offered, else XXH64, else XXH3-128.
-        let preferred = self.cfg.digest.cap();
-        let digest = [preferred, caps::DIGEST_XXH64, caps::DIGEST_XXH3_128].into_iter().find(|&d| h.caps & d != 0);
+        // The digest: with a secret and a sender that offers AUTH, keyed BLAKE3 or nothing;
+        // otherwise the receiver's preferred one when offered, else XXH64, else XXH3-128.
+        let digest = if self.key.is_some() && h.caps & caps::AUTH != 0 {
+            Some(caps::DIGEST_BLAKE3).filter(|&d| h.caps & d != 0)
+        } else {
+            let preferred = self.cfg.digest.cap();
+            [preferred, caps::DIGEST_XXH64, caps::DIGEST_XXH3_128].into_iter().find(|&d| h.caps & d != 0)
+        };
         self.digest = match digest {
             Some(caps::DIGEST_XXH64) => (caps::DIGEST_XXH64, 8),
+            Some(caps::DIGEST_BLAKE3) => (caps::DIGEST_BLAKE3, 32),
             Some(d) => (d, 16),
             None => (0, 0),
         };
@@ -1205,10 +1212,14 @@ impl Watch {
         self.stored.iter().take_while(|s| **s).count() as u64
     }
 
-    /// The digest the session must use: the receiver's preferred one when the HELLO offers
-    /// it, else XXH64, else XXH3-128 (`None`: it offers neither, and is refused).
+    /// The digest the session must use: with a secret and a HELLO that offers AUTH, keyed
+    /// BLAKE3 (when offered); otherwise the receiver's preferred one when the HELLO offers it,
+    /// else XXH64, else XXH3-128 (`None`: it offers none it may use, and is refused).
     fn digest(&self, cfg: &ReceiverConfig) -> Option<Digest> {
         let offered = self.hello.as_ref()?.caps;
+        if self.key.is_some() && offered & caps::AUTH != 0 {
+            return Some(Digest::Blake3Keyed).filter(|d| offered & d.cap() != 0);
+        }
         [cfg.digest, Digest::Xxh64, Digest::Xxh3_128].into_iter().find(|d| offered & d.cap() != 0)
     }
 
@@ -1647,7 +1658,8 @@ impl Case {
         }
         let o = &self.offer;
         if self.watch.session.is_none() {
-            let auth = if o.auth == Auth::None { 0 } else { caps::AUTH };
+            // A sender with a secret offers the keyed digest with AUTH.
+            let auth = if o.auth == Auth::None { 0 } else { caps::AUTH | caps::DIGEST_BLAKE3 };
             let resume = if o.key.is_some() { caps::RESUME } else { 0 };
             let hello = Hello {
                 version_min: 1,

@@ -305,7 +305,7 @@ impl SendSession<'_> {
                 self.size = meta.len();
                 self.file = Some(file);
                 self.path = e.source.clone();
-                self.hasher.reset(self.machine.digest());
+                self.hasher.reset(self.machine.digest(), self.machine.digest_key().as_ref());
                 self.held_hashed = false;
             }
             b.sent.push(sent);

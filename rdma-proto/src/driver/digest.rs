@@ -6,28 +6,36 @@ use std::time::{Duration, Instant};
 use xxhash_rust::xxh3::Xxh3;
 use xxhash_rust::xxh64::Xxh64;
 
+use crate::digest::DigestKey;
 use crate::Digest;
 
-/// A running digest of one file: reset for each file with the digest its session uses.
+/// A running digest of one file: reset for each file with the digest its session uses (and
+/// its key, when keyed).
 pub(crate) enum Hasher {
     Xxh3_128(Box<Xxh3>),
     Xxh64(Xxh64),
+    Blake3(Box<blake3::Hasher>),
 }
 
 impl Hasher {
-    pub(crate) fn new(digest: Digest) -> Self {
-        match digest {
-            Digest::Xxh3_128 => Hasher::Xxh3_128(Box::new(Xxh3::new())),
-            Digest::Xxh64 => Hasher::Xxh64(Xxh64::new(0)),
+    /// A digest of `digest`, keyed with `key` when it is keyed. A keyed digest without a key is
+    /// plain BLAKE3: what someone without the secret computes (the machines give a key
+    /// whenever they choose a keyed digest; a test's forger is the only other user).
+    pub(crate) fn new(digest: Digest, key: Option<&DigestKey>) -> Self {
+        match (digest, key) {
+            (Digest::Xxh64, _) => Hasher::Xxh64(Xxh64::new(0)),
+            (Digest::Blake3Keyed, Some(k)) => Hasher::Blake3(Box::new(blake3::Hasher::new_keyed(k.as_bytes()))),
+            (Digest::Blake3Keyed, None) => Hasher::Blake3(Box::new(blake3::Hasher::new())),
+            _ => Hasher::Xxh3_128(Box::new(Xxh3::new())),
         }
     }
 
-    /// Starts over, with `digest`.
-    pub(crate) fn reset(&mut self, digest: Digest) {
+    /// Starts over, with `digest` (and `key`, see [`new`](Self::new)).
+    pub(crate) fn reset(&mut self, digest: Digest, key: Option<&DigestKey>) {
         match (digest, &mut *self) {
             (Digest::Xxh3_128, Hasher::Xxh3_128(h)) => h.reset(),
             (Digest::Xxh64, Hasher::Xxh64(h)) => h.reset(0),
-            (d, _) => *self = Hasher::new(d),
+            (d, _) => *self = Hasher::new(d, key),
         }
     }
 
@@ -35,6 +43,9 @@ impl Hasher {
         match self {
             Hasher::Xxh3_128(h) => h.update(bytes),
             Hasher::Xxh64(h) => h.update(bytes),
+            Hasher::Blake3(h) => {
+                h.update(bytes);
+            }
         }
     }
 
@@ -43,6 +54,7 @@ impl Hasher {
         match self {
             Hasher::Xxh3_128(h) => h.digest128().to_be_bytes().to_vec(),
             Hasher::Xxh64(h) => h.digest().to_be_bytes().to_vec(),
+            Hasher::Blake3(h) => h.finalize().as_bytes().to_vec(),
         }
     }
 }
@@ -62,7 +74,7 @@ pub fn fastest_digest() -> Digest {
             let mut best = Duration::MAX;
             for _ in 0..4 {
                 let t = Instant::now();
-                let mut h = Hasher::new(d);
+                let mut h = Hasher::new(d, None);
                 h.update(std::hint::black_box(&buf));
                 std::hint::black_box(h.finish());
                 best = best.min(t.elapsed());
@@ -83,15 +95,22 @@ mod tests {
     #[test]
     fn each_digest_is_the_published_algorithm_big_endian() {
         let data = b"rdma-copy";
-        let mut h = Hasher::new(Digest::Xxh64);
+        let mut h = Hasher::new(Digest::Xxh64, None);
         h.update(&data[..4]);
         h.update(&data[4..]);
         assert_eq!(h.finish(), xxhash_rust::xxh64::xxh64(data, 0).to_be_bytes());
-        h.reset(Digest::Xxh3_128);
+        h.reset(Digest::Xxh3_128, None);
         h.update(data);
         assert_eq!(h.finish(), xxhash_rust::xxh3::xxh3_128(data).to_be_bytes());
+        let key = DigestKey([9; 32]);
+        h.reset(Digest::Blake3Keyed, Some(&key));
+        h.update(data);
+        assert_eq!(h.finish(), blake3::keyed_hash(&[9; 32], data).as_bytes());
+        h.reset(Digest::Blake3Keyed, Some(&DigestKey([8; 32])));
+        h.update(data);
+        assert_ne!(h.finish(), blake3::keyed_hash(&[9; 32], data).as_bytes(), "another key, another digest");
         for d in Digest::ALL {
-            assert_eq!(Hasher::new(d).finish().len(), d.size(), "{d}");
+            assert_eq!(Hasher::new(d, Some(&key)).finish().len(), d.size(), "{d}");
         }
     }
 }

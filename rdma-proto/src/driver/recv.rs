@@ -109,7 +109,8 @@ pub struct ReceiveOptions {
     /// The whole-file digest granted when the sender offers it (every sender offers
     /// XXH3-128; this crate's also offer XXH64). `None` (the default): the one that hashes
     /// faster on this CPU ([`fastest_digest`](super::fastest_digest), measured once per
-    /// process).
+    /// process). With a [`secret`](Self::secret) every session uses keyed BLAKE3
+    /// ([`Digest::Blake3Keyed`]) instead.
     pub digest: Option<Digest>,
     /// Called as each chunk is stored ([`Progress`]), from the session's thread or task.
     pub progress: Option<Progress>,
@@ -1001,7 +1002,7 @@ impl<'a> ReceiveSession<'a> {
             ring_at: None,
             slots: Vec::new(),
             copy: None,
-            hasher: Hasher::new(Digest::default()),
+            hasher: Hasher::new(Digest::default(), None),
             data_start: None,
             data_end: None,
             last_stored: None,
@@ -1142,7 +1143,7 @@ impl<'a> ReceiveSession<'a> {
         self.report.name = Some(name.clone());
         let digest = self.machine.digest();
         tracing::info!(session = format_args!("{session:016x}"), %name, size, slot_size, slot_count, %digest, "receiving");
-        self.hasher.reset(digest);
+        self.hasher.reset(digest, self.machine.digest_key().as_ref());
         self.admitted = Counted::enter(self.active, self.opts.max_sessions);
         if self.admitted.is_none() {
             let why = format!("already serving {} transfers", self.opts.max_sessions);
@@ -1179,7 +1180,7 @@ impl<'a> ReceiveSession<'a> {
             return self.machine.handle(Input::OpenFailed(Status::Internal, "no ring".into()), now);
         };
         self.file = None;
-        self.hasher.reset(self.machine.digest());
+        self.hasher.reset(self.machine.digest(), self.machine.digest_key().as_ref());
         let mut parent = None;
         if let Some(dest) = self.dest {
             let path = e.path.clone();
@@ -1291,7 +1292,7 @@ impl<'a> ReceiveSession<'a> {
         while at < held {
             let n = (held - at).min(buf.len() as u64) as usize;
             if f.file.read_exact_at(&mut buf[..n], at).is_err() {
-                self.hasher.reset(self.machine.digest());
+                self.hasher.reset(self.machine.digest(), self.machine.digest_key().as_ref());
                 return 0;
             }
             self.hasher.update(&buf[..n]);

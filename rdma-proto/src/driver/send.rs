@@ -109,6 +109,12 @@ pub struct SendOptions {
     #[cfg(feature = "fault-injection")]
     #[doc(hidden)]
     pub test_lane_delay: Option<Duration>,
+    /// Test hook: an on-path forger. Chunk N's first byte is changed after it was hashed
+    /// (as a rewrite on the wire would change it), and the FIN carries the digest of what was
+    /// sent, computed without the secret (to prove a keyed digest fails the verdict).
+    #[cfg(feature = "fault-injection")]
+    #[doc(hidden)]
+    pub test_tamper: Option<u64>,
 }
 
 /// What a hostile test sender sends right after its FIN ([`SendOptions::test_after_fin`]).
@@ -155,6 +161,8 @@ impl SendOptions {
             test_lane_token: None,
             #[cfg(feature = "fault-injection")]
             test_lane_delay: None,
+            #[cfg(feature = "fault-injection")]
+            test_tamper: None,
         }
     }
 }
@@ -582,6 +590,9 @@ struct SendSession<'a> {
     /// The extra lanes, once connected: lane `n` is `lanes[n - 1]`.
     lanes: Vec<SendLane>,
     hasher: Hasher,
+    /// The forger's digest of what is sent ([`SendOptions::test_tamper`]).
+    #[cfg(feature = "fault-injection")]
+    forger: Option<Hasher>,
     /// Chunks read and not yet pushed, with their slots.
     read: VecDeque<(u64, Slot<'static>)>,
     /// Chunks whose WRITE completed since the machine was last told.
@@ -632,7 +643,9 @@ impl<'a> SendSession<'a> {
             ring,
             lane_base,
             lanes: Vec::new(),
-            hasher: Hasher::new(Digest::default()),
+            hasher: Hasher::new(Digest::default(), None),
+            #[cfg(feature = "fault-injection")]
+            forger: None,
             read: VecDeque::new(),
             done: Vec::new(),
             failed: None,
@@ -698,6 +711,8 @@ impl<'a> SendSession<'a> {
                 Action::NeedDigest => {
                     self.check_unchanged()?;
                     let digest = self.hasher.finish();
+                    #[cfg(feature = "fault-injection")]
+                    let digest = self.forger.as_ref().map_or(digest, Hasher::finish);
                     self.machine.handle(Input::Digest(digest), Instant::now());
                 }
                 Action::NextEntry => self.next_entry(),
@@ -768,6 +783,15 @@ impl<'a> SendSession<'a> {
         if let Ok(bytes) = slot.as_slice() {
             self.hasher.update(&bytes[..len as usize]);
         }
+        #[cfg(feature = "fault-injection")]
+        if let Some(forger) = &mut self.forger {
+            if let Ok(bytes) = slot.as_mut_slice() {
+                if self.opts.test_tamper == Some(seq) && len > 0 {
+                    bytes[0] ^= 0x5a;
+                }
+                forger.update(&bytes[..len as usize]);
+            }
+        }
         self.read.push_back((seq, slot));
         self.machine.handle(Input::ChunkRead { seq }, Instant::now());
         Ok(())
@@ -816,7 +840,12 @@ impl<'a> SendSession<'a> {
         if self.machine.sending() && !self.held_hashed {
             self.held_hashed = true;
             // The file's first bytes: hashed with the digest the GRANT named.
-            self.hasher.reset(self.machine.digest());
+            self.hasher.reset(self.machine.digest(), self.machine.digest_key().as_ref());
+            #[cfg(feature = "fault-injection")]
+            if self.opts.test_tamper.is_some() {
+                // Without the secret: no key.
+                self.forger = Some(Hasher::new(self.machine.digest(), None));
+            }
             self.note_resumed();
             self.hash_held()?;
         }
@@ -837,6 +866,10 @@ impl<'a> SendSession<'a> {
             let n = (held - at).min(buf.len() as u64) as usize;
             self.file()?.read_exact_at(&mut buf[..n], at).map_err(|e| self.file_err(e))?;
             self.hasher.update(&buf[..n]);
+            #[cfg(feature = "fault-injection")]
+            if let Some(forger) = &mut self.forger {
+                forger.update(&buf[..n]);
+            }
             at += n as u64;
         }
         Ok(())

@@ -22,19 +22,20 @@ pub const SESSION: u64 = 0x5e55_1011_0000_0001;
 /// The test's whole-file digest of XXH3-128's size: FNV-1a on 128 bits (the core does not
 /// hash; the driver does).
 pub fn digest(data: &[u8]) -> Vec<u8> {
-    digest_of(rdma_proto::Digest::Xxh3_128, data)
+    digest_of(rdma_proto::Digest::Xxh3_128, None, data)
 }
 
-/// The test's stand-in for digest `d`: FNV-1a on 128 bits, cut to `d`'s size.
-pub fn digest_of(d: rdma_proto::Digest, data: &[u8]) -> Vec<u8> {
+/// The test's stand-in for digest `d` keyed with `key` (the key's bytes hashed first): FNV-1a
+/// on 128 bits, repeated to `d`'s size. Sides whose keys differ disagree, as with BLAKE3.
+pub fn digest_of(d: rdma_proto::Digest, key: Option<&rdma_proto::digest::DigestKey>, data: &[u8]) -> Vec<u8> {
     const OFFSET: u128 = 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d;
     const PRIME: u128 = 0x0000_0000_0100_0000_0000_0000_0000_013b;
     let mut h = OFFSET;
-    for &b in data {
+    for &b in key.map_or(&[][..], |k| &k.as_bytes()[..]).iter().chain(data) {
         h ^= u128::from(b);
         h = h.wrapping_mul(PRIME);
     }
-    h.to_be_bytes()[..d.size()].to_vec()
+    h.to_be_bytes().iter().cycle().take(d.size()).copied().collect()
 }
 
 /// xorshift64*: the seeded randomness of the simulation.
@@ -453,7 +454,7 @@ impl Sim {
                 self.sender.handle(sender::Input::ChunkRead { seq }, self.now);
             }
             SendJob::Digest => {
-                let d = digest_of(self.sender.digest(), &self.file);
+                let d = digest_of(self.sender.digest(), self.sender.digest_key().as_ref(), &self.file);
                 self.sender.handle(sender::Input::Digest(d), self.now);
             }
         }
@@ -502,12 +503,13 @@ impl Sim {
                 self.receiver.handle(receiver::Input::ChunkStored { seq }, self.now);
             }
             RecvJob::Finalize { digest: theirs } => {
-                let (status, detail) = if digest_of(self.receiver.digest(), &self.output) == theirs {
-                    self.temp = Temp::Committed;
-                    (Status::Ok, String::new())
-                } else {
-                    (Status::ChecksumMismatch, "the data does not match the sender's digest".into())
-                };
+                let (status, detail) =
+                    if digest_of(self.receiver.digest(), self.receiver.digest_key().as_ref(), &self.output) == theirs {
+                        self.temp = Temp::Committed;
+                        (Status::Ok, String::new())
+                    } else {
+                        (Status::ChecksumMismatch, "the data does not match the sender's digest".into())
+                    };
                 self.receiver.handle(receiver::Input::Finalized(status, detail), self.now);
             }
         }
