@@ -206,32 +206,40 @@ fn proofs_out_of_place_are_protocol_errors() {
     assert_eq!(h.caps & caps::AUTH, 0);
 }
 
+/// Runs both machines by hand until neither has anything to say, each of the receiver's
+/// messages passed through `on_path` on its way (as someone on the path could rewrite it); the
+/// sender's actions. Both machines stay the caller's, to read their state after.
+fn run_through(s: &mut Sender, r: &mut Receiver, mut on_path: impl FnMut(Message) -> Message) -> Vec<sender::Action> {
+    let t = Instant::now();
+    let mut actions = Vec::new();
+    for _ in 0..6 {
+        let (sa, to_r) = drain_sender(s);
+        actions.extend(sa);
+        for m in &to_r {
+            r.handle(receiver::Input::Message(m), t);
+        }
+        let (ra, mut to_s) = drain_receiver(r);
+        if opened(&ra) {
+            r.handle(receiver::Input::Ready { addr: 4096, rkey: 7 }, t);
+            to_s.extend(drain_receiver(r).1);
+        }
+        for m in to_s {
+            deliver(s, &on_path(m), t);
+        }
+    }
+    actions.extend(drain_sender(s).0);
+    actions
+}
+
 /// With a secret the session's digest is keyed BLAKE3 on both sides, with the same key, which
 /// depends on the session's nonces: a digest computed for one session checks in no other.
 #[test]
 fn a_session_with_the_secret_uses_the_keyed_digest_with_one_key_per_session() {
     let mut keys = Vec::new();
     for nonce in [4u8, 5] {
-        let (s, r) = machines(Some("correct horse battery staple"), Some("correct horse battery staple"));
-        let r = r.with_nonce([nonce; 16]);
-        let mut s = s;
-        // Run the exchange by hand, keeping the sender to read its key.
-        let t = Instant::now();
-        let mut r = r;
-        for _ in 0..6 {
-            let (_, to_r) = drain_sender(&mut s);
-            for m in &to_r {
-                r.handle(receiver::Input::Message(m), t);
-            }
-            let (ra, mut to_s) = drain_receiver(&mut r);
-            if opened(&ra) {
-                r.handle(receiver::Input::Ready { addr: 4096, rkey: 7 }, t);
-                to_s.extend(drain_receiver(&mut r).1);
-            }
-            for m in to_s {
-                deliver(&mut s, &m, t);
-            }
-        }
+        let (mut s, r) = machines(Some("correct horse battery staple"), Some("correct horse battery staple"));
+        let mut r = r.with_nonce([nonce; 16]);
+        run_through(&mut s, &mut r, |m| m);
         assert_eq!((s.digest(), r.digest()), (rdma_proto::Digest::Blake3Keyed, rdma_proto::Digest::Blake3Keyed));
         let (sk, rk) = (s.digest_key().expect("the sender's key"), r.digest_key().expect("the receiver's key"));
         assert_eq!(sk, rk, "both sides derive the same key");
@@ -262,31 +270,14 @@ fn the_keyed_digest_cannot_be_stripped_on_the_path() {
     assert!(!opened(&ra));
 
     let (mut s, mut r) = machines(Some("correct horse battery staple"), Some("correct horse battery staple"));
-    let t = Instant::now();
-    let mut failure = None;
-    for _ in 0..6 {
-        let (sa, to_r) = drain_sender(&mut s);
-        failure = failure.or(sender_failure(&sa));
-        assert!(!data_read(&sa), "data read under a rewritten GRANT: {sa:?}");
-        for m in &to_r {
-            r.handle(receiver::Input::Message(m), t);
+    let sa = run_through(&mut s, &mut r, |m| match m {
+        Message::Grant(mut g) => {
+            g.caps = (g.caps & !caps::DIGEST_BLAKE3) | caps::DIGEST_XXH3_128;
+            Message::Grant(g)
         }
-        let (ra, mut to_s) = drain_receiver(&mut r);
-        if opened(&ra) {
-            r.handle(receiver::Input::Ready { addr: 4096, rkey: 7 }, t);
-            to_s.extend(drain_receiver(&mut r).1);
-        }
-        for m in to_s {
-            let m = match m {
-                Message::Grant(mut g) => {
-                    g.caps = (g.caps & !caps::DIGEST_BLAKE3) | caps::DIGEST_XXH3_128;
-                    Message::Grant(g)
-                }
-                m => m,
-            };
-            deliver(&mut s, &m, t);
-        }
-    }
-    let failure = failure.or_else(|| sender_failure(&drain_sender(&mut s).0)).expect("the sender failed");
+        m => m,
+    });
+    assert!(!data_read(&sa), "data read under a rewritten GRANT: {sa:?}");
+    let failure = sender_failure(&sa).expect("the sender failed");
     assert!(failure.contains("digest xxh3-128 with a shared secret"), "{failure}");
 }
