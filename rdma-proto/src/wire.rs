@@ -58,7 +58,7 @@ pub mod caps {
     /// shared secret ([`crate::digest::Digest::Blake3Keyed`]). Offered, and granted, only with
     /// [`AUTH`]: a receiver with a secret grants nothing else, a sender with one takes nothing
     /// else. Measured in the VM it hashes about 35 MB/s (XXH64 1.3-2.5 GB/s), natively about
-    /// 3 GB/s: the price of data that nobody on the path can change undetected.
+    /// 2.3-3.2 GB/s: the price of data that nobody on the path can change undetected.
     pub const DIGEST_BLAKE3: u32 = 1 << 1;
     /// The whole-file digest is XXH64 (seed 0, 8 bytes big-endian; [`crate::digest::Digest`]).
     /// A sender offers it with XXH3-128; the receiver grants one of them.
