@@ -42,6 +42,22 @@ fn files_of_every_edge_size_and_256_mib_arrive_identical() {
     assert_eq!(listing(&dst).len(), 7, "no temporaries left: {:?}", listing(&dst));
 }
 
+/// rxe's nonzero hardware counters at `device` (`name=value ...`), for a failure's message.
+fn rxe_counters(device: &str) -> String {
+    let dir = format!("/sys/class/infiniband/{device}/ports/1/hw_counters");
+    let Ok(entries) = std::fs::read_dir(&dir) else { return format!("{dir} unreadable") };
+    let mut out: Vec<String> = entries
+        .flatten()
+        .filter_map(|e| {
+            let v = std::fs::read_to_string(e.path()).ok()?;
+            let v = v.trim();
+            (v != "0").then(|| format!("{}={v}", e.file_name().to_string_lossy()))
+        })
+        .collect();
+    out.sort();
+    out.join(" ")
+}
+
 /// rxe's count of requests that arrived out of sequence at `device`, if the kernel exposes it.
 fn out_of_seq_requests(device: &str) -> Option<u64> {
     let path = format!("/sys/class/infiniband/{device}/ports/1/hw_counters/out_of_seq_request");
@@ -73,13 +89,19 @@ fn small_chunks_in_a_shallow_pipeline_arrive_identical() {
         let out = send(&topo, 7520, &["--chunk", "256K", "--depth", "4", "--spin-us", spin, file.to_str().unwrap()]);
         let after = out_of_seq_requests(&topo.server.device);
         let reordered = before.zip(after).map(|(b, a)| a - b);
-        assert!(
-            out.status.success(),
-            "round {round} of {ROUNDS}: exit {:?}, {}; requests out of sequence at {} so far: {reordered:?}",
-            out.status.code(),
-            text(&out.stderr),
-            topo.server.device,
-        );
+        if !out.status.success() {
+            // The receiver's side of it, and rxe's counters, for the failure's cause.
+            let counters = rxe_counters(&topo.server.device);
+            let (_, report) = rx.stop(Duration::from_secs(30));
+            panic!(
+                "round {round} of {ROUNDS}: exit {:?}, {}; requests out of sequence at {} so far: {reordered:?}; \
+                 the receiver: {report}; {} counters: {counters}",
+                out.status.code(),
+                text(&out.stderr),
+                topo.server.device,
+                topo.server.device,
+            );
+        }
     }
     let reordered = before.zip(out_of_seq_requests(&topo.server.device)).map(|(b, a)| a - b);
     eprintln!("{ROUNDS} x 64 MiB at 256 KiB x 4: requests out of sequence at {}: {reordered:?}", topo.server.device);
