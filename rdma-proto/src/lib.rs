@@ -17,6 +17,7 @@ pub mod digest;
 pub mod name;
 mod outbox;
 pub mod receiver;
+pub mod seal;
 pub mod sender;
 pub mod status;
 pub mod wire;

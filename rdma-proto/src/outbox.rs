@@ -2,6 +2,7 @@
 
 use std::collections::VecDeque;
 
+use crate::seal::Seal;
 use crate::wire::{self, Message, WireError};
 
 /// Encoded messages in one byte buffer reused for the whole session: after the first few
@@ -18,9 +19,13 @@ pub(crate) struct Outbox {
 }
 
 impl Outbox {
-    /// Encodes `m` of `session` behind the messages already waiting.
-    pub(crate) fn push(&mut self, session: u64, m: &Message) -> Result<(), WireError> {
+    /// Encodes `m` of `session` behind the messages already waiting, sealed with `seal` if
+    /// given ([`crate::seal`]).
+    pub(crate) fn push(&mut self, session: u64, m: &Message, seal: Option<&mut Seal>) -> Result<(), WireError> {
         wire::encode(session, m, &mut self.scratch)?;
+        if let Some(seal) = seal {
+            seal.seal(&mut self.scratch);
+        }
         self.bytes.extend_from_slice(&self.scratch);
         self.lens.push_back(self.scratch.len());
         Ok(())
@@ -51,7 +56,7 @@ mod tests {
         let mut out = Vec::new();
         assert!(!o.take(&mut out), "nothing waits");
         for n in 0..3 {
-            o.push(7, &Message::Credit(Credit { consumed: n })).unwrap();
+            o.push(7, &Message::Credit(Credit { consumed: n }), None).unwrap();
         }
         for n in 0..3 {
             assert!(o.take(&mut out));
@@ -60,7 +65,7 @@ mod tests {
         }
         assert!(!o.take(&mut out));
         let cap = o.bytes.capacity();
-        o.push(7, &Message::Credit(Credit { consumed: 9 })).unwrap();
+        o.push(7, &Message::Credit(Credit { consumed: 9 }), None).unwrap();
         assert_eq!(o.bytes.capacity(), cap, "the buffer is reused once drained");
     }
 }

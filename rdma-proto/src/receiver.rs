@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use crate::auth::{Role, Secret, Transcript, NONCE_LEN};
 use crate::digest::{Digest, DigestKey};
 use crate::outbox::Outbox;
+use crate::seal::{Seals, Unsealed};
 use crate::status::Status;
 use crate::wire::{self, caps, Ack, Challenge, Credit, End, Entry, EntryKind, Grant, Message, Proof, Ready};
 use crate::{Outcome, ProtocolError};
@@ -268,6 +269,9 @@ pub struct Receiver {
     proved: bool,
     /// The session's digest secret, once the sender proved the secret ([`crate::auth`]).
     digest_secret: Option<[u8; 32]>,
+    /// With a secret, once the sender proved it: the seals of the messages sent and received
+    /// ([`crate::seal`]).
+    seals: Option<Seals>,
     /// The file offered, kept while the sender proves the secret.
     offered: Option<(String, u64)>,
     /// The HELLO's resume key, when both sides resume.
@@ -336,6 +340,7 @@ impl Receiver {
             auth_failed: false,
             proved: false,
             digest_secret: None,
+            seals: None,
             offered: None,
             resume_key: None,
             base: 0,
@@ -550,7 +555,7 @@ impl Receiver {
                     self.phase = Phase::AwaitEntry;
                     self.progress = now;
                     let resume = if self.batch.as_ref().is_some_and(|b| b.resume) { caps::RESUME } else { 0 };
-                    let auth = if self.cfg.secret.is_some() { caps::AUTH } else { 0 };
+                    let auth = if self.cfg.secret.is_some() { caps::AUTH | caps::SEALED } else { 0 };
                     let g = Grant {
                         version: self.version,
                         caps: self.digest.cap() | caps::BATCH | auth | resume | self.lanes_cap(),
@@ -566,7 +571,7 @@ impl Receiver {
                 }
                 self.phase = Phase::Data;
                 self.progress = now;
-                let auth = if self.cfg.secret.is_some() { caps::AUTH } else { 0 };
+                let auth = if self.cfg.secret.is_some() { caps::AUTH | caps::SEALED } else { 0 };
                 let resume = if self.resume_key.is_some() { caps::RESUME } else { 0 };
                 let g = Grant {
                     version: self.version,
@@ -631,7 +636,16 @@ impl Receiver {
     }
 
     fn on_message(&mut self, bytes: &[u8], now: Instant) -> Result<(), ProtocolError> {
-        let (h, m) = wire::decode(bytes)?;
+        let (h, m) =
+            match self.seals.as_mut().map(|s| s.incoming.open(bytes)) {
+                None => wire::decode(bytes)?,
+                Some(Ok(opened)) => opened,
+                Some(Err(Unsealed::Wire(e))) => return Err(ProtocolError::Wire(e)),
+                Some(Err(Unsealed::Tag)) => return Err(ProtocolError::Peer(
+                    "a message whose seal is wrong: changed on the path, or not from the sender that proved the secret"
+                        .into(),
+                )),
+            };
         if self.phase != Phase::AwaitHello && h.session != self.session {
             return Err(ProtocolError::Peer(format!(
                 "message of session {:#x}, ours is {:#x}",
@@ -658,6 +672,10 @@ impl Receiver {
                     self.refuse(Status::ProtocolMismatch, why);
                 } else if chosen.is_none() && keyed {
                     let why = "with a shared secret this receiver needs the keyed digest (blake3-keyed), which the sender does not offer";
+                    self.refuse(Status::ProtocolMismatch, why.into());
+                } else if keyed && hello.caps & caps::SEALED == 0 {
+                    let why =
+                        "with a shared secret this receiver needs sealed messages, which the sender does not offer";
                     self.refuse(Status::ProtocolMismatch, why.into());
                 } else if chosen.is_none() {
                     self.refuse(Status::ProtocolMismatch, "sender offers no digest this receiver knows".into());
@@ -699,7 +717,10 @@ impl Receiver {
                 }
                 self.progress = now;
                 self.proved = true;
-                self.digest_secret = Some(secret.digest_secret(&t));
+                let digest_secret = secret.digest_secret(&t);
+                self.digest_secret = Some(digest_secret);
+                // Everything after the sender's PROOF is sealed, both ways: this side's PROOF on.
+                self.seals = Some(Seals::new(&digest_secret, Role::Receiver));
                 let mac = secret.proof(Role::Receiver, &t);
                 self.send(&Message::Proof(Proof { nonce: self.nonce, mac }));
                 self.open(name);
@@ -973,7 +994,7 @@ impl Receiver {
     }
 
     fn send(&mut self, m: &Message) {
-        if self.outbox.push(self.session, m).is_ok() {
+        if self.outbox.push(self.session, m, self.seals.as_mut().map(|s| &mut s.outgoing)).is_ok() {
             self.actions.push_back(Action::Send);
         }
     }

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use crate::auth::{Role, Secret, Transcript, NONCE_LEN};
 use crate::digest::{Digest, DIGEST_CAPS};
 use crate::outbox::Outbox;
+use crate::seal::{Seals, Unsealed};
 use crate::status::Status;
 use crate::wire::{self, caps, Credit, End, Entry, EntryKind, Fin, Grant, Hello, Message, Proof};
 use crate::{Outcome, ProtocolError};
@@ -176,6 +177,9 @@ pub struct Sender {
     receiver_proven: bool,
     /// The session's digest secret, once the receiver proved the secret ([`crate::auth`]).
     digest_secret: Option<[u8; 32]>,
+    /// With a secret, from this side's PROOF on: the seals of the messages sent and received
+    /// ([`crate::seal`]).
+    seals: Option<Seals>,
     /// Bytes the receiver held before (the GRANT's, or in a batch the READY's, `resume_from`).
     resume_from: u64,
     /// Whether this is a batch, and its entries so far.
@@ -244,6 +248,7 @@ impl Sender {
             challenge: None,
             receiver_proven: false,
             digest_secret: None,
+            seals: None,
             resume_from: 0,
             batch: None,
             entry: None,
@@ -445,7 +450,12 @@ impl Sender {
     }
 
     fn on_message(&mut self, bytes: &[u8], now: Instant) -> Result<(), ProtocolError> {
-        let (h, m) = wire::decode(bytes).map_err(ProtocolError::Wire)?;
+        let (h, m) = match self.seals.as_mut().map(|s| s.incoming.open(bytes)) {
+            None => wire::decode(bytes).map_err(ProtocolError::Wire)?,
+            Some(Ok(opened)) => opened,
+            Some(Err(Unsealed::Wire(e))) => return Err(ProtocolError::Wire(e)),
+            Some(Err(Unsealed::Tag)) => return self.on_unsealed(bytes),
+        };
         if h.session != self.session {
             return Err(ProtocolError::Peer(format!(
                 "message of session {:#x}, ours is {:#x}",
@@ -465,9 +475,12 @@ impl Sender {
                     name: &self.name,
                 };
                 let mac = secret.proof(Role::Sender, &t);
+                let digest_secret = secret.digest_secret(&t);
                 self.challenge = Some(c.nonce);
                 self.progress = now;
                 self.send(&Message::Proof(Proof { nonce: self.nonce, mac }));
+                // Everything after the PROOF is sealed, both ways.
+                self.seals = Some(Seals::new(&digest_secret, Role::Sender));
             }
             (Phase::AwaitGrant, Message::Proof(p)) if self.challenge.is_some() && !self.receiver_proven => {
                 let (Some(secret), Some(nr)) = (&self.cfg.secret, self.challenge) else {
@@ -589,6 +602,14 @@ impl Sender {
         if digest.is_keyed() != self.cfg.secret.is_some() {
             return bad(format!("digest {digest} with{} a shared secret", if digest.is_keyed() { "out" } else { "" }));
         }
+        // With a secret, sealed messages or nothing (what was received so far was sealed).
+        if (g.caps & caps::SEALED != 0) != self.cfg.secret.is_some() {
+            return bad(format!(
+                "sealed messages {}granted with{} a shared secret",
+                if g.caps & caps::SEALED != 0 { "" } else { "not " },
+                if self.cfg.secret.is_some() { "" } else { "out" }
+            ));
+        }
         if g.slot_size == 0 || g.slot_size > self.cfg.chunk || g.slot_count == 0 {
             return bad(format!("{} slots of {} bytes", g.slot_count, g.slot_size));
         }
@@ -695,7 +716,7 @@ impl Sender {
 
     /// The capabilities this sender's HELLO offered.
     fn offered_caps(&self) -> u32 {
-        let auth = if self.cfg.secret.is_some() { caps::AUTH | caps::DIGEST_BLAKE3 } else { 0 };
+        let auth = if self.cfg.secret.is_some() { caps::AUTH | caps::DIGEST_BLAKE3 | caps::SEALED } else { 0 };
         let resume = if self.cfg.resume_key.is_some() { caps::RESUME } else { 0 };
         let batch = if self.name == wire::BATCH_NAME { caps::BATCH } else { 0 };
         let lanes = if self.cfg.lanes > 1 { caps::LANES } else { 0 };
@@ -708,8 +729,24 @@ impl Sender {
         self.resume_from
     }
 
+    /// A message whose seal is wrong, after this side's PROOF. A refusal is taken as what it
+    /// says: a receiver that refused the HELLO or the proof could not seal its ACK, and a
+    /// forged refusal can only make this send fail. Anything else ends the session.
+    fn on_unsealed(&mut self, bytes: &[u8]) -> Result<(), ProtocolError> {
+        match wire::decode(bytes) {
+            Ok((h, Message::Ack(a))) if h.session == self.session && a.status != Status::Ok => {
+                self.finish(Outcome::Acked { status: a.status, detail: a.detail });
+                Ok(())
+            }
+            _ => Err(ProtocolError::Peer(
+                "a message whose seal is wrong: changed on the path, or not from the receiver that proved the secret"
+                    .into(),
+            )),
+        }
+    }
+
     fn send(&mut self, m: &Message) {
-        match self.outbox.push(self.session, m) {
+        match self.outbox.push(self.session, m, self.seals.as_mut().map(|s| &mut s.outgoing)) {
             Ok(()) => self.actions.push_back(Action::Send),
             Err(e) => self.finish(Outcome::Failed(ProtocolError::Wire(e))),
         }

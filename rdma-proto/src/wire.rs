@@ -23,8 +23,11 @@ pub const MAGIC: [u8; 4] = *b"RDCP";
 pub const FRAME_VERSION: u8 = 1;
 /// Bytes in the header.
 pub const HEADER_LEN: usize = 20;
-/// The largest message this version sends or accepts, header included.
-pub const MAX_MESSAGE_LEN: usize = 1024;
+/// The largest message this version sends or accepts, header and [`TAG_LEN`] included: an
+/// ENTRY with the longest path, sealed, fits.
+pub const MAX_MESSAGE_LEN: usize = 1024 + TAG_LEN;
+/// Bytes of the tag a sealed message ends with ([`caps::SEALED`], [`crate::seal`]).
+pub const TAG_LEN: usize = 16;
 /// The longest file name, in bytes of UTF-8 (as `NAME_MAX` on Linux).
 pub const MAX_NAME_LEN: usize = 255;
 /// The longest digest a FIN carries.
@@ -78,8 +81,15 @@ pub mod caps {
     /// appends the lanes wanted, the GRANT the lanes granted and the token each extra lane
     /// presents (a [`Lane`](super::Lane) message as its connect request's private data).
     pub const LANES: u32 = 1 << 11;
+    /// Sealed messages: with [`AUTH`], every control message after the sender's PROOF, in
+    /// both directions, ends with a [`TAG_LEN`](super::TAG_LEN)-byte tag keyed from the
+    /// secret and numbered in its direction ([`crate::seal`]), so that no field of an ENTRY,
+    /// END, READY, CREDIT or ACK can be changed, dropped, replayed or injected on the path.
+    /// Offered, and granted, only with `AUTH`: a receiver with a secret refuses a sender that
+    /// does not offer it, a sender with one refuses a grant without it.
+    pub const SEALED: u32 = 1 << 12;
     /// Every capability this version implements.
-    pub const SUPPORTED: u32 = DIGEST_XXH3_128 | DIGEST_XXH64 | DIGEST_BLAKE3 | AUTH | RESUME | BATCH | LANES;
+    pub const SUPPORTED: u32 = DIGEST_XXH3_128 | DIGEST_XXH64 | DIGEST_BLAKE3 | AUTH | RESUME | BATCH | LANES | SEALED;
 }
 
 /// What kind of message follows the header (`kind` byte).
@@ -474,9 +484,25 @@ pub fn decode_header(buf: &[u8]) -> Result<Header, WireError> {
 /// As [`decode_header`], and [`WireError::Truncated`] / [`WireError::Invalid`] for a body
 /// that is short or has invalid fields.
 pub fn decode(buf: &[u8]) -> Result<(Header, Message), WireError> {
+    decode_within(buf, 0)
+}
+
+/// Decodes the sealed message at the start of `buf`: its last [`TAG_LEN`] bytes (within its
+/// length) are the tag, not part of the body. Checking the tag is [`crate::seal`]'s.
+///
+/// # Errors
+/// As [`decode`]; [`WireError::Truncated`] for a message too short to hold a tag.
+pub fn decode_sealed(buf: &[u8]) -> Result<(Header, Message), WireError> {
+    decode_within(buf, TAG_LEN)
+}
+
+/// [`decode`] of a message whose body ends `tail` bytes before its length.
+fn decode_within(buf: &[u8], tail: usize) -> Result<(Header, Message), WireError> {
     let h = decode_header(buf)?;
-    let body = &buf[HEADER_LEN..h.len as usize];
-    let mut r = Reader { buf: body, at: 0, total: h.len as usize };
+    let end = (h.len as usize).checked_sub(tail).filter(|&end| end >= HEADER_LEN);
+    let end = end.ok_or(WireError::Truncated { got: h.len as usize, need: HEADER_LEN + tail })?;
+    let body = &buf[HEADER_LEN..end];
+    let mut r = Reader { buf: body, at: 0, total: end };
     let m = match h.kind {
         Kind::Hello => {
             let version_min = r.u16()?;

@@ -17,15 +17,15 @@ fn secret(s: &str) -> Secret {
     Secret::new(s.as_bytes()).unwrap()
 }
 
-/// Everything one side sent, decoded, and its actions.
-fn drain_receiver(r: &mut Receiver) -> (Vec<receiver::Action>, Vec<Message>) {
+/// Everything one side sent, as it went on the wire, and its actions.
+fn drain_receiver(r: &mut Receiver) -> (Vec<receiver::Action>, Vec<Vec<u8>>) {
     let mut actions = Vec::new();
     let mut sent = Vec::new();
     while let Some(a) = r.poll_action() {
         if a == receiver::Action::Send {
             let mut out = Vec::new();
             assert!(r.transmit(&mut out));
-            sent.push(wire::decode(&out).unwrap().1);
+            sent.push(out);
         }
         actions.push(a);
     }
@@ -89,11 +89,11 @@ fn exchange(mut s: Sender, mut r: Receiver) -> (Vec<receiver::Action>, Vec<sende
             let (ra, more) = drain_receiver(&mut r);
             r_actions.extend(ra);
             for m in more {
-                deliver(&mut s, &m, t);
+                s.handle(sender::Input::Message(&m), t);
             }
         }
         for m in to_s {
-            deliver(&mut s, &m, t);
+            s.handle(sender::Input::Message(&m), t);
         }
     }
     let (sa, _) = drain_sender(&mut s);
@@ -168,11 +168,12 @@ fn a_receiver_that_reflects_the_senders_proof_or_another_secret_gets_no_data() {
     deliver(&mut s, &Message::Challenge(Challenge { nonce: [9; 16] }), t);
     let (_, sent) = drain_sender(&mut s);
     let Message::Proof(theirs) = wire::decode(&sent[0]).unwrap().1 else { panic!("no PROOF") };
-    // Reflected: the sender's own MAC, with the receiver's nonce.
+    // Reflected: the sender's own MAC, with the receiver's nonce. After its PROOF the sender
+    // takes only sealed messages, and a reflector cannot seal.
     deliver(&mut s, &Message::Proof(Proof { nonce: [9; 16], mac: theirs.mac }), t);
     let (sa, _) = drain_sender(&mut s);
     let why = sender_failure(&sa).expect("the sender ended");
-    assert!(why.contains("proof of the shared secret is wrong"), "{why}");
+    assert!(why.contains("seal is wrong"), "{why}");
     assert!(!data_read(&sa));
 
     // A receiver with another secret.
@@ -209,7 +210,7 @@ fn proofs_out_of_place_are_protocol_errors() {
 /// Runs both machines by hand until neither has anything to say, each of the receiver's
 /// messages passed through `on_path` on its way (as someone on the path could rewrite it); the
 /// sender's actions. Both machines stay the caller's, to read their state after.
-fn run_through(s: &mut Sender, r: &mut Receiver, mut on_path: impl FnMut(Message) -> Message) -> Vec<sender::Action> {
+fn run_through(s: &mut Sender, r: &mut Receiver, mut on_path: impl FnMut(Vec<u8>) -> Vec<u8>) -> Vec<sender::Action> {
     let t = Instant::now();
     let mut actions = Vec::new();
     for _ in 0..6 {
@@ -224,7 +225,7 @@ fn run_through(s: &mut Sender, r: &mut Receiver, mut on_path: impl FnMut(Message
             to_s.extend(drain_receiver(r).1);
         }
         for m in to_s {
-            deliver(s, &on_path(m), t);
+            s.handle(sender::Input::Message(&on_path(m)), t);
         }
     }
     actions.extend(drain_sender(s).0);
@@ -254,7 +255,7 @@ fn a_session_with_the_secret_uses_the_keyed_digest_with_one_key_per_session() {
 
 /// Nobody on the path can strip the keyed digest: a receiver with a secret refuses a HELLO that
 /// offers AUTH without it, and a sender with a secret refuses a GRANT that names another digest
-/// (here the receiver's own GRANT, rewritten on the way).
+/// (here the receiver's own GRANT, rewritten on the way: its seal no longer fits).
 #[test]
 fn the_keyed_digest_cannot_be_stripped_on_the_path() {
     let (mut s, mut r) = machines(Some("correct horse battery staple"), Some("correct horse battery staple"));
@@ -270,14 +271,17 @@ fn the_keyed_digest_cannot_be_stripped_on_the_path() {
     assert!(!opened(&ra));
 
     let (mut s, mut r) = machines(Some("correct horse battery staple"), Some("correct horse battery staple"));
-    let sa = run_through(&mut s, &mut r, |m| match m {
-        Message::Grant(mut g) => {
-            g.caps = (g.caps & !caps::DIGEST_BLAKE3) | caps::DIGEST_XXH3_128;
-            Message::Grant(g)
+    let sa = run_through(&mut s, &mut r, |mut m| {
+        // The GRANT's caps (after the header and its version), rewritten in place.
+        if m[5] == wire::Kind::Grant as u8 {
+            let at = wire::HEADER_LEN + 2;
+            let caps = u32::from_be_bytes(m[at..at + 4].try_into().unwrap());
+            let rewritten = (caps & !caps::DIGEST_BLAKE3) | caps::DIGEST_XXH3_128;
+            m[at..at + 4].copy_from_slice(&rewritten.to_be_bytes());
         }
-        m => m,
+        m
     });
     assert!(!data_read(&sa), "data read under a rewritten GRANT: {sa:?}");
     let failure = sender_failure(&sa).expect("the sender failed");
-    assert!(failure.contains("digest xxh3-128 with a shared secret"), "{failure}");
+    assert!(failure.contains("seal is wrong"), "{failure}");
 }

@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use rdma_proto::auth::Secret;
 use rdma_proto::receiver::{self, Receiver, ReceiverConfig};
 use rdma_proto::sender::{self, Sender, SenderConfig};
 use rdma_proto::wire::{Entry, EntryKind};
@@ -32,9 +33,33 @@ struct Run {
 }
 
 fn pump(entries: Vec<Local>, cfg: ReceiverConfig, chunk: u32) -> Run {
+    pump_on_path(entries, cfg, chunk, None, None, |_, _| {})
+}
+
+/// Which way a control message travels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Way {
+    ToReceiver,
+    ToSender,
+}
+
+/// As [`pump`], with `secret` on both sides (if any), the receiver's digest of the file at
+/// `bad_digest_of` made to differ, and every control message passed through `on_path` on its
+/// way, as it is on the wire: someone on the path may rewrite it.
+fn pump_on_path(
+    entries: Vec<Local>,
+    mut cfg: ReceiverConfig,
+    chunk: u32,
+    secret: Option<&str>,
+    bad_digest_of: Option<&str>,
+    mut on_path: impl FnMut(Way, &mut Vec<u8>),
+) -> Run {
     let now = Instant::now();
     let total = entries.iter().filter_map(|(_, d)| d.as_ref()).map(|d| d.len() as u64).sum();
-    let mut s = Sender::batch(SESSION, total, SenderConfig::new(chunk, 4, Duration::from_secs(5)), now).unwrap();
+    let mut scfg = SenderConfig::new(chunk, 4, Duration::from_secs(5));
+    scfg.secret = secret.map(|s| Secret::new(s.as_bytes()).unwrap());
+    cfg.secret = scfg.secret.clone();
+    let mut s = Sender::batch(SESSION, total, scfg, now).unwrap();
     let mut r = Receiver::new(cfg, now);
     let mut run = Run::default();
     let mut queue = entries.into_iter();
@@ -51,6 +76,7 @@ fn pump(entries: Vec<Local>, cfg: ReceiverConfig, chunk: u32) -> Run {
             match a {
                 sender::Action::Send => {
                     assert!(s.transmit(&mut out));
+                    on_path(Way::ToReceiver, &mut out);
                     r.handle(receiver::Input::Message(&out), now);
                 }
                 sender::Action::ReadChunk { seq, offset, len } => {
@@ -99,6 +125,7 @@ fn pump(entries: Vec<Local>, cfg: ReceiverConfig, chunk: u32) -> Run {
             match a {
                 receiver::Action::Send => {
                     assert!(r.transmit(&mut out));
+                    on_path(Way::ToSender, &mut out);
                     s.handle(sender::Input::Message(&out), now);
                 }
                 receiver::Action::Reserve { slot_size: size, slot_count } => {
@@ -124,8 +151,8 @@ fn pump(entries: Vec<Local>, cfg: ReceiverConfig, chunk: u32) -> Run {
                 }
                 receiver::Action::Finalize { digest } => {
                     run.digest_sizes.push(digest.len());
-                    let ok = self::digest(&rhash)[..r.digest().size()] == digest[..];
                     let (e, data) = current.take().unwrap();
+                    let ok = self::digest(&rhash)[..r.digest().size()] == digest[..] && bad_digest_of != Some(&e.path);
                     if ok {
                         run.files.insert(e.path, data);
                         r.handle(receiver::Input::Finalized(Status::Ok, String::new()), now);
@@ -146,15 +173,15 @@ fn pump(entries: Vec<Local>, cfg: ReceiverConfig, chunk: u32) -> Run {
     run
 }
 
-/// The test's digest: FNV-1a on 128 bits (the core does not hash), cut to the granted
-/// digest's size where it is used.
+/// The test's digest: FNV-1a on 128 bits (the core does not hash), twice over (32 bytes, the
+/// keyed digest's size), cut to the granted digest's size where it is used.
 fn digest(data: &[u8]) -> Vec<u8> {
     let mut h: u128 = 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d;
     for &b in data {
         h ^= u128::from(b);
         h = h.wrapping_mul(0x0000_0000_0100_0000_0000_0000_0000_013b);
     }
-    h.to_be_bytes().to_vec()
+    [h.to_be_bytes(), h.to_be_bytes()].concat()
 }
 
 fn bytes(n: usize, seed: u8) -> Vec<u8> {
@@ -435,7 +462,7 @@ fn hostile_out_of_place_messages_end_the_session() {
             version_min: 1,
             version_max: 1,
             resume: None,
-            caps: caps::DIGEST_XXH3_128 | caps::DIGEST_BLAKE3 | caps::BATCH | caps::AUTH,
+            caps: caps::DIGEST_XXH3_128 | caps::DIGEST_BLAKE3 | caps::BATCH | caps::AUTH | caps::SEALED,
             size: 10,
             chunk: 1024,
             depth: 4,
@@ -669,4 +696,90 @@ fn a_store_that_fails_after_the_fin_ends_the_senders_batch() {
     }
     assert_eq!(offered, 1, "no entry offered after the receiver ended the session");
     assert_eq!(status(&finished), Some(Status::DiskIo), "{finished:?}");
+}
+
+const SECRET: &str = "correct horse battery staple";
+
+/// The offset of an ENTRY's path in its message (after the header and the fixed fields).
+const ENTRY_PATH_AT: usize = rdma_proto::wire::HEADER_LEN + 4 + 1 + 1 + 4 + 8 + 4 + 8 + 8 + 2;
+
+/// Two files of the same path length, and a private key.
+fn two_configs() -> Vec<Local> {
+    vec![("conf/prod", Some(bytes(3000, 1))), ("conf/test", Some(bytes(2000, 2))), ("conf/key", Some(bytes(100, 3)))]
+}
+
+#[test]
+fn with_a_secret_a_batch_arrives_whole() {
+    let run = pump_on_path(two_configs(), ReceiverConfig::default(), 1024, Some(SECRET), None, |_, _| {});
+    assert_eq!(status(&run.sender), Some(Status::Ok), "{run:?}");
+    assert_eq!(status(&run.receiver), Some(Status::Ok), "{run:?}");
+    assert_eq!(run.files.len(), 3);
+    assert_eq!(run.files.get("conf/prod"), Some(&bytes(3000, 1)));
+    assert!(run.digest_sizes.iter().all(|&n| n == 32), "the keyed digest: {:?}", run.digest_sizes);
+}
+
+/// Review G1: with a secret, nobody on the path may choose where an authentic file goes or
+/// with what mode. Here the ENTRYs' paths are swapped in place (same length) and a mode is
+/// opened up to 0666: the receiver stores nothing under a rewritten name, and no verdict is Ok
+/// for a rewritten entry.
+#[test]
+fn with_a_secret_entries_changed_on_the_path_store_nothing_under_the_attackers_names() {
+    for attack in ["swap the paths", "open up the mode"] {
+        let run = pump_on_path(two_configs(), ReceiverConfig::default(), 1024, Some(SECRET), None, |way, m| {
+            if way != Way::ToReceiver || m[5] != rdma_proto::wire::Kind::Entry as u8 {
+                return;
+            }
+            let len = usize::from(u16::from_be_bytes([m[ENTRY_PATH_AT - 2], m[ENTRY_PATH_AT - 1]]));
+            let path = &mut m[ENTRY_PATH_AT..ENTRY_PATH_AT + len];
+            match attack {
+                "swap the paths" if path == b"conf/prod" => path.copy_from_slice(b"conf/test"),
+                "swap the paths" if path == b"conf/test" => path.copy_from_slice(b"conf/prod"),
+                "open up the mode" => {
+                    let at = rdma_proto::wire::HEADER_LEN + 4 + 1;
+                    m[at] |= rdma_proto::wire::entry_flags::MODE;
+                    m[at + 1..at + 5].copy_from_slice(&0o666u32.to_be_bytes());
+                }
+                _ => {}
+            }
+        });
+        for (path, data) in &run.files {
+            let sent = two_configs().into_iter().find(|(p, _)| p == path).and_then(|(_, d)| d);
+            assert!(Some(data) == sent.as_ref(), "{attack}: {path} holds another file's bytes ({} bytes)", data.len());
+        }
+        assert!(run.files.is_empty(), "{attack}: stored {:?} from rewritten entries", run.files.keys());
+        assert!(run.received.iter().all(|(_, s)| *s != Status::Ok), "{attack}: {:?}", run.received);
+        assert!(run.sent.iter().all(|(_, s)| *s != Status::Ok), "{attack}: {:?}", run.sent);
+        assert_ne!(status(&run.sender), Some(Status::Ok), "{attack}: {:?}", run.sender);
+    }
+}
+
+/// Review G2: with a secret, nobody on the path may turn a failure into a success. The
+/// receiver's verdict on `conf/test` is a checksum mismatch (its digest is made to differ);
+/// on its way back its status is rewritten to Ok, or it is replaced by a plain ACK Ok. The
+/// sender must not report that file stored.
+#[test]
+fn with_a_secret_a_verdict_changed_on_the_path_is_never_taken_for_ok() {
+    for attack in ["rewrite the status", "forge a plain ACK"] {
+        let bad = Some("conf/test");
+        let run = pump_on_path(two_configs(), ReceiverConfig::default(), 1024, Some(SECRET), bad, |way, m| {
+            let kind = m[5];
+            let failed_ack = way == Way::ToSender
+                && kind == rdma_proto::wire::Kind::Ack as u8
+                && m[20..22] == Status::ChecksumMismatch.code().to_be_bytes();
+            if !failed_ack {
+                return;
+            }
+            match attack {
+                "rewrite the status" => m[20..22].copy_from_slice(&Status::Ok.code().to_be_bytes()),
+                _ => {
+                    let ack = rdma_proto::wire::Ack { status: Status::Ok, received: 2000, detail: String::new() };
+                    rdma_proto::wire::encode(SESSION, &rdma_proto::wire::Message::Ack(ack), m).unwrap();
+                }
+            }
+        });
+        let test_ok = run.sent.get(1).is_some_and(|(_, s)| *s == Status::Ok);
+        assert!(!test_ok, "{attack}: the sender was told conf/test is stored: {:?}", run.sent);
+        assert!(!run.files.contains_key("conf/test"));
+        assert_ne!(status(&run.sender), Some(Status::Ok), "{attack}: {:?}", run.sender);
+    }
 }

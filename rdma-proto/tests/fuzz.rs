@@ -299,6 +299,45 @@ fn mac(key: &[u8], role: Role, t: &Offered, ns: &Nonce, nr: &Nonce) -> [u8; PROO
     m.finalize().into_bytes().into()
 }
 
+// ---- Sealed messages (capability SEALED), from docs/protocol.md's formula. ----
+
+fn hmac32(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
+    let mut m = <Hmac<Sha256> as Mac>::new_from_slice(key).expect("HMAC takes a key of any length");
+    for p in parts {
+        m.update(p);
+    }
+    m.finalize().into_bytes().into()
+}
+
+/// The seal keys of a session (the sender's direction, the receiver's):
+/// `HMAC(HMAC(secret, "rdcp digest v1" || session || Ns || Nr), "rdcp seal v1 " || role)`.
+fn seal_keys(key: &[u8], session: u64, ns: &Nonce, nr: &Nonce) -> ([u8; 32], [u8; 32]) {
+    let ds = hmac32(key, &[b"rdcp digest v1", &session.to_be_bytes(), ns, nr]);
+    (hmac32(&ds, &[b"rdcp seal v1 sender"]), hmac32(&ds, &[b"rdcp seal v1 receiver"]))
+}
+
+const TAG_LEN: usize = 16;
+
+/// The `n`th message of a direction keyed `key`, sealed: its length grows by the tag, which is
+/// `HMAC(key, n || message)` cut to 16 bytes. Too short a frame is left as it is.
+fn seal(key: &[u8; 32], n: u64, frame: &mut Vec<u8>) {
+    if frame.len() < HEADER_LEN {
+        return;
+    }
+    let len = (frame.len() + TAG_LEN) as u32;
+    frame[8..12].copy_from_slice(&len.to_be_bytes());
+    let tag = hmac32(key, &[&n.to_be_bytes(), frame]);
+    frame.extend_from_slice(&tag[..TAG_LEN]);
+}
+
+/// Whether the message at the start of `buf` (its header decoded) ends with the `n`th tag of
+/// `key`.
+fn sealed_right(key: &[u8; 32], n: u64, h: &Header, buf: &[u8]) -> bool {
+    let len = h.len as usize;
+    len >= HEADER_LEN + TAG_LEN
+        && hmac32(key, &[&n.to_be_bytes(), &buf[..len - TAG_LEN]])[..TAG_LEN] == buf[len - TAG_LEN..len]
+}
+
 /// The key of a receiver without a secret, for proofs nobody can check.
 const NO_KEY: &[u8] = b"no secret was configured here";
 
@@ -355,7 +394,9 @@ fn hello() -> impl Strategy<Value = Hello> {
         3 => Just(caps::DIGEST_XXH3_128 | caps::DIGEST_XXH64),
         1 => Just(caps::DIGEST_XXH64 | caps::AUTH | caps::RESUME),
         2 => Just(caps::DIGEST_XXH3_128 | caps::AUTH),
-        2 => Just(caps::DIGEST_XXH3_128 | caps::DIGEST_BLAKE3 | caps::AUTH),
+        1 => Just(caps::DIGEST_XXH3_128 | caps::DIGEST_BLAKE3 | caps::AUTH),
+        2 => Just(caps::DIGEST_XXH3_128 | caps::DIGEST_BLAKE3 | caps::AUTH | caps::SEALED),
+        1 => Just(caps::DIGEST_BLAKE3 | caps::AUTH | caps::SEALED | caps::RESUME),
         2 => Just(caps::DIGEST_XXH3_128 | caps::RESUME),
         2 => Just(caps::DIGEST_XXH3_128 | caps::AUTH | caps::RESUME),
         1 => Just(caps::RESUME | caps::AUTH),
@@ -905,6 +946,10 @@ struct Spec {
     opened: bool,
     progress: Instant,
     out: Vec<Step>,
+    /// Once the sender proved the secret: the key and next number of its messages, and of the
+    /// receiver's.
+    seal_in: Option<([u8; 32], u64)>,
+    seal_out: Option<([u8; 32], u64)>,
 }
 
 impl Spec {
@@ -930,6 +975,8 @@ impl Spec {
             opened: false,
             progress: now,
             out: Vec::new(),
+            seal_in: None,
+            seal_out: None,
         }
     }
 
@@ -985,8 +1032,8 @@ impl Spec {
         let peer = |s: &mut Spec, end| s.fail(end, Some(Status::ProtocolMismatch));
         let bug = |s: &mut Spec| s.fail(End::Local, Some(Status::Internal));
         match *input {
-            Input::Message(bytes) => match decode(bytes) {
-                Err(_) => peer(self, End::Wire),
+            Input::Message(bytes) => match self.unseal(bytes) {
+                Err(end) => peer(self, end),
                 Ok((h, _)) if self.phase != Phase::AwaitHello && h.session != self.session => peer(self, End::Peer),
                 Ok((h, Message::Hello(hello))) if self.phase == Phase::AwaitHello => self.hello(h.session, hello, now),
                 Ok((_, Message::Proof(p))) if self.phase == Phase::Authenticating => self.proof(&p, now),
@@ -1037,7 +1084,7 @@ impl Spec {
                 self.progress = now;
                 // The capabilities used: the digest, AUTH with a secret (the sender offered it, or
                 // it would have been refused), RESUME when both sides resume.
-                let auth = if self.key.is_some() { caps::AUTH } else { 0 };
+                let auth = if self.key.is_some() { caps::AUTH | caps::SEALED } else { 0 };
                 let resume = if self.resume_key.is_some() { caps::RESUME } else { 0 };
                 let grant = Grant {
                     version: 1,
@@ -1088,6 +1135,29 @@ impl Spec {
         std::mem::take(&mut self.out)
     }
 
+    /// A message from the sender, decoded; once sealed, only with the right tag (the number
+    /// used up only then).
+    fn unseal(&mut self, bytes: &[u8]) -> Result<(Header, Message), End> {
+        let Some((key, n)) = &mut self.seal_in else { return decode(bytes).map_err(|_| End::Wire) };
+        let h = decode_header(bytes).map_err(|_| End::Wire)?;
+        if !sealed_right(key, *n, &h, bytes) {
+            return Err(End::Peer);
+        }
+        *n += 1;
+        wire::decode_sealed(bytes).map_err(|_| End::Wire)
+    }
+
+    /// A message the machine sent, decoded; once sealed, only with the right tag.
+    fn sent(&mut self, bytes: &[u8]) -> Result<(Header, Message), String> {
+        let Some((key, n)) = &mut self.seal_out else { return decode(bytes).map_err(|e| format!("{e}")) };
+        let h = decode_header(bytes).map_err(|e| format!("{e}"))?;
+        if !sealed_right(key, *n, &h, bytes) {
+            return Err(format!("message {n} of the receiver is not sealed right: {bytes:?}"));
+        }
+        *n += 1;
+        wire::decode_sealed(bytes).map_err(|e| format!("{e}"))
+    }
+
     fn hello(&mut self, session: u64, h: Hello, now: Instant) {
         self.session = session;
         self.progress = now;
@@ -1105,7 +1175,9 @@ impl Spec {
             Some(d) => (d, 16),
             None => (0, 0),
         };
-        if h.version_max < 1 || h.version_min > 1 || digest.is_none() {
+        // With a secret and AUTH offered, sealed messages are required too.
+        let unsealed = self.key.is_some() && h.caps & caps::AUTH != 0 && h.caps & caps::SEALED == 0;
+        if h.version_max < 1 || h.version_min > 1 || digest.is_none() || unsealed {
             return self.refuse(Status::ProtocolMismatch);
         }
         if rdma_proto::name::check(&h.name).is_err() {
@@ -1149,8 +1221,11 @@ impl Spec {
         if p.mac != mac(&key, Role::Sender, &offered, &p.nonce, &self.nonce) {
             return self.refuse(Status::NotAuthorized);
         }
-        // The PROOF is progress, as the HELLO is.
+        // The PROOF is progress, as the HELLO is. Everything after it is sealed, both ways,
+        // the receiver's own PROOF first.
         self.progress = now;
+        let (theirs, ours) = seal_keys(&key, self.session, &p.nonce, &self.nonce);
+        (self.seal_in, self.seal_out) = (Some((theirs, 0)), Some((ours, 0)));
         let mac = mac(&key, Role::Receiver, &offered, &p.nonce, &self.nonce);
         self.out.push(Step::Proof { session: self.session, nonce: self.nonce, mac });
         self.open(offered.name);
@@ -1372,7 +1447,7 @@ impl Watch {
                         return Err(TestCaseError::fail(format!("a GRANT answering {input:?}")));
                     };
                     ensure!(self.key.is_none() || self.proved, "a GRANT without the receiver's proof");
-                    let auth = if self.key.is_some() { caps::AUTH } else { 0 };
+                    let auth = if self.key.is_some() { caps::AUTH | caps::SEALED } else { 0 };
                     let resume = if self.resume_key().is_some() { caps::RESUME } else { 0 };
                     // Resuming at what the driver answered, and only then.
                     let Some(digest) = self.digest(cfg) else {
@@ -1571,6 +1646,8 @@ impl In {
 struct Case {
     r: Receiver,
     spec: Spec,
+    /// Messages sealed so far as the sender (the number of the next one).
+    sealed_sent: u64,
     watch: Watch,
     cfg: ReceiverConfig,
     conf: Conf,
@@ -1597,6 +1674,7 @@ impl Case {
         Case {
             r: Receiver::new(conf.cfg.clone(), now).with_nonce(conf.nonce),
             spec: Spec::new(&conf, now),
+            sealed_sent: 0,
             watch: Watch::new(&conf),
             cfg: conf.cfg.clone(),
             conf,
@@ -1630,13 +1708,19 @@ impl Case {
         size.saturating_sub(offset).min(u64::from(slot_size)) as u32
     }
 
-    fn bytes(&self, sid: Sid, m: &Message, muts: &[Mutation]) -> Vec<u8> {
+    /// `m` of session `sid`, mutated; once the session is sealed, sealed after the mutations
+    /// (as a sender with the secret seals what it sends).
+    fn bytes(&mut self, sid: Sid, m: &Message, muts: &[Mutation]) -> Vec<u8> {
         let mut b = Vec::new();
         if encode(self.session(sid), m, &mut b).is_err() {
             b.clear();
         }
         for mu in muts {
             mutate(&mut b, mu);
+        }
+        if let Some((key, _)) = self.spec.seal_in {
+            seal(&key, self.sealed_sent, &mut b);
+            self.sealed_sent += 1;
         }
         b
     }
@@ -1659,7 +1743,7 @@ impl Case {
         let o = &self.offer;
         if self.watch.session.is_none() {
             // A sender with a secret offers the keyed digest with AUTH.
-            let auth = if o.auth == Auth::None { 0 } else { caps::AUTH | caps::DIGEST_BLAKE3 };
+            let auth = if o.auth == Auth::None { 0 } else { caps::AUTH | caps::DIGEST_BLAKE3 | caps::SEALED };
             let resume = if o.key.is_some() { caps::RESUME } else { 0 };
             let hello = Hello {
                 version_min: 1,
@@ -1854,7 +1938,7 @@ impl Case {
                 }
                 Action::Send => {
                     ensure!(self.r.transmit(&mut buf), "a Send without its message");
-                    let decoded = decode(&buf);
+                    let decoded = self.spec.sent(&buf);
                     match decoded {
                         Ok((h, Message::Challenge(c))) => Step::Challenge { session: h.session, nonce: c.nonce },
                         Ok((h, Message::Proof(p))) => Step::Proof { session: h.session, nonce: p.nonce, mac: p.mac },
@@ -1954,6 +2038,8 @@ struct Tally {
     running: Cell<u64>,
     /// Sessions that reached the GRANT after the proofs of the secret.
     authorized: Cell<u64>,
+    /// Of those, sessions stored whole (every message after the proof sealed).
+    authorized_ok: Cell<u64>,
     /// Sessions refused for a wrong proof.
     auth_failed: Cell<u64>,
     /// Sessions granted from a held prefix, and those of them stored whole.
@@ -1979,6 +2065,9 @@ fn fuzz_the_receiver_machine() {
         let w = &case.watch;
         if w.proved && w.grant.is_some() {
             bump(&tally.authorized);
+            if w.finish == Some(End::Acked(Status::Ok)) {
+                bump(&tally.authorized_ok);
+            }
         }
         if w.auth_failed {
             bump(&tally.auth_failed);
@@ -2007,6 +2096,7 @@ fn fuzz_the_receiver_machine() {
         assert!(share(&tally.ok) >= 20 && share(&tally.commit_failed) >= 2 && share(&tally.refused) >= 20, "{tally:?}");
         assert!(share(&tally.peer) >= 20 && share(&tally.timeout) >= 20 && share(&tally.local) >= 20, "{tally:?}");
         assert!(share(&tally.authorized) >= 10 && share(&tally.auth_failed) >= 10, "{tally:?}");
+        assert!(share(&tally.authorized_ok) >= 2, "{tally:?}");
         assert!(share(&tally.resumed) >= 10 && share(&tally.resumed_ok) >= 2, "{tally:?}");
     }
 }
