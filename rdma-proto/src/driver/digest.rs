@@ -18,15 +18,28 @@ pub(crate) enum Hasher {
 }
 
 impl Hasher {
-    /// A digest of `digest`, keyed with `key` when it is keyed. A keyed digest without a key is
-    /// plain BLAKE3: what someone without the secret computes (the machines give a key
-    /// whenever they choose a keyed digest; a test's forger is the only other user).
+    /// A digest of `digest`, keyed with `key` when it is keyed. A keyed digest without a key
+    /// fails closed: it is keyed with random bytes, so that its digest matches no one's (the
+    /// machines give a key whenever they choose a keyed digest; a driver that asked before
+    /// the proofs would otherwise compute what anyone on the path can).
     pub(crate) fn new(digest: Digest, key: Option<&DigestKey>) -> Self {
         match (digest, key) {
             (Digest::Xxh64, _) => Hasher::Xxh64(Xxh64::new(0)),
             (Digest::Blake3Keyed, Some(k)) => Hasher::Blake3(Box::new(blake3::Hasher::new_keyed(k.as_bytes()))),
-            (Digest::Blake3Keyed, None) => Hasher::Blake3(Box::new(blake3::Hasher::new())),
+            (Digest::Blake3Keyed, None) => {
+                Hasher::Blake3(Box::new(blake3::Hasher::new_keyed(&super::random_bytes::<32>())))
+            }
             _ => Hasher::Xxh3_128(Box::new(Xxh3::new())),
+        }
+    }
+
+    /// `digest` as someone without the secret computes it: a keyed digest is plain BLAKE3.
+    /// The test forger's (`SendOptions::test_tamper`).
+    #[cfg(feature = "fault-injection")]
+    pub(crate) fn without_key(digest: Digest) -> Self {
+        match digest {
+            Digest::Blake3Keyed => Hasher::Blake3(Box::new(blake3::Hasher::new())),
+            d => Hasher::new(d, None),
         }
     }
 
@@ -112,5 +125,13 @@ mod tests {
         for d in Digest::ALL {
             assert_eq!(Hasher::new(d, Some(&key)).finish().len(), d.size(), "{d}");
         }
+        // Keyed but without a key: fails closed, neither plain BLAKE3 nor the same twice.
+        let unkeyed = || {
+            let mut h = Hasher::new(Digest::Blake3Keyed, None);
+            h.update(data);
+            h.finish()
+        };
+        assert_ne!(unkeyed(), blake3::hash(data).as_bytes(), "not what anyone can compute");
+        assert_ne!(unkeyed(), unkeyed());
     }
 }

@@ -844,7 +844,7 @@ impl<'a> SendSession<'a> {
             #[cfg(feature = "fault-injection")]
             if self.opts.test_tamper.is_some() {
                 // Without the secret: no key.
-                self.forger = Some(Hasher::new(self.machine.digest(), None));
+                self.forger = Some(Hasher::without_key(self.machine.digest()));
             }
             self.note_resumed();
             self.hash_held()?;
