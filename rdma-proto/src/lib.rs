@@ -66,6 +66,20 @@ pub enum ProtocolError {
     /// This side failed (bad arguments, I/O, a driver error).
     #[error("{0}")]
     Local(String),
+    /// The receiver's device completed a WRITE with immediate a second time: the chunk that
+    /// arrived last came again. Linux 6.1's rxe does so under load, when it executes a
+    /// retransmitted WRITE it had already completed (`docs/testing.md`, Known limits); a peer
+    /// that sends a chunk twice looks the same, and loses only its own session. The receiver
+    /// ends the session without a verdict (the connection, not the sender, failed), so that a
+    /// sender with retries sends again and resumes.
+    #[error(
+        "the device completed chunk {chunk} a second time (a retransmitted WRITE executed twice); \
+         the session ends without a verdict, for the sender to send again"
+    )]
+    CompletedTwice {
+        /// The chunk's number.
+        chunk: u64,
+    },
 }
 
 /// When a machine's timer fires: `timeout` after its last progress, or never (`None`) when that

@@ -626,6 +626,8 @@ impl Receiver {
         if let Err(e) = r {
             let status = match e {
                 ProtocolError::Local(_) => Status::Internal,
+                // No verdict: the connection failed, not the sender ([`ProtocolError::CompletedTwice`]).
+                ProtocolError::CompletedTwice { .. } => return self.fail(e, None),
                 _ => Status::ProtocolMismatch,
             };
             let detail = e.to_string();
@@ -942,6 +944,11 @@ impl Receiver {
         };
         if seq >= self.chunks {
             return Err(ProtocolError::Peer(format!("a WRITE beyond the file's {} chunks", self.chunks)));
+        }
+        let lanes = u64::from(self.lanes.max(1));
+        if seq >= lanes && imm == (seq - lanes) as u32 {
+            // The lane's last chunk again: the device's, not the peer's (see the variant).
+            return Err(ProtocolError::CompletedTwice { chunk: seq - lanes });
         }
         if imm != seq as u32 {
             // Which lane matters only when there are several.

@@ -893,6 +893,8 @@ enum End {
     Peer,
     Timeout,
     Local,
+    /// The chunk that arrived last arrived again: no verdict.
+    Twice,
 }
 
 impl End {
@@ -902,6 +904,7 @@ impl End {
             Outcome::Failed(ProtocolError::Wire(_)) => End::Wire,
             Outcome::Failed(ProtocolError::Peer(_)) => End::Peer,
             Outcome::Failed(ProtocolError::Timeout { .. }) => End::Timeout,
+            Outcome::Failed(ProtocolError::CompletedTwice { .. }) => End::Twice,
             Outcome::Failed(_) => End::Local,
         }
     }
@@ -1049,6 +1052,17 @@ impl Spec {
                 }
                 Ok(_) => peer(self, End::Peer),
             },
+            // The chunk that arrived last, again: the device's duplicate (or a peer's), which ends
+            // the session without a verdict.
+            Input::WriteArrived { imm, .. }
+                if self.phase == Phase::Data
+                    && self.fin.is_none()
+                    && self.arrived < self.chunks
+                    && self.arrived >= 1
+                    && imm == (self.arrived - 1) as u32 =>
+            {
+                self.fail(End::Twice, None)
+            }
             Input::WriteArrived { imm, len } => {
                 let seq = self.arrived;
                 let ok = self.phase == Phase::Data
@@ -1571,11 +1585,12 @@ impl Watch {
                         End::Acked(status) => {
                             ensure!(self.ack == Some(*status), "Finish {status} with ACK {:?}", self.ack)
                         }
-                        End::Timeout => ensure!(self.ack.is_none(), "a timeout with an ACK"),
+                        End::Timeout | End::Twice => ensure!(self.ack.is_none(), "{end:?} with an ACK"),
                         _ => ensure!(self.ack != Some(Status::Ok), "a failure ACKed Ok"),
                     }
-                    // Whatever failed, the sender hears it once the session is known.
-                    if self.open.is_some() && *end != End::Timeout {
+                    // Whatever failed, the sender hears it once the session is known, but when
+                    // the connection is what failed (a timeout, the device's second completion).
+                    if self.open.is_some() && !matches!(end, End::Timeout | End::Twice) {
                         ensure!(self.ack.is_some(), "{end:?} after the HELLO without an ACK");
                     }
                     // The temporary stays only under its final name.
@@ -2082,7 +2097,7 @@ fn fuzz_the_receiver_machine() {
             Some(End::Acked(Status::Ok)) => bump(&tally.ok),
             Some(End::Acked(_)) if w.finalize.is_some() => bump(&tally.commit_failed),
             Some(End::Acked(_)) => bump(&tally.refused),
-            Some(End::Peer | End::Wire) => bump(&tally.peer),
+            Some(End::Peer | End::Wire | End::Twice) => bump(&tally.peer),
             Some(End::Timeout) => bump(&tally.timeout),
             Some(End::Local) => bump(&tally.local),
             None => bump(&tally.running),

@@ -352,6 +352,29 @@ fn every_write_arrival_is_checked() {
     r.handle(write(0, 15), t);
     assert_eq!(verdict(&mut r), mismatch, "a length that is not the chunk's");
 
+    // The chunk that arrived last, again (Linux 6.1's rxe executing a retransmitted WRITE a
+    // second time): the session ends without a verdict, for the sender to send again. One
+    // further back is the peer's violation.
+    let (mut r, t) = receiving(40);
+    r.handle(write(0, 16), t);
+    r.handle(write(0, 16), t);
+    let (actions, sent) = polled(&mut r);
+    assert_eq!(ack_in(&sent).map(|(_, a)| a.status), None, "no verdict: {sent:?}");
+    assert!(
+        actions.iter().any(|a| matches!(
+            a,
+            receiver::Action::Finish(Outcome::Failed(ProtocolError::CompletedTwice { chunk: 0 }))
+        )),
+        "{actions:?}"
+    );
+    let (mut r, t) = receiving(40);
+    for seq in 0..2 {
+        r.handle(write(seq, 16), t);
+        r.handle(receiver::Input::ChunkStored { seq: u64::from(seq) }, t);
+    }
+    r.handle(write(0, 16), t);
+    assert_eq!(verdict(&mut r).0, Some(Status::ProtocolMismatch), "a chunk two back");
+
     let (mut r, t) = receiving(40);
     for seq in 0..3 {
         r.handle(write(seq, if seq == 2 { 8 } else { 16 }), t);

@@ -1063,7 +1063,9 @@ impl<'a> ReceiveSession<'a> {
         let resumable = matches!(
             outcome,
             Err(Error::PeerDisconnected | Error::ConnectionLost { .. } | Error::Stopped)
-                | Ok(Outcome::Failed(crate::ProtocolError::Timeout { .. }))
+                | Ok(Outcome::Failed(
+                    crate::ProtocolError::Timeout { .. } | crate::ProtocolError::CompletedTwice { .. }
+                ))
         );
         let midway = file.is_some();
         if let Some(mut f) = file {

@@ -207,9 +207,11 @@ pub fn send_file(path: &Path, opts: &SendOptions, mut progress: impl FnMut(u64, 
     let mut retries = Retries::new(opts);
     loop {
         let start = Instant::now();
-        let attempt = match SourceFile::open(path, opts) {
+        let retry = retries.options(opts);
+        let opts_now = retry.as_ref().unwrap_or(opts);
+        let attempt = match SourceFile::open(path, opts_now) {
             Err(e) => Attempt::Done(Err(e)),
-            Ok(file) => attempt_of(run(path, file, None, opts, &mut progress, start), retries.made()),
+            Ok(file) => attempt_of(run(path, file, None, opts_now, &mut progress, start), retries.made()),
         };
         match retries.after(attempt, opts) {
             Ok(wait) => super::retry::sleep(wait, opts)?,
@@ -322,9 +324,11 @@ pub async fn send_file_async(
     let mut retries = Retries::new(opts);
     loop {
         let start = Instant::now();
-        let attempt = match SourceFile::open(path, opts) {
+        let retry = retries.options(opts);
+        let opts_now = retry.as_ref().unwrap_or(opts);
+        let attempt = match SourceFile::open(path, opts_now) {
             Err(e) => Attempt::Done(Err(e)),
-            Ok(file) => attempt_of(run_async(path, file, None, opts, &mut progress, start).await, retries.made()),
+            Ok(file) => attempt_of(run_async(path, file, None, opts_now, &mut progress, start).await, retries.made()),
         };
         match retries.after(attempt, opts) {
             Ok(wait) => super::retry::sleep_async(wait, opts).await?,
