@@ -81,7 +81,7 @@ fn transfer(topo: &testkit::Topology, port: u16, file: &Path, data: &[u8], case:
     let t = Instant::now();
     let child = Command::new(tool())
         .args(["send", "--quiet", "--to", &format!("{}:{port}", topo.server.addr)])
-        .args(["--from", &topo.client.addr.to_string()])
+        .args(["--from", &topo.client.addr.to_string(), "--timeout", SEND_TIMEOUT_S])
         .arg(file)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -42,22 +42,6 @@ fn files_of_every_edge_size_and_256_mib_arrive_identical() {
     assert_eq!(listing(&dst).len(), 7, "no temporaries left: {:?}", listing(&dst));
 }
 
-/// rxe's nonzero hardware counters at `device` (`name=value ...`), for a failure's message.
-fn rxe_counters(device: &str) -> String {
-    let dir = format!("/sys/class/infiniband/{device}/ports/1/hw_counters");
-    let Ok(entries) = std::fs::read_dir(&dir) else { return format!("{dir} unreadable") };
-    let mut out: Vec<String> = entries
-        .flatten()
-        .filter_map(|e| {
-            let v = std::fs::read_to_string(e.path()).ok()?;
-            let v = v.trim();
-            (v != "0").then(|| format!("{}={v}", e.file_name().to_string_lossy()))
-        })
-        .collect();
-    out.sort();
-    out.join(" ")
-}
-
 /// rxe's count of requests that arrived out of sequence at `device`, if the kernel exposes it.
 fn out_of_seq_requests(device: &str) -> Option<u64> {
     let path = format!("/sys/class/infiniband/{device}/ports/1/hw_counters/out_of_seq_request");

@@ -553,6 +553,22 @@ impl Drop for Netem {
     }
 }
 
+/// rxe's nonzero hardware counters at `device` (`name=value ...`), for a failure's message.
+pub fn rxe_counters(device: &str) -> String {
+    let dir = format!("/sys/class/infiniband/{device}/ports/1/hw_counters");
+    let Ok(entries) = std::fs::read_dir(&dir) else { return format!("{dir} unreadable") };
+    let mut out: Vec<String> = entries
+        .flatten()
+        .filter_map(|e| {
+            let v = std::fs::read_to_string(e.path()).ok()?;
+            let v = v.trim();
+            (v != "0").then(|| format!("{}={v}", e.file_name().to_string_lossy()))
+        })
+        .collect();
+    out.sort();
+    out.join(" ")
+}
+
 /// Whether the guest runs Linux 6.1, whose rxe ends some connections under load
 /// (`docs/testing.md`, Known limits).
 pub fn kernel_is_6_1() -> bool {
@@ -565,10 +581,10 @@ pub fn kernel_is_6_1() -> bool {
 /// exist for: a failure of the connection, not of the protocol. The device refused a
 /// retransmitted WRITE (`RemoteInvalidRequestError`), or the QP went to error with no request
 /// of the receiver's to fail (the connection lost, its receives flushed: `WrFlushError`), or
-/// the sender left after its own QP failed. On any other kernel no session may fail, nor on 6.1
-/// by the protocol's rules (a chunk tagged out of order, a digest mismatch: also seen under
-/// such load, and not explained by rxe, they fail here until they are). Returns the failed
-/// sessions' lines.
+/// the sender left after its own QP failed, or the device completed the last chunk's WRITE a
+/// second time (`ProtocolError::CompletedTwice`). On any other kernel no session may fail, nor
+/// on 6.1 by the protocol's rules (a chunk tagged out of order otherwise, a digest mismatch).
+/// Returns the failed sessions' lines.
 pub fn failures_retried(reports: &str, names: &[&str]) -> Vec<String> {
     for name in names {
         let stored = reports.lines().any(|l| l.contains(&format!(": {name} (")) && l.contains(" ok;"));
@@ -580,6 +596,7 @@ pub fn failures_retried(reports: &str, names: &[&str]) -> Vec<String> {
             "(RemoteInvalidRequestError)",
             "the connection was lost mid-transfer",
             "the peer disconnected mid-transfer",
+            "a second time (a retransmitted WRITE executed twice)",
         ];
         let known = transport.iter().any(|t| line.contains(t));
         assert!(
