@@ -122,6 +122,24 @@ pub(crate) fn digest_key(secret: &[u8; 32], index: u32) -> DigestKey {
     DigestKey(m.finalize().into_bytes().into())
 }
 
+/// A session's digest secret ([`Secret::digest_secret`]) as a machine keeps it: its bytes are
+/// never shown (`Debug` prints `DigestSecret(..)`), so that printing a machine shows no key.
+#[derive(Clone, Copy)]
+pub(crate) struct DigestSecret(pub(crate) [u8; 32]);
+
+impl std::ops::Deref for DigestSecret {
+    type Target = [u8; 32];
+    fn deref(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for DigestSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("DigestSecret(..)")
+    }
+}
+
 /// What a proof covers: one session, both nonces, the file offered.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Transcript<'a> {

@@ -22,7 +22,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use crate::auth::{Role, Secret, Transcript, NONCE_LEN};
+use crate::auth::{DigestSecret, Role, Secret, Transcript, NONCE_LEN};
 use crate::digest::{Digest, DigestKey};
 use crate::outbox::Outbox;
 use crate::seal::{Seals, Unsealed};
@@ -268,7 +268,7 @@ pub struct Receiver {
     /// Whether the sender proved the secret.
     proved: bool,
     /// The session's digest secret, once the sender proved the secret ([`crate::auth`]).
-    digest_secret: Option<[u8; 32]>,
+    digest_secret: Option<DigestSecret>,
     /// With a secret, once the sender proved it: the seals of the messages sent and received
     /// ([`crate::seal`]).
     seals: Option<Seals>,
@@ -720,7 +720,7 @@ impl Receiver {
                 self.progress = now;
                 self.proved = true;
                 let digest_secret = secret.digest_secret(&t);
-                self.digest_secret = Some(digest_secret);
+                self.digest_secret = Some(DigestSecret(digest_secret));
                 // Everything after the sender's PROOF is sealed, both ways: this side's PROOF on.
                 self.seals = Some(Seals::new(&digest_secret, Role::Receiver));
                 let mac = secret.proof(Role::Receiver, &t);

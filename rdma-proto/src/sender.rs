@@ -14,7 +14,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use crate::auth::{Role, Secret, Transcript, NONCE_LEN};
+use crate::auth::{DigestSecret, Role, Secret, Transcript, NONCE_LEN};
 use crate::digest::{Digest, DIGEST_CAPS};
 use crate::outbox::Outbox;
 use crate::seal::{Seals, Unsealed};
@@ -176,7 +176,7 @@ pub struct Sender {
     /// Whether the receiver proved it knows the secret.
     receiver_proven: bool,
     /// The session's digest secret, once the receiver proved the secret ([`crate::auth`]).
-    digest_secret: Option<[u8; 32]>,
+    digest_secret: Option<DigestSecret>,
     /// With a secret, from this side's PROOF on: the seals of the messages sent and received
     /// ([`crate::seal`]).
     seals: Option<Seals>,
@@ -499,7 +499,7 @@ impl Sender {
                     ));
                 }
                 self.receiver_proven = true;
-                self.digest_secret = Some(secret.digest_secret(&t));
+                self.digest_secret = Some(DigestSecret(secret.digest_secret(&t)));
                 self.progress = now;
             }
             (Phase::AwaitGrant, Message::Grant(_)) if self.cfg.secret.is_some() && !self.receiver_proven => {

@@ -244,6 +244,10 @@ fn a_session_with_the_secret_uses_the_keyed_digest_with_one_key_per_session() {
         assert_eq!((s.digest(), r.digest()), (rdma_proto::Digest::Blake3Keyed, rdma_proto::Digest::Blake3Keyed));
         let (sk, rk) = (s.digest_key().expect("the sender's key"), r.digest_key().expect("the receiver's key"));
         assert_eq!(sk, rk, "both sides derive the same key");
+        // Printing a machine shows no key material.
+        for shown in [format!("{s:?}"), format!("{r:?}")] {
+            assert!(shown.contains("digest_secret: Some(DigestSecret(..))"), "{shown}");
+        }
         keys.push(sk);
     }
     assert_ne!(keys[0], keys[1], "another nonce, another key");
