@@ -29,7 +29,8 @@ use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use rdma_proto::auth::Secret;
 use rdma_proto::driver::{
-    send_file, send_files, BatchReport, Phases, ReceiveOptions, ReceiveReport, SendOptions, SendReport, Server,
+    send_file, send_files, BatchReport, Decision, Phases, Policy, ReceiveOptions, ReceiveReport, SendOptions,
+    SendReport, Server,
 };
 use rdma_proto::Digest;
 use rdma_verbs::WaitPolicy;
@@ -81,6 +82,11 @@ struct RecvArgs {
     /// Replace files that exist (default: refuse them with status "exists").
     #[arg(long)]
     overwrite: bool,
+    /// Take hidden names (starting with ".") at the top of --dir, such as .ssh or .profile
+    /// (default: refuse them with status "bad name": run from a home directory, they would
+    /// let a sender plant a shell user's startup files or keys).
+    #[arg(long)]
+    allow_hidden: bool,
     /// Largest file accepted, in bytes (suffixes K, M, G, T: powers of 1024).
     #[arg(long, default_value = "1T", value_parser = parse_size)]
     max_size: u64,
@@ -115,6 +121,13 @@ struct RecvArgs {
     /// Seconds a transfer may make no progress before it is ended (1..=31536000).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=31_536_000))]
     timeout: u64,
+    /// The slowest pace a sender may keep, in bytes per second (e.g. 16K), judged once per
+    /// --timeout of its time; a slower one is told "busy" and keeps its partial. 0: no floor.
+    #[arg(long, default_value = "16K", value_parser = parse_size, value_name = "RATE")]
+    min_rate: u64,
+    /// Most entries one batch may offer; past them the batch ends as for a protocol violation.
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u32).range(1..))]
+    max_entries: u32,
     /// The QP's local ACK timeout exponent: a packet not acknowledged within 4.096 us x 2^N is
     /// sent again (1..=31). Shorter recovers sooner from loss; see docs/protocol.md.
     #[arg(long, value_name = "N", default_value_t = 14, value_parser = clap::value_parser!(u8).range(1..=31))]
@@ -135,6 +148,12 @@ struct RecvArgs {
     /// Seconds an unused partial is kept (default: a day).
     #[arg(long, default_value_t = 86_400, value_name = "SECS")]
     partial_ttl: u64,
+    /// Most partials kept at once; keeping one more gives up the oldest (0: keep none).
+    #[arg(long, default_value_t = 64, value_name = "N")]
+    max_partials: usize,
+    /// Most bytes the partials kept hold together; keeping one more gives up the oldest.
+    #[arg(long, default_value = "256G", value_parser = parse_size, value_name = "SIZE")]
+    max_partial_bytes: u64,
     /// Sync a resumable transfer's data and record how much of it is safe every SIZE bytes
     /// stored: the most a receiver killed outright (SIGKILL, a crash) makes its sender send
     /// again.
@@ -244,6 +263,10 @@ struct SendArgs {
     #[cfg(feature = "fault-injection")]
     #[arg(long, hide = true)]
     test_tamper: Option<u64>,
+    /// Test hook: wait this many milliseconds before reading each chunk (a trickling sender).
+    #[cfg(feature = "fault-injection")]
+    #[arg(long, hide = true)]
+    test_chunk_delay_ms: Option<u64>,
 }
 
 /// `recv --digest`: a digest, or `auto` (`None`: the faster one on this CPU).
@@ -255,6 +278,21 @@ fn parse_digest(s: &str) -> Result<DigestArg, String> {
         return Ok(DigestArg(None));
     }
     s.parse().map(|d| DigestArg(Some(d))).map_err(|e: String| format!("{e}, or auto"))
+}
+
+/// `recv`'s own rule, through the library's policy hook: a name at the top of the destination
+/// that starts with "." (.ssh, .profile, .bashrc, .config) is refused, deeper ones are not
+/// (a tree's .gitignore is fine).
+fn hidden_names_refused() -> Policy {
+    Policy::new(|offer| {
+        match offer.path.split('/').next() {
+        Some(top) if top.starts_with('.') => Decision::refuse(
+            rdma_proto::Status::BadName,
+            format!("{top:?}: hidden names at the top of the receiver's directory are refused (recv --allow-hidden takes them)"),
+        ),
+        _ => Decision::Accept,
+    }
+    })
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -348,12 +386,19 @@ fn recv(a: RecvArgs, json: bool) -> i32 {
     opts.max_lanes = a.max_lanes;
     opts.digest = a.digest.0;
     opts.timeout = Duration::from_secs(a.timeout);
+    opts.min_rate = a.min_rate;
+    opts.max_entries = a.max_entries;
+    if !a.allow_hidden {
+        opts.policy = Some(hidden_names_refused());
+    }
     opts.accept_timeout = Duration::from_secs(a.timeout);
     opts.ack_timeout = a.ack_timeout;
     opts.wait = WaitPolicy::spin_then_sleep(Duration::from_micros(a.spin_us));
     opts.stop = Arc::new(AtomicBool::new(false));
     opts.resume = !a.no_resume;
     opts.partial_ttl = Duration::from_secs(a.partial_ttl);
+    opts.max_partials = a.max_partials;
+    opts.max_partial_bytes = a.max_partial_bytes;
     opts.checkpoint_every = a.checkpoint_every;
     opts.secret = match load_secret(a.secret_file.as_deref()) {
         Ok(s) => s,
@@ -422,6 +467,12 @@ fn recv(a: RecvArgs, json: bool) -> i32 {
                 let what = if e.status == rdma_proto::Status::Ok { "stored".to_owned() } else { format!("{}: {}", e.status, e.detail) };
                 let kind = if e.directory { "/" } else { "" };
                 println!("{:016x}   {}{kind} ({} bytes): {what}", r.session, e.path, e.bytes);
+            }
+            let unlisted = r.entry_counts.ended.saturating_sub(r.entries.len() as u64);
+            if unlisted > 0 {
+                let listed_stored = r.entries.iter().filter(|e| e.status == rdma_proto::Status::Ok).count() as u64;
+                let stored = r.entry_counts.stored.saturating_sub(listed_stored);
+                println!("{:016x}   ... {unlisted} more entries, {stored} of them stored", r.session);
             }
             let what = match (r.status(), &r.result) {
                 (Some(s), _) => s.to_string(),
@@ -500,6 +551,7 @@ fn send(a: SendArgs, json: bool) -> i32 {
         }
         opts.test_lane_delay = a.test_lane_delay_ms.map(Duration::from_millis);
         opts.test_tamper = a.test_tamper;
+        opts.test_chunk_delay = a.test_chunk_delay_ms.map(Duration::from_millis);
         opts.test_after_fin = match a.test_after_fin.as_deref() {
             None => None,
             Some("junk") => Some(AfterFin::Junk),

@@ -3,7 +3,8 @@
 //! empty file and empty directory arrives, with modes and modification times under
 //! `--preserve`; an entry the receiver refuses (a symbolic link in its destination, a file
 //! that exists) is refused alone and the rest arrives; a batch over `--max-session-bytes` is
-//! refused whole. Ports 7610-7613.
+//! refused whole; a batch's report lists its first 1,000 entries and counts the rest, and
+//! `--max-entries` ends a batch that offers more. Ports 7610-7614.
 
 mod cli;
 
@@ -167,4 +168,40 @@ fn a_batch_over_the_session_limit_is_refused_whole() {
     assert_eq!(out.status.code(), Some(15), "TooLarge: {}{}", text(&out.stdout), text(&out.stderr));
     assert_eq!(code, 9, "{lines}");
     assert!(listing(&dst).is_empty(), "nothing stored: {:?}", listing(&dst));
+}
+
+/// The receiver kept every entry's path and verdict until the batch ended, so a peer that
+/// pipelined a million refused ENTRYs made it hold about 3 GB (review finding G3), and every
+/// batch's report had a line per entry. Now the report lists the first 1,000 entries and
+/// counts the rest, and `--max-entries` ends a batch that offers more than it allows. A batch
+/// of a directory and 1,010 one-byte files in it (1,011 entries, the directory's last: its
+/// time is set after its files) to a receiver with `--max-entries 1005`: the first 1,005 files
+/// are stored, the report lists 1,000 of them and says "5 more entries, 5 of them stored", and
+/// the session ends at the 1,006th as a protocol violation, with nothing else left behind.
+#[test]
+fn a_batchs_report_lists_a_thousand_entries_and_max_entries_ends_a_longer_one() {
+    let topo = testkit::require_topology!();
+    let (src, dst) = (scratch("batch-many-src"), scratch("batch-many-dst"));
+    let root = src.join("many");
+    std::fs::create_dir_all(&root).unwrap();
+    for i in 0..1010 {
+        std::fs::write(root.join(format!("f{i:04}")), [i as u8]).unwrap();
+    }
+    let args = ["--dir", dst.to_str().unwrap(), "--count", "1", "--max-entries", "1005"];
+    let rx = Receiver::start(&topo, 7614, &args);
+    let out = send(&topo, 7614, &[root.to_str().unwrap()]);
+    let (code, lines) = rx.finish(Duration::from_secs(120));
+    let summary = lines.lines().last().unwrap_or_default().to_owned();
+    eprintln!("sender: exit {:?}; receiver: exit {code}, {summary}", out.status.code());
+    assert_eq!(out.status.code(), Some(14), "ProtocolMismatch past --max-entries: {}", text(&out.stderr));
+    assert_ne!(code, 0, "{summary}");
+    let listed = lines.lines().filter(|l| l.contains("   many/")).count();
+    assert_eq!(listed, 1000, "entries listed in the report");
+    let tail = &lines[lines.len().saturating_sub(2000)..];
+    assert!(lines.contains("... 5 more entries, 5 of them stored"), "{tail}");
+    let all = format!("{lines}{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(all.contains("more than 1005 entries"), "the reason is named: {tail}{}", text(&out.stderr));
+    let stored = listing(&dst.join("many"));
+    assert_eq!(stored.len(), 1005, "the first 1,005 files stored, nothing else: {:?}", &stored[1000..]);
+    assert_eq!(stored.last().map(String::as_str), Some("f1004"));
 }

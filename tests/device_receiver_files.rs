@@ -180,3 +180,42 @@ fn an_existing_directory_keeps_its_mode_even_when_overwriting() {
         .unwrap();
     assert_eq!((mode(&dst.join("top")), mode(&dst.join("top/new"))), (0o777 & !umask, 0o777 & !umask));
 }
+
+/// `recv` defaults to `--dir .`: run from a home directory, any sender (or, on loopback without
+/// a secret, any local user) could store `.ssh/authorized_keys` or `.profile` there and get a
+/// shell as the receiver's user (review finding G6). `rdma-copy recv` now refuses hidden names
+/// at the top of its directory, through the library's policy hook (`ReceiveOptions::policy`),
+/// unless given `--allow-hidden`; hidden names deeper in a tree (a `.gitignore`) are stored.
+#[test]
+fn hidden_names_at_the_top_are_refused_unless_allowed_and_deeper_ones_are_stored() {
+    let topo = testkit::require_topology!();
+    let (src, dst) = (scratch("hidden-src"), scratch("hidden-dst"));
+    random_file(&src.join(".profile"), 100, 61);
+    std::fs::create_dir_all(src.join(".ssh")).unwrap();
+    random_file(&src.join(".ssh/authorized_keys"), 100, 62);
+    std::fs::create_dir_all(src.join("repo")).unwrap();
+    let ignore = random_file(&src.join("repo/.gitignore"), 10, 63);
+    let dir = dst.to_str().unwrap();
+    let rx = Receiver::start(&topo, 7645, &["--dir", dir, "--count", "3"]);
+    let out = send(&topo, 7645, &[src.join(".profile").to_str().unwrap()]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(16), "a hidden name is a bad name: {err}");
+    assert!(err.contains("hidden names at the top of the receiver's directory are refused"), "{err}");
+    let out = send(&topo, 7645, &[src.join(".ssh").to_str().unwrap()]);
+    assert_ne!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    let out = send(&topo, 7645, &[src.join("repo").to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let (code, report) = rx.finish(Duration::from_secs(30));
+    eprintln!("{report}");
+    assert_ne!(code, 0, "{report}");
+    assert_eq!(listing(&dst), ["repo"], "nothing hidden at the top");
+    assert!(std::fs::read(dst.join("repo/.gitignore")).unwrap() == ignore);
+
+    // With --allow-hidden, the receiver's administrator takes them.
+    let rx = Receiver::start(&topo, 7646, &["--dir", dir, "--count", "1", "--allow-hidden"]);
+    let out = send(&topo, 7646, &[src.join(".profile").to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let (code, report) = rx.finish(Duration::from_secs(30));
+    assert_eq!(code, 0, "{report}");
+    assert!(dst.join(".profile").exists());
+}

@@ -3,7 +3,7 @@
 
 mod cli;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cli::*;
 use rdma_proto::wire::{Hello, Message};
@@ -159,4 +159,46 @@ fn a_session_in_teardown_holds_its_memory_share_until_its_ring_is_freed() {
     assert!(out.status.success(), "the honest send after: {}", text(&out.stderr));
     assert!(std::fs::read(dst.join("f")).unwrap() == data);
     let _ = rx.stop(Duration::from_secs(30));
+}
+
+/// A sender that trickles (one 16 KiB chunk every 2.5 s, 6.4 KiB/s) made progress within
+/// every `--timeout`, so it held its place for as long as it liked: on a receiver with one
+/// place, nobody else was served meanwhile (issue 33 §3). Now a window of `--timeout` of its
+/// time that brings less than `--min-rate` (16 KiB/s by default) ends it: it is told `busy`
+/// and why, its place serves the next sender, and its partial is kept, so that the same file
+/// sent at a normal pace resumes and arrives whole.
+#[test]
+fn a_trickling_sender_is_ended_by_the_pace_floor_and_its_place_serves_the_next() {
+    let topo = testkit::require_topology!();
+    let (src, dst) = (scratch("trickle-src"), scratch("trickle-dst"));
+    let f = src.join("f");
+    let data = random_file(&f, 256 << 10, 54);
+    let dir = dst.to_str().unwrap();
+    let rx = Receiver::start(&topo, 7654, &["--dir", dir, "--max-sessions", "1", "--timeout", "5"]);
+    // One slot: each chunk is written as soon as it is read, 2.5 s after the one before.
+    let trickle =
+        ["--chunk", "16K", "--depth", "1", "--retries", "0", "--test-chunk-delay-ms", "2500"].map(std::ffi::OsStr::new);
+    let trickler = spawn_send(&topo, 7654, &[&trickle[..], &[f.as_os_str()]].concat());
+    let (code, err, took) = wait_within(trickler, Duration::from_secs(60), "the trickling sender");
+    eprintln!("the trickler: exit {code:?} after {took:?}: {}", err.trim());
+    assert_eq!(code, Some(18), "the trickler was not refused: {err}");
+    assert!(err.contains("below this receiver's floor of 16384 bytes/s"), "{err}");
+    // One window of 5 s (a few seconds of setup on top), not the 40 s the file takes at its pace.
+    assert!(took < Duration::from_secs(25), "the trickler held its place for {took:?}");
+    wait_for_session_end(&dst, "f");
+    assert!(partial_len(&dst).is_some_and(|n| n > 0), "no partial kept: {:?}", listing(&dst));
+
+    let t = Instant::now();
+    let mut out = send(&topo, 7654, &[f.to_str().unwrap()]);
+    while out.status.code() == Some(18) && t.elapsed() < Duration::from_secs(10) {
+        // The trickler's teardown may still hold the one place for a moment.
+        std::thread::sleep(Duration::from_millis(500));
+        out = send(&topo, 7654, &[f.to_str().unwrap()]);
+    }
+    assert!(out.status.success(), "the honest send after the trickler: {}", text(&out.stderr));
+    assert!(std::fs::read(dst.join("f")).unwrap() == data, "the file differs");
+    let (_, report) = rx.stop(Duration::from_secs(30));
+    eprintln!("{report}");
+    assert!(report.contains("floor"), "the receiver's report does not say why: {report}");
+    assert_eq!(listing(&dst), ["f"], "nothing but the file is left");
 }

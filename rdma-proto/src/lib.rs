@@ -66,6 +66,18 @@ pub enum ProtocolError {
     /// This side failed (bad arguments, I/O, a driver error).
     #[error("{0}")]
     Local(String),
+    /// The sender kept a pace below the receiver's floor (`ReceiverConfig::min_rate`): it
+    /// brought `bytes` in `over` of its own time. The receiver ends the session with an ACK
+    /// [`Status::Busy`] saying so, and keeps a resumable partial.
+    #[error("the sender brought {bytes} bytes in {over:?}, below the floor of {min_rate} bytes/s")]
+    TooSlow {
+        /// Bytes (and entry credits) brought in the window judged.
+        bytes: u64,
+        /// The peer's time in that window.
+        over: Duration,
+        /// The floor, in bytes per second.
+        min_rate: u64,
+    },
     /// The receiver's device completed a WRITE with immediate a second time: the chunk that
     /// arrived last came again. Linux 6.1's rxe does so under load, when it executes a
     /// retransmitted WRITE it had already completed (`docs/testing.md`, Known limits); a peer

@@ -54,6 +54,13 @@ pub struct ReceiverConfig {
     /// proof (an idle connection holds a place among
     /// the receiver's connections until then).
     pub hello_timeout: Duration,
+    /// The slowest pace a sender may keep once admitted, in bytes per second (16 KiB/s by
+    /// default; 0 sets no floor). It is judged once per [`timeout`](Self::timeout) of the
+    /// peer's time (from the GRANT; the driver's own steps, opening and syncing, do not
+    /// count): a session that brought less ends with [`ProtocolError::TooSlow`] and an ACK
+    /// [`Status::Busy`] saying why. Each batch ENTRY counts as [`ENTRY_CREDIT`] bytes. Without
+    /// it, a sender that trickles a byte per `timeout` holds its place for ever.
+    pub min_rate: u64,
     /// The shared secret, if any: a sender must then prove it knows it before anything is
     /// opened for it, and is shown the receiver's proof ([`crate::auth`]). Give
     /// [`Receiver::with_nonce`] 16 random bytes with it.
@@ -90,6 +97,7 @@ impl Default for ReceiverConfig {
             max_slots: 64,
             timeout: Duration::from_secs(30),
             hello_timeout: Duration::from_secs(30),
+            min_rate: DEFAULT_MIN_RATE,
             secret: None,
             resume: false,
             batch: true,
@@ -99,6 +107,16 @@ impl Default for ReceiverConfig {
         }
     }
 }
+
+/// [`ReceiverConfig::min_rate`]'s default: 16 KiB/s. Below one chunk of the sender's default
+/// 512 KiB per 30 s window, and a third of the slowest window an honest sender kept among
+/// sixteen at once on two emulated CPUs under Linux 6.1's retransmission storm (1.5 MB in 30 s,
+/// `docs/results.md`); above what a peer that trickles to hold places wants to spend on each.
+pub const DEFAULT_MIN_RATE: u64 = 16 << 10;
+
+/// What one batch ENTRY counts for towards [`ReceiverConfig::min_rate`], in bytes: a batch of
+/// small files keeps its pace by its entries, a batch that trickles empty entries does not.
+pub const ENTRY_CREDIT: u64 = 16 << 10;
 
 /// An event the driver reports to the machine.
 #[derive(Debug)]
@@ -290,8 +308,35 @@ pub struct Receiver {
     batch: Option<Batch>,
     /// When the current phase last made progress: the timeout counts from here.
     progress: Instant,
+    /// The sender's pace since its GRANT ([`ReceiverConfig::min_rate`]).
+    pace: Option<Pace>,
     actions: VecDeque<Action>,
     outbox: Outbox,
+}
+
+/// One window of the sender's pace ([`ReceiverConfig::min_rate`]): what it brought, and how
+/// much of the window was the peer's to use.
+#[derive(Debug, Clone, Copy)]
+struct Pace {
+    /// When the window began: the GRANT, then each judgement.
+    start: Instant,
+    /// Bytes written in it, and [`ENTRY_CREDIT`] per ENTRY.
+    bytes: u64,
+    /// Time in it spent on the driver's steps (opening, syncing), not the peer's.
+    driver: Duration,
+    /// The last input: the time since belongs to the phase then current.
+    seen: Instant,
+}
+
+impl Pace {
+    fn new(now: Instant) -> Pace {
+        Pace { start: now, bytes: 0, driver: Duration::ZERO, seen: now }
+    }
+
+    /// The peer's time in this window, as of `now`.
+    fn peer_time(&self, now: Instant) -> Duration {
+        now.saturating_duration_since(self.start).saturating_sub(self.driver)
+    }
 }
 
 /// A batch in progress ([`caps::BATCH`]).
@@ -321,6 +366,7 @@ impl Receiver {
     pub fn new(cfg: ReceiverConfig, now: Instant) -> Self {
         Receiver {
             progress: now,
+            pace: None,
             cfg,
             session: 0,
             phase: Phase::AwaitHello,
@@ -473,12 +519,42 @@ impl Receiver {
     /// Also `None` when the timeout is too large to represent (no deadline, as with
     /// `rdma_verbs::Deadline`).
     pub fn poll_timeout(&self) -> Option<Instant> {
+        match (self.phase_deadline(), self.pace_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// When the current phase times out for want of progress.
+    fn phase_deadline(&self) -> Option<Instant> {
         let timeout = self.phase_timeout();
         let running = matches!(
             self.phase,
             Phase::AwaitHello | Phase::Authenticating | Phase::AwaitEntry | Phase::Opening | Phase::Data
         );
         running.then(|| crate::timer(self.progress, timeout)).flatten()
+    }
+
+    /// When the sender's pace is next judged: at the end of a window of `timeout` of the
+    /// peer's time, while it is the peer's turn (between entries, or sending data).
+    fn pace_deadline(&self) -> Option<Instant> {
+        let pace = self.pace.as_ref().filter(|_| self.cfg.min_rate > 0)?;
+        if !matches!(self.phase, Phase::AwaitEntry | Phase::Data) {
+            return None;
+        }
+        pace.start.checked_add(self.cfg.timeout.checked_add(pace.driver)?)
+    }
+
+    /// Charges the time since the last input to the phase it passed in: the driver's steps
+    /// (opening, syncing) are not the peer's time.
+    fn account(&mut self, now: Instant) {
+        let driver = matches!(self.phase, Phase::Opening | Phase::Finalizing);
+        if let Some(pace) = self.pace.as_mut() {
+            if driver {
+                pace.driver += now.saturating_duration_since(pace.seen);
+            }
+            pace.seen = pace.seen.max(now);
+        }
     }
 
     /// How long the current phase may go without progress: a peer not yet admitted (before its
@@ -490,10 +566,31 @@ impl Receiver {
         }
     }
 
-    /// Time passed: ends the session if the current phase made no progress in time. Ignored
-    /// once [`Action::Finalize`] was asked for (see [`poll_timeout`](Self::poll_timeout)).
+    /// Time passed: ends the session if the current phase made no progress in time, or if the
+    /// sender kept a pace below [`ReceiverConfig::min_rate`]. Ignored once
+    /// [`Action::Finalize`] was asked for (see [`poll_timeout`](Self::poll_timeout)).
     pub fn handle_timeout(&mut self, now: Instant) {
-        if !self.poll_timeout().is_some_and(|deadline| now >= deadline) {
+        if self.phase == Phase::Done {
+            return;
+        }
+        self.account(now);
+        if self.pace_deadline().is_some_and(|at| now >= at) {
+            if let Some(pace) = self.pace {
+                let over = pace.peer_time(now);
+                let floor = u128::from(self.cfg.min_rate) * over.as_millis() / 1000;
+                if u128::from(pace.bytes) < floor {
+                    let (bytes, min_rate) = (pace.bytes, self.cfg.min_rate);
+                    let detail = format!(
+                        "{bytes} bytes in {:.0} s, below this receiver's floor of {min_rate} bytes/s",
+                        over.as_secs_f64()
+                    );
+                    self.fail(ProtocolError::TooSlow { bytes, over, min_rate }, Some((Status::Busy, detail)));
+                    return;
+                }
+                self.pace = Some(Pace::new(now));
+            }
+        }
+        if !self.phase_deadline().is_some_and(|deadline| now >= deadline) {
             return;
         }
         let what = match self.phase {
@@ -521,6 +618,7 @@ impl Receiver {
         if self.phase == Phase::Finalizing && !matches!(input, Input::Finalized(..)) {
             return;
         }
+        self.account(now);
         let r = match input {
             Input::Message(bytes) => self.on_message(bytes, now),
             Input::WriteArrived { imm, len } => self.on_write(0, imm, len, now),
@@ -567,6 +665,7 @@ impl Receiver {
                         lanes: self.granted_lanes(),
                     };
                     self.send(&Message::Grant(g));
+                    self.pace = Some(Pace::new(now));
                     return;
                 }
                 self.phase = Phase::Data;
@@ -584,6 +683,7 @@ impl Receiver {
                     lanes: self.granted_lanes(),
                 };
                 self.send(&Message::Grant(g));
+                self.pace = Some(Pace::new(now));
                 Ok(())
             }
             Input::OpenFailed(status, why) if self.phase == Phase::Opening && self.entry_open() => {
@@ -857,6 +957,9 @@ impl Receiver {
         }
         b.entries += 1;
         b.current = Some((e.index, e.path.clone(), e.kind));
+        if let Some(pace) = self.pace.as_mut() {
+            pace.bytes = pace.bytes.saturating_add(ENTRY_CREDIT);
+        }
         // Only an entry that is opened counts against the total: a refused one brings no
         // bytes, and counting it (a file that grew since the sender walked its tree, a size
         // that overflows) would refuse every later entry, directories too.
@@ -964,6 +1067,9 @@ impl Receiver {
         }
         self.lane_next[usize::from(lane)] = seq + u64::from(self.lanes);
         self.progress = now;
+        if let Some(pace) = self.pace.as_mut() {
+            pace.bytes = pace.bytes.saturating_add(u64::from(len));
+        }
         // Store, in order, every chunk now contiguous: chunk `n` arrived when its lane is past it.
         let lanes = u64::from(self.lanes);
         while self.arrived < self.chunks && self.lane_next[(self.arrived % lanes) as usize] > self.arrived {

@@ -11,7 +11,7 @@ use rdma_proto::auth::Secret;
 use rdma_proto::receiver::{self, Receiver, ReceiverConfig};
 use rdma_proto::sender::{self, Sender, SenderConfig};
 use rdma_proto::wire::{Entry, EntryKind};
-use rdma_proto::{Digest, Outcome, Status};
+use rdma_proto::{Digest, Outcome, ProtocolError, Status};
 
 const SESSION: u64 = 0xba7c;
 
@@ -782,4 +782,77 @@ fn with_a_secret_a_verdict_changed_on_the_path_is_never_taken_for_ok() {
         assert!(!run.files.contains_key("conf/test"));
         assert_ne!(status(&run.sender), Some(Status::Ok), "{attack}: {:?}", run.sender);
     }
+}
+
+/// A sender that keeps its place by trickling (an entry or a byte just within each timeout)
+/// is ended once a window of `timeout` of its own time brought less than `min_rate` allows: it
+/// is told `Busy` and why. The driver's own steps (here, an open that takes 8 s) are not the
+/// peer's time, and a batch of small files keeps its pace by its entries.
+#[test]
+fn a_sender_below_the_pace_floor_is_ended_and_the_drivers_time_is_not_its() {
+    let s = Duration::from_secs;
+    let mut cfg = ReceiverConfig::default();
+    (cfg.timeout, cfg.min_rate) = (s(10), 2048);
+    let mut h = Hostile::granted(cfg, 1 << 20, 0);
+    let t0 = h.now;
+    assert_eq!(h.r.poll_timeout(), Some(t0 + s(10)), "the first window ends with the phase's timeout");
+
+    // Window 1: one entry and 8 KiB, 24 KiB against a floor of 20 KiB: it passes.
+    h.now = t0 + s(1);
+    h.send_file(0, 8 << 10, "a");
+    assert_eq!(h.last_ack().status, Status::Ok);
+    h.now = t0 + s(10);
+    h.r.handle_timeout(h.now);
+    assert!(h.finished.is_none() && !h.r.is_done(), "a pace above the floor goes on");
+
+    // Window 2: the next entry takes the driver 8 s to open. It and 1 KiB make 17 KiB, short of
+    // 20 KiB, but the peer had only 2 s of the 10 so far: no judgement at 20 s.
+    h.now = t0 + s(11);
+    let mut out = Vec::new();
+    wire::encode(SESSION, &Message::Entry(entry(1, EntryKind::File, 1024, "b")), &mut out).unwrap();
+    h.r.handle(receiver::Input::Message(&out), h.now);
+    while let Some(a) = h.r.poll_action() {
+        assert!(matches!(a, receiver::Action::OpenEntry(_)), "{a:?}");
+    }
+    h.now = t0 + s(19);
+    h.r.handle(receiver::Input::Ready { addr: 0x1000, rkey: 7 }, h.now);
+    h.drain();
+    h.write(0, 1024);
+    h.msg(Message::Fin(Fin { chunks: 1, size: 1024, digest: vec![0; 16] }));
+    assert_eq!(h.last_ack().status, Status::Ok);
+    assert_eq!(h.r.poll_timeout(), Some(t0 + s(28)), "the window ends 10 s of the peer's time after it began");
+    h.now = t0 + s(20);
+    h.r.handle_timeout(h.now);
+    h.drain();
+    assert!(h.finished.is_none(), "judged on the driver's time: {:?}", h.finished);
+
+    // At 28 s the peer has had its 10 s and brought 17 KiB: ended, and told why.
+    h.now = t0 + s(28);
+    h.r.handle_timeout(h.now);
+    h.drain();
+    let over = s(10);
+    assert!(
+        matches!(
+            h.finished,
+            Some(Outcome::Failed(ProtocolError::TooSlow { bytes, over: o, min_rate: 2048 }))
+                if bytes == receiver::ENTRY_CREDIT + 1024 && o == over
+        ),
+        "{:?}",
+        h.finished
+    );
+    let ack = h.last_ack();
+    assert_eq!(ack.status, Status::Busy);
+    assert!(ack.detail.contains("below this receiver's floor of 2048 bytes/s"), "{}", ack.detail);
+    assert_eq!(h.acks().len(), 3, "two entries stored, then the refusal");
+
+    // A floor of 0 judges nothing: only the phase's own timeout remains.
+    let mut cfg = ReceiverConfig::default();
+    (cfg.timeout, cfg.min_rate) = (s(10), 0);
+    let mut h = Hostile::granted(cfg, 1 << 20, 0);
+    let t0 = h.now;
+    h.now = t0 + s(9);
+    h.send_file(0, 1, "a");
+    assert_eq!(h.r.poll_timeout(), Some(t0 + s(19)));
+    h.r.handle_timeout(t0 + s(18));
+    assert!(!h.r.is_done());
 }

@@ -112,3 +112,96 @@ fn a_cancelled_send_stops_within_milliseconds_and_the_next_resumes() {
     let left: Vec<_> = std::fs::read_dir(&dst.0).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(left, ["f"]);
 }
+
+/// An embedder's policy (`ReceiveOptions::policy`) sees every offer before anything is opened
+/// for it, with the sender's address and whether it proved the secret, and decides: here it
+/// refuses `*.key` files and anything over 1 MiB. A refused single file answers the sender
+/// with the policy's status and detail; a refused batch entry is refused alone and the rest of
+/// the batch is stored; nothing is left of what was refused.
+#[test]
+fn an_embedders_policy_sees_each_offer_first_and_its_refusals_store_nothing() {
+    use rdma_proto::driver::{send_files, Decision, Policy};
+    let topo = testkit::require_topology!();
+    let (src, dst) = (TempDir::new("policy-src"), TempDir::new("policy-dst"));
+    random_file(&src.0.join("id.key"), 1000, 2);
+    let tree = src.0.join("tree");
+    std::fs::create_dir_all(tree.join("sub")).unwrap();
+    let small = random_file(&tree.join("small"), 4096, 3);
+    random_file(&tree.join("sub/big"), (1 << 20) + 1, 4);
+    random_file(&tree.join("sub/other.key"), 10, 5);
+    let kept = random_file(&tree.join("sub/kept"), 10, 6);
+
+    let offers = Arc::new(Mutex::new(Vec::new()));
+    let seen = offers.clone();
+    let mut opts = ReceiveOptions::default();
+    opts.dir = Some(dst.0.clone());
+    opts.timeout = Duration::from_secs(5);
+    opts.policy = Some(Policy::new(move |o| {
+        seen.lock().unwrap().push((o.path.to_owned(), o.directory, o.size, o.in_batch, o.authenticated, o.peer.ip()));
+        if o.path.ends_with(".key") {
+            Decision::refuse(Status::NotAuthorized, "no keys here")
+        } else if o.size > 1 << 20 {
+            Decision::refuse(Status::TooLarge, "at most 1 MiB per file here")
+        } else {
+            Decision::Accept
+        }
+    }));
+    let server = Server::bind(SocketAddr::new(topo.server.addr.into(), 18672), opts).unwrap();
+    let serving = std::thread::spawn(move || {
+        let reports = Arc::new(Mutex::new(Vec::new()));
+        let r = reports.clone();
+        server.serve(Some(2), move |report| r.lock().unwrap().push(report)).unwrap();
+        let taken = std::mem::take(&mut *reports.lock().unwrap());
+        taken
+    });
+
+    let single = send_file(&src.0.join("id.key"), &send_opts(&topo, 18672), |_, _| {});
+    assert!(
+        matches!(&single, Err(Error::Refused { status: Status::NotAuthorized, detail }) if detail == "no keys here"),
+        "{single:?}"
+    );
+    let batch = send_files(&[tree], &send_opts(&topo, 18672), |_, _| {}).unwrap();
+    let reports = serving.join().unwrap();
+    eprintln!("{batch:?}");
+    let verdicts: Vec<(String, Option<Status>)> = batch
+        .entries
+        .iter()
+        .map(|e| {
+            let status = match &e.result {
+                Ok(()) => Some(Status::Ok),
+                Err(Error::Refused { status, .. }) => Some(*status),
+                Err(_) => None,
+            };
+            (e.path.clone(), status)
+        })
+        .collect();
+    for (path, want) in [
+        ("tree/small", Status::Ok),
+        ("tree/sub/big", Status::TooLarge),
+        ("tree/sub/other.key", Status::NotAuthorized),
+        ("tree/sub/kept", Status::Ok),
+    ] {
+        assert!(verdicts.contains(&(path.to_owned(), Some(want))), "{path}: {verdicts:?}");
+    }
+    assert!(std::fs::read(dst.0.join("tree/small")).unwrap() == small);
+    assert!(std::fs::read(dst.0.join("tree/sub/kept")).unwrap() == kept);
+    let mut left: Vec<String> = std::fs::read_dir(dst.0.join("tree/sub"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["kept"], "nothing of the refused entries, no temporary");
+    assert!(!dst.0.join("id.key").exists());
+    assert_eq!(reports.len(), 2);
+
+    // The policy saw every offer, each once, with the sender's address; no secret here.
+    let offers = offers.lock().unwrap();
+    let client = std::net::IpAddr::from(topo.client.addr);
+    assert!(offers.iter().all(|o| o.5 == client && !o.4), "{offers:?}");
+    assert_eq!(offers.first().map(|o| (o.0.as_str(), o.3)), Some(("id.key", false)), "{offers:?}");
+    for path in ["tree/small", "tree/sub/big", "tree/sub/other.key", "tree/sub/kept"] {
+        assert_eq!(offers.iter().filter(|o| o.0 == path && o.3).count(), 1, "{path}: {offers:?}");
+    }
+    assert!(offers.iter().any(|o| o.0 == "tree/sub/big" && o.2 == (1 << 20) + 1 && !o.1), "{offers:?}");
+    assert!(offers.iter().any(|o| o.0 == "tree" && o.1), "the directory entry too: {offers:?}");
+}

@@ -823,12 +823,29 @@ fn receiver_config() -> impl Strategy<Value = Conf> {
         k
     });
     let secret = prop_oneof![2 => Just(None), 1 => (key, prop::sample::select(vec!["", "\n", " \t"])).prop_map(Some)];
+    // The pace floor: none, the default, a few bytes per second (reached or not by the fuzzed
+    // writes of a few bytes), or one no sender reaches.
+    let min_rate = prop_oneof![
+        2 => Just(0),
+        2 => Just(rdma_proto::receiver::DEFAULT_MIN_RATE),
+        2 => 1u64..=64,
+        1 => Just(u64::MAX)
+    ];
     let auth = (secret, any::<bool>(), any::<Nonce>(), any::<bool>());
-    (max_size, max_chunk, budget, max_slots, timeout, hello_timeout, auth).prop_map(
-        |(max_size, max_chunk, budget, max_slots, timeout, hello_timeout, (secret, resume, nonce, xxh64))| {
+    (max_size, max_chunk, budget, max_slots, (timeout, min_rate), hello_timeout, auth).prop_map(
+        |(
+            max_size,
+            max_chunk,
+            budget,
+            max_slots,
+            (timeout, min_rate),
+            hello_timeout,
+            (secret, resume, nonce, xxh64),
+        )| {
             let mut c = ReceiverConfig::default();
             (c.max_size, c.max_chunk, c.memory_budget, c.max_slots, c.timeout, c.hello_timeout) =
                 (max_size, max_chunk, budget, max_slots, timeout, hello_timeout);
+            c.min_rate = min_rate;
             c.resume = resume;
             c.digest = if xxh64 { Digest::Xxh64 } else { Digest::Xxh3_128 };
             // Batches (and their byte limit) are tests/batch.rs's: this model is of one file
@@ -895,6 +912,8 @@ enum End {
     Local,
     /// The chunk that arrived last arrived again: no verdict.
     Twice,
+    /// The sender kept a pace below the floor: ACK Busy.
+    TooSlow,
 }
 
 impl End {
@@ -905,6 +924,7 @@ impl End {
             Outcome::Failed(ProtocolError::Peer(_)) => End::Peer,
             Outcome::Failed(ProtocolError::Timeout { .. }) => End::Timeout,
             Outcome::Failed(ProtocolError::CompletedTwice { .. }) => End::Twice,
+            Outcome::Failed(ProtocolError::TooSlow { .. }) => End::TooSlow,
             Outcome::Failed(_) => End::Local,
         }
     }
@@ -948,6 +968,8 @@ struct Spec {
     digest: (u32, usize),
     opened: bool,
     progress: Instant,
+    /// The sender's pace since the GRANT: when the window began, and the bytes written in it.
+    pace: Option<(Instant, u64)>,
     out: Vec<Step>,
     /// Once the sender proved the secret: the key and next number of its messages, and of the
     /// receiver's.
@@ -977,6 +999,7 @@ impl Spec {
             digest: (0, 0),
             opened: false,
             progress: now,
+            pace: None,
             out: Vec::new(),
             seal_in: None,
             seal_out: None,
@@ -989,7 +1012,19 @@ impl Spec {
         let admitting = matches!(self.phase, Phase::AwaitHello | Phase::Authenticating);
         let timeout = if admitting { self.cfg.hello_timeout } else { self.cfg.timeout };
         let running = matches!(self.phase, Phase::AwaitHello | Phase::Authenticating | Phase::Opening | Phase::Data);
-        running.then(|| self.progress.checked_add(timeout)).flatten()
+        let phase = running.then(|| self.progress.checked_add(timeout)).flatten();
+        match (phase, self.pace_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// "Pace": once per `timeout` of the data phase (from the GRANT) the sender must have
+    /// written `min_rate` bytes per second of it. In a single file no step of the driver's
+    /// (opening, syncing) falls inside the data phase, so all of a window is the peer's.
+    fn pace_deadline(&self) -> Option<Instant> {
+        let (start, _) = self.pace.filter(|_| self.cfg.min_rate > 0 && self.phase == Phase::Data)?;
+        start.checked_add(self.cfg.timeout)
     }
 
     fn ack(&mut self, status: Status) {
@@ -1022,6 +1057,15 @@ impl Spec {
     }
 
     fn timeout(&mut self, now: Instant) -> Vec<Step> {
+        if self.pace_deadline().is_some_and(|d| now >= d) {
+            let (start, bytes) = self.pace.expect("a pace deadline has a window");
+            let owed = u128::from(self.cfg.min_rate) * now.saturating_duration_since(start).as_millis() / 1000;
+            if u128::from(bytes) < owed {
+                self.fail(End::TooSlow, Some(Status::Busy));
+                return std::mem::take(&mut self.out);
+            }
+            self.pace = Some((now, 0));
+        }
         if self.deadline().is_some_and(|d| now >= d) {
             self.fail(End::Timeout, None);
         }
@@ -1077,6 +1121,9 @@ impl Spec {
                 } else {
                     self.arrived += 1;
                     self.progress = now;
+                    if let Some((_, bytes)) = self.pace.as_mut() {
+                        *bytes += u64::from(len);
+                    }
                     let slot = (seq % u64::from(self.slot_count)) as u32;
                     let offset = self.base + seq * u64::from(self.slot_size);
                     self.out.push(Step::Store { seq, slot, offset, len });
@@ -1096,6 +1143,7 @@ impl Spec {
                 self.opened = true;
                 self.phase = Phase::Data;
                 self.progress = now;
+                self.pace = Some((now, 0));
                 // The capabilities used: the digest, AUTH with a secret (the sender offered it, or
                 // it would have been refused), RESUME when both sides resume.
                 let auth = if self.key.is_some() { caps::AUTH | caps::SEALED } else { 0 };
@@ -1586,6 +1634,7 @@ impl Watch {
                             ensure!(self.ack == Some(*status), "Finish {status} with ACK {:?}", self.ack)
                         }
                         End::Timeout | End::Twice => ensure!(self.ack.is_none(), "{end:?} with an ACK"),
+                        End::TooSlow => ensure!(self.ack == Some(Status::Busy), "too slow, ACK {:?}", self.ack),
                         _ => ensure!(self.ack != Some(Status::Ok), "a failure ACKed Ok"),
                     }
                     // Whatever failed, the sender hears it once the session is known, but when
@@ -2026,7 +2075,13 @@ impl Case {
                 "deadline {deadline:?} after a CHALLENGE"
             );
         } else if got.iter().any(|s| matches!(s, Step::Open { .. } | Step::Grant { .. } | Step::Store { .. })) {
-            ensure!(deadline == self.now.checked_add(self.cfg.timeout), "deadline {deadline:?} after progress");
+            // ... unless the window the sender's pace is judged in ends sooner.
+            let phase = self.now.checked_add(self.cfg.timeout);
+            let want = match (phase, self.spec.pace_deadline()) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            ensure!(deadline == want, "deadline {deadline:?} after progress");
         }
         // Nothing stalls: a drained ring is credited, and a FIN with every chunk stored commits.
         if w.grant.is_some() && w.finish.is_none() && w.finalize.is_none() {
@@ -2049,6 +2104,8 @@ struct Tally {
     commit_failed: Cell<u64>,
     peer: Cell<u64>,
     timeout: Cell<u64>,
+    /// Sessions ended for a pace below the floor.
+    slow: Cell<u64>,
     local: Cell<u64>,
     running: Cell<u64>,
     /// Sessions that reached the GRANT after the proofs of the secret.
@@ -2099,6 +2156,7 @@ fn fuzz_the_receiver_machine() {
             Some(End::Acked(_)) => bump(&tally.refused),
             Some(End::Peer | End::Wire | End::Twice) => bump(&tally.peer),
             Some(End::Timeout) => bump(&tally.timeout),
+            Some(End::TooSlow) => bump(&tally.slow),
             Some(End::Local) => bump(&tally.local),
             None => bump(&tally.running),
         }
@@ -2111,7 +2169,7 @@ fn fuzz_the_receiver_machine() {
         assert!(share(&tally.ok) >= 20 && share(&tally.commit_failed) >= 2 && share(&tally.refused) >= 20, "{tally:?}");
         assert!(share(&tally.peer) >= 20 && share(&tally.timeout) >= 20 && share(&tally.local) >= 20, "{tally:?}");
         assert!(share(&tally.authorized) >= 10 && share(&tally.auth_failed) >= 10, "{tally:?}");
-        assert!(share(&tally.authorized_ok) >= 2, "{tally:?}");
+        assert!(share(&tally.authorized_ok) >= 2 && share(&tally.slow) >= 5, "{tally:?}");
         assert!(share(&tally.resumed) >= 10 && share(&tally.resumed_ok) >= 2, "{tally:?}");
     }
 }

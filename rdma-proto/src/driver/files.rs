@@ -169,8 +169,8 @@ impl Incoming {
     /// or size is not touched: `Busy` (the caller serves the file from a plain temporary,
     /// leaving the partial to its owner). A data file
     /// that is not this process's own ([`is_own_private_file`]: a link or a file a local user
-    /// planted) is removed and a new one made. Removes partials whose sidecar (or, without
-    /// one, data) was last written more than `ttl` ago.
+    /// planted) is removed and a new one made. With `sweep`, first removes the directory's
+    /// partials whose sidecar (or, without one, data) was last written more than that ago.
     ///
     /// # Errors
     /// [`Status::Exists`] as [`create`](Self::create); [`Status::Busy`] while another session
@@ -182,12 +182,14 @@ impl Incoming {
         size: u64,
         key: u64,
         overwrite: bool,
-        ttl: std::time::Duration,
+        sweep: Option<std::time::Duration>,
     ) -> Result<(Self, u64), (Status, String)> {
         if !overwrite && exists(dir, name) {
             return Err((Status::Exists, format!("{rel} exists")));
         }
-        sweep_partials(dir, ttl);
+        if let Some(ttl) = sweep {
+            sweep_partials(dir, ttl);
+        }
         let (data_name, meta_name) = partial_names(key);
         let file = match open_own(dir, &data_name, true) {
             Some(f) => f,
@@ -246,16 +248,24 @@ impl Incoming {
     }
 
     /// Keeps the partial when the session ends uncommitted, with the first `held` bytes
-    /// vouched for (checkpointed now). A plain temporary is removed as always.
-    pub(crate) fn keep(&mut self, held: u64) {
+    /// vouched for (checkpointed now); whether it is kept. A plain temporary is removed as
+    /// always. The receiver keeps partials through its ledger (`partials::Ledger::keep`).
+    pub(crate) fn keep(&mut self, held: u64) -> bool {
         // Not when the file arrived meanwhile (another session of it, served while this one
         // held the partial): nothing would continue it.
         let arrived = !self.overwrite && exists(&self.dir, &self.target);
         if self.partial.is_some() && !arrived && self.checkpoint(held).is_ok() {
             if let Some(p) = &mut self.partial {
                 p.keep = true;
+                return true;
             }
         }
+        false
+    }
+
+    /// The directory and key of this partial; `None` for a plain temporary.
+    pub(crate) fn partial_of(&self) -> Option<(DirFd, u64)> {
+        self.partial.as_ref().map(|p| (self.dir.clone(), p.key))
     }
 
     /// Syncs the data and renames the temporary into place (without replacing an existing file
@@ -515,6 +525,17 @@ fn remove_partial(dir: &DirFd, data_name: &str, meta_name: &str) {
     let _ = rustix::fs::unlinkat(dir, meta_name, AtFlags::empty());
 }
 
+/// Removes the partial of `key` in `dir` unless a session holds it (a ledger's eviction).
+pub(crate) fn remove_partial_of(dir: &DirFd, key: u64) {
+    let (data_name, meta_name) = partial_names(key);
+    remove_partial(dir, &data_name, &meta_name);
+}
+
+/// Whether the partial of `key` is still in `dir` (its data file).
+pub(crate) fn partial_exists(dir: &DirFd, key: u64) -> bool {
+    exists(dir, &partial_names(key).0)
+}
+
 /// The data and sidecar names of the partial of key `key`. Both end with
 /// [`crate::name::TEMP_SUFFIX`], which no sender's name may.
 fn partial_names(key: u64) -> (String, String) {
@@ -551,8 +572,10 @@ fn read_meta(dir: &DirFd, name: &str) -> Option<Meta> {
 
 /// Removes the partials of `dir` last written more than `ttl` ago (their sidecar's time, or
 /// the data's without one), unless a session holds them. Best effort: errors are ignored.
-pub(crate) fn sweep_partials(dir: &DirFd, ttl: std::time::Duration) {
-    let Ok(entries) = rustix::fs::Dir::read_from(&**dir) else { return };
+/// Returns the others, oldest first: their key and the bytes their data file holds.
+pub(crate) fn sweep_partials(dir: &DirFd, ttl: std::time::Duration) -> Vec<(u64, u64)> {
+    let mut left: Vec<(std::time::Duration, u64, u64)> = Vec::new();
+    let Ok(entries) = rustix::fs::Dir::read_from(&**dir) else { return Vec::new() };
     let suffix = format!(".part{}", crate::name::TEMP_SUFFIX);
     let now = std::time::SystemTime::now();
     for e in entries.flatten() {
@@ -568,8 +591,15 @@ pub(crate) fn sweep_partials(dir: &DirFd, ttl: std::time::Duration) {
         let Some(age) = age(&meta_name).or_else(|| age(&data_name)) else { continue };
         if age > ttl {
             remove_partial(dir, &data_name, &meta_name);
+        } else {
+            let bytes =
+                rustix::fs::statat(dir, &data_name, AtFlags::SYMLINK_NOFOLLOW).map_or(0, |st| st.st_size as u64);
+            left.push((age, key, bytes));
         }
     }
+    // Oldest first: the largest age first.
+    left.sort_by_key(|a| std::cmp::Reverse(a.0));
+    left.into_iter().map(|(_, key, bytes)| (key, bytes)).collect()
 }
 
 /// Opens the destination directory `path` (a link there is followed: it is the
@@ -648,7 +678,7 @@ mod tests {
     }
 
     fn resumable(d: &DirFd, name: &str, size: u64, key: u64) -> Result<(Incoming, u64), (Status, String)> {
-        Incoming::resumable(d, name, name, size, key, false, DAY)
+        Incoming::resumable(d, name, name, size, key, false, Some(DAY))
     }
 
     #[test]

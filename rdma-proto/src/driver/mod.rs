@@ -73,12 +73,15 @@
 mod digest;
 mod files;
 mod link;
+mod partials;
+mod policy;
 mod recv;
 mod retry;
 mod send;
 
 pub use digest::fastest_digest;
-pub use recv::{EntryReport, ReceiveOptions, ReceiveReport, Server};
+pub use policy::{Decision, Offer, Policy};
+pub use recv::{EntryCounts, EntryReport, ReceiveOptions, ReceiveReport, Server, REPORTED_ENTRIES};
 
 /// A progress callback: called with the bytes of the file done so far and its size, as each
 /// chunk completes (the sender: its WRITE completed; the receiver: it was stored), bytes held

@@ -18,9 +18,11 @@ use super::link::{
     conn_params, explain_loss, peer_left, send_control, take_arrivals, Endpoint, EndpointParts, LaneBase, Pacer,
     SessionCqs, Side, DISCONNECT_WAIT, DRAIN,
 };
+use super::partials::Ledger;
+use super::policy::{Offer, Policy};
 use super::{Error, Phases, Progress, ProgressEvent};
 use crate::auth::Secret;
-use crate::receiver::{Action, Input, Receiver, ReceiverConfig};
+use crate::receiver::{Action, Input, Receiver, ReceiverConfig, DEFAULT_MIN_RATE};
 use crate::wire::{self, Ack, Entry, EntryKind, Message};
 use crate::{Digest, Outcome, Status};
 
@@ -71,6 +73,15 @@ pub struct ReceiveOptions {
     /// its proof: an idle connection holds one of the few places past `max_sessions` until
     /// then, and is closed after it.
     pub hello_timeout: Duration,
+    /// The slowest pace an admitted sender may keep, in bytes per second, judged once per
+    /// `timeout` of its own time (16 KiB/s by default, [`DEFAULT_MIN_RATE`](crate::receiver::DEFAULT_MIN_RATE); 0 sets no floor):
+    /// a slower one is told [`Status::Busy`] and its session ends, keeping a resumable
+    /// partial, so that a peer trickling a byte per `timeout` cannot hold a place for ever.
+    /// A batch's ENTRY counts as [`ENTRY_CREDIT`](crate::receiver::ENTRY_CREDIT) bytes.
+    pub min_rate: u64,
+    /// Most entries one batch may offer (1,000,000 by default): past them the session ends as
+    /// for a message out of place ([`ReceiverConfig::max_entries`]).
+    pub max_entries: u32,
     /// Resume interrupted transfers (with a `dir`): a session that fails midway (the sender
     /// killed or gone, the link cut, the receiver stopped) keeps its data as a partial, and a
     /// sender offering the same version of the file later sends only the rest. A partial is
@@ -79,6 +90,13 @@ pub struct ReceiveOptions {
     /// Partials not written for this long are removed (when the server binds, and when a
     /// transfer looks for one).
     pub partial_ttl: Duration,
+    /// Most partials kept at once (64 by default): keeping one more gives up the oldest
+    /// (`docs/protocol.md`, "Threat model"), so that senders that break off on purpose cannot
+    /// make the receiver keep data without end. 0 keeps none.
+    pub max_partials: usize,
+    /// Most bytes the partials kept hold together (256 GiB by default): keeping one more gives
+    /// up the oldest; a partial larger than this alone is not kept.
+    pub max_partial_bytes: u64,
     /// How often a resumable transfer's partial is checkpointed, in bytes stored (64 MiB by
     /// default): each checkpoint syncs the data stored so far and replaces the sidecar that
     /// vouches for it, so a receiver killed outright (SIGKILL, a crash) loses at most this much
@@ -112,6 +130,11 @@ pub struct ReceiveOptions {
     /// process). With a [`secret`](Self::secret) every session uses keyed BLAKE3
     /// ([`Digest::Blake3Keyed`]) instead.
     pub digest: Option<Digest>,
+    /// The embedder's own rule ([`Policy`]): asked about each file or directory a sender
+    /// offers, after the receiver's own checks and before anything is opened or made for it;
+    /// it may refuse the offer with a status. `None` (the default) accepts what the limits
+    /// allow.
+    pub policy: Option<Policy>,
     /// Called as each chunk is stored ([`Progress`]), from the session's thread or task.
     pub progress: Option<Progress>,
     /// Set it to stop: [`Server::serve`] returns within about half a second, and sessions in
@@ -145,9 +168,14 @@ impl Default for ReceiveOptions {
             ack_timeout: super::link::ACK_TIMEOUT,
             wait: super::link::WAIT,
             hello_timeout: Duration::from_secs(10),
+            min_rate: DEFAULT_MIN_RATE,
+            max_entries: 1_000_000,
+            policy: None,
             progress: None,
             resume: true,
             partial_ttl: Duration::from_secs(24 * 3600),
+            max_partials: 64,
+            max_partial_bytes: 256 << 30,
             checkpoint_every: 64 << 20,
             secret: None,
             auth_attempts: 5,
@@ -191,10 +219,30 @@ pub struct ReceiveReport {
     pub phases: Phases,
     /// Wall time from the connection request.
     pub total: Duration,
-    /// A batch's entries, each with its verdict, in the order they came (empty for a
-    /// single file). `result` is then the summary: `Ok` when every entry was stored, else
+    /// A batch's first [`REPORTED_ENTRIES`] entries, each with its verdict, in the order they
+    /// came (empty for a single file); [`entry_counts`](Self::entry_counts) counts them all.
+    /// `result` is then the summary: `Ok` when every entry was stored, else
     /// [`Error::Refused`] with the first failure's status.
     pub entries: Vec<EntryReport>,
+    /// All of a batch's entries that ended, whether `entries` lists them or not.
+    pub entry_counts: EntryCounts,
+}
+
+/// Most entries a [`ReceiveReport`] lists: a report costs at most this many lines, whatever a
+/// peer sends (a batch of a million refused entries once kept about 3 GB until its session
+/// ended). [`ReceiveReport::entry_counts`] counts the rest.
+pub const REPORTED_ENTRIES: usize = 1000;
+
+/// How many of a batch's entries ended, how many of them were stored, and their bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EntryCounts {
+    /// Entries with a verdict.
+    pub ended: u64,
+    /// Of those, the entries stored.
+    pub stored: u64,
+    /// Bytes of the entries stored.
+    pub bytes: u64,
 }
 
 /// What became of one entry of a batch.
@@ -207,7 +255,7 @@ pub struct EntryReport {
     pub directory: bool,
     /// The verdict sent for it.
     pub status: Status,
-    /// Why, for a failure.
+    /// Why, for a failure (at most [`wire::MAX_DETAIL_LEN`] bytes, as its ACK).
     pub detail: String,
     /// Bytes of it held.
     pub bytes: u64,
@@ -230,6 +278,8 @@ pub struct Server {
     routes: Arc<Routes>,
     /// The destination directory, open (`opts.dir`): every file is made relative to it.
     dest: Option<DirFd>,
+    /// The partials kept for resumes, within their caps.
+    partials: Arc<Ledger>,
 }
 
 /// The sessions waiting for (or served by) extra lanes, by their token.
@@ -405,8 +455,11 @@ impl Server {
             Some(dir) => Some(super::files::open_destination(dir).map_err(Error::Destination)?),
             None => None,
         };
+        let partials = Arc::new(Ledger::new(opts.max_partials, opts.max_partial_bytes));
         if let Some(dir) = &dest {
-            super::files::sweep_partials(dir, opts.partial_ttl);
+            // Swept now: the sessions' opens sweep it again a minute from now at the earliest.
+            partials.sweep_due(dir);
+            partials.found(dir, super::files::sweep_partials(dir, opts.partial_ttl));
         }
         Ok(Server {
             listener: Listener::bind(addr, 64)?,
@@ -417,6 +470,7 @@ impl Server {
             per_address: Arc::new(PerAddress::default()),
             routes: Arc::new(Routes::default()),
             dest,
+            partials,
         })
     }
 
@@ -577,6 +631,7 @@ impl Server {
             routes: self.routes.clone(),
             dest: self.dest.clone(),
             attempts: self.attempts.clone(),
+            partials: self.partials.clone(),
         }
     }
 
@@ -685,6 +740,7 @@ impl ReceiveReport {
             phases: Phases::default(),
             total: Duration::ZERO,
             entries: Vec::new(),
+            entry_counts: EntryCounts::default(),
         }
     }
 
@@ -737,13 +793,14 @@ fn session(req: ConnectRequest, shared: &Shared, report: &mut ReceiveReport, sta
     let acked = s.machine.acked();
     let (mut sq, ring, slots, lanes, admitted) = s.end(&outcome);
     // One bound for the whole teardown, not one per lane: a peer that never disconnects holds
-    // it `TEARDOWN_WAIT` at most, however many lanes it opened.
+    // it `TEARDOWN_WAIT` at most, however many lanes it opened (the disconnects without an
+    // ACK too: each was 1 s outside the bound, 17 s with 16 lanes; review finding G9).
     let teardown = Deadline::after(TEARDOWN_WAIT.min(opts.timeout));
     for RecvLane { conn, ring } in lanes {
         if acked {
             let _ = conn.wait_disconnected(teardown.remaining());
         } else {
-            let _ = conn.disconnect(DISCONNECT_WAIT);
+            let _ = conn.disconnect(DISCONNECT_WAIT.min(teardown.remaining()));
         }
         drop(ring);
     }
@@ -754,7 +811,7 @@ fn session(req: ConnectRequest, shared: &Shared, report: &mut ReceiveReport, sta
     if acked {
         let _ = conn.wait_disconnected(teardown.remaining());
     } else {
-        let _ = conn.disconnect(DISCONNECT_WAIT);
+        let _ = conn.disconnect(DISCONNECT_WAIT.min(teardown.remaining()));
     }
     // The ring holds the QP's last handle now: dropped, it destroys the QP; only then may the
     // peer-writable slots go, and only then is their memory free for another session.
@@ -811,7 +868,7 @@ async fn session_async(
         if acked {
             let _ = tokio::time::timeout(teardown.remaining(), conn.wait_disconnected_async()).await;
         } else {
-            let _ = tokio::time::timeout(DISCONNECT_WAIT, conn.disconnect_async()).await;
+            let _ = tokio::time::timeout(DISCONNECT_WAIT.min(teardown.remaining()), conn.disconnect_async()).await;
         }
         let _ = ring.close_async().await;
     }
@@ -820,7 +877,7 @@ async fn session_async(
     if acked {
         let _ = tokio::time::timeout(teardown.remaining(), conn.wait_disconnected_async()).await;
     } else {
-        let _ = tokio::time::timeout(DISCONNECT_WAIT, conn.disconnect_async()).await;
+        let _ = tokio::time::timeout(DISCONNECT_WAIT.min(teardown.remaining()), conn.disconnect_async()).await;
     }
     let _ = ring.close_async().await;
     drop(slots);
@@ -868,6 +925,8 @@ struct Shared {
     dest: Option<DirFd>,
     /// Wrong proofs of the secret, by address.
     attempts: Arc<Attempts>,
+    /// The partials kept for resumes.
+    partials: Arc<Ledger>,
 }
 
 /// What a session's teardown releases, in order: its send queue, its receive ring (the QP's
@@ -899,6 +958,8 @@ struct ReceiveSession<'a> {
     dest: Option<&'a DirFd>,
     /// Wrong proofs of the secret, by address, and the peer's.
     attempts: &'a Attempts,
+    /// The partials kept for resumes.
+    partials: &'a Ledger,
     peer: std::net::IpAddr,
     /// The answer to a wrong proof, held back until then ([`Attempts::wrong_proof`]); set once
     /// the wrong proof was counted.
@@ -956,7 +1017,7 @@ impl<'a> ReceiveSession<'a> {
         start: Instant,
     ) -> Result<Self, Error> {
         report.phases.connect = start.elapsed();
-        let Shared { opts, active, tally, routes, dest, attempts } = shared;
+        let Shared { opts, active, tally, routes, dest, attempts, partials } = shared;
         let EndpointParts { pd, lane_base, ring, control } = parts;
         let sq = SendQueue::new(conn.qp(), DRAIN)?;
         let cfg = ReceiverConfig {
@@ -967,10 +1028,11 @@ impl<'a> ReceiveSession<'a> {
             max_slots: opts.max_slots,
             timeout: opts.timeout,
             hello_timeout: opts.hello_timeout,
+            min_rate: opts.min_rate,
             secret: opts.secret.clone(),
             resume: opts.resume && dest.is_some(),
             batch: true,
-            max_entries: 1_000_000,
+            max_entries: opts.max_entries,
             max_lanes: opts.max_lanes.clamp(1, wire::MAX_LANES),
             digest: opts.digest.unwrap_or_else(super::fastest_digest),
         };
@@ -979,6 +1041,7 @@ impl<'a> ReceiveSession<'a> {
             opts,
             dest: dest.as_ref(),
             attempts,
+            partials,
             peer,
             tarpit: None,
             active,
@@ -1052,6 +1115,7 @@ impl<'a> ReceiveSession<'a> {
             last_stored,
             lanes,
             route,
+            partials,
             ..
         } = self;
         // No lane is taken any more.
@@ -1064,14 +1128,16 @@ impl<'a> ReceiveSession<'a> {
             outcome,
             Err(Error::PeerDisconnected | Error::ConnectionLost { .. } | Error::Stopped)
                 | Ok(Outcome::Failed(
-                    crate::ProtocolError::Timeout { .. } | crate::ProtocolError::CompletedTwice { .. }
+                    crate::ProtocolError::Timeout { .. }
+                        | crate::ProtocolError::TooSlow { .. }
+                        | crate::ProtocolError::CompletedTwice { .. }
                 ))
         );
         let midway = file.is_some();
         if let Some(mut f) = file {
             // A partial that holds nothing is worth nothing: it goes.
             if resumable && machine.bytes_stored() > 0 {
-                f.keep(machine.bytes_stored());
+                partials.keep(&mut f, machine.bytes_stored());
             }
         }
         // A HELLO refused before anything was opened still named its session.
@@ -1079,10 +1145,10 @@ impl<'a> ReceiveSession<'a> {
         report.hello = machine.hello_received();
         report.authorized = machine.authorized();
         report.auth_failed = machine.auth_failed();
-        report.bytes = if machine.is_batch() || !report.entries.is_empty() {
+        report.bytes = if machine.is_batch() || report.entry_counts.ended > 0 {
             // The entries that ended, and the one in progress when the session ended midway.
             let midway = if midway { machine.bytes_stored() } else { 0 };
-            report.entries.iter().map(|e| e.bytes).sum::<u64>() + midway
+            report.entry_counts.bytes + midway
         } else {
             machine.bytes_stored()
         };
@@ -1109,7 +1175,16 @@ impl<'a> ReceiveSession<'a> {
                     self.file = None;
                     let directory = self.entry.take().is_some_and(|(e, _)| e.kind == EntryKind::Directory);
                     let bytes = if status == Status::Ok { bytes } else { 0 };
-                    self.report.entries.push(EntryReport { path, directory, status, detail, bytes });
+                    let counts = &mut self.report.entry_counts;
+                    counts.ended += 1;
+                    if status == Status::Ok {
+                        counts.stored += 1;
+                        counts.bytes += bytes;
+                    }
+                    if self.report.entries.len() < REPORTED_ENTRIES {
+                        let detail = truncated(detail, wire::MAX_DETAIL_LEN);
+                        self.report.entries.push(EntryReport { path, directory, status, detail, bytes });
+                    }
                 }
                 Action::Send => {
                     self.machine.transmit(&mut self.out);
@@ -1146,6 +1221,9 @@ impl<'a> ReceiveSession<'a> {
         let digest = self.machine.digest();
         tracing::info!(session = format_args!("{session:016x}"), %name, size, slot_size, slot_count, %digest, "receiving");
         self.hasher.reset(digest, self.machine.digest_key().as_ref());
+        if let Some((status, why)) = self.judge(&name, false, size, false) {
+            return self.machine.handle(Input::OpenFailed(status, why), now);
+        }
         self.admitted = Counted::enter(self.active, self.opts.max_sessions);
         if self.admitted.is_none() {
             let why = format!("already serving {} transfers", self.opts.max_sessions);
@@ -1183,6 +1261,10 @@ impl<'a> ReceiveSession<'a> {
         };
         self.file = None;
         self.hasher.reset(self.machine.digest(), self.machine.digest_key().as_ref());
+        let directory = e.kind == EntryKind::Directory;
+        if let Some((status, why)) = self.judge(&e.path, directory, e.size, true) {
+            return self.machine.handle(Input::OpenFailed(status, why), now);
+        }
         let mut parent = None;
         if let Some(dest) = self.dest {
             let path = e.path.clone();
@@ -1213,6 +1295,13 @@ impl<'a> ReceiveSession<'a> {
         self.machine.handle(Input::Ready { addr, rkey }, now);
     }
 
+    /// Asks the embedder's policy about an offer; the refusal, if it refuses.
+    fn judge(&self, path: &str, directory: bool, size: u64, in_batch: bool) -> Option<(Status, String)> {
+        let policy = self.opts.policy.as_ref()?;
+        let authenticated = self.opts.secret.is_some() && self.machine.authorized();
+        policy.judge(&Offer { peer: self.report.peer, authenticated, path, directory, size, in_batch })
+    }
+
     /// The key this session's partial is stored under: the sender's resume key, or with a
     /// secret its keyed derivation ([`Secret::partial_key`]); `None` without resuming.
     fn partial_key(&self) -> Option<u64> {
@@ -1229,7 +1318,8 @@ impl<'a> ReceiveSession<'a> {
             let plain = || Incoming::create(dir, name, rel, session, self.opts.overwrite).map(|f| (f, 0));
             let opened = match self.partial_key() {
                 Some(key) => {
-                    match Incoming::resumable(dir, name, rel, size, key, self.opts.overwrite, self.opts.partial_ttl) {
+                    let sweep = self.partials.sweep_due(dir).then_some(self.opts.partial_ttl);
+                    match Incoming::resumable(dir, name, rel, size, key, self.opts.overwrite, sweep) {
                         // Its partial is still held (a session of this file whose sender was killed
                         // a moment ago has not ended yet): serve this one from the start rather
                         // than refuse it.
@@ -1241,6 +1331,10 @@ impl<'a> ReceiveSession<'a> {
             };
             match opened {
                 Ok((f, held)) => {
+                    if let (Some(key), true) = (self.partial_key(), f.is_partial()) {
+                        // A session's own again: out of the ledger until it is kept again.
+                        self.partials.take(dir, key);
+                    }
                     let held = self.hash_held(&f, held);
                     self.file = Some(f);
                     if self.partial_key().is_some() {
@@ -1373,6 +1467,7 @@ impl<'a> ReceiveSession<'a> {
                     };
                     if let (false, Some(key), Some(dir)) = (partial, self.partial_key(), dir) {
                         super::files::drop_partial(dir, key, rel, size);
+                        self.partials.take(dir, key);
                     }
                     (Status::Ok, String::new())
                 }
@@ -1525,5 +1620,30 @@ impl<'a> ReceiveSession<'a> {
     #[cfg(not(feature = "fault-injection"))]
     fn drive_faults(&mut self) -> Result<(), Error> {
         Ok(())
+    }
+}
+
+/// `s` cut to at most `max` bytes, at a character's boundary.
+fn truncated(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_reported_detail_is_cut_at_a_character_boundary() {
+        assert_eq!(super::truncated("abc".into(), 5), "abc");
+        assert_eq!(super::truncated("abcdef".into(), 3), "abc");
+        // "é" is two bytes: a cut inside it keeps the character out.
+        assert_eq!(super::truncated("aé".into(), 2), "a");
+        let long = format!("{:?}", "\\".repeat(960));
+        assert_eq!(super::truncated(long, crate::wire::MAX_DETAIL_LEN).len(), crate::wire::MAX_DETAIL_LEN);
     }
 }

@@ -115,6 +115,11 @@ pub struct SendOptions {
     #[cfg(feature = "fault-injection")]
     #[doc(hidden)]
     pub test_tamper: Option<u64>,
+    /// Test hook: a trickling sender, that waits this long before reading each chunk (to prove
+    /// the receiver's pace floor, `ReceiveOptions::min_rate`, ends it).
+    #[cfg(feature = "fault-injection")]
+    #[doc(hidden)]
+    pub test_chunk_delay: Option<Duration>,
 }
 
 /// What a hostile test sender sends right after its FIN ([`SendOptions::test_after_fin`]).
@@ -163,6 +168,8 @@ impl SendOptions {
             test_lane_delay: None,
             #[cfg(feature = "fault-injection")]
             test_tamper: None,
+            #[cfg(feature = "fault-injection")]
+            test_chunk_delay: None,
         }
     }
 }
@@ -773,6 +780,10 @@ impl<'a> SendSession<'a> {
         let Some(mut slot) = self.data.try_take() else {
             return Err(ProtocolError::Local("no free data slot: depth exceeded".into()).into());
         };
+        #[cfg(feature = "fault-injection")]
+        if let Some(delay) = self.opts.test_chunk_delay {
+            std::thread::sleep(delay);
+        }
         match slot.read_file(self.file()?, offset, len as usize) {
             Ok(n) if n == len as usize => {}
             Ok(n) => {
