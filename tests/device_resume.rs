@@ -241,3 +241,51 @@ fn a_sniffed_key_offered_with_another_name_leaves_the_owner_s_partial_alone() {
     assert!(at >= CHECKPOINT_BYTES, "the owner resumed at {at}: {report}{lines}");
     assert!(std::fs::read(dst.join("f")).unwrap() == data, "the file differs");
 }
+
+/// With a secret, a resumed partial is hashed with keyed BLAKE3 before the GRANT, and the
+/// sender waits for that GRANT only its `--timeout`: a partial that took longer to hash could
+/// never be resumed, and each timed-out attempt rewrote its sidecar, so it never expired either
+/// (review finding G4). Now the receiver resumes from what it hashed within a third of its
+/// `--timeout`, and sends for the rest. A 256 MiB file, cut once 160 MiB are kept, then sent
+/// again with `--timeout 3` on both sides (keyed BLAKE3 of 160 MiB takes seconds in the VM):
+/// the second send succeeds, resumed from less than what was kept.
+#[test]
+fn a_partial_too_large_to_hash_within_the_timeout_resumes_from_what_was_hashed() {
+    use std::os::unix::fs::PermissionsExt;
+    let topo = testkit::require_topology!();
+    let (src, dst, keys) = (scratch("rs-big-src"), scratch("rs-big-dst"), scratch("rs-big-keys"));
+    const SECRET: &str = "a shared secret of 32 bytes, ok!";
+    let key = keys.join("key");
+    std::fs::write(&key, format!("{SECRET}\n")).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let data = random_file(&src.join("f"), 256 << 20, 86);
+    let args =
+        ["--dir", dst.to_str().unwrap(), "--count", "2", "--timeout", "3", "--secret-file", key.to_str().unwrap()];
+    let rx = Receiver::start(&topo, 7586, &args);
+    let to = format!("{}:7586", topo.server.addr);
+    let sender = |extra: &[&str]| {
+        std::process::Command::new(tool())
+            .args(["send", "--to", &to, "--from", &topo.client.addr.to_string(), "--retries", "0"])
+            .args(extra)
+            .arg(src.join("f"))
+            .env("RDMA_COPY_SECRET", SECRET)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut first = sender(&["--quiet", "--timeout", "30"]);
+    wait_for_partial(&dst, 160 << 20);
+    first.kill().unwrap();
+    first.wait().unwrap();
+    wait_for_session_end(&dst, "f");
+    let kept = partial_len(&dst).unwrap_or(0);
+    let out = sender(&["--timeout", "3"]).wait_with_output().unwrap();
+    let report = text(&out.stdout);
+    let (_, lines) = rx.finish(Duration::from_secs(60));
+    eprintln!("kept {kept} bytes; {}{}{lines}", report.trim(), text(&out.stderr));
+    assert!(out.status.success(), "the resend failed: {}", text(&out.stderr));
+    assert!(std::fs::read(dst.join("f")).unwrap() == data, "the file differs");
+    let at = resumed_at(&report);
+    assert!(at > 0 && at < kept, "resumed at {at} of the {kept} bytes kept");
+}

@@ -248,13 +248,14 @@ impl Incoming {
     }
 
     /// Keeps the partial when the session ends uncommitted, with the first `held` bytes
-    /// vouched for (checkpointed now); whether it is kept. A plain temporary is removed as
-    /// always. The receiver keeps partials through its ledger (`partials::Ledger::keep`).
-    pub(crate) fn keep(&mut self, held: u64) -> bool {
+    /// vouched for (checkpointed now, when `checkpoint`; else its sidecar stays as it was, time
+    /// and all); whether it is kept. A plain temporary is removed as always. The receiver
+    /// keeps partials through its ledger (`partials::Ledger::keep`).
+    pub(crate) fn keep(&mut self, held: u64, checkpoint: bool) -> bool {
         // Not when the file arrived meanwhile (another session of it, served while this one
         // held the partial): nothing would continue it.
         let arrived = !self.overwrite && exists(&self.dir, &self.target);
-        if self.partial.is_some() && !arrived && self.checkpoint(held).is_ok() {
+        if self.partial.is_some() && !arrived && (!checkpoint || self.checkpoint(held).is_ok()) {
             if let Some(p) = &mut self.partial {
                 p.keep = true;
                 return true;
@@ -763,7 +764,7 @@ mod tests {
             assert_eq!(held, 0, "a planted file vouches for nothing");
             std::os::unix::fs::FileExt::write_all_at(&a.file, b"new data", 0).unwrap();
             a.checkpoint(8).unwrap();
-            a.keep(8);
+            a.keep(8, true);
             drop(a);
             let (b, held) = resumable(&fd, "f", 8, key).unwrap();
             assert_eq!(held, 8);
@@ -862,14 +863,14 @@ mod tests {
         std::os::unix::fs::FileExt::write_all_at(&a.file, &[1; 60], 0).unwrap();
         // While a session holds it, another is told Busy.
         assert_eq!(resumable(&fd, "f", 100, 7).unwrap_err().0, Status::Busy);
-        a.keep(40);
+        a.keep(40, true);
         drop(a);
         assert_eq!(listing(&d), [".0000000000000007.meta.rdcp-tmp", ".0000000000000007.part.rdcp-tmp"]);
         let (b, held) = resumable(&fd, "f", 100, 7).unwrap();
         assert_eq!(held, 40, "the sidecar's count, not the data's length");
         // Another name or size under its key does not take it, nor remove it.
         let mut b = b;
-        b.keep(40);
+        b.keep(40, true);
         drop(b);
         for (name, size) in [("g", 100), ("f", 101)] {
             assert_eq!(resumable(&fd, name, size, 7).unwrap_err().0, Status::Busy, "{name} {size}");
@@ -964,7 +965,7 @@ mod tests {
         let d = scratch("sweep");
         let fd = open(&d);
         let (mut a, _) = resumable(&fd, "f", 10, 1).unwrap();
-        a.keep(0);
+        a.keep(0, true);
         drop(a);
         let (held, _) = resumable(&fd, "g", 10, 2).unwrap();
         // Whole seconds: a partial written this second is not yet older than nothing.
@@ -981,7 +982,7 @@ mod tests {
         let d = scratch("claims");
         let fd = open(&d);
         let (mut a, _) = resumable(&fd, "f", 100, 3).unwrap();
-        a.keep(90); // nothing was written: the data file is empty
+        a.keep(90, true); // nothing was written: the data file is empty
         drop(a);
         let (_b, held) = resumable(&fd, "f", 100, 3).unwrap();
         assert_eq!(held, 0);

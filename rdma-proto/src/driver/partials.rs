@@ -83,9 +83,10 @@ impl Ledger {
         }
     }
 
-    /// Keeps `file`'s partial with its first `held` bytes ([`Incoming::keep`]) when it fits the
-    /// caps once the oldest partials are given up; otherwise it goes when `file` drops.
-    pub(crate) fn keep(&self, file: &mut Incoming, held: u64) {
+    /// Keeps `file`'s partial with its first `held` bytes ([`Incoming::keep`]; its sidecar
+    /// rewritten only when the session `added` bytes) when it fits the caps once the oldest
+    /// partials are given up; otherwise it goes when `file` drops.
+    pub(crate) fn keep(&self, file: &mut Incoming, held: u64, added: bool) {
         let Some((dir, key)) = file.partial_of() else { return };
         let Some(at) = dir_id(&dir) else { return };
         if held > self.max_bytes || self.max_count == 0 {
@@ -95,7 +96,7 @@ impl Ledger {
         let mut kept = self.lock();
         kept.retain(|k| !(k.at == at && k.key == key));
         self.make_room(&mut kept, held);
-        if file.keep(held) {
+        if file.keep(held, added) {
             kept.push_back(Kept { dir, at, key, bytes: held });
         }
     }
@@ -148,7 +149,7 @@ mod tests {
         let name = format!("f{key}");
         let (mut f, _) = Incoming::resumable(dir, &name, &name, 1 << 20, key, false, Some(DAY)).unwrap();
         ledger.take(dir, key);
-        ledger.keep(&mut f, held);
+        ledger.keep(&mut f, held, true);
     }
 
     /// Senders that break off on purpose made the receiver keep a partial each, for a day:
