@@ -102,7 +102,18 @@ fn a_striped_transfer_killed_and_resumed_arrives_identical() {
         std::thread::sleep(Duration::from_millis(100 + 150 * seed as u64));
         sender.kill().unwrap();
         sender.wait().unwrap();
-        wait_for_session_end(&dst, "f");
+        // As `wait_for_session_end`, saying how the receiver ended the session when it kept
+        // nothing (once seen in CI on 6.1, 2026-11-28: the listing was empty).
+        let t = std::time::Instant::now();
+        while !listing(&dst).iter().any(|n| n.ends_with(".meta.rdcp-tmp") || n == "f") {
+            let reports = rx.reports_so_far();
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "{first} lanes: the killed session kept nothing: {:?}\n{reports}",
+                listing(&dst)
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
         if dst.join("f").exists() {
             std::fs::remove_file(dst.join("f")).unwrap();
         }
