@@ -24,6 +24,13 @@ const GUEST_CONSOLE: [(&str, &str); 1] = [("SOFTROCE_VERBOSE", "1")];
 /// (2026-11-27, issue 32).
 const VM_TIMEOUT_S: &str = "3600";
 
+/// The test command's builds keep line tables (a panic's backtrace names files and lines) but
+/// no variable or type information, and no incremental caches: a run builds the workspace in
+/// several configurations, and with full debug information and incremental caches its target
+/// directories outgrew the disk of a CI machine ("No space left on device" at the host tests,
+/// 2026-11-27). Each applies only when the caller's environment does not set it.
+const LEAN_BUILDS: [(&str, &str); 2] = [("CARGO_PROFILE_DEV_DEBUG", "line-tables-only"), ("CARGO_INCREMENTAL", "0")];
+
 /// The root package's device tests that are not of the transfer (the examples' CM protocols):
 /// on Linux 6.1 only, with the rdma-verbs and rdma-cm suites.
 const NOT_TRANSFER: [&str; 2] = ["device_echo", "device_interop"];
@@ -82,6 +89,8 @@ pub(crate) fn test(args: &[String]) -> Step {
     let env = [&no_libs[..], &[("DOCS_RS", "1"), ("CARGO_TARGET_DIR", docs_rs)]].concat();
     let each: Vec<&str> = PUBLISHED.iter().flat_map(|p| ["-p", p]).collect();
     run.cargo(&[&["doc", "--locked", "--quiet", "--no-deps"][..], &each].concat(), &env)?;
+    // Only this check reads it: its space goes back to the builds after it.
+    let _ = std::fs::remove_dir_all(docs_rs);
 
     run.step("host-tests", "cargo test --workspace, the rdma-sys feature's unit tests, rdma-proto's core alone");
     let host = [("RDMA_LAYOUT_REQUIRED", "1"), ("RDMA_TEST_REQUIRE_DEVICE", "")];
@@ -224,6 +233,9 @@ impl Run {
         let program = if program.starts_with("scripts/") { self.root.join(program) } else { PathBuf::from(program) };
         let mut c = Command::new(program);
         c.args(args).current_dir(&self.root).env_remove("LIBCLANG_PATH");
+        for &(k, v) in LEAN_BUILDS.iter().filter(|(k, _)| std::env::var_os(k).is_none()) {
+            c.env(k, v);
+        }
         for &(k, v) in env {
             // An empty value removes the variable (RDMA_TEST_REQUIRE_DEVICE for the host's tests).
             if v.is_empty() && k == "RDMA_TEST_REQUIRE_DEVICE" {
@@ -359,10 +371,13 @@ impl Run {
         let _ =
             self.command("cargo", &[&["clean", "--quiet"][..], &each].concat(), &env).stderr(Stdio::null()).status();
         let exclude = ["--exclude", "testkit", "--exclude", "rdma-tools", "--exclude", "xtask"];
-        self.cargo(
+        let checked = self.cargo(
             &[&["package", "--workspace"][..], &exclude, &["--locked", "--allow-dirty", "--quiet"]].concat(),
             &env,
-        )
+        );
+        // Only this check reads it (each run cleans it first): its space goes back to the builds.
+        let _ = std::fs::remove_dir_all(target);
+        checked
     }
 }
 
