@@ -4,7 +4,8 @@
 //! `--preserve`; an entry the receiver refuses (a symbolic link in its destination, a file
 //! that exists) is refused alone and the rest arrives; a batch over `--max-session-bytes` is
 //! refused whole; a batch's report lists its first 1,000 entries and counts the rest, and
-//! `--max-entries` ends a batch that offers more. Ports 7610-7614.
+//! `--max-entries` ends a batch that offers more; an honest batch whose every entry is refused
+//! keeps the pace floor by its round trips alone. Ports 7610-7615.
 
 mod cli;
 
@@ -204,4 +205,43 @@ fn a_batchs_report_lists_a_thousand_entries_and_max_entries_ends_a_longer_one() 
     let stored = listing(&dst.join("many"));
     assert_eq!(stored.len(), 1005, "the first 1,005 files stored, nothing else: {:?}", &stored[1000..]);
     assert_eq!(stored.last().map(String::as_str), Some("f1004"));
+}
+
+/// Review R1 cut a refused entry's credit towards the pace floor (`--min-rate`, 16 KiB/s by
+/// default) from 16 KiB to 1 KiB, so that a peer cannot hold a place with one refused entry a
+/// second. (Counting only an ENTRY's own bytes, about 70, failed this test: 23,940 bytes in
+/// the first 2.2 s.) An honest sender is not that peer: it sends each entry as soon as
+/// the last one's ACK arrives. Re-sending a tree of 2,000 files that all exist already (every
+/// entry refused, `Exists`) to a receiver judging the pace every 2 s (`--timeout 2`) runs to its
+/// end: every entry gets its verdict, none is ended by the floor.
+#[test]
+fn an_honest_batch_of_refused_entries_keeps_the_pace_floor() {
+    let topo = testkit::require_topology!();
+    let (src, dst) = (scratch("batch-refused-src"), scratch("batch-refused-dst"));
+    for root in [src.join("many"), dst.join("many")] {
+        std::fs::create_dir_all(&root).unwrap();
+        for i in 0..2000 {
+            std::fs::write(root.join(format!("f{i:04}")), [i as u8]).unwrap();
+        }
+    }
+    let rx = Receiver::start(&topo, 7615, &["--dir", dst.to_str().unwrap(), "--count", "1", "--timeout", "2"]);
+    let started = std::time::Instant::now();
+    let out = send(&topo, 7615, &[src.join("many").to_str().unwrap()]);
+    let took = started.elapsed();
+    let (code, lines) = rx.finish(Duration::from_secs(120));
+    let report = text(&out.stdout);
+    let refused = report.lines().filter(|l| l.starts_with("many/f") && l.contains("exists")).count();
+    eprintln!(
+        "2,000 refused entries in {:.1} s: {:.0} entries/s; sender exit {:?}; receiver: {}",
+        took.as_secs_f64(),
+        2000.0 / took.as_secs_f64(),
+        out.status.code(),
+        lines.lines().last().unwrap_or_default()
+    );
+    let all = format!("{report}{}{lines}", text(&out.stderr));
+    assert!(!all.contains("floor"), "an honest batch was ended by the pace floor: {}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(17), "Exists, the first failure: {}", text(&out.stderr));
+    assert_eq!(code, 9, "a batch with failures is a failed transfer: {}", lines.lines().last().unwrap_or_default());
+    assert_eq!(refused, 2000, "every entry got its verdict: {}", &report[report.len().saturating_sub(500)..]);
+    assert!(listing_without_partials(&dst.join("many")).iter().all(|n| n.starts_with('f')), "nothing else was made");
 }

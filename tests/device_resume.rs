@@ -251,29 +251,14 @@ fn a_sniffed_key_offered_with_another_name_leaves_the_owner_s_partial_alone() {
 /// the second send succeeds, resumed from less than what was kept.
 #[test]
 fn a_partial_too_large_to_hash_within_the_timeout_resumes_from_what_was_hashed() {
-    use std::os::unix::fs::PermissionsExt;
     let topo = testkit::require_topology!();
     let (src, dst, keys) = (scratch("rs-big-src"), scratch("rs-big-dst"), scratch("rs-big-keys"));
-    const SECRET: &str = "a shared secret of 32 bytes, ok!";
-    let key = keys.join("key");
-    std::fs::write(&key, format!("{SECRET}\n")).unwrap();
-    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let key = secret_file(&keys);
     let data = random_file(&src.join("f"), 256 << 20, 86);
     let args =
         ["--dir", dst.to_str().unwrap(), "--count", "2", "--timeout", "3", "--secret-file", key.to_str().unwrap()];
     let rx = Receiver::start(&topo, 7586, &args);
-    let to = format!("{}:7586", topo.server.addr);
-    let sender = |extra: &[&str]| {
-        std::process::Command::new(tool())
-            .args(["send", "--to", &to, "--from", &topo.client.addr.to_string(), "--retries", "0"])
-            .args(extra)
-            .arg(src.join("f"))
-            .env("RDMA_COPY_SECRET", SECRET)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
+    let sender = |extra: &[&str]| keyed_sender(&topo, 7586, &src.join("f"), extra);
     let mut first = sender(&["--quiet", "--timeout", "30"]);
     wait_for_partial(&dst, 160 << 20);
     first.kill().unwrap();
@@ -288,4 +273,123 @@ fn a_partial_too_large_to_hash_within_the_timeout_resumes_from_what_was_hashed()
     assert!(std::fs::read(dst.join("f")).unwrap() == data, "the file differs");
     let at = resumed_at(&report);
     assert!(at > 0 && at < kept, "resumed at {at} of the {kept} bytes kept");
+}
+
+/// Review R2: a peer that offers a resume and leaves at once cost the receiver a third of its
+/// `--timeout` of hashing (the partial's bytes, read from disk) for a connection of about 1 KB,
+/// because the hash did not look at the connection. Now it asks every 16 MiB whether the peer
+/// left, and stops. A 256 MiB partial cut at 200 MiB or more, with a secret (keyed BLAKE3, tens
+/// of MB/s in the VM) and `--timeout 60` (a budget of 20 s: it would all be hashed): a sender
+/// killed as soon as the receiver logs that the hash began leaves a hash that stopped short and
+/// says the peer was gone; the next sender resumes and the file arrives whole.
+#[test]
+fn a_peer_that_offers_a_resume_and_leaves_stops_the_hash_of_the_partial() {
+    use std::io::BufRead;
+    let topo = testkit::require_topology!();
+    let (src, dst, keys) = (scratch("rs-left-src"), scratch("rs-left-dst"), scratch("rs-left-keys"));
+    let key = secret_file(&keys);
+    let data = random_file(&src.join("f"), 256 << 20, 87);
+    // The receiver's log (RUST_LOG=info, on stderr), line by line to this test.
+    let listen = format!("{}:7587", topo.server.addr);
+    let mut rx = std::process::Command::new(tool())
+        .args(["recv", "--listen", &listen, "--dir", dst.to_str().unwrap(), "--count", "3", "--timeout", "60"])
+        .args(["--secret-file", key.to_str().unwrap()])
+        .env("RUST_LOG", "rdma_proto=info")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (log_tx, log) = std::sync::mpsc::channel::<String>();
+    let err = std::io::BufReader::new(rx.stderr.take().unwrap());
+    std::thread::spawn(move || err.lines().map_while(Result::ok).for_each(|l| drop(log_tx.send(plain(&l)))));
+    let out = rx.stdout.take().unwrap();
+    let reports = std::thread::spawn(move || std::io::read_to_string(out).unwrap_or_default());
+    let wait_for = |what: &str, limit: Duration| -> Vec<String> {
+        let deadline = std::time::Instant::now() + limit;
+        let mut seen = Vec::new();
+        while let Ok(line) = log.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now())) {
+            let hit = line.contains(what);
+            seen.push(line);
+            if hit {
+                return seen;
+            }
+        }
+        panic!("the receiver did not log {what:?} within {limit:?}: {seen:#?}");
+    };
+    wait_for("listening on", Duration::from_secs(10));
+    let sender = |extra: &[&str]| keyed_sender(&topo, 7587, &src.join("f"), extra);
+    let mut first = sender(&["--quiet"]);
+    wait_for_partial(&dst, 200 << 20);
+    first.kill().unwrap();
+    first.wait().unwrap();
+    wait_for_session_end(&dst, "f");
+    let kept = partial_len(&dst).unwrap_or(0);
+
+    let mut leaver = sender(&["--quiet"]);
+    wait_for("hashing the bytes a partial holds", Duration::from_secs(60));
+    leaver.kill().unwrap();
+    leaver.wait().unwrap();
+    let seen = wait_for("resuming from what was hashed", Duration::from_secs(60));
+    let line = seen.last().unwrap().clone();
+    let hashed: u64 = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("hashed=")?.parse().ok())
+        .unwrap_or_else(|| panic!("no hashed= in {line:?}"));
+    eprintln!("kept {kept} bytes; the leaver's session: {line}");
+    assert!(line.contains("gone=true"), "the hash stopped for the peer that left: {line}");
+    assert!(hashed < kept, "hashed {hashed} of the {kept} bytes kept for a peer that left");
+
+    let out = sender(&[]).wait_with_output().unwrap();
+    let report = text(&out.stdout);
+    let _ = rx.kill();
+    let _ = rx.wait();
+    let lines = reports.join().unwrap_or_default();
+    eprintln!("{}{}{lines}", report.trim(), text(&out.stderr));
+    assert!(out.status.success(), "the resend failed: {}", text(&out.stderr));
+    assert!(std::fs::read(dst.join("f")).unwrap() == data, "the file differs");
+    assert!(resumed_at(&report) > 0, "the honest sender resumed: {report}");
+}
+
+/// `line` without its ANSI colour sequences (`ESC [ ... m`, which tracing's log lines carry).
+fn plain(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The shared secret of the tests with one.
+const SECRET: &str = "a shared secret of 32 bytes, ok!";
+
+/// A `--secret-file` holding [`SECRET`] in `dir`, readable by its owner alone.
+fn secret_file(dir: &Path) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let key = dir.join("key");
+    std::fs::write(&key, format!("{SECRET}\n")).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    key
+}
+
+/// `rdma-copy send FILE` to rxe0's `port` with [`SECRET`] and no retries, started.
+fn keyed_sender(topo: &testkit::Topology, port: u16, file: &Path, extra: &[&str]) -> std::process::Child {
+    std::process::Command::new(tool())
+        .args(["send", "--to", &format!("{}:{port}", topo.server.addr), "--from", &topo.client.addr.to_string()])
+        .args(["--retries", "0"])
+        .args(extra)
+        .arg(file)
+        .env("RDMA_COPY_SECRET", SECRET)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
 }

@@ -784,6 +784,56 @@ fn with_a_secret_a_verdict_changed_on_the_path_is_never_taken_for_ok() {
     }
 }
 
+/// Review R1: a refused entry counts `OFFER_CREDIT` (1 KiB) towards the pace floor. Before,
+/// every ENTRY counted 16 KiB, so a peer holding its place with one refused entry (a bad name, a
+/// size over the limit) a second, about 100 bytes/s, passed a floor of 16 KiB/s for the whole
+/// of `max_entries`: a million seconds. Here it is ended at the first judgement, told `Busy`,
+/// while a batch whose entries are stored at that pace keeps its place.
+#[test]
+fn refused_entries_trickled_to_hold_a_place_do_not_keep_the_pace() {
+    let s = Duration::from_secs;
+    let (timeout, floor) = (s(10), receiver::DEFAULT_MIN_RATE);
+    for refusal in ["a bad name", "too large"] {
+        let mut cfg = ReceiverConfig::default();
+        (cfg.timeout, cfg.min_rate, cfg.max_size) = (timeout, floor, 1 << 20);
+        let mut h = Hostile::granted(cfg, 1 << 30, 0);
+        let t0 = h.now;
+        for i in 0..10u32 {
+            h.now = t0 + s(u64::from(i));
+            match refusal {
+                "a bad name" => h.entry(i, EntryKind::File, 1, "../etc/passwd"),
+                _ => h.entry(i, EntryKind::File, 1 << 21, &format!("big{i}")),
+            }
+            assert!(h.last_ack().status != Status::Ok && h.finished.is_none(), "{refusal}: {:?}", h.sent.last());
+        }
+        h.now = t0 + timeout;
+        h.r.handle_timeout(h.now);
+        h.drain();
+        assert!(
+            matches!(h.finished, Some(Outcome::Failed(ProtocolError::TooSlow { bytes, .. })) if bytes == 10 * receiver::OFFER_CREDIT),
+            "{refusal}: ten refused entries in 10 s must not pass a floor of {floor} bytes/s: {:?}",
+            h.finished
+        );
+        assert_eq!(h.last_ack().status, Status::Busy, "{refusal}");
+        assert!(h.opened.is_empty(), "{refusal}: opened {:?}", h.opened);
+    }
+
+    // The same pace of entries stored (empty files, each a file the receiver made) keeps it.
+    let mut cfg = ReceiverConfig::default();
+    (cfg.timeout, cfg.min_rate) = (timeout, floor);
+    let mut h = Hostile::granted(cfg, 1 << 20, 0);
+    let t0 = h.now;
+    for i in 0..10u32 {
+        h.now = t0 + s(u64::from(i));
+        h.send_file(i, 0, &format!("empty{i}"));
+        assert_eq!(h.last_ack().status, Status::Ok);
+    }
+    h.now = t0 + timeout;
+    h.r.handle_timeout(h.now);
+    h.drain();
+    assert!(h.finished.is_none() && !h.r.is_done(), "ten entries stored in 10 s: {:?}", h.finished);
+}
+
 /// A sender that keeps its place by trickling (an entry or a byte just within each timeout)
 /// is ended once a window of `timeout` of its own time brought less than `min_rate` allows: it
 /// is told `Busy` and why. The driver's own steps (here, an open that takes 8 s) are not the
@@ -797,7 +847,7 @@ fn a_sender_below_the_pace_floor_is_ended_and_the_drivers_time_is_not_its() {
     let t0 = h.now;
     assert_eq!(h.r.poll_timeout(), Some(t0 + s(10)), "the first window ends with the phase's timeout");
 
-    // Window 1: one entry and 8 KiB, 24 KiB against a floor of 20 KiB: it passes.
+    // Window 1: one entry stored and 8 KiB, 24 KiB against a floor of 20 KiB: it passes.
     h.now = t0 + s(1);
     h.send_file(0, 8 << 10, "a");
     assert_eq!(h.last_ack().status, Status::Ok);
@@ -805,8 +855,8 @@ fn a_sender_below_the_pace_floor_is_ended_and_the_drivers_time_is_not_its() {
     h.r.handle_timeout(h.now);
     assert!(h.finished.is_none() && !h.r.is_done(), "a pace above the floor goes on");
 
-    // Window 2: the next entry takes the driver 8 s to open. It and 1 KiB make 17 KiB, short of
-    // 20 KiB, but the peer had only 2 s of the 10 so far: no judgement at 20 s.
+    // Window 2: the next entry takes the driver 8 s to open. Its ENTRY, 1 KiB and its credit as
+    // an entry stored make about 17 KiB, short of 20 KiB, but the peer had only 2 s of the 10 so far: no judgement at 20 s.
     h.now = t0 + s(11);
     let mut out = Vec::new();
     wire::encode(SESSION, &Message::Entry(entry(1, EntryKind::File, 1024, "b")), &mut out).unwrap();
@@ -835,7 +885,7 @@ fn a_sender_below_the_pace_floor_is_ended_and_the_drivers_time_is_not_its() {
         matches!(
             h.finished,
             Some(Outcome::Failed(ProtocolError::TooSlow { bytes, over: o, min_rate: 2048 }))
-                if bytes == receiver::ENTRY_CREDIT + 1024 && o == over
+                if bytes == receiver::OFFER_CREDIT + receiver::ENTRY_CREDIT + 1024 && o == over
         ),
         "{:?}",
         h.finished

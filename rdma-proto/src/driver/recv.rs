@@ -77,7 +77,8 @@ pub struct ReceiveOptions {
     /// `timeout` of its own time (16 KiB/s by default, [`DEFAULT_MIN_RATE`](crate::receiver::DEFAULT_MIN_RATE); 0 sets no floor):
     /// a slower one is told [`Status::Busy`] and its session ends, keeping a resumable
     /// partial, so that a peer trickling a byte per `timeout` cannot hold a place for ever.
-    /// A batch's ENTRY counts as [`ENTRY_CREDIT`](crate::receiver::ENTRY_CREDIT) bytes.
+    /// Each ENTRY of a batch counts [`OFFER_CREDIT`](crate::receiver::OFFER_CREDIT) bytes, and
+    /// each entry stored [`ENTRY_CREDIT`](crate::receiver::ENTRY_CREDIT) more.
     pub min_rate: u64,
     /// Most entries one batch may offer (1,000,000 by default): past them the session ends as
     /// for a message out of place ([`ReceiverConfig::max_entries`]).
@@ -778,7 +779,7 @@ fn session(req: ConnectRequest, shared: &Shared, report: &mut ReceiveReport, sta
     let conn = req.accept(qp, &conn_params(opts.ack_timeout), opts.accept_timeout)?;
     let mut s = ReceiveSession::new(shared, report, parts, &conn, start)?;
     let outcome = loop {
-        match s.drive_round() {
+        match s.drive_round(&conn) {
             Ok(ControlFlow::Break(o)) => break Ok(o),
             Ok(ControlFlow::Continue(progressed)) => {
                 let r = s.accept_lanes().and_then(|()| s.drive_timers(progressed, &conn));
@@ -844,7 +845,7 @@ async fn session_async(
         };
     let mut s = ReceiveSession::new(shared, report, parts, &conn, start)?;
     let outcome = loop {
-        match s.drive_round() {
+        match s.drive_round(&conn) {
             Ok(ControlFlow::Break(o)) => break Ok(o),
             Ok(ControlFlow::Continue(progressed)) => {
                 if let Err(e) = s.accept_lanes_async().await {
@@ -1079,7 +1080,7 @@ impl<'a> ReceiveSession<'a> {
     /// One round: the test hooks, the machine's actions, then the arrivals and completions.
     /// `Break` with the outcome once the session is over, else `Continue` saying whether
     /// anything progressed.
-    fn drive_round(&mut self) -> Result<ControlFlow<Outcome, bool>, Error> {
+    fn drive_round(&mut self, conn: &rdma_cm::Connection<'static>) -> Result<ControlFlow<Outcome, bool>, Error> {
         self.drive_faults()?;
         if let Some(Some(until)) = self.tarpit {
             if Instant::now() < until {
@@ -1088,7 +1089,7 @@ impl<'a> ReceiveSession<'a> {
             self.tarpit = Some(None);
             send_control(&mut self.sq, &self.control, &self.out, self.opts.timeout, drop)?;
         }
-        let acted = match self.drive_actions()? {
+        let acted = match self.drive_actions(conn)? {
             ControlFlow::Break(o) => return Ok(ControlFlow::Break(o)),
             ControlFlow::Continue(acted) => acted,
         };
@@ -1166,14 +1167,16 @@ impl<'a> ReceiveSession<'a> {
 
     /// Does what the machine asks: `Break` with the outcome once it finished, else `Continue`
     /// saying whether there was anything to do.
-    fn drive_actions(&mut self) -> Result<ControlFlow<Outcome, bool>, Error> {
+    fn drive_actions(&mut self, conn: &rdma_cm::Connection<'static>) -> Result<ControlFlow<Outcome, bool>, Error> {
         let mut acted = false;
         while let Some(action) = self.machine.poll_action() {
             acted = true;
             match action {
-                Action::Open { name, size, slot_size, slot_count } => self.open(name, size, slot_size, slot_count),
+                Action::Open { name, size, slot_size, slot_count } => {
+                    self.open(name, size, slot_size, slot_count, conn)
+                }
                 Action::Reserve { slot_size, slot_count } => self.reserve(slot_size, slot_count),
-                Action::OpenEntry(e) => self.open_entry(e),
+                Action::OpenEntry(e) => self.open_entry(e, conn),
                 Action::EntryDone { path, status, detail, bytes, .. } => {
                     // A file not committed (its digest did not match, its open failed) goes.
                     self.file = None;
@@ -1217,7 +1220,7 @@ impl<'a> ReceiveSession<'a> {
     }
 
     /// Admits the session, opens the temporary and grants the slots (`Action::Open`).
-    fn open(&mut self, name: String, size: u64, slot_size: u32, slot_count: u32) {
+    fn open(&mut self, name: String, size: u64, slot_size: u32, slot_count: u32, conn: &rdma_cm::Connection<'static>) {
         let now = Instant::now();
         let session = self.machine.session();
         self.report.session = session;
@@ -1234,7 +1237,7 @@ impl<'a> ReceiveSession<'a> {
             return self.machine.handle(Input::OpenFailed(Status::Busy, why), now);
         }
         if let Some(dir) = self.dest {
-            if !self.open_file(dir, &name, &name, size, now) {
+            if !self.open_file(dir, &name, &name, size, now, conn) {
                 return;
             }
         }
@@ -1258,7 +1261,7 @@ impl<'a> ReceiveSession<'a> {
 
     /// A batch's entry (`Action::OpenEntry`): its parent directories made under the
     /// destination, then its file opened as a single file's, or the directory made.
-    fn open_entry(&mut self, e: Entry) {
+    fn open_entry(&mut self, e: Entry, conn: &rdma_cm::Connection<'static>) {
         let now = Instant::now();
         let Some((addr, rkey)) = self.ring_at else {
             return self.machine.handle(Input::OpenFailed(Status::Internal, "no ring".into()), now);
@@ -1288,7 +1291,7 @@ impl<'a> ReceiveSession<'a> {
                     }
                 }
                 EntryKind::File => {
-                    if !self.open_file(&dir, last, &e.path, e.size, now) {
+                    if !self.open_file(&dir, last, &e.path, e.size, now, conn) {
                         return;
                     }
                 }
@@ -1316,7 +1319,15 @@ impl<'a> ReceiveSession<'a> {
     /// Opens the temporary (or the resumable partial) of `name` in `dir` (`rel` under the
     /// destination), and tells the machine what a partial holds; `false` when it failed (the
     /// machine was told).
-    fn open_file(&mut self, dir: &DirFd, name: &str, rel: &str, size: u64, now: Instant) -> bool {
+    fn open_file(
+        &mut self,
+        dir: &DirFd,
+        name: &str,
+        rel: &str,
+        size: u64,
+        now: Instant,
+        conn: &rdma_cm::Connection<'static>,
+    ) -> bool {
         let session = self.machine.session();
         {
             let plain = || Incoming::create(dir, name, rel, session, self.opts.overwrite).map(|f| (f, 0));
@@ -1339,7 +1350,7 @@ impl<'a> ReceiveSession<'a> {
                         // A session's own again: out of the ledger until it is kept again.
                         self.partials.take(dir, key);
                     }
-                    let held = self.hash_held(&f, held);
+                    let held = self.hash_held(&f, held, conn);
                     self.file = Some(f);
                     if self.partial_key().is_some() {
                         if held > 0 {
@@ -1389,16 +1400,24 @@ impl<'a> ReceiveSession<'a> {
     ///
     /// The sender waits for the GRANT meanwhile, and then hashes as much of its own file before
     /// its first chunk: so only what hashes within a third of `timeout` is used (the rest is
-    /// sent again and written over), and the hash stops when the receiver is stopped. A 20 GB
+    /// sent again and written over), and the hash stops when the receiver is stopped or the peer
+    /// leaves. A 20 GB
     /// partial at the VM's 32 MB/s of keyed BLAKE3 took 10 minutes, and every attempt to resume
     /// it timed out (review finding G4).
-    fn hash_held(&mut self, f: &Incoming, held: u64) -> u64 {
+    fn hash_held(&mut self, f: &Incoming, held: u64, conn: &rdma_cm::Connection<'static>) -> u64 {
         let mut buf = vec![0u8; (1 << 20).min(held as usize)];
         let mut at = 0u64;
         let budget = Deadline::after(self.opts.timeout / 3);
+        if held > 0 {
+            tracing::info!(held, "hashing the bytes a partial holds, to resume it");
+        }
         while at < held {
-            if budget.has_passed() || self.opts.stop.load(Ordering::Relaxed) {
-                tracing::info!(held, hashed = at, "resuming from what was hashed in time");
+            // Whether the peer left is asked every 16 MiB (a read of the CM channel that does
+            // not block): a peer that offers a resume and leaves costs the receiver no more
+            // hashing than it stays connected for (review R2).
+            let gone = at % (16 << 20) == 0 && at > 0 && peer_left(conn);
+            if gone || budget.has_passed() || self.opts.stop.load(Ordering::Relaxed) {
+                tracing::info!(held, hashed = at, gone, "resuming from what was hashed in time");
                 return at;
             }
             let n = (held - at).min(buf.len() as u64) as usize;
