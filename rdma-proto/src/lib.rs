@@ -78,6 +78,13 @@ pub enum ProtocolError {
         /// The floor, in bytes per second.
         min_rate: u64,
     },
+    /// With a secret, a control message arrived whose seal is wrong: changed on the path, or
+    /// not from the peer that proved the secret. The session ends (the receiver says
+    /// [`Status::ProtocolMismatch`]), and a receiver keeps its resumable partial: someone on
+    /// the path can end a session, as by cutting the connection, but not make the receiver
+    /// throw away what it holds (review finding R7).
+    #[error("a message whose seal is wrong: changed on the path, or not from the peer that proved the secret")]
+    Unsealed,
     /// The receiver's device completed a WRITE with immediate a second time: the chunk that
     /// arrived last came again. Linux 6.1's rxe does so under load, when it executes a
     /// retransmitted WRITE it had already completed (`docs/testing.md`, Known limits); a peer

@@ -758,16 +758,12 @@ impl Receiver {
     }
 
     fn on_message(&mut self, bytes: &[u8], now: Instant) -> Result<(), ProtocolError> {
-        let (h, m) =
-            match self.seals.as_mut().map(|s| s.incoming.open(bytes)) {
-                None => wire::decode(bytes)?,
-                Some(Ok(opened)) => opened,
-                Some(Err(Unsealed::Wire(e))) => return Err(ProtocolError::Wire(e)),
-                Some(Err(Unsealed::Tag)) => return Err(ProtocolError::Peer(
-                    "a message whose seal is wrong: changed on the path, or not from the sender that proved the secret"
-                        .into(),
-                )),
-            };
+        let (h, m) = match self.seals.as_mut().map(|s| s.incoming.open(bytes)) {
+            None => wire::decode(bytes)?,
+            Some(Ok(opened)) => opened,
+            Some(Err(Unsealed::Wire(e))) => return Err(ProtocolError::Wire(e)),
+            Some(Err(Unsealed::Tag)) => return Err(ProtocolError::Unsealed),
+        };
         if self.phase != Phase::AwaitHello && h.session != self.session {
             return Err(ProtocolError::Peer(format!(
                 "message of session {:#x}, ours is {:#x}",

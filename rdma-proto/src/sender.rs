@@ -738,10 +738,7 @@ impl Sender {
                 self.finish(Outcome::Acked { status: a.status, detail: a.detail });
                 Ok(())
             }
-            _ => Err(ProtocolError::Peer(
-                "a message whose seal is wrong: changed on the path, or not from the receiver that proved the secret"
-                    .into(),
-            )),
+            _ => Err(ProtocolError::Unsealed),
         }
     }
 

@@ -289,3 +289,25 @@ fn the_keyed_digest_cannot_be_stripped_on_the_path() {
     let failure = sender_failure(&sa).expect("the sender failed");
     assert!(failure.contains("seal is wrong"), "{failure}");
 }
+
+/// Review R7: with a secret, a message changed on the path (here a FIN with no valid seal,
+/// during the data) ends the receiver's session with `ProtocolError::Unsealed`, which its
+/// driver treats as a resumable end (it keeps the partial), not as the sender's violation
+/// (which threw the partial away).
+#[test]
+fn a_message_changed_on_the_path_ends_the_receivers_session_as_unsealed() {
+    let (s, r) = machines(Some("correct horse battery staple"), Some("correct horse battery staple"));
+    let (ra, _, mut r) = exchange(s, r);
+    assert!(opened(&ra), "the session reached its data: {ra:?}");
+    let mut forged = Vec::new();
+    let fin = Message::Fin(rdma_proto::wire::Fin { chunks: 16, size: 1000, digest: vec![0; 32] });
+    wire::encode(SESSION, &fin, &mut forged).unwrap();
+    forged.extend_from_slice(&[0; 16]);
+    r.handle(receiver::Input::Message(&forged), Instant::now());
+    let (ra, _) = drain_receiver(&mut r);
+    let failed = ra.iter().find_map(|a| match a {
+        receiver::Action::Finish(Outcome::Failed(e)) => Some(e.clone()),
+        _ => None,
+    });
+    assert_eq!(failed, Some(rdma_proto::ProtocolError::Unsealed), "{ra:?}");
+}

@@ -506,24 +506,24 @@ pub(crate) fn apply_meta(fd: &impl AsFd, e: &crate::wire::Entry) -> io::Result<(
 /// Removes the partial of `key` in `dir` unless a session holds it, when its sidecar says it is
 /// of the file `rel` of `size` bytes: that file has just been committed by a session that could
 /// not use the partial. A partial of another file under the key (a peer that saw the key and
-/// sent something else under it) is its owner's and stays. Best effort.
-pub(crate) fn drop_partial(dir: &DirFd, key: u64, rel: &str, size: u64) {
+/// sent something else under it) is its owner's and stays. Best effort; whether it was removed.
+pub(crate) fn drop_partial(dir: &DirFd, key: u64, rel: &str, size: u64) -> bool {
     let (data_name, meta_name) = partial_names(key);
-    if read_meta(dir, &meta_name).is_some_and(|m| m.key == key && m.name == rel && m.size == size) {
-        remove_partial(dir, &data_name, &meta_name);
-    }
+    read_meta(dir, &meta_name).is_some_and(|m| m.key == key && m.name == rel && m.size == size)
+        && remove_partial(dir, &data_name, &meta_name)
 }
 
-/// Removes a partial's data and sidecar unless a session holds the data's lock. What is at
-/// the data's name and is not the process's own file is only unlinked (as a name).
-fn remove_partial(dir: &DirFd, data_name: &str, meta_name: &str) {
+/// Removes a partial's data and sidecar unless a session holds the data's lock (then `false`).
+/// What is at the data's name and is not the process's own file is only unlinked (as a name).
+fn remove_partial(dir: &DirFd, data_name: &str, meta_name: &str) -> bool {
     if let Some(f) = open_own(dir, data_name, false) {
         if rustix::fs::flock(&f, FlockOperation::NonBlockingLockExclusive).is_err() {
-            return;
+            return false;
         }
         let _ = rustix::fs::unlinkat(dir, data_name, AtFlags::empty());
     }
     let _ = rustix::fs::unlinkat(dir, meta_name, AtFlags::empty());
+    true
 }
 
 /// Removes the partial of `key` in `dir` unless a session holds it (a ledger's eviction).
@@ -593,8 +593,10 @@ pub(crate) fn sweep_partials(dir: &DirFd, ttl: std::time::Duration) -> Vec<(u64,
         if age > ttl {
             remove_partial(dir, &data_name, &meta_name);
         } else {
-            let bytes =
-                rustix::fs::statat(dir, &data_name, AtFlags::SYMLINK_NOFOLLOW).map_or(0, |st| st.st_size as u64);
+            // What it takes on disk: a sparse file's length is not (review R5: a planted sparse
+            // "partial" of a terabyte made the ledger give up every other partial).
+            let bytes = rustix::fs::statat(dir, &data_name, AtFlags::SYMLINK_NOFOLLOW)
+                .map_or(0, |st| (st.st_size as u64).min((st.st_blocks as u64).saturating_mul(512)));
             left.push((age, key, bytes));
         }
     }
@@ -877,8 +879,9 @@ mod tests {
         }
         assert_eq!(listing(&d), [".0000000000000007.meta.rdcp-tmp", ".0000000000000007.part.rdcp-tmp"]);
         // Nor does committing another file under its key remove it.
-        drop_partial(&fd, 7, "g", 100);
-        drop_partial(&fd, 7, "f", 101);
+        // (Review R4: it says so, and the receiver then keeps it in its ledger.)
+        assert!(!drop_partial(&fd, 7, "g", 100), "another name's commit does not remove it");
+        assert!(!drop_partial(&fd, 7, "f", 101), "another size's commit does not remove it");
         assert_eq!(listing(&d), [".0000000000000007.meta.rdcp-tmp", ".0000000000000007.part.rdcp-tmp"]);
         let (b, held) = resumable(&fd, "f", 100, 7).unwrap();
         assert_eq!(held, 40, "still whole");

@@ -74,13 +74,22 @@ impl Ledger {
     /// the oldest past the caps.
     pub(crate) fn found(&self, dir: &DirFd, partials: Vec<(u64, u64)>) {
         let Some(at) = dir_id(dir) else { return };
-        let mut kept = self.lock();
-        for (key, bytes) in partials {
-            self.make_room(&mut kept, bytes);
-            if bytes <= self.max_bytes && self.max_count > 0 {
+        let mut given_up = Vec::new();
+        {
+            let mut kept = self.lock();
+            // One over the byte cap alone is not kept, and gives up nothing for its place
+            // (review R5: before, it gave up every partial found before it).
+            for (key, bytes) in partials.into_iter().filter(|&(_, bytes)| self.fits_alone(bytes)) {
+                given_up.extend(self.make_room(&mut kept, bytes));
                 kept.push_back(Kept { dir: dir.clone(), at, key, bytes });
             }
         }
+        Self::give_up(given_up);
+    }
+
+    /// Whether a partial of `bytes` may be kept at all.
+    fn fits_alone(&self, bytes: u64) -> bool {
+        bytes <= self.max_bytes && self.max_count > 0
     }
 
     /// Keeps `file`'s partial with its first `held` bytes ([`Incoming::keep`]; its sidecar
@@ -89,15 +98,24 @@ impl Ledger {
     pub(crate) fn keep(&self, file: &mut Incoming, held: u64, added: bool) {
         let Some((dir, key)) = file.partial_of() else { return };
         let Some(at) = dir_id(&dir) else { return };
-        if held > self.max_bytes || self.max_count == 0 {
+        if !self.fits_alone(held) {
             tracing::info!(held, max = self.max_bytes, "a partial over max_partial_bytes is not kept");
             return;
         }
-        let mut kept = self.lock();
-        kept.retain(|k| !(k.at == at && k.key == key));
-        self.make_room(&mut kept, held);
-        if file.keep(held, added) {
-            kept.push_back(Kept { dir, at, key, bytes: held });
+        // Its place is taken under the lock; the disk work (the older partials' removal, this
+        // one's checkpoint and fsync) is done after it, so that sessions ending together do not
+        // wait for each other's disk (review R6). A partial that could not be kept gives its
+        // place back.
+        let given_up = {
+            let mut kept = self.lock();
+            kept.retain(|k| !(k.at == at && k.key == key));
+            let given_up = self.make_room(&mut kept, held);
+            kept.push_back(Kept { dir: dir.clone(), at, key, bytes: held });
+            given_up
+        };
+        Self::give_up(given_up);
+        if !file.keep(held, added) {
+            self.take(&dir, key);
         }
     }
 
@@ -108,16 +126,26 @@ impl Ledger {
         self.lock().retain(|k| !(k.at == at && k.key == key));
     }
 
-    /// Gives up the oldest partials until one more of `bytes` fits both caps. A partial gone
+    /// Takes the oldest partials out of the list until one more of `bytes` fits both caps, and
+    /// returns them: [`give_up`](Self::give_up) removes them, after the lock. A partial gone
     /// meanwhile (expired, or removed by hand) frees its place without a removal.
-    fn make_room(&self, kept: &mut VecDeque<Kept>, bytes: u64) {
+    fn make_room(&self, kept: &mut VecDeque<Kept>, bytes: u64) -> Vec<Kept> {
         kept.retain(|k| super::files::partial_exists(&k.dir, k.key));
         let over = |kept: &VecDeque<Kept>| {
             let total: u64 = kept.iter().map(|k| k.bytes).sum();
             kept.len() >= self.max_count || total.saturating_add(bytes) > self.max_bytes
         };
+        let mut given_up = Vec::new();
         while over(kept) {
             let Some(oldest) = kept.pop_front() else { break };
+            given_up.push(oldest);
+        }
+        given_up
+    }
+
+    /// Removes partials [`make_room`](Self::make_room) took out of the list.
+    fn give_up(given_up: Vec<Kept>) {
+        for oldest in given_up {
             tracing::info!(key = format_args!("{:016x}", oldest.key), bytes = oldest.bytes, "partial given up");
             super::files::remove_partial_of(&oldest.dir, oldest.key);
         }
@@ -196,6 +224,41 @@ mod tests {
         assert!(!restarted.sweep_due(&dir), "swept a moment ago");
         let other = super::super::files::open_destination(&std::env::temp_dir()).unwrap();
         assert!(restarted.sweep_due(&other), "another directory has its own time");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// Review R5: a receiver that starts counts what a partial found in its destination takes on
+    /// disk, and one over the byte cap gives up nothing. Before, a local user's sparse file of
+    /// a terabyte under a partial's name (or any file over the cap) made it give up every
+    /// partial found before it.
+    #[test]
+    fn a_planted_partial_over_the_cap_gives_up_no_other_when_the_receiver_starts() {
+        let d = std::env::temp_dir().join(format!("rdma-proto-planted-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        let dir = super::super::files::open_destination(&d).unwrap();
+        let ledger = Ledger::new(8, 1 << 20);
+        break_off(&ledger, &dir, 1, 100);
+        break_off(&ledger, &dir, 2, 100);
+        // Kept an hour ago, an hour apart: the oldest, in order.
+        for (key, ago) in [(1, 7200), (2, 3600)] {
+            let meta = std::fs::File::options().write(true).open(d.join(format!(".{key:016x}.meta.rdcp-tmp")));
+            let at = std::time::SystemTime::now() - Duration::from_secs(ago);
+            meta.unwrap().set_modified(at).unwrap();
+        }
+        let sparse = std::fs::File::create(d.join(".0000000000000003.part.rdcp-tmp")).unwrap();
+        sparse.set_len(1 << 40).unwrap();
+        std::fs::write(d.join(".0000000000000004.part.rdcp-tmp"), vec![1u8; 2 << 20]).unwrap();
+        assert_eq!(partials_in(&d), [1, 2, 3, 4]);
+        let restarted = Ledger::new(8, 1 << 20);
+        restarted.found(&dir, super::super::files::sweep_partials(&dir, DAY));
+        assert_eq!(partials_in(&d), [1, 2, 3, 4], "nothing given up for a partial that is not kept");
+        // The sparse one counts its blocks (none), and 4 (2 MiB, over the cap alone) is not
+        // in the ledger: with six more, the oldest goes for the count of 8.
+        for key in 5..=10 {
+            break_off(&restarted, &dir, key, 1);
+        }
+        assert_eq!(partials_in(&d), [2, 3, 4, 5, 6, 7, 8, 9, 10], "8 in the ledger, and 4 outside it");
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

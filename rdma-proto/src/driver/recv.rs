@@ -1123,7 +1123,8 @@ impl<'a> ReceiveSession<'a> {
         drop(route);
         let lanes = lanes.into_iter().flatten().collect();
         // A partial outlives a session that ended in a way a resume can follow: the peer or the
-        // path went, the peer went silent, the receiver stopped. One that broke the rules or
+        // path went, the peer went silent, the receiver stopped, a message was changed on the
+        // path (review R7: that ended it as a violation, and threw the partial away). One that broke the rules or
         // failed its digest goes (as does everything of a session that was not resumable).
         let resumable = matches!(
             outcome,
@@ -1132,6 +1133,7 @@ impl<'a> ReceiveSession<'a> {
                     crate::ProtocolError::Timeout { .. }
                         | crate::ProtocolError::TooSlow { .. }
                         | crate::ProtocolError::CompletedTwice { .. }
+                        | crate::ProtocolError::Unsealed
                 ))
         );
         let midway = file.is_some();
@@ -1499,9 +1501,12 @@ impl<'a> ReceiveSession<'a> {
                         Some((e, _)) => (e.path.as_str(), e.size),
                         None => (self.report.name.as_deref().unwrap_or_default(), self.machine.size()),
                     };
+                    // Out of the ledger only when removed: another file's partial under the key
+                    // stays within the caps (review R4).
                     if let (false, Some(key), Some(dir)) = (partial, self.partial_key(), dir) {
-                        super::files::drop_partial(dir, key, rel, size);
-                        self.partials.take(dir, key);
+                        if super::files::drop_partial(dir, key, rel, size) {
+                            self.partials.take(dir, key);
+                        }
                     }
                     (Status::Ok, String::new())
                 }
