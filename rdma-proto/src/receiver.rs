@@ -58,8 +58,7 @@ pub struct ReceiverConfig {
     /// default; 0 sets no floor). It is judged once per [`timeout`](Self::timeout) of the
     /// peer's time (from the GRANT; the driver's own steps, opening and syncing, do not
     /// count): a session that brought less ends with [`ProtocolError::TooSlow`] and an ACK
-    /// [`Status::Busy`] saying why. Each ENTRY of a batch counts [`OFFER_CREDIT`] bytes, and each
-    /// entry stored [`ENTRY_CREDIT`] more. Without
+    /// [`Status::Busy`] saying why. Each ENTRY of a batch counts [`OFFER_CREDIT`] bytes. Without
     /// it, a sender that trickles a byte per `timeout` holds its place for ever.
     pub min_rate: u64,
     /// The shared secret, if any: a sender must then prove it knows it before anything is
@@ -115,18 +114,15 @@ impl Default for ReceiverConfig {
 /// `docs/results.md`); above what a peer that trickles to hold places wants to spend on each.
 pub const DEFAULT_MIN_RATE: u64 = 16 << 10;
 
-/// What one batch entry stored counts for towards [`ReceiverConfig::min_rate`], in bytes, beyond
-/// its own bytes and its ENTRY's [`OFFER_CREDIT`]: a batch of small files keeps its pace by its
-/// entries.
-pub const ENTRY_CREDIT: u64 = 16 << 10;
-
-/// What each ENTRY of a batch counts for towards [`ReceiverConfig::min_rate`], in bytes, stored
-/// or refused: at the default floor, a batch of refused entries keeps its place with 16 of them
-/// a second. An honest sender offers each entry as soon as the last one's verdict arrives: a
-/// batch of 2,000 entries all refused (files that exist) ran at 120 a second on the emulated
-/// CPUs of the test VM (`docs/results.md`), and real CPUs and NICs are faster. A peer trickling refused entries to hold a
-/// place must send that many; before, each ENTRY counted [`ENTRY_CREDIT`], and one a second
-/// held a place for the whole of [`ReceiverConfig::max_entries`] (review finding R1).
+/// What each ENTRY of a batch counts for towards [`ReceiverConfig::min_rate`], in bytes,
+/// whatever its verdict, beside the bytes its file brings: at the default floor a batch keeps
+/// its place with 16 entries a second. An honest sender offers each entry as soon as the last
+/// one's verdict arrives (the receiver's own time opening it is not the sender's): a batch of
+/// 2,000 entries all refused (files that exist) ran at 120 a second on the emulated CPUs of the
+/// test VM (`docs/results.md`), and real CPUs and NICs are faster. A peer trickling entries to
+/// hold a place must send that many. Before, each ENTRY counted 16 KiB, and then each entry
+/// stored (a directory that exists already, an empty file) did: one a second held a place for
+/// the whole of [`ReceiverConfig::max_entries`] (review findings R1, H1).
 pub const OFFER_CREDIT: u64 = 1 << 10;
 
 /// An event the driver reports to the machine.
@@ -557,8 +553,7 @@ impl Receiver {
     }
 
     /// Counts `bytes` towards the sender's pace ([`ReceiverConfig::min_rate`]): the bytes of
-    /// each chunk written, [`OFFER_CREDIT`] for each ENTRY (`entry_done` adds [`ENTRY_CREDIT`]
-    /// per entry stored).
+    /// each chunk written, and [`OFFER_CREDIT`] for each ENTRY.
     fn credit(&mut self, bytes: u64) {
         if let Some(pace) = self.pace.as_mut() {
             pace.bytes = pace.bytes.saturating_add(bytes);
@@ -958,8 +953,8 @@ impl Receiver {
     /// An ENTRY of the batch: checked (its path, its size within the limits), then opened by
     /// the driver; a refused entry gets its ACK and the batch goes on.
     fn on_entry(&mut self, e: Entry, now: Instant) -> Result<(), ProtocolError> {
-        // Review R1: crediting every ENTRY with ENTRY_CREDIT let a peer hold its place with one
-        // refused entry a second; only an entry stored earns that (`entry_done`).
+        // Review R1, H1: 16 KiB for every ENTRY, then for every entry stored (an existing
+        // directory, an empty file), let a peer hold its place with one a second.
         self.credit(OFFER_CREDIT);
         let (max_size, max_session) = (self.cfg.max_size, self.cfg.max_session_bytes);
         let Some(b) = self.batch.as_mut() else {
@@ -1020,9 +1015,6 @@ impl Receiver {
         let Some(b) = self.batch.as_mut() else { return };
         let Some((index, path, _)) = b.current.take() else { return };
         if status == Status::Ok {
-            if let Some(pace) = self.pace.as_mut() {
-                pace.bytes = pace.bytes.saturating_add(ENTRY_CREDIT);
-            }
             b.ok += 1;
             b.held = b.held.saturating_add(bytes);
         } else {

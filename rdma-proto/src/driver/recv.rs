@@ -77,8 +77,7 @@ pub struct ReceiveOptions {
     /// `timeout` of its own time (16 KiB/s by default, [`DEFAULT_MIN_RATE`](crate::receiver::DEFAULT_MIN_RATE); 0 sets no floor):
     /// a slower one is told [`Status::Busy`] and its session ends, keeping a resumable
     /// partial, so that a peer trickling a byte per `timeout` cannot hold a place for ever.
-    /// Each ENTRY of a batch counts [`OFFER_CREDIT`](crate::receiver::OFFER_CREDIT) bytes, and
-    /// each entry stored [`ENTRY_CREDIT`](crate::receiver::ENTRY_CREDIT) more.
+    /// Each ENTRY of a batch counts [`OFFER_CREDIT`](crate::receiver::OFFER_CREDIT) bytes.
     pub min_rate: u64,
     /// Most entries one batch may offer (1,000,000 by default): past them the session ends as
     /// for a message out of place ([`ReceiverConfig::max_entries`]).
@@ -1222,6 +1221,10 @@ impl<'a> ReceiveSession<'a> {
     }
 
     /// Admits the session, opens the temporary and grants the slots (`Action::Open`).
+    ///
+    /// Each of the open's answers to the machine carries the time it is given, not the time the
+    /// open began: the machine charges an open's time to the driver, not to the sender's pace
+    /// (review H5: the time the open began made a long open or hash the sender's time).
     fn open(&mut self, name: String, size: u64, slot_size: u32, slot_count: u32, conn: &rdma_cm::Connection<'static>) {
         let now = Instant::now();
         let session = self.machine.session();
@@ -1231,15 +1234,15 @@ impl<'a> ReceiveSession<'a> {
         tracing::info!(session = format_args!("{session:016x}"), %name, size, slot_size, slot_count, %digest, "receiving");
         self.hasher.reset(digest, self.machine.digest_key().as_ref());
         if let Some((status, why)) = self.judge(&name, false, size, false) {
-            return self.machine.handle(Input::OpenFailed(status, why), now);
+            return self.machine.handle(Input::OpenFailed(status, why), Instant::now());
         }
         self.admitted = Counted::enter(self.active, self.opts.max_sessions);
         if self.admitted.is_none() {
             let why = format!("already serving {} transfers", self.opts.max_sessions);
-            return self.machine.handle(Input::OpenFailed(Status::Busy, why), now);
+            return self.machine.handle(Input::OpenFailed(Status::Busy, why), Instant::now());
         }
         if let Some(dir) = self.dest {
-            if !self.open_file(dir, &name, &name, size, now, conn) {
+            if !self.open_file(dir, &name, &name, size, conn) {
                 return;
             }
         }
@@ -1256,7 +1259,7 @@ impl<'a> ReceiveSession<'a> {
         self.admitted = Counted::enter(self.active, self.opts.max_sessions);
         if self.admitted.is_none() {
             let why = format!("already serving {} transfers", self.opts.max_sessions);
-            return self.machine.handle(Input::OpenFailed(Status::Busy, why), now);
+            return self.machine.handle(Input::OpenFailed(Status::Busy, why), Instant::now());
         }
         self.register(slot_size, slot_count, now);
     }
@@ -1264,36 +1267,35 @@ impl<'a> ReceiveSession<'a> {
     /// A batch's entry (`Action::OpenEntry`): its parent directories made under the
     /// destination, then its file opened as a single file's, or the directory made.
     fn open_entry(&mut self, e: Entry, conn: &rdma_cm::Connection<'static>) {
-        let now = Instant::now();
         let Some((addr, rkey)) = self.ring_at else {
-            return self.machine.handle(Input::OpenFailed(Status::Internal, "no ring".into()), now);
+            return self.machine.handle(Input::OpenFailed(Status::Internal, "no ring".into()), Instant::now());
         };
         self.file = None;
         self.hasher.reset(self.machine.digest(), self.machine.digest_key().as_ref());
         let directory = e.kind == EntryKind::Directory;
         if let Some((status, why)) = self.judge(&e.path, directory, e.size, true) {
-            return self.machine.handle(Input::OpenFailed(status, why), now);
+            return self.machine.handle(Input::OpenFailed(status, why), Instant::now());
         }
         let mut parent = None;
         if let Some(dest) = self.dest {
             let path = e.path.clone();
             let Ok(components) = crate::name::check_path(&path) else {
-                return self.machine.handle(Input::OpenFailed(Status::BadName, path), now);
+                return self.machine.handle(Input::OpenFailed(Status::BadName, path), Instant::now());
             };
             let (last, parents) = components.split_last().expect("a path has a component");
             let dir = match make_dirs(dest, parents, &mut self.made_dirs) {
                 Ok(d) => d,
-                Err((status, why)) => return self.machine.handle(Input::OpenFailed(status, why), now),
+                Err((status, why)) => return self.machine.handle(Input::OpenFailed(status, why), Instant::now()),
             };
             match e.kind {
                 EntryKind::Directory => {
                     let made = make_dir_entry(&dir, last, &e, &mut self.made_dirs);
                     if let Err((status, why)) = made {
-                        return self.machine.handle(Input::OpenFailed(status, why), now);
+                        return self.machine.handle(Input::OpenFailed(status, why), Instant::now());
                     }
                 }
                 EntryKind::File => {
-                    if !self.open_file(&dir, last, &e.path, e.size, now, conn) {
+                    if !self.open_file(&dir, last, &e.path, e.size, conn) {
                         return;
                     }
                 }
@@ -1301,7 +1303,7 @@ impl<'a> ReceiveSession<'a> {
             parent = Some(dir);
         }
         self.entry = Some((e, parent));
-        self.machine.handle(Input::Ready { addr, rkey }, now);
+        self.machine.handle(Input::Ready { addr, rkey }, Instant::now());
     }
 
     /// Asks the embedder's policy about an offer; the refusal, if it refuses.
@@ -1327,7 +1329,6 @@ impl<'a> ReceiveSession<'a> {
         name: &str,
         rel: &str,
         size: u64,
-        now: Instant,
         conn: &rdma_cm::Connection<'static>,
     ) -> bool {
         let session = self.machine.session();
@@ -1358,11 +1359,11 @@ impl<'a> ReceiveSession<'a> {
                         if held > 0 {
                             tracing::info!(session = format_args!("{session:016x}"), %name, held, "resuming");
                         }
-                        self.machine.handle(Input::Resumed { from: held }, now);
+                        self.machine.handle(Input::Resumed { from: held }, Instant::now());
                     }
                 }
                 Err((status, why)) => {
-                    self.machine.handle(Input::OpenFailed(status, why), now);
+                    self.machine.handle(Input::OpenFailed(status, why), Instant::now());
                     return false;
                 }
             }
@@ -1377,11 +1378,11 @@ impl<'a> ReceiveSession<'a> {
         self.copy = AlignedBuffer::zeroed(slot_size as usize);
         if self.copy.is_none() {
             let why = format!("mapping a {slot_size}-byte copy buffer failed");
-            return self.machine.handle(Input::OpenFailed(Status::Internal, why), now);
+            return self.machine.handle(Input::OpenFailed(Status::Internal, why), Instant::now());
         }
         let pool = match SlotPool::new(self.pd.clone(), slot_size as usize, slot_count as usize, GRANTED_ACCESS) {
             Ok(p) => p,
-            Err(e) => return self.machine.handle(Input::OpenFailed(Status::Internal, e.to_string()), now),
+            Err(e) => return self.machine.handle(Input::OpenFailed(Status::Internal, e.to_string()), Instant::now()),
         };
         self.slots = std::iter::from_fn(|| pool.try_take()).collect();
         self.slots.sort_by_key(Slot::index);
@@ -1393,7 +1394,7 @@ impl<'a> ReceiveSession<'a> {
             self.lanes = (1..lanes).map(|_| None).collect();
         }
         self.data_start = Some(now);
-        self.machine.handle(Input::Ready { addr: remote.addr, rkey: remote.rkey }, now);
+        self.machine.handle(Input::Ready { addr: remote.addr, rkey: remote.rkey }, Instant::now());
     }
 
     /// Hashes the first `held` bytes of a partial (the digest covers every byte of the file,
