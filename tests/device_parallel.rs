@@ -8,7 +8,10 @@ use std::time::{Duration, Instant};
 use cli::*;
 
 /// Senders at once. All come from rxe1's one address, so the receiver is given room for all of
-/// them (`--max-sessions`, `--max-per-address`); everything else is the defaults.
+/// them (`--max-sessions`, `--max-per-address`), twice over: a sender that retries connects
+/// again while the receiver may still hold its failed session's places (until that connection's
+/// teardown ends), and with room for exactly 16 such a retry was told `Busy` ("16 connections
+/// from this address already", exit 18; 6.1, 2026-11-28). Everything else is the defaults.
 const SENDERS: usize = 16;
 const ROUNDS: usize = 3;
 const SIZE: usize = 16 << 20;
@@ -26,7 +29,7 @@ fn sixteen_concurrent_senders_all_arrive_at_the_defaults() {
     for name in &names[1..] {
         std::fs::copy(src.join("f00"), src.join(name)).unwrap();
     }
-    let n = SENDERS.to_string();
+    let n = (2 * SENDERS).to_string();
     let dir = dst.to_str().unwrap();
     let rx = Receiver::start(&topo, 7700, &["--dir", dir, "--max-sessions", &n, "--max-per-address", &n]);
     let before = rxe_counters(&topo.server.device);
