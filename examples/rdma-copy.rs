@@ -111,6 +111,11 @@ struct RecvArgs {
     /// more are refused with status "busy".
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=1024))]
     max_per_address: u64,
+    /// Seconds a new connection keeps its place before it proves itself (its HELLO, and the
+    /// secret): when every place is taken, a new connection takes the place of the oldest one
+    /// that proved nothing for this long, instead of hearing "busy".
+    #[arg(long, value_name = "SECS", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    preempt_after: u64,
     /// Most connections (lanes) one transfer may be striped over (1..=16; 1: no striping).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=16))]
     max_lanes: u16,
@@ -383,6 +388,7 @@ fn recv(a: RecvArgs, json: bool) -> i32 {
     opts.max_slots = a.max_depth.max(1);
     opts.max_sessions = a.max_sessions.max(1);
     opts.max_per_address = a.max_per_address as usize;
+    opts.preempt_after = Duration::from_secs(a.preempt_after);
     opts.max_lanes = a.max_lanes;
     opts.digest = a.digest.0;
     opts.timeout = Duration::from_secs(a.timeout);

@@ -366,7 +366,21 @@ fn idle_connections_do_not_lock_senders_out_and_past_the_limit_senders_hear_busy
     let rx = Receiver::start(
         &topo,
         7510,
-        &["--discard", "--max-sessions", "2", "--max-per-address", "16", "--timeout", "20", "--count", "2"],
+        // Connections that prove nothing keep their places (device_receiver_limits tests that
+        // they give them to newcomers after `--preempt-after`, 1 s by default).
+        &[
+            "--discard",
+            "--max-sessions",
+            "2",
+            "--max-per-address",
+            "16",
+            "--preempt-after",
+            "3600",
+            "--timeout",
+            "20",
+            "--count",
+            "2",
+        ],
     );
     let mut idle: Vec<_> = (0..4).map(|_| idle_connection(&topo, 7510)).collect();
     let out = send(&topo, 7510, &[f.to_str().unwrap()]);

@@ -92,6 +92,40 @@ fn idle_connections_from_one_address_leave_the_other_addresses_served() {
     let _ = rx.stop(Duration::from_secs(30));
 }
 
+/// Review H2: connections that prove nothing (no HELLO; or a HELLO and no proof of the secret)
+/// held every place, `max_per_address` each from a few addresses, and a sender with the secret
+/// heard Busy. Now a connection that proved nothing for `--preempt-after` (1 s) gives its place
+/// to the next request. Here one address holds all 2 + 4 places (its own limit lifted: the
+/// place pool is what is tested), then a sender with the secret connects, and is served.
+#[test]
+fn connections_that_prove_nothing_give_their_places_to_a_sender_with_the_secret() {
+    let topo = testkit::require_topology!();
+    let (src, dst, keys) = (scratch("preempt-src"), scratch("preempt-dst"), scratch("preempt-key"));
+    let data = random_file(&src.join("f"), 1 << 20, 55);
+    let key = secret_file(&keys);
+    let args = ["--dir", dst.to_str().unwrap(), "--secret-file", key.to_str().unwrap()];
+    let rx = Receiver::start(&topo, 7655, &[&args[..], &["--max-sessions", "2", "--max-per-address", "16"]].concat());
+    let mut idle = Vec::new();
+    for i in 0..6 {
+        idle.push(connect_with(&topo, 7655, &[]).unwrap_or_else(|e| panic!("place {i} of 6: {e:?}")));
+    }
+    match connect_with(&topo, 7655, &[]) {
+        Err(rdma_cm::Error::Rejected { .. }) => {}
+        // Connecting took over a second in the VM: the first one gave way already.
+        Ok(c) => idle.push(c),
+        Err(e) => panic!("{e:?}"),
+    }
+    std::thread::sleep(Duration::from_millis(1100));
+    let t = Instant::now();
+    let out = keyed_sender(&topo, 7655, &src.join("f"), &["--quiet", "--timeout", "20"]).wait_with_output().unwrap();
+    assert!(out.status.success(), "a sender with the secret was locked out: {}", text(&out.stderr));
+    eprintln!("served in {:?}, with every place held by a connection that proved nothing", t.elapsed());
+    assert!(std::fs::read(dst.join("f")).unwrap() == data);
+    drop(idle);
+    let (_, report) = rx.stop(Duration::from_secs(30));
+    assert!(report.contains("a newer one took its place"), "no connection gave its place: {report}");
+}
+
 #[test]
 fn bogus_lanes_on_a_receiver_without_a_secret_cost_only_their_connection() {
     let topo = testkit::require_topology!();

@@ -609,3 +609,29 @@ pub fn failures_retried(reports: &str, names: &[&str]) -> Vec<String> {
     }
     failed
 }
+
+/// The shared secret of the tests with one.
+pub const SECRET: &str = "a shared secret of 32 bytes, ok!";
+
+/// A `--secret-file` holding [`SECRET`] in `dir`, readable by its owner alone.
+pub fn secret_file(dir: &Path) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let key = dir.join("key");
+    std::fs::write(&key, format!("{SECRET}\n")).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    key
+}
+
+/// `rdma-copy send FILE` to rxe0's `port` with [`SECRET`] and no retries, started.
+pub fn keyed_sender(topo: &testkit::Topology, port: u16, file: &Path, extra: &[&str]) -> std::process::Child {
+    std::process::Command::new(tool())
+        .args(["send", "--to", &format!("{}:{port}", topo.server.addr), "--from", &topo.client.addr.to_string()])
+        .args(["--retries", "0"])
+        .args(extra)
+        .arg(file)
+        .env("RDMA_COPY_SECRET", SECRET)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}

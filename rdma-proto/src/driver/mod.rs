@@ -74,6 +74,7 @@ mod digest;
 mod files;
 mod link;
 mod partials;
+mod places;
 mod policy;
 mod recv;
 mod retry;
@@ -213,6 +214,11 @@ pub enum Error {
     /// what it stored for a resume.
     #[error("the send was cancelled")]
     Cancelled,
+    /// A receiver's connection that had not proved itself (no HELLO, or a secret not yet
+    /// proved) within [`ReceiveOptions::preempt_after`] gave its place to a newer connection,
+    /// every place being taken; it was closed without an answer.
+    #[error("the connection proved nothing within its time, and a newer one took its place")]
+    Preempted,
 }
 
 impl Error {
@@ -225,7 +231,8 @@ impl Error {
     }
 
     /// The exit code a tool should use: the status's for a verdict ([`Status::exit_code`]),
-    /// 1 for a usage error, 2 for a connection failure, 3 for a timeout, 4 for a protocol error,
+    /// 1 for a usage error, 2 for a connection failure (or a receiver's connection
+    /// [`Preempted`](Error::Preempted)), 3 for a timeout, 4 for a protocol error,
     /// 5 for a local file error (or a source that changed while it was sent), 6 when the peer
     /// left or the connection was lost, 7 when the receiver was stopped, 8 when the sender was
     /// cancelled; a peer's violation
@@ -235,7 +242,7 @@ impl Error {
             Error::Refused { status, .. } => status.exit_code(),
             Error::Protocol(ProtocolError::Timeout { .. }) => 3,
             Error::Cm(e) if e.is_timeout() => 3,
-            Error::Cm(_) | Error::Verbs(_) => 2,
+            Error::Cm(_) | Error::Verbs(_) | Error::Preempted => 2,
             Error::Protocol(_) | Error::PeerViolation { .. } => 4,
             Error::File { .. } | Error::SourceChanged { .. } | Error::Destination(_) => 5,
             Error::PeerDisconnected | Error::ConnectionLost { .. } => 6,

@@ -19,6 +19,7 @@ use super::link::{
     SessionCqs, Side, DISCONNECT_WAIT, DRAIN,
 };
 use super::partials::Ledger;
+use super::places::{AddressPlace, ConnectionPlaces, Counted, PerAddress, Place};
 use super::policy::{Offer, Policy};
 use super::{Error, Phases, Progress, ProgressEvent};
 use crate::auth::Secret;
@@ -73,6 +74,15 @@ pub struct ReceiveOptions {
     /// its proof: an idle connection holds one of the few places past `max_sessions` until
     /// then, and is closed after it.
     pub hello_timeout: Duration,
+    /// How long a new connection keeps its place against newcomers before it proves itself
+    /// (its HELLO taken and, with a secret, the secret proved): 1 s by default. When every
+    /// place (`max_sessions` and the few beyond it) is taken, a new connection request takes
+    /// the place of the oldest connection that has proved nothing for this long, instead of
+    /// hearing [`Status::Busy`]; the older one is closed ([`Error::Preempted`]). An honest
+    /// sender proves itself within a round trip, so peers that connect and prove nothing,
+    /// from however many addresses, cannot keep it out (`docs/protocol.md`, "Threat model").
+    /// [`Duration::MAX`] keeps every place to its connection's HELLO timeout.
+    pub preempt_after: Duration,
     /// The slowest pace an admitted sender may keep, in bytes per second, judged once per
     /// `timeout` of its own time (16 KiB/s by default, [`DEFAULT_MIN_RATE`](crate::receiver::DEFAULT_MIN_RATE); 0 sets no floor):
     /// a slower one is told [`Status::Busy`] and its session ends, keeping a resumable
@@ -168,6 +178,7 @@ impl Default for ReceiveOptions {
             ack_timeout: super::link::ACK_TIMEOUT,
             wait: super::link::WAIT,
             hello_timeout: Duration::from_secs(10),
+            preempt_after: Duration::from_secs(1),
             min_rate: DEFAULT_MIN_RATE,
             max_entries: 1_000_000,
             policy: None,
@@ -267,8 +278,9 @@ pub struct Server {
     opts: Arc<ReceiveOptions>,
     /// Sessions past their HELLO (at most `max_sessions`).
     active: Arc<AtomicUsize>,
-    /// Connections with a thread (at most `max_sessions + BUSY_SLACK`).
-    connections: Arc<AtomicUsize>,
+    /// Connections with a thread: `max_sessions + BUSY_SLACK` places, and those leaving
+    /// after giving theirs to a newer connection.
+    places: Arc<ConnectionPlaces>,
     /// Wrong proofs of the secret, by address.
     attempts: Arc<Attempts>,
     /// Connections, by address.
@@ -364,40 +376,8 @@ impl Attempts {
     }
 }
 
-/// Connections by address, for [`ReceiveOptions::max_per_address`].
-#[derive(Debug, Default)]
-struct PerAddress(std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>);
-
-impl PerAddress {
-    /// Takes a place for a connection from `ip` if it holds fewer than `limit`.
-    fn enter(self: &Arc<Self>, ip: std::net::IpAddr, limit: usize) -> Option<AddressPlace> {
-        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let n = map.entry(ip).or_insert(0);
-        if *n >= limit {
-            return None;
-        }
-        *n += 1;
-        Some(AddressPlace(self.clone(), ip))
-    }
-}
-
 /// A connection's places: among all connections, and among its address's.
-type Places = (Counted, AddressPlace);
-
-/// One connection's place among its address's, given back when dropped.
-struct AddressPlace(Arc<PerAddress>, std::net::IpAddr);
-
-impl Drop for AddressPlace {
-    fn drop(&mut self) {
-        let mut map = self.0 .0.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = map.get_mut(&self.1) {
-            *n -= 1;
-            if *n == 0 {
-                map.remove(&self.1);
-            }
-        }
-    }
-}
+type Places = (Place, AddressPlace);
 
 /// Connections served beyond `max_sessions`: those waiting for their HELLO, or being told
 /// `Busy` by ACK. Past that, connection requests are rejected at once, with an ACK(Busy) as
@@ -417,26 +397,6 @@ impl Tally {
     /// Whether `sessions` transfers were asked for (never, with `None`).
     fn enough(&self, sessions: Option<usize>) -> bool {
         sessions.is_some_and(|n| self.asked.load(Ordering::Acquire) >= n)
-    }
-}
-
-/// Counts one holder of a shared count while it lives (a panicking session still gives its
-/// place back).
-struct Counted(Arc<AtomicUsize>);
-
-impl Counted {
-    /// Takes a place if fewer than `limit` are taken.
-    fn enter(count: &Arc<AtomicUsize>, limit: usize) -> Option<Counted> {
-        count
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1))
-            .ok()
-            .map(|_| Counted(count.clone()))
-    }
-}
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -461,11 +421,12 @@ impl Server {
             partials.sweep_due(dir);
             partials.found(dir, super::files::sweep_partials(dir, opts.partial_ttl));
         }
+        let places = ConnectionPlaces::new(opts.max_sessions.saturating_add(BUSY_SLACK), opts.preempt_after);
         Ok(Server {
             listener: Listener::bind(addr, 64)?,
             opts: Arc::new(opts),
             active: Arc::new(AtomicUsize::new(0)),
-            connections: Arc::new(AtomicUsize::new(0)),
+            places: Arc::new(places),
             attempts: Arc::new(Attempts::default()),
             per_address: Arc::new(PerAddress::default()),
             routes: Arc::new(Routes::default()),
@@ -508,10 +469,10 @@ impl Server {
         std::thread::scope(|scope| -> Result<(), Error> {
             let r = loop {
                 let closed = self.closed(&tally, sessions);
-                if closed && self.connections.load(Ordering::Acquire) == 0 {
+                if closed && self.places.alive() == 0 {
                     break Ok(());
                 }
-                let req = match self.listener.recv_request(accept_check(&self.connections)) {
+                let req = match self.listener.recv_request(accept_check(&self.places)) {
                     Ok(r) => r,
                     Err(e) if e.is_timeout() => continue,
                     Err(e) => break Err(e.into()),
@@ -525,7 +486,7 @@ impl Server {
                 let (req, place) = place;
                 let (shared, report) = (self.shared(&tally), report.clone());
                 scope.spawn(move || {
-                    let r = receive(req, &shared);
+                    let r = receive(req, &shared, &place.0);
                     drop(place);
                     report(r);
                 });
@@ -567,10 +528,10 @@ impl Server {
         let mut tasks = tokio::task::JoinSet::new();
         let result = loop {
             let closed = self.closed(&tally, sessions);
-            if closed && self.connections.load(Ordering::Acquire) == 0 {
+            if closed && self.places.alive() == 0 {
                 break Ok(());
             }
-            let check = accept_check(&self.connections);
+            let check = accept_check(&self.places);
             let req = match tokio::time::timeout(check, self.listener.recv_request_async()).await {
                 Err(_) => continue,
                 Ok(Err(e)) => break Err(e.into()),
@@ -585,7 +546,7 @@ impl Server {
             let Some((req, place)) = self.admit(req, &*report) else { continue };
             let (shared, report) = (self.shared(&tally), report.clone());
             tasks.spawn(async move {
-                let r = receive_async(req, &shared).await;
+                let r = receive_async(req, &shared, &place.0).await;
                 drop(place);
                 report(r);
             });
@@ -609,8 +570,8 @@ const STOP_CHECK: Duration = Duration::from_millis(500);
 const COUNT_CHECK: Duration = Duration::from_millis(20);
 
 /// How long the accept loop waits for a connection request before its checks.
-fn accept_check(connections: &AtomicUsize) -> Duration {
-    if connections.load(Ordering::Acquire) > 0 {
+fn accept_check(places: &ConnectionPlaces) -> Duration {
+    if places.alive() > 0 {
         COUNT_CHECK
     } else {
         STOP_CHECK
@@ -681,8 +642,7 @@ impl Server {
             report(reject(req, Status::Busy, why));
             return None;
         };
-        let limit = self.opts.max_sessions.saturating_add(BUSY_SLACK);
-        match Counted::enter(&self.connections, limit) {
+        match self.places.take(Instant::now()) {
             Some(place) => Some((req, (place, mine))),
             None => {
                 report(reject(req, Status::Busy, format!("serving {} transfers", self.opts.max_sessions)));
@@ -709,19 +669,19 @@ fn reject(req: ConnectRequest, status: Status, detail: String) -> ReceiveReport 
 }
 
 /// Serves one connection request to its end.
-fn receive(req: ConnectRequest, shared: &Shared) -> ReceiveReport {
+fn receive(req: ConnectRequest, shared: &Shared, place: &Place) -> ReceiveReport {
     let start = Instant::now();
     let mut report = ReceiveReport::starting(req.peer_addr());
-    let result = session(req, shared, &mut report, start);
+    let result = session(req, shared, place, &mut report, start);
     report.ended(result, start)
 }
 
 /// [`receive`] for async code.
 #[cfg(feature = "tokio")]
-async fn receive_async(req: ConnectRequest, shared: &Shared) -> ReceiveReport {
+async fn receive_async(req: ConnectRequest, shared: &Shared, place: &Place) -> ReceiveReport {
     let start = Instant::now();
     let mut report = ReceiveReport::starting(req.peer_addr());
-    let result = session_async(req, shared, &mut report, start).await;
+    let result = session_async(req, shared, place, &mut report, start).await;
     report.ended(result, start)
 }
 
@@ -770,13 +730,19 @@ impl ReceiveReport {
     }
 }
 
-fn session(req: ConnectRequest, shared: &Shared, report: &mut ReceiveReport, start: Instant) -> Result<(), Error> {
+fn session(
+    req: ConnectRequest,
+    shared: &Shared,
+    place: &Place,
+    report: &mut ReceiveReport,
+    start: Instant,
+) -> Result<(), Error> {
     let opts = &*shared.opts;
     let ctx = req.open_context()?;
     let ep = Endpoint::new(ctx, 0, ring_depth(opts), |qp| req.init_qp(qp, GRANTED_ACCESS))?;
     let (qp, parts) = ep.split();
-    let conn = req.accept(qp, &conn_params(opts.ack_timeout), opts.accept_timeout)?;
-    let mut s = ReceiveSession::new(shared, report, parts, &conn, start)?;
+    let conn = req.accept(qp, &conn_params(opts.ack_timeout), hello_bound(opts))?;
+    let mut s = ReceiveSession::new(shared, place, report, parts, &conn, start)?;
     let outcome = loop {
         match s.drive_round(&conn) {
             Ok(ControlFlow::Break(o)) => break Ok(o),
@@ -827,6 +793,7 @@ fn session(req: ConnectRequest, shared: &Shared, report: &mut ReceiveReport, sta
 async fn session_async(
     req: ConnectRequest,
     shared: &Shared,
+    place: &Place,
     report: &mut ReceiveReport,
     start: Instant,
 ) -> Result<(), Error> {
@@ -834,15 +801,15 @@ async fn session_async(
     let ctx = req.open_context()?;
     let ep = Endpoint::new(ctx, 0, ring_depth(opts), |qp| req.init_qp(qp, GRANTED_ACCESS))?;
     let (qp, parts) = ep.split();
-    let conn =
-        match tokio::time::timeout(opts.accept_timeout, req.accept_async(qp, &conn_params(opts.ack_timeout))).await {
-            Ok(r) => r?,
-            Err(_) => {
-                let after = opts.accept_timeout;
-                return Err(rdma_cm::Error::Timeout { what: "accepting", device: None, after }.into());
-            }
-        };
-    let mut s = ReceiveSession::new(shared, report, parts, &conn, start)?;
+    let conn = match tokio::time::timeout(hello_bound(opts), req.accept_async(qp, &conn_params(opts.ack_timeout))).await
+    {
+        Ok(r) => r?,
+        Err(_) => {
+            let after = hello_bound(opts);
+            return Err(rdma_cm::Error::Timeout { what: "accepting", device: None, after }.into());
+        }
+    };
+    let mut s = ReceiveSession::new(shared, place, report, parts, &conn, start)?;
     let outcome = loop {
         match s.drive_round(&conn) {
             Ok(ControlFlow::Break(o)) => break Ok(o),
@@ -883,6 +850,13 @@ async fn session_async(
     drop(slots);
     drop(admitted);
     status_of(outcome)
+}
+
+/// How long a new connection may take to be established: its HELLO's clock runs from its
+/// request on (review H2: a peer that never completed the connection held its place for the
+/// whole `accept_timeout` before that clock even started).
+fn hello_bound(opts: &ReceiveOptions) -> Duration {
+    opts.accept_timeout.min(opts.hello_timeout)
 }
 
 /// How long a session's teardown waits for its ACK to complete, and for the sender to
@@ -964,6 +938,9 @@ struct ReceiveSession<'a> {
     /// The answer to a wrong proof, held back until then ([`Attempts::wrong_proof`]); set once
     /// the wrong proof was counted.
     tarpit: Option<Option<Instant>>,
+    /// This connection's place among all connections: proved at admission, and until then
+    /// one a newer connection may take ([`Place::displaced`]).
+    place: &'a Place,
     active: &'a Arc<AtomicUsize>,
     tally: &'a Tally,
     routes: &'a Arc<Routes>,
@@ -1011,6 +988,7 @@ struct ReceiveSession<'a> {
 impl<'a> ReceiveSession<'a> {
     fn new(
         shared: &'a Shared,
+        place: &'a Place,
         report: &'a mut ReceiveReport,
         parts: EndpointParts,
         conn: &rdma_cm::Connection<'static>,
@@ -1044,6 +1022,7 @@ impl<'a> ReceiveSession<'a> {
             partials,
             peer,
             tarpit: None,
+            place,
             active,
             tally,
             routes,
@@ -1051,9 +1030,8 @@ impl<'a> ReceiveSession<'a> {
             route: None,
             lanes: Vec::new(),
             report,
-            machine: Receiver::new(cfg, Instant::now())
-                .with_nonce(super::random_bytes())
-                .with_lane_token(super::random_bytes()),
+            // The HELLO's clock runs from the connection's request on, not from its accept.
+            machine: Receiver::new(cfg, start).with_nonce(super::random_bytes()).with_lane_token(super::random_bytes()),
             pd,
             control,
             sq,
@@ -1236,9 +1214,7 @@ impl<'a> ReceiveSession<'a> {
         if let Some((status, why)) = self.judge(&name, false, size, false) {
             return self.machine.handle(Input::OpenFailed(status, why), Instant::now());
         }
-        self.admitted = Counted::enter(self.active, self.opts.max_sessions);
-        if self.admitted.is_none() {
-            let why = format!("already serving {} transfers", self.opts.max_sessions);
+        if let Err(why) = self.admit() {
             return self.machine.handle(Input::OpenFailed(Status::Busy, why), Instant::now());
         }
         if let Some(dir) = self.dest {
@@ -1249,6 +1225,20 @@ impl<'a> ReceiveSession<'a> {
         self.register(slot_size, slot_count, now);
     }
 
+    /// Admits the session, proved (its HELLO taken, its secret proved): its connection keeps
+    /// its place to its end, and the session takes one of `max_sessions`; `Err` with why
+    /// (`Busy`) when they are all taken, or the connection gave its place to a newer one.
+    fn admit(&mut self) -> Result<(), String> {
+        if !self.place.prove() {
+            return Err("this connection gave its place to a newer one".into());
+        }
+        self.admitted = Counted::enter(self.active, self.opts.max_sessions);
+        match self.admitted {
+            Some(_) => Ok(()),
+            None => Err(format!("already serving {} transfers", self.opts.max_sessions)),
+        }
+    }
+
     /// A batch: admits the session and registers its ring (`Action::Reserve`).
     fn reserve(&mut self, slot_size: u32, slot_count: u32) {
         let now = Instant::now();
@@ -1256,9 +1246,7 @@ impl<'a> ReceiveSession<'a> {
         self.report.session = session;
         self.report.name = Some(wire::BATCH_NAME.into());
         tracing::info!(session = format_args!("{session:016x}"), slot_size, slot_count, "receiving a batch");
-        self.admitted = Counted::enter(self.active, self.opts.max_sessions);
-        if self.admitted.is_none() {
-            let why = format!("already serving {} transfers", self.opts.max_sessions);
+        if let Err(why) = self.admit() {
             return self.machine.handle(Input::OpenFailed(Status::Busy, why), Instant::now());
         }
         self.register(slot_size, slot_count, now);
@@ -1634,6 +1622,11 @@ impl<'a> ReceiveSession<'a> {
             }
             if self.opts.stop.load(Ordering::Relaxed) {
                 return Err(Error::Stopped);
+            }
+            if self.place.displaced() {
+                // Not proved in `preempt_after`, with every place taken: a newer connection
+                // has this one's place.
+                return Err(Error::Preempted);
             }
             if !self.machine.hello_received() && self.tally.closing.load(Ordering::Acquire) {
                 // The server took the transfers it serves; this connection asked for none.
