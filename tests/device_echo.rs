@@ -11,8 +11,7 @@ use std::time::{Duration, Instant};
 
 /// The example binary, built by `cargo test --features tokio` next to this test's own binary.
 fn tool() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().unwrap().parent().unwrap().join("examples/echo")
+    testkit::example("echo")
 }
 
 /// A running `echo server`; its stderr lines arrive on `lines`. Killed when dropped.
@@ -105,13 +104,13 @@ fn serve(port: u16, server_args: &[&str], clients: usize, client_args: &[&str]) 
 }
 
 #[test]
-fn the_async_server_serves_32_clients_of_1000_round_trips() {
-    serve(7540, &["--mode", "async"], 32, &["--round-trips", "1000", "--mode", "async"]);
+fn the_async_server_serves_32_clients_of_250_round_trips() {
+    serve(7540, &["--mode", "async"], 32, &["--round-trips", "250", "--mode", "async"]);
 }
 
 #[test]
 fn the_threads_server_serves_8_clients_with_blocking_waits() {
-    serve(7541, &["--mode", "threads"], 8, &["--round-trips", "1000", "--mode", "threads"]);
+    serve(7541, &["--mode", "threads"], 8, &["--round-trips", "250", "--mode", "threads"]);
 }
 
 #[test]

@@ -21,6 +21,7 @@
 //! | `RDMA_TEST_PORT` | `1` | the port number on both devices |
 //! | `RDMA_TEST_PLAIN_ADDR` | `10.78.0.1` | a local IPv4 address on an interface **without** an RDMA device |
 //! | `RDMA_TEST_PLAIN_PEER` | `10.78.0.2` | a neighbour reached through that interface (no RDMA device) |
+//! | `RDMA_TEST_EXAMPLES` | the test binary's `../../examples` | where the examples the tests start are ([`example`]) |
 
 #![allow(missing_docs)]
 
@@ -31,6 +32,20 @@ use std::sync::Once;
 
 /// Set by the harness: a missing device is a failure, not a skip.
 pub const REQUIRE_DEVICE_ENV: &str = "RDMA_TEST_REQUIRE_DEVICE";
+
+/// The example binary `name` that a device test starts: in `RDMA_TEST_EXAMPLES` when it is
+/// set (the VM's `run-tests` copies the examples into the guest's tmpfs and sets it: every
+/// start from the 9p root paged the binary in again), else where `cargo test` builds it, next
+/// to the test's own binary (`target/debug/examples`).
+pub fn example(name: &str) -> std::path::PathBuf {
+    match std::env::var_os("RDMA_TEST_EXAMPLES") {
+        Some(dir) => std::path::PathBuf::from(dir).join(name),
+        None => {
+            let exe = std::env::current_exe().expect("the test's own path");
+            exe.parent().and_then(Path::parent).expect("target/debug/deps").join("examples").join(name)
+        }
+    }
+}
 
 /// One end of the test topology.
 #[derive(Debug, Clone)]

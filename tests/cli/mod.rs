@@ -10,8 +10,7 @@ use std::time::{Duration, Instant};
 
 /// The example binary, built by `cargo test` next to this test's own binary.
 pub fn tool() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().unwrap().parent().unwrap().join("examples/rdma-copy")
+    testkit::example("rdma-copy")
 }
 
 /// A fresh directory under the system's temporary directory (in the VM a tmpfs of half its
