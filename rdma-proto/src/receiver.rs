@@ -741,8 +741,10 @@ impl Receiver {
         if let Err(e) = r {
             let status = match e {
                 ProtocolError::Local(_) => Status::Internal,
-                // No verdict: the connection failed, not the sender ([`ProtocolError::CompletedTwice`]).
-                ProtocolError::CompletedTwice { .. } => return self.fail(e, None),
+                // No verdict: the connection failed, not the sender ([`ProtocolError::CompletedTwice`]),
+                // or a message was changed on the path (review H9: a sealed ACK was a verdict the
+                // sender took as final, so it never retried and resumed).
+                ProtocolError::CompletedTwice { .. } | ProtocolError::Unsealed => return self.fail(e, None),
                 _ => Status::ProtocolMismatch,
             };
             let detail = e.to_string();

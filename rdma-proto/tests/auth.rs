@@ -293,7 +293,9 @@ fn the_keyed_digest_cannot_be_stripped_on_the_path() {
 /// Review R7: with a secret, a message changed on the path (here a FIN with no valid seal,
 /// during the data) ends the receiver's session with `ProtocolError::Unsealed`, which its
 /// driver treats as a resumable end (it keeps the partial), not as the sender's violation
-/// (which threw the partial away).
+/// (which threw the partial away). Review H9: it ended with a sealed ACK `ProtocolMismatch`,
+/// a verdict the sender took as final, so `--retries` never resumed it; it now ends with no
+/// verdict, as a lost connection does, and the sender retries.
 #[test]
 fn a_message_changed_on_the_path_ends_the_receivers_session_as_unsealed() {
     let (s, r) = machines(Some("correct horse battery staple"), Some("correct horse battery staple"));
@@ -304,10 +306,11 @@ fn a_message_changed_on_the_path_ends_the_receivers_session_as_unsealed() {
     wire::encode(SESSION, &fin, &mut forged).unwrap();
     forged.extend_from_slice(&[0; 16]);
     r.handle(receiver::Input::Message(&forged), Instant::now());
-    let (ra, _) = drain_receiver(&mut r);
+    let (ra, sent) = drain_receiver(&mut r);
     let failed = ra.iter().find_map(|a| match a {
         receiver::Action::Finish(Outcome::Failed(e)) => Some(e.clone()),
         _ => None,
     });
     assert_eq!(failed, Some(rdma_proto::ProtocolError::Unsealed), "{ra:?}");
+    assert!(sent.is_empty(), "no verdict for a message changed on the path: {} sent", sent.len());
 }

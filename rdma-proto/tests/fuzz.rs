@@ -914,6 +914,8 @@ enum End {
     Twice,
     /// The sender kept a pace below the floor: ACK Busy.
     TooSlow,
+    /// A message whose seal is wrong: no verdict (review H9).
+    Unsealed,
 }
 
 impl End {
@@ -925,6 +927,7 @@ impl End {
             Outcome::Failed(ProtocolError::Timeout { .. }) => End::Timeout,
             Outcome::Failed(ProtocolError::CompletedTwice { .. }) => End::Twice,
             Outcome::Failed(ProtocolError::TooSlow { .. }) => End::TooSlow,
+            Outcome::Failed(ProtocolError::Unsealed) => End::Unsealed,
             Outcome::Failed(_) => End::Local,
         }
     }
@@ -1080,6 +1083,8 @@ impl Spec {
         let bug = |s: &mut Spec| s.fail(End::Local, Some(Status::Internal));
         match *input {
             Input::Message(bytes) => match self.unseal(bytes) {
+                // Changed on the path, or not from the peer that proved the secret: no verdict.
+                Err(End::Unsealed) => self.fail(End::Unsealed, None),
                 Err(end) => peer(self, end),
                 Ok((h, _)) if self.phase != Phase::AwaitHello && h.session != self.session => peer(self, End::Peer),
                 Ok((h, Message::Hello(hello))) if self.phase == Phase::AwaitHello => self.hello(h.session, hello, now),
@@ -1203,7 +1208,7 @@ impl Spec {
         let Some((key, n)) = &mut self.seal_in else { return decode(bytes).map_err(|_| End::Wire) };
         let h = decode_header(bytes).map_err(|_| End::Wire)?;
         if !sealed_right(key, *n, &h, bytes) {
-            return Err(End::Peer);
+            return Err(End::Unsealed);
         }
         *n += 1;
         wire::decode_sealed(bytes).map_err(|_| End::Wire)
@@ -2154,7 +2159,7 @@ fn fuzz_the_receiver_machine() {
             Some(End::Acked(Status::Ok)) => bump(&tally.ok),
             Some(End::Acked(_)) if w.finalize.is_some() => bump(&tally.commit_failed),
             Some(End::Acked(_)) => bump(&tally.refused),
-            Some(End::Peer | End::Wire | End::Twice) => bump(&tally.peer),
+            Some(End::Peer | End::Wire | End::Twice | End::Unsealed) => bump(&tally.peer),
             Some(End::Timeout) => bump(&tally.timeout),
             Some(End::TooSlow) => bump(&tally.slow),
             Some(End::Local) => bump(&tally.local),

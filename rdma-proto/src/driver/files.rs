@@ -77,6 +77,8 @@ struct Partial {
     size: u64,
     /// Keep it when the session ends uncommitted (it failed in a way a resume can follow).
     keep: bool,
+    /// The bytes its sidecar vouched for when this session took it.
+    vouched: u64,
 }
 
 /// The first line of a sidecar.
@@ -91,11 +93,14 @@ fn exists(dir: &DirFd, name: &str) -> bool {
 /// with no other name. A file a local user planted (their own, or a hard link to someone
 /// else's) is not one.
 fn is_own_private_file(file: &impl AsFd) -> bool {
-    rustix::fs::fstat(file).is_ok_and(|st| {
-        FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
-            && st.st_nlink == 1
-            && st.st_uid == rustix::process::geteuid().as_raw()
-    })
+    rustix::fs::fstat(file).is_ok_and(|st| is_own_private(&st))
+}
+
+/// [`is_own_private_file`] of a file's status.
+fn is_own_private(st: &rustix::fs::Stat) -> bool {
+    FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
+        && st.st_nlink == 1
+        && st.st_uid == rustix::process::geteuid().as_raw()
 }
 
 /// Opens `name` in `dir` for reading and writing when it is this process's own private file
@@ -116,6 +121,20 @@ fn open_own(dir: &DirFd, name: &str, write: bool) -> Option<File> {
             let _ = rustix::fs::unlinkat(dir, name, AtFlags::empty());
             None
         }
+    }
+}
+
+/// What a partial's data file takes on disk, as the ledger counts it: its allocated blocks,
+/// at most its length (a sparse file's length is not what it takes; review R5).
+fn occupied(st: &rustix::fs::Stat) -> u64 {
+    (st.st_size as u64).min((st.st_blocks as u64).saturating_mul(512))
+}
+
+/// Whether `name` in `dir` (not followed) is `file` itself: the same device and inode.
+fn is_same_file(dir: &DirFd, name: &str, file: &File) -> bool {
+    match (rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW), rustix::fs::fstat(file)) {
+        (Ok(a), Ok(b)) => (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino),
+        _ => false,
     }
 }
 
@@ -215,7 +234,7 @@ impl Incoming {
             name: rel.to_owned(),
             overwrite,
             committed: false,
-            partial: Some(Partial { key, size, keep: false }),
+            partial: Some(Partial { key, size, keep: false, vouched: held }),
         };
         Ok((incoming, held))
     }
@@ -251,17 +270,37 @@ impl Incoming {
     /// vouched for (checkpointed now, when `checkpoint`; else its sidecar stays as it was, time
     /// and all); whether it is kept. A plain temporary is removed as always. The receiver
     /// keeps partials through its ledger (`partials::Ledger::keep`).
+    ///
+    /// A checkpointed partial is cut to `held` bytes: no bytes stay on disk that its sidecar
+    /// does not vouch for (review H4: a resume that hashed less than the partial held kept
+    /// the rest on disk, uncounted).
     pub(crate) fn keep(&mut self, held: u64, checkpoint: bool) -> bool {
         // Not when the file arrived meanwhile (another session of it, served while this one
         // held the partial): nothing would continue it.
         let arrived = !self.overwrite && exists(&self.dir, &self.target);
-        if self.partial.is_some() && !arrived && (!checkpoint || self.checkpoint(held).is_ok()) {
+        let cut = |f: &File| f.metadata().and_then(|m| if m.len() > held { f.set_len(held) } else { Ok(()) });
+        if self.partial.is_some()
+            && !arrived
+            && (!checkpoint || self.checkpoint(held).and_then(|()| cut(&self.file)).is_ok())
+        {
             if let Some(p) = &mut self.partial {
                 p.keep = true;
                 return true;
             }
         }
         false
+    }
+
+    /// The bytes the partial's sidecar vouched for when this session took it (0 for a plain
+    /// temporary, or a partial with no valid sidecar).
+    pub(crate) fn vouched(&self) -> u64 {
+        self.partial.as_ref().map_or(0, |p| p.vouched)
+    }
+
+    /// What the data file takes on disk now (its allocated blocks, at most its length); 0 when
+    /// it cannot be read.
+    pub(crate) fn occupied(&self) -> u64 {
+        rustix::fs::fstat(&self.file).map_or(0, |st| occupied(&st))
     }
 
     /// The directory and key of this partial; `None` for a plain temporary.
@@ -286,6 +325,14 @@ impl Incoming {
             apply_meta(&self.file, e).map_err(|err| io("setting the mode and time", err))?;
         }
         self.file.sync_all().map_err(|e| io("fsync", e))?;
+        // The temporary is put in place by its name, not as the file written (review H10): a
+        // local user who can write a destination without the sticky bit could move it away and
+        // put a file of their own under its name. Checked before the rename, and after it (a
+        // swap between the two): the file in place is the one written, or the verdict fails.
+        let replaced = || (Status::DiskIo, format!("the temporary of {} was replaced meanwhile", self.name));
+        if !is_same_file(&self.dir, &self.temp, &self.file) {
+            return Err(replaced());
+        }
         if self.overwrite {
             // Replaces what is at the name (a link itself, never its target).
             rustix::fs::renameat(&self.dir, &self.temp, &self.dir, &self.target).map_err(|e| io("rename", e.into()))?;
@@ -297,6 +344,11 @@ impl Incoming {
             })?;
         }
         self.committed = true;
+        if !is_same_file(&self.dir, &self.target, &self.file) {
+            // Not the file written: out of the name again, and the verdict fails with it.
+            let _ = rustix::fs::unlinkat(&self.dir, &self.target, AtFlags::empty());
+            return Err(replaced());
+        }
         if let Some(p) = &self.partial {
             let (_, meta) = partial_names(p.key);
             let _ = rustix::fs::unlinkat(&self.dir, &meta, AtFlags::empty());
@@ -446,8 +498,10 @@ pub(crate) fn make_dirs(dest: &DirFd, components: &[&str], made: &mut MadeDirs) 
 pub(crate) struct MadeDirs(std::collections::HashSet<(u64, u64)>);
 
 impl MadeDirs {
-    /// Directories remembered; those made past it keep the receiver's mode and time.
-    const MAX: usize = 1 << 20;
+    /// Directories remembered; those made past it keep the receiver's mode and time. 64 Ki:
+    /// about 2 MiB of a session's memory, outside its ring's share (review H6: a million, a
+    /// batch of a million directory entries, took about 50 MB a session).
+    const MAX: usize = 1 << 16;
 
     fn note(&mut self, dir: &impl AsFd) {
         if let Ok(st) = rustix::fs::fstat(dir) {
@@ -526,10 +580,11 @@ fn remove_partial(dir: &DirFd, data_name: &str, meta_name: &str) -> bool {
     true
 }
 
-/// Removes the partial of `key` in `dir` unless a session holds it (a ledger's eviction).
-pub(crate) fn remove_partial_of(dir: &DirFd, key: u64) {
+/// Removes the partial of `key` in `dir` unless a session holds it (a ledger's eviction);
+/// whether it did (or it was gone already).
+pub(crate) fn remove_partial_of(dir: &DirFd, key: u64) -> bool {
     let (data_name, meta_name) = partial_names(key);
-    remove_partial(dir, &data_name, &meta_name);
+    remove_partial(dir, &data_name, &meta_name)
 }
 
 /// Whether the partial of `key` is still in `dir` (its data file).
@@ -593,11 +648,14 @@ pub(crate) fn sweep_partials(dir: &DirFd, ttl: std::time::Duration) -> Vec<(u64,
         if age > ttl {
             remove_partial(dir, &data_name, &meta_name);
         } else {
-            // What it takes on disk: a sparse file's length is not (review R5: a planted sparse
-            // "partial" of a terabyte made the ledger give up every other partial).
-            let bytes = rustix::fs::statat(dir, &data_name, AtFlags::SYMLINK_NOFOLLOW)
-                .map_or(0, |st| (st.st_size as u64).min((st.st_blocks as u64).saturating_mul(512)));
-            left.push((age, key, bytes));
+            // Only this process's own partials are counted (review H7: names a local user made
+            // in a shared directory each gave up one of the receiver's partials at its start),
+            // by what they take on disk: a sparse file's length is not (review R5: a planted
+            // sparse "partial" of a terabyte made the ledger give up every other partial).
+            let st = rustix::fs::statat(dir, &data_name, AtFlags::SYMLINK_NOFOLLOW);
+            if let Some(st) = st.ok().filter(is_own_private) {
+                left.push((age, key, occupied(&st)));
+            }
         }
     }
     // Oldest first: the largest age first.
@@ -731,6 +789,54 @@ mod tests {
         assert_eq!(make_dirs(&fd, &["sub"], &mut MadeDirs::default()).unwrap_err().0, Status::BadName);
         std::fs::remove_dir_all(&d).unwrap();
         std::fs::remove_dir_all(&outside).unwrap();
+    }
+
+    /// Review H7: at its start the receiver counted every name of a partial in its
+    /// destination, so a local user's names (in a shared directory) each gave up one of its
+    /// own partials. Only its own private files count now.
+    #[test]
+    fn the_sweep_counts_only_the_receivers_own_partials() {
+        use std::os::unix::fs::FileExt;
+        let d = scratch("sweep-own");
+        let fd = open(&d);
+        let (mut f, _) = resumable(&fd, "f", 10, 1).unwrap();
+        f.file.write_all_at(b"0123456789", 0).unwrap();
+        assert!(f.keep(10, true));
+        drop(f);
+        std::fs::write(d.join("other"), b"x").unwrap();
+        std::fs::hard_link(d.join("other"), d.join(".0000000000000002.part.rdcp-tmp")).unwrap();
+        std::os::unix::fs::symlink(d.join("other"), d.join(".0000000000000003.part.rdcp-tmp")).unwrap();
+        std::fs::create_dir(d.join(".0000000000000004.part.rdcp-tmp")).unwrap();
+        let keys: Vec<u64> = sweep_partials(&fd, DAY).into_iter().map(|(k, _)| k).collect();
+        assert_eq!(keys, [1], "a hard link, a symbolic link and a directory are not the receiver's partials");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// Review H10: a local user who can write the destination (no sticky bit) moves the
+    /// temporary away while it is written and puts a file of their own under its name. The
+    /// commit renamed that file into place, and the verdict was `Ok`; now it fails, and
+    /// nothing is under the final name.
+    #[test]
+    fn a_temporary_swapped_for_another_file_fails_the_commit_and_leaves_no_file() {
+        use std::os::unix::fs::FileExt;
+        let d = scratch("swap-temp");
+        let fd = open(&d);
+        for partial in [false, true] {
+            let f = if partial {
+                resumable(&fd, "f", 4, 7).unwrap().0
+            } else {
+                Incoming::create(&fd, "f", "f", 1, false).unwrap()
+            };
+            f.file.write_all_at(b"sent", 0).unwrap();
+            std::fs::rename(d.join(&f.temp), d.join("moved")).unwrap();
+            std::fs::write(d.join(&f.temp), b"mine").unwrap();
+            let (status, why) = f.commit(None).unwrap_err();
+            assert_eq!(status, Status::DiskIo, "{why}");
+            assert!(why.contains("replaced meanwhile"), "{why}");
+            assert!(!d.join("f").exists(), "partial {partial}: a file under the final name");
+            std::fs::remove_file(d.join("moved")).unwrap();
+        }
+        std::fs::remove_dir_all(&d).unwrap();
     }
 
     /// A local user who can write the destination plants, at every name the receiver makes

@@ -29,11 +29,18 @@ struct Kept {
 /// it N times (N² entries read; review finding G5).
 pub(crate) const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
+/// Resumes in a row that add nothing to a partial before it is given up (review H3: each
+/// costs the receiver a hash of the partial, up to a third of its `timeout`, for about a
+/// kilobyte from the peer; a peer could offer the same resume and leave, over and over).
+pub(crate) const FRUITLESS_RESUMES: u32 = 3;
+
 /// The partials kept, oldest first, within their caps.
 pub(crate) struct Ledger {
     max_count: usize,
     max_bytes: u64,
     kept: Mutex<VecDeque<Kept>>,
+    /// Resumes in a row that added nothing, by partial.
+    fruitless: Mutex<HashMap<(DirId, u64), u32>>,
     /// When each directory was last swept for expired partials.
     swept: Mutex<HashMap<DirId, Instant>>,
 }
@@ -45,7 +52,13 @@ fn dir_id(dir: &DirFd) -> Option<DirId> {
 
 impl Ledger {
     pub(crate) fn new(max_count: usize, max_bytes: u64) -> Ledger {
-        Ledger { max_count, max_bytes, kept: Mutex::new(VecDeque::new()), swept: Mutex::new(HashMap::new()) }
+        Ledger {
+            max_count,
+            max_bytes,
+            kept: Mutex::new(VecDeque::new()),
+            fruitless: Mutex::new(HashMap::new()),
+            swept: Mutex::new(HashMap::new()),
+        }
     }
 
     /// Whether `dir` is due a sweep for expired partials (at most once per [`SWEEP_EVERY`]);
@@ -84,7 +97,7 @@ impl Ledger {
                 kept.push_back(Kept { dir: dir.clone(), at, key, bytes });
             }
         }
-        Self::give_up(given_up);
+        self.give_up(given_up);
     }
 
     /// Whether a partial of `bytes` may be kept at all.
@@ -95,11 +108,26 @@ impl Ledger {
     /// Keeps `file`'s partial with its first `held` bytes ([`Incoming::keep`]; its sidecar
     /// rewritten only when the session `added` bytes) when it fits the caps once the oldest
     /// partials are given up; otherwise it goes when `file` drops.
+    ///
+    /// It counts what the partial takes on disk: `held` when the session `added` bytes (its
+    /// checkpoint cuts the data file to `held`), else the larger of `held` and the data file's
+    /// blocks. Review H4: a resume that hashed only part of a partial, and broke off, made the
+    /// ledger count what it hashed (16 MiB) while the disk kept the whole partial and its
+    /// sidecar still vouched for it; the byte cap could be passed about 64 times.
     pub(crate) fn keep(&self, file: &mut Incoming, held: u64, added: bool) {
         let Some((dir, key)) = file.partial_of() else { return };
         let Some(at) = dir_id(&dir) else { return };
-        if !self.fits_alone(held) {
-            tracing::info!(held, max = self.max_bytes, "a partial over max_partial_bytes is not kept");
+        // Only a session that resumed (its sidecar vouched for bytes: it hashed them) counts.
+        if (added || file.vouched() > 0) && self.fruitless(at, key, added) {
+            tracing::info!(
+                key = format_args!("{key:016x}"),
+                "a partial that {FRUITLESS_RESUMES} resumes in a row added nothing to is given up"
+            );
+            return;
+        }
+        let bytes = if added { held } else { held.max(file.occupied()) };
+        if !self.fits_alone(bytes) {
+            tracing::info!(bytes, max = self.max_bytes, "a partial over max_partial_bytes is not kept");
             return;
         }
         // Its place is taken under the lock; the disk work (the older partials' removal, this
@@ -109,14 +137,39 @@ impl Ledger {
         let given_up = {
             let mut kept = self.lock();
             kept.retain(|k| !(k.at == at && k.key == key));
-            let given_up = self.make_room(&mut kept, held);
-            kept.push_back(Kept { dir: dir.clone(), at, key, bytes: held });
+            let given_up = self.make_room(&mut kept, bytes);
+            kept.push_back(Kept { dir: dir.clone(), at, key, bytes });
             given_up
         };
-        Self::give_up(given_up);
-        if !file.keep(held, added) {
+        // The older partials go only once this one is kept (review H8: they were removed
+        // first, and for nothing when this one could not be kept).
+        if file.keep(held, added) {
+            self.give_up(given_up);
+        } else {
             self.take(&dir, key);
+            self.restore(given_up);
         }
+    }
+
+    /// Counts a session of the partial `key` in `at` that `added` nothing, or clears the count
+    /// of one that did; whether it was the [`FRUITLESS_RESUMES`]th in a row.
+    fn fruitless(&self, at: DirId, key: u64, added: bool) -> bool {
+        let mut counts = self.fruitless.lock().unwrap_or_else(PoisonError::into_inner);
+        if added {
+            counts.remove(&(at, key));
+            return false;
+        }
+        // Counts of partials long gone are forgotten (a partial forgotten so starts again).
+        if counts.len() >= 4096 {
+            counts.clear();
+        }
+        let n = counts.entry((at, key)).or_insert(0);
+        *n += 1;
+        if *n < FRUITLESS_RESUMES {
+            return false;
+        }
+        counts.remove(&(at, key));
+        true
     }
 
     /// The partial of `key` in `dir` is a session's again (resumed, or committed in its
@@ -143,11 +196,30 @@ impl Ledger {
         given_up
     }
 
-    /// Removes partials [`make_room`](Self::make_room) took out of the list.
-    fn give_up(given_up: Vec<Kept>) {
+    /// Removes partials [`make_room`](Self::make_room) took out of the list. One a session
+    /// still holds (its own `keep` in progress, or resumed meanwhile) is not removed, and goes
+    /// back in the list: it is still on disk, and still counts (review H8: it fell out of the
+    /// ledger and stayed on disk, outside both caps, for its time to live).
+    fn give_up(&self, given_up: Vec<Kept>) {
+        let mut held = Vec::new();
         for oldest in given_up {
-            tracing::info!(key = format_args!("{:016x}", oldest.key), bytes = oldest.bytes, "partial given up");
-            super::files::remove_partial_of(&oldest.dir, oldest.key);
+            if super::files::remove_partial_of(&oldest.dir, oldest.key) {
+                tracing::info!(key = format_args!("{:016x}", oldest.key), bytes = oldest.bytes, "partial given up");
+            } else {
+                held.push(oldest);
+            }
+        }
+        self.restore(held);
+    }
+
+    /// Puts partials taken out of the list back in, as the oldest.
+    fn restore(&self, back: Vec<Kept>) {
+        if back.is_empty() {
+            return;
+        }
+        let mut kept = self.lock();
+        for k in back.into_iter().rev() {
+            kept.push_front(k);
         }
     }
 }
@@ -170,6 +242,15 @@ mod tests {
             .collect();
         keys.sort();
         keys
+    }
+
+    /// A new empty directory for one test, and its handle.
+    fn fresh(name: &str) -> (std::path::PathBuf, DirFd) {
+        let d = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        let dir = super::super::files::open_destination(&d).unwrap();
+        (d, dir)
     }
 
     /// A session of file `f{key}` that breaks off with `held` bytes, kept through `ledger`.
@@ -224,6 +305,83 @@ mod tests {
         assert!(!restarted.sweep_due(&dir), "swept a moment ago");
         let other = super::super::files::open_destination(&std::env::temp_dir()).unwrap();
         assert!(restarted.sweep_due(&other), "another directory has its own time");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// Review H3: a peer that offers a partial's resume and leaves, over and over, cost the
+    /// receiver a hash of the partial each time. The third resume in a row that adds nothing
+    /// gives it up; one that adds bytes starts the count again.
+    #[test]
+    fn a_partial_that_resumes_in_a_row_add_nothing_to_is_given_up() {
+        let (d, dir) = fresh("rdma-proto-fruitless");
+        let ledger = Ledger::new(8, 1 << 20);
+        let resume = |added: bool| {
+            use std::os::unix::fs::FileExt;
+            let (mut f, _) = Incoming::resumable(&dir, "f1", "f1", 1 << 20, 1, false, Some(DAY)).unwrap();
+            f.file.write_all_at(&[1; 10], 0).unwrap();
+            ledger.take(&dir, 1);
+            ledger.keep(&mut f, 10, added);
+        };
+        resume(true);
+        resume(false);
+        resume(false);
+        resume(true);
+        resume(false);
+        resume(false);
+        assert_eq!(partials_in(&d), [1], "two in a row, twice: kept");
+        resume(false);
+        assert!(partials_in(&d).is_empty(), "the third in a row gives it up");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// Review H8: a partial whose session still held it (its own keep in progress) when
+    /// another session's keep gave it up was not removed, and fell out of the ledger: it stayed
+    /// on disk outside both caps. It now goes back in the list, and goes at the next chance.
+    #[test]
+    fn a_partial_still_held_by_its_session_stays_counted_when_it_cannot_be_given_up() {
+        let (d, dir) = fresh("rdma-proto-held");
+        let ledger = Ledger::new(1, 1 << 20);
+        // Partial 1 kept, its session not yet over (its data file still locked).
+        let (mut f1, _) = Incoming::resumable(&dir, "f1", "f1", 1 << 20, 1, false, Some(DAY)).unwrap();
+        ledger.keep(&mut f1, 10, true);
+        break_off(&ledger, &dir, 2, 10);
+        assert_eq!(partials_in(&d), [1, 2], "1 is held by its session: not removed");
+        drop(f1);
+        break_off(&ledger, &dir, 3, 10);
+        assert_eq!(partials_in(&d), [3], "1, still counted, goes once its session ended");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// Review H4: a resume that hashed 16 MiB of a large partial and broke off (nothing added)
+    /// made the ledger count 16 MiB, while the whole partial stayed on disk, vouched for by its
+    /// sidecar. It now counts the data file's blocks; a session that added bytes cuts the data
+    /// file to what its new sidecar vouches for.
+    #[test]
+    fn a_partial_is_counted_by_what_it_takes_on_disk_after_a_short_resume() {
+        use std::os::unix::fs::FileExt;
+        let (d, dir) = fresh("rdma-proto-short-resume");
+        let ledger = Ledger::new(8, 3 << 20);
+        let data = |key: u64| d.join(format!(".{key:016x}.part.rdcp-tmp"));
+        // Partial 1: 2 MiB stored, then a resume that hashed 1 KiB of it and left.
+        let (mut f, _) = Incoming::resumable(&dir, "f1", "f1", 4 << 20, 1, false, Some(DAY)).unwrap();
+        std::fs::File::options().write(true).open(data(1)).unwrap().write_all_at(&[7u8; 2 << 20], 0).unwrap();
+        ledger.take(&dir, 1);
+        ledger.keep(&mut f, 1024, false);
+        drop(f);
+        assert_eq!(std::fs::metadata(data(1)).unwrap().len(), 2 << 20, "nothing added: the partial is as it was");
+        // Partial 2: another 2 MiB. Counted as 1 KiB, partial 1 left room for it (3 MiB cap).
+        let (mut g, _) = Incoming::resumable(&dir, "f2", "f2", 4 << 20, 2, false, Some(DAY)).unwrap();
+        std::fs::File::options().write(true).open(data(2)).unwrap().write_all_at(&[8u8; 2 << 20], 0).unwrap();
+        ledger.take(&dir, 2);
+        ledger.keep(&mut g, 2 << 20, true);
+        drop(g);
+        assert_eq!(partials_in(&d), [2], "2 MiB + 2 MiB pass the 3 MiB cap: the older is given up");
+        // A session that added bytes, and stored fewer than the file holds: cut to its sidecar.
+        let (mut h, _) = Incoming::resumable(&dir, "f2", "f2", 4 << 20, 2, false, Some(DAY)).unwrap();
+        ledger.take(&dir, 2);
+        ledger.keep(&mut h, 1 << 20, true);
+        drop(h);
+        assert_eq!(std::fs::metadata(data(2)).unwrap().len(), 1 << 20, "cut to the 1 MiB its sidecar vouches for");
         std::fs::remove_dir_all(&d).unwrap();
     }
 

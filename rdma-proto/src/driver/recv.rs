@@ -78,10 +78,12 @@ pub struct ReceiveOptions {
     /// (its HELLO taken and, with a secret, the secret proved): 1 s by default. When every
     /// place (`max_sessions` and the few beyond it) is taken, a new connection request takes
     /// the place of the oldest connection that has proved nothing for this long, instead of
-    /// hearing [`Status::Busy`]; the older one is closed ([`Error::Preempted`]). An honest
-    /// sender proves itself within a round trip, so peers that connect and prove nothing,
-    /// from however many addresses, cannot keep it out (`docs/protocol.md`, "Threat model").
-    /// [`Duration::MAX`] keeps every place to its connection's HELLO timeout.
+    /// hearing [`Status::Busy`]; the older one is closed ([`Error::Preempted`]). So
+    /// connections that are opened and then hold still keep a sender out for at most this
+    /// long; a peer that keeps opening new ones faster than the places turn over still can
+    /// (`docs/protocol.md`, "Threat model"). A sender slower than this to prove itself (setting
+    /// up its connection, its HELLO and proof) may itself be displaced while the receiver is
+    /// full. [`Duration::MAX`] keeps every place to its connection's HELLO timeout.
     pub preempt_after: Duration,
     /// The slowest pace an admitted sender may keep, in bytes per second, judged once per
     /// `timeout` of its own time (16 KiB/s by default, [`DEFAULT_MIN_RATE`](crate::receiver::DEFAULT_MIN_RATE); 0 sets no floor):
@@ -380,8 +382,9 @@ impl Attempts {
 type Places = (Place, AddressPlace);
 
 /// Connections served beyond `max_sessions`: those waiting for their HELLO, or being told
-/// `Busy` by ACK. Past that, connection requests are rejected at once, with an ACK(Busy) as
-/// the rejection's private data.
+/// `Busy` by ACK. Past that, a connection request takes the place of a connection that proved
+/// nothing within `preempt_after` (`places`), or is rejected at once, with an ACK(Busy) as the
+/// rejection's private data.
 const BUSY_SLACK: usize = 4;
 
 /// What the sessions of one `serve` call tell its accept loop.
@@ -453,7 +456,8 @@ impl Server {
     /// may end than `sessions`).
     ///
     /// A connection counts toward `max_sessions` from its valid HELLO on; connections past
-    /// `max_sessions` and a small slack are rejected at once (the sender sees
+    /// `max_sessions` and a small slack take the place of one that proved nothing within
+    /// [`ReceiveOptions::preempt_after`], or are rejected at once (the sender sees
     /// [`Status::Busy`]). Returns when [`ReceiveOptions::stop`] is set, once the sessions in
     /// progress ended.
     ///
@@ -505,8 +509,10 @@ impl Server {
     /// Returns when `sessions` sessions ended, or [`ReceiveOptions::stop`] is set and the
     /// sessions in progress ended.
     ///
-    /// What still blocks a task briefly: writing each chunk (`pwrite`) and committing the file
-    /// (`fsync`, rename). Run the server on a multi-thread runtime when other tasks must not
+    /// What still blocks a task: writing each chunk (`pwrite`), committing the file (`fsync`,
+    /// rename), and hashing what a resumed partial holds (up to a third of
+    /// [`ReceiveOptions::timeout`], read from disk; at most three times in a row for a
+    /// partial that no resume adds to). Run the server on a multi-thread runtime when other tasks must not
     /// wait for a commit.
     ///
     /// Cancellation: dropping the future stops accepting and aborts the sessions' tasks (each
@@ -761,7 +767,7 @@ fn session(
     // One bound for the whole teardown, not one per lane: a peer that never disconnects holds
     // it `TEARDOWN_WAIT` at most, however many lanes it opened (the disconnects without an
     // ACK too: each was 1 s outside the bound, 17 s with 16 lanes; review finding G9).
-    let teardown = Deadline::after(TEARDOWN_WAIT.min(opts.timeout));
+    let teardown = Deadline::after(teardown_wait(opts, place));
     for RecvLane { conn, ring } in lanes {
         if acked {
             let _ = conn.wait_disconnected(teardown.remaining());
@@ -830,7 +836,7 @@ async fn session_async(
     };
     let acked = s.machine.acked();
     let (mut sq, ring, slots, lanes, admitted) = s.end(&outcome);
-    let teardown = Deadline::after(TEARDOWN_WAIT.min(opts.timeout));
+    let teardown = Deadline::after(teardown_wait(opts, place));
     for RecvLane { conn, ring } in lanes {
         if acked {
             let _ = tokio::time::timeout(teardown.remaining(), conn.wait_disconnected_async()).await;
@@ -862,6 +868,17 @@ fn hello_bound(opts: &ReceiveOptions) -> Duration {
 /// How long a session's teardown waits for its ACK to complete, and for the sender to
 /// disconnect.
 const TEARDOWN_WAIT: Duration = Duration::from_secs(5);
+
+/// How long a session's teardown waits in all: [`TEARDOWN_WAIT`] (at most `timeout`), and not
+/// at all for a connection that gave its place to a newer one: it proved nothing, and its
+/// peer's pace must not keep it among the connections still leaving (review of H2).
+fn teardown_wait(opts: &ReceiveOptions, place: &Place) -> Duration {
+    if place.displaced() {
+        Duration::ZERO
+    } else {
+        TEARDOWN_WAIT.min(opts.timeout)
+    }
+}
 
 /// The receive ring's depth: a receive for every granted slot's chunk, and room for control.
 fn ring_depth(opts: &ReceiveOptions) -> u32 {
@@ -1122,6 +1139,12 @@ impl<'a> ReceiveSession<'a> {
                 // ever expiring (review finding G4).
                 let added = machine.bytes_stored() > machine.resumed_from();
                 partials.keep(&mut f, machine.bytes_stored(), added);
+            } else if resumable && f.vouched() > 0 {
+                // Ended before its hash found anything to resume from (a stop, a read error):
+                // the partial stays as its sidecar left it (review H11: it was thrown away,
+                // however much it held).
+                let vouched = f.vouched();
+                partials.keep(&mut f, vouched, false);
             }
         }
         // A HELLO refused before anything was opened still named its session.
@@ -1211,6 +1234,9 @@ impl<'a> ReceiveSession<'a> {
         let digest = self.machine.digest();
         tracing::info!(session = format_args!("{session:016x}"), %name, size, slot_size, slot_count, %digest, "receiving");
         self.hasher.reset(digest, self.machine.digest_key().as_ref());
+        if let Err(why) = self.proved() {
+            return self.machine.handle(Input::OpenFailed(Status::Busy, why), Instant::now());
+        }
         if let Some((status, why)) = self.judge(&name, false, size, false) {
             return self.machine.handle(Input::OpenFailed(status, why), Instant::now());
         }
@@ -1225,13 +1251,20 @@ impl<'a> ReceiveSession<'a> {
         self.register(slot_size, slot_count, now);
     }
 
-    /// Admits the session, proved (its HELLO taken, its secret proved): its connection keeps
-    /// its place to its end, and the session takes one of `max_sessions`; `Err` with why
-    /// (`Busy`) when they are all taken, or the connection gave its place to a newer one.
-    fn admit(&mut self) -> Result<(), String> {
-        if !self.place.prove() {
-            return Err("this connection gave its place to a newer one".into());
+    /// The session proved itself (its HELLO taken, its secret proved): its connection keeps
+    /// its place to its end. Called first thing at `Open` or `Reserve`, before the receiver's
+    /// checks and the embedder's policy. `Err` with why (`Busy`) when the connection gave its
+    /// place to a newer one already.
+    fn proved(&self) -> Result<(), String> {
+        match self.place.prove() {
+            true => Ok(()),
+            false => Err("this connection gave its place to a newer one".into()),
         }
+    }
+
+    /// Admits the session: it takes one of `max_sessions`; `Err` with why (`Busy`) when they
+    /// are all taken.
+    fn admit(&mut self) -> Result<(), String> {
         self.admitted = Counted::enter(self.active, self.opts.max_sessions);
         match self.admitted {
             Some(_) => Ok(()),
@@ -1246,7 +1279,7 @@ impl<'a> ReceiveSession<'a> {
         self.report.session = session;
         self.report.name = Some(wire::BATCH_NAME.into());
         tracing::info!(session = format_args!("{session:016x}"), slot_size, slot_count, "receiving a batch");
-        if let Err(why) = self.admit() {
+        if let Err(why) = self.proved().and_then(|()| self.admit()) {
             return self.machine.handle(Input::OpenFailed(Status::Busy, why), Instant::now());
         }
         self.register(slot_size, slot_count, now);
