@@ -2,7 +2,7 @@
 //! after another and eight at once, every file compared byte for byte; and what the receiver
 //! holds (open fds, RSS, the devices' verbs resources) is back at its baseline once it is idle.
 //!
-//! `RDMA_SOAK_SEQUENTIAL=N` sets the sequential count (100 by default) and `RDMA_SOAK_ROUNDS=N`
+//! `RDMA_SOAK_SEQUENTIAL=N` sets the sequential count (50 by default) and `RDMA_SOAK_ROUNDS=N`
 //! the rounds of eight senders at once (2 by default); the full soak is 500 and 8, see
 //! docs/testing.md.
 
@@ -190,7 +190,7 @@ fn check_arrived(dst: &Path, name: &str, data: &[u8], what: &str) {
 #[test]
 fn sequential_transfers_through_one_receiver_leave_it_at_its_baseline() {
     let topo = testkit::require_topology!();
-    let n = env_count("RDMA_SOAK_SEQUENTIAL", 100);
+    let n = env_count("RDMA_SOAK_SEQUENTIAL", 50);
     let (src, dst) = (scratch("soak-seq-src"), scratch("soak-seq-dst"));
     let count = (n + 1).to_string();
     let rx = Receiver::start(&topo, 7590, &["--dir", dst.to_str().unwrap(), "--count", &count]);

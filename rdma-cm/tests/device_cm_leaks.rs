@@ -8,7 +8,7 @@ use std::time::Instant;
 use common::*;
 use rdma_cm::*;
 
-const SEQUENTIAL: u64 = 200;
+const SEQUENTIAL: u64 = 100;
 const CONCURRENT: u64 = 8;
 
 /// What must come back to where it was: open fds, and every resource count of both devices.

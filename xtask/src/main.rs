@@ -85,7 +85,7 @@ fn artifacts(args: &[String]) -> Result<(), String> {
             other => return Err(format!("artifacts: unknown option {other}")),
         }
     }
-    let found = artifacts_of(benches, prefix, name, &cargo_args.iter().map(String::as_str).collect::<Vec<_>>())?;
+    let found = artifacts_of(benches, prefix, name, &cargo_args.iter().map(String::as_str).collect::<Vec<_>>(), &[])?;
     for (dir, exe, target) in found {
         match (paths, benches) {
             (true, _) => println!("{exe}"),
@@ -98,14 +98,18 @@ fn artifacts(args: &[String]) -> Result<(), String> {
 
 /// Runs `cargo CARGO-ARGS --message-format=json` and returns the (crate directory, executable,
 /// target name) of each test (or bench) executable it built that the filters take, by name.
+/// `env` is set for cargo: the test command passes its build settings, so that these builds
+/// are the ones its host tests made, not a second build of everything.
 pub(crate) fn artifacts_of(
     benches: bool,
     prefix: &str,
     name: Option<&str>,
     cargo_args: &[&str],
+    env: &[(&str, &str)],
 ) -> Result<Vec<(String, String, String)>, String> {
     let mut child = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .args(cargo_args)
+        .envs(env.iter().copied())
         .arg("--message-format=json")
         .stdout(Stdio::piped())
         .spawn()
