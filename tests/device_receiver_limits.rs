@@ -126,6 +126,65 @@ fn connections_that_prove_nothing_give_their_places_to_a_sender_with_the_secret(
     assert!(report.contains("a newer one took its place"), "no connection gave its place: {report}");
 }
 
+/// A peer that keeps opening connections, each proving nothing, kept every place younger than
+/// `--preempt-after`, so none could be given to a newcomer, and a sender with the secret heard
+/// Busy (the review of the fix above, H2). Now the sender's connect request proves the secret
+/// (KNOCK) and takes the place of an unproven connection at any age. The churn here comes from
+/// the sender's own address (the VM has one client address), so that only the knock can tell
+/// them apart; `--preempt-after 5` lets a churn of a connection a second keep up.
+#[test]
+fn a_peer_that_keeps_opening_connections_cannot_keep_a_sender_with_the_secret_out() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let topo = testkit::require_topology!();
+    let (src, dst, keys) = (scratch("churn-src"), scratch("churn-dst"), scratch("churn-key"));
+    let data = random_file(&src.join("f"), 1 << 20, 56);
+    let key = secret_file(&keys);
+    let args = ["--dir", dst.to_str().unwrap(), "--secret-file", key.to_str().unwrap()];
+    let limits = ["--max-sessions", "2", "--max-per-address", "64", "--preempt-after", "5"];
+    let rx = Receiver::start(&topo, 7656, &[&args[..], &limits].concat());
+    let (stop, made, refused) = (AtomicBool::new(false), AtomicUsize::new(0), AtomicUsize::new(0));
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                let mut held = std::collections::VecDeque::new();
+                while !stop.load(Ordering::Acquire) {
+                    match connect_with(&topo, 7656, &[]) {
+                        Ok(c) => {
+                            made.fetch_add(1, Ordering::AcqRel);
+                            held.push_back(c);
+                            if held.len() > 6 {
+                                held.pop_front();
+                            }
+                        }
+                        Err(_) => {
+                            refused.fetch_add(1, Ordering::AcqRel);
+                        }
+                    }
+                }
+            });
+        }
+        // The churn fills every place, then keeps them young.
+        std::thread::sleep(Duration::from_secs(8));
+        let before = refused.load(Ordering::Acquire);
+        let t = Instant::now();
+        let out = keyed_sender(&topo, 7656, &src.join("f"), &["--quiet", "--timeout", "20"]).wait_with_output();
+        stop.store(true, Ordering::Release);
+        let out = out.unwrap();
+        eprintln!(
+            "served in {:?}; the churn made {} connections, {} refused ({} while the sender ran)",
+            t.elapsed(),
+            made.load(Ordering::Acquire),
+            refused.load(Ordering::Acquire),
+            refused.load(Ordering::Acquire) - before,
+        );
+        assert!(refused.load(Ordering::Acquire) > 0, "the churn never filled the places: the test proves nothing");
+        assert!(out.status.success(), "a sender with the secret was locked out: {}", text(&out.stderr));
+    });
+    assert!(std::fs::read(dst.join("f")).unwrap() == data);
+    let (_, report) = rx.stop(Duration::from_secs(30));
+    assert!(report.contains("a newer one took its place"), "no connection gave its place: {report}");
+}
+
 #[test]
 fn bogus_lanes_on_a_receiver_without_a_secret_cost_only_their_connection() {
     let topo = testkit::require_topology!();

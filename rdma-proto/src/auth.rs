@@ -84,6 +84,28 @@ impl Secret {
         u64::from_be_bytes(out[..8].try_into().expect("32 bytes"))
     }
 
+    /// A KNOCK's MAC ([`crate::wire::Knock`]): the first 16 bytes of HMAC-SHA256(secret,
+    /// "rdcp knock v1" || id || time).
+    #[cfg(feature = "driver")]
+    pub(crate) fn knock_mac(&self, id: u64, time: u64) -> [u8; crate::wire::KNOCK_MAC_LEN] {
+        let mut m = <Hmac<Sha256> as Mac>::new_from_slice(&self.0).expect("HMAC takes a key of any length");
+        m.update(b"rdcp knock v1");
+        m.update(&id.to_be_bytes());
+        m.update(&time.to_be_bytes());
+        let out = m.finalize().into_bytes();
+        out[..crate::wire::KNOCK_MAC_LEN].try_into().expect("32 bytes")
+    }
+
+    /// Whether `mac` is the KNOCK MAC of `id` and `time` (compared in constant time).
+    #[cfg(feature = "driver")]
+    pub(crate) fn verify_knock(&self, mac: &[u8], id: u64, time: u64) -> bool {
+        let mut m = <Hmac<Sha256> as Mac>::new_from_slice(&self.0).expect("HMAC takes a key of any length");
+        m.update(b"rdcp knock v1");
+        m.update(&id.to_be_bytes());
+        m.update(&time.to_be_bytes());
+        m.verify_truncated_left(mac).is_ok()
+    }
+
     /// The session's digest secret, from which each file's [`DigestKey`] is derived
     /// ([`digest_key`]): HMAC-SHA256(secret, "rdcp digest v1" || session || Ns || Nr). Both
     /// sides compute it once the proofs are exchanged; it never crosses the wire.

@@ -45,6 +45,10 @@ pub const MAX_LANES: u16 = 16;
 pub const LANE_TOKEN_LEN: usize = 16;
 /// Bytes of a LANE message (it must fit a connect request's 56 bytes of private data).
 pub const LANE_LEN: usize = HEADER_LEN + 2 + LANE_TOKEN_LEN;
+/// Bytes of a KNOCK's MAC ([`Knock::mac`]).
+pub const KNOCK_MAC_LEN: usize = 16;
+/// Bytes of a KNOCK message (it must fit a connect request's 56 bytes of private data).
+pub const KNOCK_LEN: usize = HEADER_LEN + 8 + KNOCK_MAC_LEN;
 /// Bytes of the version-1 digest (XXH3-128).
 pub const DIGEST_LEN: usize = 16;
 /// The protocol versions this implementation speaks.
@@ -119,6 +123,9 @@ pub enum Kind {
     /// Sender to receiver, as an extra lane's connect private data: the lane's number and
     /// the session's token ([`caps::LANES`]).
     Lane = 11,
+    /// Sender to receiver, as a session's first connect request's private data: an early
+    /// proof of the secret ([`Knock`]).
+    Knock = 12,
 }
 
 impl Kind {
@@ -135,6 +142,7 @@ impl Kind {
             9 => Kind::Ready,
             10 => Kind::End,
             11 => Kind::Lane,
+            12 => Kind::Knock,
             _ => return None,
         })
     }
@@ -222,6 +230,20 @@ pub struct Lane {
     pub lane: u16,
     /// The token of the session's GRANT.
     pub token: [u8; LANE_TOKEN_LEN],
+}
+
+/// KNOCK: a sender with the secret proves it in its session's first connect request (its
+/// private data), before any connection exists, so that a receiver whose places are all taken
+/// by connections that proved nothing gives it one of theirs (`docs/protocol.md`, "Threat
+/// model"). The header's session field is the knock's own random id, which a receiver takes
+/// once. A receiver without a secret, or one that does not know KNOCK, serves the request as
+/// one without it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Knock {
+    /// When the knock was made: seconds since the Unix epoch, by the sender's clock.
+    pub time: u64,
+    /// HMAC-SHA256(secret, "rdcp knock v1" || id || time), its first [`KNOCK_MAC_LEN`] bytes.
+    pub mac: [u8; KNOCK_MAC_LEN],
 }
 
 /// CREDIT: chunks `0..consumed` have left the ring (stored or checked): their slots may be
@@ -342,6 +364,7 @@ pub enum Message {
     Ready(Ready),
     End(End),
     Lane(Lane),
+    Knock(Knock),
 }
 
 impl Message {
@@ -359,6 +382,7 @@ impl Message {
             Message::Ready(_) => Kind::Ready,
             Message::End(_) => Kind::End,
             Message::Lane(_) => Kind::Lane,
+            Message::Knock(_) => Kind::Knock,
         }
     }
 }
@@ -588,6 +612,7 @@ fn decode_within(buf: &[u8], tail: usize) -> Result<(Header, Message), WireError
         Kind::Ready => Message::Ready(Ready { index: r.u32()?, resume_from: r.u64()? }),
         Kind::End => Message::End(End { entries: r.u32()? }),
         Kind::Lane => Message::Lane(Lane { lane: r.u16()?, token: r.array()? }),
+        Kind::Knock => Message::Knock(Knock { time: r.u64()?, mac: r.array()? }),
     };
     Ok((h, m))
 }
@@ -706,6 +731,10 @@ pub fn encode(session: u64, msg: &Message, out: &mut Vec<u8>) -> Result<(), Wire
         Message::Lane(l) => {
             out.extend_from_slice(&l.lane.to_be_bytes());
             out.extend_from_slice(&l.token);
+        }
+        Message::Knock(k) => {
+            out.extend_from_slice(&k.time.to_be_bytes());
+            out.extend_from_slice(&k.mac);
         }
     }
     let len = out.len() as u32;

@@ -6,8 +6,8 @@
 use proptest::prelude::*;
 use rdma_proto::wire::{
     self, caps, decode, decode_header, encode, Ack, Challenge, Credit, End, Entry, EntryKind, Fin, Grant, Header,
-    Hello, Kind, Lane, Lanes, Message, Proof, Ready, WireError, HEADER_LEN, MAGIC, MAX_DETAIL_LEN, MAX_DIGEST_LEN,
-    MAX_MESSAGE_LEN, MAX_NAME_LEN,
+    Hello, Kind, Knock, Lane, Lanes, Message, Proof, Ready, WireError, HEADER_LEN, MAGIC, MAX_DETAIL_LEN,
+    MAX_DIGEST_LEN, MAX_MESSAGE_LEN, MAX_NAME_LEN,
 };
 use rdma_proto::Status;
 
@@ -88,6 +88,7 @@ fn message() -> impl Strategy<Value = Message> {
         (any::<u32>(), any::<u64>()).prop_map(|(index, resume_from)| Message::Ready(Ready { index, resume_from })),
         any::<u32>().prop_map(|entries| Message::End(End { entries })),
         (any::<u16>(), any::<[u8; 16]>()).prop_map(|(lane, token)| Message::Lane(Lane { lane, token })),
+        (any::<u64>(), any::<[u8; 16]>()).prop_map(|(time, mac)| Message::Knock(Knock { time, mac })),
     ]
 }
 
@@ -271,8 +272,8 @@ proptest! {
                 prop_assert_eq!(h.kind as u8, byte);
                 prop_assert_eq!(back.kind(), h.kind);
             }
-            Err(WireError::UnknownKind(k)) => prop_assert!(k == byte && !(1..=11).contains(&byte)),
-            Err(WireError::Truncated { .. } | WireError::Invalid { .. }) => prop_assert!((1..=11).contains(&byte)),
+            Err(WireError::UnknownKind(k)) => prop_assert!(k == byte && !(1..=12).contains(&byte)),
+            Err(WireError::Truncated { .. } | WireError::Invalid { .. }) => prop_assert!((1..=12).contains(&byte)),
             Err(e) => prop_assert!(false, "kind {}: {:?}", byte, e),
         }
     }
@@ -451,7 +452,7 @@ fn the_layout_is_the_documented_one() {
         h.extend_from_slice(&[1, kind, 0, 0, 0, 0, 0, len, 1, 2, 3, 4, 5, 6, 7, 8]);
         h
     };
-    let cases: [(Message, Vec<u8>); 10] = [
+    let cases: [(Message, Vec<u8>); 11] = [
         (
             Message::Hello(Hello {
                 version_min: 1,
@@ -548,15 +549,29 @@ fn the_layout_is_the_documented_one() {
             .concat(),
         ),
         (Message::Lane(Lane { lane: 3, token: [0x7e; 16] }), [header(11, 38), vec![0, 3], vec![0x7e; 16]].concat()),
+        (
+            Message::Knock(Knock { time: 0x0102_0304_0506_0708, mac: [0x5a; 16] }),
+            [header(12, 44), vec![1, 2, 3, 4, 5, 6, 7, 8], vec![0x5a; 16]].concat(),
+        ),
     ];
     for (m, bytes) in cases {
         assert_eq!(encoded(session, &m), bytes, "{:?}", m.kind());
         assert_eq!(decode(&bytes).unwrap(), (Header { kind: m.kind(), len: bytes.len() as u32, session }, m));
     }
     assert_eq!(
-        [Kind::Hello, Kind::Grant, Kind::Credit, Kind::Fin, Kind::Ack, Kind::Challenge, Kind::Proof, Kind::Lane]
-            .map(|k| k as u8),
-        [1, 2, 3, 4, 5, 6, 7, 11],
+        [
+            Kind::Hello,
+            Kind::Grant,
+            Kind::Credit,
+            Kind::Fin,
+            Kind::Ack,
+            Kind::Challenge,
+            Kind::Proof,
+            Kind::Lane,
+            Kind::Knock
+        ]
+        .map(|k| k as u8),
+        [1, 2, 3, 4, 5, 6, 7, 11, 12],
         "kind bytes"
     );
 }
@@ -581,4 +596,8 @@ fn a_grant_whose_lanes_disagree_with_its_caps_does_not_encode() {
     let lane = encoded(1, &Message::Lane(Lane { lane: 1, token: [0; 16] }));
     assert_eq!(lane.len(), wire::LANE_LEN);
     assert!(lane.len() <= 56);
+    // So does a KNOCK.
+    let knock = encoded(1, &Message::Knock(Knock { time: 1, mac: [0; 16] }));
+    assert_eq!(knock.len(), wire::KNOCK_LEN);
+    assert!(knock.len() <= 56);
 }

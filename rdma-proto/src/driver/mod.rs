@@ -72,6 +72,7 @@
 
 mod digest;
 mod files;
+mod knock;
 mod link;
 mod partials;
 mod places;

@@ -1,20 +1,27 @@
 //! The receiver's connection places: how many connections it serves at once, how many one
 //! address may hold, and who gives way when they are all taken.
 //!
-//! The rule (review finding H2): a connection that has not proved itself (no HELLO yet, or a
-//! secret not yet proved) holds its place only for [`ReceiveOptions::preempt_after`]
-//! against newcomers. When every place is taken, a new connection request takes the place of
-//! the oldest such connection past that age instead of hearing `Busy`; the one it displaces
-//! ends at its next slow check (within 20 ms once established; a connection still being
-//! accepted ends when its accept does, within `hello_timeout`) with [`Error::Preempted`], and
-//! its teardown waits for nothing. So connections that are opened and then hold still, from
-//! however many addresses, keep a sender out for at most `preempt_after`. What this does not
-//! stop: a peer that opens new connections faster than the places turn over (about
-//! `max_sessions + 4` per `preempt_after`), or keeps twice as many connections leaving (each
-//! accept it never completes lingers up to `hello_timeout`), still crowds others out; that
-//! takes an authenticated connection request (docs/protocol.md, "Threat model").
-//! A displaced connection holds its thread and queue pair until it ends; at most twice as
-//! many as there are places may be on their way out at once, beyond that requests hear `Busy`.
+//! The rules (review finding H2, and its review):
+//! - A connection that has not proved itself (no HELLO yet, or a secret not yet proved) holds
+//!   its place only for [`ReceiveOptions::preempt_after`] against newcomers. When every place
+//!   is taken, a new connection request takes the place of such a connection past that age
+//!   instead of hearing `Busy`.
+//! - Fair shares: the place given up is one of the address that holds the most unproven
+//!   places, never one of an address holding fewer than the newcomer's own; an address holding
+//!   two more than the newcomer's gives one up at any age. So peers that keep opening new
+//!   connections, at any rate, crowd out only each other: another address still gets its share
+//!   of the places, and keeps them while it proves itself.
+//! - A request that proves the secret already ([`super::knock`]) is proved from the start: it
+//!   takes the place of any unproven connection, at any age, and is not held back by the cap
+//!   on connections leaving. Peers without the secret cannot keep a secret holder out.
+//!
+//! A displaced connection ends at its next slow check (within 20 ms once established; a
+//! connection still being accepted ends when its accept does, within `hello_timeout`) with
+//! [`Error::Preempted`], and its teardown waits for nothing. A displaced connection holds its
+//! thread and queue pair until it ends; at most twice as many as there are places may be on
+//! their way out at once, beyond that requests without a knock hear `Busy`. What stays open
+//! without a secret: peers on as many addresses as there are places, and a peer sharing the
+//! honest sender's address, can still crowd it out (docs/protocol.md, "Threat model").
 //!
 //! [`ReceiveOptions::preempt_after`]: super::ReceiveOptions::preempt_after
 //! [`Error::Preempted`]: super::Error::Preempted
@@ -39,6 +46,8 @@ const ENDED: u8 = 3;
 #[derive(Debug)]
 struct Claim {
     since: Instant,
+    /// The address the request came from (for fair shares).
+    from: IpAddr,
     state: AtomicU8,
 }
 
@@ -54,7 +63,7 @@ pub(super) struct ConnectionPlaces {
     /// Displaced connections that have not ended yet (at most `2 × limit`).
     leaving: AtomicUsize,
     /// Claims that were unproven when made, oldest first (proved, displaced and ended ones
-    /// are dropped as they are met).
+    /// are dropped as they are met). A few times `limit` at most: each holds a place.
     unproven: Mutex<VecDeque<Arc<Claim>>>,
 }
 
@@ -87,37 +96,70 @@ impl ConnectionPlaces {
         self.held.load(Ordering::Acquire) + self.leaving.load(Ordering::Acquire)
     }
 
-    /// A place for a connection requested at `now`: a free one, else the place of the oldest
-    /// unproven connection older than `preempt_after` (which is told to leave); `None` when
-    /// neither is there, or when twice as many displaced connections as there are places are
-    /// still leaving.
-    pub(super) fn take(self: &Arc<Self>, now: Instant) -> Option<Place> {
-        let claim = Arc::new(Claim { since: now, state: AtomicU8::new(UNPROVEN) });
+    /// A place for a connection requested at `now` from `from`, `vouched` when the request
+    /// proved the secret already ([`super::knock`]): a free one, else the place of an unproven
+    /// connection ([`Self::victim`], which is told to leave). `None` when there is neither, or
+    /// when twice as many displaced connections as there are places are still leaving (not
+    /// for a vouched request).
+    pub(super) fn take(self: &Arc<Self>, now: Instant, from: IpAddr, vouched: bool) -> Option<Place> {
+        let state = if vouched { PROVEN } else { UNPROVEN };
+        let claim = Arc::new(Claim { since: now, from, state: AtomicU8::new(state) });
         let mut unproven = self.unproven();
         unproven.retain(|c| c.state.load(Ordering::Acquire) == UNPROVEN);
         if !self.enter() {
-            if self.leaving.load(Ordering::Acquire) >= self.limit.saturating_mul(2) {
+            if !vouched && self.leaving.load(Ordering::Acquire) >= self.limit.saturating_mul(2) {
                 return None;
             }
-            let old = unproven.front().filter(|c| now.saturating_duration_since(c.since) >= self.preempt_after)?;
-            // Raced with the old connection's proof or end: no place passes. Its end may have
-            // freed one.
+            let at = self.victim(&unproven, now, from, vouched)?;
+            let old = &unproven[at];
             // Counted as leaving before it is marked so: its end, which may come at once,
             // takes it off again.
             self.leaving.fetch_add(1, Ordering::AcqRel);
             if old.state.compare_exchange(UNPROVEN, DISPLACED, Ordering::AcqRel, Ordering::Acquire).is_ok() {
                 // Its place passes to the newcomer: `held` stays as it is.
-                tracing::info!(age = ?now.saturating_duration_since(old.since), "an unproven connection gives its place to a newer one");
-                unproven.pop_front();
+                tracing::info!(
+                    age = ?now.saturating_duration_since(old.since),
+                    from = %old.from,
+                    vouched,
+                    "an unproven connection gives its place to a newer one"
+                );
+                unproven.remove(at);
             } else {
+                // Raced with the old connection's proof or end: no place passes. Its end may
+                // have freed one.
                 self.leaving.fetch_sub(1, Ordering::AcqRel);
                 if !self.enter() {
                     return None;
                 }
             }
         }
-        unproven.push_back(claim.clone());
+        if !vouched {
+            unproven.push_back(claim.clone());
+        }
         Some(Place { places: self.clone(), claim })
+    }
+
+    /// Which unproven connection gives its place to a newcomer from `from` at `now` (an index
+    /// into `unproven`, oldest first), by the rules of the module's docs: among those the
+    /// newcomer may take, the oldest of the address holding the most. A vouched newcomer may
+    /// take any; another one that of an address holding two more unproven places than its own,
+    /// or one past `preempt_after` of its own address or of one holding more than its own.
+    fn victim(&self, unproven: &VecDeque<Arc<Claim>>, now: Instant, from: IpAddr, vouched: bool) -> Option<usize> {
+        let mut held: HashMap<IpAddr, usize> = HashMap::new();
+        for c in unproven {
+            *held.entry(c.from).or_insert(0) += 1;
+        }
+        let mine = held.get(&from).copied().unwrap_or(0);
+        let mut best: Option<(usize, usize)> = None;
+        for (at, c) in unproven.iter().enumerate() {
+            let theirs = held[&c.from];
+            let old = now.saturating_duration_since(c.since) >= self.preempt_after;
+            let may = vouched || theirs >= mine + 2 || (old && (c.from == from || theirs > mine));
+            if may && best.map_or(true, |(most, _)| theirs > most) {
+                best = Some((theirs, at));
+            }
+        }
+        best.map(|(_, at)| at)
     }
 
     /// Takes a free place, if one is free.
@@ -215,6 +257,12 @@ mod tests {
 
     const AFTER: Duration = Duration::from_secs(1);
 
+    const A: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 1));
+
+    fn ip(n: u8) -> IpAddr {
+        IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 1, n))
+    }
+
     fn places(limit: usize) -> Arc<ConnectionPlaces> {
         Arc::new(ConnectionPlaces::new(limit, AFTER))
     }
@@ -223,10 +271,11 @@ mod tests {
     fn a_full_server_gives_the_oldest_unproven_place_to_a_newcomer_once_it_is_old_enough() {
         let p = places(3);
         let t0 = Instant::now();
-        let held: Vec<Place> = (0..3).map(|i| p.take(t0 + Duration::from_millis(i)).expect("a free place")).collect();
+        let held: Vec<Place> =
+            (0..3).map(|i| p.take(t0 + Duration::from_millis(i), A, false).expect("a free place")).collect();
         // Younger than `preempt_after`: nobody gives way.
-        assert!(p.take(t0 + Duration::from_millis(500)).is_none());
-        let newcomer = p.take(t0 + AFTER).expect("the oldest unproven connection's place");
+        assert!(p.take(t0 + Duration::from_millis(500), A, false).is_none());
+        let newcomer = p.take(t0 + AFTER, A, false).expect("the oldest unproven connection's place");
         assert!(held[0].displaced(), "the oldest gives way");
         assert!(!held[1].displaced() && !held[2].displaced() && !newcomer.displaced());
         assert_eq!((p.held.load(Ordering::Acquire), p.leaving.load(Ordering::Acquire)), (3, 1));
@@ -245,15 +294,15 @@ mod tests {
     fn proven_connections_keep_their_places() {
         let p = places(2);
         let t0 = Instant::now();
-        let a = p.take(t0).unwrap();
-        let b = p.take(t0).unwrap();
+        let a = p.take(t0, A, false).unwrap();
+        let b = p.take(t0, A, false).unwrap();
         assert!(a.prove() && b.prove() && a.prove(), "proving twice is still proved");
-        assert!(p.take(t0 + 10 * AFTER).is_none(), "no unproven connection to give way: Busy");
+        assert!(p.take(t0 + 10 * AFTER, A, false).is_none(), "no unproven connection to give way: Busy");
         assert!(!a.displaced() && !b.displaced());
         drop(a);
-        let c = p.take(t0 + 10 * AFTER).expect("the place a proven connection gave back");
+        let c = p.take(t0 + 10 * AFTER, A, false).expect("the place a proven connection gave back");
         // `a` was proved before it was met in the queue: only `c` is unproven now.
-        assert!(p.take(t0 + 11 * AFTER).is_some_and(|d| !d.displaced()) && c.displaced());
+        assert!(p.take(t0 + 11 * AFTER, A, false).is_some_and(|d| !d.displaced()) && c.displaced());
         drop((b, c));
     }
 
@@ -261,16 +310,76 @@ mod tests {
     fn no_more_connections_leave_at_once_than_twice_the_places() {
         let p = places(2);
         let t0 = Instant::now();
-        let mut all = vec![p.take(t0).unwrap(), p.take(t0).unwrap()];
+        let mut all = vec![p.take(t0, A, false).unwrap(), p.take(t0, A, false).unwrap()];
         // Each newcomer, once the oldest is old enough, displaces it: four may be leaving.
         for i in 1..=4u32 {
-            all.push(p.take(t0 + AFTER * 2 * i).expect("a displaced place"));
+            all.push(p.take(t0 + AFTER * 2 * i, A, false).expect("a displaced place"));
         }
         assert_eq!(p.leaving.load(Ordering::Acquire), 4);
-        assert!(p.take(t0 + AFTER * 20).is_none(), "four already leaving: the request hears Busy");
+        assert!(p.take(t0 + AFTER * 20, A, false).is_none(), "four already leaving: the request hears Busy");
         // One of them ends: a place can pass again.
         all.remove(0);
-        assert!(p.take(t0 + AFTER * 20).is_some());
+        assert!(p.take(t0 + AFTER * 20, A, false).is_some());
+    }
+
+    #[test]
+    fn addresses_that_keep_opening_connections_crowd_out_only_each_other() {
+        // 12 places held by three addresses, 4 each, all younger than `preempt_after`.
+        let p = places(12);
+        let t0 = Instant::now();
+        let mut theirs: Vec<Place> =
+            (0..12).map(|i| p.take(t0 + Duration::from_millis(i), ip(i as u8 % 3), false).unwrap()).collect();
+        // A fourth address gets places at once, up to its fair share...
+        let mine: Vec<Place> = (0..3).map(|_| p.take(t0 + AFTER / 2, A, false).expect("a fair share")).collect();
+        assert!(p.take(t0 + AFTER / 2, A, false).is_none(), "past a fair share, young places stay");
+        // ...and keeps them however fast the others open new connections: they take only each
+        // other's places, or their own.
+        for round in 0..200u32 {
+            let now = t0 + AFTER + Duration::from_millis(u64::from(round) * 5);
+            if let Some(place) = p.take(now, ip((round % 3) as u8), false) {
+                theirs.push(place);
+            }
+            theirs.retain(|t| !t.displaced());
+            assert!(mine.iter().all(|m| !m.displaced()), "round {round}: a fair share was taken");
+        }
+        assert_eq!(theirs.len() + mine.len(), 12);
+        drop((theirs, mine));
+        assert_eq!(p.alive(), 0);
+    }
+
+    #[test]
+    fn a_vouched_request_takes_any_unproven_place_and_keeps_it() {
+        let p = places(2);
+        let t0 = Instant::now();
+        let held: Vec<Place> = (0..2).map(|n| p.take(t0, ip(n), false).unwrap()).collect();
+        let vouched = p.take(t0, A, true).expect("an unproven place, however young");
+        assert!(held.iter().filter(|h| h.displaced()).count() == 1 && vouched.prove());
+        // Proved from the start: nobody takes its place, at any age or share.
+        for n in 0..8 {
+            if let Some(other) = p.take(t0 + AFTER * 10, ip(n), false) {
+                assert!(!vouched.displaced());
+                drop(other);
+            }
+        }
+        assert!(!vouched.displaced());
+        let vouched2 = p.take(t0, A, true).expect("the other place");
+        assert!(p.take(t0, A, true).is_none(), "every place proved: Busy even for a vouched request");
+        drop((held, vouched, vouched2));
+        assert_eq!(p.alive(), 0);
+    }
+
+    #[test]
+    fn a_vouched_request_is_not_held_back_by_the_connections_leaving() {
+        let p = places(1);
+        let t0 = Instant::now();
+        let mut all = vec![p.take(t0, A, false).unwrap()];
+        for i in 1..=2u32 {
+            all.push(p.take(t0 + AFTER * 2 * i, A, false).expect("an old place of its own address"));
+        }
+        assert_eq!(p.leaving.load(Ordering::Acquire), 2);
+        assert!(p.take(t0 + AFTER * 20, A, false).is_none(), "two leaving: Busy");
+        assert!(p.take(t0 + AFTER * 20, A, true).is_some_and(|v| v.prove()), "a vouched request passes");
+        drop(all);
     }
 
     #[test]
@@ -281,7 +390,7 @@ mod tests {
                 s.spawn(|| {
                     for i in 0..500u32 {
                         let now = Instant::now() + AFTER * (i % 3);
-                        if let Some(place) = p.take(now) {
+                        if let Some(place) = p.take(now, ip((i % 3) as u8), i % 7 == 0) {
                             if i % 2 == 0 {
                                 place.prove();
                             }

@@ -7,13 +7,14 @@ use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use rdma_cm::{ConnectRequest, Listener};
 use rdma_verbs::{AccessFlags, AlignedBuffer, Deadline, Rc, RecvRing, SendQueue, Slot, SlotPool};
 
 use super::digest::Hasher;
 use super::files::{io_status, make_dir_entry, make_dirs, DirFd, Incoming, MadeDirs};
+use super::knock::Knocks;
 use super::link::{
     conn_params, explain_loss, peer_left, send_control, take_arrivals, Endpoint, EndpointParts, LaneBase, Pacer,
     SessionCqs, Side, DISCONNECT_WAIT, DRAIN,
@@ -78,11 +79,13 @@ pub struct ReceiveOptions {
     /// (its HELLO taken and, with a secret, the secret proved): 1 s by default. When every
     /// place (`max_sessions` and the few beyond it) is taken, a new connection request takes
     /// the place of the oldest connection that has proved nothing for this long, instead of
-    /// hearing [`Status::Busy`]; the older one is closed ([`Error::Preempted`]). So
-    /// connections that are opened and then hold still keep a sender out for at most this
-    /// long; a peer that keeps opening new ones faster than the places turn over still can
-    /// (`docs/protocol.md`, "Threat model"). A sender slower than this to prove itself (setting
-    /// up its connection, its HELLO and proof) may itself be displaced while the receiver is
+    /// hearing [`Status::Busy`]; the older one is closed ([`Error::Preempted`]). Whose
+    /// place goes by fair shares of the addresses, and a request that proves the secret in its
+    /// connect request ([`wire::Knock`]) takes any unproven place at any age. So connections
+    /// that are opened and then hold still keep a sender out for at most this long, peers that
+    /// keep opening new ones take only each other's places, and peers without the secret
+    /// cannot keep its holders out (`docs/protocol.md`, "Threat model"). A sender without a
+    /// secret slower than this to send its HELLO may itself be displaced while the receiver is
     /// full. [`Duration::MAX`] keeps every place to its connection's HELLO timeout.
     pub preempt_after: Duration,
     /// The slowest pace an admitted sender may keep, in bytes per second, judged once per
@@ -287,6 +290,8 @@ pub struct Server {
     attempts: Arc<Attempts>,
     /// Connections, by address.
     per_address: Arc<PerAddress>,
+    /// The knocks taken lately ([`super::knock`]): each vouches for one request.
+    knocks: Knocks,
     /// The live sessions that granted lanes, by token: where an extra lane's connection
     /// request goes.
     routes: Arc<Routes>,
@@ -432,6 +437,7 @@ impl Server {
             places: Arc::new(places),
             attempts: Arc::new(Attempts::default()),
             per_address: Arc::new(PerAddress::default()),
+            knocks: Knocks::default(),
             routes: Arc::new(Routes::default()),
             dest,
             partials,
@@ -640,15 +646,19 @@ impl Server {
     }
 
     /// Takes a place for a connection request, or rejects it with `Busy` (reported): past its
-    /// address's `max_per_address`, or past every connection limit.
+    /// address's `max_per_address`, or past every connection limit. A request whose KNOCK
+    /// proves the secret ([`super::knock`]) is proved from the start, and is counted but not
+    /// held back by its address's limit (`places.rs`).
     fn admit(&self, req: ConnectRequest, report: &dyn Fn(ReceiveReport)) -> Option<(ConnectRequest, Places)> {
         let ip = req.peer_addr().ip();
-        let Some(mine) = self.per_address.enter(ip, self.opts.max_per_address.max(1)) else {
+        let vouched = self.knocks.vouches(self.opts.secret.as_ref(), req.private_data(), SystemTime::now());
+        let per_address = if vouched { usize::MAX } else { self.opts.max_per_address.max(1) };
+        let Some(mine) = self.per_address.enter(ip, per_address) else {
             let why = format!("{} connections from this address already", self.opts.max_per_address.max(1));
             report(reject(req, Status::Busy, why));
             return None;
         };
-        match self.places.take(Instant::now()) {
+        match self.places.take(Instant::now(), ip, vouched) {
             Some(place) => Some((req, (place, mine))),
             None => {
                 report(reject(req, Status::Busy, format!("serving {} transfers", self.opts.max_sessions)));

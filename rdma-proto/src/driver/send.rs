@@ -8,7 +8,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use rdma_cm::CmId;
 use rdma_verbs::{
@@ -242,6 +242,17 @@ fn attempt_of(ran: Result<Ran, Error>, made: u32) -> Attempt<SendReport> {
 /// A session that ran: its outcome, its summary, and a batch's state.
 type Ran = (Result<Outcome, Error>, SendSummary, Option<BatchState>);
 
+/// The connection parameters of a session's first connection: with a secret, its KNOCK as
+/// the private data ([`super::knock`]), so that a receiver whose places are all taken by
+/// connections that proved nothing gives it one of theirs.
+fn first_params<'a>(opts: &SendOptions, knock: Option<&'a [u8]>) -> rdma_cm::ConnParams<'a> {
+    let params = conn_params(opts.ack_timeout);
+    match knock {
+        Some(knock) => params.private_data(knock),
+        None => params,
+    }
+}
+
 /// Connects, drives the session to its end and tears the connection down: what a blocking
 /// send of a file or a batch does. `Err` when no session started (connecting failed).
 fn run(
@@ -266,7 +277,8 @@ fn run(
     if left.is_zero() {
         return Err(timed_out());
     }
-    let conn = match id.connect(qp, &conn_params(opts.ack_timeout), left) {
+    let knock = opts.secret.as_ref().map(|secret| super::knock::knock(secret, SystemTime::now()));
+    let conn = match id.connect(qp, &first_params(opts, knock.as_deref()), left) {
         // Said as the caller's bound, not as what was left of it.
         Err(e) if e.is_timeout() => return Err(timed_out()),
         r => r.map_err(refusal)?,
@@ -360,7 +372,8 @@ async fn run_async(
         let ctx = id.open_context()?;
         let ep = Endpoint::new(ctx, opts.depth, 32, |qp| id.init_qp(qp, AccessFlags::LOCAL_WRITE))?;
         let (qp, parts) = ep.split();
-        let conn = id.connect_async(qp, &conn_params(opts.ack_timeout)).await.map_err(refusal)?;
+        let knock = opts.secret.as_ref().map(|secret| super::knock::knock(secret, SystemTime::now()));
+        let conn = id.connect_async(qp, &first_params(opts, knock.as_deref())).await.map_err(refusal)?;
         Ok::<_, Error>((conn, parts))
     };
     let (conn, parts) = match tokio::time::timeout(opts.connect_timeout, connecting).await {

@@ -715,6 +715,7 @@ pub fn describe(bytes: &[u8]) -> String {
         Ok((_, Message::Ready(r))) => format!("READY {} from {}", r.index, r.resume_from),
         Ok((_, Message::End(e))) => format!("END {}", e.entries),
         Ok((_, Message::Lane(l))) => format!("LANE {}", l.lane),
+        Ok((_, Message::Knock(k))) => format!("KNOCK at {}", k.time),
         Err(e) => format!("{} bytes that do not decode ({e})", bytes.len()),
     }
 }
