@@ -107,13 +107,15 @@ struct RecvArgs {
     /// Transfers served at the same time; more are refused with status "busy".
     #[arg(long, default_value_t = 8)]
     max_sessions: usize,
-    /// Connections one address may hold at once (sessions, and those before their HELLO);
-    /// more are refused with status "busy".
+    /// Connections one address (an IPv6 address: its /64) may hold at once (sessions, and
+    /// those before their HELLO); more are refused with status "busy".
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=1024))]
     max_per_address: u64,
     /// Seconds a new connection keeps its place before it proves itself (its HELLO, and the
-    /// secret): when every place is taken, a new connection takes the place of the oldest one
-    /// that proved nothing for this long, instead of hearing "busy".
+    /// secret): when every place is taken, a new connection takes the place of one that proved
+    /// nothing for this long (of the address holding the most such places), instead of
+    /// hearing "busy". A sender with the secret proves it in its connection request and takes
+    /// such a place at any age.
     #[arg(long, value_name = "SECS", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     preempt_after: u64,
     /// Most connections (lanes) one transfer may be striped over (1..=16; 1: no striping).

@@ -84,26 +84,51 @@ impl Secret {
         u64::from_be_bytes(out[..8].try_into().expect("32 bytes"))
     }
 
-    /// A KNOCK's MAC ([`crate::wire::Knock`]): the first 16 bytes of HMAC-SHA256(secret,
-    /// "rdcp knock v1" || id || time).
+    /// A KNOCK's MAC ([`crate::wire::Knock`]) for the knock `id` made at `time` by a sender at
+    /// `from` to a receiver listening at `to`: the first 16 bytes of HMAC-SHA256(secret, "rdcp
+    /// knock v1" || id || time || from || to's address || to's port), each address as 16 bytes
+    /// (an IPv4 address mapped). A knock therefore vouches only for a request from that
+    /// address to that listener.
     #[cfg(feature = "driver")]
-    pub(crate) fn knock_mac(&self, id: u64, time: u64) -> [u8; crate::wire::KNOCK_MAC_LEN] {
-        let mut m = <Hmac<Sha256> as Mac>::new_from_slice(&self.0).expect("HMAC takes a key of any length");
-        m.update(b"rdcp knock v1");
-        m.update(&id.to_be_bytes());
-        m.update(&time.to_be_bytes());
-        let out = m.finalize().into_bytes();
+    pub(crate) fn knock_mac(
+        &self,
+        id: u64,
+        time: u64,
+        from: std::net::IpAddr,
+        to: std::net::SocketAddr,
+    ) -> [u8; crate::wire::KNOCK_MAC_LEN] {
+        let out = self.knock(id, time, from, to).finalize().into_bytes();
         out[..crate::wire::KNOCK_MAC_LEN].try_into().expect("32 bytes")
     }
 
-    /// Whether `mac` is the KNOCK MAC of `id` and `time` (compared in constant time).
+    /// Whether `mac` is the KNOCK MAC of `id`, `time`, `from` and `to` (compared in constant
+    /// time).
     #[cfg(feature = "driver")]
-    pub(crate) fn verify_knock(&self, mac: &[u8], id: u64, time: u64) -> bool {
+    pub(crate) fn verify_knock(
+        &self,
+        mac: &[u8],
+        id: u64,
+        time: u64,
+        from: std::net::IpAddr,
+        to: std::net::SocketAddr,
+    ) -> bool {
+        self.knock(id, time, from, to).verify_truncated_left(mac).is_ok()
+    }
+
+    #[cfg(feature = "driver")]
+    fn knock(&self, id: u64, time: u64, from: std::net::IpAddr, to: std::net::SocketAddr) -> Hmac<Sha256> {
+        let octets = |ip: std::net::IpAddr| match ip.to_canonical() {
+            std::net::IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+            std::net::IpAddr::V6(v6) => v6.octets(),
+        };
         let mut m = <Hmac<Sha256> as Mac>::new_from_slice(&self.0).expect("HMAC takes a key of any length");
         m.update(b"rdcp knock v1");
         m.update(&id.to_be_bytes());
         m.update(&time.to_be_bytes());
-        m.verify_truncated_left(mac).is_ok()
+        m.update(&octets(from));
+        m.update(&octets(to.ip()));
+        m.update(&to.port().to_be_bytes());
+        m
     }
 
     /// The session's digest secret, from which each file's [`DigestKey`] is derived

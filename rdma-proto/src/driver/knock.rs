@@ -5,63 +5,105 @@
 //! message can be exchanged; the challenge-response of [`crate::auth`] comes later. A request
 //! whose KNOCK proves the secret is a secret holder's: it keeps its place from the start, and
 //! takes the place of a connection that has proved nothing, however young (`places.rs`). So
-//! peers without the secret cannot keep a secret holder out, at any rate of new connections.
+//! connections that prove nothing, opened at any rate, cannot keep a secret holder out.
 //!
-//! The proof binds a random id and the sender's clock. The receiver takes a knock only within
-//! [`KNOCK_WINDOW`] of its own clock, and each id once ([`Knocks`]), so a knock seen on the
-//! path cannot be used again. A knock the receiver does not take (clocks too far apart, a
-//! repeated id, no secret here) costs nothing: the request is served as one without a knock.
+//! The proof binds a random id, the sender's clock, the sender's address and the listener's
+//! address and port (`Secret::knock_mac`). A receiver takes a knock only for a request from
+//! that address to that listener, made within [`KNOCK_WINDOW`] of its own clock and not
+//! before the receiver started, and each id once ([`Knocks`]). So a knock is worth one request
+//! to one receiver: one seen on the path, or harvested by another receiver that shares the
+//! secret, cannot be used at another listener, after a restart, or twice. What stays: someone
+//! on the path who can send from the sender's own address and beats its request there takes
+//! the knock's one use (the sender is then served as one without a knock). A knock the
+//! receiver does not take costs nothing: the request is served as one without it.
 
 use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::auth::Secret;
 use crate::wire::{self, Knock, Message};
 
-/// How far apart the two sides' clocks may be for a knock to be taken (as Kerberos's default
-/// skew); also how long a receiver remembers the knocks it took.
-pub(super) const KNOCK_WINDOW: Duration = Duration::from_secs(300);
+/// How far apart the two sides' clocks may be for a knock to be taken; also how long a
+/// receiver remembers the knocks it took.
+pub(super) const KNOCK_WINDOW: Duration = Duration::from_secs(120);
 
-/// The most knocks a receiver remembers at once: past that, a new knock (from a holder of the
-/// secret, who alone can make valid ones) is served as a request without one.
-const REMEMBERED: usize = 4096;
+/// The most knocks a receiver remembers at once (about 136 knocked requests a second over the
+/// window): past that, a new knock (from a holder of the secret, who alone can make valid ones)
+/// is served as a request without one, and the receiver says so once.
+const REMEMBERED: usize = 16384;
 
 /// Seconds since the Unix epoch (0 for a clock before it).
 fn unix_seconds(now: SystemTime) -> u64 {
     now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
-/// The private data of a session's first connect request for a sender with `secret`, made
-/// at `now`.
-pub(super) fn knock(secret: &Secret, now: SystemTime) -> Vec<u8> {
+/// The private data of a session's first connect request for a sender with `secret` at
+/// `from`, to the listener `to`, made at `now`.
+pub(super) fn knock(secret: &Secret, now: SystemTime, from: IpAddr, to: SocketAddr) -> Vec<u8> {
     let id = u64::from_be_bytes(super::random_bytes());
     let time = unix_seconds(now);
     let mut out = Vec::with_capacity(wire::KNOCK_LEN);
-    wire::encode(id, &Message::Knock(Knock { time, mac: secret.knock_mac(id, time) }), &mut out)
+    wire::encode(id, &Message::Knock(Knock { time, mac: secret.knock_mac(id, time, from, to) }), &mut out)
         .expect("a KNOCK always encodes");
     out
 }
 
 /// The knocks a receiver took within the window, by id: each is taken once.
-#[derive(Debug, Default)]
-pub(super) struct Knocks(Mutex<HashMap<u64, u64>>);
+#[derive(Debug)]
+pub(super) struct Knocks {
+    /// When the receiver started (Unix seconds): an older knock is not taken, so that one
+    /// used before a restart cannot be used again.
+    started: u64,
+    /// Ids taken, with their knocks' times.
+    seen: Mutex<HashMap<u64, u64>>,
+    /// Whether the receiver said that it remembers no more.
+    said_full: AtomicBool,
+}
 
 impl Knocks {
-    /// Whether the connect request whose private data is `private_data` proves `secret` by a
-    /// knock made within [`KNOCK_WINDOW`] of `now` whose id was not taken before (it is taken
-    /// now). `false` without a secret, and for anything else.
-    pub(super) fn vouches(&self, secret: Option<&Secret>, private_data: &[u8], now: SystemTime) -> bool {
+    /// The knocks of a receiver started at `started`.
+    pub(super) fn new(started: SystemTime) -> Self {
+        Knocks { started: unix_seconds(started), seen: Mutex::new(HashMap::new()), said_full: AtomicBool::new(false) }
+    }
+
+    /// Whether the connect request from `from` to the listener `to` whose private data is
+    /// `private_data` proves `secret` by a knock made within [`KNOCK_WINDOW`] of `now`, not
+    /// before this receiver started, whose id was not taken before (it is taken now). `false`
+    /// without a secret, and for anything else.
+    pub(super) fn vouches(
+        &self,
+        secret: Option<&Secret>,
+        private_data: &[u8],
+        from: IpAddr,
+        to: SocketAddr,
+        now: SystemTime,
+    ) -> bool {
         let Some(secret) = secret else { return false };
         let Ok((h, Message::Knock(k))) = wire::decode(private_data) else { return false };
         let now = unix_seconds(now);
-        if now.abs_diff(k.time) > KNOCK_WINDOW.as_secs() || !secret.verify_knock(&k.mac, h.session, k.time) {
+        if now.abs_diff(k.time) > KNOCK_WINDOW.as_secs()
+            || k.time < self.started
+            || !secret.verify_knock(&k.mac, h.session, k.time, from, to)
+        {
             return false;
         }
-        let mut seen = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        seen.retain(|_, t| now.abs_diff(*t) <= KNOCK_WINDOW.as_secs());
-        if seen.len() >= REMEMBERED || seen.contains_key(&h.session) {
-            tracing::info!(id = format_args!("{:016x}", h.session), "a knock not taken (repeated, or too many)");
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        if seen.len() >= REMEMBERED {
+            seen.retain(|_, t| now.abs_diff(*t) <= KNOCK_WINDOW.as_secs());
+        }
+        if seen.contains_key(&h.session) {
+            tracing::info!(id = format_args!("{:016x}", h.session), "a knock used before: not taken");
+            return false;
+        }
+        if seen.len() >= REMEMBERED {
+            if !self.said_full.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    "{REMEMBERED} knocks taken within {KNOCK_WINDOW:?}: more are served as requests without one"
+                );
+            }
             return false;
         }
         seen.insert(h.session, k.time);
@@ -77,31 +119,57 @@ mod tests {
         Secret::new(&[b; 32]).unwrap()
     }
 
+    const FROM: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 77, 0, 2));
+
+    fn to() -> SocketAddr {
+        "10.77.0.1:7471".parse().unwrap()
+    }
+
+    fn knocks(started: SystemTime) -> Knocks {
+        Knocks::new(started)
+    }
+
     #[test]
     fn a_knock_vouches_once_with_the_same_secret_and_a_near_clock() {
         let now = SystemTime::now();
-        let knocks = Knocks::default();
-        let k = knock(&secret(1), now);
+        let taken = knocks(now - Duration::from_secs(10));
+        let k = knock(&secret(1), now, FROM, to());
         assert_eq!(k.len(), wire::KNOCK_LEN);
-        assert!(!knocks.vouches(None, &k, now), "no secret here: no vouching");
-        assert!(!knocks.vouches(Some(&secret(2)), &k, now), "another secret");
-        assert!(knocks.vouches(Some(&secret(1)), &k, now + Duration::from_secs(200)));
-        assert!(!knocks.vouches(Some(&secret(1)), &k, now), "a knock is taken once");
-        let late = knock(&secret(1), now);
-        assert!(!knocks.vouches(Some(&secret(1)), &late, now + KNOCK_WINDOW + Duration::from_secs(2)));
-        let early = knock(&secret(1), now + KNOCK_WINDOW + Duration::from_secs(2));
-        assert!(!knocks.vouches(Some(&secret(1)), &early, now));
+        assert!(!taken.vouches(None, &k, FROM, to(), now), "no secret here: no vouching");
+        assert!(!taken.vouches(Some(&secret(2)), &k, FROM, to(), now), "another secret");
+        assert!(taken.vouches(Some(&secret(1)), &k, FROM, to(), now + Duration::from_secs(100)));
+        assert!(!taken.vouches(Some(&secret(1)), &k, FROM, to(), now), "a knock is taken once");
+        let late = knock(&secret(1), now, FROM, to());
+        assert!(!taken.vouches(Some(&secret(1)), &late, FROM, to(), now + KNOCK_WINDOW + Duration::from_secs(2)));
+        let early = knock(&secret(1), now + KNOCK_WINDOW + Duration::from_secs(2), FROM, to());
+        assert!(!taken.vouches(Some(&secret(1)), &early, FROM, to(), now));
+    }
+
+    #[test]
+    fn a_knock_vouches_only_from_its_address_to_its_listener_after_the_receiver_started() {
+        let now = SystemTime::now();
+        let k = knock(&secret(1), now, FROM, to());
+        let other_ip: IpAddr = "10.77.0.3".parse().unwrap();
+        assert!(!knocks(now).vouches(Some(&secret(1)), &k, other_ip, to(), now), "another sender address");
+        let other_port: SocketAddr = "10.77.0.1:7472".parse().unwrap();
+        assert!(!knocks(now).vouches(Some(&secret(1)), &k, FROM, other_port, now), "another listener");
+        // The same knock at a receiver started after it was made (a restart): not taken.
+        assert!(!knocks(now + Duration::from_secs(1)).vouches(Some(&secret(1)), &k, FROM, to(), now));
+        // An IPv4 sender seen as IPv4-mapped IPv6 by a listener on [::] is the same sender.
+        let mapped = IpAddr::V6(std::net::Ipv4Addr::new(10, 77, 0, 2).to_ipv6_mapped());
+        let to_mapped = SocketAddr::new(IpAddr::V6(std::net::Ipv4Addr::new(10, 77, 0, 1).to_ipv6_mapped()), 7471);
+        assert!(knocks(now).vouches(Some(&secret(1)), &k, mapped, to_mapped, now));
     }
 
     #[test]
     fn a_changed_knock_does_not_vouch() {
         let now = SystemTime::now();
-        let k = knock(&secret(1), now);
+        let k = knock(&secret(1), now, FROM, to());
         for i in wire::HEADER_LEN - 8..k.len() {
             let mut bad = k.clone();
             bad[i] ^= 1;
-            assert!(!Knocks::default().vouches(Some(&secret(1)), &bad, now), "byte {i} changed");
+            assert!(!knocks(now).vouches(Some(&secret(1)), &bad, FROM, to(), now), "byte {i} changed");
         }
-        assert!(!Knocks::default().vouches(Some(&secret(1)), &k[..k.len() - 1], now));
+        assert!(!knocks(now).vouches(Some(&secret(1)), &k[..k.len() - 1], FROM, to(), now));
     }
 }

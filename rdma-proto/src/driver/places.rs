@@ -1,27 +1,32 @@
 //! The receiver's connection places: how many connections it serves at once, how many one
 //! address may hold, and who gives way when they are all taken.
 //!
-//! The rules (review finding H2, and its review):
+//! The rules (review finding H2, and two reviews of its fix). An address is a host
+//! ([`host`]: an IPv6 address counts as its /64).
 //! - A connection that has not proved itself (no HELLO yet, or a secret not yet proved) holds
 //!   its place only for [`ReceiveOptions::preempt_after`] against newcomers. When every place
 //!   is taken, a new connection request takes the place of such a connection past that age
 //!   instead of hearing `Busy`.
 //! - Fair shares: the place given up is one of the address that holds the most unproven
 //!   places, never one of an address holding fewer than the newcomer's own; an address holding
-//!   two more than the newcomer's gives one up at any age. So peers that keep opening new
-//!   connections, at any rate, crowd out only each other: another address still gets its share
-//!   of the places, and keeps them while it proves itself.
+//!   two more than the newcomer's gives one up at any age. So peers on a few addresses that
+//!   keep every place young by opening new connections do not keep out an address holding
+//!   fewer: it takes places from theirs. The price: a host that opens several connections at
+//!   once may lose its youngest to a newcomer from an address holding two fewer, before they
+//!   sent their HELLOs (the sender sees a lost connection; `--retries` sends again).
 //! - A request that proves the secret already ([`super::knock`]) is proved from the start: it
-//!   takes the place of any unproven connection, at any age, and is not held back by the cap
-//!   on connections leaving. Peers without the secret cannot keep a secret holder out.
+//!   takes the place of any unproven connection, at any age, and is held back only when four
+//!   times as many displaced connections as there are places are still leaving (others at
+//!   twice as many). Unproven connections cannot keep a secret holder out.
 //!
 //! A displaced connection ends at its next slow check (within 20 ms once established; a
 //! connection still being accepted ends when its accept does, within `hello_timeout`) with
-//! [`Error::Preempted`], and its teardown waits for nothing. A displaced connection holds its
-//! thread and queue pair until it ends; at most twice as many as there are places may be on
-//! their way out at once, beyond that requests without a knock hear `Busy`. What stays open
-//! without a secret: peers on as many addresses as there are places, and a peer sharing the
-//! honest sender's address, can still crowd it out (docs/protocol.md, "Threat model").
+//! [`Error::Preempted`], and its teardown waits for nothing; until then it holds its thread
+//! and queue pair. What these rules do not stop (docs/protocol.md, "Threat model"): without a
+//! secret, peers on about as many addresses as there are places, each holding one, or peers
+//! whose connections are sessions (they sent a HELLO: the pace floor ends a trickling one
+//! after a `timeout`), or a peer on the sender's own address; with or without one, a flood of
+//! connection requests that overflows the listener's backlog before they reach these rules.
 //!
 //! [`ReceiveOptions::preempt_after`]: super::ReceiveOptions::preempt_after
 //! [`Error::Preempted`]: super::Error::Preempted
@@ -60,7 +65,8 @@ pub(super) struct ConnectionPlaces {
     preempt_after: Duration,
     /// Places held (by connections not displaced).
     held: AtomicUsize,
-    /// Displaced connections that have not ended yet (at most `2 × limit`).
+    /// Displaced connections that have not ended yet (at most `2 × limit`, or `4 × limit`
+    /// for vouched requests).
     leaving: AtomicUsize,
     /// Claims that were unproven when made, oldest first (proved, displaced and ended ones
     /// are dropped as they are met). A few times `limit` at most: each holds a place.
@@ -99,19 +105,23 @@ impl ConnectionPlaces {
     /// A place for a connection requested at `now` from `from`, `vouched` when the request
     /// proved the secret already ([`super::knock`]): a free one, else the place of an unproven
     /// connection ([`Self::victim`], which is told to leave). `None` when there is neither, or
-    /// when twice as many displaced connections as there are places are still leaving (not
-    /// for a vouched request).
+    /// when twice as many displaced connections as there are places are still leaving (four
+    /// times for a vouched request).
     pub(super) fn take(self: &Arc<Self>, now: Instant, from: IpAddr, vouched: bool) -> Option<Place> {
+        let from = host(from);
         let state = if vouched { PROVEN } else { UNPROVEN };
         let claim = Arc::new(Claim { since: now, from, state: AtomicU8::new(state) });
         let mut unproven = self.unproven();
         unproven.retain(|c| c.state.load(Ordering::Acquire) == UNPROVEN);
-        if !self.enter() {
-            if !vouched && self.leaving.load(Ordering::Acquire) >= self.limit.saturating_mul(2) {
+        // A vouched request may find twice as many leaving as another one: it is not kept out
+        // by those that other requests displaced, and there is still a bound.
+        let most_leaving = self.limit.saturating_mul(if vouched { 4 } else { 2 });
+        while !self.enter() {
+            if self.leaving.load(Ordering::Acquire) >= most_leaving {
                 return None;
             }
             let at = self.victim(&unproven, now, from, vouched)?;
-            let old = &unproven[at];
+            let old = unproven.remove(at).expect("an index into the queue");
             // Counted as leaving before it is marked so: its end, which may come at once,
             // takes it off again.
             self.leaving.fetch_add(1, Ordering::AcqRel);
@@ -123,15 +133,11 @@ impl ConnectionPlaces {
                     vouched,
                     "an unproven connection gives its place to a newer one"
                 );
-                unproven.remove(at);
-            } else {
-                // Raced with the old connection's proof or end: no place passes. Its end may
-                // have freed one.
-                self.leaving.fetch_sub(1, Ordering::AcqRel);
-                if !self.enter() {
-                    return None;
-                }
+                break;
             }
+            // Raced with the old connection's proof or end: no place passed. Its end may have
+            // freed one; else the next unproven connection is tried.
+            self.leaving.fetch_sub(1, Ordering::AcqRel);
         }
         if !vouched {
             unproven.push_back(claim.clone());
@@ -194,6 +200,16 @@ impl Drop for Place {
     }
 }
 
+/// The host an address counts as, for every per-address rule: an IPv4 address (also when an
+/// IPv6 listener sees it IPv4-mapped) is itself; an IPv6 address counts as its /64, the block
+/// one host is given, so that a host cannot be many peers by changing its interface bits.
+pub(super) fn host(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) => IpAddr::V6((u128::from(v6) & !((1u128 << 64) - 1)).into()),
+        v4 => v4,
+    }
+}
+
 /// Connections by address, for [`ReceiveOptions::max_per_address`] (displaced ones still
 /// leaving are counted).
 ///
@@ -202,8 +218,10 @@ impl Drop for Place {
 pub(super) struct PerAddress(Mutex<HashMap<IpAddr, usize>>);
 
 impl PerAddress {
-    /// Takes a place for a connection from `ip` if it holds fewer than `limit`.
+    /// Takes a place for a connection from `ip` if its host ([`host`]) holds fewer than
+    /// `limit`.
     pub(super) fn enter(self: &Arc<Self>, ip: IpAddr, limit: usize) -> Option<AddressPlace> {
+        let ip = host(ip);
         let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
         let n = map.entry(ip).or_insert(0);
         if *n >= limit {
@@ -323,7 +341,7 @@ mod tests {
     }
 
     #[test]
-    fn addresses_that_keep_opening_connections_crowd_out_only_each_other() {
+    fn addresses_that_keep_opening_connections_do_not_take_the_share_of_another() {
         // 12 places held by three addresses, 4 each, all younger than `preempt_after`.
         let p = places(12);
         let t0 = Instant::now();
@@ -380,6 +398,25 @@ mod tests {
         assert!(p.take(t0 + AFTER * 20, A, false).is_none(), "two leaving: Busy");
         assert!(p.take(t0 + AFTER * 20, A, true).is_some_and(|v| v.prove()), "a vouched request passes");
         drop(all);
+    }
+
+    #[test]
+    fn an_ipv6_host_is_its_64_and_an_ipv4_address_is_itself_however_it_is_seen() {
+        let a: IpAddr = "2001:db8:1:2:aaaa::1".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:2:bbbb::7".parse().unwrap();
+        let c: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        assert_eq!(host(a), host(b), "one /64: one host");
+        assert_ne!(host(a), host(c));
+        let v4: IpAddr = "10.77.0.2".parse().unwrap();
+        let mapped = IpAddr::V6(std::net::Ipv4Addr::new(10, 77, 0, 2).to_ipv6_mapped());
+        assert_eq!((host(v4), host(mapped)), (v4, v4));
+        // So the per-address limit counts a host, not its interface bits.
+        let per = Arc::new(PerAddress::default());
+        let first = per.enter(a, 1).expect("a first place");
+        assert!(per.enter(b, 1).is_none(), "the same /64");
+        assert!(per.enter(c, 1).is_some());
+        drop(first);
+        assert!(per.enter(b, 1).is_some());
     }
 
     #[test]

@@ -82,11 +82,11 @@ pub struct ReceiveOptions {
     /// hearing [`Status::Busy`]; the older one is closed ([`Error::Preempted`]). Whose
     /// place goes by fair shares of the addresses, and a request that proves the secret in its
     /// connect request ([`wire::Knock`]) takes any unproven place at any age. So connections
-    /// that are opened and then hold still keep a sender out for at most this long, peers that
-    /// keep opening new ones take only each other's places, and peers without the secret
-    /// cannot keep its holders out (`docs/protocol.md`, "Threat model"). A sender without a
-    /// secret slower than this to send its HELLO may itself be displaced while the receiver is
-    /// full. [`Duration::MAX`] keeps every place to its connection's HELLO timeout.
+    /// that are opened and then hold still keep a sender out for at most this long, and
+    /// connections that prove nothing, opened at any rate, cannot keep a secret holder out;
+    /// what stays open is in `docs/protocol.md`, "Threat model". A sender without a secret
+    /// slower than this to send its HELLO may itself be displaced while the receiver is full.
+    /// [`Duration::MAX`] keeps every place to its connection's HELLO timeout.
     pub preempt_after: Duration,
     /// The slowest pace an admitted sender may keep, in bytes per second, judged once per
     /// `timeout` of its own time (16 KiB/s by default, [`DEFAULT_MIN_RATE`](crate::receiver::DEFAULT_MIN_RATE); 0 sets no floor):
@@ -437,7 +437,7 @@ impl Server {
             places: Arc::new(places),
             attempts: Arc::new(Attempts::default()),
             per_address: Arc::new(PerAddress::default()),
-            knocks: Knocks::default(),
+            knocks: Knocks::new(SystemTime::now()),
             routes: Arc::new(Routes::default()),
             dest,
             partials,
@@ -647,13 +647,12 @@ impl Server {
 
     /// Takes a place for a connection request, or rejects it with `Busy` (reported): past its
     /// address's `max_per_address`, or past every connection limit. A request whose KNOCK
-    /// proves the secret ([`super::knock`]) is proved from the start, and is counted but not
-    /// held back by its address's limit (`places.rs`).
+    /// proves the secret ([`super::knock`]) is proved from the start (`places.rs`).
     fn admit(&self, req: ConnectRequest, report: &dyn Fn(ReceiveReport)) -> Option<(ConnectRequest, Places)> {
         let ip = req.peer_addr().ip();
-        let vouched = self.knocks.vouches(self.opts.secret.as_ref(), req.private_data(), SystemTime::now());
-        let per_address = if vouched { usize::MAX } else { self.opts.max_per_address.max(1) };
-        let Some(mine) = self.per_address.enter(ip, per_address) else {
+        let secret = self.opts.secret.as_ref();
+        let vouched = self.knocks.vouches(secret, req.private_data(), ip, req.local_addr(), SystemTime::now());
+        let Some(mine) = self.per_address.enter(ip, self.opts.max_per_address.max(1)) else {
             let why = format!("{} connections from this address already", self.opts.max_per_address.max(1));
             report(reject(req, Status::Busy, why));
             return None;

@@ -277,7 +277,8 @@ fn run(
     if left.is_zero() {
         return Err(timed_out());
     }
-    let knock = opts.secret.as_ref().map(|secret| super::knock::knock(secret, SystemTime::now()));
+    let knock =
+        opts.secret.as_ref().map(|s| super::knock::knock(s, SystemTime::now(), id.local_addr().ip(), id.peer_addr()));
     let conn = match id.connect(qp, &first_params(opts, knock.as_deref()), left) {
         // Said as the caller's bound, not as what was left of it.
         Err(e) if e.is_timeout() => return Err(timed_out()),
@@ -372,7 +373,10 @@ async fn run_async(
         let ctx = id.open_context()?;
         let ep = Endpoint::new(ctx, opts.depth, 32, |qp| id.init_qp(qp, AccessFlags::LOCAL_WRITE))?;
         let (qp, parts) = ep.split();
-        let knock = opts.secret.as_ref().map(|secret| super::knock::knock(secret, SystemTime::now()));
+        let knock = opts
+            .secret
+            .as_ref()
+            .map(|s| super::knock::knock(s, SystemTime::now(), id.local_addr().ip(), id.peer_addr()));
         let conn = id.connect_async(qp, &first_params(opts, knock.as_deref())).await.map_err(refusal)?;
         Ok::<_, Error>((conn, parts))
     };
