@@ -107,8 +107,9 @@ struct RecvArgs {
     /// Transfers served at the same time; more are refused with status "busy".
     #[arg(long, default_value_t = 8)]
     max_sessions: usize,
-    /// Connections one address (an IPv6 address: its /64) may hold at once (sessions, and
-    /// those before their HELLO); more are refused with status "busy".
+    /// Connections one address may hold at once (sessions, and those before their HELLO; a
+    /// sender that proves the secret in its request is counted, not held back); more are
+    /// refused with status "busy".
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=1024))]
     max_per_address: u64,
     /// Seconds a new connection keeps its place before it proves itself (its HELLO, and the

@@ -185,6 +185,31 @@ fn a_peer_that_keeps_opening_connections_cannot_keep_a_sender_with_the_secret_ou
     assert!(report.contains("a newer one took its place"), "no connection gave its place: {report}");
 }
 
+/// Knocked requests were held back by `--max-per-address` (16817fb): four connections that
+/// proved nothing, from the address a secret holder sends from (a co-tenant of its host),
+/// kept it out with "4 connections from this address already" (a third review). A knocked
+/// request is now counted but not held back.
+#[test]
+fn connections_that_prove_nothing_from_the_sender_s_address_do_not_use_up_its_limit() {
+    let topo = testkit::require_topology!();
+    let (src, dst, keys) = (scratch("cap-src"), scratch("cap-dst"), scratch("cap-key"));
+    let data = random_file(&src.join("f"), 1 << 20, 57);
+    let key = secret_file(&keys);
+    let args = ["--dir", dst.to_str().unwrap(), "--secret-file", key.to_str().unwrap(), "--max-per-address", "4"];
+    let rx = Receiver::start(&topo, 7657, &args);
+    let idle: Vec<_> =
+        (0..4).map(|i| connect_with(&topo, 7657, &[]).unwrap_or_else(|e| panic!("place {i} of 4: {e:?}"))).collect();
+    let out = keyed_sender(&topo, 7657, &src.join("f"), &["--quiet", "--timeout", "20"]).wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "a sender with the secret was kept out by its address's limit: {}",
+        text(&out.stderr)
+    );
+    assert!(std::fs::read(dst.join("f")).unwrap() == data);
+    drop(idle);
+    let _ = rx.stop(Duration::from_secs(30));
+}
+
 #[test]
 fn bogus_lanes_on_a_receiver_without_a_secret_cost_only_their_connection() {
     let topo = testkit::require_topology!();

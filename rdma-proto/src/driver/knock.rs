@@ -5,17 +5,19 @@
 //! message can be exchanged; the challenge-response of [`crate::auth`] comes later. A request
 //! whose KNOCK proves the secret is a secret holder's: it keeps its place from the start, and
 //! takes the place of a connection that has proved nothing, however young (`places.rs`). So
-//! connections that prove nothing, opened at any rate, cannot keep a secret holder out.
+//! connections that prove nothing cannot take a secret holder's place.
 //!
 //! The proof binds a random id, the sender's clock, the sender's address and the listener's
 //! address and port (`Secret::knock_mac`). A receiver takes a knock only for a request from
 //! that address to that listener, made within [`KNOCK_WINDOW`] of its own clock and not
-//! before the receiver started, and each id once ([`Knocks`]). So a knock is worth one request
-//! to one receiver: one seen on the path, or harvested by another receiver that shares the
-//! secret, cannot be used at another listener, after a restart, or twice. What stays: someone
-//! on the path who can send from the sender's own address and beats its request there takes
-//! the knock's one use (the sender is then served as one without a knock). A knock the
-//! receiver does not take costs nothing: the request is served as one without it.
+//! before the receiver started (by its clock), and each id once ([`Knocks`]). Both addresses
+//! are read from the request, which the sender writes: a request crafted to claim them can
+//! replay a harvested knock at another receiver with the secret on the same port that listens
+//! on a wildcard address (one bound to its own address checks the destination), and a restart
+//! within the knock's second, or a sender's clock ahead of the receiver's, lets a knock be
+//! used again after a restart. Each such use gives one request a place for at most
+//! `hello_timeout`. A knock the receiver does not take costs nothing: the request is served
+//! as one without it.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};

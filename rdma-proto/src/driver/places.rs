@@ -1,8 +1,7 @@
 //! The receiver's connection places: how many connections it serves at once, how many one
 //! address may hold, and who gives way when they are all taken.
 //!
-//! The rules (review finding H2, and two reviews of its fix). An address is a host
-//! ([`host`]: an IPv6 address counts as its /64).
+//! The rules (review finding H2, and three reviews of its fix).
 //! - A connection that has not proved itself (no HELLO yet, or a secret not yet proved) holds
 //!   its place only for [`ReceiveOptions::preempt_after`] against newcomers. When every place
 //!   is taken, a new connection request takes the place of such a connection past that age
@@ -17,7 +16,8 @@
 //! - A request that proves the secret already ([`super::knock`]) is proved from the start: it
 //!   takes the place of any unproven connection, at any age, and is held back only when four
 //!   times as many displaced connections as there are places are still leaving (others at
-//!   twice as many). Unproven connections cannot keep a secret holder out.
+//!   twice as many): connections that prove nothing cannot take its place, though requests
+//!   never completed can slow it (below).
 //!
 //! A displaced connection ends at its next slow check (within 20 ms once established; a
 //! connection still being accepted ends when its accept does, within `hello_timeout`) with
@@ -26,7 +26,10 @@
 //! secret, peers on about as many addresses as there are places, each holding one, or peers
 //! whose connections are sessions (they sent a HELLO: the pace floor ends a trickling one
 //! after a `timeout`), or a peer on the sender's own address; with or without one, a flood of
-//! connection requests that overflows the listener's backlog before they reach these rules.
+//! connection requests that overflows the listener's backlog before they reach these rules,
+//! and requests never completed that keep the connections leaving near their bound (each
+//! lingers in its accept up to `hello_timeout`), which limits how many knocked requests a
+//! second can pass (about `2 × places / hello_timeout`).
 //!
 //! [`ReceiveOptions::preempt_after`]: super::ReceiveOptions::preempt_after
 //! [`Error::Preempted`]: super::Error::Preempted
@@ -200,14 +203,12 @@ impl Drop for Place {
     }
 }
 
-/// The host an address counts as, for every per-address rule: an IPv4 address (also when an
-/// IPv6 listener sees it IPv4-mapped) is itself; an IPv6 address counts as its /64, the block
-/// one host is given, so that a host cannot be many peers by changing its interface bits.
+/// The address a peer counts as, for the per-address rules: itself, an IPv4 address also when
+/// an IPv6 listener sees it IPv4-mapped. (Counting an IPv6 address as its /64 was tried and
+/// undone: a /64 is often a whole LAN, whose honest senders would share one address's limit.
+/// A host with many IPv6 addresses counts as many peers.)
 pub(super) fn host(ip: IpAddr) -> IpAddr {
-    match ip.to_canonical() {
-        IpAddr::V6(v6) => IpAddr::V6((u128::from(v6) & !((1u128 << 64) - 1)).into()),
-        v4 => v4,
-    }
+    ip.to_canonical()
 }
 
 /// Connections by address, for [`ReceiveOptions::max_per_address`] (displaced ones still
@@ -401,22 +402,21 @@ mod tests {
     }
 
     #[test]
-    fn an_ipv6_host_is_its_64_and_an_ipv4_address_is_itself_however_it_is_seen() {
-        let a: IpAddr = "2001:db8:1:2:aaaa::1".parse().unwrap();
-        let b: IpAddr = "2001:db8:1:2:bbbb::7".parse().unwrap();
-        let c: IpAddr = "2001:db8:1:3::1".parse().unwrap();
-        assert_eq!(host(a), host(b), "one /64: one host");
-        assert_ne!(host(a), host(c));
+    fn an_ipv4_address_is_itself_however_it_is_seen_and_ipv6_addresses_are_their_own() {
         let v4: IpAddr = "10.77.0.2".parse().unwrap();
         let mapped = IpAddr::V6(std::net::Ipv4Addr::new(10, 77, 0, 2).to_ipv6_mapped());
         assert_eq!((host(v4), host(mapped)), (v4, v4));
-        // So the per-address limit counts a host, not its interface bits.
+        // So the per-address limit counts an IPv4 sender once, however the listener sees it.
         let per = Arc::new(PerAddress::default());
-        let first = per.enter(a, 1).expect("a first place");
-        assert!(per.enter(b, 1).is_none(), "the same /64");
-        assert!(per.enter(c, 1).is_some());
-        drop(first);
-        assert!(per.enter(b, 1).is_some());
+        let first = per.enter(v4, 1).expect("a first place");
+        assert!(per.enter(mapped, 1).is_none(), "the same sender");
+        // Two hosts of one IPv6 /64 (often a whole LAN) are two peers.
+        let a: IpAddr = "2001:db8:1:2::a".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:2::b".parse().unwrap();
+        let (pa, pb) = (per.enter(a, 1), per.enter(b, 1));
+        assert!(pa.is_some() && pb.is_some());
+        drop((first, pa, pb));
+        assert!(per.enter(mapped, 1).is_some());
     }
 
     #[test]

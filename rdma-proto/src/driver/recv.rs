@@ -83,8 +83,8 @@ pub struct ReceiveOptions {
     /// place goes by fair shares of the addresses, and a request that proves the secret in its
     /// connect request ([`wire::Knock`]) takes any unproven place at any age. So connections
     /// that are opened and then hold still keep a sender out for at most this long, and
-    /// connections that prove nothing, opened at any rate, cannot keep a secret holder out;
-    /// what stays open is in `docs/protocol.md`, "Threat model". A sender without a secret
+    /// connections that prove nothing cannot take a secret holder's place; what stays open
+    /// (floods of requests among it) is in `docs/protocol.md`, "Threat model". A sender without a secret
     /// slower than this to send its HELLO may itself be displaced while the receiver is full.
     /// [`Duration::MAX`] keeps every place to its connection's HELLO timeout.
     pub preempt_after: Duration,
@@ -647,12 +647,17 @@ impl Server {
 
     /// Takes a place for a connection request, or rejects it with `Busy` (reported): past its
     /// address's `max_per_address`, or past every connection limit. A request whose KNOCK
-    /// proves the secret ([`super::knock`]) is proved from the start (`places.rs`).
+    /// proves the secret ([`super::knock`]) is proved from the start (`places.rs`), and is
+    /// counted but not held back by its address's limit: an address is what a request says,
+    /// and anyone who can use the sender's (a co-tenant of its host) could fill that limit
+    /// with connections that prove nothing (a third review: four of them kept a secret holder
+    /// out).
     fn admit(&self, req: ConnectRequest, report: &dyn Fn(ReceiveReport)) -> Option<(ConnectRequest, Places)> {
         let ip = req.peer_addr().ip();
         let secret = self.opts.secret.as_ref();
         let vouched = self.knocks.vouches(secret, req.private_data(), ip, req.local_addr(), SystemTime::now());
-        let Some(mine) = self.per_address.enter(ip, self.opts.max_per_address.max(1)) else {
+        let cap = if vouched { usize::MAX } else { self.opts.max_per_address.max(1) };
+        let Some(mine) = self.per_address.enter(ip, cap) else {
             let why = format!("{} connections from this address already", self.opts.max_per_address.max(1));
             report(reject(req, Status::Busy, why));
             return None;
