@@ -352,10 +352,10 @@ fn a_receiver_with_a_secret_serves_only_senders_that_prove_it() {
     eprintln!("wrong proofs answered after {took:?}");
     let base = *took[..5].iter().min().unwrap();
     assert!(took[5] >= base + Duration::from_millis(800), "the 6th wrong proof was not slowed: {took:?}");
-    assert!(
-        took[6] >= base + Duration::from_millis(1700) && took[6] >= took[5] + Duration::from_millis(700),
-        "the 7th wrong proof was not slowed more: {took:?}"
-    );
+    // Each bound is from the quickest unheld answer: a hold only adds to the time, so noise
+    // cannot make a held answer look early. Comparing the 7th with the 6th would put noise on
+    // both sides (CI once measured the 6th at base + 1.33 s and the 7th at base + 2.03 s).
+    assert!(took[6] >= base + Duration::from_millis(1700), "the 7th wrong proof was not slowed more: {took:?}");
     // The right secret from the same address is served, and not held back.
     let (out, own) = send_with_secret_timed(&topo, 7567, Some(SECRET), &src.join("f"));
     let err = text(&out.stderr);
