@@ -210,6 +210,98 @@ fn connections_that_prove_nothing_from_the_sender_s_address_do_not_use_up_its_li
     let _ = rx.stop(Duration::from_secs(30));
 }
 
+/// A connection request that is answered but never completed: `rdma_connect()`, and then no
+/// event read, so the receiver's accept never sees its connection established. Held open (the
+/// identifier alive) until dropped. `qp_num` is the number the request claims for its QP (there
+/// is none): the receiver's CM refuses a second request naming the same one as stale.
+fn never_completed_request(topo: &testkit::Topology, port: u16, qp_num: u32) -> rdma_cm::CmId<rdma_cm::RouteResolved> {
+    use std::net::SocketAddr;
+    let to = SocketAddr::new(topo.server.addr.into(), port);
+    let from = SocketAddr::new(topo.client.addr.into(), 0);
+    let id = rdma_cm::CmId::new().unwrap().resolve(Some(from), to, Duration::from_secs(5)).unwrap();
+    // SAFETY: an all-zero `rdma_conn_param` is a valid one (no private data: a null pointer
+    // with length 0).
+    let mut param: rdma_cm::verbs::ffi::rdma_conn_param = unsafe { std::mem::zeroed() };
+    (param.responder_resources, param.initiator_depth, param.retry_count, param.rnr_retry_count) = (1, 1, 7, 7);
+    param.qp_num = qp_num;
+    // SAFETY: a live identifier with a resolved route, and a parameter block that lives across
+    // the call, which copies it. The identifier is then only destroyed, by its `Drop`.
+    let rc = unsafe { rdma_cm::verbs::ffi::rdma_connect(id.as_raw(), &mut param) };
+    assert_eq!(rc, 0, "rdma_connect: {}", std::io::Error::last_os_error());
+    id
+}
+
+/// The CM events queued on `id`'s own (non-blocking) channel, read and acknowledged.
+fn events_of(id: &rdma_cm::CmId<rdma_cm::RouteResolved>) -> Vec<u32> {
+    use rdma_cm::verbs::ffi;
+    let mut kinds = Vec::new();
+    // SAFETY: a live identifier; librdmacm set its channel, which lives as long as it does.
+    let channel = unsafe { (*id.as_raw()).channel };
+    loop {
+        let mut event: *mut ffi::rdma_cm_event = std::ptr::null_mut();
+        // SAFETY: the identifier's channel, and an out pointer; fails with EAGAIN when empty.
+        if unsafe { ffi::rdma_get_cm_event(channel, &mut event) } != 0 {
+            return kinds;
+        }
+        // SAFETY: an event librdmacm handed us, read once and then acknowledged once.
+        unsafe {
+            kinds.push((*event).event);
+            ffi::rdma_ack_cm_event(event);
+        }
+    }
+}
+
+/// Requests never completed (the review of the knock, M1): a displaced connection still being
+/// accepted lingered in its accept up to `hello_timeout` (10 s) among the connections leaving,
+/// and at most four times the places may be leaving (twice for requests without a knock), so a
+/// peer keeping the places filled with such requests held knocked requests to about
+/// `2 × places / hello_timeout` a second. Now a displaced accept ends within 20 ms: here five
+/// requests never completed hold every place (`--max-sessions 1` and four more), a sender with
+/// the secret takes one of them, and the peer of the one it took hears the receiver give it up
+/// within seconds, not at the end of the 10 s.
+#[test]
+fn a_displaced_request_never_completed_is_given_up_at_once() {
+    let topo = testkit::require_topology!();
+    let (src, dst, keys) = (scratch("linger-src"), scratch("linger-dst"), scratch("linger-key"));
+    let data = random_file(&src.join("f"), 64 << 10, 58);
+    let key = secret_file(&keys);
+    let args = ["--dir", dst.to_str().unwrap(), "--secret-file", key.to_str().unwrap()];
+    let rx = Receiver::start(&topo, 7658, &[&args[..], &["--max-sessions", "1", "--max-per-address", "16"]].concat());
+    let t = Instant::now();
+    let held: Vec<_> = (0..5).map(|i| never_completed_request(&topo, 7658, 0x1000 + i)).collect();
+    // How many of them the receiver gave up since: any event but the connect response (its
+    // REP, which a request never completed leaves unanswered) on its identifier.
+    let given_up = std::cell::Cell::new(0);
+    let look = || {
+        for id in &held {
+            if events_of(id)
+                .iter()
+                .any(|&e| e != rdma_cm::verbs::ffi::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_RESPONSE)
+            {
+                given_up.set(given_up.get() + 1);
+            }
+        }
+        given_up.get()
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(look(), 0, "a request was given up before any was displaced: it proves nothing");
+    let sender = keyed_sender(&topo, 7658, &src.join("f"), &["--quiet", "--timeout", "20"]);
+    // Looked for while the sender runs (its request displaces one at its start), and before
+    // the accepts' own 10 s could run out.
+    while look() == 0 && t.elapsed() < Duration::from_secs(8) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let at = t.elapsed();
+    let out = sender.wait_with_output().unwrap();
+    assert!(out.status.success(), "a sender with the secret: {}", text(&out.stderr));
+    assert!(std::fs::read(dst.join("f")).unwrap() == data);
+    eprintln!("{} of 5 requests never completed given up {at:?} after they were made", given_up.get());
+    assert!(given_up.get() >= 1, "the displaced request lingered in its accept: none given up in {at:?}");
+    drop(held);
+    let (_, report) = rx.stop(Duration::from_secs(30));
+    assert!(report.contains("a newer one took its place"), "no connection gave its place: {report}");
+}
+
 #[test]
 fn bogus_lanes_on_a_receiver_without_a_secret_cost_only_their_connection() {
     let topo = testkit::require_topology!();

@@ -89,6 +89,18 @@ impl EventChannel {
         &self,
         timeout: Duration,
         what: &'static str,
+        step: impl FnMut() -> Result<Option<T>>,
+    ) -> Result<T> {
+        self.wait_for_every(timeout, Duration::MAX, what, step)
+    }
+
+    /// [`wait_for`](Self::wait_for), taking `step` again at least every `every` while the
+    /// channel stays quiet: for a step that also looks at something outside the channel.
+    pub(crate) fn wait_for_every<T>(
+        &self,
+        timeout: Duration,
+        every: Duration,
+        what: &'static str,
         mut step: impl FnMut() -> Result<Option<T>>,
     ) -> Result<T> {
         let deadline = Deadline::after(timeout);
@@ -100,7 +112,11 @@ impl EventChannel {
                 return Err(Error::Timeout { what, device: None, after: timeout });
             }
             let mut pfd = libc::pollfd { fd: self.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-            let ms = deadline.poll_timeout_ms();
+            // `every` from now (no bound when it is too long to be an instant).
+            let ms = match (deadline.poll_timeout_ms(), Deadline::after(every).poll_timeout_ms()) {
+                (-1, ms) | (ms, -1) => ms,
+                (left, every) => left.min(every),
+            };
             // SAFETY: one valid pollfd.
             if unsafe { libc::poll(&mut pfd, 1, ms) } < 0 {
                 let err = Error::last_os_error("poll");

@@ -171,6 +171,15 @@ pub enum Error {
         /// What is missing, e.g. `"local address"`.
         missing: &'static str,
     },
+    /// The caller gave up a wait before its end: the condition it handed in (as to
+    /// [`ConnectRequest::accept_while`](crate::ConnectRequest::accept_while)) said to stop.
+    #[error("{what}{}: given up by the caller", OnDevice(.device))]
+    Cancelled {
+        /// What was waited for, e.g. `"rdma_accept"`.
+        what: &'static str,
+        /// The device, when known.
+        device: Option<String>,
+    },
     /// An async call (`*_async`, with the `tokio` feature) found no Tokio runtime to wait on:
     /// it ran outside one, or the runtime it ran on was shutting down.
     #[error("{what}: no Tokio runtime to wait on (outside one, or it has shut down)")]
@@ -200,6 +209,7 @@ impl Error {
             | Error::DeviceMismatch { .. }
             | Error::InvalidArgument { .. }
             | Error::Incomplete { .. }
+            | Error::Cancelled { .. }
             | Error::NoRuntime { .. } => None,
         }
     }
@@ -250,7 +260,8 @@ impl Error {
             | Error::UnexpectedEvent { device, .. }
             | Error::Timeout { device, .. }
             | Error::InvalidArgument { device, .. }
-            | Error::Incomplete { device, .. } => {
+            | Error::Incomplete { device, .. }
+            | Error::Cancelled { device, .. } => {
                 if device.is_none() {
                     *device = Some(name.to_owned());
                 }

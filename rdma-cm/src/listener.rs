@@ -273,9 +273,37 @@ impl ConnectRequest {
         params: &ConnParams<'_>,
         timeout: Duration,
     ) -> Result<Connection<'res>> {
+        self.accept_while(qp, params, timeout, Duration::MAX, || true)
+    }
+
+    /// [`accept`](Self::accept), giving up as soon as `keep_waiting` says no: it is asked each
+    /// time the wait for `RDMA_CM_EVENT_ESTABLISHED` wakes without it, at least every
+    /// `check_every` (1 ms at the least). For a
+    /// server that may take back a connection's place before it is established (the peer never
+    /// completed it, and a newer request has its place).
+    ///
+    /// # Errors
+    /// As [`accept`](Self::accept), and [`Error::Cancelled`] once `keep_waiting` gave `false`.
+    /// On error the identifier and the QP are destroyed (the peer is told).
+    #[doc(alias = "rdma_accept")]
+    pub fn accept_while<'res>(
+        self,
+        qp: QueuePair<'res, Rc, Init>,
+        params: &ConnParams<'_>,
+        timeout: Duration,
+        check_every: Duration,
+        mut keep_waiting: impl FnMut() -> bool,
+    ) -> Result<Connection<'res>> {
         let (accepted, qp) = self.start_accept(qp, params)?;
-        let peer = accepted.peer;
-        let waited = accepted.conn.id.expect(EventKind::Established, timeout, ACCEPT, ACCEPTING, peer);
+        let (id, peer) = (&accepted.conn.id, accepted.peer);
+        let check_every = check_every.max(Duration::from_millis(1));
+        let waited = id.wait_for_every(timeout, check_every, ACCEPT, || {
+            match id.expect_step(EventKind::Established, ACCEPTING, peer)? {
+                Some(event) => Ok(Some(event)),
+                None if keep_waiting() => Ok(None),
+                None => Err(Error::Cancelled { what: ACCEPT, device: None }),
+            }
+        });
         accepted.finish(qp, waited)
     }
 

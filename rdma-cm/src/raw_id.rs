@@ -264,6 +264,18 @@ impl RawId {
     ) -> Result<T> {
         self.channel.wait_for(timeout, what, step)
     }
+
+    /// [`wait_for`](Self::wait_for), taking `step` again at least every `every` (see
+    /// [`EventChannel::wait_for_every`]).
+    pub(crate) fn wait_for_every<T>(
+        &self,
+        timeout: Duration,
+        every: Duration,
+        what: &'static str,
+        step: impl FnMut() -> Result<Option<T>>,
+    ) -> Result<T> {
+        self.channel.wait_for_every(timeout, every, what, step)
+    }
 }
 
 #[cfg(feature = "tokio")]

@@ -16,20 +16,16 @@
 //! - A request that proves the secret already ([`super::knock`]) is proved from the start: it
 //!   takes the place of any unproven connection, at any age, and is held back only when four
 //!   times as many displaced connections as there are places are still leaving (others at
-//!   twice as many): connections that prove nothing cannot take its place, though requests
-//!   never completed can slow it (below).
+//!   twice as many): connections that prove nothing cannot take its place.
 //!
-//! A displaced connection ends at its next slow check (within 20 ms once established; a
-//! connection still being accepted ends when its accept does, within `hello_timeout`) with
+//! A displaced connection ends within 20 ms, at its next slow check once established, or in
+//! its accept (`ConnectRequest::accept_while`) while its request is not completed yet, with
 //! [`Error::Preempted`], and its teardown waits for nothing; until then it holds its thread
 //! and queue pair. What these rules do not stop (docs/protocol.md, "Threat model"): without a
 //! secret, peers on about as many addresses as there are places, each holding one, or peers
 //! whose connections are sessions (they sent a HELLO: the pace floor ends a trickling one
 //! after a `timeout`), or a peer on the sender's own address; with or without one, a flood of
-//! connection requests that overflows the listener's backlog before they reach these rules,
-//! and requests never completed that keep the connections leaving near their bound (each
-//! lingers in its accept up to `hello_timeout`), which limits how many knocked requests a
-//! second can pass (about `2 × places / hello_timeout`).
+//! connection requests that overflows the listener's backlog before they reach these rules.
 //!
 //! [`ReceiveOptions::preempt_after`]: super::ReceiveOptions::preempt_after
 //! [`Error::Preempted`]: super::Error::Preempted

@@ -761,7 +761,13 @@ fn session(
     let ctx = req.open_context()?;
     let ep = Endpoint::new(ctx, 0, ring_depth(opts), |qp| req.init_qp(qp, GRANTED_ACCESS))?;
     let (qp, parts) = ep.split();
-    let conn = req.accept(qp, &conn_params(opts.ack_timeout), hello_bound(opts))?;
+    // A connection displaced before it is established ends now, not at the end of its accept
+    // (review of the knock, M1: each never-completed request lingered `hello_timeout` among the
+    // connections leaving, which held back knocked requests).
+    let params = conn_params(opts.ack_timeout);
+    let conn = req
+        .accept_while(qp, &params, hello_bound(opts), DISPLACED_CHECK, || !place.displaced())
+        .map_err(|e| displaced_or(e, place))?;
     let mut s = ReceiveSession::new(shared, place, report, parts, &conn, start)?;
     let outcome = loop {
         match s.drive_round(&conn) {
@@ -821,9 +827,11 @@ async fn session_async(
     let ctx = req.open_context()?;
     let ep = Endpoint::new(ctx, 0, ring_depth(opts), |qp| req.init_qp(qp, GRANTED_ACCESS))?;
     let (qp, parts) = ep.split();
-    let conn = match tokio::time::timeout(hello_bound(opts), req.accept_async(qp, &conn_params(opts.ack_timeout))).await
-    {
-        Ok(r) => r?,
+    let params = conn_params(opts.ack_timeout);
+    let accept = until_displaced(req.accept_async(qp, &params), place);
+    let conn = match tokio::time::timeout(hello_bound(opts), accept).await {
+        Ok(Some(r)) => r?,
+        Ok(None) => return Err(Error::Preempted),
         Err(_) => {
             let after = hello_bound(opts);
             return Err(rdma_cm::Error::Timeout { what: "accepting", device: None, after }.into());
@@ -870,6 +878,41 @@ async fn session_async(
     drop(slots);
     drop(admitted);
     status_of(outcome)
+}
+
+/// How soon a connection being accepted ends once it is displaced ([`Place::displaced`]).
+const DISPLACED_CHECK: Duration = Duration::from_millis(20);
+
+/// An accept's error, as [`Error::Preempted`] when its connection was displaced meanwhile.
+fn displaced_or(e: rdma_cm::Error, place: &Place) -> Error {
+    if place.displaced() {
+        Error::Preempted
+    } else {
+        e.into()
+    }
+}
+
+/// `accept`, or `None` once the connection is displaced ([`DISPLACED_CHECK`]); dropping the
+/// accept then destroys its identifier and QP, as its error would.
+#[cfg(feature = "tokio")]
+async fn until_displaced<T>(accept: impl std::future::Future<Output = T>, place: &Place) -> Option<T> {
+    use std::future::Future;
+    use std::task::Poll;
+    let mut accept = std::pin::pin!(accept);
+    let mut check = std::pin::pin!(tokio::time::sleep(DISPLACED_CHECK));
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(r) = accept.as_mut().poll(cx) {
+            return Poll::Ready(Some(r));
+        }
+        while check.as_mut().poll(cx).is_ready() {
+            if place.displaced() {
+                return Poll::Ready(None);
+            }
+            check.as_mut().reset(tokio::time::Instant::now() + DISPLACED_CHECK);
+        }
+        Poll::Pending
+    })
+    .await
 }
 
 /// How long a new connection may take to be established: its HELLO's clock runs from its
