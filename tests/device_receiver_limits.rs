@@ -302,6 +302,47 @@ fn a_displaced_request_never_completed_is_given_up_at_once() {
     assert!(report.contains("a newer one took its place"), "no connection gave its place: {report}");
 }
 
+/// Review L5: one connection request the receiver could not take (no file descriptor left for
+/// its event channel) ended `serve`, and `rdma-copy recv` exited: peers holding connections
+/// until the receiver ran out of descriptors stopped it for everyone. Now that request is
+/// rejected and the receiver serves on. Its descriptor limit is lowered to the lowest free
+/// number (none free), then raised again.
+#[test]
+fn a_request_the_receiver_has_no_descriptor_for_is_rejected_and_it_serves_on() {
+    let topo = testkit::require_topology!();
+    let (src, dst) = (scratch("emfile-src"), scratch("emfile-dst"));
+    let data = random_file(&src.join("f"), 1 << 20, 59);
+    let mut rx = Receiver::start(&topo, 7659, &["--dir", dst.to_str().unwrap()]);
+    let pid = rx.child.id() as libc::pid_t;
+    let open: std::collections::BTreeSet<u64> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    let lowest_free = (0..).find(|n| !open.contains(n)).unwrap();
+    let mut was = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: prlimit(2) on our own child, which exists until we reap it; the struct lives
+    // across the call.
+    let got = unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, std::ptr::null(), &mut was) };
+    assert_eq!(got, 0, "prlimit: {}", std::io::Error::last_os_error());
+    let none_free = libc::rlimit { rlim_cur: lowest_free, rlim_max: was.rlim_max };
+    // SAFETY: as above.
+    let set = unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, &none_free, std::ptr::null_mut()) };
+    assert_eq!(set, 0, "prlimit: {}", std::io::Error::last_os_error());
+    let refused = connect_with(&topo, 7659, &[]);
+    assert!(refused.is_err(), "a request was taken with no descriptor free: the test proves nothing");
+    std::thread::sleep(Duration::from_millis(500));
+    let exited = rx.child.try_wait().unwrap();
+    // SAFETY: as above, the limit it had back.
+    let restored = unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, &was, std::ptr::null_mut()) };
+    assert!(exited.is_none(), "one request it had no descriptor for ended the receiver: {exited:?}");
+    assert_eq!(restored, 0);
+    let out = send(&topo, 7659, &["--timeout", "20", src.join("f").to_str().unwrap()]);
+    assert!(out.status.success(), "after a request it could not take: {}", text(&out.stderr));
+    assert!(std::fs::read(dst.join("f")).unwrap() == data);
+    let (_, report) = rx.stop(Duration::from_secs(30));
+    eprintln!("{report}");
+}
+
 #[test]
 fn bogus_lanes_on_a_receiver_without_a_secret_cost_only_their_connection() {
     let topo = testkit::require_topology!();

@@ -468,7 +468,9 @@ impl Server {
     /// progress ended.
     ///
     /// # Errors
-    /// [`Error::Cm`] when the listener fails; a failed session is only reported.
+    /// [`Error::Cm`] when the listener fails (its device went away, or reading its channel
+    /// failed); a failed session is only reported, and a request that could not be set up (no
+    /// file descriptor left for its channel, say) is rejected and logged, and the others served.
     pub fn serve(
         &self,
         sessions: Option<usize>,
@@ -485,7 +487,13 @@ impl Server {
                 let req = match self.listener.recv_request(accept_check(&self.places)) {
                     Ok(r) => r,
                     Err(e) if e.is_timeout() => continue,
-                    Err(e) => break Err(e.into()),
+                    Err(e) if ends_listening(&e) => break Err(e.into()),
+                    Err(e) => {
+                        if lost_request(&e) {
+                            std::thread::sleep(RESOURCE_PAUSE);
+                        }
+                        continue;
+                    }
                 };
                 let Some(req) = self.route_lane(req, &*report) else { continue };
                 if closed {
@@ -495,11 +503,16 @@ impl Server {
                 let Some(place) = self.admit(req, &*report) else { continue };
                 let (req, place) = place;
                 let (shared, report) = (self.shared(&tally), report.clone());
-                scope.spawn(move || {
+                let spawned = std::thread::Builder::new().spawn_scoped(scope, move || {
                     let r = receive(req, &shared, &place.0);
                     drop(place);
                     report(r);
                 });
+                if let Err(e) = spawned {
+                    // The request went with the closure: rejected, and its place given back.
+                    tracing::warn!(error = %e, "no thread for a connection: its request is rejected");
+                    std::thread::sleep(RESOURCE_PAUSE);
+                }
             };
             tally.closing.store(true, Ordering::Release);
             r
@@ -546,7 +559,13 @@ impl Server {
             let check = accept_check(&self.places);
             let req = match tokio::time::timeout(check, self.listener.recv_request_async()).await {
                 Err(_) => continue,
-                Ok(Err(e)) => break Err(e.into()),
+                Ok(Err(e)) if ends_listening(&e) => break Err(e.into()),
+                Ok(Err(e)) => {
+                    if lost_request(&e) {
+                        tokio::time::sleep(RESOURCE_PAUSE).await;
+                    }
+                    continue;
+                }
                 Ok(Ok(r)) => r,
             };
             while tasks.try_join_next().is_some() {}
@@ -574,6 +593,33 @@ impl Server {
         result
     }
 }
+
+/// Whether an error taking a connection request is the listener's own, after which it cannot
+/// go on: anything but the failures of one request's own set-up (no fd left for its event
+/// channel, `rdma_migrate_id` refused, librdmacm left out its addresses), which rdma-cm answers
+/// by rejecting that request, so that the others can be served (review L5: one such request
+/// ended `serve`, and with it `rdma-copy recv`; a peer could bring it about by holding
+/// connections until the receiver ran out of file descriptors). An error that consumed no
+/// request (the device went away, the channel or the runtime failed) ends the loop, which
+/// would otherwise meet it again at once.
+fn ends_listening(e: &rdma_cm::Error) -> bool {
+    !matches!(
+        e,
+        rdma_cm::Error::Cm { verb: "rdma_create_event_channel" | "fcntl(O_NONBLOCK)" | "rdma_migrate_id", .. }
+            | rdma_cm::Error::Incomplete { .. }
+    )
+}
+
+/// Logs a request lost to `e` (not [`ends_listening`]); whether the process ran out of a
+/// resource (file descriptors, memory), when the accept loop pauses [`RESOURCE_PAUSE`] rather
+/// than spin while it lasts.
+fn lost_request(e: &rdma_cm::Error) -> bool {
+    tracing::warn!(error = %e, "a connection request could not be taken: it is rejected");
+    matches!(e.errno(), Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM | libc::ENOBUFS))
+}
+
+/// How long an accept loop pauses after a request lost to an exhausted resource.
+const RESOURCE_PAUSE: Duration = Duration::from_millis(20);
 
 /// How often an idle accept loop checks [`ReceiveOptions::stop`].
 const STOP_CHECK: Duration = Duration::from_millis(500);
