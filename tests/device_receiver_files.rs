@@ -33,8 +33,9 @@ fn links_planted_at_a_partial_s_names_are_not_followed_and_the_file_arrives() {
         std::fs::write(v, b"precious").unwrap();
         std::fs::set_permissions(v, std::fs::Permissions::from_mode(0o600)).unwrap();
     }
-    // A destination others may write, as a sender's batch ENTRY of mode 0777 could make one.
-    std::fs::set_permissions(&*dst, std::fs::Permissions::from_mode(0o777)).unwrap();
+    // A destination others may write, sticky (in one without the sticky bit no partial is
+    // kept: another user could rename files in it).
+    std::fs::set_permissions(&*dst, std::fs::Permissions::from_mode(0o1777)).unwrap();
     let dir = dst.to_str().unwrap();
     let rx =
         Receiver::start(&topo, 7640, &["--dir", dir, "--count", "2", "--timeout", "5", "--checkpoint-every", "2M"]);
@@ -79,6 +80,32 @@ fn a_hard_link_planted_at_a_partial_s_name_is_not_written_through() {
     let now = std::fs::read(&victim).unwrap();
     assert!(now == b"precious", "written through a planted hard link ({} bytes now)", now.len());
     assert!(std::fs::read(dst.join("f")).unwrap() == data);
+}
+
+/// Review L6: something a local user put at a partial's name that the receiver cannot remove
+/// (a directory with a file in it; in a sticky destination, anything of theirs) failed every
+/// later send of that file with a disk I/O verdict. Now such a send is served from the start
+/// in a plain temporary, and the planted directory is left alone.
+#[test]
+fn a_directory_planted_at_a_partial_s_name_does_not_fail_the_send() {
+    let topo = testkit::require_topology!();
+    let (src, dst) = (scratch("plantdir-src"), scratch("plantdir-dst"));
+    let data = random_file(&src.join("f"), 24 << 20, 37);
+    let dir = dst.to_str().unwrap();
+    let rx =
+        Receiver::start(&topo, 7647, &["--dir", dir, "--count", "2", "--timeout", "5", "--checkpoint-every", "2M"]);
+    let key = leave_partial(&topo, 7647, &src.join("f"), &dst);
+    let part = dst.join(format!(".{key}.part.rdcp-tmp"));
+    std::fs::remove_file(&part).unwrap();
+    let _ = std::fs::remove_file(dst.join(format!(".{key}.meta.rdcp-tmp")));
+    std::fs::create_dir(&part).unwrap();
+    std::fs::write(part.join("mine"), b"a local user's").unwrap();
+    let out = spawn_send_reporting(&topo, 7647, &src.join("f"), &[]).wait_with_output().unwrap();
+    let (code, lines) = rx.finish(Duration::from_secs(60));
+    assert!(out.status.success(), "a directory at the partial's name failed the send: {}{lines}", text(&out.stderr));
+    assert!(matches!(code, 0 | 9), "{lines}");
+    assert!(std::fs::read(dst.join("f")).unwrap() == data);
+    assert_eq!(std::fs::read(part.join("mine")).unwrap(), b"a local user's");
 }
 
 /// The harness's share with the host (`$SOFTROCE_OUT`, a 9p mount in the guest): Linux's 9p

@@ -209,6 +209,9 @@ impl Incoming {
         if let Some(ttl) = sweep {
             sweep_partials(dir, ttl);
         }
+        if !keeps_names(dir) {
+            return Err((Status::Busy, format!("the directory of {rel} is one other users may rename files in")));
+        }
         let (data_name, meta_name) = partial_names(key);
         let file = match open_own(dir, &data_name, true) {
             Some(f) => f,
@@ -439,6 +442,17 @@ pub(crate) fn file_system_name(dir: &impl AsFd) -> String {
 /// # Errors
 /// The status and a sentence naming the path relative to `dest`.
 pub(crate) fn make_dirs(dest: &DirFd, components: &[&str], made: &mut MadeDirs) -> Result<DirFd, (Status, String)> {
+    make_dirs_racing(dest, components, made, &mut |_, _| {})
+}
+
+/// [`make_dirs`], calling `meanwhile` with the parent and the name of each directory it made,
+/// between making and opening it: where a local user can race it (the tests' seam).
+fn make_dirs_racing(
+    dest: &DirFd,
+    components: &[&str],
+    made: &mut MadeDirs,
+    meanwhile: &mut dyn FnMut(&DirFd, &str),
+) -> Result<DirFd, (Status, String)> {
     use rustix::io::Errno;
     let mut at = dest.clone();
     let mut rel = String::new();
@@ -466,9 +480,12 @@ pub(crate) fn make_dirs(dest: &DirFd, components: &[&str], made: &mut MadeDirs) 
                         return Err((io_status(&e), format!("making {rel}: {e}")));
                     }
                 }
+                if created.is_ok() {
+                    meanwhile(&at, c);
+                }
                 match open() {
                     Ok(fd) => {
-                        if created.is_ok() {
+                        if created.is_ok() && is_fresh_dir(&fd, &at) {
                             made.note(&fd);
                         }
                         fd
@@ -489,6 +506,37 @@ pub(crate) fn make_dirs(dest: &DirFd, components: &[&str], made: &mut MadeDirs) 
         at = Arc::new(fd);
     }
     Ok(at)
+}
+
+/// Whether no user but the receiver's (and root) may rename or remove the files `dir` holds:
+/// it is the receiver's user's, and others may not write it or it is sticky. Only there is a
+/// partial kept (review L1, and its review: where another user may rename files, they could
+/// move in a file of the receiver's user from elsewhere on the file system under a partial's
+/// name, with a received file of their making as its sidecar, have it written, and move it
+/// back). Elsewhere a resumable transfer is served from a plain temporary.
+fn keeps_names(dir: &impl AsFd) -> bool {
+    rustix::fs::fstat(dir).is_ok_and(|st| {
+        st.st_uid == rustix::process::geteuid().as_raw() && (st.st_mode & 0o022 == 0 || st.st_mode & 0o1000 != 0)
+    })
+}
+
+/// Whether `dir`, made by `mkdirat` in `parent` and then opened by its name, is the directory
+/// that call made: owned by this process's user, with no special bit but the set-group-id bit
+/// it inherits from `parent`, and empty. Between
+/// the two calls a local user who can write its parent may rename another directory over the
+/// new, empty one (review M1: a private directory, or one from outside the destination, then
+/// took a batch entry's mode). One that passes and is not the one made is an empty directory
+/// whose old parent that user could write (they moved it out of there): they could have put
+/// one of their own in its place, so its taking the entry's mode and time hands them nothing.
+fn is_fresh_dir(dir: &impl AsFd, parent: &impl AsFd) -> bool {
+    let (Ok(st), Ok(up)) = (rustix::fs::fstat(dir), rustix::fs::fstat(parent)) else { return false };
+    // A new directory takes its parent's set-group-id bit, and no other special bit.
+    let special = st.st_mode & 0o7000 == up.st_mode & 0o2000;
+    let empty = || {
+        rustix::fs::Dir::read_from(dir)
+            .is_ok_and(|mut entries| entries.all(|e| e.is_ok_and(|e| matches!(e.file_name().to_bytes(), b"." | b".."))))
+    };
+    st.st_uid == rustix::process::geteuid().as_raw() && special && empty()
 }
 
 /// The directories a session made (by device and inode, at most [`MadeDirs::MAX`]): only
@@ -893,6 +941,33 @@ mod tests {
         std::fs::remove_dir_all(&victim_dir).unwrap();
     }
 
+    /// Review L1 (and its review): where another user may rename files, they could move a file
+    /// of the receiver's user from elsewhere on the file system in under a partial's name (a
+    /// received file of their making as its sidecar), have it written, and move it back. A
+    /// partial is kept only in a directory of the receiver's user that others may not write,
+    /// or a sticky one.
+    #[test]
+    fn partials_are_kept_only_where_no_other_user_may_rename_files() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = scratch("keepsnames");
+        for (mode, kept) in [(0o755, true), (0o700, true), (0o1777, true), (0o777, false), (0o775, false)] {
+            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(mode)).unwrap();
+            match resumable(&open(&d), "f", 100, 3) {
+                Ok((a, _)) => {
+                    assert!(kept, "{mode:o}: a partial in a directory others may write");
+                    assert!(a.is_partial());
+                }
+                Err((status, why)) => {
+                    assert!(!kept, "{mode:o}: {why}");
+                    assert_eq!(status, Status::Busy, "{why}");
+                    assert!(listing(&d).is_empty(), "{mode:o}: {:?}", listing(&d));
+                }
+            }
+        }
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
     #[test]
     fn a_forged_sidecar_beside_a_planted_data_file_vouches_for_nothing() {
         use std::os::unix::fs::PermissionsExt;
@@ -926,6 +1001,39 @@ mod tests {
         e.mode = 0o600;
         apply_meta(&f, &e).unwrap();
         assert_eq!(mode_of(&d.join("f")), 0o755, "without its flag, no mode is applied");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// Review M1: a local user renamed a directory over the one `make_dirs` had just made,
+    /// before it opened it, and a batch entry then gave that directory its mode: a private one
+    /// in the destination, or one from outside it, moved in and out again.
+    #[test]
+    fn a_directory_swapped_in_between_making_and_opening_keeps_its_mode() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = scratch("dirswap");
+        let (dest, outside) = (d.join("dest"), d.join("outside"));
+        std::fs::create_dir_all(&dest).unwrap();
+        for (name, mode, file) in [("private", 0o700, true), ("drop", 0o1777, false)] {
+            let victim = outside.join(name);
+            std::fs::create_dir_all(&victim).unwrap();
+            if file {
+                std::fs::write(victim.join("secret"), b"x").unwrap();
+            }
+            std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(mode)).unwrap();
+            let (fd, mut made) = (open(&dest), MadeDirs::default());
+            let mut swap = |_: &DirFd, c: &str| std::fs::rename(&victim, dest.join(c)).unwrap();
+            let x = make_dirs_racing(&fd, &[name], &mut made, &mut swap).unwrap();
+            make_dir_entry(&fd, name, &dir_entry(name, 0o777, 7), &mut made).unwrap();
+            // The directory it opened is the victim: it keeps its mode.
+            assert_eq!(rustix::fs::fstat(&*x).unwrap().st_mode & 0o7777, mode, "{name}");
+            std::fs::rename(dest.join(name), &victim).unwrap();
+            assert_eq!(mode_of(&victim), mode, "{name}, moved back out");
+        }
+        // A directory it made itself still takes the entry's mode.
+        let (fd, mut made) = (open(&dest), MadeDirs::default());
+        make_dirs_racing(&fd, &["mine"], &mut made, &mut |_, _| {}).unwrap();
+        make_dir_entry(&fd, "mine", &dir_entry("mine", 0o751, 7), &mut made).unwrap();
+        assert_eq!(mode_of(&dest.join("mine")), 0o751);
         std::fs::remove_dir_all(&d).unwrap();
     }
 

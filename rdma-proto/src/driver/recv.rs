@@ -1463,9 +1463,15 @@ impl<'a> ReceiveSession<'a> {
                     let sweep = self.partials.sweep_due(dir).then_some(self.opts.partial_ttl);
                     match Incoming::resumable(dir, name, rel, size, key, self.opts.overwrite, sweep) {
                         // Its partial is still held (a session of this file whose sender was killed
-                        // a moment ago has not ended yet): serve this one from the start rather
-                        // than refuse it.
-                        Err((Status::Busy, _)) => plain(),
+                        // a moment ago has not ended yet), or something the receiver cannot remove
+                        // is at its name (review L6: a local user's directory, in a sticky
+                        // destination, failed every send of the file): served from the start in
+                        // a plain temporary rather than refused. A refusal that is the file's
+                        // (it exists) or the disk's comes again from the plain temporary.
+                        Err((status, why)) => {
+                            tracing::debug!(session = format_args!("{session:016x}"), %name, %status, %why, "not resumable");
+                            plain()
+                        }
                         r => r,
                     }
                 }
