@@ -70,9 +70,15 @@ impl Ledger {
         if swept.get(&at).is_some_and(|last| now.duration_since(*last) < SWEEP_EVERY) {
             return false;
         }
-        // Directories swept long ago are forgotten: their next open sweeps them anyway.
+        // Directories swept long ago are forgotten: their next open sweeps them anyway. Still
+        // full (a batch spreading partials over thousands of new directories within
+        // `SWEEP_EVERY`), all are: a sweep more each, rather than a scan of them all on every
+        // open (review L4).
         if swept.len() >= 4096 {
             swept.retain(|_, last| now.duration_since(*last) < SWEEP_EVERY);
+            if swept.len() >= 2048 {
+                swept.clear();
+            }
         }
         swept.insert(at, now);
         true

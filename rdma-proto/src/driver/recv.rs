@@ -366,13 +366,31 @@ impl Routes {
 struct Attempts(std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, (Instant, u32)>>);
 
 impl Attempts {
+    /// Addresses remembered at most: past it, the one with the fewest wrong proofs is forgotten.
+    /// Entries are pruned only then, not on every call (review L2: wrong proofs or LANE tokens
+    /// from many addresses grew the map without bound, and every call, in the accept loop for
+    /// LANEs, scanned all of it).
+    const MOST: usize = 4096;
+
     /// Counts a wrong proof from `ip`; how long its answer is held back: nothing for the first
     /// `auth_attempts` within `auth_window`, then 1 s doubling, up to the time the bucket
     /// takes to refill one (`auth_window / auth_attempts`).
     fn wrong_proof(&self, ip: std::net::IpAddr, opts: &ReceiveOptions) -> Duration {
+        let now = Instant::now();
         let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        map.retain(|_, (since, _)| since.elapsed() < opts.auth_window);
-        let e = map.entry(ip).or_insert((Instant::now(), 0));
+        if map.len() >= Self::MOST && !map.contains_key(&ip) {
+            map.retain(|_, (since, _)| now.saturating_duration_since(*since) < opts.auth_window);
+            // The address with the fewest wrong proofs goes (the oldest of them), never one that
+            // is held back while others have fewer.
+            let least = map.iter().min_by_key(|(_, (since, n))| (*n, *since)).map(|(ip, _)| *ip);
+            if let (Some(least), true) = (least, map.len() >= Self::MOST) {
+                map.remove(&least);
+            }
+        }
+        let e = map.entry(ip).or_insert((now, 0));
+        if now.saturating_duration_since(e.0) >= opts.auth_window {
+            *e = (now, 0);
+        }
         e.1 = e.1.saturating_add(1);
         let past = e.1.saturating_sub(opts.auth_attempts);
         if past == 0 {
@@ -1820,5 +1838,30 @@ mod tests {
         assert_eq!(super::truncated("aé".into(), 2), "a");
         let long = format!("{:?}", "\\".repeat(960));
         assert_eq!(super::truncated(long, crate::wire::MAX_DETAIL_LEN).len(), crate::wire::MAX_DETAIL_LEN);
+    }
+
+    /// Review L2: the wrong proofs of many addresses are remembered up to a bound, while each
+    /// address's own count still holds its answers back.
+    #[test]
+    fn wrong_proofs_from_many_addresses_are_remembered_up_to_a_bound() {
+        use std::net::{IpAddr, Ipv6Addr};
+        use std::time::Duration;
+        let (attempts, opts) = (super::Attempts::default(), super::ReceiveOptions::default());
+        let ip = |n: u32| IpAddr::V6(Ipv6Addr::from(u128::from(n)));
+        for n in 0..super::Attempts::MOST as u32 + 100 {
+            assert_eq!(attempts.wrong_proof(ip(n), &opts), Duration::ZERO);
+        }
+        assert_eq!(attempts.0.lock().unwrap().len(), super::Attempts::MOST);
+        let me = ip(u32::MAX);
+        let holds: Vec<_> = (0..opts.auth_attempts + 2).map(|_| attempts.wrong_proof(me, &opts)).collect();
+        let allowed = opts.auth_attempts as usize;
+        assert!(holds[..allowed].iter().all(|h| h.is_zero()), "{holds:?}");
+        assert_eq!(holds[allowed..], [Duration::from_secs(1), Duration::from_secs(2)]);
+        assert!(attempts.0.lock().unwrap().len() <= super::Attempts::MOST);
+        // A flood from as many new addresses does not make it forget the one held back.
+        for n in 0..super::Attempts::MOST as u32 {
+            attempts.wrong_proof(ip(1 << 20 | n), &opts);
+        }
+        assert_eq!(attempts.wrong_proof(me, &opts), Duration::from_secs(4));
     }
 }
