@@ -33,9 +33,8 @@ fn links_planted_at_a_partial_s_names_are_not_followed_and_the_file_arrives() {
         std::fs::write(v, b"precious").unwrap();
         std::fs::set_permissions(v, std::fs::Permissions::from_mode(0o600)).unwrap();
     }
-    // A destination others may write, sticky (in one without the sticky bit no partial is
-    // kept: another user could rename files in it).
-    std::fs::set_permissions(&*dst, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    // The local user here is root: a partial is kept only in a directory no other user may
+    // write (where one may, transfers are served from plain temporaries).
     let dir = dst.to_str().unwrap();
     let rx =
         Receiver::start(&topo, 7640, &["--dir", dir, "--count", "2", "--timeout", "5", "--checkpoint-every", "2M"]);

@@ -34,8 +34,27 @@ const MAX_TEMP_TRIES: u32 = 64;
 /// never inherited by a child.
 const NOFOLLOW: OFlags = OFlags::NOFOLLOW.union(OFlags::CLOEXEC);
 
-/// A new file's mode before the umask.
+/// A received file's mode before the umask, when no mode came with it.
 const FILE_MODE: Mode = Mode::from_raw_mode(0o644);
+
+/// Every file the receiver makes before it is put in place (temporaries, partials, sidecars):
+/// its user's alone, so that no one who may merely read the destination reads a file (or
+/// holds it open) before it has its own mode (a review of 10091ed, M1: they were made with
+/// the final file's default mode, and a file sent as 0600 could be read while it arrived).
+const TEMP_MODE: Mode = Mode::from_raw_mode(0o600);
+
+/// [`FILE_MODE`] under the process's umask, read once from `/proc/self/status` (not by
+/// `umask(2)`, which would change it for the other threads meanwhile); 022 when it cannot be
+/// read.
+fn file_mode() -> Mode {
+    static UMASK: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    let umask = *UMASK.get_or_init(|| {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let field = status.lines().find_map(|l| l.strip_prefix("Umask:"));
+        field.and_then(|m| u32::from_str_radix(m.trim(), 8).ok()).unwrap_or(0o022)
+    });
+    Mode::from_raw_mode(FILE_MODE.as_raw_mode() & !umask & 0o777)
+}
 
 /// A new directory's mode before the umask (as `mkdir(1)`).
 const DIR_MODE: Mode = Mode::from_raw_mode(0o777);
@@ -140,7 +159,7 @@ fn is_same_file(dir: &DirFd, name: &str, file: &File) -> bool {
 
 /// Creates `name` in `dir`, exclusively (nothing there is followed or reused).
 fn create_new(dir: &DirFd, name: &str) -> io::Result<File> {
-    let fd = rustix::fs::openat(dir, name, OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | NOFOLLOW, FILE_MODE)?;
+    let fd = rustix::fs::openat(dir, name, OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | NOFOLLOW, TEMP_MODE)?;
     Ok(File::from(fd))
 }
 
@@ -312,9 +331,9 @@ impl Incoming {
     }
 
     /// Syncs the data and renames the temporary into place (without replacing an existing file
-    /// unless `overwrite`: [`put_in_place`]), then syncs the directory. With a batch's `entry`,
-    /// its mode and modification time are applied first (after the last write: a truncation
-    /// would change the time again).
+    /// unless `overwrite`: [`put_in_place`]), then syncs the directory. Its mode is set first:
+    /// a batch `entry`'s, with its modification time (after the last write: a truncation would
+    /// change the time again), else 0644 under the umask.
     ///
     /// # Errors
     /// The status and a sentence; the temporary is then removed when `self` drops.
@@ -323,6 +342,10 @@ impl Incoming {
         if let Some(p) = &self.partial {
             // A partial may hold bytes past the file's end from an earlier, longer write.
             self.file.set_len(p.size).map_err(|e| io("truncating the partial", e))?;
+        }
+        // Made its user's alone ([`TEMP_MODE`]): the entry's mode, or the receiver's own.
+        if !entry.is_some_and(|e| e.flags & crate::wire::entry_flags::MODE != 0) {
+            rustix::fs::fchmod(&self.file, file_mode()).map_err(|err| io("setting the mode", err.into()))?;
         }
         if let Some(e) = entry {
             apply_meta(&self.file, e).map_err(|err| io("setting the mode and time", err))?;
@@ -508,16 +531,15 @@ fn make_dirs_racing(
     Ok(at)
 }
 
-/// Whether no user but the receiver's (and root) may rename or remove the files `dir` holds:
-/// it is the receiver's user's, and others may not write it or it is sticky. Only there is a
-/// partial kept (review L1, and its review: where another user may rename files, they could
-/// move in a file of the receiver's user from elsewhere on the file system under a partial's
-/// name, with a received file of their making as its sidecar, have it written, and move it
-/// back). Elsewhere a resumable transfer is served from a plain temporary.
+/// Whether no user but the receiver's (and root) may put, rename or remove files in `dir`: it
+/// is the receiver's user's, and no one else may write it. Only there is a partial kept
+/// (review L1, and two reviews of its fix: where another user may add files, they could move
+/// in a file of the receiver's user from elsewhere on the file system under a partial's name,
+/// with a received file of their making as its sidecar, have it written, and move it back; a
+/// sticky directory stops renaming its files, not renaming files into it). Elsewhere a
+/// resumable transfer is served from a plain temporary.
 fn keeps_names(dir: &impl AsFd) -> bool {
-    rustix::fs::fstat(dir).is_ok_and(|st| {
-        st.st_uid == rustix::process::geteuid().as_raw() && (st.st_mode & 0o022 == 0 || st.st_mode & 0o1000 != 0)
-    })
+    rustix::fs::fstat(dir).is_ok_and(|st| st.st_uid == rustix::process::geteuid().as_raw() && st.st_mode & 0o022 == 0)
 }
 
 /// Whether `dir`, made by `mkdirat` in `parent` and then opened by its name, is the directory
@@ -941,16 +963,16 @@ mod tests {
         std::fs::remove_dir_all(&victim_dir).unwrap();
     }
 
-    /// Review L1 (and its review): where another user may rename files, they could move a file
+    /// Review L1 (and its reviews): where another user may add files, they could move a file
     /// of the receiver's user from elsewhere on the file system in under a partial's name (a
-    /// received file of their making as its sidecar), have it written, and move it back. A
-    /// partial is kept only in a directory of the receiver's user that others may not write,
-    /// or a sticky one.
+    /// received file of their making as its sidecar), have it written, and move it back; the
+    /// sticky bit does not stop renaming a file into a directory. A partial is kept only in a
+    /// directory of the receiver's user that others may not write.
     #[test]
-    fn partials_are_kept_only_where_no_other_user_may_rename_files() {
+    fn partials_are_kept_only_where_no_other_user_may_add_files() {
         use std::os::unix::fs::PermissionsExt;
         let d = scratch("keepsnames");
-        for (mode, kept) in [(0o755, true), (0o700, true), (0o1777, true), (0o777, false), (0o775, false)] {
+        for (mode, kept) in [(0o755, true), (0o700, true), (0o1777, false), (0o777, false), (0o775, false)] {
             std::fs::set_permissions(&d, std::fs::Permissions::from_mode(mode)).unwrap();
             match resumable(&open(&d), "f", 100, 3) {
                 Ok((a, _)) => {
@@ -984,6 +1006,28 @@ mod tests {
         assert_eq!(held, 0);
         assert_eq!(a.file.metadata().unwrap().len(), 0, "a new data file");
         assert_eq!(std::fs::read(d.join("elsewhere")).unwrap(), [9u8; 100]);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// A review of 10091ed (M1): a temporary was made with the final file's default mode, so
+    /// anyone who may read the destination could read a file (sent as 0600, say) while it
+    /// arrived. Temporaries and partials are their user's alone until they are put in place.
+    #[test]
+    fn a_file_is_its_user_s_alone_until_it_is_put_in_place() {
+        let d = scratch("tempmode");
+        let fd = open(&d);
+        let t = Incoming::create(&fd, "f", "f", 5, false).unwrap();
+        let (p, _) = resumable(&fd, "g", 3, 4).unwrap();
+        for n in listing(&d) {
+            assert_eq!(mode_of(&d.join(&n)), 0o600, "{n} while it arrives");
+        }
+        t.commit(None).unwrap();
+        assert_eq!(mode_of(&d.join("f")), file_mode().as_raw_mode(), "the receiver's own mode once in place");
+        let mut e = dir_entry("g", 0o640, 9);
+        e.kind = crate::wire::EntryKind::File;
+        std::os::unix::fs::FileExt::write_all_at(&p.file, b"abc", 0).unwrap();
+        p.commit(Some(&e)).unwrap();
+        assert_eq!(mode_of(&d.join("g")), 0o640, "the entry's mode once in place");
         std::fs::remove_dir_all(&d).unwrap();
     }
 

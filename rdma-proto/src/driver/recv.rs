@@ -625,6 +625,9 @@ fn ends_listening(e: &rdma_cm::Error) -> bool {
         e,
         rdma_cm::Error::Cm { verb: "rdma_create_event_channel" | "fcntl(O_NONBLOCK)" | "rdma_migrate_id", .. }
             | rdma_cm::Error::Incomplete { .. }
+            // librdmacm allocates each event it reads: under memory pressure the event stays
+            // queued, and is read again after the pause (the last review, L7).
+            | rdma_cm::Error::Cm { verb: "rdma_get_cm_event", errno: libc::ENOMEM | libc::ENOBUFS, .. }
     )
 }
 
