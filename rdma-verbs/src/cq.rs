@@ -29,7 +29,15 @@ pub struct CompletionChannel<'ctx> {
     cqs: AtomicUsize,
     /// The threads asleep on it ([`CqWaiter`](crate::CqWaiter)).
     sleepers: crate::sleepers::Sleepers,
+    /// Which channel this is, never reused in the process: what a registration kept across
+    /// waits is keyed by (an address can be a new channel's, after this one was dropped).
+    #[cfg(feature = "tokio")]
+    serial: u64,
 }
+
+/// The serial of the next channel made.
+#[cfg(feature = "tokio")]
+static NEXT_SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 // SAFETY: ibv_get_cq_event on one channel from several threads is allowed by libibverbs; the
 // struct is a pointer and a handle to a `Sync` context.
@@ -82,7 +90,14 @@ impl<'ctx> CompletionChannel<'ctx> {
         let raw = unsafe { ffi::ibv_create_comp_channel(ctx.as_raw()) };
         let raw = NonNull::new(raw).ok_or_else(|| Error::last_os_error("ibv_create_comp_channel", Some(ctx.name())))?;
         ctx.registry().add(crate::registry::Kind::Channel, raw.as_ptr());
-        let channel = CompletionChannel { raw, ctx, cqs: AtomicUsize::new(0), sleepers: Default::default() };
+        let channel = CompletionChannel {
+            raw,
+            ctx,
+            cqs: AtomicUsize::new(0),
+            sleepers: Default::default(),
+            #[cfg(feature = "tokio")]
+            serial: NEXT_SERIAL.fetch_add(1, Ordering::Relaxed),
+        };
         // Non-blocking, so that a thread that lost an event to another (both saw the fd
         // readable) gets EAGAIN and waits again instead of blocking past its timeout.
         set_nonblocking(channel.as_raw_fd(), "ibv_create_comp_channel", channel.ctx.name())?;
@@ -229,6 +244,12 @@ impl<'ctx> CompletionChannel<'ctx> {
         &self.sleepers
     }
 
+    /// Which channel this is: unique in the process, never reused.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn serial(&self) -> u64 {
+        self.serial
+    }
+
     /// Reads and acknowledges every pending event; `true` if there was one. When one was for a
     /// CQ outside `ours`, the threads asleep on the channel (but `me`) are woken: the event may
     /// have been theirs.
@@ -260,32 +281,41 @@ impl<'ctx> CompletionChannel<'ctx> {
     ///
     /// # Errors
     /// [`Error::NoRuntime`] outside a tokio runtime; [`Error::Verb`] when reading an event
-    /// fails.
+    /// fails, or when the reactor refuses the fd or the `timerfd` of the `recheck`.
     ///
     /// # Panics
-    /// As tokio's own IO types and timers: in a runtime built without IO, or without time when
-    /// `recheck` is given (`Builder::enable_all` enables both).
+    /// As tokio's own IO types: in a runtime built without IO. (No timer of tokio's is used:
+    /// a runtime without time is fine.)
     #[cfg(feature = "tokio")]
     pub async fn readable_async(&self, recheck: Option<Duration>) -> Result<bool> {
-        self.readable_async_with(&self.watch()?, &[], recheck).await
+        self.readable_async_with(&self.watch()?, &mut None, &[], recheck).await
     }
 
     /// [`readable_async`](Self::readable_async) through `watch` (a registration of this
-    /// channel's fd), for a wait on `ours`: only events of other CQs wake the other waits.
+    /// channel's fd), for a wait on `ours`: only events of other CQs wake the other waits. A
+    /// `recheck` rings `alarm`, made here if there is none yet.
     #[cfg(feature = "tokio")]
     pub(crate) async fn readable_async_with(
         &self,
         watch: &crate::reactor::Watch,
+        alarm: &mut Option<crate::reactor::Alarm>,
         ours: &[&CompletionQueue<'_>],
         recheck: Option<Duration>,
     ) -> Result<bool> {
         let ready = watch.readable();
-        let guard = match recheck {
+        let guard = match Deadline::after(recheck.unwrap_or(Duration::MAX)).instant() {
             None => ready.await,
-            Some(d) => match tokio::time::timeout(d, ready).await {
-                Ok(r) => r,
-                Err(_elapsed) => return Ok(false),
-            },
+            Some(at) => {
+                let alarm = match alarm {
+                    Some(alarm) => alarm,
+                    None => alarm.insert(crate::reactor::Alarm::new("ibv_get_cq_event", self.ctx.name())?),
+                };
+                alarm.set(at)?;
+                match alarm.race(ready).await? {
+                    Some(r) => r,
+                    None => return Ok(false),
+                }
+            }
         };
         let mut guard = guard?;
         let woken = self.drain_events(ours, None)?;

@@ -1,5 +1,5 @@
 //! Waiting for a verbs file descriptor on the tokio reactor (feature `tokio`): the completion
-//! channel's and the async-event fd's.
+//! channel's and the async-event fd's, and deadlines ([`Alarm`]).
 //!
 //! One rule for all of them: each sleep registers its own duplicate of the fd with the reactor
 //! of the runtime it runs on ([`Watch`]), and deregisters (and closes) it when it ends. So a
@@ -9,11 +9,15 @@
 //! instance only once), and the deregistration can never hit another file that reused the
 //! number: the duplicate is closed only after it.
 
+use std::future::Future;
 use std::os::fd::{BorrowedFd, OwnedFd};
+use std::task::Poll;
+use std::time::{Duration, Instant};
 
 use tokio::io::unix::{AsyncFd, AsyncFdReadyGuard};
 use tokio::io::Interest;
 
+use crate::deadline::Deadline;
 use crate::error::{Error, Result};
 
 /// One sleep's registration of a verbs fd with the current runtime's reactor.
@@ -44,6 +48,90 @@ impl Watch {
     pub(crate) async fn readable(&self) -> Result<AsyncFdReadyGuard<'_, OwnedFd>> {
         self.fd.readable().await.map_err(|e| io_error(self.what, "", &e))
     }
+}
+
+/// A deadline on the reactor: a `timerfd` registered like a [`Watch`]. Every timed async wait of
+/// this crate ends through one, not through tokio's timers, which panic in a runtime built
+/// without its time driver; this needs only the IO driver that every async wait needs anyway.
+/// (So a runtime's paused test clock does not move these deadlines: they are real time.)
+#[derive(Debug)]
+pub(crate) struct Alarm {
+    fd: AsyncFd<OwnedFd>,
+    what: &'static str,
+}
+
+impl Alarm {
+    /// A new alarm, not set, registered with the current runtime.
+    ///
+    /// # Errors
+    /// [`Error::NoRuntime`] outside a tokio runtime; [`Error::Verb`] (`what`, with the
+    /// `errno`) when the timer cannot be made or registered.
+    pub(crate) fn new(what: &'static str, device: &str) -> Result<Self> {
+        use rustix::time::{timerfd_create, TimerfdClockId, TimerfdFlags};
+        in_runtime(what)?;
+        let timer = timerfd_create(TimerfdClockId::Monotonic, TimerfdFlags::NONBLOCK | TimerfdFlags::CLOEXEC)
+            .map_err(|e| io_error(what, device, &e.into()))?;
+        let fd = AsyncFd::with_interest(timer, Interest::READABLE).map_err(|e| io_error(what, device, &e))?;
+        Ok(Alarm { fd, what })
+    }
+
+    /// Sets the alarm to ring at `at` (at once if that passed), replacing an earlier setting
+    /// and forgetting a ring not yet taken.
+    pub(crate) fn set(&self, at: Instant) -> Result<()> {
+        use rustix::time::{timerfd_settime, Itimerspec, TimerfdTimerFlags, Timespec};
+        // A zero value would disarm the timer: a passed deadline rings after a nanosecond.
+        let left = at.saturating_duration_since(Instant::now()).max(Duration::from_nanos(1));
+        let value =
+            Timespec { tv_sec: left.as_secs().try_into().unwrap_or(i64::MAX), tv_nsec: left.subsec_nanos().into() };
+        let spec = Itimerspec { it_interval: Timespec { tv_sec: 0, tv_nsec: 0 }, it_value: value };
+        timerfd_settime(self.fd.get_ref(), TimerfdTimerFlags::empty(), &spec)
+            .map(drop)
+            .map_err(|e| io_error(self.what, "", &e.into()))
+    }
+
+    /// Resolves when the alarm rings (at once if it rang since it was set).
+    async fn rung(&self) -> Result<()> {
+        loop {
+            let mut guard = self.fd.readable().await.map_err(|e| io_error(self.what, "", &e))?;
+            let mut ticks = [0u8; 8];
+            match rustix::io::read(self.fd.get_ref(), &mut ticks) {
+                Ok(8) => return Ok(()),
+                // Readiness left from an earlier setting: the timer was re-armed since.
+                Ok(_) | Err(rustix::io::Errno::AGAIN) => guard.clear_ready(),
+                Err(e) => return Err(io_error(self.what, "", &e.into())),
+            }
+        }
+    }
+
+    /// Awaits `f` until the alarm rings: `None` when it rang first.
+    pub(crate) async fn race<F: Future>(&self, f: F) -> Result<Option<F::Output>> {
+        let mut f = std::pin::pin!(f);
+        let mut rung = std::pin::pin!(self.rung());
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(v) = f.as_mut().poll(cx) {
+                return Poll::Ready(Ok(Some(v)));
+            }
+            rung.as_mut().poll(cx).map(|r| r.map(|()| None))
+        })
+        .await
+    }
+}
+
+/// Awaits `f` until `until` passes (`None` then), through an [`Alarm`] made for this wait when
+/// there is a deadline: no tokio timer is needed.
+///
+/// # Errors
+/// As [`Alarm::new`] and [`Alarm::set`].
+pub(crate) async fn until<F: Future>(
+    until: Deadline,
+    f: F,
+    what: &'static str,
+    device: &str,
+) -> Result<Option<F::Output>> {
+    let Some(at) = until.instant() else { return Ok(Some(f.await)) };
+    let alarm = Alarm::new(what, device)?;
+    alarm.set(at)?;
+    alarm.race(f).await
 }
 
 /// `Ok` inside a tokio runtime, else [`Error::NoRuntime`]: checked by every async wait before

@@ -633,15 +633,26 @@ impl<T: Connected + 'static> SendQueue<'static, T> {
     /// Dropped before it finishes, the future drops the queue where it is: the plain drop,
     /// which may block the thread for the drain timeout.
     ///
+    /// Needs no timer of tokio's: the drain timeout is a `timerfd` on the reactor, so a runtime
+    /// built without time (`enable_io` only) is fine.
+    ///
     /// # Errors
     /// [`Error::NoRuntime`] outside a tokio runtime (the queue is dropped, blocking).
+    ///
+    /// # Panics
+    /// In a runtime without IO enabled, as tokio's own types.
     pub async fn close_async(mut self) -> Result<()> {
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(Error::NoRuntime { what: "SendQueue::close_async" });
         }
         self.staged.clear();
         if self.can_complete() {
-            let _ = tokio::time::timeout(self.drain_timeout, self.drain_async(drop)).await;
+            // The drain's deadline is a `timerfd` on the reactor (no tokio timer: this works in
+            // a runtime built without time, where `tokio::time::timeout` panicked). If the
+            // alarm cannot be made, the blocking part below drains instead.
+            let until = Deadline::after(self.drain_timeout);
+            let device = self.qp.device().to_owned();
+            let _ = crate::reactor::until(until, self.drain_async(drop), "SendQueue::close_async", &device).await;
         }
         if self.held.is_empty() {
             return Ok(());

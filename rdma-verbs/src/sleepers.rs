@@ -11,7 +11,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use crate::cq::CompletionChannel;
+use crate::waiter::Channels;
 
 /// The most threads one channel registers at once; more sleep sliced instead
 /// ([`SHARED_CHANNEL_SLICE`](crate::SHARED_CHANNEL_SLICE)).
@@ -119,21 +119,21 @@ pub(crate) fn take_kick(fd: RawFd) -> bool {
 
 /// This thread's registration with the channels it is about to sleep on; removed on drop
 /// (also when the step before the sleep panics).
-pub(crate) struct Registered<'a> {
-    channels: [Option<&'a CompletionChannel<'a>>; 2],
+pub(crate) struct Registered<'r, 'a> {
+    channels: &'r Channels<'a>,
     fd: Option<RawFd>,
     complete: bool,
 }
 
-impl<'a> Registered<'a> {
-    pub(crate) fn new(channels: &[Option<&'a CompletionChannel<'a>>; 2], fd: Option<RawFd>) -> Self {
+impl<'r, 'a> Registered<'r, 'a> {
+    pub(crate) fn new(channels: &'r Channels<'a>, fd: Option<RawFd>) -> Self {
         let mut complete = fd.is_some();
         if let Some(fd) = fd {
-            for ch in channels.iter().flatten() {
+            for ch in channels.iter() {
                 complete &= ch.sleepers().add(fd);
             }
         }
-        Registered { channels: *channels, fd, complete }
+        Registered { channels, fd, complete }
     }
 
     /// Whether every channel registered the thread (else its sleep must be sliced).
@@ -142,10 +142,10 @@ impl<'a> Registered<'a> {
     }
 }
 
-impl Drop for Registered<'_> {
+impl Drop for Registered<'_, '_> {
     fn drop(&mut self) {
         if let Some(fd) = self.fd {
-            for ch in self.channels.iter().flatten() {
+            for ch in self.channels.iter() {
                 ch.sleepers().remove(fd);
             }
         }

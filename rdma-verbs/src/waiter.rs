@@ -119,11 +119,22 @@ pub struct CqWaiter {
     /// When the spin of this wait ends, once it began (`Some(None)`: never).
     spin_until: Option<Option<Instant>>,
     armed: bool,
-    /// [`idle_async`](Self::idle_async)'s registration of its channel's fd, kept for the
-    /// waiter's life (a polling loop sleeps thousands of times a second), with the channel's
-    /// address.
+    /// [`idle_async`](Self::idle_async)'s registration of its channel, kept while the waiter
+    /// sleeps on that channel (a polling loop sleeps thousands of times a second).
     #[cfg(feature = "tokio")]
-    watch: Option<(usize, crate::reactor::Watch)>,
+    kept: Option<Kept>,
+}
+
+/// What [`CqWaiter::idle_async`] keeps across its sleeps on one channel.
+#[cfg(feature = "tokio")]
+#[derive(Debug)]
+struct Kept {
+    /// The channel's [serial](CompletionChannel::serial): its identity (an address may be a new
+    /// channel's, after the old one was dropped).
+    serial: u64,
+    watch: crate::reactor::Watch,
+    /// The re-check's timer, made on the first sleep with one.
+    alarm: Option<crate::reactor::Alarm>,
 }
 
 impl CqWaiter {
@@ -134,7 +145,7 @@ impl CqWaiter {
             spin_until: None,
             armed: false,
             #[cfg(feature = "tokio")]
-            watch: None,
+            kept: None,
         }
     }
 
@@ -200,8 +211,8 @@ impl CqWaiter {
     /// to two; [`Error::NoRuntime`] outside a tokio runtime; as `wait`.
     ///
     /// # Panics
-    /// In a runtime without IO enabled, or without time when `until` is a deadline, as tokio's
-    /// own types.
+    /// In a runtime without IO enabled, as tokio's own types. (A deadline is a `timerfd` on the
+    /// reactor, not a tokio timer: a runtime without time is fine.)
     #[cfg(feature = "tokio")]
     pub async fn wait_async<T>(
         &mut self,
@@ -248,7 +259,7 @@ impl CqWaiter {
             return Ok(step);
         }
         self.armed = false;
-        let channels = channels_of(cqs);
+        let channels = Channels::of(cqs);
         let slice = sliced_if_shared(cqs, &channels, until);
         let woken = sleep_on(cqs, &channels, None, slice)?;
         Ok(if woken { Idle::Woken } else { Idle::Slept })
@@ -276,18 +287,17 @@ impl CqWaiter {
         }
         self.armed = false;
         let recheck = match recheck {
-            _ if !shared(cqs, &channels_of(cqs)) => recheck,
+            _ if !shared(cqs, &Channels::of(cqs)) => recheck,
             None => Some(SHARED_CHANNEL_SLICE),
             Some(r) => Some(r.min(SHARED_CHANNEL_SLICE)),
         };
-        let at = std::ptr::from_ref(channel) as usize;
-        let kept = self.watch.take().filter(|(a, _)| *a == at);
-        let watch = match kept {
+        let serial = channel.serial();
+        let kept = match self.kept.take().filter(|k| k.serial == serial) {
             Some(kept) => kept,
-            None => (at, channel.watch()?),
+            None => Kept { serial, watch: channel.watch()?, alarm: None },
         };
-        let (_, watch) = self.watch.insert(watch);
-        let woken = channel.readable_async_with(watch, cqs, recheck).await?;
+        let kept = self.kept.insert(kept);
+        let woken = channel.readable_async_with(&kept.watch, &mut kept.alarm, cqs, recheck).await?;
         Ok(if woken { Idle::Woken } else { Idle::Slept })
     }
 
@@ -319,19 +329,16 @@ fn single_channel<'a>(cqs: &[&'a CompletionQueue<'_>]) -> Result<&'a CompletionC
     if !CqWaiter::can_sleep(cqs) {
         return Err(Error::invalid("ibv_get_cq_event", device, "an async wait needs a CQ with a completion channel"));
     }
-    match channels_of(cqs) {
-        [Some(a), None] => Ok(a),
-        _ => Err(Error::invalid("ibv_get_cq_event", device, "an async wait over CQs of two completion channels")),
+    let channels = Channels::of(cqs);
+    match (channels.more.is_empty(), channels.few) {
+        (true, [Some(channel), None]) => Ok(channel),
+        _ => Err(Error::invalid("ibv_get_cq_event", device, "an async wait over CQs of several completion channels")),
     }
 }
 
 /// `until`, or at most [`SHARED_CHANNEL_SLICE`] from now when CQs other than `cqs` report to
 /// the channels.
-fn sliced_if_shared(
-    cqs: &[&CompletionQueue<'_>],
-    channels: &[Option<&CompletionChannel<'_>>; 2],
-    until: Deadline,
-) -> Deadline {
+fn sliced_if_shared(cqs: &[&CompletionQueue<'_>], channels: &Channels<'_>, until: Deadline) -> Deadline {
     if shared(cqs, channels) {
         until.min(Deadline::after(SHARED_CHANNEL_SLICE))
     } else {
@@ -341,25 +348,46 @@ fn sliced_if_shared(
 
 /// Whether CQs other than `cqs` report to one of `channels`: their waits may read this wait's
 /// events.
-fn shared(cqs: &[&CompletionQueue<'_>], channels: &[Option<&CompletionChannel<'_>>; 2]) -> bool {
-    channels.iter().flatten().any(|ch| {
-        let ours = cqs.iter().filter(|cq| cq.channel().is_some_and(|c| std::ptr::eq(c, *ch))).count();
+fn shared(cqs: &[&CompletionQueue<'_>], channels: &Channels<'_>) -> bool {
+    channels.iter().any(|ch| {
+        let ours = cqs.iter().filter(|cq| cq.channel().is_some_and(|c| std::ptr::eq(c, ch))).count();
         ch.cq_count() > ours
     })
 }
 
-/// The distinct channels of `cqs` (at most two are looked at).
-fn channels_of<'a>(cqs: &[&'a CompletionQueue<'_>]) -> [Option<&'a CompletionChannel<'a>>; 2] {
-    let mut out: [Option<&CompletionChannel<'_>>; 2] = [None, None];
-    for ch in cqs.iter().filter_map(|cq| cq.channel()) {
-        if out.iter().flatten().any(|c| std::ptr::eq(*c, ch)) {
-            continue;
+/// The distinct completion channels of a wait's CQs, each once: the first two in place, any
+/// more in a `Vec`, so that a wait over one or two channels allocates nothing. A blocking sleep
+/// watches all of them (it used to watch only the first two: an event on a third woke nothing).
+pub(crate) struct Channels<'a> {
+    few: [Option<&'a CompletionChannel<'a>>; 2],
+    more: Vec<&'a CompletionChannel<'a>>,
+}
+
+impl<'a> Channels<'a> {
+    /// The channels of `cqs`, in the order first met.
+    pub(crate) fn of(cqs: &[&'a CompletionQueue<'_>]) -> Self {
+        let mut out = Channels { few: [None, None], more: Vec::new() };
+        for ch in cqs.iter().filter_map(|cq| cq.channel()) {
+            if out.iter().any(|c| std::ptr::eq(c, ch)) {
+                continue;
+            }
+            match out.few.iter_mut().find(|c| c.is_none()) {
+                Some(free) => *free = Some(ch),
+                None => out.more.push(ch),
+            }
         }
-        if let Some(free) = out.iter_mut().find(|c| c.is_none()) {
-            *free = Some(ch);
-        }
+        out
     }
-    out
+
+    /// Each channel once.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &'a CompletionChannel<'a>> + '_ {
+        self.few.iter().flatten().copied().chain(self.more.iter().copied())
+    }
+
+    /// How many there are.
+    pub(crate) fn len(&self) -> usize {
+        self.few.iter().flatten().count() + self.more.len()
+    }
 }
 
 /// The sleep of [`CqWaiter::wait_async`]: registers the channel's fd with the current runtime's
@@ -390,13 +418,14 @@ async fn sleep_async<T>(
         }
         woken.as_mut().poll(cx).map(|()| None)
     });
-    let ready = match (polled, until.instant()) {
-        (Poll::Ready(r), _) => Some(r),
-        (Poll::Pending, None) => either.await,
-        (Poll::Pending, Some(at)) => match tokio::time::timeout_at(tokio::time::Instant::from_std(at), either).await {
-            Ok(r) => r,
-            Err(_elapsed) => return Ok(None),
-        },
+    let ready = match polled {
+        Poll::Ready(r) => Some(r),
+        Poll::Pending => {
+            match crate::reactor::until(until, either, "ibv_get_cq_event", channel.context().name()).await? {
+                Some(r) => r,
+                None => return Ok(None),
+            }
+        }
     };
     // Readable: take the events (waking the others if some were theirs). Woken by another wait:
     // the caller steps again.
@@ -415,7 +444,7 @@ fn sleep_registered<T>(
     until: Deadline,
     step: &mut impl FnMut() -> Result<Option<T>>,
 ) -> Result<Option<T>> {
-    let channels = channels_of(cqs);
+    let channels = Channels::of(cqs);
     let kick = crate::sleepers::this_threads_kick();
     let registered = crate::sleepers::Registered::new(&channels, kick);
     if let Some(v) = step()? {
@@ -433,32 +462,39 @@ fn sleep_registered<T>(
 /// CQ outside `cqs`. `true` when woken by an event or a kick.
 fn sleep_on(
     cqs: &[&CompletionQueue<'_>],
-    channels: &[Option<&CompletionChannel<'_>>; 2],
+    channels: &Channels<'_>,
     kick: Option<std::os::fd::RawFd>,
     until: Deadline,
 ) -> Result<bool> {
     use std::os::fd::AsRawFd;
-    let mut pfds = [libc::pollfd { fd: -1, events: libc::POLLIN, revents: 0 }; 3];
+    let unset = libc::pollfd { fd: -1, events: libc::POLLIN, revents: 0 };
+    // Every channel, then the kick: in place for up to two channels.
+    let (mut few, mut more) = ([unset; 3], Vec::new());
+    let n = channels.len() + 1;
+    let pfds: &mut [libc::pollfd] = if n <= few.len() {
+        &mut few[..n]
+    } else {
+        more.resize(n, unset);
+        &mut more
+    };
     for (pfd, ch) in pfds.iter_mut().zip(channels.iter()) {
-        if let Some(ch) = ch {
-            pfd.fd = ch.as_raw_fd();
-        }
+        pfd.fd = ch.as_raw_fd();
     }
-    pfds[2].fd = kick.unwrap_or(-1);
+    pfds[n - 1].fd = kick.unwrap_or(-1);
     loop {
-        // SAFETY: three valid pollfds (a negative fd is ignored by poll(2)).
-        let n = unsafe { libc::poll(pfds.as_mut_ptr(), 3, until.poll_timeout_ms()) };
-        if n >= 0 {
-            let kicked = pfds[2].revents != 0 && kick.is_some_and(crate::sleepers::take_kick);
+        // SAFETY: `n` valid pollfds (a negative fd is ignored by poll(2)).
+        let polled = unsafe { libc::poll(pfds.as_mut_ptr(), n as libc::nfds_t, until.poll_timeout_ms()) };
+        if polled >= 0 {
+            let kicked = pfds[n - 1].revents != 0 && kick.is_some_and(crate::sleepers::take_kick);
             let mut woken = kicked;
-            for ch in channels.iter().flatten() {
+            for ch in channels.iter() {
                 woken |= ch.drain_events(cqs, kick)?;
             }
             return Ok(woken);
         }
         let err = std::io::Error::last_os_error();
         if err.raw_os_error() != Some(libc::EINTR) {
-            let device = channels.iter().flatten().next().map(|c| c.context().name());
+            let device = channels.iter().next().map(|c| c.context().name());
             return Err(Error::from_errno("ibv_get_cq_event", device, err.raw_os_error().unwrap_or(libc::EIO)));
         }
     }

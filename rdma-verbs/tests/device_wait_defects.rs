@@ -1,0 +1,140 @@
+//! Device tests of the three wait defects a safe-code review found (issue 34): each failed on the
+//! code before its fix, as each says.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use rdma_verbs::*;
+
+/// Posts one signaled RDMA WRITE of 8 bytes on `qp` (connected to itself) from and to `mr`: its
+/// completion comes on the QP's send CQ.
+fn write_to_self(qp: &QueuePair<'_, Rc, ReadyToSend>, mr: &MemoryRegion<'_>) {
+    let src = [mr.sge(0..8).unwrap()];
+    let remote = mr.remote();
+    // SAFETY: `mr` outlives the write, whose completion the caller waits for before dropping it;
+    // the bytes it overwrites are read by nobody.
+    unsafe { qp.post_send(&mut [SendRequest::write(7, &src, remote.slice(64, 8).unwrap())]).unwrap() };
+}
+
+/// On a thread of `scope`: after 0.3 s, [`write_to_self`] from a region of its own, kept until
+/// `done` says the write completed (a region is not `Sync`).
+fn write_later<'s, 'r: 's>(
+    scope: &'s std::thread::Scope<'s, '_>,
+    qp: &'s QueuePair<'r, Rc, ReadyToSend>,
+    pd: &'s ProtectionDomain<'r>,
+    done: std::sync::mpsc::Receiver<()>,
+) {
+    scope.spawn(move || {
+        let mr = pd.alloc_mr(4096, ALL).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        write_to_self(qp, &mr);
+        let _ = done.recv_timeout(Duration::from_secs(30));
+    });
+}
+
+/// Polls `cq` once: the status of one completion, if one came.
+fn poll_one(cq: &CompletionQueue<'_>) -> Result<Option<WcStatus>> {
+    let mut wcs: [WorkCompletion; 1] = Default::default();
+    Ok(cq.poll(&mut wcs)?.first().map(|wc| wc.status()))
+}
+
+/// A blocking wait over CQs of three completion channels armed all three but slept on only the
+/// first two: a completion on the third woke nothing, and the wait slept to its deadline (5 s
+/// here; for ever with `Deadline::never()`).
+#[test]
+fn a_blocking_wait_over_three_channels_wakes_for_the_third() {
+    let topo = testkit::require_topology!();
+    let ctx = Context::open(&topo.server.device).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let channels = [(); 3].map(|_| ctx.create_completion_channel().unwrap());
+    let cqs: Vec<_> = channels.iter().map(|ch| ctx.create_cq(16, Some(ch)).unwrap()).collect();
+    for last in [2, 0] {
+        let qp = self_connected(&pd, &cqs[last], caps(4, 4));
+        let all: Vec<&CompletionQueue<'_>> = cqs.iter().collect();
+        let mut waiter = CqWaiter::new(WaitPolicy::sleep_at_once());
+        std::thread::scope(|s| {
+            let (done, written) = std::sync::mpsc::channel();
+            write_later(s, &qp, &pd, written);
+            let start = Instant::now();
+            let got = waiter.wait(&all, Deadline::after(Duration::from_secs(5)), || poll_one(&cqs[last])).unwrap();
+            let took = start.elapsed();
+            let _ = done.send(());
+            assert_eq!(got, Some(WcStatus::Success), "the write on channel {last} completed");
+            assert!(took < Duration::from_secs(2), "woken {took:?} after the wait began, for a write made at 0.3 s");
+        });
+    }
+}
+
+#[cfg(feature = "tokio")]
+mod with_tokio {
+    use super::*;
+
+    /// `CqWaiter::idle_async` kept its reactor registration keyed by the channel's address: a
+    /// new channel at the address of a dropped one reused the dead channel's registration, and
+    /// the waiter slept for ever on a file nothing would signal again.
+    #[test]
+    fn an_idle_async_waiter_wakes_on_a_new_channel_at_a_dropped_one_s_address() {
+        let topo = testkit::require_topology!();
+        let ctx = Context::open(&topo.server.device).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let mut waiter = CqWaiter::new(WaitPolicy::sleep_at_once());
+        // One place, so that the second channel lives where the first did.
+        let mut place: Option<CompletionChannel<'_>>;
+        let mut addresses = Vec::new();
+        for round in 0..2 {
+            place = None;
+            let channel: &CompletionChannel<'_> = place.insert(ctx.create_completion_channel().unwrap());
+            addresses.push(std::ptr::from_ref(channel) as usize);
+            let cq = ctx.create_cq(16, Some(channel)).unwrap();
+            let qp = self_connected(&pd, &cq, caps(4, 4));
+            waiter.reset();
+            std::thread::scope(|s| {
+                let (done, written) = std::sync::mpsc::channel();
+                if round == 1 {
+                    write_later(s, &qp, &pd, written);
+                }
+                rt.block_on(async {
+                    assert_eq!(waiter.idle_async(&[&cq], None).await.unwrap(), Idle::Armed);
+                    assert_eq!(poll_one(&cq).unwrap(), None);
+                    if round == 0 {
+                        // The first sleep registers the channel; nothing comes.
+                        let slept = waiter.idle_async(&[&cq], Some(Duration::from_millis(50))).await.unwrap();
+                        assert_eq!(slept, Idle::Slept);
+                        return;
+                    }
+                    let woken = tokio::time::timeout(Duration::from_secs(5), waiter.idle_async(&[&cq], None)).await;
+                    assert_eq!(woken.ok().map(Result::unwrap), Some(Idle::Woken), "asleep 5 s past the write");
+                    assert_eq!(poll_one(&cq).unwrap(), Some(WcStatus::Success));
+                });
+                let _ = done.send(());
+            });
+        }
+        assert_eq!(addresses[0], addresses[1], "the second channel was made where the first was");
+    }
+
+    /// `SendQueue::close_async` with requests in flight, in a runtime built without timers,
+    /// panicked ("A Tokio 1.x context was found, but timers are disabled").
+    #[test]
+    fn close_async_in_a_runtime_without_timers_closes() {
+        let topo = testkit::require_topology!();
+        let (client, mut server) = echo_links(&topo, 1, true).pop().unwrap();
+        // The client's ring holds 16 receives and takes none: the other 8 sends stay in flight,
+        // retrying (RNR) until the close ends them.
+        for i in 0..24u32 {
+            send_bytes(&mut server, &i.to_le_bytes());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        let Link { sq, ring, pool } = server;
+        assert!(sq.in_flight() >= 8, "{} in flight", sq.in_flight());
+        let rt = tokio::runtime::Builder::new_current_thread().enable_io().build().unwrap();
+        let start = Instant::now();
+        let closed = rt.block_on(sq.close_async());
+        assert!(closed.is_ok(), "{closed:?}");
+        // It waited for the drain timeout (5 s), then flushed.
+        assert!(start.elapsed() < Duration::from_secs(30), "closed after {:?}", start.elapsed());
+        drop((ring, pool, client));
+    }
+}
