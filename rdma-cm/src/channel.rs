@@ -44,13 +44,9 @@ impl EventChannel {
         let raw = unsafe { ffi::rdma_create_event_channel() };
         let channel =
             EventChannel { raw: NonNull::new(raw).ok_or_else(|| Error::last_os_error("rdma_create_event_channel"))? };
-        let fd = channel.as_raw_fd();
-        // SAFETY: `fd` is the channel's open descriptor.
-        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-        // SAFETY: as above.
-        if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
-            return Err(Error::last_os_error("fcntl(O_NONBLOCK)"));
-        }
+        // FIONBIO: the same flag as `O_NONBLOCK`.
+        rustix::io::ioctl_fionbio(channel.as_fd(), true)
+            .map_err(|e| Error::from_errno("fcntl(O_NONBLOCK)", e.raw_os_error()))?;
         Ok(channel)
     }
 
@@ -111,18 +107,22 @@ impl EventChannel {
             if deadline.has_passed() {
                 return Err(Error::Timeout { what, device: None, after: timeout });
             }
-            let mut pfd = libc::pollfd { fd: self.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-            // `every` from now (no bound when it is too long to be an instant).
-            let ms = match (deadline.poll_timeout_ms(), Deadline::after(every).poll_timeout_ms()) {
-                (-1, ms) | (ms, -1) => ms,
-                (left, every) => left.min(every),
-            };
-            // SAFETY: one valid pollfd.
-            if unsafe { libc::poll(&mut pfd, 1, ms) } < 0 {
-                let err = Error::last_os_error("poll");
-                if err.errno() != Some(libc::EINTR) {
-                    return Err(err);
+            use rustix::event::{poll, PollFd, PollFlags, Timespec};
+            // At most `every` from now (no bound when the wait has none and `every` is too long
+            // to be an instant).
+            let left = match deadline.min(Deadline::after(every)).instant() {
+                None => None,
+                Some(at) => {
+                    let d = at.saturating_duration_since(std::time::Instant::now());
+                    Some(Timespec {
+                        tv_sec: d.as_secs().try_into().unwrap_or(i64::MAX),
+                        tv_nsec: d.subsec_nanos().into(),
+                    })
                 }
+            };
+            match poll(&mut [PollFd::new(self, PollFlags::IN)], left.as_ref()) {
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(Error::from_errno("poll", e.raw_os_error())),
             }
         }
     }

@@ -234,7 +234,11 @@ impl Error {
     }
 
     pub(crate) fn last_os_error(verb: &'static str) -> Self {
-        Error::Cm { verb, device: None, errno: std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO) }
+        Self::from_errno(verb, std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO))
+    }
+
+    pub(crate) fn from_errno(verb: &'static str, errno: i32) -> Self {
+        Error::Cm { verb, device: None, errno }
     }
 
     pub(crate) fn invalid(verb: &'static str, reason: impl Into<String>) -> Self {

@@ -11,6 +11,10 @@
 //!   connections with `rdma-verbs`' slot pools, send queues and receive rings, and the files.
 //!
 //! The wire format and both state diagrams are in the workspace's `docs/protocol.md`.
+//!
+//! The crate has no `unsafe` code: verbs calls are `rdma-verbs`' and `rdma-cm`'s, POSIX calls
+//! are rustix's.
+#![forbid(unsafe_code)]
 
 pub mod auth;
 pub mod digest;

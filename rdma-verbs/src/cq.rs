@@ -100,7 +100,7 @@ impl<'ctx> CompletionChannel<'ctx> {
         };
         // Non-blocking, so that a thread that lost an event to another (both saw the fd
         // readable) gets EAGAIN and waits again instead of blocking past its timeout.
-        set_nonblocking(channel.as_raw_fd(), "ibv_create_comp_channel", channel.ctx.name())?;
+        set_nonblocking(channel.as_fd(), "ibv_create_comp_channel", channel.ctx.name())?;
         Ok(channel)
     }
 }
@@ -148,15 +148,9 @@ impl<'ctx> CompletionQueue<'ctx> {
     }
 }
 
-/// Sets `O_NONBLOCK` on a verbs file descriptor.
-pub(crate) fn set_nonblocking(fd: RawFd, verb: &'static str, device: &str) -> Result<()> {
-    // SAFETY: fcntl on a descriptor the caller's live object owns; no memory is passed.
-    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    // SAFETY: as above.
-    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
-        return Err(Error::last_os_error(verb, Some(device)));
-    }
-    Ok(())
+/// Makes a verbs file descriptor non-blocking (`FIONBIO`, the same flag as `O_NONBLOCK`).
+pub(crate) fn set_nonblocking(fd: BorrowedFd<'_>, verb: &'static str, device: &str) -> Result<()> {
+    rustix::io::ioctl_fionbio(fd, true).map_err(|e| Error::from_errno(verb, Some(device), e.raw_os_error()))
 }
 
 /// A completion event read from a [`CompletionChannel`]: which CQ it was for.
@@ -207,7 +201,7 @@ impl<'ctx> CompletionChannel<'ctx> {
             if let Some(event) = self.try_recv()? {
                 return Ok(event);
             }
-            wait_readable(self.as_raw_fd(), deadline, timeout, "ibv_get_cq_event", self.ctx.name())?;
+            wait_readable(self.as_fd(), deadline, timeout, "ibv_get_cq_event", self.ctx.name())?;
         }
     }
 
@@ -253,7 +247,11 @@ impl<'ctx> CompletionChannel<'ctx> {
     /// Reads and acknowledges every pending event; `true` if there was one. When one was for a
     /// CQ outside `ours`, the threads asleep on the channel (but `me`) are woken: the event may
     /// have been theirs.
-    pub(crate) fn drain_events(&self, ours: &[&CompletionQueue<'_>], me: Option<RawFd>) -> Result<bool> {
+    pub(crate) fn drain_events(
+        &self,
+        ours: &[&CompletionQueue<'_>],
+        me: Option<&crate::sleepers::Kick>,
+    ) -> Result<bool> {
         let (mut any, mut foreign) = (false, false);
         while let Some(event) = self.try_recv()? {
             any = true;
@@ -363,27 +361,21 @@ impl Drop for CompletionChannel<'_> {
 
 /// Waits until `fd` is readable or `deadline` passes (then `Timeout { after: timeout }`).
 pub(crate) fn wait_readable(
-    fd: RawFd,
+    fd: BorrowedFd<'_>,
     deadline: Deadline,
     timeout: Duration,
     what: &'static str,
     device: &str,
 ) -> Result<()> {
+    use rustix::event::{poll, PollFd, PollFlags};
     loop {
-        let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-        // SAFETY: one valid pollfd.
-        let n = unsafe { libc::poll(&mut pfd, 1, deadline.poll_timeout_ms()) };
-        match n {
-            1.. => return Ok(()),
-            0 if deadline.has_passed() => return Err(Error::Timeout { what, after: timeout }),
-            0 => continue,
-            _ => {
-                // poll(2) failed while waiting for the verb `what`'s event: report it as `what`'s.
-                let err = Error::last_os_error(what, Some(device));
-                if err.errno() != Some(libc::EINTR) {
-                    return Err(err);
-                }
-            }
+        let mut pfd = [PollFd::new(&fd, PollFlags::IN)];
+        match poll(&mut pfd, deadline.poll_timeout().as_ref()) {
+            Ok(1..) => return Ok(()),
+            Ok(0) if deadline.has_passed() => return Err(Error::Timeout { what, after: timeout }),
+            Ok(_) | Err(rustix::io::Errno::INTR) => continue,
+            // poll(2) failed while waiting for the verb `what`'s event: report it as `what`'s.
+            Err(e) => return Err(Error::from_errno(what, Some(device), e.raw_os_error())),
         }
     }
 }

@@ -53,6 +53,12 @@ impl Deadline {
         }
     }
 
+    /// The time left as the timeout of `poll(2)` through rustix: `None` (wait forever) without a
+    /// deadline.
+    pub(crate) fn poll_timeout(&self) -> Option<rustix::event::Timespec> {
+        self.0.map(|_| timespec(self.remaining()))
+    }
+
     /// The time left as a `poll(2)` timeout: milliseconds rounded up, `-1` (wait forever)
     /// without a deadline, at most `c_int::MAX`.
     pub fn poll_timeout_ms(&self) -> libc::c_int {
@@ -65,6 +71,11 @@ impl Deadline {
             }
         }
     }
+}
+
+/// `d` as a `struct timespec` (saturating at `i64::MAX` seconds).
+pub(crate) fn timespec(d: Duration) -> rustix::event::Timespec {
+    rustix::event::Timespec { tv_sec: d.as_secs().try_into().unwrap_or(i64::MAX), tv_nsec: d.subsec_nanos().into() }
 }
 
 #[cfg(test)]

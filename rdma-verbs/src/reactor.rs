@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use tokio::io::unix::{AsyncFd, AsyncFdReadyGuard};
 use tokio::io::Interest;
 
-use crate::deadline::Deadline;
+use crate::deadline::{timespec, Deadline};
 use crate::error::{Error, Result};
 
 /// One sleep's registration of a verbs fd with the current runtime's reactor.
@@ -78,12 +78,10 @@ impl Alarm {
     /// Sets the alarm to ring at `at` (at once if that passed), replacing an earlier setting
     /// and forgetting a ring not yet taken.
     pub(crate) fn set(&self, at: Instant) -> Result<()> {
-        use rustix::time::{timerfd_settime, Itimerspec, TimerfdTimerFlags, Timespec};
+        use rustix::time::{timerfd_settime, Itimerspec, TimerfdTimerFlags};
         // A zero value would disarm the timer: a passed deadline rings after a nanosecond.
         let left = at.saturating_duration_since(Instant::now()).max(Duration::from_nanos(1));
-        let value =
-            Timespec { tv_sec: left.as_secs().try_into().unwrap_or(i64::MAX), tv_nsec: left.subsec_nanos().into() };
-        let spec = Itimerspec { it_interval: Timespec { tv_sec: 0, tv_nsec: 0 }, it_value: value };
+        let spec = Itimerspec { it_interval: timespec(Duration::ZERO), it_value: timespec(left) };
         timerfd_settime(self.fd.get_ref(), TimerfdTimerFlags::empty(), &spec)
             .map(drop)
             .map_err(|e| io_error(self.what, "", &e.into()))

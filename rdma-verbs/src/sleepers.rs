@@ -7,9 +7,9 @@
 //! registered, so the thread whose completion it was steps again.
 
 use std::cell::OnceCell;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use crate::waiter::Channels;
 
@@ -17,12 +17,15 @@ use crate::waiter::Channels;
 /// ([`SHARED_CHANNEL_SLICE`](crate::SHARED_CHANNEL_SLICE)).
 const MAX_SLEEPERS: usize = 16;
 
+/// A thread's eventfd, shared with the tables of the channels it sleeps on.
+pub(crate) type Kick = Arc<OwnedFd>;
+
 /// The eventfds of the threads asleep on one channel.
 #[derive(Debug)]
 pub(crate) struct Sleepers {
     /// Taken only on the way into and out of a sleep, and by a wait that read a foreign event:
     /// never per request.
-    fds: Mutex<[RawFd; MAX_SLEEPERS]>,
+    fds: Mutex<[Option<Kick>; MAX_SLEEPERS]>,
     /// How many are registered: a wake with none to wake takes no lock.
     count: AtomicUsize,
     /// The async waits asleep on the channel (feature `tokio`): an event read by a blocking
@@ -35,7 +38,7 @@ pub(crate) struct Sleepers {
 impl Default for Sleepers {
     fn default() -> Self {
         Sleepers {
-            fds: Mutex::new([-1; MAX_SLEEPERS]),
+            fds: Mutex::new([const { None }; MAX_SLEEPERS]),
             count: AtomicUsize::new(0),
             #[cfg(feature = "tokio")]
             tasks: tokio::sync::Notify::new(),
@@ -44,23 +47,23 @@ impl Default for Sleepers {
 }
 
 impl Sleepers {
-    fn fds(&self) -> std::sync::MutexGuard<'_, [RawFd; MAX_SLEEPERS]> {
+    fn fds(&self) -> std::sync::MutexGuard<'_, [Option<Kick>; MAX_SLEEPERS]> {
         self.fds.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Registers `fd`; `false` when the table is full.
-    fn add(&self, fd: RawFd) -> bool {
+    /// Registers `kick`; `false` when the table is full.
+    fn add(&self, kick: &Kick) -> bool {
         let mut fds = self.fds();
-        let Some(free) = fds.iter_mut().find(|f| **f < 0) else { return false };
-        *free = fd;
+        let Some(free) = fds.iter_mut().find(|f| f.is_none()) else { return false };
+        *free = Some(kick.clone());
         self.count.fetch_add(1, Ordering::AcqRel);
         true
     }
 
-    fn remove(&self, fd: RawFd) {
+    fn remove(&self, kick: &Kick) {
         let mut fds = self.fds();
-        if let Some(f) = fds.iter_mut().find(|f| **f == fd) {
-            *f = -1;
+        if let Some(f) = fds.iter_mut().find(|f| f.as_ref().is_some_and(|f| Arc::ptr_eq(f, kick))) {
+            *f = None;
             self.count.fetch_sub(1, Ordering::AcqRel);
         }
     }
@@ -72,68 +75,61 @@ impl Sleepers {
     }
 
     /// Wakes every registered sleeper but `me`, and every async wait asleep on the channel.
-    pub(crate) fn wake_all(&self, me: Option<RawFd>) {
+    pub(crate) fn wake_all(&self, me: Option<&Kick>) {
         #[cfg(feature = "tokio")]
         self.tasks.notify_waiters();
         if self.count.load(Ordering::Acquire) == 0 {
             return;
         }
-        for &fd in self.fds().iter().filter(|&&f| f >= 0 && Some(f) != me) {
-            let one = 1u64;
-            // SAFETY: `fd` is the eventfd of a thread that is inside its sleep (it removes it,
-            // under this lock, before it returns); 8 readable bytes.
-            let _ = unsafe { libc::write(fd, std::ptr::addr_of!(one).cast(), 8) };
+        let others = self.fds();
+        for kick in others.iter().flatten().filter(|k| !me.is_some_and(|me| Arc::ptr_eq(k, me))) {
+            // A full counter (never, in practice) still leaves the eventfd readable: the
+            // sleeper wakes either way.
+            let _ = rustix::io::write(kick, &1u64.to_ne_bytes());
         }
     }
 }
 
 thread_local! {
     /// This thread's eventfd, made on its first sleep; closed when the thread ends.
-    static KICK: OnceCell<Option<OwnedFd>> = const { OnceCell::new() };
+    static KICK: OnceCell<Option<Kick>> = const { OnceCell::new() };
 }
 
 /// This thread's eventfd (`None` if it cannot be made, or the thread is ending and its
 /// thread-locals are gone, as in a queue dropped by a thread-local's destructor: the sleep is
 /// then sliced).
-pub(crate) fn this_threads_kick() -> Option<RawFd> {
+pub(crate) fn this_threads_kick() -> Option<Kick> {
+    use rustix::event::{eventfd, EventfdFlags};
     KICK.try_with(|k| {
-        k.get_or_init(|| {
-            // SAFETY: no pointers; returns a new fd or -1.
-            let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-            // SAFETY: a fresh descriptor nothing else owns.
-            (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
-        })
-        .as_ref()
-        .map(AsRawFd::as_raw_fd)
+        k.get_or_init(|| eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC).ok().map(Arc::new)).clone()
     })
     .ok()
     .flatten()
 }
 
 /// Reads (resets) this thread's eventfd; whether it had been written.
-pub(crate) fn take_kick(fd: RawFd) -> bool {
-    let mut n = 0u64;
-    // SAFETY: `fd` is this thread's non-blocking eventfd; 8 writable bytes.
-    unsafe { libc::read(fd, std::ptr::addr_of_mut!(n).cast(), 8) == 8 }
+pub(crate) fn take_kick(kick: &Kick) -> bool {
+    let mut n = [0u8; 8];
+    rustix::io::read(kick, &mut n).is_ok_and(|read| read == 8)
 }
 
 /// This thread's registration with the channels it is about to sleep on; removed on drop
 /// (also when the step before the sleep panics).
 pub(crate) struct Registered<'r, 'a> {
     channels: &'r Channels<'a>,
-    fd: Option<RawFd>,
+    kick: Option<&'r Kick>,
     complete: bool,
 }
 
 impl<'r, 'a> Registered<'r, 'a> {
-    pub(crate) fn new(channels: &'r Channels<'a>, fd: Option<RawFd>) -> Self {
-        let mut complete = fd.is_some();
-        if let Some(fd) = fd {
+    pub(crate) fn new(channels: &'r Channels<'a>, kick: Option<&'r Kick>) -> Self {
+        let mut complete = kick.is_some();
+        if let Some(kick) = kick {
             for ch in channels.iter() {
-                complete &= ch.sleepers().add(fd);
+                complete &= ch.sleepers().add(kick);
             }
         }
-        Registered { channels, fd, complete }
+        Registered { channels, kick, complete }
     }
 
     /// Whether every channel registered the thread (else its sleep must be sliced).
@@ -144,9 +140,9 @@ impl<'r, 'a> Registered<'r, 'a> {
 
 impl Drop for Registered<'_, '_> {
     fn drop(&mut self) {
-        if let Some(fd) = self.fd {
+        if let Some(kick) = self.kick {
             for ch in self.channels.iter() {
-                ch.sleepers().remove(fd);
+                ch.sleepers().remove(kick);
             }
         }
     }

@@ -446,14 +446,14 @@ fn sleep_registered<T>(
 ) -> Result<Option<T>> {
     let channels = Channels::of(cqs);
     let kick = crate::sleepers::this_threads_kick();
-    let registered = crate::sleepers::Registered::new(&channels, kick);
+    let registered = crate::sleepers::Registered::new(&channels, kick.as_ref());
     if let Some(v) = step()? {
         return Ok(Some(v));
     }
     // Without a registration (no eventfd, or too many sleepers) a shared channel's sleep is
     // sliced, as `idle`'s.
     let until = if registered.complete() { until } else { sliced_if_shared(cqs, &channels, until) };
-    sleep_on(cqs, &channels, kick, until)?;
+    sleep_on(cqs, &channels, kick.as_ref(), until)?;
     Ok(None)
 }
 
@@ -463,39 +463,47 @@ fn sleep_registered<T>(
 fn sleep_on(
     cqs: &[&CompletionQueue<'_>],
     channels: &Channels<'_>,
-    kick: Option<std::os::fd::RawFd>,
+    kick: Option<&crate::sleepers::Kick>,
     until: Deadline,
 ) -> Result<bool> {
-    use std::os::fd::AsRawFd;
-    let unset = libc::pollfd { fd: -1, events: libc::POLLIN, revents: 0 };
-    // Every channel, then the kick: in place for up to two channels.
-    let (mut few, mut more) = ([unset; 3], Vec::new());
-    let n = channels.len() + 1;
-    let pfds: &mut [libc::pollfd] = if n <= few.len() {
-        &mut few[..n]
-    } else {
-        more.resize(n, unset);
-        &mut more
-    };
-    for (pfd, ch) in pfds.iter_mut().zip(channels.iter()) {
-        pfd.fd = ch.as_raw_fd();
-    }
-    pfds[n - 1].fd = kick.unwrap_or(-1);
-    loop {
-        // SAFETY: `n` valid pollfds (a negative fd is ignored by poll(2)).
-        let polled = unsafe { libc::poll(pfds.as_mut_ptr(), n as libc::nfds_t, until.poll_timeout_ms()) };
-        if polled >= 0 {
-            let kicked = pfds[n - 1].revents != 0 && kick.is_some_and(crate::sleepers::take_kick);
-            let mut woken = kicked;
-            for ch in channels.iter() {
-                woken |= ch.drain_events(cqs, kick)?;
+    use rustix::event::{poll, PollFd, PollFlags};
+    use std::os::fd::AsFd;
+    // The kick first, then every channel: in place for up to two channels.
+    let mut fds = kick.map(|k| k.as_fd()).into_iter().chain(channels.iter().map(|ch| ch.as_fd()));
+    let n = usize::from(kick.is_some()) + channels.len();
+    let (mut few, mut more);
+    let pfds: &mut [PollFd<'_>] = match fds.next() {
+        None => &mut [],
+        Some(first) if n <= 3 => {
+            few = [first; 3].map(|fd| PollFd::from_borrowed_fd(fd, PollFlags::IN));
+            for (pfd, fd) in few[1..].iter_mut().zip(fds) {
+                *pfd = PollFd::from_borrowed_fd(fd, PollFlags::IN);
             }
-            return Ok(woken);
+            &mut few[..n]
         }
-        let err = std::io::Error::last_os_error();
-        if err.raw_os_error() != Some(libc::EINTR) {
-            let device = channels.iter().next().map(|c| c.context().name());
-            return Err(Error::from_errno("ibv_get_cq_event", device, err.raw_os_error().unwrap_or(libc::EIO)));
+        Some(first) => {
+            more = std::iter::once(first)
+                .chain(fds)
+                .map(|fd| PollFd::from_borrowed_fd(fd, PollFlags::IN))
+                .collect::<Vec<_>>();
+            &mut more
+        }
+    };
+    loop {
+        match poll(pfds, until.poll_timeout().as_ref()) {
+            Ok(_) => {
+                let kicked = kick.is_some_and(|k| !pfds[0].revents().is_empty() && crate::sleepers::take_kick(k));
+                let mut woken = kicked;
+                for ch in channels.iter() {
+                    woken |= ch.drain_events(cqs, kick)?;
+                }
+                return Ok(woken);
+            }
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => {
+                let device = channels.iter().next().map(|c| c.context().name());
+                return Err(Error::from_errno("ibv_get_cq_event", device, e.raw_os_error()));
+            }
         }
     }
 }

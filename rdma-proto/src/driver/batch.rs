@@ -388,9 +388,8 @@ mod tests {
         std::fs::write(top.join("ok"), b"x").unwrap();
         std::os::unix::fs::symlink(top.join("ok"), top.join("link")).unwrap();
         std::os::unix::fs::symlink(d.join("nowhere"), top.join("dangling")).unwrap();
-        let fifo = std::ffi::CString::new(top.join("fifo").as_os_str().as_bytes()).unwrap();
-        // SAFETY: a NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+        let (fifo, mode) = (top.join("fifo"), rustix::fs::Mode::from_raw_mode(0o644));
+        rustix::fs::mknodat(rustix::fs::CWD, &fifo, rustix::fs::FileType::Fifo, mode, 0).unwrap();
         // A name that is not UTF-8, a file and a directory.
         let bad = std::ffi::OsStr::from_bytes(b"bad\xff");
         std::fs::write(top.join(bad), b"x").unwrap();

@@ -264,12 +264,10 @@ pub(crate) fn random_bytes<const N: usize>() -> [u8; N] {
     let mut b = [0u8; N];
     let mut done = 0;
     while done < N {
-        // SAFETY: `b[done..]` is writable for `N - done` bytes.
-        let n = unsafe { libc::getrandom(b[done..].as_mut_ptr().cast(), N - done, 0) };
-        if n > 0 {
-            done += n as usize;
-        } else if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
-            panic!("getrandom failed: {}", std::io::Error::last_os_error());
+        match rustix::rand::getrandom(&mut b[done..], rustix::rand::GetRandomFlags::empty()) {
+            Ok(n) => done += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => panic!("getrandom failed: {e}"),
         }
     }
     b
