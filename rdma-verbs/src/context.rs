@@ -84,7 +84,7 @@ impl Context {
             }
         };
         // Non-blocking, so that threads waiting for async events never block past a timeout.
-        crate::cq::set_nonblocking(ctx.async_event_fd(), "ibv_open_device", name)?;
+        crate::wait::fd::set_nonblocking(ctx.async_event_fd(), "ibv_open_device", name)?;
         Ok(ctx)
     }
 

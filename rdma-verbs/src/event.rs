@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 use crate::ffi;
 
 use crate::context::Context;
-use crate::cq::wait_readable;
-use crate::deadline::Deadline;
 use crate::error::{Error, Result};
+use crate::wait::deadline::Deadline;
+use crate::wait::fd::wait_readable;
 
 /// An asynchronous event of a device (`struct ibv_async_event`), already acknowledged.
 ///
@@ -168,7 +168,7 @@ impl Context {
     #[doc(alias = "ibv_get_async_event")]
     pub async fn recv_async_event_async(&self) -> Result<AsyncEvent> {
         let what = "ibv_get_async_event";
-        let watch = crate::reactor::Watch::new(self.async_event_fd(), what, self.name())?;
+        let watch = crate::wait::reactor::Watch::new(self.async_event_fd(), what, self.name())?;
         loop {
             // Readiness is registered (the watch) before each look, so an event after the look
             // wakes this task.

@@ -28,18 +28,19 @@ use std::time::Duration;
 use crate::ffi;
 
 use crate::cq::CompletionQueue;
-use crate::cq_owner::{CqHolder, CqOwner};
-use crate::deadline::Deadline;
+use crate::cq_holder::CqHolder;
+use crate::cq_owner::CqOwner;
 use crate::error::{Error, Result};
 use crate::mr::AccessFlags;
 use crate::parent::Parent;
 use crate::pool::{Slot, SlotPool};
 use crate::qp::state::{CanPostRecv, Transport};
 use crate::qp::{Inner, QueuePair};
-use crate::quiesce;
 use crate::send_queue::POLL_BATCH;
 use crate::srq::{RingRefusal, SharedReceiveQueue};
-use crate::waiter::{CqWaiter, WaitPolicy};
+use crate::wait::deadline::Deadline;
+use crate::wait::quiesce;
+use crate::wait::{CqWaiter, WaitPolicy};
 use crate::wc::{WcOpcode, WcStatus, WorkCompletion};
 use crate::wr_id::{next_generation, tag, untag, Space};
 
@@ -709,7 +710,7 @@ impl RecvRing<'static> {
         if quick {
             return Ok(());
         }
-        crate::reactor::drop_off_runtime(self).await
+        crate::wait::reactor::drop_off_runtime(self).await
     }
 }
 

@@ -21,13 +21,14 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 use crate::cq::CompletionQueue;
-use crate::cq_owner::{CqHolder, CqOwner};
-use crate::deadline::Deadline;
+use crate::cq_holder::CqHolder;
+use crate::cq_owner::CqOwner;
 use crate::error::{Error, Result};
 use crate::qp::state::{CanPostRecv, QpState, ReadyToSend, Transport, TypeState};
 use crate::qp::QueuePair;
-use crate::quiesce::{self, Quiesced};
-use crate::waiter::{CqWaiter, WaitPolicy};
+use crate::wait::deadline::Deadline;
+use crate::wait::quiesce::{self, Quiesced};
+use crate::wait::{CqWaiter, WaitPolicy};
 use crate::wc::WorkCompletion;
 use crate::wr::{RecvRequest, SendRequest};
 use crate::wr_id::{scope_tag, untag_scope, RESERVED_WR_ID_BITS, SCOPE_RECV, SCOPE_SEND};
@@ -286,7 +287,7 @@ impl<'s, 'env, T: Transport, S: TypeState> PostScope<'s, 'env, T, S> {
         Ok(())
     }
 
-    /// Waits for, then flushes, then resets what is still outstanding (`quiesce.rs`).
+    /// Waits for, then flushes, then resets what is still outstanding (`wait/quiesce.rs`).
     fn drain(&mut self) -> Result<()> {
         let mut first_error = None;
         let mut buf: [WorkCompletion; 16] = Default::default();

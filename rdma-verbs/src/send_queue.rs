@@ -31,16 +31,17 @@ use std::time::Duration;
 
 use crate::ffi;
 
-use crate::cq_owner::{CqHolder, CqOwner};
-use crate::deadline::Deadline;
+use crate::cq_holder::CqHolder;
+use crate::cq_owner::CqOwner;
 use crate::error::{Error, Result};
 use crate::mr::AccessFlags;
 use crate::pool::Slot;
 use crate::qp::state::{Connected, ReadyToSend};
 use crate::qp::{Inner, QueuePair};
-use crate::quiesce::{self, Quiesced};
 use crate::request::{Op, PostError, Rejected, SlotCompletion, SlotRequest};
-use crate::waiter::{CqWaiter, WaitPolicy};
+use crate::wait::deadline::Deadline;
+use crate::wait::quiesce::{self, Quiesced};
+use crate::wait::{CqWaiter, WaitPolicy};
 use crate::wc::{WcStatus, WorkCompletion};
 use crate::wr_id::{next_generation, tag, untag, Space, LOW_MASK};
 
@@ -591,7 +592,7 @@ impl<'res, T: Connected> SendQueue<'res, T> {
     }
 
     /// Makes sure the device no longer uses any slot in flight, so they may return to the pool
-    /// (`quiesce.rs`). `false` when that is not proven: the slots must then be leaked.
+    /// (`wait/quiesce.rs`). `false` when that is not proven: the slots must then be leaked.
     fn quiesce(&mut self) -> bool {
         let last = quiesce::is_last_handle(&self.qp);
         let qp = Arc::clone(&self.qp);
@@ -652,12 +653,12 @@ impl<T: Connected + 'static> SendQueue<'static, T> {
             // alarm cannot be made, the blocking part below drains instead.
             let until = Deadline::after(self.drain_timeout);
             let device = self.qp.device().to_owned();
-            let _ = crate::reactor::until(until, self.drain_async(drop), "SendQueue::close_async", &device).await;
+            let _ = crate::wait::reactor::until(until, self.drain_async(drop), "SendQueue::close_async", &device).await;
         }
         if self.held.is_empty() {
             return Ok(());
         }
-        crate::reactor::drop_off_runtime(self).await
+        crate::wait::reactor::drop_off_runtime(self).await
     }
 }
 

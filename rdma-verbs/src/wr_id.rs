@@ -15,7 +15,7 @@
 //!
 //! The generation tells a queue's or ring's requests from those of the previous 2^21 queues and
 //! rings. It wraps, so it is defence in depth only: soundness rests on a CQ having one owner at
-//! a time, which leaves it empty of its completions before letting go (`cq.rs`, `CqOwner`).
+//! a time, which leaves it empty of its completions before letting go (`cq_owner.rs`, `CqOwner`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

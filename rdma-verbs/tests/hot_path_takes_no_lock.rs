@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 const MAY_LOCK: &[(&str, &str)] = &[
     ("src/registry.rs", "the resource registry, taken when a verbs object is created or destroyed"),
     ("src/srq.rs", "the slots a dropped ring left posted on an SRQ, taken when the ring or the SRQ goes"),
-    ("src/sleepers.rs", "the threads asleep on a channel: taken on the way into and out of a sleep (a system call anyway), and when a foreign event wakes them"),
+    ("src/wait/sleepers.rs", "the threads asleep on a channel: taken on the way into and out of a sleep (a system call anyway), and when a foreign event wakes them"),
 ];
 
 /// What a lock looks like in this code base: its types, and taking one (a method called on a

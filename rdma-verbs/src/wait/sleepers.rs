@@ -11,8 +11,6 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::waiter::Channels;
-
 /// The most threads one channel registers at once; more sleep sliced instead
 /// ([`SHARED_CHANNEL_SLICE`](crate::SHARED_CHANNEL_SLICE)).
 const MAX_SLEEPERS: usize = 16;
@@ -52,7 +50,7 @@ impl Sleepers {
     }
 
     /// Registers `kick`; `false` when the table is full.
-    fn add(&self, kick: &Kick) -> bool {
+    pub(crate) fn add(&self, kick: &Kick) -> bool {
         let mut fds = self.fds();
         let Some(free) = fds.iter_mut().find(|f| f.is_none()) else { return false };
         *free = Some(kick.clone());
@@ -60,7 +58,7 @@ impl Sleepers {
         true
     }
 
-    fn remove(&self, kick: &Kick) {
+    pub(crate) fn remove(&self, kick: &Kick) {
         let mut fds = self.fds();
         if let Some(f) = fds.iter_mut().find(|f| f.as_ref().is_some_and(|f| Arc::ptr_eq(f, kick))) {
             *f = None;
@@ -111,39 +109,4 @@ pub(crate) fn this_threads_kick() -> Option<Kick> {
 pub(crate) fn take_kick(kick: &Kick) -> bool {
     let mut n = [0u8; 8];
     rustix::io::read(kick, &mut n).is_ok_and(|read| read == 8)
-}
-
-/// This thread's registration with the channels it is about to sleep on; removed on drop
-/// (also when the step before the sleep panics).
-pub(crate) struct Registered<'r, 'a> {
-    channels: &'r Channels<'a>,
-    kick: Option<&'r Kick>,
-    complete: bool,
-}
-
-impl<'r, 'a> Registered<'r, 'a> {
-    pub(crate) fn new(channels: &'r Channels<'a>, kick: Option<&'r Kick>) -> Self {
-        let mut complete = kick.is_some();
-        if let Some(kick) = kick {
-            for ch in channels.iter() {
-                complete &= ch.sleepers().add(kick);
-            }
-        }
-        Registered { channels, kick, complete }
-    }
-
-    /// Whether every channel registered the thread (else its sleep must be sliced).
-    pub(crate) fn complete(&self) -> bool {
-        self.complete
-    }
-}
-
-impl Drop for Registered<'_, '_> {
-    fn drop(&mut self) {
-        if let Some(kick) = self.kick {
-            for ch in self.channels.iter() {
-                ch.sleepers().remove(kick);
-            }
-        }
-    }
 }

@@ -2,65 +2,14 @@
 //!
 //! The steps are documented on [`CqWaiter`].
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use crate::cq::{CompletionChannel, CompletionQueue};
-use crate::deadline::Deadline;
+use crate::completion_channel::{CompletionChannel, CompletionEvent};
+use crate::cq::CompletionQueue;
 use crate::error::{Error, Result};
-
-/// How a blocking wait of this crate waits for completions: it spins (polls without a system
-/// call) for a budget, then sleeps on the completion channel (see [`CqWaiter`]).
-///
-/// The spin budget trades CPU for latency: a completion that comes within it is taken at once;
-/// one that comes later costs a wake-up (tens of microseconds on hardware, more under
-/// emulation). A waiting thread burns a core for at most the budget, then sleeps.
-///
-/// ```
-/// use std::time::Duration;
-/// use rdma_verbs::WaitPolicy;
-///
-/// assert_eq!(WaitPolicy::default().spin(), WaitPolicy::DEFAULT_SPIN);
-/// assert_eq!(WaitPolicy::sleep_at_once().spin(), Duration::ZERO);
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WaitPolicy {
-    spin: Duration,
-}
-
-impl WaitPolicy {
-    /// The default spin budget: 50 µs, about one round trip of a small message on a RoCE NIC,
-    /// so that a ping-pong on hardware is answered while spinning, while an idle wait sleeps
-    /// after a twenty-thousandth of a second.
-    pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
-
-    /// Spins for `spin` before sleeping. [`Duration::MAX`] spins until the deadline: the
-    /// lowest latency, a whole core per waiting thread.
-    pub const fn spin_then_sleep(spin: Duration) -> Self {
-        WaitPolicy { spin }
-    }
-
-    /// Sleeps as soon as a poll finds nothing (arming first, then polling once more), as
-    /// rdma-core's `ibv_rc_pingpong -e` does.
-    pub const fn sleep_at_once() -> Self {
-        WaitPolicy { spin: Duration::ZERO }
-    }
-
-    /// The spin budget.
-    pub const fn spin(&self) -> Duration {
-        self.spin
-    }
-}
-
-impl Default for WaitPolicy {
-    fn default() -> Self {
-        WaitPolicy::spin_then_sleep(Self::DEFAULT_SPIN)
-    }
-}
-
-/// The longest one sleep of [`CqWaiter::idle`] lasts on a channel that CQs outside the loop
-/// also report to (their waits may read its events), and of a [`CqWaiter::wait`] that could not
-/// register with its channel.
-pub const SHARED_CHANNEL_SLICE: Duration = Duration::from_millis(10);
+use crate::wait::deadline::Deadline;
+use crate::wait::policy::{WaitPolicy, SHARED_CHANNEL_SLICE};
+use crate::wait::sleepers::Kick;
 
 /// What one [`CqWaiter::idle`] step did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,9 +81,9 @@ struct Kept {
     /// The channel's [serial](CompletionChannel::serial): its identity (an address may be a new
     /// channel's, after the old one was dropped).
     serial: u64,
-    watch: crate::reactor::Watch,
+    watch: crate::wait::reactor::Watch,
     /// The re-check's timer, made on the first sleep with one.
-    alarm: Option<crate::reactor::Alarm>,
+    alarm: Option<crate::wait::reactor::Alarm>,
 }
 
 impl CqWaiter {
@@ -220,7 +169,7 @@ impl CqWaiter {
         until: Deadline,
         mut step: impl FnMut() -> Result<Option<T>>,
     ) -> Result<Option<T>> {
-        crate::reactor::in_runtime("ibv_get_cq_event")?;
+        crate::wait::reactor::in_runtime("ibv_get_cq_event")?;
         let channel = single_channel(cqs)?;
         loop {
             if let Some(v) = step()? {
@@ -276,8 +225,12 @@ impl CqWaiter {
     /// [`Error::InvalidArgument`] when a CQ has no channel or the CQs report to two;
     /// [`Error::NoRuntime`] outside a tokio runtime; as `idle`.
     #[cfg(feature = "tokio")]
-    pub async fn idle_async(&mut self, cqs: &[&CompletionQueue<'_>], recheck: Option<Duration>) -> Result<Idle> {
-        crate::reactor::in_runtime("ibv_get_cq_event")?;
+    pub async fn idle_async(
+        &mut self,
+        cqs: &[&CompletionQueue<'_>],
+        recheck: Option<std::time::Duration>,
+    ) -> Result<Idle> {
+        crate::wait::reactor::in_runtime("ibv_get_cq_event")?;
         let channel = single_channel(cqs)?;
         if let Some(step) = self.spin_or_arm(cqs)? {
             if step == Idle::Spun {
@@ -297,7 +250,7 @@ impl CqWaiter {
             None => Kept { serial, watch: channel.watch()?, alarm: None },
         };
         let kept = self.kept.insert(kept);
-        let woken = channel.readable_async_with(&kept.watch, &mut kept.alarm, cqs, recheck).await?;
+        let woken = channel.readable_async_with(&kept.watch, &mut kept.alarm, ours(cqs), recheck).await?;
         Ok(if woken { Idle::Woken } else { Idle::Slept })
     }
 
@@ -306,7 +259,7 @@ impl CqWaiter {
     fn spin_or_arm(&mut self, cqs: &[&CompletionQueue<'_>]) -> Result<Option<Idle>> {
         let now = Instant::now();
         // A budget too large for an `Instant` spins for the whole wait, as `Duration::MAX` does.
-        let spin_until = *self.spin_until.get_or_insert_with(|| now.checked_add(self.policy.spin));
+        let spin_until = *self.spin_until.get_or_insert_with(|| now.checked_add(self.policy.spin()));
         let spinning = spin_until.map_or(true, |end| now < end);
         if spinning || !Self::can_sleep(cqs) {
             return Ok(Some(Idle::Spun));
@@ -353,6 +306,11 @@ fn shared(cqs: &[&CompletionQueue<'_>], channels: &Channels<'_>) -> bool {
         let ours = cqs.iter().filter(|cq| cq.channel().is_some_and(|c| std::ptr::eq(c, ch))).count();
         ch.cq_count() > ours
     })
+}
+
+/// Whether an event is one of `cqs`'.
+fn ours<'a>(cqs: &'a [&CompletionQueue<'_>]) -> impl Fn(&CompletionEvent) -> bool + 'a {
+    move |event| cqs.iter().any(|cq| event.is_for(cq))
 }
 
 /// The distinct completion channels of a wait's CQs, each once: the first two in place, any
@@ -421,7 +379,7 @@ async fn sleep_async<T>(
     let ready = match polled {
         Poll::Ready(r) => Some(r),
         Poll::Pending => {
-            match crate::reactor::until(until, either, "ibv_get_cq_event", channel.context().name()).await? {
+            match crate::wait::reactor::until(until, either, "ibv_get_cq_event", channel.context().name()).await? {
                 Some(r) => r,
                 None => return Ok(None),
             }
@@ -431,7 +389,7 @@ async fn sleep_async<T>(
     // the caller steps again.
     if let Some(guard) = ready {
         let mut guard = guard?;
-        channel.drain_events(cqs, None)?;
+        channel.drain_events(ours(cqs), None)?;
         guard.clear_ready();
     }
     Ok(None)
@@ -445,8 +403,8 @@ fn sleep_registered<T>(
     step: &mut impl FnMut() -> Result<Option<T>>,
 ) -> Result<Option<T>> {
     let channels = Channels::of(cqs);
-    let kick = crate::sleepers::this_threads_kick();
-    let registered = crate::sleepers::Registered::new(&channels, kick.as_ref());
+    let kick = crate::wait::sleepers::this_threads_kick();
+    let registered = Registered::new(&channels, kick.as_ref());
     if let Some(v) = step()? {
         return Ok(Some(v));
     }
@@ -463,7 +421,7 @@ fn sleep_registered<T>(
 fn sleep_on(
     cqs: &[&CompletionQueue<'_>],
     channels: &Channels<'_>,
-    kick: Option<&crate::sleepers::Kick>,
+    kick: Option<&crate::wait::sleepers::Kick>,
     until: Deadline,
 ) -> Result<bool> {
     use rustix::event::{poll, PollFd, PollFlags};
@@ -492,10 +450,10 @@ fn sleep_on(
     loop {
         match poll(pfds, until.poll_timeout().as_ref()) {
             Ok(_) => {
-                let kicked = kick.is_some_and(|k| !pfds[0].revents().is_empty() && crate::sleepers::take_kick(k));
+                let kicked = kick.is_some_and(|k| !pfds[0].revents().is_empty() && crate::wait::sleepers::take_kick(k));
                 let mut woken = kicked;
                 for ch in channels.iter() {
-                    woken |= ch.drain_events(cqs, kick)?;
+                    woken |= ch.drain_events(ours(cqs), kick)?;
                 }
                 return Ok(woken);
             }
@@ -508,9 +466,45 @@ fn sleep_on(
     }
 }
 
+/// This thread's registration with the channels it is about to sleep on; removed on drop
+/// (also when the step before the sleep panics).
+pub(crate) struct Registered<'r, 'a> {
+    channels: &'r Channels<'a>,
+    kick: Option<&'r Kick>,
+    complete: bool,
+}
+
+impl<'r, 'a> Registered<'r, 'a> {
+    pub(crate) fn new(channels: &'r Channels<'a>, kick: Option<&'r Kick>) -> Self {
+        let mut complete = kick.is_some();
+        if let Some(kick) = kick {
+            for ch in channels.iter() {
+                complete &= ch.sleepers().add(kick);
+            }
+        }
+        Registered { channels, kick, complete }
+    }
+
+    /// Whether every channel registered the thread (else its sleep must be sliced).
+    pub(crate) fn complete(&self) -> bool {
+        self.complete
+    }
+}
+
+impl Drop for Registered<'_, '_> {
+    fn drop(&mut self) {
+        if let Some(kick) = self.kick {
+            for ch in self.channels.iter() {
+                ch.sleepers().remove(kick);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     /// A budget too large for an `Instant` spins for the whole wait, as `Duration::MAX` does; it
     /// used to make the spin end at once (found by the review of issue 20).

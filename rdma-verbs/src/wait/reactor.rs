@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use tokio::io::unix::{AsyncFd, AsyncFdReadyGuard};
 use tokio::io::Interest;
 
-use crate::deadline::{timespec, Deadline};
 use crate::error::{Error, Result};
+use crate::wait::deadline::{timespec, Deadline};
 
 /// One sleep's registration of a verbs fd with the current runtime's reactor.
 #[derive(Debug)]

@@ -24,10 +24,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::cq::CompletionQueue;
-use crate::deadline::Deadline;
 use crate::ffi::ibv_qp_state::{IBV_QPS_ERR, IBV_QPS_RESET};
 use crate::qp::Inner;
-use crate::waiter::{CqWaiter, WaitPolicy};
+use crate::wait::deadline::Deadline;
+use crate::wait::{CqWaiter, WaitPolicy};
 
 /// How long a drain waits, at least, for the completions of a flush before it resets the QP.
 ///
