@@ -107,22 +107,10 @@ impl EventChannel {
             if deadline.has_passed() {
                 return Err(Error::Timeout { what, device: None, after: timeout });
             }
-            use rustix::event::{poll, PollFd, PollFlags, Timespec};
             // At most `every` from now (no bound when the wait has none and `every` is too long
-            // to be an instant).
-            let left = match deadline.min(Deadline::after(every)).instant() {
-                None => None,
-                Some(at) => {
-                    let d = at.saturating_duration_since(std::time::Instant::now());
-                    Some(Timespec {
-                        tv_sec: d.as_secs().try_into().unwrap_or(i64::MAX),
-                        tv_nsec: d.subsec_nanos().into(),
-                    })
-                }
-            };
-            match poll(&mut [PollFd::new(self, PollFlags::IN)], left.as_ref()) {
-                Ok(_) | Err(rustix::io::Errno::INTR) => {}
-                Err(e) => return Err(Error::from_errno("poll", e.raw_os_error())),
+            // to be an instant); rdma-verbs' one blocking fd wait.
+            if let Err(e) = rdma_verbs::wait::readable(self.as_fd(), deadline.min(Deadline::after(every))) {
+                return Err(Error::from_errno("poll", e.raw_os_error().unwrap_or(libc::EIO)));
             }
         }
     }
@@ -140,14 +128,13 @@ impl EventChannel {
     /// [`Error::NoRuntime`] outside a Tokio runtime; [`Error::Cm`] when the fd cannot be
     /// duplicated or `epoll_ctl` refuses it. (A runtime built without `enable_io` panics inside
     /// tokio, as every tokio I/O type does.)
-    fn watch(&self, what: &'static str) -> Result<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>> {
-        // Checked first: `AsyncFd::new` panics without a runtime.
+    fn watch(&self, what: &'static str) -> Result<rdma_verbs::wait::Readiness> {
+        // Checked first, for the typed error.
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(Error::NoRuntime { what });
         }
-        let dup = self.as_fd().try_clone_to_owned().map_err(|e| reactor_error(what, "fcntl(F_DUPFD_CLOEXEC)", &e))?;
-        tokio::io::unix::AsyncFd::with_interest(dup, tokio::io::Interest::READABLE)
-            .map_err(|e| reactor_error(what, "epoll_ctl", &e))
+        // rdma-verbs' one registration of a verbs-family fd with the reactor.
+        rdma_verbs::wait::Readiness::new(self.as_fd()).map_err(|e| reactor_error(what, "epoll_ctl", &e))
     }
 
     /// Takes `step` until it gives a value, awaiting the fd's readiness whenever it gives

@@ -214,7 +214,7 @@ mod request;
 mod scope;
 mod send_queue;
 mod srq;
-mod wait;
+pub mod wait;
 mod wc;
 mod wr;
 mod wr_id;

@@ -12,7 +12,30 @@ pub(crate) fn set_nonblocking(fd: BorrowedFd<'_>, verb: &'static str, device: &s
     rustix::io::ioctl_fionbio(fd, true).map_err(|e| Error::from_errno(verb, Some(device), e.raw_os_error()))
 }
 
-/// Waits until `fd` is readable or `deadline` passes (then `Timeout { after: timeout }`).
+/// Waits until `fd` is readable (`true`) or `until` passes (`false`): `poll(2)`, again after
+/// `EINTR`. How every blocking wait of this crate and of `rdma-cm` sleeps on one verbs or CM fd
+/// (a completion channel read directly, the async-event fd, a CM event channel).
+///
+/// # Errors
+/// `poll(2)`'s, but `EINTR`.
+///
+/// # References
+/// - [`poll(2)`](https://man7.org/linux/man-pages/man2/poll.2.html)
+#[doc(alias = "poll")]
+pub fn readable(fd: BorrowedFd<'_>, until: Deadline) -> std::io::Result<bool> {
+    use rustix::event::{poll, PollFd, PollFlags};
+    loop {
+        let mut pfd = [PollFd::new(&fd, PollFlags::IN)];
+        match poll(&mut pfd, until.poll_timeout().as_ref()) {
+            Ok(1..) => return Ok(true),
+            Ok(0) if until.has_passed() => return Ok(false),
+            Ok(_) | Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// [`readable`], with this crate's errors: `Timeout { after: timeout }` when `deadline` passes.
 pub(crate) fn wait_readable(
     fd: BorrowedFd<'_>,
     deadline: Deadline,
@@ -20,15 +43,10 @@ pub(crate) fn wait_readable(
     what: &'static str,
     device: &str,
 ) -> Result<()> {
-    use rustix::event::{poll, PollFd, PollFlags};
-    loop {
-        let mut pfd = [PollFd::new(&fd, PollFlags::IN)];
-        match poll(&mut pfd, deadline.poll_timeout().as_ref()) {
-            Ok(1..) => return Ok(()),
-            Ok(0) if deadline.has_passed() => return Err(Error::Timeout { what, after: timeout }),
-            Ok(_) | Err(rustix::io::Errno::INTR) => continue,
-            // poll(2) failed while waiting for the verb `what`'s event: report it as `what`'s.
-            Err(e) => return Err(Error::from_errno(what, Some(device), e.raw_os_error())),
-        }
+    match readable(fd, deadline) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(Error::Timeout { what, after: timeout }),
+        // poll(2) failed while waiting for the verb `what`'s event: report it as `what`'s.
+        Err(e) => Err(Error::from_errno(what, Some(device), e.raw_os_error().unwrap_or(libc::EIO))),
     }
 }

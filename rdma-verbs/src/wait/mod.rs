@@ -1,24 +1,21 @@
-//! How every wait of this crate waits: the one home of the rules.
+//! How every wait of this crate, and of `rdma-cm`, waits: the one home of the rules.
 //!
-//! - [`Deadline`] (`deadline.rs`): a timeout turned into a point in time once; `Duration::MAX`
-//!   is no deadline.
-//! - [`WaitPolicy`] (`policy.rs`): how long a wait spins before it sleeps.
-//! - [`CqWaiter`] (`waiter.rs`): the steps of a wait for completions (spin, arm, poll once more,
-//!   sleep on the completion channels), blocking and async, and a polling loop's idle step.
-//! - `sleepers.rs`: the threads and tasks asleep on a channel, and how a wait that read another's
-//!   event wakes them.
-//! - `reactor.rs` (feature `tokio`): a verbs fd's registration with the tokio reactor, one per
-//!   sleep, and deadlines as a `timerfd` on the reactor (no tokio timer needed).
-//! - `fd.rs`: blocking waits on a single verbs fd (the async-event fd, a channel read directly)
-//!   and the non-blocking flag every such fd gets.
-//! - `quiesce.rs`: how a QP's requests are taken out of the device's reach before it, or what it
-//!   points at, goes away.
+//! - [`Deadline`]: a timeout turned into a point in time once; `Duration::MAX` is no deadline.
+//! - [`WaitPolicy`]: how long a wait spins before it sleeps.
+//! - [`CqWaiter`]: the steps of a wait for completions (spin, arm, poll once more, sleep on
+//!   every completion channel of its CQs), blocking and async, and a polling loop's idle step.
+//!   [`CompletionQueue::poll_wait`], [`RecvRing`], [`SendQueue`] and [`PostScope`] wait with one.
+//! - [`readable`]: a blocking wait on one non-blocking fd (`poll(2)`), and `Readiness`
+//!   (feature `tokio`): one async wait's registration of a duplicate of the fd with the current
+//!   runtime's reactor. Every other wait of this crate (the async-event fd, a completion channel
+//!   read directly) and every wait of `rdma-cm` on its event channel goes through these two.
+//! - Deadlines of async waits are a `timerfd` on the reactor, not tokio timers: a runtime
+//!   built without time works.
 //!
-//! The resources wait through these and nothing else: [`CompletionChannel`] holds its sleepers,
-//! [`CompletionQueue::poll_wait`], [`RecvRing`], [`SendQueue`] and [`PostScope`] wait with a
-//! [`CqWaiter`].
+//! Inside (the files of `src/wait/`): the threads and tasks asleep on a channel and how a wait
+//! that read another's event wakes them (`sleepers.rs`), and how a QP's requests are taken out
+//! of the device's reach before it, or what it points at, goes away (`quiesce.rs`).
 //!
-//! [`CompletionChannel`]: crate::CompletionChannel
 //! [`CompletionQueue::poll_wait`]: crate::CompletionQueue::poll_wait
 //! [`RecvRing`]: crate::RecvRing
 //! [`SendQueue`]: crate::SendQueue
@@ -34,5 +31,8 @@ pub(crate) mod sleepers;
 mod waiter;
 
 pub use deadline::Deadline;
+pub use fd::readable;
 pub use policy::{WaitPolicy, SHARED_CHANNEL_SLICE};
+#[cfg(feature = "tokio")]
+pub use reactor::Readiness;
 pub use waiter::{CqWaiter, Idle};

@@ -20,10 +20,62 @@ use tokio::io::Interest;
 use crate::error::{Error, Result};
 use crate::wait::deadline::{timespec, Deadline};
 
-/// One sleep's registration of a verbs fd with the current runtime's reactor.
+/// One wait's registration of a duplicate of a non-blocking file descriptor with the reactor of
+/// the current tokio runtime, for readability (feature `tokio`): how every async wait of this
+/// crate and of `rdma-cm` sleeps on a verbs or CM fd.
+///
+/// A registration per wait, of a duplicate (see the module docs of [`wait`](crate::wait)): the
+/// fd is never bound to a runtime, concurrent waits on one fd are separate registrations, and
+/// the duplicate is deregistered before it is closed, so no other file that reuses the number
+/// can be hit.
+#[derive(Debug)]
+pub struct Readiness {
+    fd: AsyncFd<OwnedFd>,
+}
+
+impl Readiness {
+    /// Registers a duplicate of `fd` (`fcntl(F_DUPFD_CLOEXEC)`, then `epoll_ctl`) with the
+    /// current runtime's reactor, readable interest. The caller keeps `fd` itself.
+    ///
+    /// # Errors
+    /// An error of kind `Other` outside a tokio runtime; the OS error when the fd cannot be
+    /// duplicated or the reactor refuses it.
+    ///
+    /// # Panics
+    /// As tokio's own IO types: in a runtime built without IO (`enable_io`).
+    pub fn new(fd: BorrowedFd<'_>) -> std::io::Result<Self> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(std::io::Error::other("not inside a tokio runtime"));
+        }
+        Ok(Readiness { fd: register(fd.try_clone_to_owned()?)? })
+    }
+
+    /// Resolves when the fd is readable (or was, and that was not cleared): clear the guard's
+    /// readiness when a non-blocking read then finds nothing.
+    ///
+    /// # Errors
+    /// The reactor's errors (the runtime shutting down).
+    pub async fn readable(&self) -> std::io::Result<AsyncFdReadyGuard<'_, OwnedFd>> {
+        self.fd.readable().await
+    }
+}
+
+/// Registers `fd` with the current runtime's reactor for readability:
+/// `AsyncFd::with_interest`. Tokio 1.54 deprecates it as "unsound due to lack of I/O safety"
+/// (an inner `AsRawFd` value could close its fd while registered); an `OwnedFd` cannot: it is
+/// closed only when the `AsyncFd` drops it, after deregistering. The replacement,
+/// `AsyncFd::register_with_interest`, needs tokio 1.54, which needs Rust 1.85, above this
+/// workspace's MSRV.
+#[allow(deprecated)]
+fn register(fd: OwnedFd) -> std::io::Result<AsyncFd<OwnedFd>> {
+    AsyncFd::with_interest(fd, Interest::READABLE)
+}
+
+/// One sleep's registration of a verbs fd with the current runtime's reactor, with errors named
+/// for the verb whose event it waits for.
 #[derive(Debug)]
 pub(crate) struct Watch {
-    fd: AsyncFd<OwnedFd>,
+    readiness: Readiness,
     what: &'static str,
 }
 
@@ -39,14 +91,13 @@ impl Watch {
     /// As tokio's own IO types: in a runtime built without IO (`enable_io`).
     pub(crate) fn new(fd: BorrowedFd<'_>, what: &'static str, device: &str) -> Result<Self> {
         in_runtime(what)?;
-        let dup = fd.try_clone_to_owned().map_err(|e| io_error(what, device, &e))?;
-        let fd = AsyncFd::with_interest(dup, Interest::READABLE).map_err(|e| io_error(what, device, &e))?;
-        Ok(Watch { fd, what })
+        let readiness = Readiness::new(fd).map_err(|e| io_error(what, device, &e))?;
+        Ok(Watch { readiness, what })
     }
 
     /// Resolves when the fd is readable (or was, and that was not cleared).
     pub(crate) async fn readable(&self) -> Result<AsyncFdReadyGuard<'_, OwnedFd>> {
-        self.fd.readable().await.map_err(|e| io_error(self.what, "", &e))
+        self.readiness.readable().await.map_err(|e| io_error(self.what, "", &e))
     }
 }
 
@@ -71,7 +122,7 @@ impl Alarm {
         in_runtime(what)?;
         let timer = timerfd_create(TimerfdClockId::Monotonic, TimerfdFlags::NONBLOCK | TimerfdFlags::CLOEXEC)
             .map_err(|e| io_error(what, device, &e.into()))?;
-        let fd = AsyncFd::with_interest(timer, Interest::READABLE).map_err(|e| io_error(what, device, &e))?;
+        let fd = register(timer).map_err(|e| io_error(what, device, &e))?;
         Ok(Alarm { fd, what })
     }
 
