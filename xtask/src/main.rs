@@ -9,10 +9,14 @@
 //! cargo xtask msrv
 //!     checks the stated MSRV (`rust-version`) against every locked normal and build dependency
 //!     of the library crates (`cargo metadata`).
+//! cargo xtask newest-deps
+//!     clippy -D warnings and the host tests against the newest semver-compatible version of
+//!     every dependency: a scratch copy of the workspace under the target directory, `cargo
+//!     update` there (the committed lock stays), removed after.
 //! cargo xtask test [--no-vm]
-//!     every test of the project, step by named step (fmt, lint, docs, host-tests, device-tests
-//!     on Linux 6.1, device-tests-6.12, zero-copy), as scripts/test (which installs what is
-//!     missing first) and CI run it.
+//!     every test of the project, step by named step (fmt, lint, docs, host-tests, newest-deps,
+//!     device-tests on Linux 6.1, device-tests-6.12, zero-copy), as scripts/test (which installs
+//!     what is missing first) and CI run it.
 //! cargo xtask totals FILE
 //!     sums the libtest and bench result lines of a test run's log, leaving out the host's runs of
 //!     device tests (they skip there), and prints "N passed, M failed".
@@ -36,6 +40,7 @@ fn main() -> ExitCode {
         Some("artifacts") => artifacts(&args[1..]),
         Some("test") => test::test(&args[1..]),
         Some("msrv") => msrv(),
+        Some("newest-deps") => test::newest_deps(),
         Some("totals") => match args.get(1) {
             Some(file) => totals(Path::new(file)),
             None => Err("totals: give the log file".into()),

@@ -57,6 +57,15 @@ struct Run {
 
 type Step = Result<(), String>;
 
+/// `cargo xtask newest-deps`: the test command's newest-deps step alone.
+pub(crate) fn newest_deps() -> Step {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace").to_path_buf();
+    let results_path = target_dir(&root).join("newest-deps-results.log");
+    std::fs::create_dir_all(results_path.parent().expect("a parent")).map_err(|e| e.to_string())?;
+    let results = File::create(&results_path).map_err(|e| format!("{}: {e}", results_path.display()))?;
+    Run { root, results, results_path, rxe_rerun: None }.newest_deps()
+}
+
 pub(crate) fn test(args: &[String]) -> Step {
     let vm = match args.first().map(String::as_str) {
         None => true,
@@ -114,6 +123,12 @@ pub(crate) fn test(args: &[String]) -> Step {
     run.cargo(&[&["clippy", "--all-targets"][..], &core, &["--", "-D", "warnings"]].concat(), &no_libs)?;
     run.tee("cargo", &[&["test"][..], &core].concat(), &no_libs)
         .map_err(|e| format!("rdma-proto's core-only tests failed: {e}"))?;
+
+    run.step(
+        "newest-deps",
+        "clippy -D warnings and the host tests against the newest semver-compatible version of every dependency (cargo update in a scratch copy; the committed lock stays)",
+    );
+    run.newest_deps()?;
 
     run.step(
         "device-tests",
@@ -197,6 +212,31 @@ pub(crate) fn test(args: &[String]) -> Step {
         log(&format!("NOTE: {note}"));
     }
     println!("tests: {passed} passed, {failed} failed");
+    Ok(())
+}
+
+/// Copies the tree at `from` into `to`, but `.git`, `target` and `skip` (the target directory,
+/// wherever it is); symbolic links stay links.
+fn copy_sources(from: &Path, to: &Path, skip: &Path) -> Step {
+    std::fs::create_dir_all(to).map_err(|e| format!("{}: {e}", to.display()))?;
+    for entry in std::fs::read_dir(from).map_err(|e| format!("{}: {e}", from.display()))? {
+        let entry = entry.map_err(|e| e.to_string())?;
+        let (path, name) = (entry.path(), entry.file_name());
+        if name == ".git" || name == "target" || path == skip {
+            continue;
+        }
+        let dest = to.join(&name);
+        let kind = entry.file_type().map_err(|e| format!("{}: {e}", path.display()))?;
+        let copied = if kind.is_symlink() {
+            std::fs::read_link(&path).and_then(|target| std::os::unix::fs::symlink(target, &dest))
+        } else if kind.is_dir() {
+            copy_sources(&path, &dest, skip)?;
+            Ok(())
+        } else {
+            std::fs::copy(&path, &dest).map(drop)
+        };
+        copied.map_err(|e| format!("copying {}: {e}", path.display()))?;
+    }
     Ok(())
 }
 
@@ -344,6 +384,41 @@ impl Run {
         if !status.success() {
             return Err(format!("{program} {} ({status})", args.join(" ")));
         }
+        Ok(())
+    }
+
+    /// The newest-deps step: the workspace's sources (not `target`, not `.git`) copied into the
+    /// target directory, their lock updated to the newest semver-compatible version of every
+    /// dependency (`cargo update`, which prints each change), then clippy `-D warnings` and the
+    /// host tests there, in a target directory of their own, removed after. A user who runs
+    /// `cargo add` gets these versions, not the lock's: a deprecation or a break in one shows
+    /// here first. The committed lock (kept at versions the MSRV builds) is not touched.
+    fn newest_deps(&self) -> Step {
+        let scratch = target_dir(&self.root).join("newest-deps");
+        let _ = std::fs::remove_dir_all(&scratch);
+        let src = scratch.join("src");
+        copy_sources(&self.root, &src, &target_dir(&self.root))?;
+        let scratch_target = scratch.join("target");
+        let scratch_target = scratch_target.to_str().ok_or("a non-UTF-8 target directory")?;
+        let env =
+            [("CARGO_TARGET_DIR", scratch_target), ("RDMA_LAYOUT_REQUIRED", "1"), ("RDMA_TEST_REQUIRE_DEVICE", "")];
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let in_copy = |args: &[&str]| -> Step {
+            let mut c = self.command(&cargo, args, &env);
+            c.current_dir(&src);
+            let status = c.status().map_err(|e| format!("{cargo}: {e}"))?;
+            if !status.success() {
+                return Err(format!("with the newest dependencies, cargo {} failed ({status})", args.join(" ")));
+            }
+            Ok(())
+        };
+        in_copy(&["update"])?;
+        in_copy(
+            &[&["clippy", "--workspace", "--all-targets"][..], &TESTED_FEATURES, &["--", "-D", "warnings"]].concat(),
+        )?;
+        in_copy(&[&["test", "--workspace"][..], &TESTED_FEATURES].concat())?;
+        // Its space goes back to the device tests' builds.
+        let _ = std::fs::remove_dir_all(&scratch);
         Ok(())
     }
 
