@@ -6,7 +6,7 @@
 //! knows only XXH3-128 and goes on using it. Which one is faster depends on the CPU: measured
 //! in the project's VM (QEMU TCG), XXH64 hashed 2.0-2.9 GB/s and XXH3-128 0.58-0.65 GB/s;
 //! natively on the same host XXH3-128 ran 15-20 GB/s and XXH64 10-12 GB/s
-//! (`docs/protocol.md`, "Integrity").
+//! ([`docs/protocol.md`, "Integrity"](https://github.com/rdma-rs/rdma-rs/blob/main/docs/protocol.md#integrity)).
 
 use crate::wire::caps;
 

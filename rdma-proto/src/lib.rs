@@ -1,6 +1,29 @@
 //! File transfer over RDMA: a Send/Recv control plane (HELLO, GRANT, CREDIT, FIN, ACK) and a
 //! pipelined one-sided RDMA WRITE data plane.
 //!
+//! # Quick start
+//!
+//! A receiver serving a directory on a thread of its own, and a send to it (more, and the
+//! async forms, in [`driver`]):
+//!
+//! ```no_run
+//! # #[cfg(feature = "driver")]
+//! # fn main() -> Result<(), rdma_proto::driver::Error> {
+//! use rdma_proto::driver::{send_file, ReceiveOptions, SendOptions, Server};
+//!
+//! let (addr, mut opts) = ("10.0.0.1:7471".parse().unwrap(), ReceiveOptions::default());
+//! opts.dir = Some("/srv/incoming".into());
+//! let server = Server::bind(addr, opts)?;
+//! std::thread::spawn(move || server.serve(None, |r| println!("{}: {:?}", r.peer, r.result)));
+//!
+//! let report = send_file("data.bin".as_ref(), &SendOptions::new(addr), |_done, _total| {})?;
+//! println!("sent {} bytes in {:?}", report.bytes, report.total);
+//! # Ok(())
+//! # }
+//! # #[cfg(not(feature = "driver"))]
+//! # fn main() {}
+//! ```
+//!
 //! The crate has two layers, after quinn-proto and quinn:
 //! - **the protocol core**, with no I/O and no clock: the wire codec ([`wire`]), the
 //!   [`Status`] an ACK carries, name checks ([`name`]), and the [`sender`] and [`receiver`]
@@ -10,7 +33,7 @@
 //! - **the driver** (feature `driver`, on by default): runs the machines over `rdma-cm`
 //!   connections with `rdma-verbs`' slot pools, send queues and receive rings, and the files.
 //!
-//! The wire format and both state diagrams are in the workspace's `docs/protocol.md`.
+//! The wire format and both state diagrams are in the workspace's [`docs/protocol.md`](https://github.com/rdma-rs/rdma-rs/blob/main/docs/protocol.md).
 //!
 //! The crate has no `unsafe` code: verbs calls are `rdma-verbs`' and `rdma-cm`'s, POSIX calls
 //! are rustix's.
@@ -92,7 +115,7 @@ pub enum ProtocolError {
     Unsealed,
     /// The receiver's device completed a WRITE with immediate a second time: the chunk that
     /// arrived last came again. Linux 6.1's rxe does so under load, when it executes a
-    /// retransmitted WRITE it had already completed (`docs/testing.md`, Known limits); a peer
+    /// retransmitted WRITE it had already completed ([`docs/testing.md`, Known limits](https://github.com/rdma-rs/rdma-rs/blob/main/docs/testing.md#known-limits)); a peer
     /// that sends a chunk twice looks the same, and loses only its own session. The receiver
     /// ends the session without a verdict (the connection, not the sender, failed), so that a
     /// sender with retries sends again and resumes.

@@ -111,7 +111,7 @@ impl Default for ReceiverConfig {
 /// [`ReceiverConfig::min_rate`]'s default: 16 KiB/s. Below one chunk of the sender's default
 /// 512 KiB per 30 s window, and a third of the slowest window an honest sender kept among
 /// sixteen at once on two emulated CPUs under Linux 6.1's retransmission storm (1.5 MB in 30 s,
-/// `docs/results.md`); above what a peer that trickles to hold places wants to spend on each.
+/// [`docs/results/`](https://github.com/rdma-rs/rdma-rs/blob/main/docs/results)); above what a peer that trickles to hold places wants to spend on each.
 pub const DEFAULT_MIN_RATE: u64 = 16 << 10;
 
 /// What each ENTRY of a batch counts for towards [`ReceiverConfig::min_rate`], in bytes,
@@ -119,7 +119,7 @@ pub const DEFAULT_MIN_RATE: u64 = 16 << 10;
 /// its place with 16 entries a second. An honest sender offers each entry as soon as the last
 /// one's verdict arrives (the receiver's own time opening it is not the sender's): a batch of
 /// 2,000 entries all refused (files that exist) ran at 120 a second on the emulated CPUs of the
-/// test VM (`docs/results.md`), and real CPUs and NICs are faster. A peer trickling entries to
+/// test VM ([`docs/results/`](https://github.com/rdma-rs/rdma-rs/blob/main/docs/results)), and real CPUs and NICs are faster. A peer trickling entries to
 /// hold a place must send that many. Before, each ENTRY counted 16 KiB, and then each entry
 /// stored (a directory that exists already, an empty file) did: one a second held a place for
 /// the whole of [`ReceiverConfig::max_entries`] (review findings R1, H1).

@@ -5,7 +5,7 @@
 //! are big-endian (network byte order). The header carries the message's total length, so a
 //! message read from a zero-padded buffer (a receive slot, CM private data) is cut at its own
 //! end. Decoding never panics: anything truncated, oversized, of an unknown kind or with
-//! invalid fields is a [`WireError`]. The layout, field by field, is in `docs/protocol.md`.
+//! invalid fields is a [`WireError`]. The layout, field by field, is in [`docs/protocol.md`](https://github.com/rdma-rs/rdma-rs/blob/main/docs/protocol.md).
 //!
 //! # Compatibility
 //! A later version appends fields to the end of a body and announces them with a capability
@@ -59,7 +59,7 @@ pub const PROTOCOL_VERSIONS: std::ops::RangeInclusive<u16> = 1..=1;
 pub mod caps {
     /// The whole-file digest is XXH3-128 ([`DIGEST_LEN`](super::DIGEST_LEN) bytes, big-endian).
     /// Required in version 1: measured in the VM, BLAKE3 hashed 38 MB/s, XXH3-128 441 MB/s,
-    /// against a transfer of about 70 MB/s (`docs/protocol.md`).
+    /// against a transfer of about 70 MB/s ([`docs/protocol.md`](https://github.com/rdma-rs/rdma-rs/blob/main/docs/protocol.md)).
     pub const DIGEST_XXH3_128: u32 = 1 << 0;
     /// The whole-file digest is BLAKE3 in keyed mode (32 bytes), keyed per file from the
     /// shared secret ([`crate::digest::Digest::Blake3Keyed`]). Offered, and granted, only with
@@ -234,8 +234,8 @@ pub struct Lane {
 
 /// KNOCK: a sender with the secret proves it in its session's first connect request (its
 /// private data), before any connection exists, so that a receiver whose places are all taken
-/// by connections that proved nothing gives it one of theirs (`docs/protocol.md`, "Threat
-/// model"). The header's session field is the knock's own random id, which a receiver takes
+/// by connections that proved nothing gives it one of theirs ([`docs/protocol.md`, "Threat
+/// model"](https://github.com/rdma-rs/rdma-rs/blob/main/docs/protocol.md#threat-model)). The header's session field is the knock's own random id, which a receiver takes
 /// once. A receiver without a secret, or one that does not know KNOCK, serves the request as
 /// one without it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -24,7 +24,7 @@
 //! `rdma-verbs` crate.
 //!
 //! # References
-//! - [libibverbs(7)](https://man7.org/linux/man-pages/man7/rdma_cm.7.html) and the `ibv_*(3)` pages
+//! - [libibverbs(7)](https://man7.org/linux/man-pages/man7/libibverbs.7.html) and the `ibv_*(3)` pages
 //! - [rdma-core](https://github.com/linux-rdma/rdma-core)
 #![no_std]
 #![allow(non_camel_case_types, non_snake_case, non_upper_case_globals, missing_docs)]

@@ -161,7 +161,7 @@
 //! with the reactor of the runtime each wait runs on; no `unsafe` is needed, and no thread is
 //! started. Every async
 //! wait is cancellation-safe: it takes a completion only in the step that returns it, so a
-//! dropped future loses nothing (docs/safety.md, "Waiting and cancellation"). Dropping a
+//! dropped future loses nothing ([`docs/safety.md`, "Waiting and cancellation"](https://github.com/rdma-rs/rdma-rs/blob/main/docs/safety.md#waiting-and-cancellation)). Dropping a
 //! queue or ring may wait for the device: `close_async` does that on tokio's blocking pool.
 //!
 //! | to | blocks the thread | never blocks | awaits (feature `tokio`) |

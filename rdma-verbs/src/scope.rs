@@ -57,7 +57,7 @@ use crate::wr_id::{scope_tag, untag_scope, RESERVED_WR_ID_BITS, SCOPE_RECV, SCOP
 /// timeout; past that it flushes them (QP to the error state) and waits for the flushed
 /// completions, at least five seconds. Only if some never come (lost to a CQ that other QPs
 /// overran) does it reset the QP, after that long in the error state (a reset that races a
-/// packet in progress is not enough on rxe: see `docs/safety.md`); the reset removes every
+/// packet in progress is not enough on rxe: see [`docs/safety.md`](https://github.com/rdma-rs/rdma-rs/blob/main/docs/safety.md)); the reset removes every
 /// request without a completion, and the QP's type then no longer tells its state
 /// ([`QueuePair::state`] does). Only a device that refuses even the reset makes it abort the
 /// process, rather than end the borrows while the NIC may write.

@@ -78,7 +78,7 @@ impl Hasher {
 /// Which one wins depends on the machine, by a wide margin either way: XXH3-128 is built on
 /// SIMD and XXH64 on scalar 64-bit multiplies. In the project's QEMU TCG guest XXH64 hashed
 /// 2.0-2.9 GB/s and XXH3-128 0.58-0.65 GB/s; natively on the same host XXH3-128 ran 15-20 GB/s
-/// and XXH64 10-12 GB/s (`docs/protocol.md`, "Integrity").
+/// and XXH64 10-12 GB/s ([`docs/protocol.md`, "Integrity"](https://github.com/rdma-rs/rdma-rs/blob/main/docs/protocol.md#integrity)).
 pub fn fastest_digest() -> Digest {
     static FASTEST: OnceLock<Digest> = OnceLock::new();
     *FASTEST.get_or_init(|| {

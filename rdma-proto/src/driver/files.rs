@@ -5,7 +5,7 @@
 //! directory under it, opened one component at a time) and follows no symbolic link: no name
 //! a sender chooses, and no link or hard link a local user plants at a temporary's, partial's
 //! or sidecar's name, makes the receiver touch a file outside its destination
-//! (`docs/protocol.md`, "Threat model").
+//! ([`docs/protocol.md`, "Threat model"](https://github.com/rdma-rs/rdma-rs/blob/main/docs/protocol.md#threat-model)).
 
 use std::fs::File;
 use std::io;

@@ -173,7 +173,7 @@ pub(crate) fn send_control(
 /// budget, by default none ([`WAIT`]), arms the CQs, polls once more, then sleeps on their
 /// shared completion channel until a completion or `IDLE_WAIT`).
 ///
-/// Why sleep rather than spin (measured under TCG, `docs/protocol.md`): a spinning thread takes
+/// Why sleep rather than spin (measured under TCG, [`docs/protocol.md`](https://github.com/rdma-rs/rdma-rs/blob/main/docs/protocol.md)): a spinning thread takes
 /// the vCPU rxe's own packet processing needs (the transfer reached 0.84x `ib_write_bw`), and
 /// short sleeps cost a timer interrupt each, tens of thousands a second (0.85x with 20 us
 /// sleeps, 0.93x with 1 ms ones). A thread woken by its completions costs neither.
@@ -192,7 +192,7 @@ pub(crate) struct Pacer {
 /// [`ReceiveOptions::wait`](super::ReceiveOptions::wait)): they sleep as soon as a round made
 /// no progress, spinning not at all. A chunk takes milliseconds to arrive (tens of µs on a
 /// 100 Gb/s NIC), so a spin budget of a round trip buys no latency worth having; under TCG it
-/// cost the receiver CPU and the transfer speed (`docs/protocol.md`, "Speed, and the defaults").
+/// cost the receiver CPU and the transfer speed ([`docs/protocol.md`, "Speed, and the defaults"](https://github.com/rdma-rs/rdma-rs/blob/main/docs/protocol.md#speed-and-the-defaults)).
 pub(crate) const WAIT: WaitPolicy = WaitPolicy::sleep_at_once();
 
 impl Pacer {
@@ -302,7 +302,7 @@ pub(crate) fn take_arrivals(
 /// lifetime, the CM's 7 transport retries (the most there are) and RNR retries without end (a
 /// receive is posted for every WRITE the receiver grants, so an RNR NAK means a control
 /// message outran the peer's reposting, never a failure). Why [`ACK_TIMEOUT`] is the default:
-/// `docs/protocol.md`, "Recovery under loss".
+/// [`docs/protocol.md`, "Recovery under loss"](https://github.com/rdma-rs/rdma-rs/blob/main/docs/protocol.md#recovery-under-loss).
 pub(crate) fn conn_params<'a>(ack_timeout: u8) -> rdma_cm::ConnParams<'a> {
     rdma_cm::ConnParams::new().ack_timeout(ack_timeout)
 }
@@ -311,7 +311,7 @@ pub(crate) fn conn_params<'a>(ack_timeout: u8) -> rdma_cm::ConnParams<'a> {
 /// [`ReceiveOptions::ack_timeout`](super::ReceiveOptions)): perftest's 14, 4.096 µs × 2^14 =
 /// 67 ms. Shorter ones recover sooner under loss but retransmit on a clean wire when the peer
 /// is slow to ACK, and Linux 6.1's rxe refuses some retransmitted WRITEs with immediate
-/// (`docs/protocol.md`, "Recovery under loss").
+/// ([`docs/protocol.md`, "Recovery under loss"](https://github.com/rdma-rs/rdma-rs/blob/main/docs/protocol.md#recovery-under-loss)).
 pub(crate) const ACK_TIMEOUT: u8 = 14;
 
 /// Checks an ACK timeout exponent (5 bits; 0 would mean no timeout at all).

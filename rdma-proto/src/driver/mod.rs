@@ -226,7 +226,7 @@ impl Error {
     /// Whether the connection failed mid-session, without a verdict ([`Error::PeerDisconnected`],
     /// [`Error::ConnectionLost`]): the transfer may succeed if sent again, and a resume then
     /// sends only what the receiver lacks. [`SendOptions::retries`] sends again on these.
-    /// Linux 6.1's rxe ends some connections so under load (`docs/testing.md`, Known limits).
+    /// Linux 6.1's rxe ends some connections so under load ([`docs/testing.md`, Known limits](https://github.com/rdma-rs/rdma-rs/blob/main/docs/testing.md#known-limits)).
     pub fn is_transient(&self) -> bool {
         matches!(self, Error::PeerDisconnected | Error::ConnectionLost { .. })
     }

@@ -21,7 +21,7 @@
 //! A displaced connection ends within 20 ms, at its next slow check once established, or in
 //! its accept (`ConnectRequest::accept_while`) while its request is not completed yet, with
 //! [`Error::Preempted`], and its teardown waits for nothing; until then it holds its thread
-//! and queue pair. What these rules do not stop (docs/protocol.md, "Threat model"): without a
+//! and queue pair. What these rules do not stop ([`docs/protocol.md`, "Threat model"](https://github.com/rdma-rs/rdma-rs/blob/main/docs/protocol.md#threat-model)): without a
 //! secret, peers on about as many addresses as there are places, each holding one, or peers
 //! whose connections are sessions (they sent a HELLO: the pace floor ends a trickling one
 //! after a `timeout`), or a peer on the sender's own address; with or without one, a flood of

@@ -36,7 +36,7 @@ pub struct ReceiveOptions {
     /// The directory files are stored in; `None` receives into memory only (the data is
     /// checked against the digest, then thrown away). [`Server::bind`] opens it once and
     /// proves it can take files; every file is then made relative to it, following no link
-    /// (`docs/protocol.md`, "Threat model").
+    /// ([`docs/protocol.md`, "Threat model"](https://github.com/rdma-rs/rdma-rs/blob/main/docs/protocol.md#threat-model)).
     pub dir: Option<PathBuf>,
     /// Replace existing files.
     pub overwrite: bool,
@@ -68,7 +68,7 @@ pub struct ReceiveOptions {
     pub ack_timeout: u8,
     /// How the session's loop waits for completions once a round made no progress: by
     /// default it sleeps on the CQs' channel at once ([`rdma_verbs::WaitPolicy::sleep_at_once`]; why:
-    /// `docs/protocol.md`, "Speed, and the defaults"). A spin budget
+    /// [`docs/protocol.md`, "Speed, and the defaults"](https://github.com/rdma-rs/rdma-rs/blob/main/docs/protocol.md#speed-and-the-defaults)). A spin budget
     /// ([`rdma_verbs::WaitPolicy::spin_then_sleep`]) trades a core for the wake-up latency.
     pub wait: rdma_verbs::WaitPolicy,
     /// How long an accepted connection may take to send its HELLO, and then (with a secret)
@@ -84,7 +84,7 @@ pub struct ReceiveOptions {
     /// connect request ([`wire::Knock`]) takes any unproven place at any age. So connections
     /// that are opened and then hold still keep a sender out for at most this long, and
     /// connections that prove nothing cannot take a secret holder's place; what stays open
-    /// (floods of requests among it) is in `docs/protocol.md`, "Threat model". A sender without a secret
+    /// (floods of requests among it) is in [`docs/protocol.md`, "Threat model"](https://github.com/rdma-rs/rdma-rs/blob/main/docs/protocol.md#threat-model). A sender without a secret
     /// slower than this to send its HELLO may itself be displaced while the receiver is full.
     /// [`Duration::MAX`] keeps every place to its connection's HELLO timeout.
     pub preempt_after: Duration,
@@ -106,7 +106,7 @@ pub struct ReceiveOptions {
     /// transfer looks for one).
     pub partial_ttl: Duration,
     /// Most partials kept at once (64 by default): keeping one more gives up the oldest
-    /// (`docs/protocol.md`, "Threat model"), so that senders that break off on purpose cannot
+    /// ([`docs/protocol.md`, "Threat model"](https://github.com/rdma-rs/rdma-rs/blob/main/docs/protocol.md#threat-model)), so that senders that break off on purpose cannot
     /// make the receiver keep data without end. 0 keeps none.
     pub max_partials: usize,
     /// Most bytes the partials kept hold together (256 GiB by default): keeping one more gives

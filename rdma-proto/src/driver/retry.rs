@@ -17,8 +17,8 @@ const MOST_BACKOFF: Duration = Duration::from_secs(4);
 
 /// How much each retry raises the QP's ACK timeout exponent ([`SendOptions::ack_timeout`]):
 /// one that fails mid-session is most often one whose peer's device was too slow to answer in
-/// time, and a retransmission is what Linux 6.1's rxe then mishandles (docs/testing.md, Known
-/// limits). Sixteen senders at once on 6.1 under TCG lost 65 sessions in 48 sends at exponent
+/// time, and a retransmission is what Linux 6.1's rxe then mishandles ([`docs/testing.md`, Known
+/// limits](https://github.com/rdma-rs/rdma-rs/blob/main/docs/testing.md#known-limits)). Sixteen senders at once on 6.1 under TCG lost 65 sessions in 48 sends at exponent
 /// 14 (67 ms) and none at 18 (1.07 s), where 6.12 lost none at 14; a lossy wire, on the other
 /// hand, recovers a lost last packet only after a whole timeout, so the first attempt keeps
 /// the one asked for.

@@ -47,12 +47,12 @@ pub struct SendOptions {
     /// How long a phase may make no progress.
     pub timeout: Duration,
     /// The QP's local ACK timeout, an exponent: a WRITE not acknowledged within 4.096 µs ×
-    /// 2^`ack_timeout` is sent again (1..=31; the default's reason: `docs/protocol.md`,
-    /// "Recovery under loss").
+    /// 2^`ack_timeout` is sent again (1..=31; the default's reason: [`docs/protocol.md`,
+    /// "Recovery under loss"](https://github.com/rdma-rs/rdma-rs/blob/main/docs/protocol.md#recovery-under-loss)).
     pub ack_timeout: u8,
     /// How the session's loop waits for completions once a round made no progress: by
     /// default it sleeps on the CQs' channel at once ([`rdma_verbs::WaitPolicy::sleep_at_once`]; why:
-    /// `docs/protocol.md`, "Speed, and the defaults"). A spin budget
+    /// [`docs/protocol.md`, "Speed, and the defaults"](https://github.com/rdma-rs/rdma-rs/blob/main/docs/protocol.md#speed-and-the-defaults)). A spin budget
     /// ([`rdma_verbs::WaitPolicy::spin_then_sleep`]) trades a core for the wake-up latency.
     pub wait: rdma_verbs::WaitPolicy,
     /// Set it to cancel the send: it ends with [`Error::Cancelled`] at the end of the current
@@ -83,7 +83,7 @@ pub struct SendOptions {
     /// uses up a retry too; if the last one cannot, the send ends with the error that started
     /// the retries. A verdict is never retried; a retry told `Exists` says that the failed
     /// attempt may have stored the file. Default 0: [`send_file`] reports the first failure.
-    /// [`send_files`] does not retry. The rules: `docs/protocol.md`, "Resuming".
+    /// [`send_files`] does not retry. The rules: [`docs/protocol.md`, "Resuming"](https://github.com/rdma-rs/rdma-rs/blob/main/docs/protocol.md#resuming-capability-resume).
     pub retries: u32,
     /// Test hook: offer these protocol versions and send the name unchecked.
     #[cfg(feature = "fault-injection")]
@@ -137,7 +137,7 @@ pub enum AfterFin {
 
 impl SendOptions {
     /// Defaults for sending to `to`: 512 KiB chunks, 4 in flight, one lane (each chosen by
-    /// measurement: `docs/protocol.md`, "Speed, and the defaults"), 10 s to connect, 30 s
+    /// measurement: [`docs/protocol.md`, "Speed, and the defaults"](https://github.com/rdma-rs/rdma-rs/blob/main/docs/protocol.md#speed-and-the-defaults)), 10 s to connect, 30 s
     /// without progress.
     pub fn new(to: SocketAddr) -> Self {
         SendOptions {
