@@ -61,6 +61,7 @@ impl<'res> Leaving<'res> {
 /// # References
 /// - [`rdma_disconnect(3)`](https://man7.org/linux/man-pages/man3/rdma_disconnect.3.html)
 #[derive(Debug)]
+#[must_use = "dropping it at once releases what was just made"]
 pub struct Connection<'res> {
     // Declared first: dropped (disconnect, destroy) before the QP.
     conn: ConnId,

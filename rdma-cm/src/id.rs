@@ -97,6 +97,7 @@ impl Bound for RouteResolved {}
 /// - [`rdma_create_id(3)`](https://man7.org/linux/man-pages/man3/rdma_create_id.3.html)
 /// - [`rdma_cm(7)`](https://man7.org/linux/man-pages/man7/rdma_cm.7.html)
 #[doc(alias = "rdma_cm_id")]
+#[must_use = "dropping it at once releases what was just made"]
 pub struct CmId<S: IdState> {
     pub(crate) id: RawId,
     known: <S as sealed::Sealed>::Known,

@@ -36,6 +36,7 @@ const RECV_REQUEST: &str = "waiting for a connection request";
 /// - [`rdma_listen(3)`](https://man7.org/linux/man-pages/man3/rdma_listen.3.html)
 /// - [`rdma_migrate_id(3)`](https://man7.org/linux/man-pages/man3/rdma_migrate_id.3.html)
 #[derive(Debug)]
+#[must_use = "dropping it at once releases what was just made"]
 pub struct Listener {
     id: RawId,
     /// The bound address, read once when binding.
@@ -189,6 +190,7 @@ impl AsRawFd for Listener {
 /// - [`rdma_accept(3)`](https://man7.org/linux/man-pages/man3/rdma_accept.3.html)
 /// - [`rdma_reject(3)`](https://man7.org/linux/man-pages/man3/rdma_reject.3.html)
 #[derive(Debug)]
+#[must_use = "a connect request is rejected when dropped: accept or reject it"]
 pub struct ConnectRequest {
     conn: ConnId,
     params: PeerParams,

@@ -22,6 +22,7 @@ pub const MAX_REJECT_PRIVATE_DATA: usize = 148;
 /// - [`rdma_accept(3)`](https://man7.org/linux/man-pages/man3/rdma_accept.3.html)
 #[doc(alias = "rdma_conn_param")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "a builder does nothing until it is used"]
 pub struct ConnParams<'a> {
     /// Bytes for the peer (at most [`MAX_CONNECT_PRIVATE_DATA`] when connecting,
     /// [`MAX_ACCEPT_PRIVATE_DATA`] when accepting).

@@ -35,6 +35,7 @@ use crate::{Outcome, ProtocolError};
 /// changed field by field.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
+#[must_use = "a builder does nothing until it is used"]
 pub struct ReceiverConfig {
     /// Largest file accepted.
     pub max_size: u64,

@@ -26,6 +26,7 @@ use crate::{Outcome, ProtocolError};
 /// `#[non_exhaustive]`: fields may be added), then changed field by field.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
+#[must_use = "a builder does nothing until it is used"]
 pub struct SenderConfig {
     /// Bytes per chunk (one WRITE).
     pub chunk: u32,

@@ -62,6 +62,7 @@ impl AddressVector {
 /// - [`ibv_create_ah(3)`](https://man7.org/linux/man-pages/man3/ibv_create_ah.3.html)
 #[doc(alias = "ibv_ah")]
 #[derive(Debug)]
+#[must_use = "dropping it at once releases what was just made"]
 pub struct AddressHandle<'pd> {
     raw: NonNull<ffi::ibv_ah>,
     pd: Parent<'pd, ProtectionDomain<'pd>>,

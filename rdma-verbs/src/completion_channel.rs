@@ -21,6 +21,7 @@ use crate::wait::fd::{set_nonblocking, wait_readable};
 /// - [`ibv_get_cq_event(3)`](https://man7.org/linux/man-pages/man3/ibv_get_cq_event.3.html)
 #[doc(alias = "ibv_comp_channel")]
 #[derive(Debug)]
+#[must_use = "dropping it at once releases what was just made"]
 pub struct CompletionChannel<'ctx> {
     raw: NonNull<ffi::ibv_comp_channel>,
     ctx: Parent<'ctx, Context>,

@@ -31,6 +31,7 @@ use crate::port::PortAttr;
 /// - [`ibv_open_device(3)`](https://man7.org/linux/man-pages/man3/ibv_open_device.3.html)
 #[doc(alias = "ibv_context")]
 #[derive(Debug)]
+#[must_use = "dropping it at once releases what was just made"]
 pub struct Context {
     raw: NonNull<ffi::ibv_context>,
     name: String,

@@ -84,6 +84,7 @@ impl<'ctx> CompletionQueue<'ctx> {
 /// - [`ibv_poll_cq(3)`](https://man7.org/linux/man-pages/man3/ibv_poll_cq.3.html)
 #[doc(alias = "ibv_cq")]
 #[derive(Debug)]
+#[must_use = "dropping it at once releases what was just made"]
 pub struct CompletionQueue<'ctx> {
     raw: NonNull<ffi::ibv_cq>,
     ctx: Parent<'ctx, Context>,

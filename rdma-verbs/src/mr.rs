@@ -72,6 +72,7 @@ impl AccessFlags {
 /// # References
 /// - [`ibv_reg_mr(3)`](https://man7.org/linux/man-pages/man3/ibv_reg_mr.3.html)
 #[doc(alias = "ibv_mr")]
+#[must_use = "dropping it at once releases what was just made"]
 pub struct MemoryRegion<'pd, B: RegisteredBuffer = AlignedBuffer> {
     raw: NonNull<ffi::ibv_mr>,
     /// Owned, and reached only through `ptr` while registered.

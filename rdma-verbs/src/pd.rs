@@ -26,6 +26,7 @@ use crate::parent::Parent;
 /// - [`ibv_alloc_pd(3)`](https://man7.org/linux/man-pages/man3/ibv_alloc_pd.3.html)
 #[doc(alias = "ibv_pd")]
 #[derive(Debug)]
+#[must_use = "dropping it at once releases what was just made"]
 pub struct ProtectionDomain<'ctx> {
     raw: NonNull<ffi::ibv_pd>,
     ctx: Parent<'ctx, Context>,

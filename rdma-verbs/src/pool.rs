@@ -43,6 +43,7 @@ use crate::pd::ProtectionDomain;
 /// `Sync`: threads may take slots from one pool. Taking and returning a slot is lock-free and
 /// allocates nothing.
 #[derive(Clone)]
+#[must_use = "dropping it at once releases what was just made"]
 pub struct SlotPool<'pd> {
     shared: Arc<PoolShared<'pd>>,
 }

@@ -179,6 +179,7 @@ impl<'pd> SlotMessage<'pd> {
 ///
 /// Completions the ring did not take are discarded from its CQ before the CQ can have another
 /// owner, so none of them can ever be taken for a later owner's.
+#[must_use = "dropping it at once releases what was just made"]
 pub struct RecvRing<'res> {
     /// Dropped before `posted`: the QP or SRQ goes before the slots it may write.
     qp: Option<Arc<Inner<'res>>>,

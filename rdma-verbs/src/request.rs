@@ -21,6 +21,7 @@ pub(crate) enum Op {
 ///
 /// Pushed into a [`SendQueue`](crate::SendQueue); the slot comes back in the request's [`SlotCompletion`].
 #[derive(Debug)]
+#[must_use = "a request does nothing until it is posted; dropped, its slot goes back to the pool"]
 pub struct SlotRequest<'pd> {
     pub(crate) op: Op,
     pub(crate) slot: Slot<'pd>,

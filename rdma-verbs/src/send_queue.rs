@@ -85,6 +85,7 @@ struct Held<'pd> {
 /// first), and are leaked otherwise. The typed handle still says
 /// `ReadyToSend`; posts to a reset QP fail (rxe: `EINVAL` without naming the request, so
 /// [`post`](Self::post) reports [`PostError::MaybePosted`]).
+#[must_use = "dropping it at once releases what was just made"]
 pub struct SendQueue<'res, T: Connected> {
     /// Dropped before `held`: when this is the last handle, the QP is destroyed before the
     /// slots it may use return to their pool.

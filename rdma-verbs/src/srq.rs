@@ -20,6 +20,7 @@ use crate::wr::RecvRequest;
 /// - [`ibv_post_srq_recv(3)`](https://man7.org/linux/man-pages/man3/ibv_post_srq_recv.3.html)
 #[doc(alias = "ibv_srq")]
 #[derive(Debug)]
+#[must_use = "dropping it at once releases what was just made"]
 pub struct SharedReceiveQueue<'pd> {
     raw: NonNull<ffi::ibv_srq>,
     max_wr: u32,

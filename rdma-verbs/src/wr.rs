@@ -29,6 +29,7 @@ use crate::wr_id::RESERVED_WR_ID_BITS;
 /// # References
 /// - [`ibv_post_send(3)`](https://man7.org/linux/man-pages/man3/ibv_post_send.3.html)
 #[doc(alias = "ibv_send_wr")]
+#[must_use = "a request does nothing until it is posted"]
 pub struct SendRequest<'a, 'mr> {
     raw: ffi::ibv_send_wr,
     /// Storage for the one SGE of inline data given as a plain slice.
@@ -332,6 +333,7 @@ fn opcode_name(op: ffi::ibv_wr_opcode::Type) -> &'static str {
 /// # References
 /// - [`ibv_post_recv(3)`](https://man7.org/linux/man-pages/man3/ibv_post_recv.3.html)
 #[doc(alias = "ibv_recv_wr")]
+#[must_use = "a request does nothing until it is posted"]
 pub struct RecvRequest<'a, 'mr> {
     raw: ffi::ibv_recv_wr,
     _borrows: PhantomData<(&'a [u8], Sge<'mr>)>,

@@ -33,7 +33,7 @@ fn ten_thousand_mrs_and_a_thousand_qps_leave_nothing_behind() {
             let qp = pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq)).unwrap();
             if i % 2 == 0 {
                 // Half of them reach Init before being dropped.
-                qp.init(InitAttr::new(topo.port)).unwrap();
+                drop(qp.init(InitAttr::new(topo.port)).unwrap());
             }
         }
         // Failed creations leave nothing either.

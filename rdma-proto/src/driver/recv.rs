@@ -278,6 +278,7 @@ pub struct EntryReport {
 }
 
 /// A listening receiver.
+#[must_use = "dropping it at once releases what was just made"]
 pub struct Server {
     listener: Listener,
     opts: Arc<ReceiveOptions>,

@@ -31,6 +31,7 @@ impl Default for QpCaps {
 
 /// The `Reset -> Init` transition's attributes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "a builder does nothing until it is used"]
 pub struct InitAttr {
     /// The port the QP uses (from 1).
     pub port: u8,
@@ -76,6 +77,7 @@ pub struct QpEndpoint {
 
 /// The `Init -> ReadyToReceive` transition's attributes for connected QPs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "a builder does nothing until it is used"]
 pub struct RtrAttr {
     /// The peer's QP number and starting PSN.
     pub remote: QpEndpoint,
@@ -113,6 +115,7 @@ impl RtrAttr {
 
 /// The `ReadyToReceive -> ReadyToSend` transition's attributes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "a builder does nothing until it is used"]
 pub struct RtsAttr {
     /// The first PSN this side sends (what it told the peer in its [`QpEndpoint`]).
     pub sq_psn: u32,

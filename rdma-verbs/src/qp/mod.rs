@@ -50,6 +50,7 @@ use state::{QpState, Reset, Transport, TypeState};
 /// [`Parent`]; the QP holds them as given.
 #[doc(alias = "ibv_qp_init_attr")]
 #[derive(Debug, Clone)]
+#[must_use = "a builder does nothing until it is used"]
 pub struct QpCreateAttr<'res> {
     send_cq: Parent<'res, CompletionQueue<'res>>,
     recv_cq: Parent<'res, CompletionQueue<'res>>,
@@ -98,6 +99,7 @@ impl<'res> QpCreateAttr<'res> {
 /// - [`ibv_create_qp(3)`](https://man7.org/linux/man-pages/man3/ibv_create_qp.3.html)
 /// - [`ibv_modify_qp(3)`](https://man7.org/linux/man-pages/man3/ibv_modify_qp.3.html)
 #[doc(alias = "ibv_qp")]
+#[must_use = "dropping it at once releases what was just made"]
 pub struct QueuePair<'res, T: Transport, S: TypeState> {
     inner: Arc<Inner<'res>>,
     _type: PhantomData<(T, S)>,

@@ -29,6 +29,7 @@ use crate::wait::deadline::{timespec, Deadline};
 /// the duplicate is deregistered before it is closed, so no other file that reuses the number
 /// can be hit.
 #[derive(Debug)]
+#[must_use = "dropping it at once releases what was just made"]
 pub struct Readiness {
     fd: AsyncFd<OwnedFd>,
 }
