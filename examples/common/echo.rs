@@ -183,7 +183,7 @@ impl Link {
     fn post(&mut self, bytes: &[u8]) -> Result<()> {
         let mut slot = self.pool.try_take().expect("a free slot");
         slot.write_at(0, bytes)?;
-        self.sq.post(SlotRequest::send(slot, bytes.len())).map_err(rdma_verbs::Error::from)?;
+        self.sq.post(SlotRequest::send(slot, bytes.len()))?;
         Ok(())
     }
 

@@ -109,7 +109,7 @@ impl EventChannel {
             }
             // At most `every` from now (no bound when the wait has none and `every` is too long
             // to be an instant); rdma-verbs' one blocking fd wait.
-            if let Err(e) = rdma_verbs::wait::readable(self.as_fd(), deadline.min(Deadline::after(every))) {
+            if let Err(e) = rdma_verbs::wait::poll_readable(self.as_fd(), deadline.min(Deadline::after(every))) {
                 return Err(Error::from_errno("poll", e.raw_os_error().unwrap_or(libc::EIO)));
             }
         }
@@ -157,14 +157,14 @@ impl EventChannel {
         use std::task::Poll;
         let reactor = self.watch(what)?;
         loop {
-            let mut readable = std::pin::pin!(reactor.readable());
+            let mut readable = std::pin::pin!(reactor.ready());
             let polled = std::future::poll_fn(|cx| Poll::Ready(readable.as_mut().poll(cx))).await;
             if let Some(value) = step()? {
                 return Ok(value);
             }
             match polled {
                 // Readable, yet the step found nothing: the readiness is stale.
-                Poll::Ready(guard) => guard.map_err(|e| reactor_error(what, "epoll_wait", &e))?.clear_ready(),
+                Poll::Ready(guard) => guard.map_err(|e| reactor_error(what, "epoll_wait", &e))?.clear(),
                 // A waiter since before the step: wait; the next round takes the step again.
                 Poll::Pending => drop(readable.await.map_err(|e| reactor_error(what, "epoll_wait", &e))?),
             }

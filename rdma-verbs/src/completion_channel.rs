@@ -254,9 +254,9 @@ impl<'ctx> CompletionChannel<'ctx> {
                 }
             }
         };
-        let mut guard = guard?;
+        let guard = guard?;
         let woken = self.drain_events(ours, None)?;
-        guard.clear_ready();
+        guard.clear();
         Ok(woken)
     }
 

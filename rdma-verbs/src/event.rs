@@ -175,7 +175,7 @@ impl Context {
             if let Some(event) = self.try_recv_async_event()? {
                 return Ok(event);
             }
-            watch.readable().await?.clear_ready();
+            watch.readable().await?.clear();
         }
     }
 

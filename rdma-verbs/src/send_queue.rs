@@ -279,6 +279,30 @@ impl<'res, T: Connected> SendQueue<'res, T> {
     /// when the provider did not say which request it refused, every request counts as
     /// maybe posted and stays in flight (its slot returns with a completion, or when the
     /// queue is dropped), and the error carries a request-less [`Error`] only.
+    ///
+    /// [`PostError`] converts with `?` into [`Error`] (the refused request is dropped: its slot
+    /// goes back to the pool), and, for a queue of owned (`'static`) resources, into
+    /// `Box<dyn std::error::Error + Send + Sync>` (keeping the request). A queue that borrows
+    /// its resources gives a `PostError` that borrows them too, which no `'static` error type
+    /// can hold: convert it with `map_err(rdma_verbs::Error::from)` first.
+    ///
+    /// ```no_run
+    /// use rdma_verbs::{Rc, SendQueue, SlotPool, SlotRequest};
+    ///
+    /// fn send<'r>(sq: &mut SendQueue<'r, Rc>, pool: &SlotPool<'r>, bytes: &[u8]) -> rdma_verbs::Result<()> {
+    ///     let mut slot = pool.try_take().expect("a free slot");
+    ///     slot.write_at(0, bytes)?;
+    ///     sq.post(SlotRequest::send(slot, bytes.len()))?;
+    ///     Ok(())
+    /// }
+    ///
+    /// type BoxError = Box<dyn std::error::Error + Send + Sync>;
+    /// fn send_owned(sq: &mut SendQueue<'static, Rc>, pool: &SlotPool<'static>) -> Result<(), BoxError> {
+    ///     let slot = pool.try_take().expect("a free slot");
+    ///     sq.post(SlotRequest::send(slot, 0))?;
+    ///     Ok(())
+    /// }
+    /// ```
     // The refused request comes back by value: boxing it would allocate on the refusal path.
     #[allow(clippy::result_large_err)]
     pub fn post(&mut self, request: SlotRequest<'res>) -> std::result::Result<(), PostError<'res>> {

@@ -12,8 +12,8 @@ pub(crate) fn set_nonblocking(fd: BorrowedFd<'_>, verb: &'static str, device: &s
     rustix::io::ioctl_fionbio(fd, true).map_err(|e| Error::from_errno(verb, Some(device), e.raw_os_error()))
 }
 
-/// Waits until `fd` is readable (`true`) or `until` passes (`false`): `poll(2)`, again after
-/// `EINTR`. How every blocking wait of this crate and of `rdma-cm` sleeps on one verbs or CM fd
+/// Waits until `fd` is readable (`true`; also when `poll(2)` reports it hung up or in error,
+/// which a read then tells) or `until` passes (`false`): `poll(2)`, again after `EINTR`. How every blocking wait of this crate and of `rdma-cm` sleeps on one verbs or CM fd
 /// (a completion channel read directly, the async-event fd, a CM event channel).
 ///
 /// # Errors
@@ -22,7 +22,7 @@ pub(crate) fn set_nonblocking(fd: BorrowedFd<'_>, verb: &'static str, device: &s
 /// # References
 /// - [`poll(2)`](https://man7.org/linux/man-pages/man2/poll.2.html)
 #[doc(alias = "poll")]
-pub fn readable(fd: BorrowedFd<'_>, until: Deadline) -> std::io::Result<bool> {
+pub fn poll_readable(fd: BorrowedFd<'_>, until: Deadline) -> std::io::Result<bool> {
     use rustix::event::{poll, PollFd, PollFlags};
     loop {
         let mut pfd = [PollFd::new(&fd, PollFlags::IN)];
@@ -35,7 +35,7 @@ pub fn readable(fd: BorrowedFd<'_>, until: Deadline) -> std::io::Result<bool> {
     }
 }
 
-/// [`readable`], with this crate's errors: `Timeout { after: timeout }` when `deadline` passes.
+/// [`poll_readable`], with this crate's errors: `Timeout { after: timeout }` when `deadline` passes.
 pub(crate) fn wait_readable(
     fd: BorrowedFd<'_>,
     deadline: Deadline,
@@ -43,7 +43,7 @@ pub(crate) fn wait_readable(
     what: &'static str,
     device: &str,
 ) -> Result<()> {
-    match readable(fd, deadline) {
+    match poll_readable(fd, deadline) {
         Ok(true) => Ok(()),
         Ok(false) => Err(Error::Timeout { what, after: timeout }),
         // poll(2) failed while waiting for the verb `what`'s event: report it as `what`'s.

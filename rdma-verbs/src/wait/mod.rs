@@ -5,7 +5,7 @@
 //! - [`CqWaiter`]: the steps of a wait for completions (spin, arm, poll once more, sleep on
 //!   every completion channel of its CQs), blocking and async, and a polling loop's idle step.
 //!   [`CompletionQueue::poll_wait`], [`RecvRing`], [`SendQueue`] and [`PostScope`] wait with one.
-//! - [`readable`]: a blocking wait on one non-blocking fd (`poll(2)`), and `Readiness`
+//! - [`poll_readable`]: a blocking wait on one non-blocking fd (`poll(2)`), and `Readiness`
 //!   (feature `tokio`): one async wait's registration of a duplicate of the fd with the current
 //!   runtime's reactor. Every other wait of this crate (the async-event fd, a completion channel
 //!   read directly) and every wait of `rdma-cm` on its event channel goes through these two.
@@ -31,8 +31,8 @@ pub(crate) mod sleepers;
 mod waiter;
 
 pub use deadline::Deadline;
-pub use fd::readable;
+pub use fd::poll_readable;
 pub use policy::{WaitPolicy, SHARED_CHANNEL_SLICE};
 #[cfg(feature = "tokio")]
-pub use reactor::Readiness;
+pub use reactor::{Readiness, Ready};
 pub use waiter::{CqWaiter, Idle};

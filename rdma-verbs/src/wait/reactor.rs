@@ -51,13 +51,27 @@ impl Readiness {
         Ok(Readiness { fd: register(fd.try_clone_to_owned()?)? })
     }
 
-    /// Resolves when the fd is readable (or was, and that was not cleared): clear the guard's
-    /// readiness when a non-blocking read then finds nothing.
+    /// Resolves when the fd is readable (or was, and that was not cleared). Await it as often
+    /// as the wait needs: the registration stays until the `Readiness` is dropped.
     ///
     /// # Errors
     /// The reactor's errors (the runtime shutting down).
-    pub async fn readable(&self) -> std::io::Result<AsyncFdReadyGuard<'_, OwnedFd>> {
-        self.fd.readable().await
+    pub async fn ready(&self) -> std::io::Result<Ready<'_>> {
+        self.fd.readable().await.map(Ready)
+    }
+}
+
+/// The fd was reported readable ([`Readiness::ready`]). [`clear`](Self::clear) it when a
+/// non-blocking read then found nothing, so that the next `ready` waits for new readiness;
+/// dropped without clearing, the readiness stays and the next `ready` returns at once.
+#[must_use = "clear it when a read found nothing, or drop it to keep the readiness"]
+#[derive(Debug)]
+pub struct Ready<'a>(AsyncFdReadyGuard<'a, OwnedFd>);
+
+impl Ready<'_> {
+    /// Forgets the readiness this guard reported (not any that arrived since).
+    pub fn clear(mut self) {
+        self.0.clear_ready();
     }
 }
 
@@ -97,8 +111,8 @@ impl Watch {
     }
 
     /// Resolves when the fd is readable (or was, and that was not cleared).
-    pub(crate) async fn readable(&self) -> Result<AsyncFdReadyGuard<'_, OwnedFd>> {
-        self.readiness.readable().await.map_err(|e| io_error(self.what, "", &e))
+    pub(crate) async fn readable(&self) -> Result<Ready<'_>> {
+        self.readiness.ready().await.map_err(|e| io_error(self.what, "", &e))
     }
 }
 
@@ -179,6 +193,12 @@ pub(crate) async fn until<F: Future>(
     device: &str,
 ) -> Result<Option<F::Output>> {
     let Some(at) = until.instant() else { return Ok(Some(f.await)) };
+    // `f` first: one that is ready at once (completions already in the CQ, a wait refused at
+    // its first step) needs no alarm, so no fd and no reactor registration.
+    let mut f = std::pin::pin!(f);
+    if let Poll::Ready(v) = std::future::poll_fn(|cx| Poll::Ready(f.as_mut().poll(cx))).await {
+        return Ok(Some(v));
+    }
     let alarm = Alarm::new(what, device)?;
     alarm.set(at)?;
     alarm.race(f).await

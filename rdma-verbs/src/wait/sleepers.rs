@@ -18,6 +18,10 @@ const MAX_SLEEPERS: usize = 16;
 /// A thread's eventfd, shared with the tables of the channels it sleeps on.
 pub(crate) type Kick = Arc<OwnedFd>;
 
+/// An empty place of the table (an array repeat of a non-`Copy` value needs a constant: inline
+/// `const { }` blocks are Rust 1.79, above the MSRV).
+const NO_KICK: Option<Kick> = None;
+
 /// The eventfds of the threads asleep on one channel.
 #[derive(Debug)]
 pub(crate) struct Sleepers {
@@ -36,7 +40,7 @@ pub(crate) struct Sleepers {
 impl Default for Sleepers {
     fn default() -> Self {
         Sleepers {
-            fds: Mutex::new([const { None }; MAX_SLEEPERS]),
+            fds: Mutex::new([NO_KICK; MAX_SLEEPERS]),
             count: AtomicUsize::new(0),
             #[cfg(feature = "tokio")]
             tasks: tokio::sync::Notify::new(),

@@ -24,7 +24,7 @@ pub enum Idle {
     Slept,
 }
 
-/// The state of one wait over one or two CQs: how long it has spun, whether the CQs are armed.
+/// The state of one wait over one or more CQs: how long it has spun, whether the CQs are armed.
 ///
 /// [`wait`](Self::wait) runs a wait to its end: it calls the caller's `step` (a poll that
 /// takes what arrived) and, while that finds nothing,
@@ -222,7 +222,7 @@ impl CqWaiter {
     /// Cancellation-safe: dropped at its await, it has taken nothing.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when a CQ has no channel or the CQs report to two;
+    /// [`Error::InvalidArgument`] when a CQ has no channel or the CQs report to several;
     /// [`Error::NoRuntime`] outside a tokio runtime; as `idle`.
     #[cfg(feature = "tokio")]
     pub async fn idle_async(
@@ -388,9 +388,9 @@ async fn sleep_async<T>(
     // Readable: take the events (waking the others if some were theirs). Woken by another wait:
     // the caller steps again.
     if let Some(guard) = ready {
-        let mut guard = guard?;
+        let guard = guard?;
         channel.drain_events(ours(cqs), None)?;
-        guard.clear_ready();
+        guard.clear();
     }
     Ok(None)
 }
