@@ -14,6 +14,11 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// `(wr_id, byte_len)` in completion order. `Ok(None)` when the peer disconnected first: the QP is
 /// then flushed and what the scope had outstanding drained.
 ///
+/// A peer that answers and then disconnects (rdma-core's `rdma_server` does) may have its
+/// disconnect seen before the completion of the answer's receive: the CM event and the
+/// completion travel separate paths (seen once in CI on rxe, 2026-11-28). So the disconnect ends
+/// the wait only after [`LEFT_GRACE`] more of polling found the requests still incomplete.
+///
 /// `ids` must name every request the scope has outstanding: a completion of any other is an
 /// error, since a send and the receive of the peer's answer to it may complete in either order.
 ///
@@ -28,19 +33,36 @@ pub fn await_ids(
     let deadline = Instant::now() + timeout;
     let mut got = Vec::with_capacity(ids.len());
     let mut wcs: [WorkCompletion; 4] = Default::default();
+    let mut left_at: Option<Instant> = None;
     while got.len() < ids.len() {
         let done = s.poll(&mut wcs)?;
+        let mut flushed = false;
         for wc in done.iter() {
+            // After the peer left, the QP may be flushed: that is the leaving, not a failure.
+            if left_at.is_some() && wc.status() == WcStatus::WrFlushError {
+                flushed = true;
+                continue;
+            }
             wc.ok()?;
             if !ids.contains(&wc.wr_id()) {
                 return Err(format!("completion of unexpected request {}", wc.wr_id()).into());
             }
             got.push((wc.wr_id(), wc.byte_len()));
         }
+        if flushed {
+            conn.qp().flush()?;
+            drain(s, timeout);
+            return Ok(None);
+        }
         if !done.is_empty() {
             continue;
         }
-        if conn.peer_disconnected() || matches!(conn.try_recv_event()?, Some(Event::Disconnected)) {
+        if left_at.is_none()
+            && (conn.peer_disconnected() || matches!(conn.try_recv_event()?, Some(Event::Disconnected)))
+        {
+            left_at = Some(Instant::now());
+        }
+        if left_at.is_some_and(|at| at.elapsed() >= LEFT_GRACE) {
             conn.qp().flush()?;
             drain(s, timeout);
             return Ok(None);
@@ -52,6 +74,9 @@ pub fn await_ids(
     }
     Ok(Some(got))
 }
+
+/// How long [`await_ids`] still polls for completions after the peer's disconnect was seen.
+pub const LEFT_GRACE: Duration = Duration::from_millis(200);
 
 /// Polls away whatever the scope has outstanding (flushed requests), up to `timeout`.
 pub fn drain(s: &mut PostScope<'_, '_, Rc, ReadyToSend>, timeout: Duration) {

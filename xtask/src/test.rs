@@ -215,6 +215,37 @@ pub(crate) fn test(args: &[String]) -> Step {
     Ok(())
 }
 
+/// The names of the workspace's integration tests at `root` that are not device tests
+/// (`device_*`) or trybuild's compile-fail tests, from `cargo metadata`.
+fn host_integration_tests(root: &Path) -> Result<Vec<String>, String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(&cargo)
+        .args(["metadata", "--no-deps", "--format-version", "1"])
+        .current_dir(root)
+        .output()
+        .map_err(|e| format!("cargo metadata: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("cargo metadata failed: {}", String::from_utf8_lossy(&out.stderr)));
+    }
+    let m: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+    let mut names: Vec<String> = m["packages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|p| p["targets"].as_array().into_iter().flatten())
+        .filter(|t| t["kind"] == serde_json::json!(["test"]))
+        .filter_map(|t| t["name"].as_str())
+        // trybuild's expected compiler output names paths relative to the workspace, which it
+        // finds through the target directory: a copy building in the main one is not found.
+        // The rules it checks are the compiler's, not the dependencies'.
+        .filter(|n| !n.starts_with("device_") && *n != "compile_fail")
+        .map(str::to_owned)
+        .collect();
+    names.sort();
+    names.dedup();
+    Ok(names)
+}
+
 /// Copies the tree at `from` into `to`, but `.git`, `target` and `skip` (the target directory,
 /// wherever it is); symbolic links stay links.
 fn copy_sources(from: &Path, to: &Path, skip: &Path) -> Step {
@@ -389,19 +420,22 @@ impl Run {
 
     /// The newest-deps step: the workspace's sources (not `target`, not `.git`) copied into the
     /// target directory, their lock updated to the newest semver-compatible version of every
-    /// dependency (`cargo update`, which prints each change), then clippy `-D warnings` and the
-    /// host tests there, in a target directory of their own, removed after. A user who runs
-    /// `cargo add` gets these versions, not the lock's: a deprecation or a break in one shows
-    /// here first. The committed lock (kept at versions the MSRV builds) is not touched.
+    /// dependency (`cargo update`, which prints each change), then clippy `-D warnings` on every
+    /// target and the host tests there: the unit tests, the integration tests that are not
+    /// device tests (those only skip on the host: clippy checks them, and building them cost a
+    /// minute) or compile-fail tests (see `host_integration_tests`), and the doctests. The builds share the main target directory, so a dependency
+    /// the update left alone is not built again. A user who runs `cargo add` gets these
+    /// versions, not the lock's: a deprecation or a break in one shows here first. The
+    /// committed lock (kept at versions the MSRV builds) is not touched.
     fn newest_deps(&self) -> Step {
         let scratch = target_dir(&self.root).join("newest-deps");
         let _ = std::fs::remove_dir_all(&scratch);
         let src = scratch.join("src");
         copy_sources(&self.root, &src, &target_dir(&self.root))?;
-        let scratch_target = scratch.join("target");
-        let scratch_target = scratch_target.to_str().ok_or("a non-UTF-8 target directory")?;
+        let target = target_dir(&self.root);
+        let target = target.to_str().ok_or("a non-UTF-8 target directory")?.to_owned();
         let env =
-            [("CARGO_TARGET_DIR", scratch_target), ("RDMA_LAYOUT_REQUIRED", "1"), ("RDMA_TEST_REQUIRE_DEVICE", "")];
+            [("CARGO_TARGET_DIR", target.as_str()), ("RDMA_LAYOUT_REQUIRED", "1"), ("RDMA_TEST_REQUIRE_DEVICE", "")];
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let in_copy = |args: &[&str]| -> Step {
             let mut c = self.command(&cargo, args, &env);
@@ -416,8 +450,11 @@ impl Run {
         in_copy(
             &[&["clippy", "--workspace", "--all-targets"][..], &TESTED_FEATURES, &["--", "-D", "warnings"]].concat(),
         )?;
-        in_copy(&[&["test", "--workspace"][..], &TESTED_FEATURES].concat())?;
-        // Its space goes back to the device tests' builds.
+        let host: Vec<String> =
+            host_integration_tests(&src)?.into_iter().flat_map(|t| ["--test".to_owned(), t]).collect();
+        let host: Vec<&str> = host.iter().map(String::as_str).collect();
+        in_copy(&[&["test", "--workspace", "--lib", "--bins"][..], &host, &TESTED_FEATURES].concat())?;
+        in_copy(&[&["test", "--workspace", "--doc"][..], &TESTED_FEATURES].concat())?;
         let _ = std::fs::remove_dir_all(&scratch);
         Ok(())
     }
