@@ -273,6 +273,15 @@ impl AsRawFd for Connection<'_> {
     }
 }
 
+impl std::os::fd::AsFd for Connection<'_> {
+    /// The connection's own event channel (non-blocking): readable when an event (the peer's
+    /// disconnect, say) is queued, for a `poll(2)` or reactor wait of one's own that also
+    /// waits for other things. Read the events with [`try_recv_event`](Self::try_recv_event).
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.conn.id.as_fd()
+    }
+}
+
 /// A connection that has ended, as [`Connection::disconnect`] and
 /// [`Connection::wait_disconnected`] return it. Its identifier is destroyed (`rdma_destroy_id`);
 /// the queue pair, now in the error state, is kept so that flushed completions can still be

@@ -182,6 +182,15 @@ impl AsRawFd for Listener {
     }
 }
 
+impl std::os::fd::AsFd for Listener {
+    /// The listener's event channel (non-blocking): readable when a request is queued, for a
+    /// `poll(2)` or reactor wait of one's own that also waits for other things. Take the
+    /// requests with [`try_recv_request`](Self::try_recv_request).
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.id.as_fd()
+    }
+}
+
 /// A peer's request to connect (`RDMA_CM_EVENT_CONNECT_REQUEST`), with its own identifier and
 /// event channel. Answer it with [`accept`](Self::accept) or [`reject`](Self::reject); dropping
 /// it unanswered rejects it (`rdma_reject`).

@@ -137,6 +137,11 @@ impl RawId {
         self.channel.as_raw_fd()
     }
 
+    /// The identifier's event channel's fd, borrowed for as long as the identifier.
+    pub(crate) fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&self.channel)
+    }
+
     /// `rdma_init_qp_attr()`: what the CM says the QP needs to enter `state`.
     fn qp_attr(&self, state: ffi::ibv_qp_state::Type) -> Result<(ffi::ibv_qp_attr, ffi::ibv_qp_attr_mask)> {
         // SAFETY: all-zero is a valid `ibv_qp_attr` (integers and structs of them).

@@ -24,6 +24,11 @@ impl Deadline {
         Deadline(Instant::now().checked_add(timeout))
     }
 
+    /// At `instant`.
+    pub fn at(instant: Instant) -> Self {
+        Deadline(Some(instant))
+    }
+
     /// No deadline at all.
     pub fn never() -> Self {
         Deadline(None)

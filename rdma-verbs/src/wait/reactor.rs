@@ -59,6 +59,16 @@ impl Readiness {
     pub async fn ready(&self) -> std::io::Result<Ready<'_>> {
         self.fd.readable().await.map(Ready)
     }
+
+    /// [`ready`](Self::ready) as a poll, for a future of one's own that waits for several
+    /// things at once: `Ready` when the fd is readable, else `Pending`, and `cx`'s waker is
+    /// woken when it becomes so (only the last waker polled is kept).
+    ///
+    /// # Errors
+    /// The reactor's errors (the runtime shutting down).
+    pub fn poll_ready(&self, cx: &mut std::task::Context<'_>) -> Poll<std::io::Result<Ready<'_>>> {
+        self.fd.poll_read_ready(cx).map(|r| r.map(Ready))
+    }
 }
 
 /// The fd was reported readable ([`Readiness::ready`]). [`clear`](Self::clear) it when a

@@ -2,6 +2,7 @@
 //!
 //! The steps are documented on [`CqWaiter`].
 
+use std::os::fd::BorrowedFd;
 use std::time::Instant;
 
 use crate::completion_channel::{CompletionChannel, CompletionEvent};
@@ -13,6 +14,7 @@ use crate::wait::sleepers::Kick;
 
 /// What one [`CqWaiter::idle`] step did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Idle {
     /// Spun once (the budget is not spent, or the CQs have no channel): poll again.
     Spun,
@@ -22,6 +24,10 @@ pub enum Idle {
     Woken,
     /// Slept until the deadline (or the re-check) given, with no event.
     Slept,
+    /// Slept and was woken by one of the other file descriptors the step watched
+    /// ([`CqWaiter::idle_with`], [`CqWaiter::idle_async_with`]): the caller reads what they
+    /// have to say before it idles again.
+    Signalled,
 }
 
 /// The state of one wait over one or more CQs: how long it has spun, whether the CQs are armed.
@@ -201,6 +207,24 @@ impl CqWaiter {
     /// [`Error::Verb`] when arming a CQ (`ibv_req_notify_cq`), waiting (`poll(2)`) or reading
     /// an event (`ibv_get_cq_event`) fails.
     pub fn idle(&mut self, cqs: &[&CompletionQueue<'_>], until: Deadline) -> Result<Idle> {
+        self.idle_with(cqs, until, &[])
+    }
+
+    /// [`idle`](Self::idle), whose sleep also ends when one of `also` is readable
+    /// ([`Idle::Signalled`]): the other things a polling loop waits for, such as its
+    /// connection's CM event channel or an `eventfd` another thread writes to stop it. So the
+    /// loop sleeps until a completion, one of those, or its own next deadline (`until`), and
+    /// needs no periodic wake-up to look at them. `also` is polled as it is (level-triggered):
+    /// read from each what made it readable before idling again, or the next sleep ends at once.
+    ///
+    /// # Errors
+    /// As [`idle`](Self::idle).
+    pub fn idle_with(
+        &mut self,
+        cqs: &[&CompletionQueue<'_>],
+        until: Deadline,
+        also: &[BorrowedFd<'_>],
+    ) -> Result<Idle> {
         if let Some(step) = self.spin_or_arm(cqs)? {
             if step == Idle::Spun {
                 std::hint::spin_loop();
@@ -210,8 +234,11 @@ impl CqWaiter {
         self.armed = false;
         let channels = Channels::of(cqs);
         let slice = sliced_if_shared(cqs, &channels, until);
-        let woken = sleep_on(cqs, &channels, None, slice)?;
-        Ok(if woken { Idle::Woken } else { Idle::Slept })
+        Ok(match sleep_on(cqs, &channels, None, also, slice)? {
+            Woke::Also => Idle::Signalled,
+            Woke::Event => Idle::Woken,
+            Woke::Nothing => Idle::Slept,
+        })
     }
 
     /// [`idle`](Self::idle) for async code (feature `tokio`): the spin yields to the runtime,
@@ -252,6 +279,39 @@ impl CqWaiter {
         let kept = self.kept.insert(kept);
         let woken = channel.readable_async_with(&kept.watch, &mut kept.alarm, ours(cqs), recheck).await?;
         Ok(if woken { Idle::Woken } else { Idle::Slept })
+    }
+
+    /// [`idle_async`](Self::idle_async), whose sleep also ends when one of `also` is ready
+    /// ([`Idle::Signalled`]; see [`idle_with`](Self::idle_with)). The readiness that ended it is
+    /// cleared: read from each what made it readable before idling again, or what arrives
+    /// meanwhile may wake nothing. `also` is looked at first: one ready already ends the step
+    /// before it spins, arms or sleeps.
+    ///
+    /// # Errors
+    /// As [`idle_async`](Self::idle_async); [`Error::Verb`] when the reactor fails on one of
+    /// `also`.
+    #[cfg(feature = "tokio")]
+    pub async fn idle_async_with(
+        &mut self,
+        cqs: &[&CompletionQueue<'_>],
+        recheck: Option<std::time::Duration>,
+        also: &[&crate::wait::Readiness],
+    ) -> Result<Idle> {
+        use std::future::Future;
+        use std::task::Poll;
+        let device = cqs.first().map_or("", |cq| cq.context().name());
+        let mut idle = std::pin::pin!(self.idle_async(cqs, recheck));
+        std::future::poll_fn(|cx| {
+            for readiness in also {
+                if let Poll::Ready(ready) = readiness.poll_ready(cx) {
+                    let ready = ready.map_err(|e| crate::wait::reactor::io_error("epoll_wait", device, &e))?;
+                    ready.clear();
+                    return Poll::Ready(Ok(Idle::Signalled));
+                }
+            }
+            idle.as_mut().poll(cx)
+        })
+        .await
     }
 
     /// Spins while the budget lasts (or forever without channels), else arms once: `None` when
@@ -411,29 +471,45 @@ fn sleep_registered<T>(
     // Without a registration (no eventfd, or too many sleepers) a shared channel's sleep is
     // sliced, as `idle`'s.
     let until = if registered.complete() { until } else { sliced_if_shared(cqs, &channels, until) };
-    sleep_on(cqs, &channels, kick.as_ref(), until)?;
+    sleep_on(cqs, &channels, kick.as_ref(), &[], until)?;
     Ok(None)
 }
 
-/// Sleeps until a channel has an event, `kick` (this thread's eventfd) is written, or `until`;
-/// reads and acknowledges every pending event, waking the channels' sleepers when one was for a
-/// CQ outside `cqs`. `true` when woken by an event or a kick.
+/// What ended a [`sleep_on`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Woke {
+    /// The deadline.
+    Nothing,
+    /// A completion event (or a kick).
+    Event,
+    /// One of the other fds.
+    Also,
+}
+
+/// File descriptors one sleep watches without allocating: the kick, two channels and five more.
+const IN_PLACE: usize = 8;
+
+/// Sleeps until a channel has an event, `kick` (this thread's eventfd) is written, one of
+/// `also` is readable, or `until`; reads and acknowledges every pending event, waking the
+/// channels' sleepers when one was for a CQ outside `cqs`.
 fn sleep_on(
     cqs: &[&CompletionQueue<'_>],
     channels: &Channels<'_>,
     kick: Option<&crate::wait::sleepers::Kick>,
+    also: &[BorrowedFd<'_>],
     until: Deadline,
-) -> Result<bool> {
+) -> Result<Woke> {
     use rustix::event::{poll, PollFd, PollFlags};
     use std::os::fd::AsFd;
-    // The kick first, then every channel: in place for up to two channels.
-    let mut fds = kick.map(|k| k.as_fd()).into_iter().chain(channels.iter().map(|ch| ch.as_fd()));
-    let n = usize::from(kick.is_some()) + channels.len();
+    // The kick first, then every channel, then `also`: in place for up to `IN_PLACE` fds.
+    let mut fds =
+        kick.map(|k| k.as_fd()).into_iter().chain(channels.iter().map(|ch| ch.as_fd())).chain(also.iter().copied());
+    let n = usize::from(kick.is_some()) + channels.len() + also.len();
     let (mut few, mut more);
     let pfds: &mut [PollFd<'_>] = match fds.next() {
         None => &mut [],
-        Some(first) if n <= 3 => {
-            few = [first; 3].map(|fd| PollFd::from_borrowed_fd(fd, PollFlags::IN));
+        Some(first) if n <= IN_PLACE => {
+            few = [first; IN_PLACE].map(|fd| PollFd::from_borrowed_fd(fd, PollFlags::IN));
             for (pfd, fd) in few[1..].iter_mut().zip(fds) {
                 *pfd = PollFd::from_borrowed_fd(fd, PollFlags::IN);
             }
@@ -455,7 +531,12 @@ fn sleep_on(
                 for ch in channels.iter() {
                     woken |= ch.drain_events(ours(cqs), kick)?;
                 }
-                return Ok(woken);
+                let signalled = pfds[n - also.len()..].iter().any(|p| !p.revents().is_empty());
+                return Ok(match (signalled, woken) {
+                    (true, _) => Woke::Also,
+                    (false, true) => Woke::Event,
+                    (false, false) => Woke::Nothing,
+                });
             }
             Err(rustix::io::Errno::INTR) => continue,
             Err(e) => {
