@@ -88,11 +88,11 @@ fn transfer(c: &mut Criterion) {
     };
     let sent = std::thread::scope(|s| {
         let serving = s.spawn(|| server.serve(None, report));
-        // Stops the server even if a send panics (serve returns within half a second).
-        struct Stop(Arc<std::sync::atomic::AtomicBool>);
+        // Stops the server even if a send panics (the stop flag wakes its accept loop).
+        struct Stop(rdma_proto::driver::Flag);
         impl Drop for Stop {
             fn drop(&mut self) {
-                self.0.store(true, Ordering::Relaxed);
+                self.0.set();
             }
         }
         let stop = Stop(stop);

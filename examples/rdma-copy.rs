@@ -9,6 +9,10 @@
 //! throws it away (network speed without the disk's). `--json` prints one JSON object per
 //! transfer for machines. Logs (`RUST_LOG=info`) carry each session's id.
 //!
+//! `--driver tokio` (or `$RDMA_COPY_DRIVER=tokio`; needs the feature `tokio`) runs the same
+//! transfers as tasks of one tokio runtime instead of a thread per receiver session: the
+//! library's async driver, the same code as the blocking one but for its waits.
+//!
 //! Exit codes (send): 0 stored; 1 usage error; 2 connection failure; 3 timeout; 4 protocol error; 5 local file
 //! error; 6 peer gone; 10 + the ACK status code when the receiver refused (see
 //! `docs/protocol.md`): 11 checksum mismatch, 12 disk I/O, 13 no space, 14 protocol mismatch,
@@ -53,6 +57,53 @@ struct Cli {
     /// Print one JSON object per transfer instead of text.
     #[arg(long, global = true)]
     json: bool,
+    /// How transfers wait: `threads` (blocking calls; a receiver serves each sender on a thread
+    /// of its own) or `tokio` (one tokio runtime on this thread, each session a task; needs the
+    /// feature `tokio`). Default: $RDMA_COPY_DRIVER, else `threads`.
+    #[arg(long, global = true, value_enum)]
+    driver: Option<Driver>,
+}
+
+/// How `rdma-copy` runs its transfers: the blocking driver or the async one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Driver {
+    /// Blocking calls, a thread per receiver session.
+    Threads,
+    /// The async driver, on a tokio runtime of one thread.
+    Tokio,
+}
+
+impl Driver {
+    /// `--driver`, else `$RDMA_COPY_DRIVER`, else `threads`; `Err` with why for an unknown name,
+    /// or `tokio` in a build without the feature.
+    fn chosen(flag: Option<Driver>) -> Result<Driver, String> {
+        let d = match (flag, std::env::var("RDMA_COPY_DRIVER")) {
+            (Some(d), _) => d,
+            (None, Ok(v)) => <Driver as clap::ValueEnum>::from_str(&v, true)
+                .map_err(|_| format!("$RDMA_COPY_DRIVER {v:?}: threads or tokio"))?,
+            (None, Err(_)) => Driver::Threads,
+        };
+        if d == Driver::Tokio && cfg!(not(feature = "tokio")) {
+            return Err("--driver tokio: this rdma-copy was built without the feature `tokio`".into());
+        }
+        Ok(d)
+    }
+
+    /// Runs `threads` on this thread, or `tokio`'s future on a runtime of one thread; `Err`
+    /// when the runtime cannot be made.
+    fn run<T>(
+        self,
+        threads: impl FnOnce() -> T,
+        #[cfg(feature = "tokio")] tokio: impl std::future::Future<Output = T>,
+    ) -> std::io::Result<T> {
+        match self {
+            Driver::Threads => Ok(threads()),
+            #[cfg(feature = "tokio")]
+            Driver::Tokio => Ok(tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(tokio)),
+            #[cfg(not(feature = "tokio"))]
+            Driver::Tokio => unreachable!("refused by Driver::chosen"),
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -338,9 +389,13 @@ fn main() -> ExitCode {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)
         .init();
+    let driver = match Driver::chosen(cli.driver) {
+        Ok(d) => d,
+        Err(e) => return ExitCode::from(usage(e) as u8),
+    };
     let code = match cli.command {
-        Command::Recv(a) => recv(a, cli.json),
-        Command::Send(a) => send(a, cli.json),
+        Command::Recv(a) => recv(a, cli.json, driver),
+        Command::Send(a) => send(a, cli.json, driver),
     };
     ExitCode::from(code as u8)
 }
@@ -375,7 +430,7 @@ fn usage(msg: String) -> i32 {
     1
 }
 
-fn recv(a: RecvArgs, json: bool) -> i32 {
+fn recv(a: RecvArgs, json: bool, driver: Driver) -> i32 {
     let listen = match parse_addr(&a.listen) {
         Ok(l) => l,
         Err(e) => return usage(e),
@@ -403,7 +458,6 @@ fn recv(a: RecvArgs, json: bool) -> i32 {
     opts.accept_timeout = Duration::from_secs(a.timeout);
     opts.ack_timeout = a.ack_timeout;
     opts.wait = WaitPolicy::spin_then_sleep(Duration::from_micros(a.spin_us));
-    opts.stop = Arc::new(AtomicBool::new(false));
     opts.resume = !a.no_resume;
     opts.partial_ttl = Duration::from_secs(a.partial_ttl);
     opts.max_partials = a.max_partials;
@@ -427,15 +481,28 @@ fn recv(a: RecvArgs, json: bool) -> i32 {
     }
     // SIGINT/SIGTERM: stop serving, end the sessions in progress (their temporaries are
     // removed), exit 128 + the signal. A second signal kills at once.
+    // The handlers only set atomics (async-signal-safe); a thread that waits for the signals
+    // sets the stop flag, which wakes the accept loop and the sessions at once.
     let signal = Arc::new(AtomicUsize::new(0));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        let registered = signal_hook::flag::register_conditional_shutdown(sig, 1, opts.stop.clone())
-            .and_then(|_| signal_hook::flag::register(sig, opts.stop.clone()))
-            .and_then(|_| signal_hook::flag::register_usize(sig, signal.clone(), sig as usize));
-        if let Err(e) = registered {
-            eprintln!("rdma-copy: installing a signal handler: {e}");
-            return 2;
-        }
+    let signalled = Arc::new(AtomicBool::new(false));
+    let sigs = [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM];
+    let registered = sigs.iter().try_for_each(|&sig| {
+        signal_hook::flag::register_conditional_shutdown(sig, 1, signalled.clone())
+            .and_then(|_| signal_hook::flag::register(sig, signalled.clone()))
+            .and_then(|_| signal_hook::flag::register_usize(sig, signal.clone(), sig as usize))
+            .map(drop)
+    });
+    let waiter = registered.and_then(|()| signal_hook::iterator::Signals::new(sigs)).map(|mut signals| {
+        let stop = opts.stop.clone();
+        std::thread::spawn(move || {
+            if signals.forever().next().is_some() {
+                stop.set();
+            }
+        })
+    });
+    if let Err(e) = waiter {
+        eprintln!("rdma-copy: installing a signal handler: {e}");
+        return 2;
     }
     let server = match Server::bind(listen, opts) {
         Ok(s) => s,
@@ -453,7 +520,7 @@ fn recv(a: RecvArgs, json: bool) -> i32 {
     }
     let failures = Arc::new(AtomicUsize::new(0));
     let f = failures.clone();
-    let r = server.serve(a.count, move |r: ReceiveReport| {
+    let report = move |r: ReceiveReport| {
         // A failed transfer makes the exit status 9; a connection that asked for none (an idle
         // one timed out, say), or could not prove the secret, is only reported.
         if r.authorized && r.result.is_err() {
@@ -473,7 +540,11 @@ fn recv(a: RecvArgs, json: bool) -> i32 {
             println!("{v}");
         } else {
             for e in &r.entries {
-                let what = if e.status == rdma_proto::Status::Ok { "stored".to_owned() } else { format!("{}: {}", e.status, e.detail) };
+                let what = if e.status == rdma_proto::Status::Ok {
+                    "stored".to_owned()
+                } else {
+                    format!("{}: {}", e.status, e.detail)
+                };
                 let kind = if e.directory { "/" } else { "" };
                 println!("{:016x}   {}{kind} ({} bytes): {what}", r.session, e.path, e.bytes);
             }
@@ -502,7 +573,13 @@ fn recv(a: RecvArgs, json: bool) -> i32 {
                 ms(r.phases.sync_rename)
             );
         }
-    });
+    };
+    let r = driver.run(
+        || server.serve(a.count, report.clone()),
+        #[cfg(feature = "tokio")]
+        server.serve_async(a.count, report.clone()),
+    );
+    let r = r.map_err(|e| rdma_proto::driver::Error::Usage(format!("starting the tokio runtime: {e}"))).and_then(|r| r);
     match r {
         Err(e) => {
             eprintln!("rdma-copy: {e}");
@@ -514,7 +591,7 @@ fn recv(a: RecvArgs, json: bool) -> i32 {
     }
 }
 
-fn send(a: SendArgs, json: bool) -> i32 {
+fn send(a: SendArgs, json: bool, driver: Driver) -> i32 {
     let to = match parse_addr(&a.to) {
         Ok(t) => t,
         Err(e) => return usage(e),
@@ -576,15 +653,22 @@ fn send(a: SendArgs, json: bool) -> i32 {
         if opts.retries > 0 {
             return usage("--retries takes single files, not a batch: send it again to resume".into());
         }
-        return send_batch(&a, &opts, json);
+        return send_batch(&a, &opts, json, driver);
     }
     let mut code = 0;
     for path in &a.files {
         let bar = progress_bar(a.quiet || json, &path.display().to_string());
-        let r = send_file(path, &opts, |done, total| {
+        let progress = |done, total| {
             bar.set_length(total);
             bar.set_position(done);
-        });
+        };
+        let r = driver
+            .run(
+                || send_file(path, &opts, progress),
+                #[cfg(feature = "tokio")]
+                rdma_proto::driver::send_file_async(path, &opts, progress),
+            )
+            .unwrap_or_else(|e| Err(rdma_proto::driver::Error::Usage(format!("starting the tokio runtime: {e}"))));
         bar.finish_and_clear();
         match r {
             Ok(rep) => print_sent(path, &rep, json),
@@ -619,12 +703,19 @@ fn progress_bar(quiet: bool, msg: &str) -> ProgressBar {
 
 /// `send --batch`, or with a directory: one session, a line per entry, one summary. The exit
 /// code is 0 when every entry was stored, else the first failure's.
-fn send_batch(a: &SendArgs, opts: &SendOptions, json: bool) -> i32 {
+fn send_batch(a: &SendArgs, opts: &SendOptions, json: bool, driver: Driver) -> i32 {
     let bar = progress_bar(a.quiet || json, "batch");
-    let r = send_files(&a.files, opts, |done, total| {
+    let progress = |done, total| {
         bar.set_length(total);
         bar.set_position(done);
-    });
+    };
+    let r = driver
+        .run(
+            || send_files(&a.files, opts, progress),
+            #[cfg(feature = "tokio")]
+            rdma_proto::driver::send_files_async(&a.files, opts, progress),
+        )
+        .unwrap_or_else(|e| Err(rdma_proto::driver::Error::Usage(format!("starting the tokio runtime: {e}"))));
     bar.finish_and_clear();
     let r: BatchReport = match r {
         Ok(r) => r,

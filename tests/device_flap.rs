@@ -14,7 +14,7 @@
 
 mod cli;
 
-use cli::{random_file, resumed_at, text, tool, Scratch};
+use cli::{random_file, resumed_at, text, Scratch};
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -36,7 +36,7 @@ fn rcvd_pkts(device: &str) -> u64 {
 fn receiver(topo: &testkit::Topology, port: u16, dir: &Path, timeout_s: u32) -> Child {
     use std::io::BufRead;
     let listen = format!("{}:{port}", topo.server.addr);
-    let mut child = Command::new(tool())
+    let mut child = cli::rdma_copy()
         .args(["recv", "--no-auth", "--listen", &listen, "--count", "1", "--timeout", &timeout_s.to_string(), "--dir"])
         .arg(dir)
         .stdout(Stdio::piped())
@@ -55,7 +55,7 @@ fn receiver(topo: &testkit::Topology, port: u16, dir: &Path, timeout_s: u32) -> 
 /// (`--retries 0`): these tests judge how a single send ends across a flap, where a retry
 /// after it would send again.
 fn sender(topo: &testkit::Topology, port: u16, args: &[&str]) -> Command {
-    let mut c = Command::new(tool());
+    let mut c = cli::rdma_copy();
     c.args([
         "send",
         "--quiet",

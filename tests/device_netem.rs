@@ -79,7 +79,7 @@ fn transfer(topo: &testkit::Topology, port: u16, file: &Path, data: &[u8], case:
     let rx = Receiver::start(topo, port, &["--dir", dst.to_str().unwrap(), "--count", "1"]);
     let before = rxe_counters(topo);
     let t = Instant::now();
-    let child = Command::new(tool())
+    let child = cli::rdma_copy()
         .args(["send", "--quiet", "--to", &format!("{}:{port}", topo.server.addr)])
         .args(["--from", &topo.client.addr.to_string(), "--timeout", SEND_TIMEOUT_S])
         .arg(file)

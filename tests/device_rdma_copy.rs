@@ -222,7 +222,7 @@ fn a_killed_sender_leaves_nothing_and_the_receiver_keeps_serving() {
     let data = random_file(&after, 300_000, 8);
     let rx = Receiver::start(&topo, 7505, &["--dir", dst.to_str().unwrap(), "--count", "2", "--timeout", "5"]);
     let to = format!("{}:7505", topo.server.addr);
-    let mut sender = Command::new(tool())
+    let mut sender = cli::rdma_copy()
         .args(["send", "--quiet", "--to", &to, "--from", &topo.client.addr.to_string(), big.to_str().unwrap()])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -253,7 +253,7 @@ fn a_killed_receiver_makes_the_sender_fail_within_its_timeout() {
     let mut rx = Receiver::start(&topo, 7506, &["--dir", dst.to_str().unwrap(), "--count", "1"]);
     let to = format!("{}:7506", topo.server.addr);
     let t = Instant::now();
-    let sender = Command::new(tool())
+    let sender = cli::rdma_copy()
         .args(["send", "--quiet", "--timeout", "5", "--to", &to, "--from", &topo.client.addr.to_string()])
         .arg(&*big)
         .stdout(Stdio::piped())
@@ -308,7 +308,7 @@ fn two_senders_at_once_both_arrive() {
     // docs/testing.md; CI, 2026-11-27: "the peer disconnected mid-transfer"): what a user
     // does about it is --retries.
     let spawn = |f: &Path| {
-        Command::new(tool())
+        cli::rdma_copy()
             .args(["send", "--quiet", "--retries", "3", "--to", &to, "--from", &topo.client.addr.to_string()])
             .arg(f)
             .stdout(Stdio::piped())
@@ -450,7 +450,7 @@ fn what_cannot_be_sent_fails_before_connecting() {
         (&[latin1.as_os_str()], 1, "not UTF-8"),
     ];
     for (args, want, says) in cases {
-        let child = Command::new(tool())
+        let child = cli::rdma_copy()
             .args(["send", "--quiet", "--to", "127.0.0.1:9", "--connect-timeout", "2"])
             .args(args)
             .stdout(Stdio::null())

@@ -160,7 +160,7 @@ fn a_destination_that_cannot_take_files_is_refused_at_start_with_its_cause() {
         (read_only.clone(), "Read-only file system"),
     ] {
         let listen = format!("{}:7643", topo.server.addr);
-        let child = Command::new(tool())
+        let child = cli::rdma_copy()
             .args(["recv", "--no-auth", "--listen", &listen, "--count", "1", "--dir"])
             .arg(&dir)
             .stdin(Stdio::null())

@@ -81,7 +81,7 @@ fn idle_connections_from_one_address_leave_the_other_addresses_served() {
     // A sender from the other address (rxe0's own, by loopback) is served at once.
     let to = format!("{}:7651", topo.server.addr);
     let from = topo.server.addr.to_string();
-    let out = std::process::Command::new(tool())
+    let out = cli::rdma_copy()
         .args(["send", "--quiet", "--to", &to, "--from", &from, "--timeout", "20"])
         .arg(src.join("f"))
         .output()

@@ -292,7 +292,7 @@ fn a_peer_that_offers_a_resume_and_leaves_stops_the_hash_of_the_partial() {
     let data = random_file(&src.join("f"), 128 << 20, 87);
     // The receiver's log (RUST_LOG=info, on stderr), line by line to this test.
     let listen = format!("{}:7587", topo.server.addr);
-    let mut rx = std::process::Command::new(tool())
+    let mut rx = cli::rdma_copy()
         .args(["recv", "--listen", &listen, "--dir", dst.to_str().unwrap(), "--count", "3", "--timeout", "60"])
         .args(["--secret-file", key.to_str().unwrap()])
         .env("RUST_LOG", "rdma_proto=info")

@@ -194,7 +194,7 @@ fn connect_timeout_bounds_resolving_and_connecting_together() {
     let _ = Command::new("ip").args(["neigh", "flush", "dev", "veth0"]).status();
     let to = format!("{}:7565", topo.server.addr);
     let t = Instant::now();
-    let out = Command::new(tool())
+    let out = cli::rdma_copy()
         .args(["send", "--quiet", "--to", &to, "--from", &topo.client.addr.to_string()])
         .args(["--connect-timeout", "3", src.join("f").to_str().unwrap()])
         .env("RUST_LOG", "rdma_proto=info")
@@ -288,7 +288,7 @@ fn send_with_secret_timed(
     file: &std::path::Path,
 ) -> (std::process::Output, Duration) {
     let to = format!("{}:{port}", topo.server.addr);
-    let mut c = Command::new(tool());
+    let mut c = cli::rdma_copy();
     c.args(["send", "--quiet", "--to", &to, "--from", &topo.client.addr.to_string()]).arg(file);
     c.env("RUST_LOG", "rdma_proto=info");
     match secret {
@@ -316,7 +316,7 @@ fn a_receiver_with_a_secret_serves_only_senders_that_prove_it() {
 
     // A secret file others can read is refused outright.
     let to = format!("{}:7567", topo.server.addr);
-    let out = Command::new(tool()).args(["recv", "--listen", &to, "--secret-file"]).arg(&open).output().unwrap();
+    let out = cli::rdma_copy().args(["recv", "--listen", &to, "--secret-file"]).arg(&open).output().unwrap();
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("chmod 600"), "{}", text(&out.stderr));
 
@@ -420,7 +420,7 @@ fn data_changed_on_the_path_fails_the_verdict_when_the_digest_is_keyed() {
     let dir = dst.to_str().unwrap();
     let tampered = |port: u16, secret: Option<&str>| {
         let to = format!("{}:{port}", topo.server.addr);
-        let mut c = Command::new(tool());
+        let mut c = cli::rdma_copy();
         c.args(["send", "--quiet", "--to", &to, "--from", &topo.client.addr.to_string(), "--chunk", "512K"]);
         c.args(["--test-tamper", "2"]).arg(src.join("f"));
         match secret {
@@ -456,7 +456,7 @@ fn data_changed_on_the_path_fails_the_verdict_when_the_digest_is_keyed() {
     let dir2 = dst2.to_str().unwrap();
     let rx = Receiver::start(&topo, 7548, &["--dir", dir2, "--count", "1", "--secret-file", key.to_str().unwrap()]);
     let to = format!("{}:7548", topo.server.addr);
-    let out = Command::new(tool())
+    let out = cli::rdma_copy()
         .args(["send", "--quiet", "--to", &to, "--from", &topo.client.addr.to_string(), "--lanes", "2"])
         .arg(&tree)
         .env("RDMA_COPY_SECRET", SECRET)

@@ -13,6 +13,36 @@ pub fn tool() -> PathBuf {
     testkit::example("rdma-copy")
 }
 
+/// `rdma-copy` to run, with its driver chosen ([`driver`]).
+pub fn rdma_copy() -> Command {
+    let mut c = Command::new(tool());
+    c.env("RDMA_COPY_DRIVER", driver());
+    c
+}
+
+/// The driver an `rdma-copy` of this test runs: `$RDMA_TEST_DRIVER` (`threads` or `tokio`)
+/// when set, else each in turn by a hash of the test's name and how many runs it started
+/// before: every device test of the tool runs the blocking and the async driver over the
+/// suite, and each test always makes the same choices (printed, to run a failure again).
+pub fn driver() -> String {
+    use std::cell::Cell;
+    thread_local!(static RUNS: Cell<u64> = const { Cell::new(0) });
+    if let Ok(forced) = std::env::var("RDMA_TEST_DRIVER") {
+        return forced;
+    }
+    let n = RUNS.with(|r| r.replace(r.get() + 1));
+    let thread = std::thread::current();
+    let test = thread.name().unwrap_or("main");
+    // FNV-1a: the same on every build and machine, unlike std's hasher.
+    let h = test
+        .bytes()
+        .chain(n.to_le_bytes())
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    let d = if (h >> 32) & 1 == 0 { "threads" } else { "tokio" };
+    eprintln!("{test}: rdma-copy run {n} with --driver {d}");
+    d.to_owned()
+}
+
 /// A fresh directory under the system's temporary directory (in the VM a tmpfs of half its
 /// RAM), removed when the value drops.
 pub struct Scratch(PathBuf);
@@ -94,7 +124,7 @@ impl Receiver {
     pub fn start(topo: &testkit::Topology, port: u16, args: &[&str]) -> Receiver {
         let listen = format!("{}:{port}", topo.server.addr);
         let open: &[&str] = if args.contains(&"--secret-file") { &[] } else { &["--no-auth"] };
-        let mut child = Command::new(tool())
+        let mut child = rdma_copy()
             .args(["recv", "--listen", &listen])
             .args(open)
             .args(args)
@@ -236,7 +266,7 @@ pub const SEND_TIMEOUT_S: &str = "60";
 pub fn spawn_send_reporting(topo: &testkit::Topology, port: u16, file: &Path, extra: &[&str]) -> Child {
     let to = format!("{}:{port}", topo.server.addr);
     let timeout: &[&str] = if extra.contains(&"--timeout") { &[] } else { &["--timeout", SEND_TIMEOUT_S] };
-    Command::new(tool())
+    rdma_copy()
         .args(["send", "--quiet", "--to", &to, "--from", &topo.client.addr.to_string()])
         .args(timeout)
         .args(extra)
@@ -251,7 +281,7 @@ pub fn spawn_send_reporting(topo: &testkit::Topology, port: u16, file: &Path, ex
 pub fn send(topo: &testkit::Topology, port: u16, args: &[&str]) -> Output {
     let to = format!("{}:{port}", topo.server.addr);
     let from = topo.client.addr.to_string();
-    Command::new(tool()).args(["send", "--quiet", "--to", &to, "--from", &from]).args(args).output().unwrap()
+    rdma_copy().args(["send", "--quiet", "--to", &to, "--from", &from]).args(args).output().unwrap()
 }
 
 /// "resumed at byte N" of a sender's report, 0 without.
@@ -272,7 +302,7 @@ pub fn text(b: &[u8]) -> String {
 /// piped.
 pub fn spawn_send(topo: &testkit::Topology, port: u16, args: &[&std::ffi::OsStr]) -> Child {
     let to = format!("{}:{port}", topo.server.addr);
-    Command::new(tool())
+    rdma_copy()
         .args(["send", "--quiet", "--to", &to, "--from", &topo.client.addr.to_string()])
         .args(args)
         .stdout(Stdio::null())
@@ -623,7 +653,7 @@ pub fn secret_file(dir: &Path) -> std::path::PathBuf {
 
 /// `rdma-copy send FILE` to rxe0's `port` with [`SECRET`] and no retries, started.
 pub fn keyed_sender(topo: &testkit::Topology, port: u16, file: &Path, extra: &[&str]) -> std::process::Child {
-    std::process::Command::new(tool())
+    rdma_copy()
         .args(["send", "--to", &format!("{}:{port}", topo.server.addr), "--from", &topo.client.addr.to_string()])
         .args(["--retries", "0"])
         .args(extra)

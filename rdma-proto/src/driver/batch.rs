@@ -7,6 +7,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::{open_regular, resume_key, run, test_session, Identity, SendOptions, SendSession, SourceFile};
+#[cfg(feature = "tokio")]
+use crate::driver::io::Tokio;
+use crate::driver::io::{block_on, Blocking, Io};
 use crate::driver::Error;
 use crate::sender::{Sender, SenderConfig};
 use crate::wire::{entry_flags, Entry, EntryKind, MAX_PATH_LEN};
@@ -109,16 +112,8 @@ impl BatchState {
 /// When no session started: a path that cannot be read or has no name, or connecting failed,
 /// or the receiver refused the batch (`Error::Refused`; a receiver that does not take batches
 /// refuses its name with `BadName`). Everything after that is in the report.
-pub fn send_files(
-    paths: &[PathBuf],
-    opts: &SendOptions,
-    mut progress: impl FnMut(u64, u64),
-) -> Result<BatchReport, Error> {
-    let start = Instant::now();
-    let (source, batch, skipped) = prepare(paths, opts)?;
-    let first = paths.first().cloned().unwrap_or_default();
-    let ran = run(&first, source, Some(batch), opts, &mut progress, start)?;
-    finish(ran, skipped, start)
+pub fn send_files(paths: &[PathBuf], opts: &SendOptions, progress: impl FnMut(u64, u64)) -> Result<BatchReport, Error> {
+    block_on(send_batch(&Blocking, paths, opts, progress))
 }
 
 /// [`send_files`] for async code (feature `tokio`): the same session, awaited as
@@ -130,12 +125,22 @@ pub fn send_files(
 pub async fn send_files_async(
     paths: &[PathBuf],
     opts: &SendOptions,
+    progress: impl FnMut(u64, u64),
+) -> Result<BatchReport, Error> {
+    send_batch(&Tokio, paths, opts, progress).await
+}
+
+/// The one body of [`send_files`] and `send_files_async`.
+async fn send_batch<I: Io>(
+    io: &I,
+    paths: &[PathBuf],
+    opts: &SendOptions,
     mut progress: impl FnMut(u64, u64),
 ) -> Result<BatchReport, Error> {
     let start = Instant::now();
     let (source, batch, skipped) = prepare(paths, opts)?;
     let first = paths.first().cloned().unwrap_or_default();
-    let ran = super::run_async(&first, source, Some(batch), opts, &mut progress, start).await?;
+    let ran = run(io, &first, source, Some(batch), opts, &mut progress, start).await?;
     finish(ran, skipped, start)
 }
 

@@ -11,6 +11,7 @@ use rdma_verbs::{
     QpCaps, QpCreateAttr, QueuePair, RecvRing, SendQueue, SlotMessage, SlotPool, SlotRequest, WaitPolicy, WcStatus,
 };
 
+use super::io::{Io, Registrations, Wakes};
 use super::Error;
 use crate::wire::MAX_MESSAGE_LEN;
 
@@ -168,24 +169,27 @@ pub(crate) fn send_control(
     Ok(())
 }
 
-/// Paces a polling loop over the session's two CQs: after a round with no progress it waits
-/// as every wait of rdma-verbs does ([`CqWaiter`]: spins for the options' [`WaitPolicy`]
-/// budget, by default none ([`WAIT`]), arms the CQs, polls once more, then sleeps on their
-/// shared completion channel until a completion or `IDLE_WAIT`).
+/// Paces a session's polling loop: after a round with no progress it waits as every wait of
+/// rdma-verbs does ([`CqWaiter`]: spins for the options' [`WaitPolicy`] budget, by default
+/// none ([`WAIT`]), arms the CQs, polls once more, then sleeps on their shared completion
+/// channel), until a completion, one of the session's [`Wakes`] (its connection's CM events,
+/// the flags that stop or displace it, the bell of its lanes), or its next deadline (the
+/// machine's [`poll_timeout`](crate::receiver::Receiver::poll_timeout), and the driver's own:
+/// a held-back answer). Nothing else wakes it: an idle session sleeps until something happens.
 ///
 /// Why sleep rather than spin (measured under TCG, [`docs/protocol.md`](https://github.com/rdma-rs/rdma-rs/blob/main/docs/protocol.md)): a spinning thread takes
 /// the vCPU rxe's own packet processing needs (the transfer reached 0.84x `ib_write_bw`), and
 /// short sleeps cost a timer interrupt each, tens of thousands a second (0.85x with 20 us
 /// sleeps, 0.93x with 1 ms ones). A thread woken by its completions costs neither.
 ///
-/// The slow checks (the machine's timeout, the CM's events, a stop request) are due every
-/// `SLOW_EVERY` rounds, busy or idle, and after every sleep that ended with no event: a peer
-/// that keeps sending messages that are no progress (a repeated CREDIT, say) must not keep the
-/// timeout from being checked, and a quiet loop checks at least every `IDLE_WAIT`.
-#[derive(Debug)]
+/// The slow checks (the machine's timeout, the CM's events, the flags) are due after a sleep
+/// that a wake or the deadline ended, once the deadline passed, and every `SLOW_EVERY` busy
+/// rounds: a peer that keeps sending messages that are no progress (a repeated CREDIT, say)
+/// must not keep them from being made.
 pub(crate) struct Pacer {
     waiter: CqWaiter,
     rounds: u32,
+    registrations: Registrations,
 }
 
 /// How a transfer's loops wait by default ([`SendOptions::wait`](super::SendOptions::wait),
@@ -198,7 +202,7 @@ pub(crate) const WAIT: WaitPolicy = WaitPolicy::sleep_at_once();
 impl Pacer {
     /// A pacer whose idle rounds wait as `policy` says.
     pub(crate) fn new(policy: WaitPolicy) -> Self {
-        Pacer { waiter: CqWaiter::new(policy), rounds: 0 }
+        Pacer { waiter: CqWaiter::new(policy), rounds: 0, registrations: Registrations::default() }
     }
 }
 
@@ -234,45 +238,40 @@ impl<'a> SessionCqs<'a> {
     }
 }
 
-/// The longest one blocking wait lasts.
-const IDLE_WAIT: Duration = Duration::from_millis(20);
-/// Rounds between slow checks.
+/// Busy rounds between two yields of an async session to its runtime's other tasks: an
+/// `await` a chunk or so, costless beside a chunk's own work.
+const YIELD_EVERY: u32 = 16;
+/// Busy rounds between slow checks.
 const SLOW_EVERY: u32 = 256;
 /// Arrivals one round takes from the receive ring, so that a flood of messages cannot keep a
 /// round from ending.
 pub(crate) const ARRIVALS_PER_ROUND: usize = 64;
 
 impl Pacer {
-    /// Ends a round of polling `cqs` (which share one completion channel); `true` when the
-    /// slow checks are due.
+    /// Ends a round of polling `cqs` (which share one completion channel), its idle wait made
+    /// by `io` until a completion, one of `wakes`, or `until`; `true` when the slow checks are
+    /// due.
     ///
     /// # Errors
     /// [`Error::Verbs`] when arming a CQ or reading the channel fails.
-    pub(crate) fn round(&mut self, progressed: bool, cqs: &[&CompletionQueue<'static>]) -> Result<bool, Error> {
-        let quiet = !progressed && self.waiter.idle(cqs, Deadline::after(IDLE_WAIT))? == Idle::Slept;
-        Ok(self.end_round(progressed, quiet))
-    }
-
-    /// [`round`](Self::round) for async code: the sleep awaits the channel on the tokio reactor.
-    ///
-    /// # Errors
-    /// As `round`.
-    #[cfg(feature = "tokio")]
-    pub(crate) async fn round_async(
+    pub(crate) async fn round<I: Io>(
         &mut self,
+        io: &I,
         progressed: bool,
         cqs: &[&CompletionQueue<'static>],
+        until: Deadline,
+        wakes: &Wakes<'_>,
     ) -> Result<bool, Error> {
-        let quiet = !progressed && self.waiter.idle_async(cqs, Some(IDLE_WAIT)).await? == Idle::Slept;
-        Ok(self.end_round(progressed, quiet))
-    }
-
-    fn end_round(&mut self, progressed: bool, quiet: bool) -> bool {
         self.rounds = self.rounds.wrapping_add(1);
         if progressed {
             self.waiter.reset();
+            if self.rounds % YIELD_EVERY == 0 {
+                io.yield_now().await;
+            }
+            return Ok(self.rounds % SLOW_EVERY == 0 || until.has_passed());
         }
-        quiet || self.rounds % SLOW_EVERY == 0
+        let idle = io.idle(&mut self.waiter, cqs, until, wakes, &mut self.registrations).await?;
+        Ok(matches!(idle, Idle::Signalled | Idle::Slept) || until.has_passed())
     }
 }
 
@@ -323,10 +322,14 @@ pub(crate) fn check_ack_timeout(n: u8) -> Result<(), Error> {
     }
 }
 
-/// Whether the peer disconnected (reads the connection's pending CM events).
-pub(crate) fn peer_left(conn: &rdma_cm::Connection<'_>) -> bool {
-    let _ = conn.try_recv_event();
-    conn.peer_disconnected()
+/// Whether the peer disconnected: reads every pending CM event of the connection (so that its
+/// fd is quiet again for the next idle sleep, [`Wakes`]).
+///
+/// # Errors
+/// [`Error::Cm`] when the events cannot be read: the session could not hear its peer leave.
+pub(crate) fn peer_left(conn: &rdma_cm::Connection<'_>) -> Result<bool, Error> {
+    while !conn.peer_disconnected() && conn.try_recv_event()?.is_some() {}
+    Ok(conn.peer_disconnected())
 }
 
 /// Which side of a transfer a connection is.
@@ -351,28 +354,8 @@ pub(crate) enum Side {
 ///   [`Error::PeerDisconnected`].
 /// - Else the peer or the path stopped answering (a link down, a host gone):
 ///   [`Error::ConnectionLost`], with the status as the device reported it.
-pub(crate) fn explain_loss(e: Error, side: Side, conn: &rdma_cm::Connection<'static>, ctx: &Context) -> Error {
-    let Error::ConnectionLost { status } = e else { return e };
-    if let Some(v) = violation(status, side, ctx) {
-        return v;
-    }
-    let deadline = Deadline::after(DISCONNECT_WAIT);
-    while !conn.peer_disconnected() {
-        let left = deadline.remaining();
-        if left.is_zero() || conn.recv_event(left).is_err() {
-            break;
-        }
-    }
-    if conn.peer_disconnected() {
-        Error::PeerDisconnected
-    } else {
-        Error::ConnectionLost { status }
-    }
-}
-
-/// [`explain_loss`] for async code: the wait for the peer's disconnect is awaited.
-#[cfg(feature = "tokio")]
-pub(crate) async fn explain_loss_async(
+pub(crate) async fn explain_loss<I: Io>(
+    io: &I,
     e: Error,
     side: Side,
     conn: &rdma_cm::Connection<'static>,
@@ -382,10 +365,10 @@ pub(crate) async fn explain_loss_async(
     if let Some(v) = violation(status, side, ctx) {
         return v;
     }
-    match tokio::time::timeout(DISCONNECT_WAIT, conn.disconnected_async()).await {
-        Ok(Ok(())) => Error::PeerDisconnected,
-        _ if conn.peer_disconnected() => Error::PeerDisconnected,
-        _ => Error::ConnectionLost { status },
+    if io.peer_leaves(conn, Deadline::after(DISCONNECT_WAIT)).await {
+        Error::PeerDisconnected
+    } else {
+        Error::ConnectionLost { status }
     }
 }
 

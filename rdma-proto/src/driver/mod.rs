@@ -72,6 +72,8 @@
 
 mod digest;
 mod files;
+mod flag;
+mod io;
 mod knock;
 mod link;
 mod partials;
@@ -82,6 +84,7 @@ mod retry;
 mod send;
 
 pub use digest::fastest_digest;
+pub use flag::Flag;
 pub use policy::{Decision, Offer, Policy};
 pub use recv::{EntryCounts, EntryReport, ReceiveOptions, ReceiveReport, Server, REPORTED_ENTRIES};
 

@@ -18,8 +18,8 @@
 //!   times as many displaced connections as there are places are still leaving (others at
 //!   twice as many): connections that prove nothing cannot take its place.
 //!
-//! A displaced connection ends within 20 ms, at its next slow check once established, or in
-//! its accept (`ConnectRequest::accept_while`) while its request is not completed yet, with
+//! A displaced connection ends at once, woken by its claim's bell once established, or within
+//! 20 ms in its accept (`ConnectRequest::accept_while`) while its request is not completed yet, with
 //! [`Error::Preempted`], and its teardown waits for nothing; until then it holds its thread
 //! and queue pair. What these rules do not stop ([`docs/protocol.md`, "Threat model"](https://github.com/rdma-rs/rdma-rs/blob/main/docs/protocol.md#threat-model)): without a
 //! secret, peers on about as many addresses as there are places, each holding one, or peers
@@ -35,6 +35,8 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+use super::flag::Bell;
 
 /// A claim not yet proved: the connection may be displaced.
 const UNPROVEN: u8 = 0;
@@ -53,6 +55,8 @@ struct Claim {
     /// The address the request came from (for fair shares).
     from: IpAddr,
     state: AtomicU8,
+    /// Rung when the connection is displaced: its session's idle wait wakes for it.
+    displaced: Bell,
 }
 
 /// Every connection place of one server.
@@ -70,6 +74,9 @@ pub(super) struct ConnectionPlaces {
     /// Claims that were unproven when made, oldest first (proved, displaced and ended ones
     /// are dropped as they are met). A few times `limit` at most: each holds a place.
     unproven: Mutex<VecDeque<Arc<Claim>>>,
+    /// Rung as each connection ends: the accept loop, asleep until a request comes, looks at
+    /// who is left.
+    ended: Bell,
 }
 
 /// A connection's place, given back when dropped (a panicking session's too).
@@ -89,7 +96,18 @@ impl ConnectionPlaces {
             held: AtomicUsize::new(0),
             leaving: AtomicUsize::new(0),
             unproven: Mutex::new(VecDeque::new()),
+            ended: Bell::new(),
         }
+    }
+
+    /// The fd that turns readable as a connection ends (until [`heard`](Self::heard)).
+    pub(super) fn ended_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.ended.fd()
+    }
+
+    /// The ends so far were looked at.
+    pub(super) fn heard(&self) {
+        self.ended.heard();
     }
 
     fn unproven(&self) -> MutexGuard<'_, VecDeque<Arc<Claim>>> {
@@ -109,7 +127,9 @@ impl ConnectionPlaces {
     pub(super) fn take(self: &Arc<Self>, now: Instant, from: IpAddr, vouched: bool) -> Option<Place> {
         let from = host(from);
         let state = if vouched { PROVEN } else { UNPROVEN };
-        let claim = Arc::new(Claim { since: now, from, state: AtomicU8::new(state) });
+        // A vouched claim is never displaced: it needs no bell.
+        let displaced = if vouched { Bell::none() } else { Bell::new() };
+        let claim = Arc::new(Claim { since: now, from, state: AtomicU8::new(state), displaced });
         let mut unproven = self.unproven();
         unproven.retain(|c| c.state.load(Ordering::Acquire) == UNPROVEN);
         // A vouched request may find twice as many leaving as another one: it is not kept out
@@ -125,6 +145,7 @@ impl ConnectionPlaces {
             // takes it off again.
             self.leaving.fetch_add(1, Ordering::AcqRel);
             if old.state.compare_exchange(UNPROVEN, DISPLACED, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                old.displaced.ring();
                 // Its place passes to the newcomer: `held` stays as it is.
                 tracing::info!(
                     age = ?now.saturating_duration_since(old.since),
@@ -187,6 +208,14 @@ impl Place {
     pub(super) fn displaced(&self) -> bool {
         self.claim.state.load(Ordering::Acquire) == DISPLACED
     }
+
+    /// The fd that turns readable when the connection is displaced (`None` for one that cannot
+    /// be, or when no eventfd could be made), for its session's idle wait, and whether it may
+    /// be displaced still.
+    pub(super) fn displaced_fd(&self) -> (Option<std::os::fd::BorrowedFd<'_>>, bool) {
+        let may = self.claim.state.load(Ordering::Acquire) == UNPROVEN;
+        (self.claim.displaced.fd(), may)
+    }
 }
 
 impl Drop for Place {
@@ -196,6 +225,7 @@ impl Drop for Place {
         } else {
             self.places.held.fetch_sub(1, Ordering::AcqRel);
         }
+        self.places.ended.ring();
     }
 }
 

@@ -3,9 +3,10 @@
 
 use std::net::SocketAddr;
 use std::ops::ControlFlow;
+use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -14,6 +15,11 @@ use rdma_verbs::{AccessFlags, AlignedBuffer, Deadline, Rc, RecvRing, SendQueue, 
 
 use super::digest::Hasher;
 use super::files::{io_status, make_dir_entry, make_dirs, DirFd, Incoming, MadeDirs};
+use super::flag::{Bell, Flag};
+#[cfg(feature = "tokio")]
+use super::io::Tokio;
+use super::io::Wakes;
+use super::io::{block_on, Blocking, Io};
 use super::knock::Knocks;
 use super::link::{
     conn_params, explain_loss, peer_left, send_control, take_arrivals, Endpoint, EndpointParts, LaneBase, Pacer,
@@ -152,10 +158,11 @@ pub struct ReceiveOptions {
     pub policy: Option<Policy>,
     /// Called as each chunk is stored ([`Progress`]), from the session's thread or task.
     pub progress: Option<Progress>,
-    /// Set it to stop: [`Server::serve`] returns within about half a second, and sessions in
-    /// progress end with [`Error::Stopped`] (their temporaries removed). A signal handler can
-    /// set it (e.g. `signal_hook::flag::register`).
-    pub stop: Arc<AtomicBool>,
+    /// [Set](Flag::set) it to stop: the accept loop and the sessions asleep wake at once;
+    /// sessions in progress end with [`Error::Stopped`] (their temporaries removed), and
+    /// [`Server::serve`] returns once they ended. From a signal, set it from a thread that
+    /// waits for the signal (`signal_hook::iterator::Signals`, as `rdma-copy` does).
+    pub stop: Flag,
     /// Test hook: flip one byte of this chunk as it arrives (to prove the digest check).
     #[cfg(feature = "fault-injection")]
     #[doc(hidden)]
@@ -199,7 +206,7 @@ impl Default for ReceiveOptions {
             max_per_address: 4,
             max_lanes: 4,
             digest: None,
-            stop: Arc::new(AtomicBool::new(false)),
+            stop: Flag::new(),
             #[cfg(feature = "fault-injection")]
             corrupt_chunk: None,
             #[cfg(feature = "fault-injection")]
@@ -315,13 +322,20 @@ struct Route {
     taken: u32,
     /// The session's side of the hand-over.
     to: std::sync::mpsc::Sender<(u16, ConnectRequest)>,
+    /// Rung with each lane handed over: the session's idle wait wakes for it.
+    handed: Arc<Bell>,
 }
+
+/// Where a lane's request is handed to its session.
+type HandOver = std::sync::mpsc::Sender<(u16, ConnectRequest)>;
 
 /// A session's registration in [`Routes`]: removed when dropped (the session ended), so that
 /// a lane arriving later names no live session.
 struct RouteGuard {
     routes: Arc<Routes>,
     token: [u8; wire::LANE_TOKEN_LEN],
+    /// The route's bell ([`Route::handed`]).
+    handed: Arc<Bell>,
 }
 
 impl Drop for RouteGuard {
@@ -340,15 +354,16 @@ impl Routes {
         token: [u8; wire::LANE_TOKEN_LEN],
     ) -> (RouteGuard, std::sync::mpsc::Receiver<(u16, ConnectRequest)>) {
         let (to, from) = std::sync::mpsc::channel();
-        let route = Route { session, lanes, taken: 1, to };
+        let handed = Arc::new(Bell::new());
+        let route = Route { session, lanes, taken: 1, to, handed: handed.clone() };
         self.0.lock().unwrap_or_else(|p| p.into_inner()).insert(token, route);
-        (RouteGuard { routes: self.clone(), token }, from)
+        (RouteGuard { routes: self.clone(), token, handed }, from)
     }
 
     /// Where a lane's request goes (its session's side of the hand-over), the lane marked as
     /// taken: `Err` with why when its token names no live session, the session is another, or
     /// the lane is not one granted or came already.
-    fn take(&self, lane: wire::Lane, session: u64) -> Result<std::sync::mpsc::Sender<(u16, ConnectRequest)>, String> {
+    fn take(&self, lane: wire::Lane, session: u64) -> Result<(HandOver, Arc<Bell>), String> {
         let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
         let Some(route) = map.get_mut(&lane.token).filter(|r| r.session == session) else {
             return Err("a lane whose token names no live session".into());
@@ -358,7 +373,7 @@ impl Routes {
             return Err(format!("lane {} of {} granted, or one that came already", lane.lane, route.lanes));
         }
         route.taken |= bit;
-        Ok(route.to.clone())
+        Ok((route.to.clone(), route.handed.clone()))
     }
 }
 
@@ -412,12 +427,21 @@ type Places = (Place, AddressPlace);
 const BUSY_SLACK: usize = 4;
 
 /// What the sessions of one `serve` call tell its accept loop.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Tally {
     /// Transfers asked for: connections whose HELLO arrived.
     asked: AtomicUsize,
     /// Set once the loop takes no more transfers: connections still without a HELLO end.
-    closing: AtomicBool,
+    closing: Flag,
+    /// Rung when a transfer is asked for: the accept loop, asleep until a request comes,
+    /// looks at the count.
+    changed: Bell,
+}
+
+impl Default for Tally {
+    fn default() -> Self {
+        Tally { asked: AtomicUsize::new(0), closing: Flag::new(), changed: Bell::new() }
+    }
 }
 
 impl Tally {
@@ -495,46 +519,20 @@ impl Server {
         sessions: Option<usize>,
         report: impl Fn(ReceiveReport) + Send + Sync + 'static,
     ) -> Result<(), Error> {
-        let report = Arc::new(report);
+        let report: Arc<dyn Fn(ReceiveReport) + Send + Sync> = Arc::new(report);
         let tally = Arc::new(Tally::default());
-        std::thread::scope(|scope| -> Result<(), Error> {
-            let r = loop {
-                let closed = self.closed(&tally, sessions);
-                if closed && self.places.alive() == 0 {
-                    break Ok(());
-                }
-                let req = match self.listener.recv_request(accept_check(&self.places)) {
-                    Ok(r) => r,
-                    Err(e) if e.is_timeout() => continue,
-                    Err(e) if ends_listening(&e) => break Err(e.into()),
-                    Err(e) => {
-                        if lost_request(&e) {
-                            std::thread::sleep(RESOURCE_PAUSE);
-                        }
-                        continue;
-                    }
-                };
-                let Some(req) = self.route_lane(req, &*report) else { continue };
-                if closed {
-                    report(reject(req, Status::Busy, "the receiver takes no more transfers".into()));
-                    continue;
-                }
-                let Some(place) = self.admit(req, &*report) else { continue };
-                let (req, place) = place;
-                let (shared, report) = (self.shared(&tally), report.clone());
-                let spawned = std::thread::Builder::new().spawn_scoped(scope, move || {
-                    let r = receive(req, &shared, &place.0);
-                    drop(place);
-                    report(r);
-                });
-                if let Err(e) = spawned {
-                    // The request went with the closure: rejected, and its place given back.
-                    tracing::warn!(error = %e, "no thread for a connection: its request is rejected");
-                    std::thread::sleep(RESOURCE_PAUSE);
-                }
+        std::thread::scope(|scope| {
+            let spawn = |req: ConnectRequest, place: Places, shared: Shared| {
+                let report = report.clone();
+                std::thread::Builder::new()
+                    .spawn_scoped(scope, move || {
+                        let r = block_on(receive(&Blocking, req, &shared, &place.0));
+                        drop(place);
+                        report(r);
+                    })
+                    .map(drop)
             };
-            tally.closing.store(true, Ordering::Release);
-            r
+            block_on(self.accept_loop(&Blocking, sessions, &report, &tally, spawn))
         })
     }
 }
@@ -542,8 +540,8 @@ impl Server {
 #[cfg(feature = "tokio")]
 impl Server {
     /// [`serve`](Self::serve) for async code (feature `tokio`): each session is a task on the
-    /// current runtime instead of a thread (the same rounds, awaiting the CQs' channel when
-    /// idle; no thread is started). `report` is called from the session's task as each ends.
+    /// current runtime instead of a thread (the same sessions, their waits awaited on the
+    /// reactor; no thread is started). `report` is called from the session's task as each ends.
     /// Returns when `sessions` sessions ended, or [`ReceiveOptions::stop`] is set and the
     /// sessions in progress ended.
     ///
@@ -567,41 +565,20 @@ impl Server {
         sessions: Option<usize>,
         report: impl Fn(ReceiveReport) + Send + Sync + 'static,
     ) -> Result<(), Error> {
-        let report = Arc::new(report);
+        let report: Arc<dyn Fn(ReceiveReport) + Send + Sync> = Arc::new(report);
         let tally = Arc::new(Tally::default());
         let mut tasks = tokio::task::JoinSet::new();
-        let result = loop {
-            let closed = self.closed(&tally, sessions);
-            if closed && self.places.alive() == 0 {
-                break Ok(());
-            }
-            let check = accept_check(&self.places);
-            let req = match tokio::time::timeout(check, self.listener.recv_request_async()).await {
-                Err(_) => continue,
-                Ok(Err(e)) if ends_listening(&e) => break Err(e.into()),
-                Ok(Err(e)) => {
-                    if lost_request(&e) {
-                        tokio::time::sleep(RESOURCE_PAUSE).await;
-                    }
-                    continue;
-                }
-                Ok(Ok(r)) => r,
-            };
+        let spawn = |req: ConnectRequest, place: Places, shared: Shared| {
             while tasks.try_join_next().is_some() {}
-            let Some(req) = self.route_lane(req, &*report) else { continue };
-            if closed {
-                report(reject(req, Status::Busy, "the receiver takes no more transfers".into()));
-                continue;
-            }
-            let Some((req, place)) = self.admit(req, &*report) else { continue };
-            let (shared, report) = (self.shared(&tally), report.clone());
+            let report = report.clone();
             tasks.spawn(async move {
-                let r = receive_async(req, &shared, &place.0).await;
+                let r = receive(&Tokio, req, &shared, &place.0).await;
                 drop(place);
                 report(r);
             });
+            Ok(())
         };
-        tally.closing.store(true, Ordering::Release);
+        let result = self.accept_loop(&Tokio, sessions, &report, &tally, spawn).await;
         while let Some(done) = tasks.join_next().await {
             if let Err(e) = done {
                 if e.is_panic() {
@@ -610,6 +587,63 @@ impl Server {
             }
         }
         result
+    }
+}
+
+impl Server {
+    /// The accept loop of [`serve`](Self::serve) and `serve_async`: takes connection requests
+    /// until the server is closed and its sessions ended, hands extra lanes to their sessions,
+    /// and gives each admitted request to `spawn` with its places and what it shares with the
+    /// server (`Err` when no thread could be started for it: the request went with the
+    /// closure, rejected, and its place given back).
+    async fn accept_loop<I: Io>(
+        &self,
+        io: &I,
+        sessions: Option<usize>,
+        report: &Arc<dyn Fn(ReceiveReport) + Send + Sync>,
+        tally: &Arc<Tally>,
+        mut spawn: impl FnMut(ConnectRequest, Places, Shared) -> std::io::Result<()>,
+    ) -> Result<(), Error> {
+        let r = loop {
+            let closed = self.closed(tally, sessions);
+            if closed && self.places.alive() == 0 {
+                break Ok(());
+            }
+            let req = match self.listener.try_recv_request() {
+                Ok(Some(r)) => r,
+                Ok(None) => {
+                    // Asleep until a request, the stop flag, or a session's news (a transfer
+                    // asked for, a connection ended): nothing else changes what the loop does.
+                    let fds = Wakes::new(self.listener.as_fd())
+                        .and(self.opts.stop.fd())
+                        .and(tally.changed.fd())
+                        .and(self.places.ended_fd());
+                    io.readable(fds.fds(), fds.until(Deadline::never())).await;
+                    tally.changed.heard();
+                    self.places.heard();
+                    continue;
+                }
+                Err(e) if ends_listening(&e) => break Err(e.into()),
+                Err(e) => {
+                    if lost_request(&e) {
+                        io.sleep(RESOURCE_PAUSE).await;
+                    }
+                    continue;
+                }
+            };
+            let Some(req) = self.route_lane(req, &**report) else { continue };
+            if closed {
+                report(reject(req, Status::Busy, "the receiver takes no more transfers".into()));
+                continue;
+            }
+            let Some((req, place)) = self.admit(req, &**report) else { continue };
+            if let Err(e) = spawn(req, place, self.shared(tally)) {
+                tracing::warn!(error = %e, "no thread for a connection: its request is rejected");
+                io.sleep(RESOURCE_PAUSE).await;
+            }
+        };
+        tally.closing.set();
+        r
     }
 }
 
@@ -643,21 +677,6 @@ fn lost_request(e: &rdma_cm::Error) -> bool {
 /// How long an accept loop pauses after a request lost to an exhausted resource.
 const RESOURCE_PAUSE: Duration = Duration::from_millis(20);
 
-/// How often an idle accept loop checks [`ReceiveOptions::stop`].
-const STOP_CHECK: Duration = Duration::from_millis(500);
-/// How often an accept loop with connections in progress checks whether they asked for the
-/// transfers it serves.
-const COUNT_CHECK: Duration = Duration::from_millis(20);
-
-/// How long the accept loop waits for a connection request before its checks.
-fn accept_check(places: &ConnectionPlaces) -> Duration {
-    if places.alive() > 0 {
-        COUNT_CHECK
-    } else {
-        STOP_CHECK
-    }
-}
-
 impl Server {
     /// Whether the accept loop takes no more transfers (`sessions` were asked for, or the
     /// server stops); then connections still without a HELLO end. The loop still runs while
@@ -677,9 +696,9 @@ impl Server {
     }
 
     fn closed(&self, tally: &Tally, sessions: Option<usize>) -> bool {
-        let closed = tally.enough(sessions) || self.opts.stop.load(Ordering::Relaxed);
+        let closed = tally.enough(sessions) || self.opts.stop.is_set();
         if closed {
-            tally.closing.store(true, Ordering::Release);
+            tally.closing.set();
         }
         closed
     }
@@ -693,8 +712,9 @@ impl Server {
         let Ok((h, Message::Lane(lane))) = wire::decode(req.private_data()) else { return Some(req) };
         let peer = req.peer_addr();
         match self.routes.take(lane, h.session) {
-            Ok(to) => match to.send((lane.lane, req)) {
+            Ok((to, handed)) => match to.send((lane.lane, req)) {
                 Ok(()) => {
+                    handed.ring();
                     tracing::debug!(session = format_args!("{:016x}", h.session), lane = lane.lane, "lane handed over")
                 }
                 Err(std::sync::mpsc::SendError((_, req))) => {
@@ -757,19 +777,10 @@ fn reject(req: ConnectRequest, status: Status, detail: String) -> ReceiveReport 
 }
 
 /// Serves one connection request to its end.
-fn receive(req: ConnectRequest, shared: &Shared, place: &Place) -> ReceiveReport {
+async fn receive<I: Io>(io: &I, req: ConnectRequest, shared: &Shared, place: &Place) -> ReceiveReport {
     let start = Instant::now();
     let mut report = ReceiveReport::starting(req.peer_addr());
-    let result = session(req, shared, place, &mut report, start);
-    report.ended(result, start)
-}
-
-/// [`receive`] for async code.
-#[cfg(feature = "tokio")]
-async fn receive_async(req: ConnectRequest, shared: &Shared, place: &Place) -> ReceiveReport {
-    let start = Instant::now();
-    let mut report = ReceiveReport::starting(req.peer_addr());
-    let result = session_async(req, shared, place, &mut report, start).await;
+    let result = session(io, req, shared, place, &mut report, start).await;
     report.ended(result, start)
 }
 
@@ -818,7 +829,10 @@ impl ReceiveReport {
     }
 }
 
-fn session(
+/// A session, from accepting its connection to its teardown: the one body of the blocking
+/// and the async server.
+async fn session<I: Io>(
+    io: &I,
     req: ConnectRequest,
     shared: &Shared,
     place: &Place,
@@ -833,87 +847,20 @@ fn session(
     // (review of the knock, M1: each never-completed request lingered `hello_timeout` among the
     // connections leaving, which held back knocked requests).
     let params = conn_params(opts.ack_timeout);
-    let conn = req
-        .accept_while(qp, &params, hello_bound(opts), DISPLACED_CHECK, || !place.displaced())
+    let keep = || !place.displaced();
+    let conn = io
+        .accept(req, qp, &params, Deadline::after(hello_bound(opts)), Some(&keep))
+        .await
         .map_err(|e| displaced_or(e, place))?;
     let mut s = ReceiveSession::new(shared, place, report, parts, &conn, start)?;
     let outcome = loop {
         match s.drive_round(&conn) {
             Ok(ControlFlow::Break(o)) => break Ok(o),
             Ok(ControlFlow::Continue(progressed)) => {
-                let r = s.accept_lanes().and_then(|()| s.drive_timers(progressed, &conn));
-                if let Err(e) = r {
+                if let Err(e) = s.accept_lanes(io).await {
                     break Err(e);
                 }
-            }
-            Err(e) => break Err(e),
-        }
-    };
-    let outcome = outcome.map_err(|e| explain_loss(e, Side::Receiver, &conn, s.pd.context()));
-    let acked = s.machine.acked();
-    let (mut sq, ring, slots, lanes, admitted) = s.end(&outcome);
-    // One bound for the whole teardown, not one per lane: a peer that never disconnects holds
-    // it `TEARDOWN_WAIT` at most, however many lanes it opened (the disconnects without an
-    // ACK too: each was 1 s outside the bound, 17 s with 16 lanes; review finding G9).
-    let teardown = Deadline::after(teardown_wait(opts, place));
-    for RecvLane { conn, ring } in lanes {
-        if acked {
-            let _ = conn.wait_disconnected(teardown.remaining());
-        } else {
-            let _ = conn.disconnect(DISCONNECT_WAIT.min(teardown.remaining()));
-        }
-        drop(ring);
-    }
-    // An ACK must reach the sender before the connection goes: the sender reads it, then
-    // disconnects. Without one there is nothing to wait for.
-    let _ = sq.drain(teardown.remaining(), drop);
-    drop(sq);
-    if acked {
-        let _ = conn.wait_disconnected(teardown.remaining());
-    } else {
-        let _ = conn.disconnect(DISCONNECT_WAIT.min(teardown.remaining()));
-    }
-    // The ring holds the QP's last handle now: dropped, it destroys the QP; only then may the
-    // peer-writable slots go, and only then is their memory free for another session.
-    drop(ring);
-    drop(slots);
-    drop(admitted);
-    status_of(outcome)
-}
-
-/// [`session`] for async code: the same rounds, with the accept and the idle waits awaited,
-/// and a teardown that does not block the runtime.
-#[cfg(feature = "tokio")]
-async fn session_async(
-    req: ConnectRequest,
-    shared: &Shared,
-    place: &Place,
-    report: &mut ReceiveReport,
-    start: Instant,
-) -> Result<(), Error> {
-    let opts = &*shared.opts;
-    let ctx = req.open_context()?;
-    let ep = Endpoint::new(ctx, 0, ring_depth(opts), |qp| req.init_qp(qp, GRANTED_ACCESS))?;
-    let (qp, parts) = ep.split();
-    let params = conn_params(opts.ack_timeout);
-    let accept = until_displaced(req.accept_async(qp, &params), place);
-    let conn = match tokio::time::timeout(hello_bound(opts), accept).await {
-        Ok(Some(r)) => r?,
-        Ok(None) => return Err(Error::Preempted),
-        Err(_) => {
-            let after = hello_bound(opts);
-            return Err(rdma_cm::Error::Timeout { what: "accepting", device: None, after }.into());
-        }
-    };
-    let mut s = ReceiveSession::new(shared, place, report, parts, &conn, start)?;
-    let outcome = loop {
-        match s.drive_round(&conn) {
-            Ok(ControlFlow::Break(o)) => break Ok(o),
-            Ok(ControlFlow::Continue(progressed)) => {
-                if let Err(e) = s.accept_lanes_async().await {
-                    break Err(e);
-                }
-                if let Err(e) = s.drive_timers_async(progressed, &conn).await {
+                if let Err(e) = s.drive_timers(io, progressed, &conn).await {
                     break Err(e);
                 }
             }
@@ -921,35 +868,37 @@ async fn session_async(
         }
     };
     let outcome = match outcome {
-        Err(e) => Err(super::link::explain_loss_async(e, Side::Receiver, &conn, s.pd.context()).await),
+        Err(e) => Err(explain_loss(io, e, Side::Receiver, &conn, s.pd.context()).await),
         ok => ok,
     };
     let acked = s.machine.acked();
-    let (mut sq, ring, slots, lanes, admitted) = s.end(&outcome);
+    let (sq, ring, slots, lanes, admitted) = s.end(&outcome);
+    // One bound for the whole teardown, not one per lane: a peer that never disconnects holds
+    // it `TEARDOWN_WAIT` at most, however many lanes it opened (the disconnects without an
+    // ACK too: each was 1 s outside the bound, 17 s with 16 lanes; review finding G9).
     let teardown = Deadline::after(teardown_wait(opts, place));
-    for RecvLane { conn, ring } in lanes {
+    // An ACK must reach the sender before the connection goes: the sender reads it, then
+    // disconnects. Without one there is nothing to wait for.
+    let leave = |conn| async {
         if acked {
-            let _ = tokio::time::timeout(teardown.remaining(), conn.wait_disconnected_async()).await;
+            io.wait_disconnected(conn, teardown).await;
         } else {
-            let _ = tokio::time::timeout(DISCONNECT_WAIT.min(teardown.remaining()), conn.disconnect_async()).await;
+            io.disconnect(conn, teardown.min(Deadline::after(DISCONNECT_WAIT))).await;
         }
-        let _ = ring.close_async().await;
+    };
+    for RecvLane { conn, ring } in lanes {
+        leave(conn).await;
+        io.close_ring(ring).await;
     }
-    let _ = tokio::time::timeout(teardown.remaining(), sq.drain_async(drop)).await;
-    let _ = sq.close_async().await;
-    if acked {
-        let _ = tokio::time::timeout(teardown.remaining(), conn.wait_disconnected_async()).await;
-    } else {
-        let _ = tokio::time::timeout(DISCONNECT_WAIT.min(teardown.remaining()), conn.disconnect_async()).await;
-    }
-    let _ = ring.close_async().await;
+    io.close_queue(sq, teardown).await;
+    leave(conn).await;
+    // The ring holds the QP's last handle now: closed, it destroys the QP; only then may the
+    // peer-writable slots go, and only then is their memory free for another session.
+    io.close_ring(ring).await;
     drop(slots);
     drop(admitted);
     status_of(outcome)
 }
-
-/// How soon a connection being accepted ends once it is displaced ([`Place::displaced`]).
-const DISPLACED_CHECK: Duration = Duration::from_millis(20);
 
 /// An accept's error, as [`Error::Preempted`] when its connection was displaced meanwhile.
 fn displaced_or(e: rdma_cm::Error, place: &Place) -> Error {
@@ -958,29 +907,6 @@ fn displaced_or(e: rdma_cm::Error, place: &Place) -> Error {
     } else {
         e.into()
     }
-}
-
-/// `accept`, or `None` once the connection is displaced ([`DISPLACED_CHECK`]); dropping the
-/// accept then destroys its identifier and QP, as its error would.
-#[cfg(feature = "tokio")]
-async fn until_displaced<T>(accept: impl std::future::Future<Output = T>, place: &Place) -> Option<T> {
-    use std::future::Future;
-    use std::task::Poll;
-    let mut accept = std::pin::pin!(accept);
-    let mut check = std::pin::pin!(tokio::time::sleep(DISPLACED_CHECK));
-    std::future::poll_fn(|cx| {
-        if let Poll::Ready(r) = accept.as_mut().poll(cx) {
-            return Poll::Ready(Some(r));
-        }
-        while check.as_mut().poll(cx).is_ready() {
-            if place.displaced() {
-                return Poll::Ready(None);
-            }
-            check.as_mut().reset(tokio::time::Instant::now() + DISPLACED_CHECK);
-        }
-        Poll::Pending
-    })
-    .await
 }
 
 /// How long a new connection may take to be established: its HELLO's clock runs from its
@@ -1570,8 +1496,8 @@ impl<'a> ReceiveSession<'a> {
             // Whether the peer left is asked every 16 MiB (a read of the CM channel that does
             // not block): a peer that offers a resume and leaves costs the receiver no more
             // hashing than it stays connected for (review R2).
-            let gone = at % (16 << 20) == 0 && at > 0 && peer_left(conn);
-            if gone || budget.has_passed() || self.opts.stop.load(Ordering::Relaxed) {
+            let gone = at % (16 << 20) == 0 && at > 0 && peer_left(conn).unwrap_or(true);
+            if gone || budget.has_passed() || self.opts.stop.is_set() {
                 tracing::info!(held, hashed = at, gone, "resuming from what was hashed in time");
                 return at;
             }
@@ -1677,6 +1603,7 @@ impl<'a> ReceiveSession<'a> {
         let n = self.take_arrivals()?;
         if !counted && self.machine.authorized() {
             self.tally.asked.fetch_add(1, Ordering::AcqRel);
+            self.tally.changed.ring();
         }
         Ok(n)
     }
@@ -1710,25 +1637,10 @@ impl<'a> ReceiveSession<'a> {
 
     /// The lane requests handed over since the last round, each accepted on a QP in this
     /// session's PD (the granted ring's rkey serves it) with its receives posted first.
-    fn accept_lanes(&mut self) -> Result<(), Error> {
+    async fn accept_lanes<I: Io>(&mut self, io: &I) -> Result<(), Error> {
         while let Some((lane, req, qp, ring)) = self.next_lane()? {
-            let conn = req.accept(qp, &conn_params(self.opts.ack_timeout), self.opts.accept_timeout)?;
-            self.attach(lane, conn, ring);
-        }
-        Ok(())
-    }
-
-    /// [`accept_lanes`](Self::accept_lanes) for async code.
-    #[cfg(feature = "tokio")]
-    async fn accept_lanes_async(&mut self) -> Result<(), Error> {
-        while let Some((lane, req, qp, ring)) = self.next_lane()? {
-            let after = self.opts.accept_timeout;
-            let conn = match tokio::time::timeout(after, req.accept_async(qp, &conn_params(self.opts.ack_timeout)))
-                .await
-            {
-                Ok(r) => r?,
-                Err(_) => return Err(rdma_cm::Error::Timeout { what: "accepting a lane", device: None, after }.into()),
-            };
+            let params = conn_params(self.opts.ack_timeout);
+            let conn = io.accept(req, qp, &params, Deadline::after(self.opts.accept_timeout), None).await?;
             self.attach(lane, conn, ring);
         }
         Ok(())
@@ -1763,36 +1675,55 @@ impl<'a> ReceiveSession<'a> {
 
     /// Ends the round: spins or sleeps on the CQs ([`Pacer`]), and when the slow checks are due,
     /// the machine's timeout, whether the peer left, and whether the receiver is stopping.
-    fn drive_timers(&mut self, progressed: bool, conn: &rdma_cm::Connection<'static>) -> Result<(), Error> {
+    async fn drive_timers<I: Io>(
+        &mut self,
+        io: &I,
+        progressed: bool,
+        conn: &rdma_cm::Connection<'static>,
+    ) -> Result<(), Error> {
         let cqs = SessionCqs::new(self.sq.cq(), self.ring.cq(), self.lanes.iter().flatten().map(|l| l.ring.cq()));
-        let due = self.pacer.round(progressed, cqs.as_slice())?;
+        let until = self.next_deadline();
+        let handed = self.route.as_ref().map(|(route, _)| &*route.handed);
+        let wakes = session_wakes(conn, self.opts, self.place, self.machine.hello_received(), self.tally, handed);
+        let due = self.pacer.round(io, progressed, cqs.as_slice(), until, &wakes).await?;
         self.drive_slow_checks(due, conn)
     }
 
-    /// [`drive_timers`](Self::drive_timers), awaiting the CQs' channel when idle.
-    #[cfg(feature = "tokio")]
-    async fn drive_timers_async(&mut self, progressed: bool, conn: &rdma_cm::Connection<'static>) -> Result<(), Error> {
-        let cqs = SessionCqs::new(self.sq.cq(), self.ring.cq(), self.lanes.iter().flatten().map(|l| l.ring.cq()));
-        let due = self.pacer.round_async(progressed, cqs.as_slice()).await?;
-        self.drive_slow_checks(due, conn)
+    /// When the session must look at its clock next: the machine's deadline, a held-back
+    /// answer, the test flood's next message.
+    fn next_deadline(&self) -> Deadline {
+        let at = |t: Option<Instant>| t.map_or(Deadline::never(), Deadline::at);
+        let mut until = at(self.machine.poll_timeout());
+        if let Some(Some(tarpit)) = self.tarpit {
+            until = until.min(Deadline::at(tarpit));
+        }
+        #[cfg(feature = "fault-injection")]
+        if let Some(last) = self.flood {
+            until = until.min(Deadline::at(last + FLOOD_EVERY));
+        }
+        until
     }
 
     /// When `due`: the machine's timeout, whether the peer left, whether the receiver stops.
     fn drive_slow_checks(&mut self, due: bool, conn: &rdma_cm::Connection<'static>) -> Result<(), Error> {
         if due {
             self.machine.handle_timeout(Instant::now());
-            if peer_left(conn) {
+            if peer_left(conn)? {
                 return Err(Error::PeerDisconnected);
             }
-            if self.opts.stop.load(Ordering::Relaxed) {
+            if self.opts.stop.is_set() {
                 return Err(Error::Stopped);
+            }
+            if let Some((route, _)) = &self.route {
+                // The lanes handed over are taken by the next round.
+                route.handed.heard();
             }
             if self.place.displaced() {
                 // Not proved in `preempt_after`, with every place taken: a newer connection
                 // has this one's place.
                 return Err(Error::Preempted);
             }
-            if !self.machine.hello_received() && self.tally.closing.load(Ordering::Acquire) {
+            if !self.machine.hello_received() && self.tally.closing.is_set() {
                 // The server took the transfers it serves; this connection asked for none.
                 return Err(Error::Stopped);
             }
@@ -1800,11 +1731,11 @@ impl<'a> ReceiveSession<'a> {
         Ok(())
     }
 
-    /// The test hook `test_never_ack`: once the FIN came, an old CREDIT every millisecond.
+    /// The test hook `test_never_ack`: once the FIN came, an old CREDIT every [`FLOOD_EVERY`].
     #[cfg(feature = "fault-injection")]
     fn drive_faults(&mut self) -> Result<(), Error> {
         let Some(last) = self.flood else { return Ok(()) };
-        if last.elapsed() >= Duration::from_millis(1) {
+        if last.elapsed() >= FLOOD_EVERY {
             self.flood = Some(Instant::now());
             let credit = Message::Credit(wire::Credit { consumed: 0 });
             if wire::encode(self.machine.session(), &credit, &mut self.out).is_ok() {
@@ -1819,6 +1750,34 @@ impl<'a> ReceiveSession<'a> {
         Ok(())
     }
 }
+
+/// What wakes a session's idle wait besides its completions: its connection's CM events, the
+/// receiver's stop, its displacement (while it may be displaced), the server closing (while it
+/// has no HELLO), its lanes' hand-over (`handed`, once it granted lanes).
+fn session_wakes<'w>(
+    conn: &'w rdma_cm::Connection<'static>,
+    opts: &'w ReceiveOptions,
+    place: &'w Place,
+    hello_received: bool,
+    tally: &'w Tally,
+    handed: Option<&'w Bell>,
+) -> Wakes<'w> {
+    let mut wakes = Wakes::new(conn.as_fd()).and(opts.stop.fd());
+    if let (fd, true) = place.displaced_fd() {
+        wakes = wakes.and(fd);
+    }
+    if !hello_received {
+        wakes = wakes.and(tally.closing.fd());
+    }
+    if let Some(handed) = handed {
+        wakes = wakes.and(handed.fd());
+    }
+    wakes
+}
+
+/// How often the test hook `test_never_ack` sends an old CREDIT.
+#[cfg(feature = "fault-injection")]
+const FLOOD_EVERY: Duration = Duration::from_millis(1);
 
 /// `s` cut to at most `max` bytes, at a character's boundary.
 fn truncated(mut s: String, max: usize) -> String {

@@ -1,9 +1,11 @@
 //! When a failed send is tried again ([`SendOptions::retries`]): the one rule, for the
 //! blocking and the async send alike.
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use rdma_verbs::Deadline;
+
+use super::io::{Io, Wakes};
 use super::{Error, SendOptions};
 use crate::Status;
 
@@ -27,41 +29,24 @@ const ACK_TIMEOUT_STEP: u8 = 2;
 /// The longest ACK timeout exponent a retry raises it to (20: 4.3 s).
 const MOST_ACK_TIMEOUT: u8 = 20;
 
-/// How often a wait between attempts looks at [`SendOptions::cancel`], as an idle round does.
-const CANCEL_CHECK: Duration = Duration::from_millis(20);
-
-/// The slices of a wait of `wait`, each at most [`CANCEL_CHECK`].
-fn slices(wait: Duration) -> impl Iterator<Item = Duration> {
-    let n = wait.as_nanos().div_ceil(CANCEL_CHECK.as_nanos()) as u32;
-    (0..n).map(move |i| CANCEL_CHECK.min(wait - CANCEL_CHECK * i))
-}
-
-/// Sleeps the thread for `wait`, unless the send is cancelled meanwhile: then
-/// [`Error::Cancelled`] at once.
-pub(super) fn sleep(wait: Duration, opts: &SendOptions) -> Result<(), Error> {
-    for slice in slices(wait) {
+/// Waits `wait`, unless the send is cancelled meanwhile: then [`Error::Cancelled`] at once
+/// (the wait wakes for [`SendOptions::cancel`]).
+pub(super) async fn sleep<I: Io>(io: &I, wait: Duration, opts: &SendOptions) -> Result<(), Error> {
+    let until = Deadline::after(wait);
+    while !until.has_passed() {
         cancelled(opts)?;
-        std::thread::sleep(slice);
+        let wakes = Wakes::none().and(opts.cancel.fd());
+        io.readable(wakes.fds(), wakes.until(until)).await;
     }
     cancelled(opts)
 }
 
 /// `Err(Cancelled)` once the send is cancelled.
 fn cancelled(opts: &SendOptions) -> Result<(), Error> {
-    match opts.cancel.load(Ordering::Relaxed) {
+    match opts.cancel.is_set() {
         true => Err(Error::Cancelled),
         false => Ok(()),
     }
-}
-
-/// [`sleep`] for async code: the task waits on tokio's timer.
-#[cfg(feature = "tokio")]
-pub(super) async fn sleep_async(wait: Duration, opts: &SendOptions) -> Result<(), Error> {
-    for slice in slices(wait) {
-        cancelled(opts)?;
-        tokio::time::sleep(slice).await;
-    }
-    cancelled(opts)
 }
 
 /// The attempts of one send: how many retries are left, and the error that started them.
@@ -130,7 +115,7 @@ impl Retries {
             Attempt::SessionFailed(e) if !e.is_transient() => return Err(Err(e)),
             Attempt::ConnectFailed(e) | Attempt::SessionFailed(e) => e,
         };
-        if opts.cancel.load(Ordering::Relaxed) {
+        if opts.cancel.is_set() {
             return Err(Err(Error::Cancelled));
         }
         if self.left == 0 {
@@ -148,6 +133,7 @@ impl Retries {
 
 #[cfg(test)]
 mod tests {
+    use super::super::io::{block_on, Blocking};
     use super::*;
 
     fn opts(retries: u32) -> SendOptions {
@@ -242,13 +228,12 @@ mod tests {
     }
 
     #[test]
-    fn a_wait_is_cut_in_slices_that_add_up_to_it() {
-        for ms in [0, 1, 20, 21, 500, 4000] {
-            let wait = Duration::from_millis(ms);
-            let s: Vec<Duration> = slices(wait).collect();
-            assert_eq!(s.iter().sum::<Duration>(), wait);
-            assert!(s.iter().all(|d| *d <= CANCEL_CHECK && !d.is_zero()));
-        }
+    fn a_wait_between_attempts_lasts_its_time() {
+        let o = opts(3);
+        let t = std::time::Instant::now();
+        block_on(sleep(&Blocking, Duration::from_millis(120), &o)).unwrap();
+        let took = t.elapsed();
+        assert!(took >= Duration::from_millis(120) && took < Duration::from_secs(2), "{took:?}");
     }
 
     #[test]
@@ -258,11 +243,12 @@ mod tests {
         let t = std::time::Instant::now();
         let setter = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(50));
-            cancel.store(true, Ordering::Relaxed);
+            cancel.set();
         });
-        assert!(matches!(sleep(Duration::from_secs(4), &o), Err(Error::Cancelled)));
+        assert!(matches!(block_on(sleep(&Blocking, Duration::from_secs(4), &o)), Err(Error::Cancelled)));
         setter.join().unwrap();
-        assert!(t.elapsed() < Duration::from_secs(2), "it waited {:?}", t.elapsed());
+        // Woken by the flag's eventfd, not by a periodic look at it.
+        assert!(t.elapsed() < Duration::from_millis(500), "it waited {:?}", t.elapsed());
     }
 
     #[test]
@@ -270,9 +256,12 @@ mod tests {
         let o = opts(3);
         let mut r = Retries::new(&o);
         assert!(r.after::<()>(Attempt::SessionFailed(Error::PeerDisconnected), &o).is_ok());
-        o.cancel.store(true, Ordering::Relaxed);
+        o.cancel.set();
         let refused = Error::Usage("connection refused".into());
         assert!(matches!(r.after::<()>(Attempt::ConnectFailed(refused), &o), Err(Err(Error::Cancelled))));
-        assert!(matches!(sleep(Duration::ZERO, &o), Err(Error::Cancelled)), "checked after the wait too");
+        assert!(
+            matches!(block_on(sleep(&Blocking, Duration::ZERO, &o)), Err(Error::Cancelled)),
+            "checked after the wait too"
+        );
     }
 }

@@ -4,19 +4,22 @@ use std::collections::VecDeque;
 use std::fs::OpenOptions;
 use std::net::SocketAddr;
 use std::ops::ControlFlow;
+use std::os::fd::AsFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use rdma_cm::CmId;
 use rdma_verbs::{
     AccessFlags, Deadline, ProtectionDomain, Rc, RecvRing, RemoteRegion, SendQueue, Slot, SlotPool, SlotRequest,
     WcStatus,
 };
 
 use super::digest::Hasher;
+use super::flag::Flag;
+#[cfg(feature = "tokio")]
+use super::io::Tokio;
+use super::io::{block_on, Blocking, Io, Wakes};
 use super::link::{
     conn_params, explain_loss, peer_left, send_control, take_arrivals, Endpoint, EndpointParts, LaneBase, Pacer,
     SessionCqs, Side, CONTROL_WR_ID, DISCONNECT_WAIT, DRAIN,
@@ -55,10 +58,11 @@ pub struct SendOptions {
     /// [`docs/protocol.md`, "Speed, and the defaults"](https://github.com/rdma-rs/rdma-rs/blob/main/docs/protocol.md#speed-and-the-defaults)). A spin budget
     /// ([`rdma_verbs::WaitPolicy::spin_then_sleep`]) trades a core for the wake-up latency.
     pub wait: rdma_verbs::WaitPolicy,
-    /// Set it to cancel the send: it ends with [`Error::Cancelled`] at the end of the current
-    /// round (within a millisecond or so; an idle round's wait is at most 20 ms) once connected (connecting itself is bounded by `connect_timeout`), and the receiver
-    /// keeps what it stored for a resume. A signal handler or another thread or task can set it.
-    pub cancel: Arc<AtomicBool>,
+    /// [Set](Flag::set) it to cancel the send: it ends with [`Error::Cancelled`] at the end
+    /// of the current round (a session asleep wakes at once; a wait between retries too) once
+    /// connected (connecting itself is bounded by `connect_timeout`), and the receiver keeps
+    /// what it stored for a resume. Another thread or task can set it.
+    pub cancel: Flag,
     /// Keep each file's and directory's permission bits and modification time on the receiver
     /// ([`send_files`] only).
     pub preserve: bool,
@@ -150,7 +154,7 @@ impl SendOptions {
             timeout: Duration::from_secs(30),
             ack_timeout: super::link::ACK_TIMEOUT,
             wait: super::link::WAIT,
-            cancel: Arc::new(AtomicBool::new(false)),
+            cancel: Flag::new(),
             resume: true,
             preserve: false,
             secret: None,
@@ -210,7 +214,44 @@ pub struct SendReport {
 /// the connection, file, protocol or timeout error; [`Error::Cancelled`] once
 /// [`SendOptions::cancel`] is set. After retries that could not connect, the error that
 /// started them.
-pub fn send_file(path: &Path, opts: &SendOptions, mut progress: impl FnMut(u64, u64)) -> Result<SendReport, Error> {
+pub fn send_file(path: &Path, opts: &SendOptions, progress: impl FnMut(u64, u64)) -> Result<SendReport, Error> {
+    block_on(send_with(&Blocking, path, opts, progress))
+}
+
+/// [`send_file`] for async code (feature `tokio`): the same session, its waits awaited on the
+/// tokio reactor instead of blocking the thread (the connection steps, and an idle round's
+/// sleep on the CQs' completion channel). Many transfers can run on one runtime, a task each;
+/// no thread is started.
+///
+/// What still blocks the task briefly: reading the file (`pread`, from the page cache in the
+/// common case). The teardown does not block: the drains are awaited and the drops that wait
+/// for the device run on tokio's blocking pool (`close_async`).
+///
+/// Cancellation: dropping the future abandons the transfer (the receiver discards it, as for a
+/// killed sender); the queues are then dropped in place, which may block the thread for the
+/// drain timeout.
+///
+/// # Errors
+/// As [`send_file`]; [`Error::Verbs`]/[`Error::Cm`] with `NoRuntime` outside a tokio runtime.
+///
+/// # Panics
+/// In a runtime without IO and time enabled, as tokio's own types.
+#[cfg(feature = "tokio")]
+pub async fn send_file_async(
+    path: &Path,
+    opts: &SendOptions,
+    progress: impl FnMut(u64, u64),
+) -> Result<SendReport, Error> {
+    send_with(&Tokio, path, opts, progress).await
+}
+
+/// Sends `path` with its retries: the one body of [`send_file`] and `send_file_async`.
+async fn send_with<I: Io>(
+    io: &I,
+    path: &Path,
+    opts: &SendOptions,
+    mut progress: impl FnMut(u64, u64),
+) -> Result<SendReport, Error> {
     let mut retries = Retries::new(opts);
     loop {
         let start = Instant::now();
@@ -218,17 +259,17 @@ pub fn send_file(path: &Path, opts: &SendOptions, mut progress: impl FnMut(u64, 
         let opts_now = retry.as_ref().unwrap_or(opts);
         let attempt = match SourceFile::open(path, opts_now) {
             Err(e) => Attempt::Done(Err(e)),
-            Ok(file) => attempt_of(run(path, file, None, opts_now, &mut progress, start), retries.made()),
+            Ok(file) => attempt_of(run(io, path, file, None, opts_now, &mut progress, start).await, retries.made()),
         };
         match retries.after(attempt, opts) {
-            Ok(wait) => super::retry::sleep(wait, opts)?,
+            Ok(wait) => super::retry::sleep(io, wait, opts).await?,
             Err(result) => return result,
         }
     }
 }
 
-/// How one attempt of [`send_file`] (or its async twin) ended, for the retry rule: `ran` is
-/// what [`run`] returned, `made` the retries before it.
+/// How one attempt of a send ended, for the retry rule: `ran` is what [`run`] returned,
+/// `made` the retries before it.
 fn attempt_of(ran: Result<Ran, Error>, made: u32) -> Attempt<SendReport> {
     match ran {
         Err(e) => Attempt::ConnectFailed(e),
@@ -253,9 +294,10 @@ fn first_params<'a>(opts: &SendOptions, knock: Option<&'a [u8]>) -> rdma_cm::Con
     }
 }
 
-/// Connects, drives the session to its end and tears the connection down: what a blocking
-/// send of a file or a batch does. `Err` when no session started (connecting failed).
-fn run(
+/// Connects, drives the session to its end and tears the connection down: what a send of a
+/// file or a batch does, blocking or async. `Err` when no session started (connecting failed).
+async fn run<I: Io>(
+    io: &I,
     path: &Path,
     file: SourceFile,
     batch: Option<BatchState>,
@@ -264,138 +306,32 @@ fn run(
     start: Instant,
 ) -> Result<Ran, Error> {
     // Connect, with the receive ring posted before the peer can send; `connect_timeout`
-    // bounds the whole of it, not each step.
+    // bounds the whole of it, not each step, and its end is said as the caller's bound, not as
+    // what was left of it.
     super::link::check_ack_timeout(opts.ack_timeout)?;
     let deadline = Deadline::after(opts.connect_timeout);
-    let id = CmId::new()?.resolve(opts.from, opts.to, opts.connect_timeout)?;
+    let after = opts.connect_timeout;
+    let timed_out = |e: rdma_cm::Error| match e.is_timeout() {
+        true => Error::from(rdma_cm::Error::Timeout { what: "connecting", device: None, after }),
+        false => refusal(e),
+    };
+    let id = io.resolve(opts.from, opts.to, deadline).await.map_err(timed_out)?;
     let ctx = id.open_context()?;
     let ep = Endpoint::new(ctx, opts.depth, 32, |qp| id.init_qp(qp, AccessFlags::LOCAL_WRITE))?;
     let (qp, parts) = ep.split();
-    let timed_out =
-        || Error::from(rdma_cm::Error::Timeout { what: "connecting", device: None, after: opts.connect_timeout });
-    let left = deadline.remaining();
-    if left.is_zero() {
-        return Err(timed_out());
-    }
     let knock =
         opts.secret.as_ref().map(|s| super::knock::knock(s, SystemTime::now(), id.local_addr().ip(), id.peer_addr()));
-    let conn = match id.connect(qp, &first_params(opts, knock.as_deref()), left) {
-        // Said as the caller's bound, not as what was left of it.
-        Err(e) if e.is_timeout() => return Err(timed_out()),
-        r => r.map_err(refusal)?,
-    };
+    let conn = io.connect(id, qp, &first_params(opts, knock.as_deref()), deadline).await.map_err(timed_out)?;
     let mut s = SendSession::new(opts, path, file, parts, &conn, start)?;
     s.batch = batch;
     let outcome = loop {
         match s.drive_round(&mut progress) {
             Ok(ControlFlow::Break(o)) => break o,
             Ok(ControlFlow::Continue(progressed)) => {
-                let r = s.connect_lanes().and_then(|()| s.drive_timers(progressed, &conn));
-                if let Err(e) = r {
+                if let Err(e) = s.connect_lanes(io).await {
                     break Err(e);
                 }
-            }
-            Err(e) => break Err(e),
-        }
-    };
-    let outcome = outcome.map_err(|e| explain_loss(e, Side::Sender, &conn, s.pd.context()));
-    let (mut sq, ring, summary, batch, lanes) = s.into_parts();
-    tracing::debug!(ok = outcome.is_ok(), after = ?start.elapsed(), "session over; tearing down");
-    // Let the last sends complete before the connections go.
-    let _ = sq.drain(DRAIN, drop);
-    drop(sq);
-    for SendLane { conn, mut sq } in lanes {
-        let _ = sq.drain(DRAIN, drop);
-        drop(sq);
-        let _ = conn.disconnect(DISCONNECT_WAIT.min(opts.connect_timeout));
-    }
-    // The peer's answer to the disconnect only confirms what is already decided; a peer that
-    // withholds it (measured: a never-ACKing receiver held a timed-out sender 10 s here) must
-    // not delay the exit. The connection is torn down either way.
-    let _ = conn.disconnect(DISCONNECT_WAIT.min(opts.connect_timeout));
-    drop(ring);
-    Ok((outcome, summary, batch))
-}
-
-/// [`send_file`] for async code (feature `tokio`): the same rounds of the same session, with
-/// the connection steps awaited (`rdma-cm`'s `*_async`) and an idle round awaiting the CQs'
-/// completion channel on the tokio reactor instead of sleeping the thread. Many transfers can
-/// run on one runtime, a task each; no thread is started.
-///
-/// What still blocks the task briefly: reading the file (`pread`, from the page cache in the
-/// common case). The teardown does not block: the drains are awaited and the drops that wait
-/// for the device run on tokio's blocking pool (`close_async`).
-///
-/// Cancellation: dropping the future abandons the transfer (the receiver discards it, as for a
-/// killed sender); the queues are then dropped in place, which may block the thread for the
-/// drain timeout.
-///
-/// # Errors
-/// As [`send_file`]; [`Error::Verbs`]/[`Error::Cm`] with `NoRuntime` outside a tokio runtime.
-///
-/// # Panics
-/// In a runtime without IO and time enabled, as tokio's own types.
-#[cfg(feature = "tokio")]
-pub async fn send_file_async(
-    path: &Path,
-    opts: &SendOptions,
-    mut progress: impl FnMut(u64, u64),
-) -> Result<SendReport, Error> {
-    let mut retries = Retries::new(opts);
-    loop {
-        let start = Instant::now();
-        let retry = retries.options(opts);
-        let opts_now = retry.as_ref().unwrap_or(opts);
-        let attempt = match SourceFile::open(path, opts_now) {
-            Err(e) => Attempt::Done(Err(e)),
-            Ok(file) => attempt_of(run_async(path, file, None, opts_now, &mut progress, start).await, retries.made()),
-        };
-        match retries.after(attempt, opts) {
-            Ok(wait) => super::retry::sleep_async(wait, opts).await?,
-            Err(result) => return result,
-        }
-    }
-}
-
-/// [`run`] for async code: what an async send of a file or a batch does.
-#[cfg(feature = "tokio")]
-async fn run_async(
-    path: &Path,
-    file: SourceFile,
-    batch: Option<BatchState>,
-    opts: &SendOptions,
-    mut progress: impl FnMut(u64, u64),
-    start: Instant,
-) -> Result<Ran, Error> {
-    super::link::check_ack_timeout(opts.ack_timeout)?;
-    let connecting = async {
-        let id = CmId::new()?.resolve_async(opts.from, opts.to).await?;
-        let ctx = id.open_context()?;
-        let ep = Endpoint::new(ctx, opts.depth, 32, |qp| id.init_qp(qp, AccessFlags::LOCAL_WRITE))?;
-        let (qp, parts) = ep.split();
-        let knock = opts
-            .secret
-            .as_ref()
-            .map(|s| super::knock::knock(s, SystemTime::now(), id.local_addr().ip(), id.peer_addr()));
-        let conn = id.connect_async(qp, &first_params(opts, knock.as_deref())).await.map_err(refusal)?;
-        Ok::<_, Error>((conn, parts))
-    };
-    let (conn, parts) = match tokio::time::timeout(opts.connect_timeout, connecting).await {
-        Ok(r) => r?,
-        Err(_) => {
-            return Err(rdma_cm::Error::Timeout { what: "connecting", device: None, after: opts.connect_timeout }.into())
-        }
-    };
-    let mut s = SendSession::new(opts, path, file, parts, &conn, start)?;
-    s.batch = batch;
-    let outcome = loop {
-        match s.drive_round(&mut progress) {
-            Ok(ControlFlow::Break(o)) => break o,
-            Ok(ControlFlow::Continue(progressed)) => {
-                if let Err(e) = s.connect_lanes_async().await {
-                    break Err(e);
-                }
-                if let Err(e) = s.drive_timers_async(progressed, &conn).await {
+                if let Err(e) = s.drive_timers(io, progressed, &conn).await {
                     break Err(e);
                 }
             }
@@ -403,19 +339,23 @@ async fn run_async(
         }
     };
     let outcome = match outcome {
-        Err(e) => Err(super::link::explain_loss_async(e, Side::Sender, &conn, s.pd.context()).await),
+        Err(e) => Err(explain_loss(io, e, Side::Sender, &conn, s.pd.context()).await),
         ok => ok,
     };
-    let (mut sq, ring, summary, batch, lanes) = s.into_parts();
-    let _ = tokio::time::timeout(DRAIN, sq.drain_async(drop)).await;
-    let _ = sq.close_async().await;
-    for SendLane { conn, mut sq } in lanes {
-        let _ = tokio::time::timeout(DRAIN, sq.drain_async(drop)).await;
-        let _ = sq.close_async().await;
-        let _ = tokio::time::timeout(DISCONNECT_WAIT.min(opts.connect_timeout), conn.disconnect_async()).await;
+    let (sq, ring, summary, batch, lanes) = s.into_parts();
+    tracing::debug!(ok = outcome.is_ok(), after = ?start.elapsed(), "session over; tearing down");
+    // Let the last sends complete before the connections go. The peer's answer to the
+    // disconnect only confirms what is already decided; a peer that withholds it (measured: a
+    // never-ACKing receiver held a timed-out sender 10 s here) must not delay the exit. The
+    // connection is torn down either way.
+    let goodbye = || Deadline::after(DISCONNECT_WAIT.min(opts.connect_timeout));
+    io.close_queue(sq, Deadline::after(DRAIN)).await;
+    for SendLane { conn, sq } in lanes {
+        io.close_queue(sq, Deadline::after(DRAIN)).await;
+        io.disconnect(conn, goodbye()).await;
     }
-    let _ = tokio::time::timeout(DISCONNECT_WAIT.min(opts.connect_timeout), conn.disconnect_async()).await;
-    let _ = ring.close_async().await;
+    io.disconnect(conn, goodbye()).await;
+    io.close_ring(ring).await;
     Ok((outcome, summary, batch))
 }
 
@@ -909,9 +849,17 @@ impl<'a> SendSession<'a> {
 
     /// Ends the round: spins or sleeps on the CQs ([`Pacer`]), and when the slow checks are due,
     /// the machine's timeout and whether the peer left.
-    fn drive_timers(&mut self, progressed: bool, conn: &rdma_cm::Connection<'static>) -> Result<(), Error> {
+    async fn drive_timers<I: Io>(
+        &mut self,
+        io: &I,
+        progressed: bool,
+        conn: &rdma_cm::Connection<'static>,
+    ) -> Result<(), Error> {
         let cqs = SessionCqs::new(self.sq.cq(), self.ring.cq(), self.lanes.iter().map(|l| l.sq.cq()));
-        let due = self.pacer.round(progressed, cqs.as_slice())?;
+        // Asleep until a completion, the peer's CM event, the cancel, or the machine's deadline.
+        let until = self.machine.poll_timeout().map_or(Deadline::never(), Deadline::at);
+        let wakes = Wakes::new(conn.as_fd()).and(self.opts.cancel.fd());
+        let due = self.pacer.round(io, progressed, cqs.as_slice(), until, &wakes).await?;
         self.drive_slow_checks(due, conn)
     }
 
@@ -933,27 +881,24 @@ impl<'a> SendSession<'a> {
 
     /// Connects the extra lanes the GRANT granted, each a connection to the receiver in this
     /// connection's PD, within `connect_timeout` together.
-    fn connect_lanes(&mut self) -> Result<(), Error> {
+    async fn connect_lanes<I: Io>(&mut self, io: &I) -> Result<(), Error> {
         let Some((count, token)) = self.lanes_due() else { return Ok(()) };
         let after = self.opts.connect_timeout;
         let deadline = Deadline::after(after);
-        let timed_out = || Error::from(rdma_cm::Error::Timeout { what: "connecting a lane", device: None, after });
+        let timed_out = |e: rdma_cm::Error| match e.is_timeout() {
+            true => Error::from(rdma_cm::Error::Timeout { what: "connecting a lane", device: None, after }),
+            false => refusal(e),
+        };
         #[cfg(feature = "fault-injection")]
         if let Some(delay) = self.opts.test_lane_delay {
-            std::thread::sleep(delay.min(deadline.remaining()));
+            io.sleep(delay.min(deadline.remaining())).await;
         }
         for lane in self.lanes.len() as u16 + 1..count {
             let private = self.lane_message(lane, token)?;
-            let id = CmId::new()?.resolve(self.opts.from, self.opts.to, deadline.remaining())?;
+            let id = io.resolve(self.opts.from, self.opts.to, deadline).await.map_err(timed_out)?;
             let (qp, _) = self.lane_base.lane(self.opts.depth, 0, |qp| id.init_qp(qp, AccessFlags::LOCAL_WRITE))?;
-            let left = deadline.remaining();
-            if left.is_zero() {
-                return Err(timed_out());
-            }
-            let conn = match id.connect(qp, &conn_params(self.opts.ack_timeout).private_data(&private), left) {
-                Err(e) if e.is_timeout() => return Err(timed_out()),
-                r => r.map_err(refusal)?,
-            };
+            let params = conn_params(self.opts.ack_timeout).private_data(&private);
+            let conn = io.connect(id, qp, &params, deadline).await.map_err(timed_out)?;
             let sq = SendQueue::new(conn.qp(), DRAIN)?;
             self.lanes.push(SendLane { conn, sq });
         }
@@ -970,54 +915,15 @@ impl<'a> SendSession<'a> {
         self.machine.handle(Input::LanesConnected, now);
     }
 
-    /// [`connect_lanes`](Self::connect_lanes) for async code.
-    #[cfg(feature = "tokio")]
-    async fn connect_lanes_async(&mut self) -> Result<(), Error> {
-        let Some((count, token)) = self.lanes_due() else { return Ok(()) };
-        let after = self.opts.connect_timeout;
-        let connecting = async {
-            #[cfg(feature = "fault-injection")]
-            if let Some(delay) = self.opts.test_lane_delay {
-                tokio::time::sleep(delay).await;
-            }
-            for lane in self.lanes.len() as u16 + 1..count {
-                let private = self.lane_message(lane, token)?;
-                let id = CmId::new()?.resolve_async(self.opts.from, self.opts.to).await?;
-                let (qp, _) = self.lane_base.lane(self.opts.depth, 0, |qp| id.init_qp(qp, AccessFlags::LOCAL_WRITE))?;
-                let conn = id
-                    .connect_async(qp, &conn_params(self.opts.ack_timeout).private_data(&private))
-                    .await
-                    .map_err(refusal)?;
-                let sq = SendQueue::new(conn.qp(), DRAIN)?;
-                self.lanes.push(SendLane { conn, sq });
-            }
-            Ok::<_, Error>(())
-        };
-        match tokio::time::timeout(after, connecting).await {
-            Ok(r) => r?,
-            Err(_) => return Err(rdma_cm::Error::Timeout { what: "connecting a lane", device: None, after }.into()),
-        }
-        self.lanes_connected();
-        Ok(())
-    }
-
-    /// [`drive_timers`](Self::drive_timers), awaiting the CQs' channel when idle.
-    #[cfg(feature = "tokio")]
-    async fn drive_timers_async(&mut self, progressed: bool, conn: &rdma_cm::Connection<'static>) -> Result<(), Error> {
-        let cqs = SessionCqs::new(self.sq.cq(), self.ring.cq(), self.lanes.iter().map(|l| l.sq.cq()));
-        let due = self.pacer.round_async(progressed, cqs.as_slice()).await?;
-        self.drive_slow_checks(due, conn)
-    }
-
     /// Whether the send is cancelled (every round: one relaxed load), and when `due`: the
     /// machine's timeout and whether the peer left.
     fn drive_slow_checks(&mut self, due: bool, conn: &rdma_cm::Connection<'static>) -> Result<(), Error> {
-        if self.opts.cancel.load(Ordering::Relaxed) {
+        if self.opts.cancel.is_set() {
             return Err(Error::Cancelled);
         }
         if due {
             self.machine.handle_timeout(Instant::now());
-            if peer_left(conn) {
+            if peer_left(conn)? {
                 return Err(Error::PeerDisconnected);
             }
         }

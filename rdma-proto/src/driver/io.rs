@@ -1,0 +1,517 @@
+//! Where a session waits: the one place the blocking driver and the async one differ.
+//!
+//! Every session, send and serve loop of the driver is written once, as an `async fn` generic
+//! over [`Io`]. Its waits (resolving, connecting, accepting, an idle round, the teardown, a
+//! pause) are the trait's calls, each bounded by a [`Deadline`]:
+//!
+//! - [`Blocking`] makes each call a blocking call of `rdma-cm` and `rdma-verbs` with the time
+//!   left, so its futures are ready the first time they are polled: [`block_on`] polls the
+//!   body once, on the caller's thread.
+//! - `Tokio` (feature `tokio`) awaits the `*_async` forms on the runtime's reactor, bounded by
+//!   the runtime's timer.
+//!
+//! A wait that reaches its deadline is [`rdma_cm::Error::Timeout`] from both, so the body
+//! tells a timeout the same way whichever form runs it.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::os::fd::BorrowedFd;
+use std::pin::pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::Duration;
+
+use rdma_cm::{CmId, ConnParams, ConnectRequest, Connection, RouteResolved};
+use rdma_verbs::qp::state::{Init, Rc};
+use rdma_verbs::{CompletionQueue, CqWaiter, Deadline, Idle, QueuePair, RecvRing, SendQueue};
+
+use super::flag::UNWAKEABLE_CHECK;
+
+/// How often an accept that may be given up ([`Io::accept`]'s `keep`) asks whether to go on.
+pub(crate) const KEEP_CHECK: Duration = Duration::from_millis(20);
+
+/// The waits of a session, blocking or async. Each ends by its deadline at the latest.
+pub(crate) trait Io {
+    /// Resolves `to`'s address and route (`rdma_resolve_addr`, `rdma_resolve_route`).
+    async fn resolve(
+        &self,
+        from: Option<SocketAddr>,
+        to: SocketAddr,
+        until: Deadline,
+    ) -> rdma_cm::Result<CmId<RouteResolved>>;
+
+    /// Connects `id` with `qp` (`rdma_connect`, until `RDMA_CM_EVENT_ESTABLISHED`).
+    async fn connect(
+        &self,
+        id: CmId<RouteResolved>,
+        qp: QueuePair<'static, Rc, Init>,
+        params: &ConnParams<'_>,
+        until: Deadline,
+    ) -> rdma_cm::Result<Connection<'static>>;
+
+    /// Accepts `req` with `qp` (`rdma_accept`, until `RDMA_CM_EVENT_ESTABLISHED`); with `keep`,
+    /// gives up within [`KEEP_CHECK`] once it says no ([`rdma_cm::Error::Cancelled`]).
+    async fn accept(
+        &self,
+        req: ConnectRequest,
+        qp: QueuePair<'static, Rc, Init>,
+        params: &ConnParams<'_>,
+        until: Deadline,
+        keep: Option<&(dyn Fn() -> bool + Sync)>,
+    ) -> rdma_cm::Result<Connection<'static>>;
+
+    /// One idle step over `cqs` ([`CqWaiter::idle_with`]): spins, arms, or sleeps on their
+    /// channel until a completion, one of `wakes` ([`Idle::Signalled`]), or `until`.
+    /// `registrations` keeps what the async form registered with the reactor across the steps
+    /// of one loop.
+    async fn idle(
+        &self,
+        waiter: &mut CqWaiter,
+        cqs: &[&CompletionQueue<'static>],
+        until: Deadline,
+        wakes: &Wakes<'_>,
+        registrations: &mut Registrations,
+    ) -> rdma_verbs::Result<Idle>;
+
+    /// Waits until one of `fds` is readable, or `until`.
+    async fn readable(&self, fds: &[BorrowedFd<'_>], until: Deadline);
+
+    /// Whether the peer's disconnect arrives by `until` (reading the connection's events).
+    async fn peer_leaves(&self, conn: &Connection<'static>, until: Deadline) -> bool;
+
+    /// Lets `sq`'s requests complete until `until`, then destroys it (the async form off the
+    /// runtime's threads).
+    async fn close_queue(&self, sq: SendQueue<'static, Rc>, until: Deadline);
+
+    /// Destroys `ring` (the async form off the runtime's threads).
+    async fn close_ring(&self, ring: RecvRing<'static>);
+
+    /// Disconnects, waiting until `until` for the peer's answer.
+    async fn disconnect(&self, conn: Connection<'static>, until: Deadline);
+
+    /// Waits until `until` for the peer to disconnect, then closes this side.
+    async fn wait_disconnected(&self, conn: Connection<'static>, until: Deadline);
+
+    /// Pauses for `wait`.
+    async fn sleep(&self, wait: Duration);
+
+    /// Lets the runtime's other tasks run: a session that keeps progressing awaits nothing
+    /// else, and on a runtime of one thread would hold it. Nothing to do for a thread.
+    async fn yield_now(&self);
+}
+
+/// Most file descriptors an idle step wakes for, besides its CQs' channel.
+pub(crate) const MOST_WAKES: usize = 5;
+
+/// What an idle session wakes for besides its completions, gathered on the stack: its
+/// connection's CM events, and the flags and bells that stop, displace or call it. A flag or
+/// bell without an fd cannot wake a sleep: the sleep then lasts [`UNWAKEABLE_CHECK`] at most.
+pub(crate) struct Wakes<'a> {
+    fds: Option<[BorrowedFd<'a>; MOST_WAKES]>,
+    len: usize,
+    unwakeable: bool,
+}
+
+impl<'a> Wakes<'a> {
+    /// Wakes for `first` (a session's connection).
+    pub(crate) fn new(first: BorrowedFd<'a>) -> Self {
+        Wakes::none().and(Some(first))
+    }
+
+    /// Wakes for nothing yet.
+    pub(crate) fn none() -> Self {
+        Wakes { fds: None, len: 0, unwakeable: false }
+    }
+
+    /// Wakes for `fd` too (`None`: a flag or bell without one). Past [`MOST_WAKES`], looked at
+    /// as one without.
+    pub(crate) fn and(mut self, fd: Option<BorrowedFd<'a>>) -> Self {
+        match fd {
+            Some(fd) if self.len < MOST_WAKES => {
+                self.fds.get_or_insert([fd; MOST_WAKES])[self.len] = fd;
+                self.len += 1;
+            }
+            _ => self.unwakeable = true,
+        }
+        self
+    }
+
+    /// The fds.
+    pub(crate) fn fds(&self) -> &[BorrowedFd<'a>] {
+        self.fds.as_ref().map_or(&[], |f| &f[..self.len])
+    }
+
+    /// `until`, or sooner when something cannot wake the sleep.
+    pub(crate) fn until(&self, until: Deadline) -> Deadline {
+        match self.unwakeable {
+            true => until.min(Deadline::after(UNWAKEABLE_CHECK)),
+            false => until,
+        }
+    }
+}
+
+/// What an async loop registered with the reactor for its [`Wakes`], kept across its idle
+/// steps (a registration is a `dup` and two `epoll_ctl` calls: not one per sleep). The fds it
+/// names outlive the loop, so a number names one file for as long as this lives.
+#[derive(Default)]
+pub(crate) struct Registrations {
+    #[cfg(feature = "tokio")]
+    kept: Vec<(std::os::fd::RawFd, rdma_verbs::wait::Readiness)>,
+}
+
+#[cfg(feature = "tokio")]
+impl Registrations {
+    /// The registrations of `fds`, made for those not registered yet, in their order.
+    fn of(&mut self, fds: &[BorrowedFd<'_>]) -> Registered<'_> {
+        use std::os::fd::AsRawFd;
+        let mut complete = true;
+        for fd in fds {
+            if !self.kept.iter().any(|(n, _)| *n == fd.as_raw_fd()) {
+                match rdma_verbs::wait::Readiness::new(*fd) {
+                    Ok(r) => self.kept.push((fd.as_raw_fd(), r)),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "a wake-up could not be registered: looking every 100 ms");
+                        complete = false;
+                    }
+                }
+            }
+        }
+        let mut out = Registered { refs: None, len: 0, complete };
+        for fd in fds.iter().take(MOST_WAKES) {
+            if let Some((_, r)) = self.kept.iter().find(|(n, _)| *n == fd.as_raw_fd()) {
+                out.refs.get_or_insert([r; MOST_WAKES])[out.len] = r;
+                out.len += 1;
+            }
+        }
+        out
+    }
+}
+
+/// Registrations of one step's [`Wakes`], on the stack.
+#[cfg(feature = "tokio")]
+struct Registered<'r> {
+    refs: Option<[&'r rdma_verbs::wait::Readiness; MOST_WAKES]>,
+    len: usize,
+    /// Whether every fd is registered (else the sleep must not outlast [`UNWAKEABLE_CHECK`]).
+    complete: bool,
+}
+
+#[cfg(feature = "tokio")]
+impl<'r> Registered<'r> {
+    fn as_slice(&self) -> &[&'r rdma_verbs::wait::Readiness] {
+        self.refs.as_ref().map_or(&[], |r| &r[..self.len])
+    }
+}
+
+/// The blocking waits: each call blocks the thread, so every future is ready when polled.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Blocking;
+
+/// A deadline that passed, as the timeout of a blocking call with nothing left of it.
+fn passed(what: &'static str) -> rdma_cm::Error {
+    rdma_cm::Error::Timeout { what, device: None, after: Duration::ZERO }
+}
+
+impl Io for Blocking {
+    async fn resolve(
+        &self,
+        from: Option<SocketAddr>,
+        to: SocketAddr,
+        until: Deadline,
+    ) -> rdma_cm::Result<CmId<RouteResolved>> {
+        CmId::new()?.resolve(from, to, until.remaining())
+    }
+
+    async fn connect(
+        &self,
+        id: CmId<RouteResolved>,
+        qp: QueuePair<'static, Rc, Init>,
+        params: &ConnParams<'_>,
+        until: Deadline,
+    ) -> rdma_cm::Result<Connection<'static>> {
+        match until.remaining() {
+            left if left.is_zero() => Err(passed("rdma_connect")),
+            left => id.connect(qp, params, left),
+        }
+    }
+
+    async fn accept(
+        &self,
+        req: ConnectRequest,
+        qp: QueuePair<'static, Rc, Init>,
+        params: &ConnParams<'_>,
+        until: Deadline,
+        keep: Option<&(dyn Fn() -> bool + Sync)>,
+    ) -> rdma_cm::Result<Connection<'static>> {
+        match keep {
+            Some(keep) => req.accept_while(qp, params, until.remaining(), KEEP_CHECK, keep),
+            None => req.accept(qp, params, until.remaining()),
+        }
+    }
+
+    async fn idle(
+        &self,
+        waiter: &mut CqWaiter,
+        cqs: &[&CompletionQueue<'static>],
+        until: Deadline,
+        wakes: &Wakes<'_>,
+        _: &mut Registrations,
+    ) -> rdma_verbs::Result<Idle> {
+        waiter.idle_with(cqs, wakes.until(until), wakes.fds())
+    }
+
+    async fn readable(&self, fds: &[BorrowedFd<'_>], until: Deadline) {
+        use rustix::event::{poll, PollFd, PollFlags};
+        let mut pfds: Vec<PollFd<'_>> = fds.iter().map(|fd| PollFd::from_borrowed_fd(*fd, PollFlags::IN)).collect();
+        let left = until.instant().map(|_| {
+            let d = until.remaining();
+            rustix::event::Timespec {
+                tv_sec: d.as_secs().try_into().unwrap_or(i64::MAX),
+                tv_nsec: d.subsec_nanos().into(),
+            }
+        });
+        // EINTR is a wake-up like any other: the caller looks again.
+        let _ = poll(&mut pfds, left.as_ref());
+    }
+
+    async fn peer_leaves(&self, conn: &Connection<'static>, until: Deadline) -> bool {
+        while !conn.peer_disconnected() {
+            let left = until.remaining();
+            if left.is_zero() || conn.recv_event(left).is_err() {
+                break;
+            }
+        }
+        conn.peer_disconnected()
+    }
+
+    async fn close_queue(&self, mut sq: SendQueue<'static, Rc>, until: Deadline) {
+        let _ = sq.drain(until.remaining(), drop);
+    }
+
+    async fn close_ring(&self, ring: RecvRing<'static>) {
+        drop(ring);
+    }
+
+    async fn disconnect(&self, conn: Connection<'static>, until: Deadline) {
+        let _ = conn.disconnect(until.remaining());
+    }
+
+    async fn wait_disconnected(&self, conn: Connection<'static>, until: Deadline) {
+        let _ = conn.wait_disconnected(until.remaining());
+    }
+
+    async fn sleep(&self, wait: Duration) {
+        std::thread::sleep(wait);
+    }
+
+    async fn yield_now(&self) {}
+}
+
+/// Runs a body over [`Blocking`] on this thread: polled once, it is ready, its every wait
+/// having blocked inside its call.
+///
+/// # Panics
+/// If `body` is not ready when polled once: it awaited something other than [`Blocking`]'s
+/// calls (a bug of the driver's).
+pub(crate) fn block_on<F: Future>(body: F) -> F::Output {
+    /// No one wakes a future that never waits.
+    struct Unwoken;
+    impl Wake for Unwoken {
+        fn wake(self: Arc<Self>) {}
+    }
+    let waker = Waker::from(Arc::new(Unwoken));
+    let mut cx = Context::from_waker(&waker);
+    match pin!(body).poll(&mut cx) {
+        Poll::Ready(out) => out,
+        Poll::Pending => unreachable!("a blocking body waits inside its calls: it is ready when polled"),
+    }
+}
+
+/// The async waits, on the current tokio runtime: each awaits an `*_async` call, bounded by
+/// the runtime's timer.
+#[cfg(feature = "tokio")]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Tokio;
+
+/// `wait` bounded by `until` (tokio's timer); its end is [`rdma_cm::Error::Timeout`].
+#[cfg(feature = "tokio")]
+async fn bounded<T>(
+    what: &'static str,
+    until: Deadline,
+    wait: impl Future<Output = rdma_cm::Result<T>>,
+) -> rdma_cm::Result<T> {
+    let after = until.remaining();
+    match until.instant() {
+        None => wait.await,
+        Some(at) => match tokio::time::timeout_at(at.into(), wait).await {
+            Ok(r) => r,
+            Err(_) => Err(rdma_cm::Error::Timeout { what, device: None, after }),
+        },
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl Io for Tokio {
+    async fn resolve(
+        &self,
+        from: Option<SocketAddr>,
+        to: SocketAddr,
+        until: Deadline,
+    ) -> rdma_cm::Result<CmId<RouteResolved>> {
+        bounded("rdma_resolve_route", until, async { CmId::new()?.resolve_async(from, to).await }).await
+    }
+
+    async fn connect(
+        &self,
+        id: CmId<RouteResolved>,
+        qp: QueuePair<'static, Rc, Init>,
+        params: &ConnParams<'_>,
+        until: Deadline,
+    ) -> rdma_cm::Result<Connection<'static>> {
+        bounded("rdma_connect", until, id.connect_async(qp, params)).await
+    }
+
+    async fn accept(
+        &self,
+        req: ConnectRequest,
+        qp: QueuePair<'static, Rc, Init>,
+        params: &ConnParams<'_>,
+        until: Deadline,
+        keep: Option<&(dyn Fn() -> bool + Sync)>,
+    ) -> rdma_cm::Result<Connection<'static>> {
+        let device = Some(req.device_name().to_owned());
+        let accept = req.accept_async(qp, params);
+        match keep {
+            None => bounded("rdma_accept", until, accept).await,
+            Some(keep) => {
+                let kept = bounded("rdma_accept", until, async { Ok(while_kept(accept, keep).await) });
+                kept.await?.unwrap_or(Err(rdma_cm::Error::Cancelled { what: "rdma_accept", device }))
+            }
+        }
+    }
+
+    async fn idle(
+        &self,
+        waiter: &mut CqWaiter,
+        cqs: &[&CompletionQueue<'static>],
+        until: Deadline,
+        wakes: &Wakes<'_>,
+        registrations: &mut Registrations,
+    ) -> rdma_verbs::Result<Idle> {
+        let also = registrations.of(wakes.fds());
+        let until = match also.complete {
+            true => wakes.until(until),
+            false => until.min(Deadline::after(UNWAKEABLE_CHECK)),
+        };
+        let recheck = until.instant().map(|_| until.remaining());
+        waiter.idle_async_with(cqs, recheck, also.as_slice()).await
+    }
+
+    async fn readable(&self, fds: &[BorrowedFd<'_>], until: Deadline) {
+        let mut registrations = Registrations::default();
+        let also = registrations.of(fds);
+        let until = match also.complete {
+            true => until,
+            false => until.min(Deadline::after(UNWAKEABLE_CHECK)),
+        };
+        let also = also.as_slice();
+        let ready = std::future::poll_fn(|cx| match also.iter().any(|r| r.poll_ready(cx).is_ready()) {
+            true => Poll::Ready(()),
+            false => Poll::Pending,
+        });
+        let _ = bounded("poll", until, async {
+            ready.await;
+            Ok(())
+        })
+        .await;
+    }
+
+    async fn peer_leaves(&self, conn: &Connection<'static>, until: Deadline) -> bool {
+        let left = bounded("rdma_get_cm_event", until, conn.disconnected_async()).await;
+        left.is_ok() || conn.peer_disconnected()
+    }
+
+    async fn close_queue(&self, mut sq: SendQueue<'static, Rc>, until: Deadline) {
+        let _ = bounded("draining", until, async { Ok(sq.drain_async(drop).await) }).await;
+        let _ = sq.close_async().await;
+    }
+
+    async fn close_ring(&self, ring: RecvRing<'static>) {
+        let _ = ring.close_async().await;
+    }
+
+    async fn disconnect(&self, conn: Connection<'static>, until: Deadline) {
+        let _ = bounded("rdma_disconnect", until, conn.disconnect_async()).await;
+    }
+
+    async fn wait_disconnected(&self, conn: Connection<'static>, until: Deadline) {
+        let _ = bounded("rdma_disconnect", until, conn.wait_disconnected_async()).await;
+    }
+
+    async fn sleep(&self, wait: Duration) {
+        tokio::time::sleep(wait).await;
+    }
+
+    async fn yield_now(&self) {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// `wait`, or `None` once `keep` says no (asked every [`KEEP_CHECK`]); `wait` is then
+/// dropped.
+#[cfg(feature = "tokio")]
+async fn while_kept<T>(wait: impl Future<Output = T>, keep: &(dyn Fn() -> bool + Sync)) -> Option<T> {
+    let mut wait = pin!(wait);
+    let mut check = pin!(tokio::time::sleep(KEEP_CHECK));
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(r) = wait.as_mut().poll(cx) {
+            return Poll::Ready(Some(r));
+        }
+        while check.as_mut().poll(cx).is_ready() {
+            if !keep() {
+                return Poll::Ready(None);
+            }
+            check.as_mut().reset(tokio::time::Instant::now() + KEEP_CHECK);
+        }
+        Poll::Pending
+    })
+    .await
+}
+
+/// The async driver's futures can move between a runtime's threads (`tokio::spawn`): checked
+/// when this crate compiles, for the one body over [`Tokio`].
+#[cfg(feature = "tokio")]
+const _: fn() = || {
+    fn send<T: Send>(_: &T) {}
+    let opts = super::SendOptions::new(SocketAddr::from(([127, 0, 0, 1], 1)));
+    let path = std::path::Path::new("f");
+    send(&super::send_file_async(path, &opts, |_, _| {}));
+    send(&super::send_files_async(&[], &opts, |_, _| {}));
+    let serve = |server: &super::Server| send(&server.serve_async(None, |_| {}));
+    let _ = serve;
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_blocking_body_runs_to_its_end_in_one_poll() {
+        let io = Blocking;
+        let t = std::time::Instant::now();
+        let out = block_on(async {
+            io.sleep(Duration::from_millis(5)).await;
+            io.sleep(Duration::from_millis(5)).await;
+            7
+        });
+        assert_eq!(out, 7);
+        assert!(t.elapsed() >= Duration::from_millis(10));
+    }
+
+    #[test]
+    #[should_panic(expected = "ready when polled")]
+    fn a_body_that_waits_elsewhere_is_a_bug_that_says_so() {
+        let mut first = true;
+        block_on(std::future::poll_fn(|_| if std::mem::take(&mut first) { Poll::Pending } else { Poll::Ready(()) }));
+    }
+}
