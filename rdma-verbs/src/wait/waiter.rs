@@ -25,8 +25,8 @@ pub enum Idle {
     /// Slept until the deadline (or the re-check) given, with no event.
     Slept,
     /// Slept and was woken by one of the other file descriptors the step watched
-    /// ([`CqWaiter::idle_with`], [`CqWaiter::idle_async_with`]): the caller reads what they
-    /// have to say before it idles again.
+    /// ([`CqWaiter::idle_with`], and `idle_async_with` with the feature `tokio`): the caller
+    /// reads what they have to say before it idles again.
     Signalled,
 }
 
@@ -121,7 +121,9 @@ impl CqWaiter {
     ///
     /// # Errors
     /// `step`'s errors; [`Error::Verb`] when arming a CQ (`ibv_req_notify_cq`), waiting
-    /// (`poll(2)`) or reading an event (`ibv_get_cq_event`) fails.
+    /// (`poll(2)`) or reading an event (`ibv_get_cq_event`) fails; [`Error::NothingToWaitFor`]
+    /// after the first step for a wait over no CQ with [`Deadline::never`] (nothing could end
+    /// it).
     pub fn wait<T>(
         &mut self,
         cqs: &[&CompletionQueue<'_>],
@@ -136,6 +138,7 @@ impl CqWaiter {
             if until.has_passed() {
                 return Ok(None);
             }
+            nothing_wakes(cqs, until)?;
             match self.spin_or_arm(cqs)? {
                 Some(Idle::Spun) => std::hint::spin_loop(),
                 Some(_) => {}
@@ -185,6 +188,7 @@ impl CqWaiter {
             if until.has_passed() {
                 return Ok(None);
             }
+            nothing_wakes(cqs, until)?;
             match self.spin_or_arm(cqs)? {
                 Some(Idle::Spun) => tokio::task::yield_now().await,
                 Some(_) => {}
@@ -332,6 +336,15 @@ impl CqWaiter {
             return Ok(Some(Idle::Armed));
         }
         Ok(None)
+    }
+}
+
+/// A wait over no CQ without a deadline would last for ever (nothing can end it): refused with
+/// [`Error::NothingToWaitFor`] once its step found nothing (review of issue 34).
+fn nothing_wakes(cqs: &[&CompletionQueue<'_>], until: Deadline) -> Result<()> {
+    match cqs.is_empty() && until.instant().is_none() {
+        true => Err(Error::NothingToWaitFor { what: "completions of no CQ, without a deadline" }),
+        false => Ok(()),
     }
 }
 
@@ -586,6 +599,22 @@ impl Drop for Registered<'_, '_> {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    /// A wait over no CQ and without a deadline used to sleep for ever: nothing could end it.
+    #[test]
+    fn a_wait_over_no_cq_without_a_deadline_is_refused_at_once() {
+        let mut steps = 0;
+        let r = CqWaiter::new(WaitPolicy::sleep_at_once()).wait(&[], Deadline::never(), || {
+            steps += 1;
+            Ok(None::<()>)
+        });
+        assert!(matches!(r, Err(Error::NothingToWaitFor { .. })), "{r:?}");
+        assert_eq!(steps, 1, "its step ran once");
+        let ended =
+            CqWaiter::new(WaitPolicy::sleep_at_once())
+                .wait(&[], Deadline::after(Duration::from_millis(5)), || Ok(None::<()>));
+        assert!(matches!(ended, Ok(None)), "with a deadline it waits to it: {ended:?}");
+    }
 
     /// A budget too large for an `Instant` spins for the whole wait, as `Duration::MAX` does; it
     /// used to make the spin end at once (found by the review of issue 20).
