@@ -6,7 +6,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::{open_regular, resume_key, run, test_session, Identity, SendOptions, SendSession, SourceFile};
+use super::send::{open_regular, resume_key, run, test_session, Identity, Ran, SendOptions, SendSession, SourceFile};
 #[cfg(feature = "tokio")]
 use crate::driver::io::Tokio;
 use crate::driver::io::{block_on, Blocking, Io};
@@ -72,19 +72,19 @@ struct SourceEntry {
 
 /// A batch in progress, in a [`SendSession`].
 #[derive(Debug)]
-pub(super) struct BatchState {
+pub(crate) struct BatchState {
     queue: VecDeque<SourceEntry>,
     /// The entry offered, awaiting its verdict.
     current: Option<SourceEntry>,
     sent: Vec<SentEntry>,
     /// Bytes of the entries that ended, and of all the files.
-    pub(super) done_bytes: u64,
-    pub(super) total: u64,
+    pub(crate) done_bytes: u64,
+    pub(crate) total: u64,
 }
 
 impl BatchState {
     /// The receiver's verdict on the entry in progress.
-    pub(super) fn entry_done(&mut self, status: Status, detail: String, _received: u64) {
+    pub(crate) fn entry_done(&mut self, status: Status, detail: String, _received: u64) {
         let Some(e) = self.current.take() else { return };
         let result = if status == Status::Ok { Ok(()) } else { Err(Error::Refused { status, detail }) };
         let last = self.sent.last_mut().filter(|s| s.path == e.path && s.result.is_ok());
@@ -155,11 +155,11 @@ fn prepare(paths: &[PathBuf], opts: &SendOptions) -> Result<(SourceFile, BatchSt
         collect(p, None, &mut queue, &mut skipped)?;
     }
     let total = queue.iter().filter(|e| e.meta.is_file()).map(|e| e.meta.len()).sum();
-    let session = test_session(opts).unwrap_or_else(super::session_id);
+    let session = test_session(opts).unwrap_or_else(super::send::session_id);
     let mut cfg = SenderConfig::new(opts.chunk, opts.depth, opts.timeout);
     cfg.secret = opts.secret.clone();
     cfg.lanes = opts.lanes;
-    let machine = Sender::batch(session, total, cfg, Instant::now())?.with_nonce(super::super::random_bytes());
+    let machine = Sender::batch(session, total, cfg, Instant::now())?.with_nonce(super::random_bytes());
     tracing::info!(session = format_args!("{session:016x}"), entries = queue.len(), total, to = %opts.to, "sending a batch");
     let identity = Identity::default();
     let source = SourceFile { file: None, size: 0, session, machine, identity };
@@ -168,7 +168,7 @@ fn prepare(paths: &[PathBuf], opts: &SendOptions) -> Result<(SourceFile, BatchSt
 }
 
 /// The batch's report, once its session ran.
-fn finish(ran: super::Ran, skipped: Skipped, start: Instant) -> Result<BatchReport, Error> {
+fn finish(ran: Ran, skipped: Skipped, start: Instant) -> Result<BatchReport, Error> {
     let (outcome, summary, batch) = ran;
     let session = summary.session;
     let mut batch = batch.expect("the batch comes back");
@@ -265,7 +265,7 @@ fn collect(
 impl SendSession<'_> {
     /// The machine asks for the next entry: the next file that opens (one that does not is
     /// listed with its error and skipped), or a directory, or the end of the batch.
-    pub(super) fn next_entry(&mut self) {
+    pub(crate) fn next_entry(&mut self) {
         let now = Instant::now();
         let (preserve, resume) = (self.opts.preserve, self.opts.resume);
         let Some(b) = self.batch.as_mut() else { return };
@@ -322,7 +322,7 @@ impl SendSession<'_> {
     }
 
     /// Records the bytes the receiver held of the entry in progress (its READY).
-    pub(super) fn note_resumed(&mut self) {
+    pub(crate) fn note_resumed(&mut self) {
         let held = self.machine.resumed_from();
         if let Some(last) = self.batch.as_mut().and_then(|b| b.sent.last_mut()) {
             last.resumed_from = held;

@@ -33,11 +33,6 @@ impl Bell {
         Bell { fd: fd.ok() }
     }
 
-    /// A bell that is never rung, and has no fd (for what can never happen).
-    pub(crate) fn none() -> Self {
-        Bell { fd: None }
-    }
-
     /// Wakes the loop: its fd is readable until [`heard`](Self::heard).
     pub(crate) fn ring(&self) {
         if let Some(fd) = &self.fd {

@@ -7,11 +7,13 @@
 //!   context, PD, queues and memory budget (`'static` resources shared by `Arc`).
 //! - With the feature `tokio`: `send_file_async` and `Server::serve_async`, the same sessions
 //!   as tasks of the caller's runtime (many transfers on one thread, none started by the
-//!   library). Both forms run the same `drive_*` rounds; only the idle wait differs (the thread
-//!   sleeps on the CQs' completion channel, or the task awaits it on the reactor).
+//!   library). Both forms are one body: only where it waits differs (a blocking call, or the
+//!   same call's async form awaited on the reactor).
 //!
 //! Every wait is bounded: connection setup by `connect_timeout`, each protocol phase by the
-//! machines' `timeout` (no progress for that long ends the session).
+//! machines' `timeout` (no progress for that long ends the session). An idle session sleeps
+//! until a completion, its connection's CM event, a [`Flag`] ([`SendOptions::cancel`],
+//! [`ReceiveOptions::stop`]) or its machine's next deadline: it costs nothing while it waits.
 //!
 //! For an application: [`Progress`] reports each chunk on either side
 //! ([`ReceiveOptions::progress`], and `send_file`'s callback); [`SendOptions::cancel`] ends a
@@ -70,6 +72,7 @@
 //! # }
 //! ```
 
+mod batch;
 mod digest;
 mod files;
 mod flag;
@@ -124,11 +127,14 @@ impl std::fmt::Debug for Progress {
         f.write_str("Progress(..)")
     }
 }
+#[cfg(feature = "tokio")]
+pub use batch::send_files_async;
+pub use batch::{send_files, BatchReport, SentEntry};
+#[cfg(feature = "tokio")]
+pub use send::send_file_async;
 #[cfg(feature = "fault-injection")]
 pub use send::AfterFin;
-pub use send::{send_file, send_files, BatchReport, SendOptions, SendReport, SentEntry};
-#[cfg(feature = "tokio")]
-pub use send::{send_file_async, send_files_async};
+pub use send::{send_file, SendOptions, SendReport};
 
 use std::time::Duration;
 

@@ -55,8 +55,10 @@ struct Claim {
     /// The address the request came from (for fair shares).
     from: IpAddr,
     state: AtomicU8,
-    /// Rung when the connection is displaced: its session's idle wait wakes for it.
-    displaced: Bell,
+    /// Rung when the connection is displaced: its session's idle wait wakes for it. Owned by
+    /// the [`Place`] (a claim may stay queued after its connection ended, until the next
+    /// request prunes the queue: its eventfd must not).
+    displaced: std::sync::Weak<Bell>,
 }
 
 /// Every connection place of one server.
@@ -84,6 +86,8 @@ pub(super) struct ConnectionPlaces {
 pub(super) struct Place {
     places: Arc<ConnectionPlaces>,
     claim: Arc<Claim>,
+    /// The claim's bell ([`Claim::displaced`]), `None` for a claim that cannot be displaced.
+    bell: Option<Arc<Bell>>,
 }
 
 impl ConnectionPlaces {
@@ -128,7 +132,8 @@ impl ConnectionPlaces {
         let from = host(from);
         let state = if vouched { PROVEN } else { UNPROVEN };
         // A vouched claim is never displaced: it needs no bell.
-        let displaced = if vouched { Bell::none() } else { Bell::new() };
+        let bell = (!vouched).then(|| Arc::new(Bell::new()));
+        let displaced = bell.as_ref().map_or_else(std::sync::Weak::new, Arc::downgrade);
         let claim = Arc::new(Claim { since: now, from, state: AtomicU8::new(state), displaced });
         let mut unproven = self.unproven();
         unproven.retain(|c| c.state.load(Ordering::Acquire) == UNPROVEN);
@@ -145,7 +150,9 @@ impl ConnectionPlaces {
             // takes it off again.
             self.leaving.fetch_add(1, Ordering::AcqRel);
             if old.state.compare_exchange(UNPROVEN, DISPLACED, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-                old.displaced.ring();
+                if let Some(bell) = old.displaced.upgrade() {
+                    bell.ring();
+                }
                 // Its place passes to the newcomer: `held` stays as it is.
                 tracing::info!(
                     age = ?now.saturating_duration_since(old.since),
@@ -162,7 +169,7 @@ impl ConnectionPlaces {
         if !vouched {
             unproven.push_back(claim.clone());
         }
-        Some(Place { places: self.clone(), claim })
+        Some(Place { places: self.clone(), claim, bell })
     }
 
     /// Which unproven connection gives its place to a newcomer from `from` at `now` (an index
@@ -214,7 +221,7 @@ impl Place {
     /// be displaced still.
     pub(super) fn displaced_fd(&self) -> (Option<std::os::fd::BorrowedFd<'_>>, bool) {
         let may = self.claim.state.load(Ordering::Acquire) == UNPROVEN;
-        (self.claim.displaced.fd(), may)
+        (self.bell.as_deref().and_then(Bell::fd), may)
     }
 }
 

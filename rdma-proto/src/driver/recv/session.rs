@@ -1,0 +1,777 @@
+//! One receiver session, from accepting its connection to its teardown: its rounds (the
+//! machine's actions, arrivals, completions, lanes) and its idle waits. What it does with the
+//! files is in `store.rs`.
+
+use super::{EntryReport, ReceiveOptions, ReceiveReport, REPORTED_ENTRIES};
+use std::ops::ControlFlow;
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdma_cm::ConnectRequest;
+use rdma_verbs::{AccessFlags, AlignedBuffer, Deadline, Rc, RecvRing, SendQueue, Slot, SlotPool};
+
+use crate::driver::digest::Hasher;
+use crate::driver::files::{DirFd, Incoming, MadeDirs};
+use crate::driver::flag::Bell;
+use crate::driver::io::Io;
+use crate::driver::io::Wakes;
+use crate::driver::link::{
+    conn_params, explain_loss, peer_left, send_control, take_arrivals, Endpoint, EndpointParts, LaneBase, Pacer,
+    SessionCqs, Side, DISCONNECT_WAIT, DRAIN,
+};
+use crate::driver::partials::Ledger;
+use crate::driver::places::{Counted, Place};
+use crate::driver::Error;
+use crate::receiver::{Action, Input, Receiver, ReceiverConfig};
+#[cfg(feature = "fault-injection")]
+use crate::wire::Message;
+use crate::wire::{self, Entry, EntryKind};
+use crate::{Digest, Outcome, Status};
+
+use super::shared::*;
+
+mod store;
+
+/// Serves one connection request to its end.
+pub(super) async fn receive<I: Io>(io: &I, req: ConnectRequest, shared: &Shared, place: &Place) -> ReceiveReport {
+    let start = Instant::now();
+    let mut report = ReceiveReport::starting(req.peer_addr());
+    let result = session(io, req, shared, place, &mut report, start).await;
+    report.ended(result, start)
+}
+
+/// A session, from accepting its connection to its teardown: the one body of the blocking
+/// and the async server.
+async fn session<I: Io>(
+    io: &I,
+    req: ConnectRequest,
+    shared: &Shared,
+    place: &Place,
+    report: &mut ReceiveReport,
+    start: Instant,
+) -> Result<(), Error> {
+    let opts = &*shared.opts;
+    let ctx = req.open_context()?;
+    let ep = Endpoint::new(ctx, 0, ring_depth(opts), |qp| req.init_qp(qp, GRANTED_ACCESS))?;
+    let (qp, parts) = ep.split();
+    // A connection displaced before it is established ends now, not at the end of its accept
+    // (review of the knock, M1: each never-completed request lingered `hello_timeout` among the
+    // connections leaving, which held back knocked requests).
+    let params = conn_params(opts.ack_timeout);
+    let keep = || !place.displaced();
+    let conn = io
+        .accept(req, qp, &params, Deadline::after(hello_bound(opts)), Some(&keep))
+        .await
+        .map_err(|e| displaced_or(e, place))?;
+    let mut s = ReceiveSession::new(shared, place, report, parts, &conn, start)?;
+    let outcome = loop {
+        match s.drive_round(&conn) {
+            Ok(ControlFlow::Break(o)) => break Ok(o),
+            Ok(ControlFlow::Continue(progressed)) => {
+                if let Err(e) = s.accept_lanes(io).await {
+                    break Err(e);
+                }
+                if let Err(e) = s.drive_timers(io, progressed, &conn).await {
+                    break Err(e);
+                }
+            }
+            Err(e) => break Err(e),
+        }
+    };
+    let outcome = match outcome {
+        Err(e) => Err(explain_loss(io, e, Side::Receiver, &conn, s.pd.context()).await),
+        ok => ok,
+    };
+    let acked = s.machine.acked();
+    let (sq, ring, slots, lanes, admitted) = s.end(&outcome);
+    // One bound for the whole teardown, not one per lane: a peer that never disconnects holds
+    // it `TEARDOWN_WAIT` at most, however many lanes it opened (the disconnects without an
+    // ACK too: each was 1 s outside the bound, 17 s with 16 lanes; review finding G9).
+    let teardown = Deadline::after(teardown_wait(opts, place));
+    // An ACK must reach the sender before the connection goes: the sender reads it, then
+    // disconnects. Without one there is nothing to wait for.
+    let leave = |conn| async {
+        if acked {
+            io.wait_disconnected(conn, teardown).await;
+        } else {
+            io.disconnect(conn, teardown.min(Deadline::after(DISCONNECT_WAIT))).await;
+        }
+    };
+    for RecvLane { conn, ring } in lanes {
+        leave(conn).await;
+        io.close_ring(ring).await;
+    }
+    io.close_queue(sq, teardown).await;
+    leave(conn).await;
+    // The ring holds the QP's last handle now: closed, it destroys the QP; only then may the
+    // peer-writable slots go, and only then is their memory free for another session.
+    io.close_ring(ring).await;
+    drop(slots);
+    drop(admitted);
+    status_of(outcome)
+}
+
+/// An accept's error, as [`Error::Preempted`] when its connection was displaced meanwhile.
+fn displaced_or(e: rdma_cm::Error, place: &Place) -> Error {
+    if place.displaced() {
+        Error::Preempted
+    } else {
+        e.into()
+    }
+}
+
+/// How long a new connection may take to be established: its HELLO's clock runs from its
+/// request on (review H2: a peer that never completed the connection held its place for the
+/// whole `accept_timeout` before that clock even started).
+fn hello_bound(opts: &ReceiveOptions) -> Duration {
+    opts.accept_timeout.min(opts.hello_timeout)
+}
+
+/// How long a session's teardown waits for its ACK to complete, and for the sender to
+/// disconnect.
+const TEARDOWN_WAIT: Duration = Duration::from_secs(5);
+
+/// How long a session's teardown waits in all: [`TEARDOWN_WAIT`] (at most `timeout`), and not
+/// at all for a connection that gave its place to a newer one: it proved nothing, and its
+/// peer's pace must not keep it among the connections still leaving (review of H2).
+fn teardown_wait(opts: &ReceiveOptions, place: &Place) -> Duration {
+    if place.displaced() {
+        Duration::ZERO
+    } else {
+        TEARDOWN_WAIT.min(opts.timeout)
+    }
+}
+
+/// The receive ring's depth: a receive for every granted slot's chunk, and room for control.
+fn ring_depth(opts: &ReceiveOptions) -> u32 {
+    opts.max_slots.saturating_add(16)
+}
+
+/// A session's outcome as the report gives it.
+fn status_of(outcome: Result<Outcome, Error>) -> Result<(), Error> {
+    match outcome? {
+        Outcome::Acked { status: Status::Ok, .. } => Ok(()),
+        Outcome::Acked { status, detail } => Err(Error::Refused { status, detail }),
+        Outcome::Failed(e) => Err(e.into()),
+    }
+}
+
+/// One session's share of [`ReceiveOptions::memory_budget`]: the largest chunk it may be
+/// granted and the budget of its ring. A session holds its ring (`slot_count × slot_size`,
+/// within the ring's budget) and one slot-sized copy buffer; the two together stay within
+/// `memory_budget / max_sessions`, so all sessions together stay within `memory_budget`. The
+/// chunk is at most half the share, so that a ring of at least one slot fits beside its copy.
+fn session_memory(opts: &ReceiveOptions) -> (u32, u64) {
+    let share = opts.memory_budget / opts.max_sessions.max(1) as u64;
+    let chunk = u64::from(opts.max_chunk).min(share / 2).max(1);
+    (chunk as u32, share.saturating_sub(chunk).max(chunk))
+}
+
+/// What a session's teardown releases, in order: its send queue, its receive ring (the QP's
+/// last handle), the peer-writable slots (after the QP is gone), and its extra lanes.
+/// What a session's teardown releases, in order: the queues, then the granted slots, then its
+/// place among `max_sessions` (whose memory share the slots are).
+type Teardown = (SendQueue<'static, Rc>, RecvRing<'static>, Vec<Slot<'static>>, Vec<RecvLane>, Option<Counted>);
+
+/// A lane's request handed over, ready to accept: its number, the request, its QP and
+/// receive ring.
+type PendingLane =
+    (u16, ConnectRequest, rdma_verbs::QueuePair<'static, Rc, rdma_verbs::qp::state::Init>, Option<RecvRing<'static>>);
+
+/// An extra lane of a session: its connection, and the receives its WRITEs with immediate
+/// take.
+struct RecvLane {
+    conn: rdma_cm::Connection<'static>,
+    ring: RecvRing<'static>,
+}
+
+/// What the receiver lets the sender do to its slots.
+const GRANTED_ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE.union(AccessFlags::REMOTE_WRITE);
+
+/// One receive in progress: the machine, the file, the granted slots and the connection's
+/// queues. Each `drive_*` method does one part of a round; `session`'s loop calls them in turn.
+struct ReceiveSession<'a> {
+    opts: &'a ReceiveOptions,
+    /// The destination directory, open.
+    dest: Option<&'a DirFd>,
+    /// Wrong proofs of the secret, by address, and the peer's.
+    attempts: &'a Attempts,
+    /// The partials kept for resumes.
+    partials: &'a Ledger,
+    peer: std::net::IpAddr,
+    /// The answer to a wrong proof, held back until then ([`Attempts::wrong_proof`]); set once
+    /// the wrong proof was counted.
+    tarpit: Option<Option<Instant>>,
+    /// This connection's place among all connections: proved at admission, and until then
+    /// one a newer connection may take ([`Place::displaced`]).
+    place: &'a Place,
+    active: &'a Arc<AtomicUsize>,
+    tally: &'a Tally,
+    routes: &'a Arc<Routes>,
+    /// What extra lanes are made on (this connection's PD and channel).
+    lane_base: LaneBase,
+    /// This session's registration for its extra lanes, and where they are handed over.
+    route: Option<(RouteGuard, std::sync::mpsc::Receiver<(u16, ConnectRequest)>)>,
+    /// The extra lanes accepted, by number (lane `n` at `n - 1`).
+    lanes: Vec<Option<RecvLane>>,
+    report: &'a mut ReceiveReport,
+    machine: Receiver,
+    pd: Arc<rdma_verbs::ProtectionDomain<'static>>,
+    control: SlotPool<'static>,
+    sq: SendQueue<'static, Rc>,
+    ring: RecvRing<'static>,
+    /// This session's place among `max_sessions`, from its valid HELLO on.
+    admitted: Option<Counted>,
+    file: Option<Incoming>,
+    /// The batch's entry in progress, and the directory its file is in.
+    entry: Option<(Entry, Option<DirFd>)>,
+    /// The directories this batch made (only those take a directory entry's mode and time).
+    made_dirs: MadeDirs,
+    /// The ring's address and rkey, once registered.
+    ring_at: Option<(u64, u32)>,
+    /// The slots granted to the sender (writable by it), by index.
+    slots: Vec<Slot<'static>>,
+    /// Where a chunk is copied out of its slot before it is hashed and stored: mapped for the
+    /// session and unmapped with it (`AlignedBuffer`), not taken from the thread's malloc
+    /// arena, which kept chunk-sized buffers resident after their sessions (`device_soak`).
+    copy: Option<AlignedBuffer>,
+    hasher: Hasher,
+    data_start: Option<Instant>,
+    data_end: Option<Instant>,
+    /// When the last chunk was stored.
+    last_stored: Option<Instant>,
+    pacer: Pacer,
+    /// The control message being sent: the machine writes each into it (no allocation per
+    /// message).
+    out: Vec<u8>,
+    /// The test hook `test_never_ack`: since when the receiver floods old CREDITs.
+    #[cfg(feature = "fault-injection")]
+    flood: Option<Instant>,
+}
+
+impl<'a> ReceiveSession<'a> {
+    fn new(
+        shared: &'a Shared,
+        place: &'a Place,
+        report: &'a mut ReceiveReport,
+        parts: EndpointParts,
+        conn: &rdma_cm::Connection<'static>,
+        start: Instant,
+    ) -> Result<Self, Error> {
+        report.phases.connect = start.elapsed();
+        let Shared { opts, active, tally, routes, dest, attempts, partials } = shared;
+        let EndpointParts { pd, lane_base, ring, control } = parts;
+        let sq = SendQueue::new(conn.qp(), DRAIN)?;
+        let cfg = ReceiverConfig {
+            max_size: opts.max_size,
+            max_session_bytes: opts.max_session_bytes,
+            max_chunk: session_memory(opts).0,
+            memory_budget: session_memory(opts).1,
+            max_slots: opts.max_slots,
+            timeout: opts.timeout,
+            hello_timeout: opts.hello_timeout,
+            min_rate: opts.min_rate,
+            secret: opts.secret.clone(),
+            resume: opts.resume && dest.is_some(),
+            batch: true,
+            max_entries: opts.max_entries,
+            max_lanes: opts.max_lanes.clamp(1, wire::MAX_LANES),
+            digest: opts.digest.unwrap_or_else(crate::driver::fastest_digest),
+        };
+        let peer = report.peer.ip();
+        Ok(ReceiveSession {
+            opts,
+            dest: dest.as_ref(),
+            attempts,
+            partials,
+            peer,
+            tarpit: None,
+            place,
+            active,
+            tally,
+            routes,
+            lane_base,
+            route: None,
+            lanes: Vec::new(),
+            report,
+            // The HELLO's clock runs from the connection's request on, not from its accept.
+            machine: Receiver::new(cfg, start)
+                .with_nonce(crate::driver::random_bytes())
+                .with_lane_token(crate::driver::random_bytes()),
+            pd,
+            control,
+            sq,
+            ring,
+            admitted: None,
+            file: None,
+            entry: None,
+            made_dirs: MadeDirs::default(),
+            ring_at: None,
+            slots: Vec::new(),
+            copy: None,
+            hasher: Hasher::new(Digest::default(), None),
+            data_start: None,
+            data_end: None,
+            last_stored: None,
+            pacer: Pacer::new(opts.wait),
+            out: Vec::new(),
+            #[cfg(feature = "fault-injection")]
+            flood: None,
+        })
+    }
+
+    /// One round: the test hooks, the machine's actions, then the arrivals and completions.
+    /// `Break` with the outcome once the session is over, else `Continue` saying whether
+    /// anything progressed.
+    fn drive_round(&mut self, conn: &rdma_cm::Connection<'static>) -> Result<ControlFlow<Outcome, bool>, Error> {
+        self.drive_faults()?;
+        if let Some(Some(until)) = self.tarpit {
+            if Instant::now() < until {
+                return Ok(ControlFlow::Continue(false));
+            }
+            self.tarpit = Some(None);
+            send_control(&mut self.sq, &self.control, &self.out, self.opts.timeout, drop)?;
+        }
+        let acted = match self.drive_actions(conn)? {
+            ControlFlow::Break(o) => return Ok(ControlFlow::Break(o)),
+            ControlFlow::Continue(acted) => acted,
+        };
+        let arrived = self.drive_arrivals()?;
+        let completed = self.drive_completions()?;
+        Ok(ControlFlow::Continue(acted || arrived || completed))
+    }
+
+    /// Ends the session: an uncommitted temporary is removed, the report filled in; the
+    /// queues, the granted slots and the place among `max_sessions` are returned for the
+    /// teardown, which must release the slots after the QP is destroyed, and the place only
+    /// after the slots (a new session's share must not overlap a ring still registered).
+    fn end(self, outcome: &Result<Outcome, Error>) -> Teardown {
+        let ReceiveSession {
+            report,
+            machine,
+            sq,
+            ring,
+            file,
+            admitted,
+            slots,
+            data_start,
+            data_end,
+            last_stored,
+            lanes,
+            route,
+            partials,
+            ..
+        } = self;
+        // No lane is taken any more.
+        drop(route);
+        let lanes = lanes.into_iter().flatten().collect();
+        // A partial outlives a session that ended in a way a resume can follow: the peer or the
+        // path went, the peer went silent, the receiver stopped, a message was changed on the
+        // path (review R7: that ended it as a violation, and threw the partial away). One that broke the rules or
+        // failed its digest goes (as does everything of a session that was not resumable).
+        let resumable = matches!(
+            outcome,
+            Err(Error::PeerDisconnected | Error::ConnectionLost { .. } | Error::Stopped)
+                | Ok(Outcome::Failed(
+                    crate::ProtocolError::Timeout { .. }
+                        | crate::ProtocolError::TooSlow { .. }
+                        | crate::ProtocolError::CompletedTwice { .. }
+                        | crate::ProtocolError::Unsealed
+                ))
+        );
+        let midway = file.is_some();
+        if let Some(mut f) = file {
+            // A partial that holds nothing is worth nothing: it goes.
+            if resumable && machine.bytes_stored() > 0 {
+                // A session that added no byte to what it resumed from leaves the sidecar as it
+                // was: rewritten, its time would keep a partial that no attempt gets past from
+                // ever expiring (review finding G4).
+                let added = machine.bytes_stored() > machine.resumed_from();
+                partials.keep(&mut f, machine.bytes_stored(), added);
+            } else if resumable && f.vouched() > 0 {
+                // Ended before its hash found anything to resume from (a stop, a read error):
+                // the partial stays as its sidecar left it (review H11: it was thrown away,
+                // however much it held).
+                let vouched = f.vouched();
+                partials.keep(&mut f, vouched, false);
+            }
+        }
+        // A HELLO refused before anything was opened still named its session.
+        report.session = machine.session();
+        report.hello = machine.hello_received();
+        report.authorized = machine.authorized();
+        report.auth_failed = machine.auth_failed();
+        report.bytes = if machine.is_batch() || report.entry_counts.ended > 0 {
+            // The entries that ended, and the one in progress when the session ended midway.
+            let midway = if midway { machine.bytes_stored() } else { 0 };
+            report.entry_counts.bytes + midway
+        } else {
+            machine.bytes_stored()
+        };
+        // A session that failed midway reports the time to its last chunk stored, so that its
+        // rate is that of the bytes it did store.
+        if let (Some(a), Some(b)) = (data_start, data_end.or(last_stored)) {
+            report.phases.data = b - a;
+        }
+        (sq, ring, slots, lanes, admitted)
+    }
+
+    /// Does what the machine asks: `Break` with the outcome once it finished, else `Continue`
+    /// saying whether there was anything to do.
+    fn drive_actions(&mut self, conn: &rdma_cm::Connection<'static>) -> Result<ControlFlow<Outcome, bool>, Error> {
+        let mut acted = false;
+        while let Some(action) = self.machine.poll_action() {
+            acted = true;
+            match action {
+                Action::Open { name, size, slot_size, slot_count } => {
+                    self.open(name, size, slot_size, slot_count, conn)
+                }
+                Action::Reserve { slot_size, slot_count } => self.reserve(slot_size, slot_count),
+                Action::OpenEntry(e) => self.open_entry(e, conn),
+                Action::EntryDone { path, status, detail, bytes, .. } => {
+                    // A file not committed (its digest did not match, its open failed) goes.
+                    self.file = None;
+                    let directory = self.entry.take().is_some_and(|(e, _)| e.kind == EntryKind::Directory);
+                    let bytes = if status == Status::Ok { bytes } else { 0 };
+                    let counts = &mut self.report.entry_counts;
+                    counts.ended += 1;
+                    if status == Status::Ok {
+                        counts.stored += 1;
+                        counts.bytes += bytes;
+                    }
+                    if self.report.entries.len() < REPORTED_ENTRIES {
+                        let detail = truncated(detail, wire::MAX_DETAIL_LEN);
+                        self.report.entries.push(EntryReport { path, directory, status, detail, bytes });
+                    }
+                }
+                Action::Send => {
+                    self.machine.transmit(&mut self.out);
+                    if self.machine.auth_failed() && self.tarpit.is_none() {
+                        // The answer to a wrong proof: held back while its address is past its
+                        // attempts (the rest of the machine's actions wait with it).
+                        let hold = self.attempts.wrong_proof(self.peer, self.opts);
+                        self.tarpit = Some((!hold.is_zero()).then(|| Instant::now() + hold));
+                        if !hold.is_zero() {
+                            tracing::info!(peer = %self.peer, ?hold, "a wrong proof of the secret: its answer held back");
+                            return Ok(ControlFlow::Continue(true));
+                        }
+                    }
+                    send_control(&mut self.sq, &self.control, &self.out, self.opts.timeout, drop)?;
+                }
+                Action::StoreChunk { seq, slot, offset, len } => self.store(seq, slot, offset, len),
+                #[cfg(feature = "fault-injection")]
+                Action::Finalize { .. } if self.opts.test_never_ack => self.flood = Some(Instant::now()),
+                Action::Finalize { digest } => self.finalize(&digest),
+                // The session's end decides: a partial may be kept for a resume.
+                Action::Discard => {}
+                Action::Finish(o) => return Ok(ControlFlow::Break(o)),
+            }
+        }
+        Ok(ControlFlow::Continue(acted))
+    }
+
+    /// Admits the session, opens the temporary and grants the slots (`Action::Open`).
+    ///
+    /// Each of the open's answers to the machine carries the time it is given, not the time the
+    /// open began: the machine charges an open's time to the driver, not to the sender's pace
+    /// (review H5: the time the open began made a long open or hash the sender's time).
+    fn open(&mut self, name: String, size: u64, slot_size: u32, slot_count: u32, conn: &rdma_cm::Connection<'static>) {
+        let now = Instant::now();
+        let session = self.machine.session();
+        self.report.session = session;
+        self.report.name = Some(name.clone());
+        let digest = self.machine.digest();
+        tracing::info!(session = format_args!("{session:016x}"), %name, size, slot_size, slot_count, %digest, "receiving");
+        self.hasher.reset(digest, self.machine.digest_key().as_ref());
+        if let Err(why) = self.proved() {
+            return self.machine.handle(Input::OpenFailed(Status::Busy, why), Instant::now());
+        }
+        if let Some((status, why)) = self.judge(&name, false, size, false) {
+            return self.machine.handle(Input::OpenFailed(status, why), Instant::now());
+        }
+        if let Err(why) = self.admit() {
+            return self.machine.handle(Input::OpenFailed(Status::Busy, why), Instant::now());
+        }
+        if let Some(dir) = self.dest {
+            if !self.open_file(dir, &name, &name, size, conn) {
+                return;
+            }
+        }
+        self.register(slot_size, slot_count, now);
+    }
+
+    /// The session proved itself (its HELLO taken, its secret proved): its connection keeps
+    /// its place to its end. Called first thing at `Open` or `Reserve`, before the receiver's
+    /// checks and the embedder's policy. `Err` with why (`Busy`) when the connection gave its
+    /// place to a newer one already.
+    fn proved(&self) -> Result<(), String> {
+        match self.place.prove() {
+            true => Ok(()),
+            false => Err("this connection gave its place to a newer one".into()),
+        }
+    }
+
+    /// Admits the session: it takes one of `max_sessions`; `Err` with why (`Busy`) when they
+    /// are all taken.
+    fn admit(&mut self) -> Result<(), String> {
+        self.admitted = Counted::enter(self.active, self.opts.max_sessions);
+        match self.admitted {
+            Some(_) => Ok(()),
+            None => Err(format!("already serving {} transfers", self.opts.max_sessions)),
+        }
+    }
+
+    /// A batch: admits the session and registers its ring (`Action::Reserve`).
+    fn reserve(&mut self, slot_size: u32, slot_count: u32) {
+        let now = Instant::now();
+        let session = self.machine.session();
+        self.report.session = session;
+        self.report.name = Some(wire::BATCH_NAME.into());
+        tracing::info!(session = format_args!("{session:016x}"), slot_size, slot_count, "receiving a batch");
+        if let Err(why) = self.proved().and_then(|()| self.admit()) {
+            return self.machine.handle(Input::OpenFailed(Status::Busy, why), Instant::now());
+        }
+        self.register(slot_size, slot_count, now);
+    }
+
+    /// Registers the ring of slots the sender writes into, and tells the machine.
+    fn register(&mut self, slot_size: u32, slot_count: u32, now: Instant) {
+        // Unmaps the previous entry's buffer, if any, before mapping this one.
+        self.copy = None;
+        self.copy = AlignedBuffer::zeroed(slot_size as usize);
+        if self.copy.is_none() {
+            let why = format!("mapping a {slot_size}-byte copy buffer failed");
+            return self.machine.handle(Input::OpenFailed(Status::Internal, why), Instant::now());
+        }
+        let pool = match SlotPool::new(self.pd.clone(), slot_size as usize, slot_count as usize, GRANTED_ACCESS) {
+            Ok(p) => p,
+            Err(e) => return self.machine.handle(Input::OpenFailed(Status::Internal, e.to_string()), Instant::now()),
+        };
+        self.slots = std::iter::from_fn(|| pool.try_take()).collect();
+        self.slots.sort_by_key(Slot::index);
+        let remote = pool.remote();
+        self.ring_at = Some((remote.addr, remote.rkey));
+        let lanes = self.machine.lanes();
+        if lanes > 1 && self.route.is_none() {
+            self.route = Some(self.routes.register(self.machine.session(), lanes, self.machine.lane_token()));
+            self.lanes = (1..lanes).map(|_| None).collect();
+        }
+        self.data_start = Some(now);
+        self.machine.handle(Input::Ready { addr: remote.addr, rkey: remote.rkey }, Instant::now());
+    }
+
+    /// Takes the control messages and WRITEs with immediate that arrived; whether any came.
+    fn drive_arrivals(&mut self) -> Result<bool, Error> {
+        let counted = self.machine.authorized();
+        let n = self.take_arrivals()?;
+        if !counted && self.machine.authorized() {
+            self.tally.asked.fetch_add(1, Ordering::AcqRel);
+            self.tally.changed.ring();
+        }
+        Ok(n)
+    }
+
+    fn take_arrivals(&mut self) -> Result<bool, Error> {
+        let machine = &mut self.machine;
+        let mut n = take_arrivals(&mut self.ring, |msg| {
+            let now = Instant::now();
+            if msg.is_write_with_imm() {
+                let imm = msg.imm().unwrap_or(u32::MAX);
+                machine.handle(Input::WriteArrived { imm, len: msg.write_len() }, now);
+            } else {
+                machine.handle(Input::Message(msg.bytes()), now);
+            }
+        })?;
+        for (i, lane) in self.lanes.iter_mut().enumerate() {
+            let Some(RecvLane { ring, .. }) = lane else { continue };
+            let lane = i as u16 + 1;
+            n += take_arrivals(ring, |msg| {
+                let now = Instant::now();
+                if msg.is_write_with_imm() {
+                    let imm = msg.imm().unwrap_or(u32::MAX);
+                    machine.handle(Input::LaneWrite { lane, imm, len: msg.write_len() }, now);
+                } else {
+                    machine.handle(Input::LaneMessage { lane }, now);
+                }
+            })?;
+        }
+        Ok(n > 0)
+    }
+
+    /// The lane requests handed over since the last round, each accepted on a QP in this
+    /// session's PD (the granted ring's rkey serves it) with its receives posted first.
+    async fn accept_lanes<I: Io>(&mut self, io: &I) -> Result<(), Error> {
+        while let Some((lane, req, qp, ring)) = self.next_lane()? {
+            let params = conn_params(self.opts.ack_timeout);
+            let conn = io.accept(req, qp, &params, Deadline::after(self.opts.accept_timeout), None).await?;
+            self.attach(lane, conn, ring);
+        }
+        Ok(())
+    }
+
+    /// The next lane request handed over, if any, with its QP (in `Init`) and its receives
+    /// posted; a request whose QP could not be made is rejected.
+    fn next_lane(&mut self) -> Result<Option<PendingLane>, Error> {
+        let Some((lane, req)) = self.route.as_ref().and_then(|(_, from)| from.try_recv().ok()) else {
+            return Ok(None);
+        };
+        match self.lane_base.lane(1, ring_depth(self.opts), |qp| req.init_qp(qp, GRANTED_ACCESS)) {
+            Ok((qp, ring)) => Ok(Some((lane, req, qp, ring))),
+            Err(e) => {
+                let _ = req.reject(&[]);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Keeps an accepted lane, whose arrivals the rounds take from now on.
+    fn attach(&mut self, lane: u16, conn: rdma_cm::Connection<'static>, ring: Option<RecvRing<'static>>) {
+        let (Some(ring), Some(place)) = (ring, self.lanes.get_mut(usize::from(lane) - 1)) else { return };
+        tracing::debug!(session = format_args!("{:016x}", self.machine.session()), lane, "lane accepted");
+        *place = Some(RecvLane { conn, ring });
+    }
+
+    /// Takes the completions of the control messages sent; whether any came.
+    fn drive_completions(&mut self) -> Result<bool, Error> {
+        Ok(self.sq.poll(drop)? > 0)
+    }
+
+    /// Ends the round: spins or sleeps on the CQs ([`Pacer`]), and when the slow checks are due,
+    /// the machine's timeout, whether the peer left, and whether the receiver is stopping.
+    async fn drive_timers<I: Io>(
+        &mut self,
+        io: &I,
+        progressed: bool,
+        conn: &rdma_cm::Connection<'static>,
+    ) -> Result<(), Error> {
+        let cqs = SessionCqs::new(self.sq.cq(), self.ring.cq(), self.lanes.iter().flatten().map(|l| l.ring.cq()));
+        let until = self.next_deadline();
+        let handed = self.route.as_ref().map(|(route, _)| &*route.handed);
+        let wakes = session_wakes(conn, self.opts, self.place, self.machine.hello_received(), self.tally, handed);
+        let due = self.pacer.round(io, progressed, cqs.as_slice(), until, &wakes).await?;
+        self.drive_slow_checks(due, conn)
+    }
+
+    /// When the session must look at its clock next: the machine's deadline, a held-back
+    /// answer, the test flood's next message.
+    fn next_deadline(&self) -> Deadline {
+        let at = |t: Option<Instant>| t.map_or(Deadline::never(), Deadline::at);
+        let mut until = at(self.machine.poll_timeout());
+        if let Some(Some(tarpit)) = self.tarpit {
+            until = until.min(Deadline::at(tarpit));
+        }
+        #[cfg(feature = "fault-injection")]
+        if let Some(last) = self.flood {
+            until = until.min(Deadline::at(last + FLOOD_EVERY));
+        }
+        until
+    }
+
+    /// Every round, what costs a load: whether the peer's disconnect was seen (by any read
+    /// of the connection's events, the hash of a partial's too), the receiver stops, the
+    /// connection was displaced, the server closed before its HELLO. When `due` (a wake or a
+    /// deadline ended the idle wait, or `SLOW_EVERY` busy rounds): the machine's timeout, the
+    /// connection's CM events, the lanes handed over.
+    fn drive_slow_checks(&mut self, due: bool, conn: &rdma_cm::Connection<'static>) -> Result<(), Error> {
+        if due {
+            self.machine.handle_timeout(Instant::now());
+            if peer_left(conn)? {
+                return Err(Error::PeerDisconnected);
+            }
+            if let Some((route, _)) = &self.route {
+                // The lanes handed over are taken by the next round.
+                route.handed.heard();
+            }
+        }
+        if conn.peer_disconnected() {
+            return Err(Error::PeerDisconnected);
+        }
+        if self.opts.stop.is_set() {
+            return Err(Error::Stopped);
+        }
+        if self.place.displaced() {
+            // Not proved in `preempt_after`, with every place taken: a newer connection has this
+            // one's place.
+            return Err(Error::Preempted);
+        }
+        if !self.machine.hello_received() && self.tally.closing.is_set() {
+            // The server took the transfers it serves; this connection asked for none.
+            return Err(Error::Stopped);
+        }
+        Ok(())
+    }
+
+    /// The test hook `test_never_ack`: once the FIN came, an old CREDIT every [`FLOOD_EVERY`].
+    #[cfg(feature = "fault-injection")]
+    fn drive_faults(&mut self) -> Result<(), Error> {
+        let Some(last) = self.flood else { return Ok(()) };
+        if last.elapsed() >= FLOOD_EVERY {
+            self.flood = Some(Instant::now());
+            let credit = Message::Credit(wire::Credit { consumed: 0 });
+            if wire::encode(self.machine.session(), &credit, &mut self.out).is_ok() {
+                send_control(&mut self.sq, &self.control, &self.out, self.opts.timeout, drop)?;
+            }
+        }
+        Ok(())
+    }
+
+    #[cfg(not(feature = "fault-injection"))]
+    fn drive_faults(&mut self) -> Result<(), Error> {
+        Ok(())
+    }
+}
+
+/// What wakes a session's idle wait besides its completions: its connection's CM events, the
+/// receiver's stop, its displacement (while it may be displaced), the server closing (while it
+/// has no HELLO), its lanes' hand-over (`handed`, once it granted lanes).
+fn session_wakes<'w>(
+    conn: &'w rdma_cm::Connection<'static>,
+    opts: &'w ReceiveOptions,
+    place: &'w Place,
+    hello_received: bool,
+    tally: &'w Tally,
+    handed: Option<&'w Bell>,
+) -> Wakes<'w> {
+    let mut wakes = Wakes::new(conn.as_fd()).and(opts.stop.fd());
+    if let (fd, true) = place.displaced_fd() {
+        wakes = wakes.and(fd);
+    }
+    if !hello_received {
+        wakes = wakes.and(tally.closing.fd());
+    }
+    if let Some(handed) = handed {
+        wakes = wakes.and(handed.fd());
+    }
+    wakes
+}
+
+/// How often the test hook `test_never_ack` sends an old CREDIT.
+#[cfg(feature = "fault-injection")]
+const FLOOD_EVERY: Duration = Duration::from_millis(1);
+
+/// `s` cut to at most `max` bytes, at a character's boundary.
+fn truncated(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_reported_detail_is_cut_at_a_character_boundary() {
+        assert_eq!(super::truncated("abc".into(), 5), "abc");
+        assert_eq!(super::truncated("abcdef".into(), 3), "abc");
+        // "é" is two bytes: a cut inside it keeps the character out.
+        assert_eq!(super::truncated("aé".into(), 2), "a");
+        let long = format!("{:?}", "\\".repeat(960));
+        assert_eq!(super::truncated(long, crate::wire::MAX_DETAIL_LEN).len(), crate::wire::MAX_DETAIL_LEN);
+    }
+}
