@@ -3,8 +3,8 @@
 //! deadline (here a minute away), not on a clock of their own. Counted as every thread's
 //! voluntary context switches (`/proc/PID/task/*/status`): each is a sleep that ended.
 //!
-//! The window is 5 s (`$RDMA_TEST_IDLE_WINDOW_S` to change it, 60 for wake-ups per idle
-//! minute). The driver looked every 20 ms before: about 250 wake-ups of the session in 5 s, and
+//! The window is 3 s (`$RDMA_TEST_IDLE_WINDOW_S` to change it, 60 for wake-ups per idle
+//! minute). The driver looked every 20 ms before: about 150 wake-ups of the session in 3 s, and
 //! as many of a receiver's accept loop.
 
 mod cli;
@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use cli::*;
 
-/// Wake-ups a 5 s idle window may show: a few for the start and end of the window's own
+/// Wake-ups a 3 s idle window may show: a few for the start and end of the window's own
 /// stop, and slack for a stray event; a 20 ms cadence makes hundreds.
 const MOST_WAKEUPS: u64 = 10;
 
@@ -36,7 +36,7 @@ fn signal(pid: u32, sig: libc::c_int) {
 
 /// The window, and the wake-ups of `idle` in it while `stopped` is stopped.
 fn idle_window(stopped: u32, idle: u32) -> (Duration, u64) {
-    let window = std::env::var("RDMA_TEST_IDLE_WINDOW_S").ok().and_then(|s| s.parse().ok()).unwrap_or(5);
+    let window = std::env::var("RDMA_TEST_IDLE_WINDOW_S").ok().and_then(|s| s.parse().ok()).unwrap_or(3);
     let window = Duration::from_secs(window);
     signal(stopped, libc::SIGSTOP);
     // What was in flight completes (rxe acknowledges for a stopped process), then all is quiet.
@@ -48,18 +48,18 @@ fn idle_window(stopped: u32, idle: u32) -> (Duration, u64) {
     (window, woke)
 }
 
-/// A 64 MiB file in a fresh directory, and the directory the receiver stores into.
+/// A 32 MiB file in a fresh directory, and the directory the receiver stores into.
 fn files(name: &str) -> (Scratch, std::path::PathBuf, std::path::PathBuf) {
     let dir = scratch(name);
     let (src, dst) = (dir.join("src"), dir.join("dst"));
     std::fs::create_dir_all(&src).unwrap();
     std::fs::create_dir_all(&dst).unwrap();
-    random_file(&src.join("f"), 64 << 20, 7);
+    random_file(&src.join("f"), 32 << 20, 7);
     (dir, src.join("f"), dst)
 }
 
 fn stored(dst: &Path) -> bool {
-    std::fs::metadata(dst.join("f")).map(|m| m.len() == 64 << 20).unwrap_or(false)
+    std::fs::metadata(dst.join("f")).map(|m| m.len() == 32 << 20).unwrap_or(false)
 }
 
 /// Sends a file, stops one end once the transfer started, and counts the other's wake-ups;
