@@ -74,7 +74,7 @@ async fn session<I: Io>(
                     break Err(e);
                 }
                 if let Err(e) = s.drive_timers(io, progressed, &conn).await {
-                    break Err(e);
+                    break Err(s.after_disconnect(e));
                 }
             }
             Err(e) => break Err(e),
@@ -652,6 +652,21 @@ impl<'a> ReceiveSession<'a> {
         let wakes = session_wakes(conn, self.opts, self.place, self.machine.hello_received(), self.tally, handed);
         let due = self.pacer.round(io, progressed, cqs.as_slice(), until, &wakes).await?;
         self.drive_slow_checks(due, conn)
+    }
+
+    /// What ends the session when `e` is the peer's disconnect: a receive that failed before
+    /// it (the device refused the peer's request; [`explain_loss`] names the violation), else
+    /// the disconnect. The peer's WRITE, refused, failed a receive before the peer heard of it
+    /// and left, but the wake that saw the disconnect may have come before the round that would
+    /// have taken that completion (both fds ready at once): the rings are read once more.
+    fn after_disconnect(&mut self, e: Error) -> Error {
+        if !matches!(e, Error::PeerDisconnected) {
+            return e;
+        }
+        match self.take_arrivals() {
+            Err(lost @ Error::ConnectionLost { .. }) => lost,
+            _ => e,
+        }
     }
 
     /// When the session must look at its clock next: the machine's deadline, a held-back
