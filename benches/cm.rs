@@ -65,9 +65,9 @@ fn serve(listener: &Listener, stop: &AtomicBool) -> (u64, u64) {
         let cq = ctx.create_cq(4, None).expect("ibv_create_cq");
         let qp = pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq)).expect("ibv_create_qp");
         let qp = req.init_qp(qp, AccessFlags::empty()).expect("server QP to INIT");
-        match req.accept(qp, &ConnParams::new(), ATTEMPT) {
+        match req.accept(qp, &ConnParams::new()).wait(ATTEMPT) {
             Ok(conn) => {
-                conn.wait_disconnected(T).expect("the client disconnects");
+                conn.peer_disconnect().wait(T).expect("the client disconnects");
                 served += 1;
             }
             // The client's attempt stalled and it gave up (it counts the stall).
@@ -96,21 +96,21 @@ fn connection_setup(c: &mut Criterion) {
         let server = s.spawn(|| serve(&listener, &stop));
         let _stop = StopOnDrop(&stop);
         // The client's verbs resources, opened once through a first resolution.
-        let probe = CmId::new().and_then(|id| id.resolve(Some(src), dst, T)).expect("resolving the server");
+        let probe = CmId::new().and_then(|id| id.resolve(Some(src), dst).wait(T)).expect("resolving the server");
         let ctx = probe.open_context().expect("opening the client's device");
         drop(probe);
         let pd = ctx.alloc_pd().expect("ibv_alloc_pd");
         let cq = ctx.create_cq(64, None).expect("ibv_create_cq");
         // One connection, set up and torn down; `Err` when the handshake stalled.
         let connect = || -> Result<(), rdma_cm::Error> {
-            let id = CmId::new()?.resolve(Some(src), dst, T)?;
+            let id = CmId::new()?.resolve(Some(src), dst).wait(T)?;
             let qp = pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq)).expect("ibv_create_qp");
             let qp = id.init_qp(qp, AccessFlags::empty())?;
-            let conn = match id.connect(qp, &ConnParams::new(), ATTEMPT) {
+            let conn = match id.connect(qp, &ConnParams::new()).wait(ATTEMPT) {
                 Err(e) if e.is_timeout() => return Err(e),
                 r => r.expect("connect"),
             };
-            drop(conn.disconnect(T).expect("disconnect"));
+            drop(conn.disconnect().wait(T).expect("disconnect"));
             Ok(())
         };
 

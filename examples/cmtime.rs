@@ -56,16 +56,16 @@ fn server(listener: &Listener, n: u32, timeout: Duration) -> Result<Stat, BoxErr
         let cq = ctx.create_cq(4, None)?;
         let start = Instant::now();
         let qp = req.init_qp(pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq))?, AccessFlags::empty())?;
-        let conn = req.accept(qp, &ConnParams::new(), timeout)?;
+        let conn = req.accept(qp, &ConnParams::new()).wait(timeout)?;
         accept.0.push(start.elapsed());
-        conn.wait_disconnected(timeout)?;
+        conn.peer_disconnect().wait(timeout)?;
     }
     Ok(accept)
 }
 
 fn client(dst: SocketAddr, src: SocketAddr, n: u32, timeout: Duration) -> Result<Vec<Stat>, BoxError> {
     let mut stats = vec![Stat::default(); STEPS.len()];
-    let probe = CmId::new()?.resolve_addr(Some(src), dst, timeout)?;
+    let probe = CmId::new()?.resolve_addr(Some(src), dst).wait(timeout)?;
     let ctx = probe.open_context()?;
     drop(probe);
     let pd = ctx.alloc_pd()?;
@@ -78,15 +78,15 @@ fn client(dst: SocketAddr, src: SocketAddr, n: u32, timeout: Duration) -> Result
         };
         let id = CmId::new()?;
         lap(&mut stats, 0);
-        let id = id.resolve_addr(Some(src), dst, timeout)?;
+        let id = id.resolve_addr(Some(src), dst).wait(timeout)?;
         lap(&mut stats, 1);
-        let id = id.resolve_route(timeout)?;
+        let id = id.resolve_route().wait(timeout)?;
         lap(&mut stats, 2);
         let qp = id.init_qp(pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq))?, AccessFlags::empty())?;
         lap(&mut stats, 3);
-        let conn = id.connect(qp, &ConnParams::new(), timeout)?;
+        let conn = id.connect(qp, &ConnParams::new()).wait(timeout)?;
         lap(&mut stats, 4);
-        let gone = conn.disconnect(timeout)?;
+        let gone = conn.disconnect().wait(timeout)?;
         lap(&mut stats, 5);
         drop(gone);
         lap(&mut stats, 6);

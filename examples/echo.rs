@@ -171,7 +171,7 @@ fn serve_threads(listener: &Listener, count: Option<usize>, wait: Wait) {
         };
         let peer = req.peer_addr();
         let link = prepare(&devices, &req).and_then(|(qp, rest)| {
-            let conn = req.accept(qp, &ConnParams::new(), echo::T)?;
+            let conn = req.accept(qp, &ConnParams::new()).wait(echo::T)?;
             Link::new(conn, rest, wait)
         });
         let mut link = match link {
@@ -241,7 +241,7 @@ async fn connection(devices: std::sync::Arc<Devices>, req: ConnectRequest, wait:
     let peer = req.peer_addr();
     let link = async {
         let (qp, rest) = prepare(&devices, &req)?;
-        let accepted = tokio::time::timeout(echo::T, req.accept_async(qp, &ConnParams::new())).await;
+        let accepted = tokio::time::timeout(echo::T, req.accept(qp, &ConnParams::new())).await;
         let conn = accepted.map_err(|_| format!("not established within {:?}", echo::T))??;
         Link::new(conn, rest, wait)
     };

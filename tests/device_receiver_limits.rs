@@ -218,7 +218,7 @@ fn never_completed_request(topo: &testkit::Topology, port: u16, qp_num: u32) -> 
     use std::net::SocketAddr;
     let to = SocketAddr::new(topo.server.addr.into(), port);
     let from = SocketAddr::new(topo.client.addr.into(), 0);
-    let id = rdma_cm::CmId::new().unwrap().resolve(Some(from), to, Duration::from_secs(5)).unwrap();
+    let id = rdma_cm::CmId::new().unwrap().resolve(Some(from), to).wait(Duration::from_secs(5)).unwrap();
     // SAFETY: an all-zero `rdma_conn_param` is a valid one (no private data: a null pointer
     // with length 0).
     let mut param: rdma_cm::verbs::ffi::rdma_conn_param = unsafe { std::mem::zeroed() };

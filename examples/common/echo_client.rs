@@ -77,9 +77,9 @@ fn merge(results: Vec<Result<Vec<u64>>>) -> Result<Vec<u64>> {
 // ---- threads, blocking waits ----
 
 fn connect(args: &ClientArgs, devices: &Devices) -> Result<Link> {
-    let id = CmId::new()?.resolve(source(args), args.addr, T)?;
+    let id = CmId::new()?.resolve(source(args), args.addr).wait(T)?;
     let (qp, rest) = half(devices, &id, args.size)?;
-    let conn = id.connect(qp, &ConnParams::new().private_data(&hello(args.size)), T)?;
+    let conn = id.connect(qp, &ConnParams::new().private_data(&hello(args.size))).wait(T)?;
     Link::new(conn, rest, args.how.wait)
 }
 
@@ -141,12 +141,11 @@ async fn connect_async(
     wait: Wait,
     devices: Arc<Devices>,
 ) -> Result<Link> {
-    let id =
-        tokio::time::timeout(T, CmId::new()?.resolve_async(src, addr)).await.map_err(|_| "resolve: timed out")??;
+    let id = tokio::time::timeout(T, CmId::new()?.resolve(src, addr)).await.map_err(|_| "resolve: timed out")??;
     let (qp, rest) = half(&devices, &id, size)?;
     let hello = hello(size);
     let params = ConnParams::new().private_data(&hello);
-    let conn = tokio::time::timeout(T, id.connect_async(qp, &params)).await.map_err(|_| "connect: timed out")??;
+    let conn = tokio::time::timeout(T, id.connect(qp, &params)).await.map_err(|_| "connect: timed out")??;
     Link::new(conn, rest, wait)
 }
 

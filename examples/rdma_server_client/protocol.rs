@@ -34,14 +34,14 @@ pub fn client(
     msg: &[u8; MSG_LEN],
     timeout: Duration,
 ) -> Result<[u8; MSG_LEN], BoxError> {
-    let id = CmId::new()?.resolve(src, dst, timeout)?;
+    let id = CmId::new()?.resolve(src, dst).wait(timeout)?;
     let ctx = id.open_context()?;
     let pd = ctx.alloc_pd()?;
     let cq = ctx.create_cq(4, None)?;
     let qp = id.init_qp(pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq).caps(caps()))?, AccessFlags::empty())?;
     let mr = pd.alloc_mr(2 * MSG_LEN, AccessFlags::LOCAL_WRITE)?;
     mr.write_at(0, msg)?;
-    let conn = id.connect(qp, &ConnParams::new(), timeout)?;
+    let conn = id.connect(qp, &ConnParams::new()).wait(timeout)?;
     conn.qp().scope(timeout, |s| -> Result<(), BoxError> {
         let (out, back) = ([mr.sge(..MSG_LEN)?], [mr.sge(MSG_LEN..)?]);
         s.post_recv(&mut [RecvRequest::new(RECV, &back)])?;
@@ -54,7 +54,7 @@ pub fn client(
     })?;
     let mut reply = [0u8; MSG_LEN];
     mr.read_at(MSG_LEN, &mut reply)?;
-    conn.disconnect(timeout)?;
+    conn.disconnect().wait(timeout)?;
     Ok(reply)
 }
 
@@ -71,7 +71,7 @@ pub fn serve(listener: &Listener, reply: &[u8; MSG_LEN], timeout: Duration) -> R
     let qp = req.init_qp(pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq).caps(caps()))?, AccessFlags::empty())?;
     let mr = pd.alloc_mr(2 * MSG_LEN, AccessFlags::LOCAL_WRITE)?;
     mr.write_at(MSG_LEN, reply)?;
-    let conn = req.accept(qp, &ConnParams::new(), timeout)?;
+    let conn = req.accept(qp, &ConnParams::new()).wait(timeout)?;
     conn.qp().scope(timeout, |s| -> Result<(), BoxError> {
         let (inbox, out) = ([mr.sge(..MSG_LEN)?], [mr.sge(MSG_LEN..)?]);
         s.post_recv(&mut [RecvRequest::new(RECV, &inbox)])?;
@@ -85,6 +85,6 @@ pub fn serve(listener: &Listener, reply: &[u8; MSG_LEN], timeout: Duration) -> R
     })?;
     let mut msg = [0u8; MSG_LEN];
     mr.read_at(0, &mut msg)?;
-    conn.disconnect(timeout)?;
+    conn.disconnect().wait(timeout)?;
     Ok(msg)
 }

@@ -105,7 +105,7 @@ pub fn client(
     mut on_ping: impl FnMut(u32, &[u8]),
 ) -> Result<u32, BoxError> {
     check_size(o.size)?;
-    let id = CmId::new()?.resolve(src, dst, o.timeout)?;
+    let id = CmId::new()?.resolve(src, dst).wait(o.timeout)?;
     let ctx = id.open_context()?;
     let pd = ctx.alloc_pd()?;
     let cq = ctx.create_cq(32, None)?;
@@ -118,7 +118,7 @@ pub fn client(
     let source = pd.alloc_mr(o.size, AccessFlags::LOCAL_WRITE | remote)?;
     let sink = pd.alloc_mr(o.size, AccessFlags::LOCAL_WRITE | remote)?;
     let params = ConnParams::new().responder_resources(1).initiator_depth(1);
-    let conn = id.connect(qp, &params, o.timeout)?;
+    let conn = id.connect(qp, &params).wait(o.timeout)?;
     let size = o.size as u32;
     let done = conn.qp().scope(o.timeout, |s| -> Result<u32, BoxError> {
         let (rsge, ssge) = ([recv.sge(..)?], [send.sge(..)?]);
@@ -147,7 +147,7 @@ pub fn client(
         }
         Ok(ping)
     })?;
-    conn.disconnect(o.timeout)?;
+    conn.disconnect().wait(o.timeout)?;
     Ok(done)
 }
 
@@ -168,7 +168,7 @@ pub fn serve(listener: &Listener, o: &Options, mut on_ping: impl FnMut(u32, &[u8
     let send = pd.alloc_mr(INFO_LEN, AccessFlags::empty())?;
     let buf = pd.alloc_mr(o.size, AccessFlags::LOCAL_WRITE)?;
     let params = ConnParams::new().responder_resources(1).initiator_depth(1);
-    let conn = req.accept(qp, &params, o.timeout)?;
+    let conn = req.accept(qp, &params).wait(o.timeout)?;
     let peer_info = || -> Result<RemoteRegion, BoxError> {
         let mut info = [0u8; INFO_LEN];
         recv.read_at(0, &mut info)?;
@@ -218,7 +218,7 @@ pub fn serve(listener: &Listener, o: &Options, mut on_ping: impl FnMut(u32, &[u8
         Ok(ping)
     })?;
     if !conn.peer_disconnected() {
-        conn.wait_disconnected(o.timeout)?;
+        conn.peer_disconnect().wait(o.timeout)?;
     }
     Ok(answered)
 }

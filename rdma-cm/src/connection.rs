@@ -12,6 +12,7 @@ use parking_lot::Mutex;
 use crate::conn_id::{ConnId, CONNECTED, DONE};
 use crate::error::{Error, Result};
 use crate::event::{Event, EventKind, PeerParams};
+use crate::pending::{Disconnecting, PeerDisconnect, Waiting};
 use crate::raw_id::RawId;
 
 /// What waits and errors on a connection name.
@@ -22,7 +23,7 @@ const DISCONNECT: &str = "rdma_disconnect";
 const DISCONNECTING: &str = "disconnecting";
 
 /// Where a disconnect stands after its first step.
-enum Disconnecting<'res> {
+enum Leave<'res> {
     /// The peer had left already: nothing to wait for.
     Closed(ClosedConnection<'res>),
     /// `rdma_disconnect()` was called: the peer's reply is awaited.
@@ -195,8 +196,10 @@ impl<'res> Connection<'res> {
     }
 
     /// Disconnects: moves the QP to the error state (flushing outstanding requests), calls
-    /// `rdma_disconnect()`, and waits up to `timeout` for `RDMA_CM_EVENT_DISCONNECTED` (the
-    /// peer's reply, or the CM giving up on it).
+    /// `rdma_disconnect()`, and waits for `RDMA_CM_EVENT_DISCONNECTED` (the peer's reply, or the
+    /// CM giving up on it): a [`Disconnecting`] to [`wait`](crate::Pending::wait) for or `.await`.
+    /// Nothing is done before then; dropping it disconnects without waiting, as dropping the
+    /// connection does.
     ///
     /// # Which side disconnects
     /// A receive completion here does not mean the peer's send has completed: the ACK may not
@@ -206,51 +209,52 @@ impl<'res> Connection<'res> {
     /// disconnects right after a receive must be one whose last send may fail.
     ///
     /// # Errors
-    /// [`Error::Timeout`]; [`Error::UnexpectedEvent`]; [`Error::Cm`]; [`Error::Verbs`] when the
-    /// QP cannot be flushed. Each names the device. The identifier is destroyed either way.
+    /// When waited for: [`Error::Timeout`]; [`Error::UnexpectedEvent`]; [`Error::Cm`];
+    /// [`Error::Verbs`] when the QP cannot be flushed. Each names the device. The identifier is
+    /// destroyed either way.
     ///
     /// # References
     /// [`rdma_disconnect(3)`](https://man7.org/linux/man-pages/man3/rdma_disconnect.3.html)
     #[doc(alias = "rdma_disconnect")]
-    pub fn disconnect(self, timeout: Duration) -> Result<ClosedConnection<'res>> {
-        match self.start_disconnect()? {
-            Disconnecting::Closed(closed) => Ok(closed),
-            Disconnecting::Waiting(leaving) => {
-                let waited =
-                    leaving.conn.id.expect(EventKind::Disconnected, timeout, DISCONNECT, DISCONNECTING, leaving.peer);
-                leaving.finish(waited)
-            }
-        }
+    pub fn disconnect(self) -> Disconnecting<'res> {
+        Disconnecting { conn: self }
     }
 
     /// `disconnect`'s first step: flushes the QP and, unless the peer has left already, calls
     /// `rdma_disconnect()`.
-    fn start_disconnect(self) -> Result<Disconnecting<'res>> {
+    fn start_disconnect(self) -> Result<Leave<'res>> {
         let Connection { conn, qp, peer, device, .. } = self;
         qp.flush()?;
         if conn.phase() == DONE {
-            return Ok(Disconnecting::Closed(ClosedConnection { qp, peer }));
+            return Ok(Leave::Closed(ClosedConnection { qp, peer }));
         }
         // SAFETY: live, connected identifier.
         let rc = unsafe { ffi::rdma_disconnect(conn.id.as_ptr()) };
         conn.set_phase(DONE);
         crate::error::check(DISCONNECT, rc).map_err(|e| e.on_device(&device))?;
-        Ok(Disconnecting::Waiting(Leaving { conn, qp, peer, device }))
+        Ok(Leave::Waiting(Leaving { conn, qp, peer, device }))
     }
 
-    /// Waits up to `timeout` for the peer to disconnect (`RDMA_CM_EVENT_DISCONNECTED`), then
-    /// completes the disconnect on this side (`rdma_disconnect()`, flushing the QP).
+    /// Waits for the peer to disconnect (`RDMA_CM_EVENT_DISCONNECTED`), then completes the
+    /// disconnect on this side (`rdma_disconnect()`, flushing the QP): a [`PeerDisconnect`] to
+    /// [`wait`](crate::Pending::wait) for or `.await`.
     ///
     /// # Errors
-    /// [`Error::Timeout`] when the peer stays; [`Error::UnexpectedEvent`]; [`Error::Verbs`]
-    /// when the QP cannot be flushed. Each names the device.
+    /// When waited for: [`Error::Timeout`] when the peer stays; [`Error::UnexpectedEvent`];
+    /// [`Error::Verbs`] when the QP cannot be flushed. Each names the device.
     #[doc(alias = "rdma_disconnect")]
+    pub fn peer_disconnect(self) -> PeerDisconnect<'res> {
+        PeerDisconnect { conn: self }
+    }
+
+    /// `self.peer_disconnect().wait(timeout)`.
+    ///
+    /// # Errors
+    /// As [`peer_disconnect`](Self::peer_disconnect).
+    #[doc(alias = "rdma_disconnect")]
+    #[deprecated(since = "0.1.0", note = "use `peer_disconnect().wait(timeout)`")]
     pub fn wait_disconnected(self, timeout: Duration) -> Result<ClosedConnection<'res>> {
-        self.conn
-            .id
-            .wait_for(timeout, WAIT_DISCONNECTED, || self.disconnected_step())
-            .map_err(|e| self.on_device(e))?;
-        self.into_closed()
+        self.peer_disconnect().wait(timeout)
     }
 
     /// After the peer's disconnect: the QP flushed, the identifier destroyed.
@@ -381,49 +385,48 @@ impl<'res> Connection<'res> {
         self.conn.id.wait_for_async(WAIT_DISCONNECTED, || self.disconnected_step()).await.map_err(|e| self.on_device(e))
     }
 
-    /// The async form of [`wait_disconnected`](Self::wait_disconnected): awaits the peer's
-    /// disconnect ([`disconnected_async`](Self::disconnected_async)), then flushes the QP and
-    /// destroys the identifier. No timeout: bound it with `tokio::time::timeout`.
-    ///
-    /// Cancellation: dropping the future drops the connection, as dropping it does (this side
-    /// disconnects, without waiting).
+    /// `self.peer_disconnect().await`.
     ///
     /// # Errors
-    /// As [`disconnected_async`](Self::disconnected_async); [`Error::Verbs`] when the QP cannot
-    /// be flushed.
+    /// As [`peer_disconnect`](Self::peer_disconnect).
     #[doc(alias = "rdma_disconnect")]
+    #[deprecated(since = "0.1.0", note = "use `peer_disconnect().await`")]
     pub async fn wait_disconnected_async(self) -> Result<ClosedConnection<'res>> {
-        self.disconnected_async().await?;
-        self.into_closed()
+        self.peer_disconnect().await
     }
 
-    /// The async form of [`disconnect`](Self::disconnect): flushes the QP, calls
-    /// `rdma_disconnect()` and awaits `RDMA_CM_EVENT_DISCONNECTED` (the peer's reply, or the CM
-    /// giving up on it, which takes the CM's own timeout when the peer is gone). No timeout of
-    /// ours: bound it with `tokio::time::timeout`. The advice of `disconnect` on which side
-    /// should disconnect holds here too.
-    ///
-    /// Cancellation: once `rdma_disconnect()` is sent, dropping the future only destroys the
-    /// identifier (`rdma_destroy_id`, which does not wait for the peer) and the QP; the peer has
-    /// been told either way.
+    /// `self.disconnect().await`.
     ///
     /// # Errors
-    /// As [`disconnect`](Self::disconnect), without [`Error::Timeout`]; [`Error::NoRuntime`]
-    /// outside a Tokio runtime, before anything is sent.
+    /// As [`disconnect`](Self::disconnect).
     #[doc(alias = "rdma_disconnect")]
+    #[deprecated(since = "0.1.0", note = "use `disconnect().await`")]
     pub async fn disconnect_async(self) -> Result<ClosedConnection<'res>> {
-        self.conn.id.register(DISCONNECT).map_err(|e| self.on_device(e))?;
-        match self.start_disconnect()? {
-            Disconnecting::Closed(closed) => Ok(closed),
-            Disconnecting::Waiting(leaving) => {
-                let waited = leaving
-                    .conn
-                    .id
-                    .expect_async(EventKind::Disconnected, DISCONNECT, DISCONNECTING, leaving.peer)
-                    .await;
+        self.disconnect().await
+    }
+}
+
+impl<'res> Disconnecting<'res> {
+    /// Flushes the QP, `rdma_disconnect()`, then the wait for the peer's answer.
+    pub(crate) async fn run(self, how: &Waiting) -> Result<ClosedConnection<'res>> {
+        match self.conn.start_disconnect()? {
+            Leave::Closed(closed) => Ok(closed),
+            Leave::Waiting(leaving) => {
+                let (id, peer) = (&leaving.conn.id, leaving.peer);
+                let waited = id.expect_as(how, EventKind::Disconnected, DISCONNECT, DISCONNECTING, peer).await;
                 leaving.finish(waited)
             }
         }
+    }
+}
+
+impl<'res> PeerDisconnect<'res> {
+    /// The wait for the peer's disconnect, then this side closed.
+    pub(crate) async fn run(self, how: &Waiting) -> Result<ClosedConnection<'res>> {
+        let conn = self.conn;
+        let step = || conn.disconnected_step();
+        conn.conn.id.wait_as(how, Duration::MAX, WAIT_DISCONNECTED, step).await.map_err(|e| conn.on_device(e))?;
+        conn.into_closed()
     }
 }
 

@@ -3,9 +3,7 @@
 use std::marker::PhantomData;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
-use std::time::{Duration, Instant};
-
-use rdma_verbs::Deadline;
+use std::time::Duration;
 
 use rdma_verbs::ffi;
 use rdma_verbs::{AccessFlags, Init, QueuePair, Rc, ReadyToSend, Reset};
@@ -16,6 +14,7 @@ use crate::error::{check, Error, Result};
 use crate::event::{EventKind, RawEvent};
 use crate::listener::Listener;
 use crate::params::{ConnParams, MAX_CONNECT_PRIVATE_DATA};
+use crate::pending::{Connecting, OwnedParams, Resolving, ResolvingAddress, ResolvingRoute, Waiting};
 use crate::raw_id::RawId;
 
 mod sealed {
@@ -91,7 +90,8 @@ impl Bound for RouteResolved {}
 /// ```
 ///
 /// Each step consumes the identifier and returns it in its next state, or an error (the
-/// identifier is then destroyed). Each step's wait is bounded by the timeout it takes.
+/// identifier is then destroyed). A step that waits for the CM returns a
+/// [pending value](crate::pending) first: `.wait(timeout)` or `.await` it.
 ///
 /// # References
 /// - [`rdma_create_id(3)`](https://man7.org/linux/man-pages/man3/rdma_create_id.3.html)
@@ -128,7 +128,7 @@ impl<S: IdState> AsRawFd for CmId<S> {
 const RESOLVE_ATTEMPT: Duration = Duration::from_millis(250);
 
 /// A timeout as librdmacm's milliseconds: at least 1 ms, and at most `c_int::MAX` (a longer
-/// one, such as `Duration::MAX`, is "no deadline" for our own wait; see [`Deadline`]).
+/// one, such as `Duration::MAX`, is "no deadline" for our own wait; see [`Deadline`](rdma_verbs::Deadline)).
 fn timeout_ms(verb: &'static str, timeout: Duration) -> Result<libc::c_int> {
     match libc::c_int::try_from(timeout.as_millis()) {
         Ok(0) => Err(Error::invalid(verb, format!("timeout {timeout:?}: must be at least 1 ms"))),
@@ -183,18 +183,20 @@ impl CmId<Idle> {
     }
 
     /// Resolves `dst` to a local RDMA device and port, leaving from `src` if given:
-    /// `rdma_resolve_addr()`, then waits for `RDMA_CM_EVENT_ADDR_RESOLVED`. The device and
-    /// local address it binds the identifier to are read once, here.
+    /// `rdma_resolve_addr()`, then waits for `RDMA_CM_EVENT_ADDR_RESOLVED`: a
+    /// [`ResolvingAddress`] to `.wait(timeout)` for or `.await`; nothing is done before then. The
+    /// device and local address it binds the identifier to are read once, then.
     ///
     /// # Errors
-    /// [`Error::AddressResolution`] with the `errno` the CM reported, from the call or its event:
+    /// When waited for: [`Error::AddressResolution`] with the `errno` the CM reported, from the call or its event:
     /// `ENODEV` when `src`, or the interface the route to `dst` leaves through, has no RDMA
     /// device; `EADDRNOTAVAIL` for a `src` that is not local; `ENETUNREACH` without a route.
-    /// [`Error::Timeout`] when the neighbour did not answer within `timeout`.
+    /// [`Error::Timeout`] when the neighbour did not answer within the wait's `timeout` (an
+    /// awaited resolution asks again until its future is dropped).
     /// [`Error::Incomplete`] if librdmacm resolved the address but reports no device or local
     /// address for it.
     ///
-    /// The kernel is asked in attempts of 250 ms, repeated until `timeout`: Linux only re-reads
+    /// The kernel is asked in attempts of 250 ms, repeated until the wait ends: Linux only re-reads
     /// its neighbour table when a resolution's own timer fires if the ARP reply came before the
     /// request was queued, which would otherwise stall the first resolution to a fresh neighbour
     /// for the whole timeout.
@@ -202,30 +204,8 @@ impl CmId<Idle> {
     /// # References
     /// - [`rdma_resolve_addr(3)`](https://man7.org/linux/man-pages/man3/rdma_resolve_addr.3.html)
     #[doc(alias = "rdma_resolve_addr")]
-    pub fn resolve_addr(
-        self,
-        src: Option<SocketAddr>,
-        dst: SocketAddr,
-        timeout: Duration,
-    ) -> Result<CmId<AddressResolved>> {
-        timeout_ms("rdma_resolve_addr", timeout)?;
-        let deadline = Deadline::after(timeout);
-        let mut addrs = AddrQuery::new(src, dst);
-        loop {
-            // The kernel re-checks the neighbour table only when its own timer fires if the ARP
-            // reply beat the request onto its queue (a race veth hits on the first resolution),
-            // so ask for short attempts and repeat them until our deadline.
-            let attempt = deadline.remaining().min(RESOLVE_ATTEMPT).max(Duration::from_millis(1));
-            self.start_resolve_addr(&mut addrs, attempt)?;
-            let wait = deadline.remaining().saturating_add(Duration::from_millis(50));
-            match self.id.expect(EventKind::AddressResolved, wait, RESOLVE_ADDR, RESOLVING_ADDR, dst) {
-                Ok(_) => return self.address_resolved(dst),
-                Err(e) if e.is_timeout() && deadline.has_passed() => {
-                    return Err(Error::Timeout { what: RESOLVE_ADDR, device: None, after: timeout })
-                }
-                Err(e) => retry_resolution(e)?,
-            }
-        }
+    pub fn resolve_addr(self, src: Option<SocketAddr>, dst: SocketAddr) -> ResolvingAddress {
+        ResolvingAddress { id: self, src, dst }
     }
 
     /// `rdma_resolve_addr()` for one attempt of `attempt`: its event comes within it, an
@@ -253,15 +233,12 @@ impl CmId<Idle> {
     }
 
     /// [`resolve_addr`](Self::resolve_addr) then [`resolve_route`](CmId::resolve_route), both
-    /// within one `timeout`.
+    /// within one wait: a [`Resolving`] to [`wait`](crate::Pending::wait) for or `.await`.
     ///
     /// # Errors
-    /// Those of the two steps.
-    pub fn resolve(self, src: Option<SocketAddr>, dst: SocketAddr, timeout: Duration) -> Result<CmId<RouteResolved>> {
-        let start = Instant::now();
-        let id = self.resolve_addr(src, dst, timeout)?;
-        let left = timeout.saturating_sub(start.elapsed()).max(Duration::from_millis(1));
-        id.resolve_route(left)
+    /// Those of the two steps, when waited for.
+    pub fn resolve(self, src: Option<SocketAddr>, dst: SocketAddr) -> Resolving {
+        Resolving { addr: self.resolve_addr(src, dst) }
     }
 
     /// Binds to `addr` and listens: `rdma_bind_addr()` then `rdma_listen()`. Port 0 picks a
@@ -300,24 +277,20 @@ const RESOLVING_ROUTE: &str = "resolving a route";
 
 impl CmId<AddressResolved> {
     /// Resolves the route to the destination: `rdma_resolve_route()`, then waits for
-    /// `RDMA_CM_EVENT_ROUTE_RESOLVED`.
+    /// `RDMA_CM_EVENT_ROUTE_RESOLVED`: a [`ResolvingRoute`] to `.wait(timeout)` for or
+    /// `.await`; nothing is done before then.
     ///
     /// # Errors
-    /// [`Error::RouteResolution`]; [`Error::Timeout`]. Each names the device.
+    /// When waited for: [`Error::RouteResolution`]; [`Error::Timeout`]. Each names the device.
     ///
     /// # References
     /// - [`rdma_resolve_route(3)`](https://man7.org/linux/man-pages/man3/rdma_resolve_route.3.html)
     #[doc(alias = "rdma_resolve_route")]
-    pub fn resolve_route(self, timeout: Duration) -> Result<CmId<RouteResolved>> {
-        self.start_resolve_route(timeout)?;
-        let (dst, device) = (self.known.peer, &self.known.device);
-        self.id
-            .expect(EventKind::RouteResolved, timeout, RESOLVE_ROUTE, RESOLVING_ROUTE, dst)
-            .map_err(|e| e.on_device(device))?;
-        Ok(self.route_resolved())
+    pub fn resolve_route(self) -> ResolvingRoute {
+        ResolvingRoute { id: self }
     }
 
-    /// `rdma_resolve_route()`, the kernel's own timer set to `timeout`.
+    /// `rdma_resolve_route()`, the kernel's own timer set to `timeout` (what is left of the wait).
     fn start_resolve_route(&self, timeout: Duration) -> Result<()> {
         let on_device = |e: Error| e.on_device(&self.known.device);
         let ms = timeout_ms(RESOLVE_ROUTE, timeout).map_err(on_device)?;
@@ -390,14 +363,16 @@ impl CmId<RouteResolved> {
     /// (`RDMA_CM_EVENT_CONNECT_RESPONSE`) moves the QP to `ReadyToSend` with the path, peer QP
     /// and PSNs the CM negotiated, and completes the handshake with `rdma_establish()`.
     ///
-    /// The whole exchange is bounded by `timeout`.
+    /// A [`Connecting`] to `.wait(timeout)` for (the whole exchange within `timeout`) or
+    /// `.await`; nothing is sent before then.
     ///
     /// # Errors
+    /// When waited for:
     /// - [`Error::NoListener`]: the peer's CM answered that nothing listens on the port.
     /// - [`Error::Rejected`]: the peer rejected, with its reason and private data.
     /// - [`Error::Unreachable`], [`Error::ConnectError`]: the CM gave up.
     /// - [`Error::PeerDisconnected`]: the peer left during the handshake.
-    /// - [`Error::Timeout`]: no answer within `timeout`.
+    /// - [`Error::Timeout`]: no answer within the wait's `timeout`.
     /// - [`Error::InvalidArgument`]: more than [`MAX_CONNECT_PRIVATE_DATA`] bytes of private
     ///   data, retry counts over 7, or an ACK timeout outside 1..=31.
     /// - [`Error::DeviceMismatch`], [`Error::Verbs`], [`Error::Cm`] as for
@@ -411,30 +386,8 @@ impl CmId<RouteResolved> {
     /// - [`rdma_establish(3)`](https://man7.org/linux/man-pages/man3/rdma_establish.3.html)
     #[doc(alias = "rdma_connect")]
     #[doc(alias = "rdma_establish")]
-    pub fn connect<'res>(
-        self,
-        qp: QueuePair<'res, Rc, Init>,
-        params: &ConnParams<'_>,
-        timeout: Duration,
-    ) -> Result<Connection<'res>> {
-        let CmId { id, known, .. } = self;
-        match Self::handshake(&id, &known, qp, params, timeout) {
-            Ok((qp, peer_params)) => Ok(Connection::new(qp, id, known.peer, known.local, known.device, peer_params)),
-            Err(e) => Err(e.on_device(&known.device)),
-        }
-    }
-
-    /// `connect`'s steps, with errors that do not name the device yet.
-    fn handshake<'res>(
-        id: &RawId,
-        known: &Resolved,
-        qp: QueuePair<'res, Rc, Init>,
-        params: &ConnParams<'_>,
-        timeout: Duration,
-    ) -> Result<(QueuePair<'res, Rc, ReadyToSend>, crate::PeerParams)> {
-        Self::start_connect(id, &qp, params)?;
-        let ev = id.expect(EventKind::ConnectResponse, timeout, CONNECT, CONNECTING, known.peer)?;
-        Self::finish_connect(id, known, qp, params, ev)
+    pub fn connect<'res>(self, qp: QueuePair<'res, Rc, Init>, params: &ConnParams<'_>) -> Connecting<'res> {
+        Connecting { id: self, qp, params: OwnedParams::new(params) }
     }
 
     /// `rdma_connect()` with `qp`'s number and `params`.
@@ -472,103 +425,113 @@ impl CmId<RouteResolved> {
 const CONNECT: &str = "rdma_connect";
 const CONNECTING: &str = "connecting";
 
-/// The async front (feature `tokio`): each step as the blocking one, awaiting its event on the
-/// runtime instead of blocking the thread, without a timeout of its own.
-#[cfg(feature = "tokio")]
-impl CmId<Idle> {
-    /// The async form of [`resolve_addr`](Self::resolve_addr): `rdma_resolve_addr()`, then
-    /// awaits `RDMA_CM_EVENT_ADDR_RESOLVED`, asking again in 250 ms attempts (as
-    /// `resolve_addr` does) until the address resolves or fails otherwise. It takes no timeout:
-    /// bound it with `tokio::time::timeout`.
-    ///
-    /// Cancellation: dropping the future destroys the identifier (`rdma_destroy_id`), which
-    /// cancels the resolution; nothing is left behind.
-    ///
-    /// # Errors
-    /// As [`resolve_addr`](Self::resolve_addr), without [`Error::Timeout`] (a neighbour that
-    /// never answers is asked again until the future is dropped); [`Error::NoRuntime`] outside
-    /// a Tokio runtime, before any call is made.
-    #[doc(alias = "rdma_resolve_addr")]
-    pub async fn resolve_addr_async(self, src: Option<SocketAddr>, dst: SocketAddr) -> Result<CmId<AddressResolved>> {
-        self.id.register(RESOLVE_ADDR)?;
+impl ResolvingAddress {
+    /// The resolution, in attempts of [`RESOLVE_ATTEMPT`] until the address resolves, fails
+    /// otherwise, or the wait ends.
+    pub(crate) async fn run(self, how: &Waiting) -> Result<CmId<AddressResolved>> {
+        let ResolvingAddress { id, src, dst } = self;
+        if let Some(timeout) = how.timeout() {
+            timeout_ms(RESOLVE_ADDR, timeout)?;
+        }
         let mut addrs = AddrQuery::new(src, dst);
         loop {
-            self.start_resolve_addr(&mut addrs, RESOLVE_ATTEMPT)?;
-            match self.id.expect_async(EventKind::AddressResolved, RESOLVE_ADDR, RESOLVING_ADDR, dst).await {
-                Ok(_) => return self.address_resolved(dst),
+            // The kernel re-checks the neighbour table only when its own timer fires if the ARP
+            // reply beat the request onto its queue (a race veth hits on the first resolution),
+            // so ask for short attempts and repeat them until our deadline.
+            let attempt = how.remaining().min(RESOLVE_ATTEMPT).max(Duration::from_millis(1));
+            id.start_resolve_addr(&mut addrs, attempt)?;
+            // A little past the deadline: the attempt's own timeout comes first.
+            let wait = how.extended(Duration::from_millis(50));
+            match id.id.expect_as(&wait, EventKind::AddressResolved, RESOLVE_ADDR, RESOLVING_ADDR, dst).await {
+                Ok(_) => return id.address_resolved(dst),
+                Err(e) if e.is_timeout() && how.has_passed() => return Err(how.timed_out(RESOLVE_ADDR)),
                 Err(e) => retry_resolution(e)?,
             }
         }
     }
-
-    /// The async form of [`resolve`](Self::resolve):
-    /// [`resolve_addr_async`](Self::resolve_addr_async) then
-    /// [`resolve_route_async`](CmId::resolve_route_async). No timeout: bound it with
-    /// `tokio::time::timeout`.
-    ///
-    /// Cancellation: dropping the future destroys the identifier; nothing is left behind.
-    ///
-    /// # Errors
-    /// Those of the two steps.
-    pub async fn resolve_async(self, src: Option<SocketAddr>, dst: SocketAddr) -> Result<CmId<RouteResolved>> {
-        self.resolve_addr_async(src, dst).await?.resolve_route_async().await
-    }
 }
 
-#[cfg(feature = "tokio")]
-impl CmId<AddressResolved> {
-    /// The async form of [`resolve_route`](Self::resolve_route): `rdma_resolve_route()`, then
-    /// awaits `RDMA_CM_EVENT_ROUTE_RESOLVED`. No timeout of ours (the kernel's is set as for
-    /// `Duration::MAX`): bound it with `tokio::time::timeout`.
-    ///
-    /// Cancellation: dropping the future destroys the identifier; nothing is left behind.
-    ///
-    /// # Errors
-    /// [`Error::RouteResolution`]; [`Error::NoRuntime`] outside a Tokio runtime, before any
-    /// call is made. Each names the device.
-    #[doc(alias = "rdma_resolve_route")]
-    pub async fn resolve_route_async(self) -> Result<CmId<RouteResolved>> {
-        let (dst, device) = (self.known.peer, &self.known.device);
-        self.id.register(RESOLVE_ROUTE).map_err(|e| e.on_device(device))?;
-        self.start_resolve_route(Duration::MAX)?;
-        self.id
-            .expect_async(EventKind::RouteResolved, RESOLVE_ROUTE, RESOLVING_ROUTE, dst)
+impl ResolvingRoute {
+    /// `rdma_resolve_route()`, then the wait for `RDMA_CM_EVENT_ROUTE_RESOLVED`.
+    pub(crate) async fn run(self, how: &Waiting) -> Result<CmId<RouteResolved>> {
+        let id = self.id;
+        let (dst, device) = (id.known.peer, &id.known.device);
+        if let Some(timeout) = how.timeout() {
+            timeout_ms(RESOLVE_ROUTE, timeout).map_err(|e| e.on_device(device))?;
+        }
+        id.start_resolve_route(how.remaining().max(Duration::from_millis(1)))?;
+        id.id
+            .expect_as(how, EventKind::RouteResolved, RESOLVE_ROUTE, RESOLVING_ROUTE, dst)
             .await
             .map_err(|e| e.on_device(device))?;
-        Ok(self.route_resolved())
+        Ok(id.route_resolved())
     }
 }
 
-#[cfg(feature = "tokio")]
-impl CmId<RouteResolved> {
-    /// The async form of [`connect`](Self::connect): `rdma_connect()`, awaits the peer's
-    /// acceptance, moves the QP to `ReadyToSend` and calls `rdma_establish()`. No timeout: bound
-    /// it with `tokio::time::timeout`.
-    ///
-    /// Cancellation: dropping the future destroys the identifier, which tells the peer's CM (a
-    /// REJ or DREQ), and the QP, as an error does.
-    ///
-    /// # Errors
-    /// As [`connect`](Self::connect), without [`Error::Timeout`] of ours (the CM's own
-    /// `ETIMEDOUT` still comes as [`Error::Unreachable`]); [`Error::NoRuntime`] outside a Tokio
-    /// runtime, before anything is sent.
-    #[doc(alias = "rdma_connect")]
-    #[doc(alias = "rdma_establish")]
-    pub async fn connect_async<'res>(
-        self,
-        qp: QueuePair<'res, Rc, Init>,
-        params: &ConnParams<'_>,
-    ) -> Result<Connection<'res>> {
-        let CmId { id, known, .. } = self;
+impl<'res> Connecting<'res> {
+    /// `rdma_connect()`, the wait for the peer's acceptance, the QP to `ReadyToSend`,
+    /// `rdma_establish()`.
+    pub(crate) async fn run(self, how: &Waiting) -> Result<Connection<'res>> {
+        let Connecting { id: CmId { id, known, .. }, qp, params } = self;
+        let params = params.get();
         let handshake = async {
-            id.register(CONNECT)?;
-            Self::start_connect(&id, &qp, params)?;
-            let ev = id.expect_async(EventKind::ConnectResponse, CONNECT, CONNECTING, known.peer).await?;
-            Self::finish_connect(&id, &known, qp, params, ev)
+            CmId::<RouteResolved>::start_connect(&id, &qp, &params)?;
+            let ev = id.expect_as(how, EventKind::ConnectResponse, CONNECT, CONNECTING, known.peer).await?;
+            CmId::<RouteResolved>::finish_connect(&id, &known, qp, &params, ev)
         };
         match handshake.await {
             Ok((qp, peer_params)) => Ok(Connection::new(qp, id, known.peer, known.local, known.device, peer_params)),
             Err(e) => Err(e.on_device(&known.device)),
         }
+    }
+}
+
+/// The async names of the transitions, before they returned pending values (feature `tokio`).
+#[cfg(feature = "tokio")]
+impl CmId<Idle> {
+    /// `self.resolve_addr(src, dst).await`.
+    ///
+    /// # Errors
+    /// As [`resolve_addr`](Self::resolve_addr).
+    #[deprecated(since = "0.1.0", note = "use `resolve_addr(src, dst).await`")]
+    pub async fn resolve_addr_async(self, src: Option<SocketAddr>, dst: SocketAddr) -> Result<CmId<AddressResolved>> {
+        self.resolve_addr(src, dst).await
+    }
+
+    /// `self.resolve(src, dst).await`.
+    ///
+    /// # Errors
+    /// As [`resolve`](Self::resolve).
+    #[deprecated(since = "0.1.0", note = "use `resolve(src, dst).await`")]
+    pub async fn resolve_async(self, src: Option<SocketAddr>, dst: SocketAddr) -> Result<CmId<RouteResolved>> {
+        self.resolve(src, dst).await
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl CmId<AddressResolved> {
+    /// `self.resolve_route().await`.
+    ///
+    /// # Errors
+    /// As [`resolve_route`](Self::resolve_route).
+    #[deprecated(since = "0.1.0", note = "use `resolve_route().await`")]
+    pub async fn resolve_route_async(self) -> Result<CmId<RouteResolved>> {
+        self.resolve_route().await
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl CmId<RouteResolved> {
+    /// `self.connect(qp, params).await`.
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect).
+    #[deprecated(since = "0.1.0", note = "use `connect(qp, params).await`")]
+    pub async fn connect_async<'res>(
+        self,
+        qp: QueuePair<'res, Rc, Init>,
+        params: &ConnParams<'_>,
+    ) -> Result<Connection<'res>> {
+        self.connect(qp, params).await
     }
 }

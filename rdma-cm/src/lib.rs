@@ -12,13 +12,27 @@
 //! active:  CmId<Idle> -resolve_addr-> CmId<AddressResolved> -resolve_route-> CmId<RouteResolved>
 //!          -init_qp, connect-> Connection -disconnect-> ClosedConnection
 //! passive: CmId<Idle> -listen-> Listener -recv_request-> ConnectRequest
-//!          -init_qp, accept-> Connection -wait_disconnected-> ClosedConnection
+//!          -init_qp, accept-> Connection -peer_disconnect-> ClosedConnection
 //!                                 ConnectRequest -reject-> ()
 //! ```
 //!
-//! Each transition consumes its input and returns the next state, or an [`Error`] after
+//! Each transition consumes its input and gives the next state, or an [`Error`] after
 //! destroying what it consumed (identifier, then QP); destroying an identifier mid-handshake
-//! tells the peer's CM (a REJ or a DREQ).
+//! tells the peer's CM (a REJ or a DREQ). A transition that waits for an event returns a
+//! [pending value](pending) first, which does nothing until it is finished one of two ways:
+//! `.wait(timeout)` blocks the thread, and (feature `tokio`) `.await` waits on the runtime:
+//!
+//! ```no_run
+//! # fn f() -> rdma_cm::Result<()> {
+//! # let (src, dst, t) = (None, "10.77.0.1:7471".parse().unwrap(), std::time::Duration::from_secs(2));
+//! let id = rdma_cm::CmId::new()?.resolve(src, dst).wait(t)?;
+//! # Ok(()) }
+//! # #[cfg(feature = "tokio")]
+//! # async fn g() -> rdma_cm::Result<()> {
+//! # let (src, dst) = (None, "10.77.0.1:7471".parse().unwrap());
+//! let id = rdma_cm::CmId::new()?.resolve(src, dst).await?;
+//! # Ok(()) }
+//! ```
 //!
 //! The connection's queue pair is an ordinary `rdma-verbs` [`QueuePair`](rdma_verbs::QueuePair)
 //! created by the caller on a context, PD and CQs of their choosing (open the context on the
@@ -39,13 +53,11 @@
 //! | [`Listener::recv_request`] | `rdma_get_cm_event`, `rdma_migrate_id` | `CONNECT_REQUEST` | |
 //! | [`ConnectRequest::accept`] | `rdma_accept` | `ESTABLISHED` | `CONNECT_ERROR`, `REJECTED`; `DISCONNECTED`: [`Error::PeerDisconnected`] |
 //! | [`Connection::disconnect`] | `rdma_disconnect` | `DISCONNECTED` (the peer's reply) | |
-//! | [`Connection::wait_disconnected`] | `rdma_disconnect` once the event came | `DISCONNECTED` (the peer leaving) | |
+//! | [`Connection::peer_disconnect`] | `rdma_disconnect` once the event came | `DISCONNECTED` (the peer leaving) | |
 //!
-//! With the `tokio` feature, each of these calls has an async form named with `_async`
-//! (`CmId::resolve_addr_async`, `resolve_route_async`, `resolve_async`, `connect_async`,
-//! `Listener::recv_request_async`, `ConnectRequest::accept_async`,
-//! `Connection::disconnect_async`, `wait_disconnected_async`, `recv_event_async`) that waits for
-//! the same event the same way (see [Async](#async-feature-tokio)).
+//! Each pending value's `.await` (feature `tokio`) runs the same body as its `.wait(timeout)`,
+//! with only the wait swapped; the receives have `recv_*_async` forms (`Listener::recv_request_async`,
+//! `Connection::recv_event_async`). See [Async](#async-feature-tokio).
 //!
 //! In every wait, `ADDR_CHANGE` and `TIMEWAIT_EXIT` are skipped, `DEVICE_REMOVAL` becomes
 //! [`Error::DeviceRemoved`], any other event [`Error::UnexpectedEvent`], and no event before the
@@ -120,13 +132,13 @@
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 //! let t = Duration::from_secs(2);
-//! let id = CmId::new()?.resolve(None, "10.77.0.1:7471".parse()?, t)?;
+//! let id = CmId::new()?.resolve(None, "10.77.0.1:7471".parse()?).wait(t)?;
 //! let ctx = id.open_context()?;
 //! let pd = ctx.alloc_pd()?;
 //! let cq = ctx.create_cq(16, None)?;
 //! let qp = pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq))?;
 //! let qp = id.init_qp(qp, AccessFlags::empty())?;
-//! let conn = id.connect(qp, &ConnParams::new().private_data(b"hello"), t)?;
+//! let conn = id.connect(qp, &ConnParams::new().private_data(b"hello")).wait(t)?;
 //!
 //! let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE)?;
 //! mr.write_at(0, b"ping")?;
@@ -137,7 +149,7 @@
 //!     s.wait(1, &mut wc, t)?;
 //!     Ok(())
 //! })?;
-//! conn.disconnect(t)?;
+//! conn.disconnect().wait(t)?;
 //! # Ok(())
 //! # }
 //! ```
@@ -161,7 +173,7 @@
 //! let pd = ctx.alloc_pd()?;
 //! let cq = ctx.create_cq(16, None)?;
 //! let qp = req.init_qp(pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq))?, AccessFlags::empty())?;
-//! let conn = req.accept(qp, &ConnParams::new().private_data(b"welcome"), t)?;
+//! let conn = req.accept(qp, &ConnParams::new().private_data(b"welcome")).wait(t)?;
 //!
 //! let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE)?;
 //! conn.qp().scope(t, |s| -> rdma_cm::Result<()> {
@@ -171,7 +183,7 @@
 //!     s.wait(1, &mut wc, t)?;
 //!     Ok(())
 //! })?;
-//! conn.wait_disconnected(t)?;
+//! conn.peer_disconnect().wait(t)?;
 //! # Ok(())
 //! # }
 //! ```
@@ -198,9 +210,9 @@
 //!         let qp = pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq))?;
 //!         let qp = req.init_qp(qp, AccessFlags::empty())?;
 //!         let params = ConnParams::new().private_data(b"welcome");
-//!         let conn = timeout(t, req.accept_async(qp, &params)).await??;
+//!         let conn = timeout(t, req.accept(qp, &params)).await??;
 //!         // ... work on conn.qp() ...
-//!         conn.wait_disconnected_async().await?;
+//!         conn.peer_disconnect().await?;
 //!         Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
 //!     });
 //! }
@@ -211,13 +223,15 @@
 //! # Waiting
 //! As in `rdma-verbs` (its crate docs, "Waiting: one vocabulary"): `recv_*(timeout)` waits up to
 //! `timeout` for the next event or request, `try_recv_*()` never blocks, and (feature `tokio`)
-//! `*_async()` awaits without a timeout of its own.
+//! `*_async()` awaits without a timeout of its own. A transition is a [`Pending`] value:
+//! `.wait(timeout)`, or `.await`.
 //!
 //! # Async (feature `tokio`)
 //!
-//! The feature adds an async form of every wait, `x_async()` beside `x(timeout)` and
-//! `try_x()`. Each is the blocking call with only its wait swapped: the same librdmacm calls,
-//! the same event, the same errors, except that it takes **no timeout**: compose with
+//! The feature makes every pending value awaitable ([`IntoFuture`](std::future::IntoFuture))
+//! and adds `recv_x_async()` beside `recv_x(timeout)` and `try_recv_x()`. Each is the blocking
+//! call with only its wait swapped: the same librdmacm calls, the same event, the same errors,
+//! except that it takes **no timeout**: compose with
 //! `tokio::time::timeout` (or a `tokio::select!` arm) instead. Each wait registers a duplicate
 //! of the identifier's event-channel fd with the reactor of the runtime it runs on (tokio's
 //! `AsyncFd`) and deregisters it when it ends, so an identifier is bound to no runtime: it may
@@ -233,9 +247,8 @@
 //!   `Connection::disconnected_async` and `Events::next` (from `Connection::events`) are
 //!   cancellation-safe in the `tokio::select!` sense: a dropped future took nothing, the next
 //!   call gets what it would have got;
-//! - the steps that consume their input (`resolve*_async`, `connect_async`, `accept_async`,
-//!   `disconnect_async`, `wait_disconnected_async`) drop it when dropped, which is what an error
-//!   does: the identifier is destroyed, which tells the peer's CM, and the QP is destroyed.
+//! - the transitions (awaited pending values: `resolve*`, `connect`, `accept`, `disconnect`,
+//!   `peer_disconnect`) drop their input when dropped, which is what an error does: the identifier is destroyed, which tells the peer's CM, and the QP is destroyed.
 //!
 //! Several tasks (and threads) may wait on one listener or one connection: each request or event
 //! goes to one of them, and a peer's disconnect is seen by all (`disconnected_async`,
@@ -245,8 +258,8 @@
 //! system calls and waits for no peer: `rdma_reject` or `rdma_disconnect` (which send a REJ or a
 //! DREQ and return), `rdma_destroy_id` (which waits only for unacknowledged events, and this crate
 //! acknowledges each one as it reads it), closing the channel, and `ibv_destroy_qp`. So dropping
-//! a [`Connection`] inside a task is fine; `disconnect_async` is the graceful close, for a caller
-//! that wants the peer's reply.
+//! a [`Connection`] inside a task is fine; `disconnect().await` is the graceful close, for a
+//! caller that wants the peer's reply.
 //!
 //! # Events and file descriptors
 //!
@@ -307,6 +320,7 @@ mod event;
 mod id;
 mod listener;
 mod params;
+pub mod pending;
 mod raw_id;
 
 #[cfg(feature = "tokio")]
@@ -317,6 +331,11 @@ pub use event::{Event, EventKind, PeerParams};
 pub use id::{AddressResolved, Bound, CmId, IdState, Idle, RouteResolved};
 pub use listener::{ConnectRequest, Listener};
 pub use params::{ConnParams, MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA};
+#[cfg(feature = "tokio")]
+pub use pending::PendingFuture;
+pub use pending::{
+    Accepting, Connecting, Disconnecting, PeerDisconnect, Pending, Resolving, ResolvingAddress, ResolvingRoute,
+};
 
 /// The `rdma-verbs` crate this crate's queue pairs come from.
 pub use rdma_verbs as verbs;

@@ -15,6 +15,7 @@ use crate::error::{check, Error, Result};
 use crate::event::{Event, EventKind, PeerParams};
 use crate::id::CmId;
 use crate::params::{ConnParams, MAX_ACCEPT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA};
+use crate::pending::{block_on, Accepting, OwnedParams, Waiting};
 use crate::raw_id::RawId;
 
 /// The call and the state accepting names in its errors.
@@ -269,53 +270,37 @@ impl ConnectRequest {
     }
 
     /// Accepts with `qp`: moves it to `ReadyToSend` with the path, peer QP and PSNs from the
-    /// request, calls `rdma_accept()`, and waits up to `timeout` for `RDMA_CM_EVENT_ESTABLISHED`.
+    /// request, calls `rdma_accept()`, and waits for `RDMA_CM_EVENT_ESTABLISHED`: an
+    /// [`Accepting`] to [`wait`](crate::Pending::wait) for or `.await`. Nothing is done before then.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for more than [`MAX_ACCEPT_PRIVATE_DATA`] bytes of private
-    /// data; [`Error::Timeout`]; [`Error::ConnectError`] or [`Error::Rejected`] when the peer
-    /// gave up meanwhile, [`Error::PeerDisconnected`] when it left; [`Error::DeviceMismatch`],
-    /// [`Error::Verbs`], [`Error::Cm`]. Each names the device. On error the identifier and the
-    /// QP are destroyed (the peer is told).
+    /// When waited for: [`Error::InvalidArgument`] for more than [`MAX_ACCEPT_PRIVATE_DATA`]
+    /// bytes of private data; [`Error::Timeout`]; [`Error::ConnectError`] or
+    /// [`Error::Rejected`] when the peer gave up meanwhile, [`Error::PeerDisconnected`] when it
+    /// left; [`Error::DeviceMismatch`], [`Error::Verbs`], [`Error::Cm`]. Each names the device.
+    /// On error the identifier and the QP are destroyed (the peer is told), as on drop.
+    ///
+    /// # References
+    /// - [`rdma_accept(3)`](https://man7.org/linux/man-pages/man3/rdma_accept.3.html)
     #[doc(alias = "rdma_accept")]
-    pub fn accept<'res>(
-        self,
-        qp: QueuePair<'res, Rc, Init>,
-        params: &ConnParams<'_>,
-        timeout: Duration,
-    ) -> Result<Connection<'res>> {
-        self.accept_while(qp, params, timeout, Duration::MAX, || true)
+    pub fn accept<'res>(self, qp: QueuePair<'res, Rc, Init>, params: &ConnParams<'_>) -> Accepting<'res> {
+        Accepting { req: self, qp, params: OwnedParams::new(params) }
     }
 
-    /// [`accept`](Self::accept), giving up as soon as `keep_waiting` says no: it is asked each
-    /// time the wait for `RDMA_CM_EVENT_ESTABLISHED` wakes without it, at least every
-    /// `check_every` (1 ms at the least). For a
-    /// server that may take back a connection's place before it is established (the peer never
-    /// completed it, and a newer request has its place).
+    /// `self.accept(qp, params).wait_while(timeout, check_every, keep_waiting)`.
     ///
     /// # Errors
-    /// As [`accept`](Self::accept), and [`Error::Cancelled`] once `keep_waiting` gave `false`.
-    /// On error the identifier and the QP are destroyed (the peer is told).
-    #[doc(alias = "rdma_accept")]
+    /// As [`Accepting::wait_while`].
+    #[deprecated(since = "0.1.0", note = "use `accept(qp, params).wait_while(timeout, check_every, keep_waiting)`")]
     pub fn accept_while<'res>(
         self,
         qp: QueuePair<'res, Rc, Init>,
         params: &ConnParams<'_>,
         timeout: Duration,
         check_every: Duration,
-        mut keep_waiting: impl FnMut() -> bool,
+        keep_waiting: impl FnMut() -> bool,
     ) -> Result<Connection<'res>> {
-        let (accepted, qp) = self.start_accept(qp, params)?;
-        let (id, peer) = (&accepted.conn.id, accepted.peer);
-        let check_every = check_every.max(Duration::from_millis(1));
-        let waited = id.wait_for_every(timeout, check_every, ACCEPT, || {
-            match id.expect_step(EventKind::Established, ACCEPTING, peer)? {
-                Some(event) => Ok(Some(event)),
-                None if keep_waiting() => Ok(None),
-                None => Err(Error::Cancelled { what: ACCEPT, device: None }),
-            }
-        });
-        accepted.finish(qp, waited)
+        self.accept(qp, params).wait_while(timeout, check_every, keep_waiting)
     }
 
     /// `accept`'s first step: the QP to `ReadyToSend`, then `rdma_accept()`. The request is
@@ -406,28 +391,70 @@ impl Listener {
     }
 }
 
-#[cfg(feature = "tokio")]
-impl ConnectRequest {
-    /// The async form of [`accept`](Self::accept): moves `qp` to `ReadyToSend`, calls
-    /// `rdma_accept()` and awaits `RDMA_CM_EVENT_ESTABLISHED`. No timeout: bound it with
-    /// `tokio::time::timeout`.
-    ///
-    /// Cancellation: dropping the future destroys the identifier (the peer's CM is told) and the
-    /// QP, as an error does.
+impl<'res> Accepting<'res> {
+    /// The device the request came in on ([`ConnectRequest::device_name`]).
+    pub fn device_name(&self) -> &str {
+        self.req.device_name()
+    }
+
+    /// [`wait`](crate::Pending::wait), giving up as soon as `keep_waiting` says no: it is asked each
+    /// time the wait for `RDMA_CM_EVENT_ESTABLISHED` wakes without it, at least every
+    /// `check_every` (1 ms at the least). For a server that may take back a connection's place
+    /// before it is established (the peer never completed it, and a newer request has its
+    /// place).
     ///
     /// # Errors
-    /// As [`accept`](Self::accept), without [`Error::Timeout`]; [`Error::NoRuntime`] outside a
-    /// Tokio runtime, before the request is answered (it is then rejected, as dropping it does).
+    /// As [`ConnectRequest::accept`], and [`Error::Cancelled`] once `keep_waiting` gave
+    /// `false`. On error the identifier and the QP are destroyed (the peer is told).
+    pub fn wait_while(
+        self,
+        timeout: Duration,
+        check_every: Duration,
+        keep_waiting: impl FnMut() -> bool,
+    ) -> Result<Connection<'res>> {
+        block_on(self.run_while(&Waiting::until(timeout), check_every, keep_waiting))
+    }
+
+    pub(crate) async fn run(self, how: &Waiting) -> Result<Connection<'res>> {
+        self.run_while(how, Duration::MAX, || true).await
+    }
+
+    /// `rdma_accept()`, then the wait for `RDMA_CM_EVENT_ESTABLISHED`, asking `keep_waiting`
+    /// on each wake of a blocking wait.
+    async fn run_while(
+        self,
+        how: &Waiting,
+        check_every: Duration,
+        mut keep_waiting: impl FnMut() -> bool,
+    ) -> Result<Connection<'res>> {
+        let Accepting { req, qp, params } = self;
+        let (accepted, qp) = req.start_accept(qp, &params.get())?;
+        let (id, peer) = (&accepted.conn.id, accepted.peer);
+        let check_every = check_every.max(Duration::from_millis(1));
+        let waited = id
+            .wait_as(how, check_every, ACCEPT, || match id.expect_step(EventKind::Established, ACCEPTING, peer)? {
+                Some(event) => Ok(Some(event)),
+                None if keep_waiting() => Ok(None),
+                None => Err(Error::Cancelled { what: ACCEPT, device: None }),
+            })
+            .await;
+        accepted.finish(qp, waited)
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl ConnectRequest {
+    /// `self.accept(qp, params).await`.
+    ///
+    /// # Errors
+    /// As [`accept`](Self::accept).
     #[doc(alias = "rdma_accept")]
+    #[deprecated(since = "0.1.0", note = "use `accept(qp, params).await`")]
     pub async fn accept_async<'res>(
         self,
         qp: QueuePair<'res, Rc, Init>,
         params: &ConnParams<'_>,
     ) -> Result<Connection<'res>> {
-        self.conn.id.register(ACCEPT).map_err(|e| e.on_device(&self.device))?;
-        let (accepted, qp) = self.start_accept(qp, params)?;
-        let peer = accepted.peer;
-        let waited = accepted.conn.id.expect_async(EventKind::Established, ACCEPT, ACCEPTING, peer).await;
-        accepted.finish(qp, waited)
+        self.accept(qp, params).await
     }
 }

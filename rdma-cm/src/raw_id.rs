@@ -224,19 +224,6 @@ impl Drop for RawId {
 }
 
 impl RawId {
-    /// Waits up to `timeout` for an event of kind `want`: [`expect_step`](Self::expect_step)
-    /// until it gives one. The errors name no device: the typed callers add theirs.
-    pub(crate) fn expect(
-        &self,
-        want: crate::EventKind,
-        timeout: Duration,
-        what: &'static str,
-        state: &'static str,
-        peer: SocketAddr,
-    ) -> Result<RawEvent> {
-        self.wait_for(timeout, what, || self.expect_step(want, state, peer))
-    }
-
     /// One step of waiting for an event of kind `want`, without waiting: the event if it is
     /// queued, `None` once the channel is empty. Benign events (address change, timewait exit)
     /// are skipped; failures become their own [`Error`] variants, anything else
@@ -285,30 +272,6 @@ impl RawId {
 
 #[cfg(feature = "tokio")]
 impl RawId {
-    /// Checks that a runtime is current: async calls check this before their first librdmacm
-    /// call, so that outside a runtime they fail having done nothing. (Each wait registers the
-    /// channel with the runtime it runs on.)
-    ///
-    /// # Errors
-    /// [`Error::NoRuntime`].
-    pub(crate) fn register(&self, what: &'static str) -> Result<()> {
-        match tokio::runtime::Handle::try_current() {
-            Ok(_) => Ok(()),
-            Err(_) => Err(Error::NoRuntime { what }),
-        }
-    }
-
-    /// [`expect`](Self::expect), awaiting the channel without a timeout. Cancellation-safe.
-    pub(crate) async fn expect_async(
-        &self,
-        want: crate::EventKind,
-        what: &'static str,
-        state: &'static str,
-        peer: SocketAddr,
-    ) -> Result<RawEvent> {
-        self.wait_for_async(what, || self.expect_step(want, state, peer)).await
-    }
-
     /// Takes `step` until it gives a value, awaiting the channel between tries (see
     /// [`EventChannel::wait_for_async`]). Cancellation-safe.
     pub(crate) async fn wait_for_async<T>(

@@ -37,11 +37,11 @@ fn qp_on(ctx: rdma_verbs::Context) -> (Arc<ProtectionDomain<'static>>, QueuePair
 
 /// The client: resolves from the client address and connects with `data`, every step awaited.
 async fn connect(topo: &testkit::Topology, dst: SocketAddr, data: &[u8]) -> rdma_cm::Result<Side> {
-    let id = CmId::new()?.resolve_async(Some(client_src(topo)), dst).await?;
+    let id = CmId::new()?.resolve(Some(client_src(topo)), dst).await?;
     assert_eq!(id.device_name(), topo.client.device);
     let (pd, qp) = qp_on(id.open_context()?);
     let qp = id.init_qp(qp, AccessFlags::REMOTE_WRITE)?;
-    let conn = id.connect_async(qp, &ConnParams::new().private_data(data)).await?;
+    let conn = id.connect(qp, &ConnParams::new().private_data(data)).await?;
     Ok(Side { conn, pd })
 }
 
@@ -49,7 +49,7 @@ async fn connect(topo: &testkit::Topology, dst: SocketAddr, data: &[u8]) -> rdma
 async fn accept(req: ConnectRequest, data: &[u8]) -> rdma_cm::Result<Side> {
     let (pd, qp) = qp_on(req.open_context()?);
     let qp = req.init_qp(qp, AccessFlags::REMOTE_WRITE)?;
-    let conn = req.accept_async(qp, &ConnParams::new().private_data(data)).await?;
+    let conn = req.accept(qp, &ConnParams::new().private_data(data)).await?;
     Ok(Side { conn, pd })
 }
 
@@ -59,7 +59,7 @@ async fn accept_next(listener: &Listener, data: &[u8]) -> rdma_cm::Result<Side> 
 }
 
 /// Within `T`, or the test fails naming `what`.
-async fn within<F: Future>(what: &str, f: F) -> F::Output {
+async fn within<F: std::future::IntoFuture>(what: &str, f: F) -> F::Output {
     timeout(T, f).await.unwrap_or_else(|_| panic!("{what}: not within {T:?}"))
 }
 
@@ -94,8 +94,8 @@ async fn connect_accept_and_disconnect_on_a_current_thread_runtime() {
         assert_eq!(client.conn.peer_addr(), dst);
         let (leaving, staying) = if client_leaves { (client, server) } else { (server, client) };
         let (left, stayed) = tokio::join!(
-            within("disconnect_async", leaving.conn.disconnect_async()),
-            within("wait_disconnected_async", staying.conn.wait_disconnected_async()),
+            within("disconnect_async", leaving.conn.disconnect()),
+            within("wait_disconnected_async", staying.conn.peer_disconnect()),
         );
         let (left, stayed) = (left.unwrap(), stayed.unwrap());
         assert_eq!(left.qp().state().unwrap(), QpState::Error, "the QP is flushed");
@@ -122,7 +122,7 @@ async fn concurrent_connections_with_a_ping_each_on_a_multi_thread_runtime() {
             tokio::spawn(async move {
                 let side = within("accept", accept_next(&listener, b"")).await.unwrap();
                 let n = tokio::task::block_in_place(|| ping_server(&side.conn, &side.pd));
-                let closed = within("wait_disconnected_async", side.conn.wait_disconnected_async()).await.unwrap();
+                let closed = within("wait_disconnected_async", side.conn.peer_disconnect()).await.unwrap();
                 assert_eq!(closed.qp().state().unwrap(), QpState::Error);
                 n
             })
@@ -134,7 +134,7 @@ async fn concurrent_connections_with_a_ping_each_on_a_multi_thread_runtime() {
             tokio::spawn(async move {
                 let side = within("connect", connect(&topo, dst, b"")).await.unwrap();
                 tokio::task::block_in_place(|| ping_client(&side.conn, &side.pd, 100 * i));
-                let closed = within("disconnect_async", side.conn.disconnect_async()).await.unwrap();
+                let closed = within("disconnect_async", side.conn.disconnect()).await.unwrap();
                 assert_eq!(closed.qp().state().unwrap(), QpState::Error);
             })
         })
@@ -164,13 +164,13 @@ async fn the_peer_leaving_is_seen_by_every_async_reader() {
     assert_send(&server.conn.disconnected_async());
     assert!(!server.conn.peer_disconnected());
     let (left, event) =
-        tokio::join!(client.conn.disconnect_async(), within("recv_event_async", server.conn.recv_event_async()));
+        tokio::join!(client.conn.disconnect(), within("recv_event_async", server.conn.recv_event_async()));
     left.unwrap();
     assert_eq!(event.unwrap(), Event::Disconnected);
     assert!(server.conn.peer_disconnected());
     within("disconnected_async, after the fact", server.conn.disconnected_async()).await.unwrap();
     assert!(within("events, after the fact", server.conn.events().next()).await.is_none(), "the events have ended");
-    server.conn.wait_disconnected_async().await.unwrap();
+    server.conn.peer_disconnect().await.unwrap();
 
     // Two readers at once, the events in a select! loop and disconnected_async; the client drops
     // its connection (no goodbye), and the drop must not block the runtime.
@@ -209,7 +209,7 @@ async fn the_peer_leaving_is_seen_by_every_async_reader() {
     assert!(ticked > 1, "the select! loop ran its other arm meanwhile");
     assert!(dropped < Duration::from_millis(200), "dropping a connection took {dropped:?}");
     assert!(server.conn.peer_disconnected());
-    let closed = server.conn.wait_disconnected_async().await.unwrap();
+    let closed = server.conn.peer_disconnect().await.unwrap();
     assert_eq!(closed.qp().state().unwrap(), QpState::Error);
     eprintln!("the events {seen:?} after {ticked} ticks; dropping the client's connection took {dropped:?}");
 }
@@ -240,7 +240,7 @@ async fn a_request_wait_dropped_again_and_again_loses_no_request() {
             async move {
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 let side = within("connect", connect(&topo, dst, HELLO)).await.unwrap();
-                within("disconnect_async", side.conn.disconnect_async()).await.unwrap();
+                within("disconnect_async", side.conn.disconnect()).await.unwrap();
             }
         });
         let (start, mut dropped) = (Instant::now(), 0u32);
@@ -252,7 +252,7 @@ async fn a_request_wait_dropped_again_and_again_loses_no_request() {
             assert!(start.elapsed() < T, "round {round}: no request within {T:?} ({dropped} waits dropped)");
         };
         let side = within("accept", accept(req, WELCOME)).await.unwrap();
-        within("wait_disconnected_async", side.conn.wait_disconnected_async()).await.unwrap();
+        within("wait_disconnected_async", side.conn.peer_disconnect()).await.unwrap();
         client.await.unwrap();
         assert!(dropped > 0, "round {round}: waits were dropped before the client connected");
         eprintln!("round {round}: {dropped} request waits dropped in {:?}; the request was accepted", start.elapsed());
@@ -275,7 +275,7 @@ fn async_calls_outside_a_runtime_are_a_typed_error_and_any_runtime_will_do() {
     };
     no_runtime("recv_request_async", poll_once(async { listener.recv_request_async().await.map(drop) }));
     let id = CmId::new().unwrap();
-    let resolve = async { id.resolve_async(Some(client_src(&topo)), listener.local_addr()).await.map(drop) };
+    let resolve = async { id.resolve(Some(client_src(&topo)), listener.local_addr()).await.map(drop) };
     no_runtime("resolve_async", poll_once(resolve));
 
     // Used in a runtime that then shut down: outside any runtime the same error; in another

@@ -39,7 +39,7 @@ fn server(listener: &Listener, topo: &testkit::Topology, round: u8, client_leave
     let mut reply = WELCOME.to_vec();
     reply.extend(data.addr().to_le_bytes());
     reply.extend(data.rkey().to_le_bytes());
-    let conn = req.accept(qp, &ConnParams::new().private_data(&reply), T).unwrap();
+    let conn = req.accept(qp, &ConnParams::new().private_data(&reply)).wait(T).unwrap();
     assert_eq!(conn.peer_addr().ip(), topo.client.addr);
     assert_eq!(conn.local_addr(), listener.local_addr());
     assert_eq!(conn.device_name(), topo.server.device);
@@ -58,7 +58,7 @@ fn server(listener: &Listener, topo: &testkit::Topology, round: u8, client_leave
     let mut got = vec![0u8; LEN];
     data.read_at(0, &mut got).unwrap();
     assert!(got == payload(round), "round {round}: the RDMA WRITE's data");
-    let gone = if client_leaves { conn.wait_disconnected(T) } else { conn.disconnect(T) };
+    let gone = if client_leaves { conn.peer_disconnect().wait(T) } else { conn.disconnect().wait(T) };
     let gone = gone.unwrap_or_else(|e| panic!("round {round}, server: {e}"));
     assert_eq!(gone.qp().state().unwrap(), QpState::Error, "the QP is flushed");
 }
@@ -66,21 +66,21 @@ fn server(listener: &Listener, topo: &testkit::Topology, round: u8, client_leave
 /// The client: connects, reads the server's region from its private data, WRITEs a pattern
 /// there, SENDs "done!", and ends the connection.
 fn client_side(topo: &testkit::Topology, dst: SocketAddr, round: u8, client_leaves: bool) {
-    let id = CmId::new().unwrap().resolve_addr(Some(client_src(topo)), dst, T).unwrap();
+    let id = CmId::new().unwrap().resolve_addr(Some(client_src(topo)), dst).wait(T).unwrap();
     assert_eq!(id.device_name(), topo.client.device, "10.77.0.2 resolves to the client port");
     assert_eq!(id.port(), topo.port);
     assert_eq!(id.peer_addr(), dst);
     assert_eq!(id.local_addr().ip(), topo.client.addr);
     assert_ne!(id.local_addr().port(), 0, "the CM picked a source port");
     let local = id.local_addr();
-    let id = id.resolve_route(T).unwrap();
+    let id = id.resolve_route().wait(T).unwrap();
     let ctx = id.open_context().unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(16, None).unwrap();
     let src = pd.alloc_mr(LEN, AccessFlags::LOCAL_WRITE).unwrap();
     src.write_at(0, &payload(round)).unwrap();
     let qp = id.init_qp(pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq)).unwrap(), AccessFlags::empty()).unwrap();
-    let conn = id.connect(qp, &ConnParams::new().private_data(HELLO), T).unwrap();
+    let conn = id.connect(qp, &ConnParams::new().private_data(HELLO)).wait(T).unwrap();
     let pdata = conn.private_data();
     assert_eq!(pdata.len(), MAX_ACCEPT_PRIVATE_DATA, "REP private data is zero-padded");
     assert_eq!(&pdata[..WELCOME.len()], WELCOME, "the server's private data");
@@ -106,7 +106,7 @@ fn client_side(topo: &testkit::Topology, dst: SocketAddr, round: u8, client_leav
             Ok(())
         })
         .unwrap();
-    let gone = if client_leaves { conn.disconnect(T) } else { conn.wait_disconnected(T) };
+    let gone = if client_leaves { conn.disconnect().wait(T) } else { conn.peer_disconnect().wait(T) };
     let gone = gone.unwrap_or_else(|e| panic!("round {round}, client: {e}"));
     assert_eq!(gone.peer_addr(), dst);
     assert_eq!(gone.qp().state().unwrap(), QpState::Error, "the QP is flushed");
@@ -139,13 +139,13 @@ fn a_ping_over_a_connection_made_by_the_helpers() {
             let req = listener.recv_request(T).unwrap();
             accept(req, b"", |conn, pd| {
                 assert_eq!(ping_server(&conn, pd), 41);
-                conn.wait_disconnected(T).unwrap();
+                conn.peer_disconnect().wait(T).unwrap();
             })
         });
         client(&topo, dst, b"", |conn, pd| {
             let conn = conn.unwrap();
             ping_client(&conn, pd, 41);
-            conn.disconnect(T).unwrap();
+            conn.disconnect().wait(T).unwrap();
         });
     });
 }

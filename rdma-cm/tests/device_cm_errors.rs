@@ -73,7 +73,7 @@ fn no_listener_on_the_port_is_its_own_error_and_prompt() {
 /// Resolving `dst` (from `src`) must fail promptly with `AddressResolution(ENODEV)`.
 fn expect_no_device(src: Option<SocketAddr>, dst: SocketAddr) {
     let start = Instant::now();
-    match CmId::new().unwrap().resolve_addr(src, dst, T) {
+    match CmId::new().unwrap().resolve_addr(src, dst).wait(T) {
         Err(Error::AddressResolution { addr, errno }) => {
             assert_eq!(addr, dst);
             assert_eq!(errno, libc::ENODEV, "{}", std::io::Error::from_raw_os_error(errno));
@@ -104,7 +104,7 @@ fn a_neighbour_that_never_answers_arp_times_out_on_time() {
     let dst = SocketAddr::from(([octets[0], octets[1], octets[2], 99], 7471));
     let timeout = Duration::from_secs(2);
     let start = Instant::now();
-    let err = CmId::new().unwrap().resolve_addr(Some(client_src(&topo)), dst, timeout).unwrap_err();
+    let err = CmId::new().unwrap().resolve_addr(Some(client_src(&topo)), dst).wait(timeout).unwrap_err();
     let took = start.elapsed();
     assert!(matches!(err, Error::Timeout { what: "rdma_resolve_addr", device: None, .. }), "{err:?}");
     assert!(err.is_timeout());
@@ -117,14 +117,14 @@ fn a_peer_that_never_answers_the_request_times_out_on_time() {
     // A listener whose requests nobody reads: the peer's CM never accepts or rejects.
     let listener = Listener::bind(server_any_port(&topo), 4).unwrap();
     let dst = listener.local_addr();
-    let id = CmId::new().unwrap().resolve(Some(client_src(&topo)), dst, T).unwrap();
+    let id = CmId::new().unwrap().resolve(Some(client_src(&topo)), dst).wait(T).unwrap();
     let ctx = id.open_context().unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(8, None).unwrap();
     let qp = id.init_qp(pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq)).unwrap(), AccessFlags::empty()).unwrap();
     let timeout = Duration::from_secs(2);
     let start = Instant::now();
-    let err = id.connect(qp, &ConnParams::new(), timeout).unwrap_err();
+    let err = id.connect(qp, &ConnParams::new()).wait(timeout).unwrap_err();
     let took = start.elapsed();
     assert!(matches!(err, Error::Timeout { what: "rdma_connect", .. }), "{err:?}");
     assert!(err.to_string().starts_with(&format!("rdma_connect on {}: ", topo.client.device)), "{err}");
@@ -137,7 +137,7 @@ fn a_peer_that_never_answers_the_request_times_out_on_time() {
     let cq = ctx.create_cq(8, None).unwrap();
     let late: Result<Connection<'_>> = req
         .init_qp(pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq)).unwrap(), AccessFlags::empty())
-        .and_then(|qp| req.accept(qp, &ConnParams::new(), Duration::from_secs(2)));
+        .and_then(|qp| req.accept(qp, &ConnParams::new()).wait(Duration::from_secs(2)));
     assert!(late.is_err(), "accepting a request whose sender gave up must fail");
 }
 
@@ -152,7 +152,7 @@ fn bad_arguments_fail_before_anything_is_sent() {
     });
     assert!(matches!(listener.try_recv_request(), Ok(None)), "an invalid connect must not reach the listener");
     // A QP on the server's device cannot be connected through the client's.
-    let id = CmId::new().unwrap().resolve(Some(client_src(&topo)), dst, T).unwrap();
+    let id = CmId::new().unwrap().resolve(Some(client_src(&topo)), dst).wait(T).unwrap();
     let other = Context::open(&topo.server.device).unwrap();
     let pd = other.alloc_pd().unwrap();
     let cq = other.create_cq(8, None).unwrap();
@@ -164,7 +164,7 @@ fn bad_arguments_fail_before_anything_is_sent() {
         other => panic!("expected DeviceMismatch, got {other:?}"),
     }
     assert!(matches!(
-        CmId::new().unwrap().resolve_addr(None, dst, Duration::ZERO),
+        CmId::new().unwrap().resolve_addr(None, dst).wait(Duration::ZERO),
         Err(Error::InvalidArgument { verb: "rdma_resolve_addr", .. })
     ));
 }

@@ -37,7 +37,7 @@ fn sequential(topo: &testkit::Topology, n: u64) {
                 let req = listener.recv_request(T).unwrap();
                 accept(req, b"", |conn, pd| {
                     assert_eq!(ping_server(&conn, pd), i);
-                    conn.wait_disconnected(T).unwrap_or_else(|e| panic!("cycle {i}: {e}"));
+                    conn.peer_disconnect().wait(T).unwrap_or_else(|e| panic!("cycle {i}: {e}"));
                 });
             }
         });
@@ -45,7 +45,7 @@ fn sequential(topo: &testkit::Topology, n: u64) {
             client(topo, dst, b"", |conn, pd| {
                 let conn = conn.unwrap_or_else(|e| panic!("cycle {i}: {e}"));
                 ping_client(&conn, pd, i);
-                conn.disconnect(T).unwrap_or_else(|e| panic!("cycle {i}: {e}"));
+                conn.disconnect().wait(T).unwrap_or_else(|e| panic!("cycle {i}: {e}"));
             });
         }
     });
@@ -83,7 +83,7 @@ fn sequential_and_concurrent_connections_leave_nothing_behind() {
                             accept(req, b"", |conn, pd| {
                                 let n = ping_server(&conn, pd);
                                 assert!((1000..1000 + CONCURRENT).contains(&n));
-                                conn.wait_disconnected(T).unwrap();
+                                conn.peer_disconnect().wait(T).unwrap();
                             })
                         });
                     }
@@ -95,7 +95,7 @@ fn sequential_and_concurrent_connections_leave_nothing_behind() {
                     client(topo, dst, b"", |conn, pd| {
                         let conn = conn.unwrap_or_else(|e| panic!("client {i}: {e}"));
                         ping_client(&conn, pd, 1000 + i);
-                        conn.disconnect(T).unwrap();
+                        conn.disconnect().wait(T).unwrap();
                     })
                 });
             }

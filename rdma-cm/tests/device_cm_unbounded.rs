@@ -24,18 +24,18 @@ fn connect_accept_and_disconnect_with_no_deadline() {
             let cq = ctx.create_cq(256, None).unwrap();
             let qp =
                 req.init_qp(pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq)).unwrap(), AccessFlags::empty()).unwrap();
-            let conn = req.accept(qp, &ConnParams::new(), NO_DEADLINE).unwrap();
+            let conn = req.accept(qp, &ConnParams::new()).wait(NO_DEADLINE).unwrap();
             // The connection's event wait, then the disconnect it saw.
             assert_eq!(conn.recv_event(NO_DEADLINE).unwrap(), Event::Disconnected);
             assert!(conn.peer_disconnected());
-            conn.wait_disconnected(NO_DEADLINE).unwrap();
+            conn.peer_disconnect().wait(NO_DEADLINE).unwrap();
         });
-        let id = CmId::new().unwrap().resolve(Some(client_src(&topo)), dst, NO_DEADLINE).unwrap();
+        let id = CmId::new().unwrap().resolve(Some(client_src(&topo)), dst).wait(NO_DEADLINE).unwrap();
         let ctx = id.open_context().unwrap();
         let pd = ctx.alloc_pd().unwrap();
         let cq = ctx.create_cq(256, None).unwrap();
         let qp = id.init_qp(pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq)).unwrap(), AccessFlags::empty()).unwrap();
-        let conn = id.connect(qp, &ConnParams::new(), NO_DEADLINE).unwrap();
-        conn.disconnect(NO_DEADLINE).unwrap();
+        let conn = id.connect(qp, &ConnParams::new()).wait(NO_DEADLINE).unwrap();
+        conn.disconnect().wait(NO_DEADLINE).unwrap();
     });
 }

@@ -349,13 +349,13 @@ pub fn connect_with(
     use std::sync::Arc;
     let to = SocketAddr::new(topo.server.addr.into(), port);
     let from = SocketAddr::new(topo.client.addr.into(), 0);
-    let id = rdma_cm::CmId::new().unwrap().resolve(Some(from), to, Duration::from_secs(5)).unwrap();
+    let id = rdma_cm::CmId::new().unwrap().resolve(Some(from), to).wait(Duration::from_secs(5)).unwrap();
     let ctx = Arc::new(id.open_context().unwrap());
     let pd = Arc::new(ProtectionDomain::new(ctx.clone()).unwrap());
     let cq = Arc::new(CompletionQueue::new(ctx, 4, None).unwrap());
     let qp = QueuePair::<Rc, Reset>::create(pd, QpCreateAttr::new(cq.clone(), cq)).unwrap();
     let qp = id.init_qp(qp, AccessFlags::LOCAL_WRITE).unwrap();
-    id.connect(qp, &rdma_cm::ConnParams::new().private_data(private), Duration::from_secs(10))
+    id.connect(qp, &rdma_cm::ConnParams::new().private_data(private)).wait(Duration::from_secs(10))
 }
 
 /// A valid HELLO for `size` bytes in 4 KiB chunks, 4 in flight.
@@ -396,7 +396,7 @@ impl RawSender {
         use std::sync::Arc;
         let to = SocketAddr::new(topo.server.addr.into(), port);
         let from = SocketAddr::new(topo.client.addr.into(), 0);
-        let id = rdma_cm::CmId::new().unwrap().resolve(Some(from), to, Duration::from_secs(5)).unwrap();
+        let id = rdma_cm::CmId::new().unwrap().resolve(Some(from), to).wait(Duration::from_secs(5)).unwrap();
         let ctx = Arc::new(id.open_context().unwrap());
         let pd = Arc::new(ProtectionDomain::new(ctx.clone()).unwrap());
         // A send queue and a receive ring each own their CQ.
@@ -406,7 +406,7 @@ impl RawSender {
         let qp = id.init_qp(qp, AccessFlags::LOCAL_WRITE).unwrap();
         let ring_pool = SlotPool::new(pd.clone(), wire::MAX_MESSAGE_LEN, 8, AccessFlags::LOCAL_WRITE).unwrap();
         let ring = RecvRing::new(&qp, ring_pool, 8, Duration::from_millis(200)).unwrap();
-        let conn = id.connect(qp, &rdma_cm::ConnParams::new(), Duration::from_secs(10)).unwrap();
+        let conn = id.connect(qp, &rdma_cm::ConnParams::new()).wait(Duration::from_secs(10)).unwrap();
         let sq = SendQueue::new(conn.qp(), Duration::from_millis(200)).unwrap();
         let pool = SlotPool::new(pd, 8192, 8, AccessFlags::LOCAL_WRITE).unwrap();
         RawSender { sq, ring, pool, conn }

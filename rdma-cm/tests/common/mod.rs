@@ -40,13 +40,13 @@ pub fn client<R>(
     data: &[u8],
     f: impl FnOnce(rdma_cm::Result<Connection<'_>>, &ProtectionDomain<'_>) -> R,
 ) -> R {
-    let id = CmId::new().unwrap().resolve(Some(client_src(topo)), dst, T).unwrap();
+    let id = CmId::new().unwrap().resolve(Some(client_src(topo)), dst).wait(T).unwrap();
     let ctx = id.open_context().unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(32, None).unwrap();
     let qp = pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq)).unwrap();
     let qp = id.init_qp(qp, AccessFlags::REMOTE_WRITE).unwrap();
-    let conn = id.connect(qp, &ConnParams::new().private_data(data), T);
+    let conn = id.connect(qp, &ConnParams::new().private_data(data)).wait(T);
     f(conn, &pd)
 }
 
@@ -58,7 +58,7 @@ pub fn accept<R>(req: ConnectRequest, data: &[u8], f: impl FnOnce(Connection<'_>
     let cq = ctx.create_cq(32, None).unwrap();
     let qp = pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq)).unwrap();
     let qp = req.init_qp(qp, AccessFlags::REMOTE_WRITE).unwrap();
-    let conn = req.accept(qp, &ConnParams::new().private_data(data), T).unwrap();
+    let conn = req.accept(qp, &ConnParams::new().private_data(data)).wait(T).unwrap();
     f(conn, &pd)
 }
 

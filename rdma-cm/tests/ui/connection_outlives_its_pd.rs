@@ -7,11 +7,11 @@ use rdma_verbs::{AccessFlags, Context, QpCreateAttr, Rc};
 
 fn connect(ctx: &Context) -> Connection<'_> {
     let t = Duration::from_secs(1);
-    let id = CmId::new().unwrap().resolve(None, "10.77.0.1:7471".parse().unwrap(), t).unwrap();
+    let id = CmId::new().unwrap().resolve(None, "10.77.0.1:7471".parse().unwrap()).wait(t).unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(4, None).unwrap();
     let qp = id.init_qp(pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq)).unwrap(), AccessFlags::empty()).unwrap();
-    id.connect(qp, &ConnParams::new(), t).unwrap()
+    id.connect(qp, &ConnParams::new()).wait(t).unwrap()
 }
 
 fn main() {

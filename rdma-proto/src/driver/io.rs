@@ -7,55 +7,55 @@
 //! - [`Blocking`] makes each call a blocking call of `rdma-cm` and `rdma-verbs` with the time
 //!   left, so its futures are ready the first time they are polled: [`block_on`] polls the
 //!   body once, on the caller's thread.
-//! - `Tokio` (feature `tokio`) awaits the `*_async` forms on the runtime's reactor, bounded by
+//! - `Tokio` (feature `tokio`) awaits the pending values and `*_async` forms on the reactor, bounded by
 //!   the runtime's timer.
 //!
 //! A wait that reaches its deadline is [`rdma_cm::Error::Timeout`] from both, so the body
 //! tells a timeout the same way whichever form runs it.
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::os::fd::BorrowedFd;
 use std::pin::pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
-use rdma_cm::{CmId, ConnParams, ConnectRequest, Connection, RouteResolved};
-use rdma_verbs::qp::state::{Init, Rc};
-use rdma_verbs::{CompletionQueue, CqWaiter, Deadline, Idle, QueuePair, RecvRing, SendQueue};
+use rdma_cm::{Accepting, Connection, Pending};
+use rdma_verbs::qp::state::Rc;
+use rdma_verbs::{CompletionQueue, CqWaiter, Deadline, Idle, RecvRing, SendQueue};
 
 use super::flag::UNWAKEABLE_CHECK;
 
 /// How often an accept that may be given up ([`Io::accept`]'s `keep`) asks whether to go on.
 pub(crate) const KEEP_CHECK: Duration = Duration::from_millis(20);
 
+/// A pending `rdma-cm` operation both forms finish: [`Pending::wait`], or awaited (feature
+/// `tokio`).
+#[cfg(feature = "tokio")]
+pub(crate) trait CmOp:
+    Pending + std::future::IntoFuture<Output = rdma_cm::Result<<Self as Pending>::Value>>
+{
+}
+#[cfg(feature = "tokio")]
+impl<P: Pending + std::future::IntoFuture<Output = rdma_cm::Result<<P as Pending>::Value>>> CmOp for P {}
+/// A pending `rdma-cm` operation: [`Pending::wait`].
+#[cfg(not(feature = "tokio"))]
+pub(crate) trait CmOp: Pending {}
+#[cfg(not(feature = "tokio"))]
+impl<P: Pending> CmOp for P {}
+
 /// The waits of a session, blocking or async. Each ends by its deadline at the latest.
 pub(crate) trait Io {
-    /// Resolves `to`'s address and route (`rdma_resolve_addr`, `rdma_resolve_route`).
-    async fn resolve(
-        &self,
-        from: Option<SocketAddr>,
-        to: SocketAddr,
-        until: Deadline,
-    ) -> rdma_cm::Result<CmId<RouteResolved>>;
+    /// Finishes `op`, a pending `rdma-cm` operation (resolving, connecting, accepting,
+    /// disconnecting), by `until`: [`Pending::wait`] with the time left, or `op.await` bounded
+    /// by tokio's timer. `what` names the call its timeout names.
+    async fn finish<P: CmOp>(&self, what: &'static str, op: P, until: Deadline) -> rdma_cm::Result<P::Value>;
 
-    /// Connects `id` with `qp` (`rdma_connect`, until `RDMA_CM_EVENT_ESTABLISHED`).
-    async fn connect(
-        &self,
-        id: CmId<RouteResolved>,
-        qp: QueuePair<'static, Rc, Init>,
-        params: &ConnParams<'_>,
-        until: Deadline,
-    ) -> rdma_cm::Result<Connection<'static>>;
-
-    /// Accepts `req` with `qp` (`rdma_accept`, until `RDMA_CM_EVENT_ESTABLISHED`); with `keep`,
-    /// gives up within [`KEEP_CHECK`] once it says no ([`rdma_cm::Error::Cancelled`]).
+    /// Finishes `op` as [`finish`](Io::finish) does; with `keep`, gives up within
+    /// [`KEEP_CHECK`] once it says no ([`rdma_cm::Error::Cancelled`]).
     async fn accept(
         &self,
-        req: ConnectRequest,
-        qp: QueuePair<'static, Rc, Init>,
-        params: &ConnParams<'_>,
+        op: Accepting<'static>,
         until: Deadline,
         keep: Option<&(dyn Fn() -> bool + Sync)>,
     ) -> rdma_cm::Result<Connection<'static>>;
@@ -85,12 +85,6 @@ pub(crate) trait Io {
 
     /// Destroys `ring` (the async form off the runtime's threads).
     async fn close_ring(&self, ring: RecvRing<'static>);
-
-    /// Disconnects, waiting until `until` for the peer's answer.
-    async fn disconnect(&self, conn: Connection<'static>, until: Deadline);
-
-    /// Waits until `until` for the peer to disconnect, then closes this side.
-    async fn wait_disconnected(&self, conn: Connection<'static>, until: Deadline);
 
     /// Pauses for `wait`.
     async fn sleep(&self, wait: Duration);
@@ -213,39 +207,22 @@ fn passed(what: &'static str) -> rdma_cm::Error {
 }
 
 impl Io for Blocking {
-    async fn resolve(
-        &self,
-        from: Option<SocketAddr>,
-        to: SocketAddr,
-        until: Deadline,
-    ) -> rdma_cm::Result<CmId<RouteResolved>> {
-        CmId::new()?.resolve(from, to, until.remaining())
-    }
-
-    async fn connect(
-        &self,
-        id: CmId<RouteResolved>,
-        qp: QueuePair<'static, Rc, Init>,
-        params: &ConnParams<'_>,
-        until: Deadline,
-    ) -> rdma_cm::Result<Connection<'static>> {
+    async fn finish<P: CmOp>(&self, what: &'static str, op: P, until: Deadline) -> rdma_cm::Result<P::Value> {
         match until.remaining() {
-            left if left.is_zero() => Err(passed("rdma_connect")),
-            left => id.connect(qp, params, left),
+            left if left.is_zero() => Err(passed(what)),
+            left => op.wait(left),
         }
     }
 
     async fn accept(
         &self,
-        req: ConnectRequest,
-        qp: QueuePair<'static, Rc, Init>,
-        params: &ConnParams<'_>,
+        op: Accepting<'static>,
         until: Deadline,
         keep: Option<&(dyn Fn() -> bool + Sync)>,
     ) -> rdma_cm::Result<Connection<'static>> {
         match keep {
-            Some(keep) => req.accept_while(qp, params, until.remaining(), KEEP_CHECK, keep),
-            None => req.accept(qp, params, until.remaining()),
+            Some(keep) => op.wait_while(until.remaining(), KEEP_CHECK, keep),
+            None => self.finish("rdma_accept", op, until).await,
         }
     }
 
@@ -290,14 +267,6 @@ impl Io for Blocking {
 
     async fn close_ring(&self, ring: RecvRing<'static>) {
         drop(ring);
-    }
-
-    async fn disconnect(&self, conn: Connection<'static>, until: Deadline) {
-        let _ = conn.disconnect(until.remaining());
-    }
-
-    async fn wait_disconnected(&self, conn: Connection<'static>, until: Deadline) {
-        let _ = conn.wait_disconnected(until.remaining());
     }
 
     async fn sleep(&self, wait: Duration) {
@@ -352,39 +321,23 @@ async fn bounded<T>(
 
 #[cfg(feature = "tokio")]
 impl Io for Tokio {
-    async fn resolve(
-        &self,
-        from: Option<SocketAddr>,
-        to: SocketAddr,
-        until: Deadline,
-    ) -> rdma_cm::Result<CmId<RouteResolved>> {
-        bounded("rdma_resolve_route", until, async { CmId::new()?.resolve_async(from, to).await }).await
-    }
-
-    async fn connect(
-        &self,
-        id: CmId<RouteResolved>,
-        qp: QueuePair<'static, Rc, Init>,
-        params: &ConnParams<'_>,
-        until: Deadline,
-    ) -> rdma_cm::Result<Connection<'static>> {
-        bounded("rdma_connect", until, id.connect_async(qp, params)).await
+    async fn finish<P: CmOp>(&self, what: &'static str, op: P, until: Deadline) -> rdma_cm::Result<P::Value> {
+        bounded(what, until, op.into_future()).await
     }
 
     async fn accept(
         &self,
-        req: ConnectRequest,
-        qp: QueuePair<'static, Rc, Init>,
-        params: &ConnParams<'_>,
+        op: Accepting<'static>,
         until: Deadline,
         keep: Option<&(dyn Fn() -> bool + Sync)>,
     ) -> rdma_cm::Result<Connection<'static>> {
-        let device = Some(req.device_name().to_owned());
-        let accept = req.accept_async(qp, params);
         match keep {
-            None => bounded("rdma_accept", until, accept).await,
+            None => self.finish("rdma_accept", op, until).await,
             Some(keep) => {
-                let kept = bounded("rdma_accept", until, async { Ok(while_kept(accept, keep).await) });
+                let device = Some(op.device_name().to_owned());
+                let kept = bounded("rdma_accept", until, async {
+                    Ok(while_kept(std::future::IntoFuture::into_future(op), keep).await)
+                });
                 kept.await?.unwrap_or(Err(rdma_cm::Error::Cancelled { what: "rdma_accept", device }))
             }
         }
@@ -440,14 +393,6 @@ impl Io for Tokio {
         let _ = ring.close_async().await;
     }
 
-    async fn disconnect(&self, conn: Connection<'static>, until: Deadline) {
-        let _ = bounded("rdma_disconnect", until, conn.disconnect_async()).await;
-    }
-
-    async fn wait_disconnected(&self, conn: Connection<'static>, until: Deadline) {
-        let _ = bounded("rdma_disconnect", until, conn.wait_disconnected_async()).await;
-    }
-
     async fn sleep(&self, wait: Duration) {
         tokio::time::sleep(wait).await;
     }
@@ -483,7 +428,7 @@ async fn while_kept<T>(wait: impl Future<Output = T>, keep: &(dyn Fn() -> bool +
 #[cfg(feature = "tokio")]
 const _: fn() = || {
     fn send<T: Send>(_: &T) {}
-    let opts = super::SendOptions::new(SocketAddr::from(([127, 0, 0, 1], 1)));
+    let opts = super::SendOptions::new(std::net::SocketAddr::from(([127, 0, 0, 1], 1)));
     let path = std::path::Path::new("f");
     send(&super::send_file_async(path, &opts, |_, _| {}));
     send(&super::send_files_async(&[], &opts, |_, _| {}));

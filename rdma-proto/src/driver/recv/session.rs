@@ -62,7 +62,7 @@ async fn session<I: Io>(
     let params = conn_params(opts.ack_timeout);
     let keep = || !place.displaced();
     let conn = io
-        .accept(req, qp, &params, Deadline::after(hello_bound(opts)), Some(&keep))
+        .accept(req.accept(qp, &params), Deadline::after(hello_bound(opts)), Some(&keep))
         .await
         .map_err(|e| displaced_or(e, place))?;
     let mut s = ReceiveSession::new(shared, place, report, parts, &conn, start)?;
@@ -92,11 +92,12 @@ async fn session<I: Io>(
     let teardown = Deadline::after(teardown_wait(opts, place));
     // An ACK must reach the sender before the connection goes: the sender reads it, then
     // disconnects. Without one there is nothing to wait for.
-    let leave = |conn| async {
+    let leave = |conn: rdma_cm::Connection<'static>| async {
         if acked {
-            io.wait_disconnected(conn, teardown).await;
+            let _ = io.finish("rdma_disconnect", conn.peer_disconnect(), teardown).await;
         } else {
-            io.disconnect(conn, teardown.min(Deadline::after(DISCONNECT_WAIT))).await;
+            let _ =
+                io.finish("rdma_disconnect", conn.disconnect(), teardown.min(Deadline::after(DISCONNECT_WAIT))).await;
         }
     };
     for RecvLane { conn, ring } in lanes {
@@ -605,7 +606,8 @@ impl<'a> ReceiveSession<'a> {
     async fn accept_lanes<I: Io>(&mut self, io: &I) -> Result<(), Error> {
         while let Some((lane, req, qp, ring)) = self.next_lane()? {
             let params = conn_params(self.opts.ack_timeout);
-            let conn = io.accept(req, qp, &params, Deadline::after(self.opts.accept_timeout), None).await?;
+            let conn =
+                io.finish("rdma_accept", req.accept(qp, &params), Deadline::after(self.opts.accept_timeout)).await?;
             self.attach(lane, conn, ring);
         }
         Ok(())

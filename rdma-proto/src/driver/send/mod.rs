@@ -310,7 +310,10 @@ pub(crate) async fn run<I: Io>(
         true => Error::from(rdma_cm::Error::Timeout { what: "connecting", device: None, after }),
         false => refusal(e),
     };
-    let id = io.resolve(opts.from, opts.to, deadline).await.map_err(timed_out)?;
+    let id = io
+        .finish("rdma_resolve_route", rdma_cm::CmId::new()?.resolve(opts.from, opts.to), deadline)
+        .await
+        .map_err(timed_out)?;
     let ctx = id.open_context()?;
     let ep = Endpoint::new(ctx, opts.depth, 32, |qp| id.init_qp(qp, AccessFlags::LOCAL_WRITE))?;
     let (qp, parts) = ep.split();
@@ -318,7 +321,10 @@ pub(crate) async fn run<I: Io>(
         .secret
         .as_ref()
         .map(|s| crate::driver::knock::knock(s, SystemTime::now(), id.local_addr().ip(), id.peer_addr()));
-    let conn = io.connect(id, qp, &first_params(opts, knock.as_deref()), deadline).await.map_err(timed_out)?;
+    let conn = io
+        .finish("rdma_connect", id.connect(qp, &first_params(opts, knock.as_deref())), deadline)
+        .await
+        .map_err(timed_out)?;
     let mut s = SendSession::new(opts, path, file, parts, &conn, start)?;
     s.batch = batch;
     let outcome = loop {
@@ -349,9 +355,9 @@ pub(crate) async fn run<I: Io>(
     io.close_queue(sq, Deadline::after(DRAIN)).await;
     for SendLane { conn, sq } in lanes {
         io.close_queue(sq, Deadline::after(DRAIN)).await;
-        io.disconnect(conn, goodbye()).await;
+        let _ = io.finish("rdma_disconnect", conn.disconnect(), goodbye()).await;
     }
-    io.disconnect(conn, goodbye()).await;
+    let _ = io.finish("rdma_disconnect", conn.disconnect(), goodbye()).await;
     io.close_ring(ring).await;
     Ok((outcome, summary, batch))
 }

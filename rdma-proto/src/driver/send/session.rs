@@ -444,10 +444,13 @@ impl<'a> SendSession<'a> {
         }
         for lane in self.lanes.len() as u16 + 1..count {
             let private = self.lane_message(lane, token)?;
-            let id = io.resolve(self.opts.from, self.opts.to, deadline).await.map_err(timed_out)?;
+            let id = io
+                .finish("rdma_resolve_route", rdma_cm::CmId::new()?.resolve(self.opts.from, self.opts.to), deadline)
+                .await
+                .map_err(timed_out)?;
             let (qp, _) = self.lane_base.lane(self.opts.depth, 0, |qp| id.init_qp(qp, AccessFlags::LOCAL_WRITE))?;
             let params = conn_params(self.opts.ack_timeout).private_data(&private);
-            let conn = io.connect(id, qp, &params, deadline).await.map_err(timed_out)?;
+            let conn = io.finish("rdma_connect", id.connect(qp, &params), deadline).await.map_err(timed_out)?;
             let sq = SendQueue::new(conn.qp(), DRAIN)?;
             self.lanes.push(SendLane { conn, sq });
         }
