@@ -34,6 +34,45 @@ impl Context {
     }
 }
 
+impl Context {
+    /// Creates a completion queue with room for at least `entries` completions that reports to
+    /// a completion channel of its own: `ibv_create_comp_channel()`, then `ibv_create_cq()`.
+    /// Every wait on it sleeps once its spin budget is spent, and the rings and queues on it can
+    /// be awaited (feature `tokio`; [`SendQueue::for_async`](crate::SendQueue::for_async),
+    /// [`RecvRing::for_async`](crate::RecvRing::for_async)). The channel lives as long as the
+    /// CQ. For several CQs on one channel, make the channel and pass it to
+    /// [`create_cq`](Self::create_cq).
+    ///
+    /// # Errors
+    /// As [`create_cq`](Self::create_cq) and
+    /// [`create_completion_channel`](Self::create_completion_channel).
+    ///
+    /// # References
+    /// - [`ibv_create_comp_channel(3)`](https://man7.org/linux/man-pages/man3/ibv_create_comp_channel.3.html)
+    /// - [`ibv_create_cq(3)`](https://man7.org/linux/man-pages/man3/ibv_create_cq.3.html)
+    #[doc(alias = "ibv_create_cq")]
+    #[doc(alias = "ibv_create_comp_channel")]
+    pub fn create_cq_with_channel(&self, entries: u32) -> Result<CompletionQueue<'_>> {
+        let channel = std::sync::Arc::new(CompletionChannel::new(self)?);
+        CompletionQueue::new(self, entries, Some(Parent::from(channel)))
+    }
+}
+
+/// The refusal of a queue or ring for async waits on a CQ without a completion channel: its
+/// async waits could never sleep ([`SendQueue::for_async`](crate::SendQueue::for_async),
+/// [`RecvRing::for_async`](crate::RecvRing::for_async)).
+pub(crate) fn check_awaitable(verb: &'static str, cq: &CompletionQueue<'_>) -> Result<()> {
+    match cq.channel() {
+        Some(_) => Ok(()),
+        None => Err(Error::invalid(
+            verb,
+            Some(cq.ctx.name()),
+            "the CQ has no completion channel, so an async wait could never sleep: make it with \
+             `Context::create_cq_with_channel` or `create_cq(n, Some(&channel))`",
+        )),
+    }
+}
+
 impl<'ctx> CompletionQueue<'ctx> {
     /// Creates a completion queue of `ctx` with room for at least `entries` completions,
     /// optionally reporting to `channel`; both parents borrowed or shared (see [`Parent`]):

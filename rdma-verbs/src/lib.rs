@@ -18,7 +18,7 @@
 //! # fn main() -> rdma_verbs::Result<()> {
 //! let ctx = Context::open("rxe0")?;
 //! let pd = ctx.alloc_pd()?;
-//! let cq = ctx.create_cq(64, None)?;
+//! let cq = ctx.create_cq_with_channel(64)?; // waits sleep on its channel, or are awaited
 //! let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?;
 //! let qp = pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq))?.init(InitAttr::new(1))?;
 //! let me = qp.endpoint(1, 0)?; // a loopback connection: the QP is its own peer

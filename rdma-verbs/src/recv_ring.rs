@@ -244,6 +244,24 @@ impl<'res> RecvRing<'res> {
         Self::start(Some(inner), None, cq, pool, depth, drain_timeout)
     }
 
+    /// [`new`](Self::new), for a ring that will be awaited (`recv_async`, feature `tokio`):
+    /// the QP's receive CQ must report to a completion channel, or an async wait could never
+    /// sleep. Refused here, before any receive is posted, rather than at the first
+    /// `recv_async`.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new); [`Error::InvalidArgument`] when the receive CQ has no completion
+    /// channel (make it with [`Context::create_cq_with_channel`](crate::Context::create_cq_with_channel)).
+    pub fn for_async<T: Transport, S: CanPostRecv>(
+        qp: &QueuePair<'res, T, S>,
+        pool: SlotPool<'res>,
+        depth: usize,
+        drain_timeout: Duration,
+    ) -> Result<Self> {
+        crate::cq::check_awaitable("RecvRing::for_async", qp.recv_cq())?;
+        Self::new(qp, pool, depth, drain_timeout)
+    }
+
     /// Posts `depth` slots of `pool` to the shared receive queue `srq` and owns it: every QP of
     /// the SRQ must deliver its receive completions to `cq` (the ring owns that CQ), which is
     /// checked both ways (QPs made before with another CQ refuse the ring; QPs made after with

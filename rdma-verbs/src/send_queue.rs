@@ -139,6 +139,22 @@ impl<'res, T: Connected> SendQueue<'res, T> {
     /// [`Error::Busy`] when a posting scope, another `SendQueue` or a
     /// [`RecvRing`](crate::RecvRing) owns the QP's send CQ.
     pub fn new(qp: &QueuePair<'res, T, ReadyToSend>, drain_timeout: Duration) -> Result<Self> {
+        Self::take_over(qp, drain_timeout)
+    }
+
+    /// [`new`](Self::new), for a queue that will be awaited (`wait_async`, `drain_async`,
+    /// `ready_async`): its send CQ must report to a completion channel, or an async wait could
+    /// never sleep. Refused here, rather than at the first async wait.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new); [`Error::InvalidArgument`] when the send CQ has no completion
+    /// channel (make it with [`Context::create_cq_with_channel`](crate::Context::create_cq_with_channel)).
+    pub fn for_async(qp: &QueuePair<'res, T, ReadyToSend>, drain_timeout: Duration) -> Result<Self> {
+        crate::cq::check_awaitable("SendQueue::for_async", qp.send_cq())?;
+        Self::take_over(qp, drain_timeout)
+    }
+
+    fn take_over(qp: &QueuePair<'res, T, ReadyToSend>, drain_timeout: Duration) -> Result<Self> {
         let inner = Arc::clone(qp.shared());
         let cq = CqOwner::claim(inner.send_cq.clone(), CqHolder::SendQueue, "SendQueue::new")?;
         let depth = inner.caps.max_send_wr.min(cq.cq().cqe()) as usize;

@@ -240,3 +240,63 @@ fn tasks_waiting_on_cqs_of_one_channel_each_wake() {
     });
     drop(peer.join().unwrap());
 }
+
+/// An RC QP sending on `send` and receiving on `recv`, connected to itself.
+fn self_connected_on<'r>(
+    pd: &'r ProtectionDomain<'r>,
+    send: &'r CompletionQueue<'r>,
+    recv: &'r CompletionQueue<'r>,
+) -> QueuePair<'r, Rc, ReadyToSend> {
+    let topo = testkit::configured();
+    let qp = pd.create_qp::<Rc>(QpCreateAttr::new(send, recv).caps(caps(4, 4))).unwrap();
+    let qp = qp.init(InitAttr::new(topo.port).access(ALL)).unwrap();
+    let me = qp.endpoint(topo.gid_index, 1).unwrap();
+    connect(qp, 1, me, &topo)
+}
+
+/// A queue or ring made for async waits on a CQ without a completion channel is refused when it
+/// is made, before any receive is posted (issue 34: it used to fail only at its first async
+/// wait); `Context::create_cq_with_channel` makes CQs whose ring and queue are awaited, here a
+/// message from the QP to itself.
+#[test]
+fn a_cq_without_a_channel_is_refused_when_made_for_async_and_one_with_its_own_is_awaited() {
+    let topo = testkit::require_topology!();
+    let ctx = Context::open(&topo.server.device).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+
+    let (bare_send, bare_recv) = (ctx.create_cq(16, None).unwrap(), ctx.create_cq(16, None).unwrap());
+    let qp = self_connected_on(&pd, &bare_send, &bare_recv);
+    let refused = |what: &str, r: Result<()>| match r {
+        Err(Error::InvalidArgument { reason, .. }) => {
+            assert!(reason.contains("no completion channel"), "{what}: {reason}")
+        }
+        other => panic!("{what}: {other:?} instead of InvalidArgument"),
+    };
+    let pool = SlotPool::new(&pd, 64, 4, AccessFlags::LOCAL_WRITE).unwrap();
+    refused("RecvRing::for_async", RecvRing::for_async(&qp, pool, 4, T).map(drop));
+    refused("SendQueue::for_async", SendQueue::for_async(&qp, T).map(drop));
+    // The blocking constructors take them (their waits spin): nothing was posted or claimed.
+    let pool = SlotPool::new(&pd, 64, 4, AccessFlags::LOCAL_WRITE).unwrap();
+    let ring = RecvRing::new(&qp, pool, 4, T).unwrap();
+    let sq = SendQueue::new(&qp, T).unwrap();
+    assert!(!ring.can_sleep() && !sq.can_sleep());
+    drop((sq, ring, qp));
+
+    let (send, recv) = (ctx.create_cq_with_channel(16).unwrap(), ctx.create_cq_with_channel(16).unwrap());
+    assert!(send.channel().is_some() && recv.channel().is_some());
+    let qp = self_connected_on(&pd, &send, &recv);
+    let pool = SlotPool::new(&pd, 64, 4, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut ring = RecvRing::for_async(&qp, pool, 4, T).unwrap();
+    let mut sq = SendQueue::for_async(&qp, T).unwrap();
+    assert!(ring.can_sleep() && sq.can_sleep());
+    let out = SlotPool::new(&pd, 64, 4, AccessFlags::LOCAL_WRITE).unwrap();
+    current_thread().block_on(async {
+        let mut slot = out.try_take().unwrap();
+        slot.write_at(0, b"awaited").unwrap();
+        sq.post(SlotRequest::send(slot, 7)).unwrap();
+        let msg = tokio::time::timeout(T, ring.recv_async()).await.unwrap().unwrap();
+        assert_eq!(msg.bytes(), b"awaited");
+        ring.release(msg).unwrap();
+        tokio::time::timeout(T, sq.drain_async(|c| c.ok().unwrap())).await.unwrap().unwrap();
+    });
+}

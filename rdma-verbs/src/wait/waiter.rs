@@ -353,7 +353,12 @@ fn nothing_wakes(cqs: &[&CompletionQueue<'_>], until: Deadline) -> Result<()> {
 fn single_channel<'a>(cqs: &[&'a CompletionQueue<'_>]) -> Result<&'a CompletionChannel<'a>> {
     let device = cqs.first().map(|cq| cq.context().name());
     if !CqWaiter::can_sleep(cqs) {
-        return Err(Error::invalid("ibv_get_cq_event", device, "an async wait needs a CQ with a completion channel"));
+        return Err(Error::invalid(
+            "ibv_get_cq_event",
+            device,
+            "an async wait needs a CQ with a completion channel (`Context::create_cq_with_channel`; \
+             `SendQueue::for_async` and `RecvRing::for_async` refuse one without when they are made)",
+        ));
     }
     let channels = Channels::of(cqs);
     match (channels.more.is_empty(), channels.few) {
