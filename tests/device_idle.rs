@@ -92,3 +92,53 @@ fn a_receiver_whose_sender_stopped_sleeps() {
 fn a_sender_whose_receiver_stopped_sleeps() {
     idle_end_sleeps("idle-tx", 18991, false);
 }
+
+/// CPU time so far of `pid` (user and system, every thread), in clock ticks: `/proc/PID/stat`.
+fn cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command's closing parenthesis: state is field 3, utime 14, stime 15.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+}
+
+/// CPU ticks a receiver may spend from its stop to its exit, with a session to end whose sender
+/// is stopped: its teardown (its disconnect waits about a second for a peer that never
+/// answers) and its exit. Its accept loop woke at once on every turn for the whole teardown
+/// before (the stop flag's eventfd stays readable): a core's worth, about 100 ticks a second.
+const MOST_STOP_TICKS: u64 = 60;
+
+/// A receiver told to stop (SIGTERM) while a session's sender is stopped ends that session and
+/// exits, asleep meanwhile: its accept loop does not spin while the session tears down (review
+/// of issue 34).
+#[test]
+fn a_stopping_receiver_sleeps_while_its_sessions_end() {
+    let topo = testkit::require_topology!();
+    let (_dir, file, dst) = files("idle-stop");
+    let rx = Receiver::start(&topo, 18992, &["--dir", dst.to_str().unwrap(), "--timeout", "60"]);
+    let tx = spawn_send_reporting(&topo, 18992, &file, &["--chunk", "256K"]);
+    wait_for_temporary(&dst);
+    signal(tx.id(), libc::SIGSTOP);
+    std::thread::sleep(Duration::from_secs(1));
+    let pid = rx.child.id();
+    let before = cpu_ticks(pid).unwrap();
+    let start = std::time::Instant::now();
+    signal(pid, libc::SIGTERM);
+    let mut last = before;
+    while let Some(now) = cpu_ticks(pid) {
+        last = now;
+        // A zombie has no more to spend: exited.
+        if std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z ")) {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "the receiver did not exit");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let spent = last - before;
+    let took = start.elapsed();
+    signal(tx.id(), libc::SIGCONT);
+    let _ = wait_within(tx, Duration::from_secs(120), "the sender");
+    let reports = rx.kill_for_reports();
+    eprintln!("the stopping receiver spent {spent} ticks of CPU in {took:?} to exit");
+    assert!(!stored(&dst), "{reports}");
+    assert!(spent <= MOST_STOP_TICKS, "the stopping receiver spent {spent} ticks in {took:?}\n{reports}");
+}

@@ -430,8 +430,10 @@ impl ResolvingAddress {
     /// otherwise, or the wait ends.
     pub(crate) async fn run(self, how: &Waiting) -> Result<CmId<AddressResolved>> {
         let ResolvingAddress { id, src, dst } = self;
-        if let Some(timeout) = how.timeout() {
-            timeout_ms(RESOLVE_ADDR, timeout)?;
+        // A wait already over (a timeout of zero) asks nothing: librdmacm's timers count whole
+        // milliseconds, and the answer could not be waited for.
+        if how.has_passed() {
+            return Err(how.timed_out(RESOLVE_ADDR));
         }
         let mut addrs = AddrQuery::new(src, dst);
         loop {
@@ -456,8 +458,8 @@ impl ResolvingRoute {
     pub(crate) async fn run(self, how: &Waiting) -> Result<CmId<RouteResolved>> {
         let id = self.id;
         let (dst, device) = (id.known.peer, &id.known.device);
-        if let Some(timeout) = how.timeout() {
-            timeout_ms(RESOLVE_ROUTE, timeout).map_err(|e| e.on_device(device))?;
+        if how.has_passed() {
+            return Err(how.timed_out(RESOLVE_ROUTE).on_device(device));
         }
         id.start_resolve_route(how.remaining().max(Duration::from_millis(1)))?;
         id.id
@@ -472,17 +474,22 @@ impl<'res> Connecting<'res> {
     /// `rdma_connect()`, the wait for the peer's acceptance, the QP to `ReadyToSend`,
     /// `rdma_establish()`.
     pub(crate) async fn run(self, how: &Waiting) -> Result<Connection<'res>> {
-        let Connecting { id: CmId { id, known, .. }, qp, params } = self;
-        let params = params.get();
-        let handshake = async {
-            CmId::<RouteResolved>::start_connect(&id, &qp, &params)?;
-            let ev = id.expect_as(how, EventKind::ConnectResponse, CONNECT, CONNECTING, known.peer).await?;
-            CmId::<RouteResolved>::finish_connect(&id, &known, qp, &params, ev)
-        };
-        match handshake.await {
-            Ok((qp, peer_params)) => Ok(Connection::new(qp, id, known.peer, known.local, known.device, peer_params)),
-            Err(e) => Err(e.on_device(&known.device)),
+        let Connecting { id, qp, params } = self;
+        // Declared after the QP, so dropped first (a dropped future destroys the identifier,
+        // then the QP, as an error does).
+        let CmId { id, known, .. } = id;
+        if how.has_passed() {
+            // Nothing sent: the peer could not be waited for.
+            return Err(how.timed_out(CONNECT).on_device(&known.device));
         }
+        let params = params.get();
+        let on_device = |e: Error| e.on_device(&known.device);
+        CmId::<RouteResolved>::start_connect(&id, &qp, &params).map_err(on_device)?;
+        let ev =
+            id.expect_as(how, EventKind::ConnectResponse, CONNECT, CONNECTING, known.peer).await.map_err(on_device)?;
+        let (qp, peer_params) =
+            CmId::<RouteResolved>::finish_connect(&id, &known, qp, &params, ev).map_err(on_device)?;
+        Ok(Connection::new(qp, id, known.peer, known.local, known.device, peer_params))
     }
 }
 

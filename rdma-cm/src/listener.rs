@@ -309,7 +309,7 @@ impl ConnectRequest {
         self,
         qp: QueuePair<'res, Rc, Init>,
         params: &ConnParams<'_>,
-    ) -> Result<(ConnectRequest, QueuePair<'res, Rc, ReadyToSend>)> {
+    ) -> Result<(QueuePair<'res, Rc, ReadyToSend>, ConnectRequest)> {
         let on_device = |e: Error| e.on_device(&self.device);
         let ack_timeout = params.checked_ack_timeout(ACCEPT).map_err(on_device)?;
         let (qp, resp, init) = self
@@ -322,7 +322,7 @@ impl ConnectRequest {
         // the call, which copies them.
         check(ACCEPT, unsafe { ffi::rdma_accept(self.conn.id.as_ptr(), &mut raw) }).map_err(on_device)?;
         self.conn.set_phase(DONE);
-        Ok((self, qp))
+        Ok((qp, self))
     }
 
     /// `accept`'s last step, with what the wait for `RDMA_CM_EVENT_ESTABLISHED` gave.
@@ -428,7 +428,9 @@ impl<'res> Accepting<'res> {
         mut keep_waiting: impl FnMut() -> bool,
     ) -> Result<Connection<'res>> {
         let Accepting { req, qp, params } = self;
-        let (accepted, qp) = req.start_accept(qp, &params.get())?;
+        // `accepted` declared after the QP, so dropped first (a dropped future destroys the
+        // identifier, then the QP, as an error does).
+        let (qp, accepted) = req.start_accept(qp, &params.get())?;
         let (id, peer) = (&accepted.conn.id, accepted.peer);
         let check_every = check_every.max(Duration::from_millis(1));
         let waited = id

@@ -79,15 +79,6 @@ impl Waiting {
         Waiting::Until { deadline: Deadline::after(timeout), timeout }
     }
 
-    /// The whole blocking wait's timeout; `None` on the runtime.
-    pub(crate) fn timeout(&self) -> Option<Duration> {
-        match self {
-            Waiting::Until { timeout, .. } => Some(*timeout),
-            #[cfg(feature = "tokio")]
-            Waiting::Runtime => None,
-        }
-    }
-
     /// The same wait with `by` more time (the same timeout reported).
     pub(crate) fn extended(&self, by: Duration) -> Self {
         match self {

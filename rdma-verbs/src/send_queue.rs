@@ -139,7 +139,7 @@ impl<'res, T: Connected> SendQueue<'res, T> {
     /// [`Error::Busy`] when a posting scope, another `SendQueue` or a
     /// [`RecvRing`](crate::RecvRing) owns the QP's send CQ.
     pub fn new(qp: &QueuePair<'res, T, ReadyToSend>, drain_timeout: Duration) -> Result<Self> {
-        Self::take_over(qp, drain_timeout)
+        Self::take_over(qp, drain_timeout, "SendQueue::new")
     }
 
     /// [`new`](Self::new), for a queue that will be awaited (`wait_async`, `drain_async`,
@@ -151,12 +151,12 @@ impl<'res, T: Connected> SendQueue<'res, T> {
     /// channel (make it with [`Context::create_cq_with_channel`](crate::Context::create_cq_with_channel)).
     pub fn for_async(qp: &QueuePair<'res, T, ReadyToSend>, drain_timeout: Duration) -> Result<Self> {
         crate::cq::check_awaitable("SendQueue::for_async", qp.send_cq())?;
-        Self::take_over(qp, drain_timeout)
+        Self::take_over(qp, drain_timeout, "SendQueue::for_async")
     }
 
-    fn take_over(qp: &QueuePair<'res, T, ReadyToSend>, drain_timeout: Duration) -> Result<Self> {
+    fn take_over(qp: &QueuePair<'res, T, ReadyToSend>, drain_timeout: Duration, verb: &'static str) -> Result<Self> {
         let inner = Arc::clone(qp.shared());
-        let cq = CqOwner::claim(inner.send_cq.clone(), CqHolder::SendQueue, "SendQueue::new")?;
+        let cq = CqOwner::claim(inner.send_cq.clone(), CqHolder::SendQueue, verb)?;
         let depth = inner.caps.max_send_wr.min(cq.cq().cqe()) as usize;
         Ok(SendQueue {
             qp: inner,

@@ -58,7 +58,9 @@ impl Bell {
 /// A switch set once, from any thread, task or signal-handling thread, to end what waits on it:
 /// [`SendOptions::cancel`](super::SendOptions::cancel) and
 /// [`ReceiveOptions::stop`](super::ReceiveOptions::stop). Setting it wakes the sessions (and
-/// the accept loop) asleep on it at once. Clones share the switch; it cannot be reset.
+/// the accept loop) asleep on it at once. Clones share the switch; it cannot be reset. A flag
+/// belongs to one process: after `fork`, the child shares its `eventfd` but not its switch, so
+/// make the child's flags anew.
 ///
 /// ```
 /// use rdma_proto::driver::Flag;

@@ -209,7 +209,8 @@ impl CqWaiter {
     ///
     /// # Errors
     /// [`Error::Verb`] when arming a CQ (`ibv_req_notify_cq`), waiting (`poll(2)`) or reading
-    /// an event (`ibv_get_cq_event`) fails.
+    /// an event (`ibv_get_cq_event`) fails; [`Error::NothingToWaitFor`] over no CQ without a
+    /// deadline.
     pub fn idle(&mut self, cqs: &[&CompletionQueue<'_>], until: Deadline) -> Result<Idle> {
         self.idle_with(cqs, until, &[])
     }
@@ -222,13 +223,18 @@ impl CqWaiter {
     /// read from each what made it readable before idling again, or the next sleep ends at once.
     ///
     /// # Errors
-    /// As [`idle`](Self::idle).
+    /// As [`idle`](Self::idle); [`Error::NothingToWaitFor`] over no CQ and no `also` without a
+    /// deadline (nothing could end the sleep).
     pub fn idle_with(
         &mut self,
         cqs: &[&CompletionQueue<'_>],
         until: Deadline,
         also: &[BorrowedFd<'_>],
     ) -> Result<Idle> {
+        if also.is_empty() {
+            // Nothing could end a sleep over no CQ without a deadline.
+            nothing_wakes(cqs, until)?;
+        }
         if let Some(step) = self.spin_or_arm(cqs)? {
             if step == Idle::Spun {
                 std::hint::spin_loop();
@@ -254,6 +260,7 @@ impl CqWaiter {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when a CQ has no channel or the CQs report to several;
+    /// [`Error::NothingToWaitFor`] over no CQ (await other readiness directly);
     /// [`Error::NoRuntime`] outside a tokio runtime; as `idle`.
     #[cfg(feature = "tokio")]
     pub async fn idle_async(
@@ -262,6 +269,9 @@ impl CqWaiter {
         recheck: Option<std::time::Duration>,
     ) -> Result<Idle> {
         crate::wait::reactor::in_runtime("ibv_get_cq_event")?;
+        if cqs.is_empty() {
+            return Err(Error::NothingToWaitFor { what: "an async idle step over no CQ" });
+        }
         let channel = single_channel(cqs)?;
         if let Some(step) = self.spin_or_arm(cqs)? {
             if step == Idle::Spun {
@@ -288,8 +298,9 @@ impl CqWaiter {
     /// [`idle_async`](Self::idle_async), whose sleep also ends when one of `also` is ready
     /// ([`Idle::Signalled`]; see [`idle_with`](Self::idle_with)). The readiness that ended it is
     /// cleared: read from each what made it readable before idling again, or what arrives
-    /// meanwhile may wake nothing. `also` is looked at first: one ready already ends the step
-    /// before it spins, arms or sleeps.
+    /// meanwhile may wake nothing. `also` is looked at first: one the reactor has already seen
+    /// ready ends the step before it spins, arms or sleeps (one that became readable since, the
+    /// reactor sees when the task next yields).
     ///
     /// # Errors
     /// As [`idle_async`](Self::idle_async); [`Error::Verb`] when the reactor fails on one of
@@ -619,6 +630,29 @@ mod tests {
             CqWaiter::new(WaitPolicy::sleep_at_once())
                 .wait(&[], Deadline::after(Duration::from_millis(5)), || Ok(None::<()>));
         assert!(matches!(ended, Ok(None)), "with a deadline it waits to it: {ended:?}");
+    }
+
+    /// An idle step over no CQ and without a deadline slept for ever too, once armed (review
+    /// of issue 34); with a deadline it sleeps to it, and with a fd of `also` it wakes for it.
+    #[test]
+    fn an_idle_step_over_no_cq_without_a_deadline_is_refused() {
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut waiter = CqWaiter::new(WaitPolicy::sleep_at_once());
+            let steps: Vec<_> = (0..3).map(|_| waiter.idle(&[], Deadline::never())).collect();
+            let _ = done.send(format!("{steps:?}"));
+        });
+        let steps = finished.recv_timeout(Duration::from_secs(5)).expect("the idle step slept for ever");
+        assert!(steps.contains("NothingToWaitFor"), "{steps}");
+        let mut waiter = CqWaiter::new(WaitPolicy::sleep_at_once());
+        let soon = || Deadline::after(Duration::from_millis(5));
+        assert!(matches!(waiter.idle(&[], soon()), Ok(Idle::Armed)));
+        assert!(matches!(waiter.idle(&[], soon()), Ok(Idle::Slept)), "with a deadline it sleeps to it");
+        let (r, w) = std::os::unix::net::UnixStream::pair().unwrap();
+        std::io::Write::write_all(&mut &w, b"x").unwrap();
+        use std::os::fd::AsFd;
+        let steps: Vec<_> = (0..2).map(|_| waiter.idle_with(&[], Deadline::never(), &[r.as_fd()])).collect();
+        assert!(matches!(steps[..], [Ok(Idle::Armed), Ok(Idle::Signalled)]), "{steps:?}");
     }
 
     /// A budget too large for an `Instant` spins for the whole wait, as `Duration::MAX` does; it

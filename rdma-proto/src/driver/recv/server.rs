@@ -221,10 +221,10 @@ impl Server {
                 Ok(None) => {
                     // Asleep until a request, the stop flag, or a session's news (a transfer
                     // asked for, a connection ended): nothing else changes what the loop does.
-                    let fds = Wakes::new(self.listener.as_fd())
-                        .and(self.opts.stop.fd())
-                        .and(tally.changed.fd())
-                        .and(self.places.ended_fd());
+                    // Once closed, not the stop flag: set, it stays readable for good, and the
+                    // loop would spin while its last sessions end (review of issue 34).
+                    let fds = Wakes::new(self.listener.as_fd()).and(tally.changed.fd()).and(self.places.ended_fd());
+                    let fds = if closed { fds } else { fds.and(self.opts.stop.fd()) };
                     io.readable(fds.fds(), fds.until(Deadline::never())).await;
                     tally.changed.heard();
                     self.places.heard();
