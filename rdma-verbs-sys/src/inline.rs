@@ -98,3 +98,102 @@ pub unsafe fn ___ibv_query_port(context: *mut ibv_context, port_num: u8, port_at
         }
     }
 }
+
+/// `ibv_query_device_ex()`: the device's extended attributes. The provider's extended query when
+/// it has one (and answers), else `ibv_query_device()` into a zeroed `attr` (the extended fields
+/// then stay zero). Returns 0 or an `errno` value (`EINVAL` for an `input` with a `comp_mask`).
+///
+/// # Safety
+/// As in C: `context` is live, `input` is null or readable, `attr` writable. See
+/// [ibv_query_device_ex(3)](https://man7.org/linux/man-pages/man3/ibv_query_device_ex.3.html).
+#[inline]
+pub unsafe fn ibv_query_device_ex(
+    context: *mut ibv_context,
+    input: *const ibv_query_device_ex_input,
+    attr: *mut ibv_device_attr_ex,
+) -> libc::c_int {
+    // SAFETY: the caller's contract; the op is used only if it lies inside the library's
+    // extended context (`verbs_get_ctx_op`), as in `___ibv_query_port`.
+    unsafe {
+        if input.as_ref().is_some_and(|i| i.comp_mask != 0) {
+            return libc::EINVAL;
+        }
+        let vctx = verbs_get_ctx(context);
+        let reach = core::mem::size_of::<verbs_context>() - core::mem::offset_of!(verbs_context, query_device_ex);
+        if let Some(query) = vctx.as_ref().and_then(|v| if v.sz >= reach { v.query_device_ex } else { None }) {
+            let rc = query(context, input, attr, core::mem::size_of::<ibv_device_attr_ex>());
+            if rc != libc::EOPNOTSUPP && rc != libc::ENOSYS {
+                return rc;
+            }
+        }
+        core::ptr::write_bytes(attr, 0, 1);
+        ibv_query_device(context, core::ptr::addr_of_mut!((*attr).orig_attr))
+    }
+}
+
+/// `ibv_alloc_mw()`: allocates a memory window of `type_` (`enum ibv_mw_type`). Null on error,
+/// with `errno` set (`EOPNOTSUPP` when the provider has no memory windows).
+///
+/// # Safety
+/// As in C: `pd` is live. See
+/// [ibv_alloc_mw(3)](https://man7.org/linux/man-pages/man3/ibv_alloc_mw.3.html).
+#[inline]
+pub unsafe fn ibv_alloc_mw(pd: *mut ibv_pd, type_: ibv_mw_type::Type) -> *mut ibv_mw {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match (*(*pd).context).ops.alloc_mw {
+            Some(alloc) => alloc(pd, type_),
+            None => {
+                *libc::__errno_location() = libc::EOPNOTSUPP;
+                core::ptr::null_mut()
+            }
+        }
+    }
+}
+
+/// `ibv_dealloc_mw()`: frees a memory window (invalidating it if bound). Returns 0 or an `errno`
+/// value.
+///
+/// # Safety
+/// As in C: `mw` is live and not used after. See
+/// [ibv_alloc_mw(3)](https://man7.org/linux/man-pages/man3/ibv_alloc_mw.3.html).
+#[inline]
+pub unsafe fn ibv_dealloc_mw(mw: *mut ibv_mw) -> libc::c_int {
+    // SAFETY: the caller's contract; a provider that allocated the window fills this op.
+    unsafe { ((*(*mw).context).ops.dealloc_mw.unwrap_unchecked())(mw) }
+}
+
+/// `ibv_inc_rkey()`: `rkey` with its low 8 bits (the key's tag) incremented, wrapping.
+#[inline]
+pub fn ibv_inc_rkey(rkey: u32) -> u32 {
+    (rkey & !0xff) | (rkey.wrapping_add(1) & 0xff)
+}
+
+/// `ibv_bind_mw()`: posts a bind of the type 1 window `mw` on `qp`'s send queue. Returns 0 or
+/// an `errno` value (`EINVAL` for a type 2 window or an address without a region, `EPERM` for
+/// a region of another protection domain). On success the provider has set `mw->rkey` to the
+/// key the bind gives.
+///
+/// # Safety
+/// As in C: `qp`, `mw` and the region `mw_bind` names are live, and `mw_bind` is readable. See
+/// [ibv_bind_mw(3)](https://man7.org/linux/man-pages/man3/ibv_bind_mw.3.html).
+#[inline]
+pub unsafe fn ibv_bind_mw(qp: *mut ibv_qp, mw: *mut ibv_mw, mw_bind: *mut ibv_mw_bind) -> libc::c_int {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let info = &(*mw_bind).bind_info;
+        if (*mw).type_ != ibv_mw_type::IBV_MW_TYPE_1 {
+            return libc::EINVAL;
+        }
+        if info.mr.is_null() && (info.addr != 0 || info.length != 0) {
+            return libc::EINVAL;
+        }
+        if !info.mr.is_null() && (*mw).pd != (*info.mr).pd {
+            return libc::EPERM;
+        }
+        match (*(*mw).context).ops.bind_mw {
+            Some(bind) => bind(qp, mw, mw_bind),
+            None => libc::EOPNOTSUPP,
+        }
+    }
+}

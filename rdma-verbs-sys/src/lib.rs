@@ -1,7 +1,8 @@
 //! Raw bindings to rdma-core's `libibverbs` and `librdmacm`: every type, constant and exported
 //! function of `<infiniband/verbs.h>` and `<rdma/rdma_cma.h>`, plus the data-path calls that
 //! those headers define as `static inline` functions ([`ibv_post_send`], [`ibv_post_recv`],
-//! [`ibv_post_srq_recv`], [`ibv_poll_cq`], [`ibv_req_notify_cq`], [`___ibv_query_port`]),
+//! [`ibv_post_srq_recv`], [`ibv_poll_cq`], [`ibv_req_notify_cq`], [`___ibv_query_port`],
+//! [`ibv_query_device_ex`], [`ibv_alloc_mw`], [`ibv_dealloc_mw`], [`ibv_bind_mw`], [`ibv_inc_rkey`]),
 //! written in Rust against the provider's ops table exactly as the headers write them in C.
 //!
 //! The bindings are generated ahead of time (`scripts/gen-bindings`, bindgen with a pinned

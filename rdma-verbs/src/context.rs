@@ -8,6 +8,7 @@ use crate::ffi;
 
 use crate::device::DeviceList;
 use crate::device_attr::DeviceAttr;
+use crate::device_attr_ex::{DeviceAttrEx, DeviceCapabilities};
 use crate::error::{Error, Result};
 use crate::gid::GidEntry;
 use crate::port::PortAttr;
@@ -36,6 +37,7 @@ pub struct Context {
     raw: NonNull<ffi::ibv_context>,
     name: String,
     attr: DeviceAttr,
+    capabilities: DeviceCapabilities,
     registry: crate::registry::Registry,
 }
 
@@ -74,8 +76,14 @@ impl Context {
         let raw = unsafe { ffi::ibv_open_device(device.as_ptr()) };
         let raw = NonNull::new(raw).ok_or_else(|| Error::last_os_error("ibv_open_device", Some(name)))?;
         // The limits are kept: requests over them are rejected by name before any verb is called.
-        let attr = query_device(raw, name);
-        let ctx = attr.map(|attr| Context { raw, name: name.to_owned(), attr, registry: Default::default() });
+        let attr = query_device_ex(raw, name);
+        let ctx = attr.map(|ex| Context {
+            raw,
+            name: name.to_owned(),
+            attr: ex.attr,
+            capabilities: ex.capabilities,
+            registry: Default::default(),
+        });
         let ctx = match ctx {
             Ok(ctx) => ctx,
             Err(e) => {
@@ -114,6 +122,30 @@ impl Context {
     #[doc(alias = "ibv_query_device")]
     pub fn query_device(&self) -> Result<DeviceAttr> {
         query_device(self.raw, &self.name)
+    }
+
+    /// The device's extended attributes: `ibv_query_device_ex()`. What it can do beyond the
+    /// classic verbs (memory windows, atomic write, flush, on-demand paging), its clock and
+    /// completion timestamps.
+    ///
+    /// A provider without the extended query answers with the classic attributes and every
+    /// extended field zero, as libibverbs does.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] with the `errno` the verb returned.
+    ///
+    /// # References
+    /// - [`ibv_query_device_ex(3)`](https://man7.org/linux/man-pages/man3/ibv_query_device_ex.3.html)
+    #[doc(alias = "ibv_query_device_ex")]
+    pub fn query_device_ex(&self) -> Result<DeviceAttrEx> {
+        query_device_ex(self.raw, &self.name)
+    }
+
+    /// What the device can do, as [`query_device_ex`](Self::query_device_ex) said when it was
+    /// opened. The calls that need a capability check it here first, and return
+    /// [`Error::Unsupported`] without calling a verb when it is missing.
+    pub fn capabilities(&self) -> DeviceCapabilities {
+        self.capabilities
     }
 
     /// The attributes of port `port` (numbered from 1): `ibv_query_port()`.
@@ -241,6 +273,16 @@ impl Context {
         // SAFETY: `dev_name` is a NUL-terminated string in the device struct.
         unsafe { CStr::from_ptr(dev.dev_name.as_ptr()) }.to_string_lossy().into_owned()
     }
+}
+
+fn query_device_ex(raw: NonNull<ffi::ibv_context>, name: &str) -> Result<DeviceAttrEx> {
+    let mut attr = MaybeUninit::<ffi::ibv_device_attr_ex>::zeroed();
+    // SAFETY: `raw` is an open context, the input is null (no extensions asked for) and `attr`
+    // a writable `ibv_device_attr_ex`.
+    let rc = unsafe { ffi::ibv_query_device_ex(raw.as_ptr(), std::ptr::null(), attr.as_mut_ptr()) };
+    Error::check("ibv_query_device_ex", Some(name), rc)?;
+    // SAFETY: the verb succeeded; the struct is plain data and was zeroed before.
+    Ok(DeviceAttrEx::from_raw(unsafe { &attr.assume_init() }))
 }
 
 fn query_device(raw: NonNull<ffi::ibv_context>, name: &str) -> Result<DeviceAttr> {

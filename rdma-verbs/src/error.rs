@@ -116,12 +116,26 @@ pub enum Error {
         /// The region's (or, for an SGE, the 4 GiB limit's) length.
         region_len: usize,
     },
-    /// A plain slice of a region a peer may write at any time (`REMOTE_WRITE` or
-    /// `REMOTE_ATOMIC`) was asked for: copy with `read_at` instead.
+    /// A plain slice of a region a peer may write at any time (`REMOTE_WRITE`, `REMOTE_ATOMIC`
+    /// or `MW_BIND`) was asked for: copy with `read_at` instead.
     #[error("{what}: a peer may write this region at any time (it has remote write access)")]
     RemotelyWritable {
         /// The method, e.g. `"MemoryRegion::as_mut_slice"`.
         what: &'static str,
+    },
+    /// The device does not do what was asked: it does not advertise the capability (no verb
+    /// was called, `errno` is `None`), or the verb refused it as unsupported (`EOPNOTSUPP`,
+    /// `ENOSYS`, or what the provider returns instead, in `errno`).
+    #[error("{verb}{}: not supported: {reason}", OnDevice(.device))]
+    Unsupported {
+        /// The verb that was, or would have been, called.
+        verb: &'static str,
+        /// The device.
+        device: Option<String>,
+        /// What is missing, and the evidence (capability bit, errno).
+        reason: String,
+        /// The `errno` the verb reported, when it was called.
+        errno: Option<i32>,
     },
     /// An argument was rejected before any verb was called.
     #[error("{verb}{}: invalid argument: {reason}", OnDevice(.device))]
@@ -140,6 +154,7 @@ impl Error {
     pub fn errno(&self) -> Option<i32> {
         match self {
             Error::Verb { errno, .. } | Error::PostFailed { errno, .. } => Some(*errno),
+            Error::Unsupported { errno, .. } => *errno,
             _ => None,
         }
     }
@@ -147,9 +162,10 @@ impl Error {
     /// The verb that failed or would have been called, if any.
     pub fn verb(&self) -> Option<&'static str> {
         match self {
-            Error::Verb { verb, .. } | Error::InvalidArgument { verb, .. } | Error::PostFailed { verb, .. } => {
-                Some(verb)
-            }
+            Error::Verb { verb, .. }
+            | Error::InvalidArgument { verb, .. }
+            | Error::PostFailed { verb, .. }
+            | Error::Unsupported { verb, .. } => Some(verb),
             Error::NoDevice { .. }
             | Error::OutOfBounds { .. }
             | Error::RemotelyWritable { .. }
@@ -186,6 +202,11 @@ impl Error {
     /// were posted before the one it refused.
     pub(crate) fn post_failed(verb: &'static str, device: &str, errno: i32, posted: usize) -> Self {
         Error::PostFailed { verb, device: Some(device.to_owned()), errno, posted }
+    }
+
+    /// The device lacks what `verb` needs (a capability it does not advertise); no verb called.
+    pub(crate) fn unsupported(verb: &'static str, device: Option<&str>, reason: impl Into<String>) -> Self {
+        Error::Unsupported { verb, device: device.map(str::to_owned), reason: reason.into(), errno: None }
     }
 
     pub(crate) fn invalid(verb: &'static str, device: Option<&str>, reason: impl Into<String>) -> Self {

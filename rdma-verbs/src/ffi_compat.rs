@@ -75,3 +75,56 @@ pub const RDMA_ADDR_SRC: usize = std::mem::offset_of!(ffi::rdma_addr, src_addr_u
 /// Where `struct rdma_addr` keeps its destination address union (`rdma_get_peer_addr()`).
 #[cfg(feature = "rdma-sys")]
 pub const RDMA_ADDR_DST: usize = std::mem::offset_of!(ffi::rdma_addr, dst_addr_union);
+
+/// `ibv_alloc_mw()`: null on error with `errno` set (rdma-sys's returns an `Option`).
+///
+/// # Safety
+/// `pd` is a live protection domain.
+#[inline]
+pub(crate) unsafe fn alloc_mw(pd: *mut ffi::ibv_pd, kind: ffi::ibv_mw_type::Type) -> *mut ffi::ibv_mw {
+    // SAFETY: the caller's contract.
+    #[cfg(not(feature = "rdma-sys"))]
+    let mw = unsafe { ffi::ibv_alloc_mw(pd, kind) };
+    // SAFETY: the caller's contract.
+    #[cfg(feature = "rdma-sys")]
+    let mw = unsafe { ffi::ibv_alloc_mw(pd, kind) }.unwrap_or(std::ptr::null_mut());
+    mw
+}
+
+/// Sets the key a send with invalidate or a local invalidate names (the union it shares with
+/// the immediate data).
+#[inline]
+pub(crate) fn set_invalidate_rkey(wr: &mut ffi::ibv_send_wr, rkey: u32) {
+    #[cfg(not(feature = "rdma-sys"))]
+    {
+        wr.__bindgen_anon_1.invalidate_rkey = rkey;
+    }
+    #[cfg(feature = "rdma-sys")]
+    {
+        wr.imm_data_invalidated_rkey_union.invalidated_rkey = rkey;
+    }
+}
+
+/// Sets the window, new key and range of an `IBV_WR_BIND_MW` request.
+#[inline]
+pub(crate) fn set_bind_mw(wr: &mut ffi::ibv_send_wr, mw: *mut ffi::ibv_mw, rkey: u32, info: ffi::ibv_mw_bind_info) {
+    #[cfg(not(feature = "rdma-sys"))]
+    {
+        wr.__bindgen_anon_2.bind_mw = ffi::ibv_send_wr__bindgen_ty_4__bindgen_ty_1 { mw, rkey, bind_info: info };
+    }
+    #[cfg(feature = "rdma-sys")]
+    {
+        wr.bind_mw_tso_union.bind_mw = ffi::bind_mw_t { mw, rkey, bind_info: info };
+    }
+}
+
+/// `ibv_inc_rkey()`: the key with its 8-bit tag incremented, wrapping. rdma-sys's version is
+/// `unsafe` and overflows on `u32::MAX`, so with it this is the header's arithmetic.
+#[inline]
+pub(crate) fn inc_rkey(rkey: u32) -> u32 {
+    #[cfg(not(feature = "rdma-sys"))]
+    let next = ffi::ibv_inc_rkey(rkey);
+    #[cfg(feature = "rdma-sys")]
+    let next = (rkey & !0xff) | (rkey.wrapping_add(1) & 0xff);
+    next
+}

@@ -44,15 +44,18 @@ bitflags::bitflags! {
         const REMOTE_READ = 1 << 2;
         /// A peer may run atomics on it (`IBV_ACCESS_REMOTE_ATOMIC`; needs `LOCAL_WRITE`).
         const REMOTE_ATOMIC = 1 << 3;
+        /// Memory windows may be bound to it (`IBV_ACCESS_MW_BIND`). A window may grant a peer
+        /// write access, so such a region counts as [remotely writable](Self::remotely_writable).
+        const MW_BIND = 1 << 4;
         /// Relaxed PCIe ordering, where supported (`IBV_ACCESS_RELAXED_ORDERING`).
         const RELAXED_ORDERING = 1 << 20;
     }
 }
 
 impl AccessFlags {
-    /// Whether a peer can change the region's bytes.
+    /// Whether a peer can change the region's bytes: directly, or through a memory window.
     pub fn remotely_writable(self) -> bool {
-        self.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
+        self.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC | AccessFlags::MW_BIND)
     }
 }
 
@@ -220,7 +223,7 @@ impl Sge<'_> {
     }
 }
 
-fn bounds(range: impl RangeBounds<usize>, len: usize) -> Option<(usize, usize)> {
+pub(crate) fn bounds(range: impl RangeBounds<usize>, len: usize) -> Option<(usize, usize)> {
     let start = match range.start_bound() {
         Bound::Included(&s) => s,
         Bound::Excluded(&s) => s.checked_add(1)?,
@@ -399,7 +402,7 @@ impl<'pd, B: RegisteredBuffer> MemoryRegion<'pd, B> {
     /// The region's bytes as a plain slice, for a region no peer can write.
     ///
     /// `&mut self` proves that no safe posting scope is using the region (scopes borrow it until
-    /// its requests completed), and without `REMOTE_WRITE`/`REMOTE_ATOMIC` no peer can change it.
+    /// its requests completed), and without `REMOTE_WRITE`/`REMOTE_ATOMIC`/`MW_BIND` no peer can change it.
     /// Requests posted with the `unsafe` raw post functions are the caller's to finish first.
     ///
     /// # Errors
@@ -511,6 +514,7 @@ mod tests {
     fn remote_write_and_atomic_are_remotely_writable() {
         assert!(AccessFlags::REMOTE_WRITE.remotely_writable());
         assert!(AccessFlags::REMOTE_ATOMIC.remotely_writable());
+        assert!(AccessFlags::MW_BIND.remotely_writable());
         assert!(!(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ).remotely_writable());
     }
 }

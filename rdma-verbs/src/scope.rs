@@ -287,6 +287,21 @@ impl<'s, 'env, T: Transport, S: TypeState> PostScope<'s, 'env, T, S> {
         Ok(())
     }
 
+    /// Posts one signaled send-queue request through `post`, which gets the scope-tagged
+    /// `wr_id`, and counts it if `post` succeeded (a verb that posts nothing on failure).
+    pub(crate) fn post_one(
+        &mut self,
+        wr_id: u64,
+        verb: &'static str,
+        post: impl FnOnce(u64) -> Result<()>,
+    ) -> Result<()> {
+        check_wr_ids(std::iter::once(wr_id), verb, self.qp.pd().context().name())?;
+        self.check_room(1, 0)?;
+        let r = post(wr_id | SCOPE_SEND);
+        self.sends += self.posted(&r, 1);
+        r
+    }
+
     /// Waits for, then flushes, then resets what is still outstanding (`wait/quiesce.rs`).
     fn drain(&mut self) -> Result<()> {
         let mut first_error = None;

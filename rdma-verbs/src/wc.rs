@@ -97,6 +97,31 @@ impl WorkCompletion {
             .then(|| u32::from_be(self.0.imm_data))
     }
 
+    /// The key of the local memory window (or region) a peer's send with invalidate
+    /// invalidated (`IBV_WC_WITH_INV`).
+    ///
+    /// rxe (rdma-core 44, Linux 6.1 and 6.12) sets the kernel's flag instead
+    /// (`IB_WC_WITH_INVALIDATE`, bit 2, which libibverbs calls `IBV_WC_IP_CSUM_OK`), so this is
+    /// `None` there; [`BoundWindow::invalidated_by`](crate::BoundWindow::invalidated_by)
+    /// understands both.
+    pub fn invalidated_rkey(&self) -> Option<u32> {
+        // With IBV_WC_WITH_INV the field holds the key, in host byte order.
+        (self.0.wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_INV.0 != 0).then_some(self.0.imm_data)
+    }
+
+    /// Whether this is a successful receive whose send with invalidate invalidated `rkey`: as
+    /// libibverbs reports it (`IBV_WC_WITH_INV`), or as rxe does (the kernel's
+    /// `IB_WC_WITH_INVALIDATE`, bit 2, on a receive without immediate data, the key in the same
+    /// field). Seen on rxe in the device test `device_memory_windows`.
+    pub(crate) fn invalidates(&self, rkey: u32) -> bool {
+        const KERNEL_WITH_INVALIDATE: u32 = 1 << 2;
+        let flags = self.0.wc_flags;
+        let receive = self.opcode() == WcOpcode::Recv && flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0 == 0;
+        self.is_success()
+            && (self.invalidated_rkey() == Some(rkey)
+                || (receive && flags & KERNEL_WITH_INVALIDATE != 0 && self.0.imm_data == rkey))
+    }
+
     /// The number of the local QP the request belonged to.
     pub fn qp_num(&self) -> u32 {
         self.0.qp_num

@@ -140,6 +140,35 @@ impl<'a, 'mr> SendRequest<'a, 'mr> {
         wr
     }
 
+    /// A send of the bytes `sges` name that also invalidates the memory window (or region) with
+    /// key `rkey` at the peer (`IBV_WR_SEND_WITH_INV`; RC and UC). The peer's receive completes
+    /// with the key in [`WorkCompletion::invalidated_rkey`](crate::WorkCompletion::invalidated_rkey).
+    #[doc(alias = "IBV_WR_SEND_WITH_INV")]
+    pub fn send_with_invalidate(wr_id: u64, sges: &'a [Sge<'mr>], rkey: u32) -> Self {
+        let mut wr = Self::new(wr_id, ffi::ibv_wr_opcode::IBV_WR_SEND_WITH_INV, sges);
+        crate::ffi_compat::set_invalidate_rkey(&mut wr.raw, rkey);
+        wr
+    }
+
+    /// Invalidates the local memory window (type 2) or region with key `rkey`
+    /// (`IBV_WR_LOCAL_INV`; RC and UC): peer requests after it that use the key fail.
+    /// [`PostScope::invalidate_window`](crate::PostScope::invalidate_window) does this for a
+    /// [`BoundWindow`](crate::BoundWindow) and gives the window back.
+    #[doc(alias = "IBV_WR_LOCAL_INV")]
+    pub fn local_invalidate(wr_id: u64, rkey: u32) -> Self {
+        let mut wr = Self::blank(wr_id, ffi::ibv_wr_opcode::IBV_WR_LOCAL_INV);
+        crate::ffi_compat::set_invalidate_rkey(&mut wr.raw, rkey);
+        wr
+    }
+
+    /// A bind of the type 2 window `mw` (`IBV_WR_BIND_MW`), giving it key `rkey`. Only the
+    /// posting scope makes one: its `BoundWindow` borrows the region `info` names.
+    pub(crate) fn bind_window(wr_id: u64, mw: *mut ffi::ibv_mw, rkey: u32, info: ffi::ibv_mw_bind_info) -> Self {
+        let mut wr = Self::blank(wr_id, ffi::ibv_wr_opcode::IBV_WR_BIND_MW);
+        crate::ffi_compat::set_bind_mw(&mut wr.raw, mw, rkey, info);
+        wr
+    }
+
     /// Adds immediate data: a send becomes send-with-immediate, a write becomes
     /// write-with-immediate (which consumes a receive at the peer). Other operations are
     /// unchanged.
@@ -255,15 +284,18 @@ impl<'a, 'mr> SendRequest<'a, 'mr> {
             return Err(format!("wr_id {id:#x} uses bits 62-63, which are reserved to posting scopes"));
         }
         let name = opcode_name(op);
+        let local = op == IBV_WR_LOCAL_INV || op == IBV_WR_BIND_MW;
         let (sends, rdma, atomic) = (
-            op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM,
+            op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_SEND_WITH_INV,
             op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM || op == IBV_WR_RDMA_READ,
             op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD,
         );
         let transport_ok = match qp_type {
-            ffi::ibv_qp_type::IBV_QPT_UD => sends,
-            ffi::ibv_qp_type::IBV_QPT_UC => sends || op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM,
-            _ => sends || rdma || atomic,
+            ffi::ibv_qp_type::IBV_QPT_UD => op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM,
+            ffi::ibv_qp_type::IBV_QPT_UC => {
+                sends || local || op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM
+            }
+            _ => sends || rdma || atomic || local,
         };
         let transport = match qp_type {
             ffi::ibv_qp_type::IBV_QPT_UD => "UD",
@@ -324,6 +356,9 @@ fn opcode_name(op: ffi::ibv_wr_opcode::Type) -> &'static str {
         IBV_WR_RDMA_READ => "RDMA READ",
         IBV_WR_ATOMIC_CMP_AND_SWP => "atomic compare-and-swap",
         IBV_WR_ATOMIC_FETCH_AND_ADD => "atomic fetch-and-add",
+        IBV_WR_SEND_WITH_INV => "SEND with invalidate",
+        IBV_WR_LOCAL_INV => "local invalidate",
+        IBV_WR_BIND_MW => "memory window bind",
         _ => "this opcode",
     }
 }
