@@ -197,3 +197,64 @@ pub unsafe fn ibv_bind_mw(qp: *mut ibv_qp, mw: *mut ibv_mw, mw_bind: *mut ibv_mw
         }
     }
 }
+
+/// `ibv_create_qp_ex()`: creates a QP from extended attributes. With only
+/// `IBV_QP_INIT_ATTR_PD` in `comp_mask` it is `ibv_create_qp()`; otherwise the provider's
+/// extended create, or null with `errno` `EOPNOTSUPP` when it has none.
+///
+/// # Safety
+/// As in C: `context` is live, `qp_init_attr_ex` is valid and names live objects of it. See
+/// [ibv_create_qp_ex(3)](https://man7.org/linux/man-pages/man3/ibv_create_qp_ex.3.html).
+#[inline]
+pub unsafe fn ibv_create_qp_ex(context: *mut ibv_context, qp_init_attr_ex: *mut ibv_qp_init_attr_ex) -> *mut ibv_qp {
+    // SAFETY: the caller's contract; `ibv_qp_init_attr_ex` begins with `ibv_qp_init_attr`'s
+    // fields, as the header's cast assumes; the op is used only inside the library's context.
+    unsafe {
+        if (*qp_init_attr_ex).comp_mask == ibv_qp_init_attr_mask::IBV_QP_INIT_ATTR_PD.0 {
+            return ibv_create_qp((*qp_init_attr_ex).pd, qp_init_attr_ex.cast());
+        }
+        let vctx = verbs_get_ctx(context);
+        let reach = core::mem::size_of::<verbs_context>() - core::mem::offset_of!(verbs_context, create_qp_ex);
+        match vctx.as_ref().and_then(|v| if v.sz >= reach { v.create_qp_ex } else { None }) {
+            Some(create) => create(context, qp_init_attr_ex),
+            None => {
+                *libc::__errno_location() = libc::EOPNOTSUPP;
+                core::ptr::null_mut()
+            }
+        }
+    }
+}
+
+/// `ibv_wr_start()`: opens a batch of work requests on an extended QP (the provider takes the
+/// send queue's lock until `ibv_wr_complete()` or `ibv_wr_abort()`).
+///
+/// # Safety
+/// As in C: `qp` is a live extended QP. See
+/// [ibv_wr_post(3)](https://man7.org/linux/man-pages/man3/ibv_wr_post.3.html).
+#[inline]
+pub unsafe fn ibv_wr_start(qp: *mut ibv_qp_ex) {
+    // SAFETY: the caller's contract; every provider with extended QPs fills this op.
+    unsafe { ((*qp).wr_start.unwrap_unchecked())(qp) }
+}
+
+/// `ibv_wr_complete()`: posts the batch; 0, or an `errno` value and nothing posted.
+///
+/// # Safety
+/// As in C: a batch is open on `qp`. See
+/// [ibv_wr_post(3)](https://man7.org/linux/man-pages/man3/ibv_wr_post.3.html).
+#[inline]
+pub unsafe fn ibv_wr_complete(qp: *mut ibv_qp_ex) -> libc::c_int {
+    // SAFETY: the caller's contract.
+    unsafe { ((*qp).wr_complete.unwrap_unchecked())(qp) }
+}
+
+/// `ibv_wr_abort()`: discards the batch.
+///
+/// # Safety
+/// As in C: a batch is open on `qp`. See
+/// [ibv_wr_post(3)](https://man7.org/linux/man-pages/man3/ibv_wr_post.3.html).
+#[inline]
+pub unsafe fn ibv_wr_abort(qp: *mut ibv_qp_ex) {
+    // SAFETY: the caller's contract.
+    unsafe { ((*qp).wr_abort.unwrap_unchecked())(qp) }
+}

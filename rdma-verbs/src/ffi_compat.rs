@@ -128,3 +128,44 @@ pub(crate) fn inc_rkey(rkey: u32) -> u32 {
     let next = (rkey & !0xff) | (rkey.wrapping_add(1) & 0xff);
     next
 }
+
+/// The immediate data (network byte order) or the key to invalidate of a send request (one
+/// union).
+#[inline]
+pub(crate) fn imm_or_invalidate_rkey(wr: &ffi::ibv_send_wr) -> u32 {
+    // SAFETY: both members are a `u32`; every bit pattern is valid.
+    #[cfg(not(feature = "rdma-sys"))]
+    let v = unsafe { wr.__bindgen_anon_1.imm_data };
+    // SAFETY: as above.
+    #[cfg(feature = "rdma-sys")]
+    let v = unsafe { wr.imm_data_invalidated_rkey_union.imm_data };
+    v
+}
+
+/// The window, new key and range of an `IBV_WR_BIND_MW` request.
+#[inline]
+pub(crate) fn bind_mw_of(wr: &ffi::ibv_send_wr) -> (*mut ffi::ibv_mw, u32, ffi::ibv_mw_bind_info) {
+    // SAFETY: read only for a request built by `set_bind_mw` (the opcode says so); the member
+    // is a pointer and integers.
+    #[cfg(not(feature = "rdma-sys"))]
+    let b = unsafe { wr.__bindgen_anon_2.bind_mw };
+    // SAFETY: as above.
+    #[cfg(feature = "rdma-sys")]
+    let b = unsafe { wr.bind_mw_tso_union.bind_mw };
+    (b.mw, b.rkey, b.bind_info)
+}
+
+/// `ibv_create_qp_ex()`: null on error with `errno` set (rdma-sys's returns an `Option`).
+///
+/// # Safety
+/// As `ibv_create_qp_ex`.
+#[inline]
+pub(crate) unsafe fn create_qp_ex(ctx: *mut ffi::ibv_context, attr: *mut ffi::ibv_qp_init_attr_ex) -> *mut ffi::ibv_qp {
+    // SAFETY: the caller's contract.
+    #[cfg(not(feature = "rdma-sys"))]
+    let qp = unsafe { ffi::ibv_create_qp_ex(ctx, attr) };
+    // SAFETY: the caller's contract.
+    #[cfg(feature = "rdma-sys")]
+    let qp = unsafe { ffi::ibv_create_qp_ex(ctx, attr) }.unwrap_or(std::ptr::null_mut());
+    qp
+}

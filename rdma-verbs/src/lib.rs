@@ -188,6 +188,7 @@
 //! - [rdma-core's libibverbs man pages](https://github.com/linux-rdma/rdma-core/tree/master/libibverbs/man)
 
 mod ah;
+mod batch;
 mod buffer;
 mod completion_channel;
 mod context;
@@ -222,6 +223,7 @@ mod wr;
 mod wr_id;
 
 pub use ah::{AddressHandle, AddressVector};
+pub use batch::{SendOps, WrBatch};
 pub use completion_channel::{CompletionChannel, CompletionEvent};
 pub use context::Context;
 pub use cq::CompletionQueue;

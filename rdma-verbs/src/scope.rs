@@ -287,6 +287,20 @@ impl<'s, 'env, T: Transport, S: TypeState> PostScope<'s, 'env, T, S> {
         Ok(())
     }
 
+    /// Checks a request a batch is about to add as `post_send` would, counting `pending`
+    /// requests of the batch (this one included) against the queues' room.
+    pub(crate) fn check_request(&self, wr: &SendRequest<'_, '_>, pending: usize) -> Result<()> {
+        let device = self.qp.pd().context().name();
+        check_wr_ids(std::iter::once(wr.wr_id()), "ibv_wr_post", device)?;
+        self.check_room(pending, 0)?;
+        crate::wr::check_send(wr, &self.qp.caps(), T::QP_TYPE, self.qp.pd().as_raw(), device)
+    }
+
+    /// Counts `n` sends a batch posted.
+    pub(crate) fn count_sends(&mut self, n: usize) {
+        self.sends += n;
+    }
+
     /// Posts one signaled send-queue request through `post`, which gets the scope-tagged
     /// `wr_id`, and counts it if `post` succeeded (a verb that posts nothing on failure).
     pub(crate) fn post_one(

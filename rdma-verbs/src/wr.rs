@@ -345,6 +345,120 @@ impl<'a, 'mr> SendRequest<'a, 'mr> {
     }
 }
 
+impl SendRequest<'_, '_> {
+    /// The extended-QP operation this request is (`SendOps`), for checking the QP was created
+    /// with it.
+    pub(crate) fn send_op(&self) -> crate::batch::SendOps {
+        use crate::batch::SendOps;
+        use ffi::ibv_wr_opcode::*;
+        match self.raw.opcode {
+            IBV_WR_SEND => SendOps::SEND,
+            IBV_WR_SEND_WITH_IMM => SendOps::SEND_WITH_IMM,
+            IBV_WR_SEND_WITH_INV => SendOps::SEND_WITH_INV,
+            IBV_WR_RDMA_WRITE => SendOps::RDMA_WRITE,
+            IBV_WR_RDMA_WRITE_WITH_IMM => SendOps::RDMA_WRITE_WITH_IMM,
+            IBV_WR_RDMA_READ => SendOps::RDMA_READ,
+            IBV_WR_ATOMIC_CMP_AND_SWP => SendOps::ATOMIC_CMP_AND_SWP,
+            IBV_WR_ATOMIC_FETCH_AND_ADD => SendOps::ATOMIC_FETCH_AND_ADD,
+            IBV_WR_LOCAL_INV => SendOps::LOCAL_INV,
+            IBV_WR_BIND_MW => SendOps::BIND_MW,
+            _ => SendOps::empty(),
+        }
+    }
+
+    /// Adds this request, already checked (`check`), to the batch open on `qpx` with the
+    /// builders of `ibv_wr_post(3)`, as `wr_id`, signaled as it says or when `signaled`. Every
+    /// builder it needs is looked up first: if the provider lacks one, nothing is added and its
+    /// name is returned.
+    ///
+    /// # Safety
+    /// A batch is open on the live extended QP `qpx` (`ibv_wr_start`), by this thread.
+    pub(crate) unsafe fn build_ex(
+        &self,
+        qpx: *mut ffi::ibv_qp_ex,
+        wr_id: u64,
+        signaled: bool,
+    ) -> std::result::Result<(), &'static str> {
+        use ffi::ibv_wr_opcode::*;
+        // SAFETY: the caller's contract: `qpx` is live and this thread has its batch open.
+        let q = unsafe { &mut *qpx };
+        let w = &self.raw;
+        let (rdma, atomic) = (self.rdma_target(), self.atomic_target());
+        let key = crate::ffi_compat::imm_or_invalidate_rkey(w);
+        let sges = self.sges();
+        let inline = self.uses_inline_sge || w.send_flags & ffi::ibv_send_flags::IBV_SEND_INLINE.0 != 0;
+        const MAX_INLINE_BUFS: usize = 32;
+        if inline && sges.len() > MAX_INLINE_BUFS {
+            return Err("wr_set_inline_data_list (more than 32 buffers)");
+        }
+        let set_data = if inline { q.wr_set_inline_data_list.map(|_| ()) } else { q.wr_set_sge_list.map(|_| ()) };
+        set_data.ok_or(if inline { "wr_set_inline_data_list" } else { "wr_set_sge_list" })?;
+        if self.has_ah() {
+            q.wr_set_ud_addr.ok_or("wr_set_ud_addr")?;
+        }
+        q.wr_id = wr_id;
+        let signal = if signaled { ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 } else { 0 };
+        q.wr_flags = (w.send_flags | signal) & !ffi::ibv_send_flags::IBV_SEND_INLINE.0;
+        // SAFETY: every call below is a builder of a live QP with an open batch, given the
+        // request's own fields, which `check` accepted; the provider copies SGEs and inline
+        // data into the queue during the call. The `unwrap_unchecked`s were checked above.
+        unsafe {
+            match w.opcode {
+                IBV_WR_SEND => q.wr_send.ok_or("wr_send")?(qpx),
+                IBV_WR_SEND_WITH_IMM => q.wr_send_imm.ok_or("wr_send_imm")?(qpx, key),
+                IBV_WR_SEND_WITH_INV => q.wr_send_inv.ok_or("wr_send_inv")?(qpx, key),
+                IBV_WR_RDMA_WRITE => q.wr_rdma_write.ok_or("wr_rdma_write")?(qpx, rdma.1, rdma.0),
+                IBV_WR_RDMA_WRITE_WITH_IMM => q.wr_rdma_write_imm.ok_or("wr_rdma_write_imm")?(qpx, rdma.1, rdma.0, key),
+                IBV_WR_RDMA_READ => q.wr_rdma_read.ok_or("wr_rdma_read")?(qpx, rdma.1, rdma.0),
+                IBV_WR_ATOMIC_CMP_AND_SWP => {
+                    let f = q.wr_atomic_cmp_swp.ok_or("wr_atomic_cmp_swp")?;
+                    f(qpx, atomic.rkey, atomic.remote_addr, atomic.compare_add, atomic.swap)
+                }
+                IBV_WR_ATOMIC_FETCH_AND_ADD => {
+                    let f = q.wr_atomic_fetch_add.ok_or("wr_atomic_fetch_add")?;
+                    f(qpx, atomic.rkey, atomic.remote_addr, atomic.compare_add)
+                }
+                IBV_WR_LOCAL_INV => q.wr_local_inv.ok_or("wr_local_inv")?(qpx, key),
+                IBV_WR_BIND_MW => {
+                    let (mw, rkey, info) = crate::ffi_compat::bind_mw_of(w);
+                    q.wr_bind_mw.ok_or("wr_bind_mw")?(qpx, mw, rkey, &info)
+                }
+                _ => return Err("this opcode"),
+            }
+            if self.has_ah() {
+                let ud = w.wr.ud;
+                q.wr_set_ud_addr.unwrap_unchecked()(qpx, ud.ah, ud.remote_qpn, ud.remote_qkey);
+            }
+            if inline {
+                let mut bufs = [ffi::ibv_data_buf { addr: std::ptr::null_mut(), length: 0 }; MAX_INLINE_BUFS];
+                for (b, s) in bufs.iter_mut().zip(sges) {
+                    // The inline send of one plain slice keeps its full length beside the SGE.
+                    let length = if self.uses_inline_sge { self.inline_slice_len } else { s.length as usize };
+                    *b = ffi::ibv_data_buf { addr: s.addr as *mut libc::c_void, length };
+                }
+                q.wr_set_inline_data_list.unwrap_unchecked()(qpx, sges.len(), bufs.as_ptr());
+            } else if !sges.is_empty() && w.opcode != IBV_WR_LOCAL_INV && w.opcode != IBV_WR_BIND_MW {
+                q.wr_set_sge_list.unwrap_unchecked()(qpx, sges.len(), sges.as_ptr());
+            }
+        }
+        Ok(())
+    }
+
+    /// The remote address and key of an RDMA request.
+    fn rdma_target(&self) -> (u64, u32) {
+        // SAFETY: `wr` is a union of plain integers and pointers; read as `rdma` only for RDMA
+        // opcodes, whose constructors set it.
+        let r = unsafe { self.raw.wr.rdma };
+        (r.remote_addr, r.rkey)
+    }
+
+    /// The remote target and operands of an atomic request.
+    fn atomic_target(&self) -> ffi::atomic_t {
+        // SAFETY: as `rdma_target`, for atomic opcodes.
+        unsafe { self.raw.wr.atomic }
+    }
+}
+
 /// The verbs name of a send opcode, for messages.
 fn opcode_name(op: ffi::ibv_wr_opcode::Type) -> &'static str {
     use ffi::ibv_wr_opcode::*;
@@ -408,6 +522,19 @@ impl<'a, 'mr> RecvRequest<'a, 'mr> {
 
 /// Checks the requests against the QP (transport, sizes) and links them into one chain, in
 /// place. `scoped`: the caller is a posting scope, whose tags may use the reserved `wr_id` bits.
+/// The checks `link_send` makes of one request, for a batch that builds it another way.
+pub(crate) fn check_send(
+    wr: &SendRequest<'_, '_>,
+    caps: &QpCaps,
+    qp_type: ffi::ibv_qp_type::Type,
+    pd: *mut ffi::ibv_pd,
+    device: &str,
+) -> Result<()> {
+    wr.check(caps, qp_type, true)
+        .and_then(|()| wr.check_ah_pd(pd))
+        .map_err(|reason| Error::invalid("ibv_wr_post", Some(device), reason))
+}
+
 pub(crate) fn link_send(
     wrs: &mut [SendRequest<'_, '_>],
     caps: &QpCaps,

@@ -35,6 +35,7 @@ use std::sync::Arc;
 
 use crate::ffi;
 
+use crate::batch::SendOps;
 use crate::cq::CompletionQueue;
 use crate::error::{Error, Result};
 use crate::parent::Parent;
@@ -57,6 +58,7 @@ pub struct QpCreateAttr<'res> {
     srq: Option<Parent<'res, SharedReceiveQueue<'res>>>,
     caps: QpCaps,
     sq_sig_all: bool,
+    send_ops: Option<SendOps>,
 }
 
 impl<'res> QpCreateAttr<'res> {
@@ -66,7 +68,7 @@ impl<'res> QpCreateAttr<'res> {
         recv_cq: impl Into<Parent<'res, CompletionQueue<'res>>>,
     ) -> Self {
         let (send_cq, recv_cq) = (send_cq.into(), recv_cq.into());
-        QpCreateAttr { send_cq, recv_cq, srq: None, caps: QpCaps::default(), sq_sig_all: false }
+        QpCreateAttr { send_cq, recv_cq, srq: None, caps: QpCaps::default(), sq_sig_all: false, send_ops: None }
     }
 
     /// Sets the queue sizes.
@@ -84,6 +86,16 @@ impl<'res> QpCreateAttr<'res> {
     /// Makes every send signaled, whatever the request says.
     pub fn signal_all(mut self, yes: bool) -> Self {
         self.sq_sig_all = yes;
+        self
+    }
+
+    /// Creates an extended QP (`ibv_create_qp_ex` with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`) that
+    /// may post `ops` through [`PostScope::batch`](crate::PostScope::batch)'s builders, besides
+    /// `ibv_post_send`.
+    #[doc(alias = "ibv_create_qp_ex")]
+    #[doc(alias = "send_ops_flags")]
+    pub fn send_ops(mut self, ops: SendOps) -> Self {
+        self.send_ops = Some(ops);
         self
     }
 }
@@ -115,7 +127,12 @@ pub(crate) struct Inner<'res> {
     pub(crate) caps: QpCaps,
     sq_sig_all: bool,
     port: AtomicU8,
+    /// The extended QP (`ibv_qp_to_qp_ex`) and the operations it was created with.
+    extended: Option<Extended>,
 }
+
+/// An extended QP's view (`struct ibv_qp_ex`) and the operations it was created with.
+pub(crate) type Extended = (NonNull<ffi::ibv_qp_ex>, SendOps);
 
 // SAFETY: ibv_post_send/recv and ibv_modify_qp are thread-safe in libibverbs providers (they lock
 // the queues); `Inner` owns the pointer and holds `Sync` parents.
@@ -274,9 +291,15 @@ impl<'res, T: Transport> QueuePair<'res, T, Reset> {
                 );
             }
         }
-        // SAFETY: live PD, CQs and SRQ (held by the QP for its whole life); `attr` is initialised.
-        let raw = unsafe { ffi::ibv_create_qp(pd.as_raw(), &mut attr) };
-        let raw = NonNull::new(raw).ok_or_else(|| Error::last_os_error("ibv_create_qp", Some(ctx.name())))?;
+        let (raw, extended) = match init.send_ops {
+            None => {
+                // SAFETY: live PD, CQs and SRQ (held by the QP for its whole life); `attr` is
+                // initialised.
+                let raw = unsafe { ffi::ibv_create_qp(pd.as_raw(), &mut attr) };
+                (NonNull::new(raw).ok_or_else(|| Error::last_os_error("ibv_create_qp", Some(ctx.name())))?, None)
+            }
+            Some(ops) => create_extended(&pd, &mut attr, ops)?,
+        };
         // The provider wrote the sizes it actually gave back into `attr.cap`.
         let caps = QpCaps {
             max_send_wr: attr.cap.max_send_wr,
@@ -295,12 +318,71 @@ impl<'res, T: Transport> QueuePair<'res, T, Reset> {
             caps,
             sq_sig_all: init.sq_sig_all,
             port: AtomicU8::new(0),
+            extended,
         };
         Ok(QueuePair { inner: Arc::new(inner), _type: PhantomData })
     }
 }
 
+/// `ibv_create_qp_ex()` with `attr` and `ops`, then its extended view (`ibv_qp_to_qp_ex`).
+fn create_extended(
+    pd: &ProtectionDomain<'_>,
+    attr: &mut ffi::ibv_qp_init_attr,
+    ops: SendOps,
+) -> Result<(NonNull<ffi::ibv_qp>, Option<Extended>)> {
+    const VERB: &str = "ibv_create_qp_ex";
+    let ctx = pd.context();
+    // SAFETY: `ibv_qp_init_attr_ex` is integers, pointers and a union of them: all-zero is valid.
+    let mut ex: ffi::ibv_qp_init_attr_ex = unsafe { std::mem::zeroed() };
+    ex.qp_context = attr.qp_context;
+    ex.send_cq = attr.send_cq;
+    ex.recv_cq = attr.recv_cq;
+    ex.srq = attr.srq;
+    ex.cap = attr.cap;
+    ex.qp_type = attr.qp_type;
+    ex.sq_sig_all = attr.sq_sig_all;
+    ex.comp_mask = ffi::ibv_qp_init_attr_mask::IBV_QP_INIT_ATTR_PD.0
+        | ffi::ibv_qp_init_attr_mask::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS.0;
+    ex.pd = pd.as_raw();
+    ex.send_ops_flags = ops.bits();
+    // SAFETY: live context, PD, CQs and SRQ (held by the QP for its whole life); `ex` is
+    // initialised.
+    let raw = unsafe { crate::ffi_compat::create_qp_ex(ctx.as_raw(), &mut ex) };
+    let Some(raw) = NonNull::new(raw) else {
+        let e = Error::last_os_error(VERB, Some(ctx.name()));
+        return Err(match e.errno() {
+            Some(errno @ (libc::EOPNOTSUPP | libc::ENOSYS)) => Error::Unsupported {
+                verb: VERB,
+                device: Some(ctx.name().to_owned()),
+                reason: format!("the provider cannot create a QP with {ops:?}"),
+                errno: Some(errno),
+            },
+            _ => e,
+        });
+    };
+    attr.cap = ex.cap;
+    // SAFETY: a QP just created with `ibv_create_qp_ex`.
+    let qpx = unsafe { ffi::ibv_qp_to_qp_ex(raw.as_ptr()) };
+    let Some(qpx) = NonNull::new(qpx) else {
+        // SAFETY: created above, not yet owned by anything: destroyed once, here.
+        unsafe { ffi::ibv_destroy_qp(raw.as_ptr()) };
+        return Err(Error::unsupported(VERB, Some(ctx.name()), "the provider gave a QP without its extended view"));
+    };
+    Ok((raw, Some((qpx, ops))))
+}
+
 impl<'res, T: Transport, S: TypeState> QueuePair<'res, T, S> {
+    /// The operations this QP was created to post through batches
+    /// ([`QpCreateAttr::send_ops`]); `None` for a QP made with `ibv_create_qp`.
+    pub fn send_ops(&self) -> Option<SendOps> {
+        self.inner.extended.map(|(_, ops)| ops)
+    }
+
+    /// The extended view and its operations, for batches.
+    pub(crate) fn extended(&self) -> Option<Extended> {
+        self.inner.extended
+    }
+
     /// The QP number, which peers address.
     pub fn qp_num(&self) -> u32 {
         // SAFETY: the QP is live; `qp_num` is a plain field set at creation.

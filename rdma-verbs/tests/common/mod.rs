@@ -38,13 +38,30 @@ pub fn with_rc_pair(
     access: AccessFlags,
     f: impl FnOnce(&End<'_>, &End<'_>),
 ) {
+    with_rc_pair_ops(topo, dev_a, dev_b, access, None, f)
+}
+
+/// [`with_rc_pair`], both QPs extended with `ops` when given (`QpCreateAttr::send_ops`).
+pub fn with_rc_pair_ops(
+    topo: &testkit::Topology,
+    dev_a: &str,
+    dev_b: &str,
+    access: AccessFlags,
+    ops: Option<SendOps>,
+    f: impl FnOnce(&End<'_>, &End<'_>),
+) {
     let ctx_a = Context::open(dev_a).unwrap();
     let ctx_b = Context::open(dev_b).unwrap();
     let (pd_a, pd_b) = (ctx_a.alloc_pd().unwrap(), ctx_b.alloc_pd().unwrap());
     let (cq_a, cq_b) = (ctx_a.create_cq(256, None).unwrap(), ctx_b.create_cq(256, None).unwrap());
     let caps = QpCaps { max_send_wr: 64, max_recv_wr: 64, max_send_sge: 4, max_recv_sge: 4, max_inline_data: 64 };
-    let qp_a = pd_a.create_qp::<Rc>(QpCreateAttr::new(&cq_a, &cq_a).caps(caps)).unwrap();
-    let qp_b = pd_b.create_qp::<Rc>(QpCreateAttr::new(&cq_b, &cq_b).caps(caps)).unwrap();
+    let (mut attr_a, mut attr_b) =
+        (QpCreateAttr::new(&cq_a, &cq_a).caps(caps), QpCreateAttr::new(&cq_b, &cq_b).caps(caps));
+    if let Some(ops) = ops {
+        (attr_a, attr_b) = (attr_a.send_ops(ops), attr_b.send_ops(ops));
+    }
+    let qp_a = pd_a.create_qp::<Rc>(attr_a).unwrap();
+    let qp_b = pd_b.create_qp::<Rc>(attr_b).unwrap();
     let init = InitAttr::new(topo.port).access(access);
     let (qp_a, qp_b) = (qp_a.init(init).unwrap(), qp_b.init(init).unwrap());
     let ep_a = qp_a.endpoint(topo.gid_index, 100).unwrap();

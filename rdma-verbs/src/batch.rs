@@ -1,0 +1,175 @@
+//! Extended posting: [`SendOps`] and [`WrBatch`], the work-request builders of
+//! `ibv_wr_post(3)` (`ibv_wr_start`, `ibv_wr_*`, `ibv_wr_complete` / `ibv_wr_abort`).
+//!
+//! A QP created with [`QpCreateAttr::send_ops`](crate::QpCreateAttr::send_ops) is an extended
+//! QP (`ibv_create_qp_ex`); its posting scope opens batches with [`PostScope::batch`]. A batch
+//! takes the same [`SendRequest`]s as [`PostScope::post_send`], checked the same way, and posts
+//! them with one `ibv_wr_complete`. It cannot be left half-built: it is completed by
+//! [`complete`](WrBatch::complete), or aborted when dropped (also on panic). While it is open it
+//! borrows the scope, so nothing else can post through it:
+//!
+//! ```compile_fail
+//! # use rdma_verbs::*;
+//! # fn f(s: &mut PostScope<'_, '_, Rc, ReadyToSend>, wr: SendRequest<'_, '_>) -> Result<()> {
+//! let mut batch = s.batch()?;
+//! s.post_send(&mut [wr])?; // error: `*s` is borrowed by the open batch
+//! batch.complete()?;
+//! # Ok(()) }
+//! ```
+//!
+//! # References
+//! - [`ibv_wr_post(3)`](https://man7.org/linux/man-pages/man3/ibv_wr_post.3.html)
+//! - [`ibv_create_qp_ex(3)`](https://man7.org/linux/man-pages/man3/ibv_create_qp_ex.3.html)
+
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+
+use crate::ffi;
+
+use crate::error::{Error, Result};
+use crate::qp::state::{ReadyToSend, Transport};
+use crate::scope::PostScope;
+use crate::wr::SendRequest;
+use crate::wr_id::SCOPE_SEND;
+
+bitflags::bitflags! {
+    /// The operations an extended QP may post (`enum ibv_qp_create_send_ops_flags`); a request
+    /// of another kind is refused by its batch.
+    #[doc(alias = "ibv_qp_create_send_ops_flags")]
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub struct SendOps: u64 {
+        /// `IBV_QP_EX_WITH_RDMA_WRITE`.
+        const RDMA_WRITE = 1;
+        /// `IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM`.
+        const RDMA_WRITE_WITH_IMM = 1 << 1;
+        /// `IBV_QP_EX_WITH_SEND`.
+        const SEND = 1 << 2;
+        /// `IBV_QP_EX_WITH_SEND_WITH_IMM`.
+        const SEND_WITH_IMM = 1 << 3;
+        /// `IBV_QP_EX_WITH_RDMA_READ`.
+        const RDMA_READ = 1 << 4;
+        /// `IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP`.
+        const ATOMIC_CMP_AND_SWP = 1 << 5;
+        /// `IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD`.
+        const ATOMIC_FETCH_AND_ADD = 1 << 6;
+        /// `IBV_QP_EX_WITH_LOCAL_INV`.
+        const LOCAL_INV = 1 << 7;
+        /// `IBV_QP_EX_WITH_BIND_MW`.
+        const BIND_MW = 1 << 8;
+        /// `IBV_QP_EX_WITH_SEND_WITH_INV`.
+        const SEND_WITH_INV = 1 << 9;
+        /// `IBV_QP_EX_WITH_ATOMIC_WRITE` (rdma-core 43; rxe from Linux 6.2).
+        const ATOMIC_WRITE = 1 << 12;
+    }
+}
+
+/// An open batch of work requests on an extended QP: `ibv_wr_start()` when made, the
+/// `ibv_wr_*` builders for each [`push`](Self::push), then `ibv_wr_complete()`
+/// ([`complete`](Self::complete)) or, when dropped unfinished, `ibv_wr_abort()`.
+///
+/// Made by [`PostScope::batch`]. The provider holds the QP's send-queue lock while the batch is
+/// open, so a batch is not `Send` (it is completed on the thread that opened it) and should be
+/// short: another thread posting to the QP waits meanwhile. A batch leaked with
+/// `mem::forget` keeps that lock, and every later post to the QP waits for ever (no memory is
+/// touched: nothing of the batch was posted).
+///
+/// # References
+/// - [`ibv_wr_post(3)`](https://man7.org/linux/man-pages/man3/ibv_wr_post.3.html)
+#[doc(alias = "ibv_wr_start")]
+#[must_use = "a batch posts nothing until it is completed; dropping it aborts it"]
+pub struct WrBatch<'b, 's, 'env, T: Transport> {
+    scope: &'b mut PostScope<'s, 'env, T, ReadyToSend>,
+    qpx: NonNull<ffi::ibv_qp_ex>,
+    ops: SendOps,
+    added: usize,
+    finished: bool,
+    /// Not `Send`: the provider's lock is this thread's until complete or abort.
+    _thread: PhantomData<*const ()>,
+}
+
+impl<'s, 'env, T: Transport> PostScope<'s, 'env, T, ReadyToSend> {
+    /// Opens a batch of work requests on this scope's extended QP: `ibv_wr_start()`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the QP was not created with
+    /// [`QpCreateAttr::send_ops`](crate::QpCreateAttr::send_ops).
+    #[doc(alias = "ibv_wr_start")]
+    pub fn batch(&mut self) -> Result<WrBatch<'_, 's, 'env, T>> {
+        let qp = self.qp();
+        let Some((qpx, ops)) = qp.extended() else {
+            let device = qp.pd().context().name();
+            return Err(Error::invalid("ibv_wr_start", Some(device), "the QP was created without send_ops"));
+        };
+        // SAFETY: a live extended QP (held by the scope's borrow); the batch ends with complete
+        // or abort, on this thread (`WrBatch` is not `Send`).
+        unsafe { ffi::ibv_wr_start(qpx.as_ptr()) };
+        Ok(WrBatch { scope: self, qpx, ops, added: 0, finished: false, _thread: PhantomData })
+    }
+}
+
+impl<'s, T: Transport> WrBatch<'_, 's, '_, T> {
+    /// Adds a request to the batch: the `ibv_wr_*` builder of its operation, its SGEs
+    /// (`ibv_wr_set_sge_list`) or inline data (`ibv_wr_set_inline_data_list`), its address
+    /// (`ibv_wr_set_ud_addr`). It is made signaled, and its regions stay borrowed until the
+    /// scope ends, as with [`PostScope::post_send`].
+    ///
+    /// # Errors
+    /// As `post_send` for the request itself ([`Error::InvalidArgument`], [`Error::QueueFull`]
+    /// counting the batch's requests), and [`Error::InvalidArgument`] for an operation the QP
+    /// was not created with, [`Error::Unsupported`] for one the provider has no builder for.
+    /// Nothing is added on error; the batch stays open.
+    pub fn push(&mut self, wr: &SendRequest<'_, 's>) -> Result<()> {
+        let qp = self.scope.qp();
+        let device = qp.pd().context().name();
+        self.scope.check_request(wr, self.added + 1)?;
+        let op = wr.send_op();
+        if op.is_empty() || !self.ops.contains(op) {
+            let reason = format!("request with wr_id {}: the QP was created without SendOps::{op:?}", wr.wr_id());
+            return Err(Error::invalid("ibv_wr_post", Some(device), reason));
+        }
+        // SAFETY: this batch is open on the live extended QP, on this thread; the request's
+        // regions are borrowed for 's, until the scope saw it complete (as `post_send`).
+        unsafe { wr.build_ex(self.qpx.as_ptr(), wr.wr_id() | SCOPE_SEND, true) }.map_err(|builder| {
+            Error::unsupported("ibv_wr_post", Some(device), format!("the provider has no {builder}"))
+        })?;
+        self.added += 1;
+        Ok(())
+    }
+
+    /// How many requests the batch holds.
+    pub fn len(&self) -> usize {
+        self.added
+    }
+
+    /// Whether the batch holds none.
+    pub fn is_empty(&self) -> bool {
+        self.added == 0
+    }
+
+    /// Posts the batch: `ibv_wr_complete()`. Returns how many requests were posted.
+    ///
+    /// # Errors
+    /// [`Error::PostFailed`] (with `posted` 0) when the provider refuses the batch: then none of
+    /// its requests was posted.
+    #[doc(alias = "ibv_wr_complete")]
+    pub fn complete(mut self) -> Result<usize> {
+        self.finished = true;
+        // SAFETY: the batch is open on this thread.
+        let rc = unsafe { ffi::ibv_wr_complete(self.qpx.as_ptr()) };
+        if rc != 0 {
+            return Err(Error::post_failed("ibv_wr_complete", self.scope.qp().pd().context().name(), rc, 0));
+        }
+        self.scope.count_sends(self.added);
+        Ok(self.added)
+    }
+}
+
+impl<T: Transport> Drop for WrBatch<'_, '_, '_, T> {
+    #[doc(alias = "ibv_wr_abort")]
+    fn drop(&mut self) {
+        if !self.finished {
+            // SAFETY: the batch is open on this thread; aborting discards its requests.
+            unsafe { ffi::ibv_wr_abort(self.qpx.as_ptr()) };
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! Device tests: extended QPs (`ibv_create_qp_ex`) and their batches of work requests
+//! (`ibv_wr_start` / `ibv_wr_*` / `ibv_wr_complete`), on rxe.
+
+mod common;
+
+use common::*;
+use rdma_verbs::*;
+
+/// Every operation rxe's provider builds (rdma-core 44), atomic write aside.
+const OPS: SendOps = SendOps::SEND
+    .union(SendOps::SEND_WITH_IMM)
+    .union(SendOps::RDMA_WRITE)
+    .union(SendOps::RDMA_WRITE_WITH_IMM)
+    .union(SendOps::RDMA_READ)
+    .union(SendOps::ATOMIC_CMP_AND_SWP)
+    .union(SendOps::ATOMIC_FETCH_AND_ADD)
+    .union(SendOps::LOCAL_INV)
+    .union(SendOps::BIND_MW)
+    .union(SendOps::SEND_WITH_INV);
+
+#[test]
+fn a_batch_posts_every_kind_of_request_with_one_complete() {
+    let topo = testkit::require_topology!();
+    for (da, db) in device_pairs(&topo) {
+        with_rc_pair_ops(&topo, &da, &db, ALL, Some(OPS), |a, b| {
+            assert_eq!(a.qp.send_ops(), Some(OPS));
+            let data = pattern(8192, 5);
+            a.mr.write_at(0, &data).unwrap();
+            b.mr.write_at(60_000, &7u64.to_ne_bytes()).unwrap();
+            let got =
+                b.qp.scope(T, |sb| {
+                    let bufs = [b.mr.sge(32_768..36_864)?];
+                    sb.post_recv(&mut [RecvRequest::new(40, &bufs), RecvRequest::new(41, &[])])?;
+                    a.qp.scope(T, |sa| {
+                        let src = [a.mr.sge(..4096)?];
+                        let src2 = [a.mr.sge(4096..8192)?];
+                        let back = [a.mr.sge(16_384..20_480)?];
+                        let old = [a.mr.sge(24_576..24_584)?];
+                        let mut batch = sa.batch()?;
+                        batch.push(&SendRequest::write(1, &src, b.remote().slice(0, 4096).unwrap()))?;
+                        batch.push(&SendRequest::send(2, &src2))?;
+                        batch.push(&SendRequest::read(3, &back, b.remote().slice(0, 4096).unwrap()))?;
+                        batch.push(&SendRequest::fetch_add(4, &old, b.remote().slice(60_000, 8).unwrap(), 5))?;
+                        let tail = [a.mr.sge(0..16)?];
+                        batch
+                            .push(&SendRequest::write(5, &tail, b.remote().slice(50_000, 16).unwrap()).with_imm(99))?;
+                        assert_eq!(batch.len(), 5);
+                        assert_eq!(batch.complete()?, 5);
+                        assert_eq!(sa.outstanding(), 5);
+                        let done = complete(sa, 5);
+                        let ids: Vec<(u64, WcOpcode)> = done.iter().map(|c| (c.0, c.1)).collect();
+                        assert_eq!(
+                            ids,
+                            [
+                                (1, WcOpcode::RdmaWrite),
+                                (2, WcOpcode::Send),
+                                (3, WcOpcode::RdmaRead),
+                                (4, WcOpcode::FetchAdd),
+                                (5, WcOpcode::RdmaWrite)
+                            ],
+                            "{da}->{db}"
+                        );
+                        Ok::<_, Error>(())
+                    })?;
+                    Ok::<_, Error>(complete(sb, 2))
+                })
+                .unwrap();
+            assert_eq!(got[0], (40, WcOpcode::Recv, 4096, None), "{da}->{db}");
+            assert_eq!(got[1].3, Some(99), "{da}->{db}: the write with immediate");
+            assert_eq!(read(&b.mr, 0, 4096), data[..4096], "{da}->{db}: the WRITE");
+            assert_eq!(read(&b.mr, 32_768, 4096), data[4096..], "{da}->{db}: the SEND");
+            assert_eq!(read(&a.mr, 16_384, 4096), data[..4096], "{da}->{db}: the READ");
+            assert_eq!(read(&a.mr, 24_576, 8), 7u64.to_ne_bytes(), "{da}->{db}: the old value");
+            assert_eq!(read(&b.mr, 60_000, 8), 12u64.to_ne_bytes(), "{da}->{db}: the sum");
+        });
+    }
+}
+
+#[test]
+fn a_dropped_batch_posts_nothing_and_frees_the_queue() {
+    let topo = testkit::require_topology!();
+    let (da, db) = (topo.client.device.clone(), topo.server.device.clone());
+    with_rc_pair_ops(&topo, &da, &db, ALL, Some(OPS), |a, b| {
+        a.mr.write_at(0, &[0x5a; 64]).unwrap();
+        a.qp.scope(T, |sa| {
+            let src = [a.mr.sge(..64)?];
+            let mut batch = sa.batch()?;
+            batch.push(&SendRequest::write(1, &src, b.remote().slice(0, 64).unwrap()))?;
+            drop(batch);
+            assert_eq!(sa.outstanding(), 0, "an aborted batch posts nothing");
+            // A panic with a batch open aborts it too.
+            let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let mut batch = sa.batch().unwrap();
+                batch.push(&SendRequest::write(2, &src, b.remote().slice(0, 64).unwrap())).unwrap();
+                panic!("in the middle of a batch");
+            }));
+            assert!(panicked.is_err());
+            assert_eq!(sa.outstanding(), 0);
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            Ok::<_, Error>(())
+        })
+        .unwrap();
+        assert_eq!(read(&b.mr, 0, 64), vec![0; 64], "nothing of the aborted batches reached the peer");
+        // The send queue's lock was released: classic posts and a new batch both work.
+        scoped_send_then_batch(a, b);
+    });
+}
+
+fn scoped_send_then_batch(a: &End<'_>, b: &End<'_>) {
+    a.qp.scope(T, |sa| {
+        let src = [a.mr.sge(..64)?];
+        sa.post_send(&mut [SendRequest::write(3, &src, b.remote().slice(0, 64).unwrap())])?;
+        let mut batch = sa.batch()?;
+        batch.push(&SendRequest::write(4, &src, b.remote().slice(64, 64).unwrap()))?;
+        batch.complete()?;
+        complete(sa, 2);
+        Ok::<_, Error>(())
+    })
+    .unwrap();
+    assert_eq!(read(&b.mr, 0, 128), vec![0x5a; 128]);
+}
+
+#[test]
+fn requests_a_batch_cannot_take_are_refused_and_leave_it_open() {
+    let topo = testkit::require_topology!();
+    let d = topo.server.device.clone();
+    let only_writes = SendOps::RDMA_WRITE;
+    with_rc_pair_ops(&topo, &d, &d, ALL, Some(only_writes), |a, b| {
+        a.qp.scope(T, |sa| {
+            let src = [a.mr.sge(..64)?];
+            let long = [a.mr.sge(..8192)?];
+            let mut batch = sa.batch()?;
+            let invalid = |e: Error| assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+            invalid(batch.push(&SendRequest::send(1, &src)).unwrap_err());
+            invalid(batch.push(&SendRequest::read(1, &src, b.remote().slice(0, 64).unwrap())).unwrap_err());
+            invalid(batch.push(&SendRequest::write(1, &long, b.remote().slice(0, 64).unwrap())).unwrap_err());
+            invalid(batch.push(&SendRequest::write(1 << 62, &src, b.remote().slice(0, 64).unwrap())).unwrap_err());
+            assert!(batch.is_empty());
+            batch.push(&SendRequest::write(2, &src, b.remote().slice(0, 64).unwrap()))?;
+            assert_eq!(batch.complete()?, 1);
+            complete(sa, 1);
+            Ok::<_, Error>(())
+        })
+        .unwrap();
+    });
+    // A QP made with ibv_create_qp has no batches.
+    with_rc_pair(&topo, &d, &d, ALL, |a, _b| {
+        assert_eq!(a.qp.send_ops(), None);
+        let e = a.qp.scope(T, |sa| sa.batch().map(|_| ())).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+    });
+}
+
+#[test]
+fn a_batch_fills_the_queue_no_further_than_the_scope_allows() {
+    let topo = testkit::require_topology!();
+    let d = topo.server.device.clone();
+    with_rc_pair_ops(&topo, &d, &d, ALL, Some(OPS), |a, b| {
+        a.qp.scope(T, |sa| {
+            let src = [a.mr.sge(..8)?];
+            let cap = a.qp.caps().max_send_wr as usize;
+            let mut batch = sa.batch()?;
+            for i in 0..cap {
+                batch.push(&SendRequest::write(i as u64, &src, b.remote().slice(0, 8).unwrap()))?;
+            }
+            let e = batch.push(&SendRequest::write(999, &src, b.remote().slice(0, 8).unwrap())).unwrap_err();
+            assert!(matches!(e, Error::QueueFull { .. }), "{e}");
+            assert_eq!(batch.complete()?, cap);
+            let mut wcs = vec![WorkCompletion::default(); cap];
+            let got = sa.wait(cap, &mut wcs, T)?;
+            assert!(got.iter().all(WorkCompletion::is_success));
+            Ok::<_, Error>(())
+        })
+        .unwrap();
+    });
+}
