@@ -242,6 +242,8 @@ raw_enum! {
         CompareSwap = IBV_WC_COMP_SWAP,
         /// An atomic fetch-and-add.
         FetchAdd = IBV_WC_FETCH_ADD,
+        /// An RDMA atomic write.
+        AtomicWrite = IBV_WC_ATOMIC_WRITE,
         /// A memory window bind.
         BindMw = IBV_WC_BIND_MW,
         /// A local invalidate.

@@ -39,6 +39,8 @@ pub struct SendRequest<'a, 'mr> {
     uses_inline_sge: bool,
     /// The length of the remote region of an RDMA or atomic request.
     remote_len: u64,
+    /// The value an atomic write writes (`ibv_wr_atomic_write` copies it when building).
+    atomic_value: [u8; 8],
     /// The protection domain (`struct ibv_pd *`, as an address) of the address handle `.to()`
     /// gave, 0 without one: ibv_post_send(3) requires it to be the QP's.
     ah_pd: usize,
@@ -73,6 +75,7 @@ impl<'a, 'mr> SendRequest<'a, 'mr> {
             inline_slice_len: 0,
             uses_inline_sge: false,
             remote_len: 0,
+            atomic_value: [0; 8],
             ah_pd: 0,
             _borrows: PhantomData,
         }
@@ -166,6 +169,22 @@ impl<'a, 'mr> SendRequest<'a, 'mr> {
     pub(crate) fn bind_window(wr_id: u64, mw: *mut ffi::ibv_mw, rkey: u32, info: ffi::ibv_mw_bind_info) -> Self {
         let mut wr = Self::blank(wr_id, ffi::ibv_wr_opcode::IBV_WR_BIND_MW);
         crate::ffi_compat::set_bind_mw(&mut wr.raw, mw, rkey, info);
+        wr
+    }
+
+    /// An RDMA atomic write of `value` to the 8 bytes at `remote` (RC): the peer sees all 8
+    /// bytes change at once, or none (`ibv_wr_atomic_write`). It posts only through a
+    /// [`WrBatch`](crate::WrBatch) of a QP created with
+    /// [`SendOps::ATOMIC_WRITE`](crate::SendOps::ATOMIC_WRITE), on a device that advertises
+    /// [`DeviceCapabilities::ATOMIC_WRITE`](crate::DeviceCapabilities::ATOMIC_WRITE) (rxe from
+    /// Linux 6.2). `remote` must be 8-byte aligned.
+    #[doc(alias = "ibv_wr_atomic_write")]
+    #[doc(alias = "IBV_WR_ATOMIC_WRITE")]
+    pub fn atomic_write(wr_id: u64, remote: RemoteRegion, value: [u8; 8]) -> Self {
+        let mut wr = Self::blank(wr_id, ffi::ibv_wr_opcode::IBV_WR_ATOMIC_WRITE);
+        wr.raw.wr.rdma = ffi::rdma_t { remote_addr: remote.addr, rkey: remote.rkey };
+        wr.remote_len = remote.len;
+        wr.atomic_value = value;
         wr
     }
 
@@ -285,6 +304,22 @@ impl<'a, 'mr> SendRequest<'a, 'mr> {
         }
         let name = opcode_name(op);
         let local = op == IBV_WR_LOCAL_INV || op == IBV_WR_BIND_MW;
+        if op == IBV_WR_ATOMIC_WRITE {
+            let addr = self.rdma_target().0;
+            if qp_type != ffi::ibv_qp_type::IBV_QPT_RC {
+                return Err(format!("request with wr_id {id}: an atomic write is available on an RC QP only"));
+            }
+            if self.raw.send_flags & ffi::ibv_send_flags::IBV_SEND_INLINE.0 != 0 {
+                return Err(format!("request with wr_id {id}: an atomic write carries its value, not inline data"));
+            }
+            if self.remote_len < 8 || addr % 8 != 0 {
+                return Err(format!(
+                    "request with wr_id {id}: an atomic write needs 8 remote bytes at an 8-byte aligned address (got {} at {addr:#x})",
+                    self.remote_len
+                ));
+            }
+            return Ok(());
+        }
         let (sends, rdma, atomic) = (
             op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_SEND_WITH_INV,
             op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM || op == IBV_WR_RDMA_READ,
@@ -362,6 +397,7 @@ impl SendRequest<'_, '_> {
             IBV_WR_ATOMIC_FETCH_AND_ADD => SendOps::ATOMIC_FETCH_AND_ADD,
             IBV_WR_LOCAL_INV => SendOps::LOCAL_INV,
             IBV_WR_BIND_MW => SendOps::BIND_MW,
+            IBV_WR_ATOMIC_WRITE => SendOps::ATOMIC_WRITE,
             _ => SendOps::empty(),
         }
     }
@@ -419,6 +455,10 @@ impl SendRequest<'_, '_> {
                     f(qpx, atomic.rkey, atomic.remote_addr, atomic.compare_add)
                 }
                 IBV_WR_LOCAL_INV => q.wr_local_inv.ok_or("wr_local_inv")?(qpx, key),
+                IBV_WR_ATOMIC_WRITE => {
+                    let f = q.wr_atomic_write.ok_or("wr_atomic_write")?;
+                    f(qpx, rdma.1, rdma.0, self.atomic_value.as_ptr().cast())
+                }
                 IBV_WR_BIND_MW => {
                     let (mw, rkey, info) = crate::ffi_compat::bind_mw_of(w);
                     q.wr_bind_mw.ok_or("wr_bind_mw")?(qpx, mw, rkey, &info)
@@ -437,9 +477,21 @@ impl SendRequest<'_, '_> {
                     *b = ffi::ibv_data_buf { addr: s.addr as *mut libc::c_void, length };
                 }
                 q.wr_set_inline_data_list.unwrap_unchecked()(qpx, sges.len(), bufs.as_ptr());
-            } else if !sges.is_empty() && w.opcode != IBV_WR_LOCAL_INV && w.opcode != IBV_WR_BIND_MW {
+            } else if !sges.is_empty() {
                 q.wr_set_sge_list.unwrap_unchecked()(qpx, sges.len(), sges.as_ptr());
             }
+        }
+        Ok(())
+    }
+
+    /// Refuses what only a batch can post: an atomic write carries its value in the request,
+    /// which `ibv_post_send` has no field for.
+    fn check_classic(&self) -> std::result::Result<(), String> {
+        if self.raw.opcode == ffi::ibv_wr_opcode::IBV_WR_ATOMIC_WRITE {
+            return Err(format!(
+                "request with wr_id {}: an atomic write posts through a batch (PostScope::batch on an extended QP)",
+                self.raw.wr_id
+            ));
         }
         Ok(())
     }
@@ -473,6 +525,7 @@ fn opcode_name(op: ffi::ibv_wr_opcode::Type) -> &'static str {
         IBV_WR_SEND_WITH_INV => "SEND with invalidate",
         IBV_WR_LOCAL_INV => "local invalidate",
         IBV_WR_BIND_MW => "memory window bind",
+        IBV_WR_ATOMIC_WRITE => "atomic write",
         _ => "this opcode",
     }
 }
@@ -546,6 +599,7 @@ pub(crate) fn link_send(
     for wr in wrs.iter() {
         wr.check(caps, qp_type, scoped)
             .and_then(|()| wr.check_ah_pd(pd))
+            .and_then(|()| wr.check_classic())
             .map_err(|reason| Error::invalid("ibv_post_send", Some(device), reason))?;
     }
     let n = wrs.len();
@@ -683,6 +737,18 @@ mod tests {
     }
 
     #[test]
+    fn atomic_writes_need_rc_eight_aligned_bytes_and_a_batch() {
+        let at = |addr, len| RemoteRegion { addr, rkey: 1, len };
+        assert!(SendRequest::atomic_write(1, at(0x1000, 8), [1; 8]).check(&CAPS, RC, false).is_ok());
+        assert!(SendRequest::atomic_write(1, at(0x1004, 8), [1; 8]).check(&CAPS, RC, false).is_err());
+        assert!(SendRequest::atomic_write(1, at(0x1000, 4), [1; 8]).check(&CAPS, RC, false).is_err());
+        assert!(SendRequest::atomic_write(1, at(0x1000, 8), [1; 8]).inline().check(&CAPS, RC, false).is_err());
+        assert!(SendRequest::atomic_write(1, at(0x1000, 8), [1; 8]).check(&CAPS, UC, false).is_err());
+        assert!(SendRequest::atomic_write(1, at(0x1000, 8), [1; 8]).check_classic().is_err());
+        assert!(SendRequest::write(1, &[], at(0x1000, 8)).check_classic().is_ok());
+    }
+
+    #[test]
     fn reserved_wr_id_bits_are_refused_outside_scopes() {
         let sges = [sge(8)];
         let wr = SendRequest::send(1 << 62, &sges);
@@ -698,6 +764,7 @@ mod tests {
             inline_slice_len: wr.inline_slice_len,
             uses_inline_sge: wr.uses_inline_sge,
             remote_len: wr.remote_len,
+            atomic_value: wr.atomic_value,
             ah_pd: wr.ah_pd,
             _borrows: PhantomData,
         }

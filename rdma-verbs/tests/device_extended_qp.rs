@@ -174,3 +174,47 @@ fn a_batch_fills_the_queue_no_further_than_the_scope_allows() {
         .unwrap();
     });
 }
+
+/// Atomic write is rxe's from Linux 6.2: on 6.12 it writes the 8 bytes; on 6.1, whose rxe does
+/// not advertise it, the QP is refused with `Error::Unsupported` before any verb is called.
+#[test]
+fn atomic_write_where_the_device_has_it_and_a_typed_refusal_where_not() {
+    let topo = testkit::require_topology!();
+    let ctx = Context::open(&topo.server.device).unwrap();
+    let has_it = ctx.capabilities().contains(DeviceCapabilities::ATOMIC_WRITE);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    // The harness's kernels: 6.1 (no atomic write in rxe) and 6.12 (atomic write).
+    assert_eq!(has_it, !kernel.starts_with("6.1."), "kernel {kernel}: rxe's ATOMIC_WRITE bit");
+    drop(ctx);
+    let ops = SendOps::RDMA_WRITE | SendOps::ATOMIC_WRITE;
+    if !has_it {
+        let ctx = Context::open(&topo.server.device).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(16, None).unwrap();
+        let e = pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq).send_ops(ops)).unwrap_err();
+        assert!(matches!(e, Error::Unsupported { errno: None, .. }), "{e}");
+        return;
+    }
+    for (da, db) in device_pairs(&topo) {
+        with_rc_pair_ops(&topo, &da, &db, ALL, Some(ops), |a, b| {
+            let value = 0x0123_4567_89ab_cdef_u64.to_ne_bytes();
+            a.qp.scope(T, |sa| {
+                let mut batch = sa.batch()?;
+                batch.push(&SendRequest::atomic_write(7, b.remote().slice(4096, 8).unwrap(), value))?;
+                batch.complete()?;
+                let done = complete(sa, 1);
+                assert_eq!((done[0].0, done[0].1), (7, WcOpcode::AtomicWrite), "{da}->{db}");
+                // The classic path refuses it; a misaligned target is refused before posting.
+                let e = sa.post_send(&mut [SendRequest::atomic_write(8, b.remote().slice(0, 8).unwrap(), value)]);
+                assert!(matches!(e, Err(Error::InvalidArgument { .. })), "{e:?}");
+                let mut batch = sa.batch()?;
+                let e = batch.push(&SendRequest::atomic_write(9, b.remote().slice(4, 8).unwrap(), value));
+                assert!(matches!(e, Err(Error::InvalidArgument { .. })), "{e:?}");
+                drop(batch);
+                Ok::<_, Error>(())
+            })
+            .unwrap();
+            assert_eq!(read(&b.mr, 4096, 8), value, "{da}->{db}: the atomic write landed");
+        });
+    }
+}

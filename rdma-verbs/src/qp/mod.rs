@@ -37,6 +37,7 @@ use crate::ffi;
 
 use crate::batch::SendOps;
 use crate::cq::CompletionQueue;
+use crate::device_attr_ex::DeviceCapabilities;
 use crate::error::{Error, Result};
 use crate::parent::Parent;
 use crate::pd::ProtectionDomain;
@@ -332,6 +333,10 @@ fn create_extended(
 ) -> Result<(NonNull<ffi::ibv_qp>, Option<Extended>)> {
     const VERB: &str = "ibv_create_qp_ex";
     let ctx = pd.context();
+    if ops.contains(SendOps::ATOMIC_WRITE) && !ctx.capabilities().contains(DeviceCapabilities::ATOMIC_WRITE) {
+        let reason = "the device does not advertise atomic write (IB_UVERBS_DEVICE_ATOMIC_WRITE, Linux 6.2 for rxe)";
+        return Err(Error::unsupported(VERB, Some(ctx.name()), reason));
+    }
     // SAFETY: `ibv_qp_init_attr_ex` is integers, pointers and a union of them: all-zero is valid.
     let mut ex: ffi::ibv_qp_init_attr_ex = unsafe { std::mem::zeroed() };
     ex.qp_context = attr.qp_context;
