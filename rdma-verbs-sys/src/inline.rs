@@ -258,3 +258,29 @@ pub unsafe fn ibv_wr_abort(qp: *mut ibv_qp_ex) {
     // SAFETY: the caller's contract.
     unsafe { ((*qp).wr_abort.unwrap_unchecked())(qp) }
 }
+
+/// `ibv_advise_mr()`: advice on the pages of on-demand-paging regions that `sg_list` names
+/// (prefetch them). Returns 0 or an `errno` value (`EOPNOTSUPP` when the provider takes no
+/// advice).
+///
+/// # Safety
+/// As in C: `pd` is live and `sg_list` holds `num_sge` entries naming its regions. See
+/// [ibv_advise_mr(3)](https://man7.org/linux/man-pages/man3/ibv_advise_mr.3.html).
+#[inline]
+pub unsafe fn ibv_advise_mr(
+    pd: *mut ibv_pd,
+    advice: ib_uverbs_advise_mr_advice::Type,
+    flags: u32,
+    sg_list: *mut ibv_sge,
+    num_sge: u32,
+) -> libc::c_int {
+    // SAFETY: the caller's contract; the op is used only inside the library's context.
+    unsafe {
+        let vctx = verbs_get_ctx((*pd).context);
+        let reach = core::mem::size_of::<verbs_context>() - core::mem::offset_of!(verbs_context, advise_mr);
+        match vctx.as_ref().and_then(|v| if v.sz >= reach { v.advise_mr } else { None }) {
+            Some(advise) => advise(pd, advice, flags, sg_list, num_sge),
+            None => libc::EOPNOTSUPP,
+        }
+    }
+}

@@ -8,7 +8,7 @@ use crate::ffi;
 
 use crate::device::DeviceList;
 use crate::device_attr::DeviceAttr;
-use crate::device_attr_ex::{DeviceAttrEx, DeviceCapabilities};
+use crate::device_attr_ex::{DeviceAttrEx, DeviceCapabilities, OdpCapabilities};
 use crate::error::{Error, Result};
 use crate::gid::GidEntry;
 use crate::port::PortAttr;
@@ -38,6 +38,7 @@ pub struct Context {
     name: String,
     attr: DeviceAttr,
     capabilities: DeviceCapabilities,
+    odp: OdpCapabilities,
     registry: crate::registry::Registry,
 }
 
@@ -82,6 +83,7 @@ impl Context {
             name: name.to_owned(),
             attr: ex.attr,
             capabilities: ex.capabilities,
+            odp: ex.odp,
             registry: Default::default(),
         });
         let ctx = match ctx {
@@ -146,6 +148,11 @@ impl Context {
     /// [`Error::Unsupported`] without calling a verb when it is missing.
     pub fn capabilities(&self) -> DeviceCapabilities {
         self.capabilities
+    }
+
+    /// On-demand paging, as the open's extended query said.
+    pub(crate) fn odp(&self) -> OdpCapabilities {
+        self.odp
     }
 
     /// The attributes of port `port` (numbered from 1): `ibv_query_port()`.

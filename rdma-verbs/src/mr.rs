@@ -47,6 +47,10 @@ bitflags::bitflags! {
         /// Memory windows may be bound to it (`IBV_ACCESS_MW_BIND`). A window may grant a peer
         /// write access, so such a region counts as [remotely writable](Self::remotely_writable).
         const MW_BIND = 1 << 4;
+        /// On-demand paging (`IBV_ACCESS_ON_DEMAND`): the device faults pages in as it uses
+        /// them instead of pinning them at registration. Refused with
+        /// [`Error::Unsupported`](crate::Error::Unsupported) on a device without ODP.
+        const ON_DEMAND = 1 << 6;
         /// Relaxed PCIe ordering, where supported (`IBV_ACCESS_RELAXED_ORDERING`).
         const RELAXED_ORDERING = 1 << 20;
     }
@@ -188,6 +192,38 @@ pub struct Sge<'mr> {
     _mr: PhantomData<&'mr ()>,
 }
 
+/// An SGE for `range` of a region of `region_len` bytes at `addr` with `lkey`, borrowing the
+/// region for `'a`.
+pub(crate) fn region_sge<'a>(
+    what: &'static str,
+    addr: u64,
+    lkey: u32,
+    region_len: usize,
+    range: impl RangeBounds<usize>,
+) -> Result<Sge<'a>> {
+    let asked = (range.start_bound().cloned(), range.end_bound().cloned());
+    let (start, end) = bounds(asked, region_len).ok_or_else(|| {
+        let start = match asked.0 {
+            Bound::Included(s) => s,
+            Bound::Excluded(s) => s.saturating_add(1),
+            Bound::Unbounded => 0,
+        };
+        let end = match asked.1 {
+            Bound::Included(e) => e.saturating_add(1),
+            Bound::Excluded(e) => e,
+            Bound::Unbounded => region_len,
+        };
+        Error::OutOfBounds { what, offset: start, len: end.saturating_sub(start), region_len }
+    })?;
+    let length = u32::try_from(end - start).map_err(|_| Error::OutOfBounds {
+        what: "one SGE covers at most 4 GiB",
+        offset: start,
+        len: end - start,
+        region_len: u32::MAX as usize,
+    })?;
+    Ok(Sge { raw: ffi::ibv_sge { addr: addr + start as u64, length, lkey }, _mr: PhantomData })
+}
+
 impl std::fmt::Debug for Sge<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Sge {{ addr: {:#x}, len: {}, lkey: {:#x} }}", self.raw.addr, self.raw.length, self.raw.lkey)
@@ -284,6 +320,7 @@ impl<'pd, B: RegisteredBuffer> MemoryRegion<'pd, B> {
         {
             return Err(Error::invalid("ibv_reg_mr", dev, "REMOTE_WRITE and REMOTE_ATOMIC need LOCAL_WRITE"));
         }
+        crate::odp::check_on_demand(pd.context(), access, "ibv_reg_mr")?;
         // SAFETY: `ptr` is valid for `len` bytes for as long as `buf` lives, which the region
         // owns until it deregisters (RegisteredBuffer's contract); the PD is held by `pd`.
         let raw = unsafe { ffi::ibv_reg_mr(pd.as_raw(), ptr.cast(), len, access.bits() as libc::c_int) };
@@ -339,32 +376,7 @@ impl<'pd, B: RegisteredBuffer> MemoryRegion<'pd, B> {
     /// # Errors
     /// [`Error::OutOfBounds`] when the range is outside the region or over 4 GiB.
     pub fn sge(&self, range: impl RangeBounds<usize>) -> Result<Sge<'_>> {
-        let asked = (range.start_bound().cloned(), range.end_bound().cloned());
-        let (start, end) = bounds(asked, self.len).ok_or_else(|| {
-            let start = match asked.0 {
-                Bound::Included(s) => s,
-                Bound::Excluded(s) => s.saturating_add(1),
-                Bound::Unbounded => 0,
-            };
-            let end = match asked.1 {
-                Bound::Included(e) => e.saturating_add(1),
-                Bound::Excluded(e) => e,
-                Bound::Unbounded => self.len,
-            };
-            Error::OutOfBounds {
-                what: "MemoryRegion::sge",
-                offset: start,
-                len: end.saturating_sub(start),
-                region_len: self.len,
-            }
-        })?;
-        let length = u32::try_from(end - start).map_err(|_| Error::OutOfBounds {
-            what: "MemoryRegion::sge (one SGE covers at most 4 GiB)",
-            offset: start,
-            len: end - start,
-            region_len: u32::MAX as usize,
-        })?;
-        Ok(Sge { raw: ffi::ibv_sge { addr: self.addr() + start as u64, length, lkey: self.lkey() }, _mr: PhantomData })
+        region_sge("MemoryRegion::sge", self.addr(), self.lkey(), self.len, range)
     }
 
     /// Copies `dst.len()` bytes from `offset` of the region into `dst`.

@@ -44,13 +44,14 @@ fn lean_builds() -> Vec<(&'static str, &'static str)> {
 /// and reordering, many senders at once; and the verbs whose rxe behaviour differs between the
 /// kernels (memory windows; issue 35's verbs). The rest runs on 6.1 only: every device test on
 /// both kernels took the command to 86 minutes, past its 45 (docs/testing.md, "The command").
-const ON_6_12: [&str; 6] = [
+const ON_6_12: [&str; 7] = [
     "device_rdma_copy",
     "device_flap",
     "device_netem",
     "device_parallel",
     "device_memory_windows",
     "device_extended_qp",
+    "device_odp_dmabuf",
 ];
 
 struct Run {
