@@ -284,3 +284,64 @@ pub unsafe fn ibv_advise_mr(
         }
     }
 }
+
+/// `ibv_create_cq_ex()`: creates a CQ from extended attributes (the fields its completions
+/// carry, `wc_flags`). Null with `errno` `EOPNOTSUPP` when the provider has no extended CQs.
+///
+/// # Safety
+/// As in C: `context` is live and `cq_attr` valid. See
+/// [ibv_create_cq_ex(3)](https://man7.org/linux/man-pages/man3/ibv_create_cq_ex.3.html).
+#[inline]
+pub unsafe fn ibv_create_cq_ex(context: *mut ibv_context, cq_attr: *mut ibv_cq_init_attr_ex) -> *mut ibv_cq_ex {
+    // SAFETY: the caller's contract; the op is used only inside the library's context.
+    unsafe {
+        let vctx = verbs_get_ctx(context);
+        let reach = core::mem::size_of::<verbs_context>() - core::mem::offset_of!(verbs_context, create_cq_ex);
+        match vctx.as_ref().and_then(|v| if v.sz >= reach { v.create_cq_ex } else { None }) {
+            Some(create) => create(context, cq_attr),
+            None => {
+                *libc::__errno_location() = libc::EOPNOTSUPP;
+                core::ptr::null_mut()
+            }
+        }
+    }
+}
+
+/// `ibv_cq_ex_to_cq()`: the classic view of an extended CQ (`struct ibv_cq_ex` begins with
+/// `struct ibv_cq`'s fields), for `ibv_req_notify_cq`, events and `ibv_destroy_cq`.
+#[inline]
+pub fn ibv_cq_ex_to_cq(cq: *mut ibv_cq_ex) -> *mut ibv_cq {
+    cq.cast()
+}
+
+/// `ibv_start_poll()`: starts a lazy poll at the first completion. 0 (then `ibv_end_poll` must
+/// follow), `ENOENT` when the CQ is empty (no `ibv_end_poll`), or another `errno` value.
+///
+/// # Safety
+/// As in C: `cq` is a live extended CQ with no poll in progress. See
+/// [ibv_create_cq_ex(3)](https://man7.org/linux/man-pages/man3/ibv_create_cq_ex.3.html).
+#[inline]
+pub unsafe fn ibv_start_poll(cq: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr) -> libc::c_int {
+    // SAFETY: the caller's contract; every extended CQ has this op.
+    unsafe { ((*cq).start_poll.unwrap_unchecked())(cq, attr) }
+}
+
+/// `ibv_next_poll()`: moves the lazy poll to the next completion; `ENOENT` when there is none.
+///
+/// # Safety
+/// As in C: a poll is in progress on `cq`.
+#[inline]
+pub unsafe fn ibv_next_poll(cq: *mut ibv_cq_ex) -> libc::c_int {
+    // SAFETY: the caller's contract.
+    unsafe { ((*cq).next_poll.unwrap_unchecked())(cq) }
+}
+
+/// `ibv_end_poll()`: ends the lazy poll, giving the completions read back to the CQ.
+///
+/// # Safety
+/// As in C: a poll is in progress on `cq`.
+#[inline]
+pub unsafe fn ibv_end_poll(cq: *mut ibv_cq_ex) {
+    // SAFETY: the caller's contract.
+    unsafe { ((*cq).end_poll.unwrap_unchecked())(cq) }
+}

@@ -83,6 +83,8 @@ pub struct WrBatch<'b, 's, 'env, T: Transport> {
     ops: SendOps,
     added: usize,
     finished: bool,
+    /// Requests of more than one SGE or inline buffer are refused (rxe's builders).
+    one_buffer_only: bool,
     /// Not `Send`: the provider's lock is this thread's until complete or abort.
     _thread: PhantomData<*const ()>,
 }
@@ -103,14 +105,17 @@ impl<'s, 'env, T: Transport> PostScope<'s, 'env, T, ReadyToSend> {
         // SAFETY: a live extended QP (held by the scope's borrow); the batch ends with complete
         // or abort, on this thread (`WrBatch` is not `Send`).
         unsafe { ffi::ibv_wr_start(qpx.as_ptr()) };
-        Ok(WrBatch { scope: self, qpx, ops, added: 0, finished: false, _thread: PhantomData })
+        let one_buffer_only = qp.pd().context().is_soft_roce();
+        Ok(WrBatch { scope: self, qpx, ops, added: 0, finished: false, one_buffer_only, _thread: PhantomData })
     }
 }
 
 impl<'s, T: Transport> WrBatch<'_, 's, '_, T> {
     /// Adds a request to the batch: the `ibv_wr_*` builder of its operation, its SGEs
-    /// (`ibv_wr_set_sge_list`) or inline data (`ibv_wr_set_inline_data_list`), its address
-    /// (`ibv_wr_set_ud_addr`). It is made signaled, and its regions stay borrowed until the
+    /// (`ibv_wr_set_sge_list`) or inline data (`ibv_wr_set_inline_data`, or `_list` for
+    /// several buffers), its address (`ibv_wr_set_ud_addr`). On rxe a request takes one SGE or
+    /// inline buffer at most: rdma-core's rxe builders before version 64 set the length of
+    /// several wrongly (`docs/verbs-coverage.md`). It is made signaled, and its regions stay borrowed until the
     /// scope ends, as with [`PostScope::post_send`].
     ///
     /// # Errors
@@ -122,6 +127,15 @@ impl<'s, T: Transport> WrBatch<'_, 's, '_, T> {
         let qp = self.scope.qp();
         let device = qp.pd().context().name();
         self.scope.check_request(wr, self.added + 1)?;
+        if self.one_buffer_only && wr.buffers() > 1 {
+            let reason = format!(
+                "request with wr_id {}: {} buffers; rxe's builders (rdma-core before 64) count only the first \
+                 SGE's length (ibv_wr_set_sge_list) or none (ibv_wr_set_inline_data_list): post it with post_send",
+                wr.wr_id(),
+                wr.buffers()
+            );
+            return Err(Error::invalid("ibv_wr_post", Some(device), reason));
+        }
         let op = wr.send_op();
         if op.is_empty() || !self.ops.contains(op) {
             let reason = format!("request with wr_id {}: the QP was created without SendOps::{op:?}", wr.wr_id());

@@ -150,6 +150,12 @@ impl Context {
         self.capabilities
     }
 
+    /// Whether the device is Soft-RoCE (rxe: vendor id `0xFFFFFF`, `RXE_VENDOR_ID` in the
+    /// kernel), whose provider's known defects some calls work around or refuse.
+    pub(crate) fn is_soft_roce(&self) -> bool {
+        self.attr.vendor_id == 0x00ff_ffff
+    }
+
     /// On-demand paging, as the open's extended query said.
     pub(crate) fn odp(&self) -> OdpCapabilities {
         self.odp

@@ -8,6 +8,7 @@ use crate::ffi;
 
 use crate::completion_channel::{CompletionChannel, CompletionEvent};
 use crate::context::Context;
+use crate::cq_ex::LazyCq;
 use crate::cq_holder::CqHolder;
 use crate::error::{Error, Result};
 use crate::parent::Parent;
@@ -106,13 +107,24 @@ impl<'ctx> CompletionQueue<'ctx> {
         // SAFETY: open context; `ch` is NULL or a live channel that the CQ holds.
         let raw = unsafe { ffi::ibv_create_cq(ctx.as_raw(), entries as libc::c_int, std::ptr::null_mut(), ch, 0) };
         let raw = NonNull::new(raw).ok_or_else(|| Error::last_os_error("ibv_create_cq", Some(ctx.name())))?;
+        Ok(Self::created(raw, ctx, channel, entries, None))
+    }
+
+    /// The wrapper of a CQ just created (classic, or extended with `lazy`).
+    pub(crate) fn created(
+        raw: NonNull<ffi::ibv_cq>,
+        ctx: Parent<'ctx, Context>,
+        channel: Option<Parent<'ctx, CompletionChannel<'ctx>>>,
+        entries: u32,
+        lazy: Option<LazyCq>,
+    ) -> Self {
         // SAFETY: just created; `cqe` is the capacity the provider granted (at least `entries`).
         let capacity = u32::try_from(unsafe { raw.as_ref().cqe }).unwrap_or(entries).max(entries);
         ctx.registry().add(crate::registry::Kind::Cq, raw.as_ptr());
         if let Some(c) = &channel {
             c.cq_added();
         }
-        Ok(CompletionQueue { raw, ctx, channel, capacity, users: AtomicUsize::new(0), holder: AtomicU8::new(0) })
+        CompletionQueue { raw, ctx, channel, capacity, users: AtomicUsize::new(0), holder: AtomicU8::new(0), lazy }
     }
 }
 
@@ -133,6 +145,8 @@ pub struct CompletionQueue<'ctx> {
     users: AtomicUsize,
     /// Who the owner is, while [`OWNED`] is set (a [`CqHolder`] as `u8`).
     holder: AtomicU8,
+    /// An extended CQ's view and poller (`cq_ex.rs`); every poll of it is a lazy poll.
+    pub(crate) lazy: Option<LazyCq>,
 }
 
 /// The bit of `CompletionQueue::users` an owner holds.
@@ -163,11 +177,17 @@ impl<'ctx> CompletionQueue<'ctx> {
     #[doc(alias = "ibv_poll_cq")]
     #[inline]
     pub fn poll<'o>(&self, out: &'o mut [WorkCompletion]) -> Result<&'o mut [WorkCompletion]> {
+        self.poll_directly("ibv_poll_cq", || self.poll_owned(out))
+    }
+
+    /// Runs `poll` as a direct poller of the CQ: refused with `Error::Busy` while an owner
+    /// holds it (an owner is not made while `poll` runs).
+    pub(crate) fn poll_directly<R>(&self, what: &'static str, poll: impl FnOnce() -> Result<R>) -> Result<R> {
         if self.users.fetch_add(1, Ordering::Acquire) & OWNED != 0 {
             self.users.fetch_sub(1, Ordering::Release);
-            return Err(self.busy("ibv_poll_cq"));
+            return Err(self.busy(what));
         }
-        let r = self.poll_owned(out);
+        let r = poll();
         self.users.fetch_sub(1, Ordering::Release);
         r
     }
@@ -255,7 +275,7 @@ impl<'ctx> CompletionQueue<'ctx> {
     }
 
     /// The refusal of `what` while an owner holds the CQ, naming the owner.
-    fn busy(&self, what: &'static str) -> Error {
+    pub(crate) fn busy(&self, what: &'static str) -> Error {
         let holder = CqHolder::from_u8(self.holder.load(Ordering::Relaxed));
         Error::Busy { what, holder, device: Some(self.ctx.name().to_owned()) }
     }
@@ -263,6 +283,9 @@ impl<'ctx> CompletionQueue<'ctx> {
     /// `ibv_poll_cq` for the CQ's owner, or for `poll` once it checked.
     #[inline]
     pub(crate) fn poll_owned<'o>(&self, out: &'o mut [WorkCompletion]) -> Result<&'o mut [WorkCompletion]> {
+        if let Some(lazy) = &self.lazy {
+            return lazy.poll_into(self.ctx.name(), out);
+        }
         let n = libc::c_int::try_from(out.len()).unwrap_or(libc::c_int::MAX);
         // SAFETY: `WorkCompletion` is `repr(transparent)` over `ibv_wc`, and `out` has room for
         // `n` of them; the CQ is live.

@@ -169,3 +169,21 @@ pub(crate) unsafe fn create_qp_ex(ctx: *mut ffi::ibv_context, attr: *mut ffi::ib
     let qp = unsafe { ffi::ibv_create_qp_ex(ctx, attr) }.unwrap_or(std::ptr::null_mut());
     qp
 }
+
+/// `ibv_create_cq_ex()`: null on error with `errno` set (rdma-sys's returns an `Option`).
+///
+/// # Safety
+/// As `ibv_create_cq_ex`.
+#[inline]
+pub(crate) unsafe fn create_cq_ex(
+    ctx: *mut ffi::ibv_context,
+    attr: *mut ffi::ibv_cq_init_attr_ex,
+) -> *mut ffi::ibv_cq_ex {
+    // SAFETY: the caller's contract.
+    #[cfg(not(feature = "rdma-sys"))]
+    let cq = unsafe { ffi::ibv_create_cq_ex(ctx, attr) };
+    // SAFETY: the caller's contract.
+    #[cfg(feature = "rdma-sys")]
+    let cq = unsafe { ffi::ibv_create_cq_ex(ctx, attr) }.unwrap_or(std::ptr::null_mut());
+    cq
+}

@@ -48,6 +48,33 @@ const _: () = {
 };
 
 impl WorkCompletion {
+    /// A completion read field by field from an extended CQ's lazy poll.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn from_fields(
+        wr_id: u64,
+        status: ffi::ibv_wc_status::Type,
+        opcode: ffi::ibv_wc_opcode::Type,
+        vendor_err: u32,
+        byte_len: u32,
+        imm_data: u32,
+        qp_num: u32,
+        src_qp: u32,
+        wc_flags: libc::c_uint,
+    ) -> Self {
+        WorkCompletion(RawWc {
+            wr_id,
+            status,
+            opcode,
+            vendor_err,
+            byte_len,
+            imm_data,
+            qp_num,
+            src_qp,
+            wc_flags,
+            ..RawWc::default()
+        })
+    }
+
     /// The `wr_id` of the request that completed.
     pub fn wr_id(&self) -> u64 {
         self.0.wr_id
@@ -176,7 +203,7 @@ macro_rules! raw_enum {
         }
 
         impl $name {
-            fn from_raw(raw: ffi::$module::Type) -> Self {
+            pub(crate) fn from_raw(raw: ffi::$module::Type) -> Self {
                 match raw {
                     $(ffi::$module::$raw => $name::$variant,)*
                     other => $name::Other(other),

@@ -427,14 +427,22 @@ impl SendRequest<'_, '_> {
         if inline && sges.len() > MAX_INLINE_BUFS {
             return Err("wr_set_inline_data_list (more than 32 buffers)");
         }
-        let set_data = if inline { q.wr_set_inline_data_list.map(|_| ()) } else { q.wr_set_sge_list.map(|_| ()) };
-        set_data.ok_or(if inline { "wr_set_inline_data_list" } else { "wr_set_sge_list" })?;
+        let one_inline = inline && sges.len() == 1;
+        let set_data = match (inline, one_inline) {
+            (true, true) => q.wr_set_inline_data.map(|_| "").ok_or("wr_set_inline_data"),
+            (true, false) => q.wr_set_inline_data_list.map(|_| "").ok_or("wr_set_inline_data_list"),
+            (false, _) => q.wr_set_sge_list.map(|_| "").ok_or("wr_set_sge_list"),
+        };
+        set_data?;
         if self.has_ah() {
             q.wr_set_ud_addr.ok_or("wr_set_ud_addr")?;
         }
         q.wr_id = wr_id;
         let signal = if signaled { ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 } else { 0 };
-        q.wr_flags = (w.send_flags | signal) & !ffi::ibv_send_flags::IBV_SEND_INLINE.0;
+        // IBV_SEND_INLINE stays when the data is inline: rxe's kernel side reads the data from
+        // the entry only with it (without it, LocalQpOperationError on rdma-core 44).
+        let inline_flag = if inline { ffi::ibv_send_flags::IBV_SEND_INLINE.0 } else { 0 };
+        q.wr_flags = (w.send_flags & !ffi::ibv_send_flags::IBV_SEND_INLINE.0) | signal | inline_flag;
         // SAFETY: every call below is a builder of a live QP with an open batch, given the
         // request's own fields, which `check` accepted; the provider copies SGEs and inline
         // data into the queue during the call. The `unwrap_unchecked`s were checked above.
@@ -469,7 +477,11 @@ impl SendRequest<'_, '_> {
                 let ud = w.wr.ud;
                 q.wr_set_ud_addr.unwrap_unchecked()(qpx, ud.ah, ud.remote_qpn, ud.remote_qkey);
             }
-            if inline {
+            if one_inline {
+                let s = &sges[0];
+                let length = if self.uses_inline_sge { self.inline_slice_len } else { s.length as usize };
+                q.wr_set_inline_data.unwrap_unchecked()(qpx, s.addr as *mut libc::c_void, length);
+            } else if inline {
                 let mut bufs = [ffi::ibv_data_buf { addr: std::ptr::null_mut(), length: 0 }; MAX_INLINE_BUFS];
                 for (b, s) in bufs.iter_mut().zip(sges) {
                     // The inline send of one plain slice keeps its full length beside the SGE.
@@ -494,6 +506,11 @@ impl SendRequest<'_, '_> {
             ));
         }
         Ok(())
+    }
+
+    /// How many SGEs or inline buffers it names.
+    pub(crate) fn buffers(&self) -> usize {
+        self.sges().len()
     }
 
     /// The remote address and key of an RDMA request.

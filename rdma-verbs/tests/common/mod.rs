@@ -331,11 +331,23 @@ pub struct Link {
 /// `n` connected pairs of [`Link`]s, client (on the client's device) and server (on the
 /// server's), each QP's CQs on a channel of their own when `channels`, else none (spin only).
 pub fn echo_links(topo: &testkit::Topology, n: usize, channels: bool) -> Vec<(Link, Link)> {
+    echo_links_with(topo, n, channels, false)
+}
+
+/// [`echo_links`], on extended CQs (`CompletionQueue::new_ex`) when `extended`.
+pub fn echo_links_with(topo: &testkit::Topology, n: usize, channels: bool, extended: bool) -> Vec<(Link, Link)> {
     let (ctx_c, pd_c) = open_shared(&topo.client.device);
     let (ctx_s, pd_s) = open_shared(&topo.server.device);
     let end = |ctx: &Arc<Context>, pd: &Arc<ProtectionDomain<'static>>| {
         let ch = channels.then(|| Arc::new(CompletionChannel::new(ctx.clone()).unwrap()));
-        let cq = || Arc::new(CompletionQueue::new(ctx.clone(), 64, ch.clone().map(Into::into)).unwrap());
+        let cq = || {
+            let ch = ch.clone().map(Into::into);
+            Arc::new(if extended {
+                CompletionQueue::new_ex(ctx.clone(), 64, ch, WcFields::empty()).unwrap()
+            } else {
+                CompletionQueue::new(ctx.clone(), 64, ch).unwrap()
+            })
+        };
         let attr = QpCreateAttr::new(cq(), cq()).caps(caps(32, 32));
         let qp = QueuePair::<Rc, Reset>::create(pd.clone(), attr)
             .unwrap()
