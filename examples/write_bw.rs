@@ -5,8 +5,10 @@
 //! write_bw -d rxe1 -x 1 -s 65536 -n 1000 10.77.0.1      # client: prints the result
 //! ```
 //! The client keeps `-t` writes in flight, posting each refill with one doorbell, through one
-//! of three paths (`--api`, the client's choice; the server is the same for all):
+//! of four paths (`--api`, the client's choice; the server is the same for all):
 //! - `scope` (default): the safe posting scope, every write signaled, all from one buffer;
+//! - `ex`: the same scope on an extended QP (`ibv_create_qp_ex`), each refill one batch of
+//!   `ibv_wr_rdma_write` builders and one `ibv_wr_complete` instead of `ibv_post_send`;
 //! - `raw`: `unsafe` `ibv_post_send` of chains from one buffer, as perftest posts: every `-Q`th
 //!   write signaled (perftest's default 100, at most `-t`), and the last of each chain;
 //! - `pool`: the safe owned-buffer path, a [`SlotPool`] of `-t` slots and a [`SendQueue`], with
@@ -24,7 +26,7 @@ use common::*;
 use rdma_verbs::*;
 
 const NAME: &str = "write_bw";
-const APIS: &[&str] = &["scope", "raw", "pool"];
+const APIS: &[&str] = &["scope", "ex", "raw", "pool"];
 /// How long dropping a queue with writes in flight waits for them (only after an error).
 const DRAIN: Duration = Duration::from_secs(10);
 
@@ -42,7 +44,11 @@ fn run(args: &Args) -> BoxResult<()> {
     let pd = ctx.alloc_pd()?;
     let cq = ctx.create_cq(args.tx_depth as u32 * 2, None)?;
     let caps = QpCaps { max_send_wr: args.tx_depth as u32, max_recv_wr: 1, ..QpCaps::default() };
-    let qp = pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq).caps(caps))?;
+    let mut attr = QpCreateAttr::new(&cq, &cq).caps(caps);
+    if args.apis.contains(&"ex") {
+        attr = attr.send_ops(SendOps::RDMA_WRITE);
+    }
+    let qp = pd.create_qp::<Rc>(attr)?;
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
     let qp = qp.init(InitAttr::new(args.ib_port).access(access))?;
     let mr = pd.alloc_mr(args.size, access)?;
@@ -78,6 +84,7 @@ fn run(args: &Args) -> BoxResult<()> {
         let (start, total) = match (api, &pool) {
             ("raw", _) => raw_loop(args, &qp, &cq, &mr, peer.region, &mut stamps)?,
             ("pool", Some(pool)) => pool_loop(args, &qp, pool, peer.region, &mut stamps)?,
+            ("ex", _) => ex_loop(args, &qp, &mr, peer.region, &mut stamps)?,
             _ => scope_loop(args, &qp, &mr, peer.region, &mut stamps)?,
         };
         let tag = if n > 1 || args.repeat > 1 { api } else { "" };
@@ -110,6 +117,45 @@ fn scope_loop(
                 batch.clear();
                 batch.extend((0..room).map(|i| SendRequest::write((posted + i) as u64, &src, remote)));
                 s.post_send(&mut batch)?;
+                posted += room;
+            }
+            let n = s.poll(&mut wcs)?.len();
+            if n > 0 {
+                let now = Instant::now();
+                for wc in &wcs[..n] {
+                    wc.ok()?;
+                    stamps.push(now);
+                }
+            }
+            done += n;
+        }
+        Ok(())
+    })?;
+    Ok((start, start.elapsed()))
+}
+
+/// The posting scope on an extended QP: every write signaled, each refill one batch of
+/// `ibv_wr_*` builders completed with one `ibv_wr_complete`.
+fn ex_loop(
+    args: &Args,
+    qp: &QueuePair<'_, Rc, ReadyToSend>,
+    mr: &MemoryRegion<'_>,
+    remote: RemoteRegion,
+    stamps: &mut Vec<Instant>,
+) -> Timed {
+    let src = [mr.sge(..)?];
+    let mut wcs: [WorkCompletion; 32] = Default::default();
+    let start = Instant::now();
+    qp.scope(DRAIN, |s| -> Result<()> {
+        let (mut posted, mut done) = (0usize, 0usize);
+        while done < args.iters {
+            let room = (args.tx_depth - s.outstanding()).min(args.iters - posted);
+            if room > 0 {
+                let mut batch = s.batch()?;
+                for i in 0..room {
+                    batch.push(&SendRequest::write((posted + i) as u64, &src, remote))?;
+                }
+                batch.complete()?;
                 posted += room;
             }
             let n = s.poll(&mut wcs)?.len();

@@ -183,13 +183,20 @@ impl<'ctx> CompletionQueue<'ctx> {
     /// Runs `poll` as a direct poller of the CQ: refused with `Error::Busy` while an owner
     /// holds it (an owner is not made while `poll` runs).
     pub(crate) fn poll_directly<R>(&self, what: &'static str, poll: impl FnOnce() -> Result<R>) -> Result<R> {
+        /// Ends the direct poll, also when `poll` unwinds (a panic in `poll_each`'s closure):
+        /// else the CQ would count a poller for good, and no owner could take it.
+        struct Poller<'a>(&'a AtomicUsize);
+        impl Drop for Poller<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::Release);
+            }
+        }
         if self.users.fetch_add(1, Ordering::Acquire) & OWNED != 0 {
             self.users.fetch_sub(1, Ordering::Release);
             return Err(self.busy(what));
         }
-        let r = poll();
-        self.users.fetch_sub(1, Ordering::Release);
-        r
+        let _poller = Poller(&self.users);
+        poll()
     }
 
     /// Waits up to `timeout` for completions and polls them into `out` (at least one, at most

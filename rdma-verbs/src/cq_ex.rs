@@ -378,6 +378,10 @@ impl<'ctx> CompletionQueue<'ctx> {
     /// kept. Never blocks (but waits for another thread's poll of this CQ to end), never
     /// allocates.
     ///
+    /// `f` runs inside the provider's poll, which holds the CQ's lock: keep it short, and do not
+    /// destroy a QP of this CQ in it (mlx5's `ibv_destroy_qp` takes that lock and would wait
+    /// for ever; rxe's does not). A panic in `f` ends the poll.
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a CQ made with `ibv_create_cq`; [`Error::Busy`] while an
     /// owner holds the CQ (as [`poll`](Self::poll)) or when called inside `f`;

@@ -3,28 +3,29 @@
 //! A DMA-BUF is memory another driver exports as a file descriptor: a GPU's or an
 //! accelerator's, or, without either, `udmabuf`'s view of a memfd. The region owns the
 //! descriptor, so the buffer lives at least as long as the registration. The CPU has no mapping
-//! of it here: the region gives keys and SGEs, never slices.
+//! of it here: the region gives its keys and [`remote`](DmaBufRegion::remote) for peers, never
+//! slices, and no [`Sge`](crate::Sge) either: an SGE's address is read as CPU memory by a
+//! request made inline (`SendRequest::inline`), and a DMA-BUF's is an I/O virtual address.
 //!
 //! # References
 //! - [`ibv_reg_mr(3)`](https://man7.org/linux/man-pages/man3/ibv_reg_mr.3.html) (`ibv_reg_dmabuf_mr`)
 
 use std::fmt;
-use std::ops::RangeBounds;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::ptr::NonNull;
 
 use crate::ffi;
 
 use crate::error::{Error, Result};
-use crate::mr::{region_sge, AccessFlags, RemoteRegion, Sge};
+use crate::mr::{AccessFlags, RemoteRegion};
 use crate::parent::Parent;
 use crate::pd::ProtectionDomain;
 
 /// A memory region over a DMA-BUF (`ibv_reg_dmabuf_mr`); deregistered on drop, then its file
 /// descriptor is closed.
 ///
-/// Addresses in its SGEs and in [`remote`](Self::remote) are I/O virtual addresses: the `iova`
-/// it was registered at, plus the offset.
+/// The address in [`remote`](Self::remote) is an I/O virtual address: the `iova` it was
+/// registered at.
 #[doc(alias = "ibv_reg_dmabuf_mr")]
 #[must_use = "dropping it at once releases what was just made"]
 pub struct DmaBufRegion<'pd> {
@@ -157,14 +158,6 @@ impl<'pd> DmaBufRegion<'pd> {
     /// The whole region as a peer names it.
     pub fn remote(&self) -> RemoteRegion {
         RemoteRegion { addr: self.iova, rkey: self.rkey(), len: self.len as u64 }
-    }
-
-    /// An SGE for `range` of the region.
-    ///
-    /// # Errors
-    /// [`Error::OutOfBounds`] when the range is outside the region or over 4 GiB.
-    pub fn sge(&self, range: impl RangeBounds<usize>) -> Result<Sge<'_>> {
-        region_sge("DmaBufRegion::sge", self.iova, self.lkey(), self.len, range)
     }
 
     /// The raw `struct ibv_mr *`. It stays owned by `self`.

@@ -271,6 +271,8 @@ impl<'s, 'env, T: Connected> PostScope<'s, 'env, T, ReadyToSend> {
     ///
     /// The region must be registered with [`AccessFlags::MW_BIND`] in the window's protection
     /// domain, which must be this QP's; remote write and atomic access need its `LOCAL_WRITE`.
+    /// It stays borrowed for the scope too (`'mr: 's`), so it cannot be deregistered while the
+    /// bind request is queued.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for any of the rules above, an empty or out-of-region range,
@@ -289,6 +291,7 @@ impl<'s, 'env, T: Connected> PostScope<'s, 'env, T, ReadyToSend> {
     ) -> Result<BoundWindow<'pd, 'mr>>
     where
         'env: 'mr,
+        'mr: 's,
     {
         let qp = self.qp();
         let verb = match window.kind {

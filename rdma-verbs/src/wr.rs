@@ -419,7 +419,6 @@ impl SendRequest<'_, '_> {
         // SAFETY: the caller's contract: `qpx` is live and this thread has its batch open.
         let q = unsafe { &mut *qpx };
         let w = &self.raw;
-        let (rdma, atomic) = (self.rdma_target(), self.atomic_target());
         let key = crate::ffi_compat::imm_or_invalidate_rkey(w);
         let sges = self.sges();
         let inline = self.uses_inline_sge || w.send_flags & ffi::ibv_send_flags::IBV_SEND_INLINE.0 != 0;
@@ -451,21 +450,33 @@ impl SendRequest<'_, '_> {
                 IBV_WR_SEND => q.wr_send.ok_or("wr_send")?(qpx),
                 IBV_WR_SEND_WITH_IMM => q.wr_send_imm.ok_or("wr_send_imm")?(qpx, key),
                 IBV_WR_SEND_WITH_INV => q.wr_send_inv.ok_or("wr_send_inv")?(qpx, key),
-                IBV_WR_RDMA_WRITE => q.wr_rdma_write.ok_or("wr_rdma_write")?(qpx, rdma.1, rdma.0),
-                IBV_WR_RDMA_WRITE_WITH_IMM => q.wr_rdma_write_imm.ok_or("wr_rdma_write_imm")?(qpx, rdma.1, rdma.0, key),
-                IBV_WR_RDMA_READ => q.wr_rdma_read.ok_or("wr_rdma_read")?(qpx, rdma.1, rdma.0),
+                IBV_WR_RDMA_WRITE => {
+                    let (addr, rkey) = self.rdma_target();
+                    q.wr_rdma_write.ok_or("wr_rdma_write")?(qpx, rkey, addr)
+                }
+                IBV_WR_RDMA_WRITE_WITH_IMM => {
+                    let (addr, rkey) = self.rdma_target();
+                    q.wr_rdma_write_imm.ok_or("wr_rdma_write_imm")?(qpx, rkey, addr, key)
+                }
+                IBV_WR_RDMA_READ => {
+                    let (addr, rkey) = self.rdma_target();
+                    q.wr_rdma_read.ok_or("wr_rdma_read")?(qpx, rkey, addr)
+                }
                 IBV_WR_ATOMIC_CMP_AND_SWP => {
                     let f = q.wr_atomic_cmp_swp.ok_or("wr_atomic_cmp_swp")?;
-                    f(qpx, atomic.rkey, atomic.remote_addr, atomic.compare_add, atomic.swap)
+                    let a = self.atomic_target();
+                    f(qpx, a.rkey, a.remote_addr, a.compare_add, a.swap)
                 }
                 IBV_WR_ATOMIC_FETCH_AND_ADD => {
                     let f = q.wr_atomic_fetch_add.ok_or("wr_atomic_fetch_add")?;
-                    f(qpx, atomic.rkey, atomic.remote_addr, atomic.compare_add)
+                    let a = self.atomic_target();
+                    f(qpx, a.rkey, a.remote_addr, a.compare_add)
                 }
                 IBV_WR_LOCAL_INV => q.wr_local_inv.ok_or("wr_local_inv")?(qpx, key),
                 IBV_WR_ATOMIC_WRITE => {
                     let f = q.wr_atomic_write.ok_or("wr_atomic_write")?;
-                    f(qpx, rdma.1, rdma.0, self.atomic_value.as_ptr().cast())
+                    let (addr, rkey) = self.rdma_target();
+                    f(qpx, rkey, addr, self.atomic_value.as_ptr().cast())
                 }
                 IBV_WR_BIND_MW => {
                     let (mw, rkey, info) = crate::ffi_compat::bind_mw_of(w);
@@ -513,17 +524,19 @@ impl SendRequest<'_, '_> {
         self.sges().len()
     }
 
-    /// The remote address and key of an RDMA request.
+    /// The remote address and key of an RDMA or atomic-write request (only those: another
+    /// request's union member may leave `rdma`'s padding uninitialised).
     fn rdma_target(&self) -> (u64, u32) {
         // SAFETY: `wr` is a union of plain integers and pointers; read as `rdma` only for RDMA
-        // opcodes, whose constructors set it.
+        // and atomic-write opcodes, whose constructors set it whole.
         let r = unsafe { self.raw.wr.rdma };
         (r.remote_addr, r.rkey)
     }
 
-    /// The remote target and operands of an atomic request.
+    /// The remote target and operands of an atomic request (only those).
     fn atomic_target(&self) -> ffi::atomic_t {
-        // SAFETY: as `rdma_target`, for atomic opcodes.
+        // SAFETY: as `rdma_target`, for the compare-and-swap and fetch-and-add opcodes, whose
+        // constructors set `atomic` whole.
         unsafe { self.raw.wr.atomic }
     }
 }

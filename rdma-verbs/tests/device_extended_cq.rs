@@ -84,6 +84,9 @@ fn poll_each_reads_fields_lazily_and_refuses_to_nest() {
             cq_a.poll_each(1, |_| panic!("in a lazy poll")).unwrap();
         }));
         assert!(panicked.is_err());
+        // The panic ended the direct poll too: an owner can take the CQ (before the fix, every
+        // scope on it was refused with Busy from then on).
+        a.qp.scope(T, |_| Ok::<_, Error>(())).expect("a scope owns the CQ after a panic in poll_each");
         // SAFETY: as above.
         unsafe { a.qp.post_send(&mut wrs[..1]) }.unwrap();
         std::thread::sleep(std::time::Duration::from_millis(300));
