@@ -84,8 +84,7 @@ fn run(args: &Args) -> BoxResult<()> {
         let (start, total) = match (api, &pool) {
             ("raw", _) => raw_loop(args, &qp, &cq, &mr, peer.region, &mut stamps)?,
             ("pool", Some(pool)) => pool_loop(args, &qp, pool, peer.region, &mut stamps)?,
-            ("ex", _) => ex_loop(args, &qp, &mr, peer.region, &mut stamps)?,
-            _ => scope_loop(args, &qp, &mr, peer.region, &mut stamps)?,
+            (api, _) => scope_loop(args, &qp, &mr, peer.region, &mut stamps, api == "ex")?,
         };
         let tag = if n > 1 || args.repeat > 1 { api } else { "" };
         report(args, start, total, &stamps, tag);
@@ -97,13 +96,15 @@ fn run(args: &Args) -> BoxResult<()> {
 /// When a measured loop started, and how long it took until the last completion.
 type Timed = BoxResult<(Instant, Duration)>;
 
-/// The posting scope: every write signaled, each refill one doorbell.
+/// The posting scope: every write signaled, each refill one doorbell: `ibv_post_send`, or with
+/// `batched` one batch of `ibv_wr_rdma_write` builders and `ibv_wr_complete` (extended QP).
 fn scope_loop(
     args: &Args,
     qp: &QueuePair<'_, Rc, ReadyToSend>,
     mr: &MemoryRegion<'_>,
     remote: RemoteRegion,
     stamps: &mut Vec<Instant>,
+    batched: bool,
 ) -> Timed {
     let src = [mr.sge(..)?];
     let mut wcs: [WorkCompletion; 32] = Default::default();
@@ -116,46 +117,15 @@ fn scope_loop(
             if room > 0 {
                 batch.clear();
                 batch.extend((0..room).map(|i| SendRequest::write((posted + i) as u64, &src, remote)));
-                s.post_send(&mut batch)?;
-                posted += room;
-            }
-            let n = s.poll(&mut wcs)?.len();
-            if n > 0 {
-                let now = Instant::now();
-                for wc in &wcs[..n] {
-                    wc.ok()?;
-                    stamps.push(now);
+                if batched {
+                    let mut wrs = s.batch()?;
+                    for wr in &batch {
+                        wrs.push(wr)?;
+                    }
+                    wrs.complete()?;
+                } else {
+                    s.post_send(&mut batch)?;
                 }
-            }
-            done += n;
-        }
-        Ok(())
-    })?;
-    Ok((start, start.elapsed()))
-}
-
-/// The posting scope on an extended QP: every write signaled, each refill one batch of
-/// `ibv_wr_*` builders completed with one `ibv_wr_complete`.
-fn ex_loop(
-    args: &Args,
-    qp: &QueuePair<'_, Rc, ReadyToSend>,
-    mr: &MemoryRegion<'_>,
-    remote: RemoteRegion,
-    stamps: &mut Vec<Instant>,
-) -> Timed {
-    let src = [mr.sge(..)?];
-    let mut wcs: [WorkCompletion; 32] = Default::default();
-    let start = Instant::now();
-    qp.scope(DRAIN, |s| -> Result<()> {
-        let (mut posted, mut done) = (0usize, 0usize);
-        while done < args.iters {
-            let room = (args.tx_depth - s.outstanding()).min(args.iters - posted);
-            if room > 0 {
-                let mut batch = s.batch()?;
-                for i in 0..room {
-                    batch.push(&SendRequest::write((posted + i) as u64, &src, remote))?;
-                }
-                batch.complete()?;
                 posted += room;
             }
             let n = s.poll(&mut wcs)?.len();
