@@ -82,6 +82,9 @@ pub struct WrBatch<'b, 's, 'env, T: Transport> {
     qpx: NonNull<ffi::ibv_qp_ex>,
     ops: SendOps,
     added: usize,
+    /// How many requests the queues and CQs have room for, counted when the batch opened
+    /// (nothing else posts through the scope while the batch borrows it).
+    room: usize,
     finished: bool,
     /// Requests of more than one SGE or inline buffer are refused (rxe's builders).
     one_buffer_only: bool,
@@ -106,7 +109,8 @@ impl<'s, 'env, T: Transport> PostScope<'s, 'env, T, ReadyToSend> {
         // or abort, on this thread (`WrBatch` is not `Send`).
         unsafe { ffi::ibv_wr_start(qpx.as_ptr()) };
         let one_buffer_only = qp.pd().context().is_soft_roce();
-        Ok(WrBatch { scope: self, qpx, ops, added: 0, finished: false, one_buffer_only, _thread: PhantomData })
+        let room = self.send_room();
+        Ok(WrBatch { scope: self, qpx, ops, added: 0, room, finished: false, one_buffer_only, _thread: PhantomData })
     }
 }
 
@@ -124,27 +128,37 @@ impl<'s, T: Transport> WrBatch<'_, 's, '_, T> {
     /// was not created with, [`Error::Unsupported`] for one the provider has no builder for.
     /// Nothing is added on error; the batch stays open.
     pub fn push(&mut self, wr: &SendRequest<'_, 's>) -> Result<()> {
-        let qp = self.scope.qp();
-        let device = qp.pd().context().name();
-        self.scope.check_request(wr, self.added + 1)?;
+        // The checks of `post_send`, with the queues' room counted once, when the batch opened:
+        // one request costs what it costs there (instructions per request: docs/results).
+        if self.added >= self.room {
+            self.scope.check_room(self.added + 1, 0)?;
+        }
+        self.scope.check_request(wr)?;
+        let refuse =
+            |reason: String| Error::invalid("ibv_wr_post", Some(self.scope.qp().pd().context().name()), reason);
         if self.one_buffer_only && wr.buffers() > 1 {
-            let reason = format!(
+            return Err(refuse(format!(
                 "request with wr_id {}: {} buffers; rxe's builders (rdma-core before 64) count only the first \
                  SGE's length (ibv_wr_set_sge_list) or none (ibv_wr_set_inline_data_list): post it with post_send",
                 wr.wr_id(),
                 wr.buffers()
-            );
-            return Err(Error::invalid("ibv_wr_post", Some(device), reason));
+            )));
         }
         let op = wr.send_op();
         if op.is_empty() || !self.ops.contains(op) {
-            let reason = format!("request with wr_id {}: the QP was created without SendOps::{op:?}", wr.wr_id());
-            return Err(Error::invalid("ibv_wr_post", Some(device), reason));
+            return Err(refuse(format!(
+                "request with wr_id {}: the QP was created without SendOps::{op:?}",
+                wr.wr_id()
+            )));
         }
         // SAFETY: this batch is open on the live extended QP, on this thread; the request's
         // regions are borrowed for 's, until the scope saw it complete (as `post_send`).
         unsafe { wr.build_ex(self.qpx.as_ptr(), wr.wr_id() | SCOPE_SEND, true) }.map_err(|builder| {
-            Error::unsupported("ibv_wr_post", Some(device), format!("the provider has no {builder}"))
+            Error::unsupported(
+                "ibv_wr_post",
+                Some(self.scope.qp().pd().context().name()),
+                format!("the provider has no {builder}"),
+            )
         })?;
         self.added += 1;
         Ok(())

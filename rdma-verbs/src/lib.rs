@@ -254,7 +254,7 @@ pub use qp::{QpCreateAttr, QueuePair, TransitionError};
 pub use recv_ring::{RecvRing, SlotMessage};
 pub use request::{PostError, Rejected, SlotCompletion, SlotRequest};
 pub use scope::PostScope;
-pub use send_queue::SendQueue;
+pub use send_queue::{Posting, SendQueue};
 pub use srq::SharedReceiveQueue;
 pub use wait::{CqWaiter, Deadline, Idle, WaitPolicy, SHARED_CHANNEL_SLICE};
 pub use wc::{WcOpcode, WcStatus, WorkCompletion};

@@ -258,7 +258,7 @@ impl<'s, 'env, T: Transport, S: TypeState> PostScope<'s, 'env, T, S> {
     /// Refuses `sends` + `recvs` more requests if the QP's queues or its CQs could not hold them
     /// with those already outstanding: a CQ that overflows loses completions, and the scope
     /// would wait for them forever.
-    fn check_room(&self, sends: usize, recvs: usize) -> Result<()> {
+    pub(crate) fn check_room(&self, sends: usize, recvs: usize) -> Result<()> {
         let caps = self.qp.caps();
         let (send_cq, recv_cq) = (self.qp.send_cq(), self.qp.recv_cq());
         let full = |queue: &'static str, capacity: u32, outstanding: usize| Error::QueueFull {
@@ -287,12 +287,27 @@ impl<'s, 'env, T: Transport, S: TypeState> PostScope<'s, 'env, T, S> {
         Ok(())
     }
 
-    /// Checks a request a batch is about to add as `post_send` would, counting `pending`
-    /// requests of the batch (this one included) against the queues' room.
-    pub(crate) fn check_request(&self, wr: &SendRequest<'_, '_>, pending: usize) -> Result<()> {
-        let device = self.qp.pd().context().name();
-        check_wr_ids(std::iter::once(wr.wr_id()), "ibv_wr_post", device)?;
-        self.check_room(pending, 0)?;
+    /// How many more sends [`check_room`](Self::check_room) would accept now: the rule it
+    /// checks, as a count.
+    pub(crate) fn send_room(&self) -> usize {
+        let caps = self.qp.caps();
+        let (send_cq, recv_cq) = (self.qp.send_cq(), self.qp.recv_cq());
+        let left = |cap: u32, have: usize| (cap as usize).saturating_sub(have);
+        let cq = if std::ptr::eq(send_cq, recv_cq) {
+            left(send_cq.cqe(), self.sends + self.recvs)
+        } else {
+            left(send_cq.cqe(), self.sends)
+        };
+        left(caps.max_send_wr, self.sends).min(cq)
+    }
+
+    /// Checks a request a batch is about to add as `post_send` would, but for the queues' room
+    /// (the batch counts it: [`send_room`](Self::send_room)).
+    pub(crate) fn check_request(&self, wr: &SendRequest<'_, '_>) -> Result<()> {
+        let device = || self.qp.pd().context().name();
+        if wr.wr_id() & RESERVED_WR_ID_BITS != 0 {
+            check_wr_ids(std::iter::once(wr.wr_id()), "ibv_wr_post", device())?;
+        }
         crate::wr::check_send(wr, &self.qp.caps(), T::QP_TYPE, self.qp.pd().as_raw(), device)
     }
 

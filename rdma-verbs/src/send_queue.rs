@@ -43,7 +43,10 @@ use crate::wait::deadline::Deadline;
 use crate::wait::quiesce::{self, Quiesced};
 use crate::wait::{CqWaiter, WaitPolicy};
 use crate::wc::{WcStatus, WorkCompletion};
-use crate::wr_id::{next_generation, tag, untag, Space, LOW_MASK};
+use crate::wr_id::{next_generation, untag, Space, LOW_MASK};
+
+mod posting;
+pub use posting::Posting;
 
 /// How many completions one poll takes.
 pub(crate) const POLL_BATCH: usize = 32;
@@ -110,6 +113,7 @@ pub struct SendQueue<'res, T: Connected> {
     wc_len: usize,
     drain_timeout: Duration,
     wait_policy: WaitPolicy,
+    posting: Posting,
     _transport: PhantomData<T>,
 }
 
@@ -158,6 +162,7 @@ impl<'res, T: Connected> SendQueue<'res, T> {
         let inner = Arc::clone(qp.shared());
         let cq = CqOwner::claim(inner.send_cq.clone(), CqHolder::SendQueue, verb)?;
         let depth = inner.caps.max_send_wr.min(cq.cq().cqe()) as usize;
+        let posting = if inner.extended.is_some() { Posting::Batch } else { Posting::Chain };
         Ok(SendQueue {
             qp: inner,
             cq,
@@ -174,6 +179,7 @@ impl<'res, T: Connected> SendQueue<'res, T> {
             wc_len: 0,
             drain_timeout,
             wait_policy: WaitPolicy::default(),
+            posting,
             _transport: PhantomData,
         })
     }
@@ -276,15 +282,19 @@ impl<'res, T: Connected> SendQueue<'res, T> {
         Ok(())
     }
 
-    /// Posts every pushed request with one doorbell (`ibv_post_send()` of one chain); the last
-    /// is signaled. Returns how many were posted. Allocates nothing.
+    /// Posts every pushed request with one doorbell, the last signaled, as
+    /// [`posting`](Self::posting) says: one `ibv_post_send()` of a chain, or one batch of
+    /// `ibv_wr_*` builders (`ibv_wr_complete()`) on an extended QP. Returns how many were
+    /// posted. Allocates nothing.
     ///
     /// # Errors
     /// [`Error::PostFailed`] when the provider refused a request: those before it are in
-    /// flight, it and those after stay pushed (submit again, or drop the queue).
+    /// flight (none, for a batch), it and those after stay pushed (submit again, or drop the
+    /// queue); [`Error::Unsupported`] when the provider lacks a builder a batch needs (nothing
+    /// posted).
     #[doc(alias = "ibv_post_send")]
     pub fn submit(&mut self) -> Result<usize> {
-        self.post_chain(None)
+        self.post_staged(None)
     }
 
     /// Pushes `request` and submits everything pushed.
@@ -347,91 +357,7 @@ impl<'res, T: Connected> SendQueue<'res, T> {
             return Err(Error::invalid("ibv_post_send", Some(device), reason));
         }
         self.check_room()?;
-        self.post_chain(Some((data, imm, wr_id))).map(|_| ())
-    }
-
-    fn post_chain(&mut self, inline: Option<(&[u8], Option<u32>, u64)>) -> Result<usize> {
-        const SIGNALED: u32 = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
-        const INLINE: u32 = ffi::ibv_send_flags::IBV_SEND_INLINE.0;
-        let n = self.staged.len();
-        let total = n + usize::from(inline.is_some());
-        if total == 0 {
-            return Ok(0);
-        }
-        self.sges.clear();
-        self.wrs.clear();
-        for r in &self.staged {
-            self.sges.push(ffi::ibv_sge { addr: r.slot.addr(), length: r.len as u32, lkey: r.slot.lkey() });
-        }
-        if let Some((data, _, _)) = inline {
-            self.sges.push(ffi::ibv_sge { addr: data.as_ptr() as u64, length: data.len() as u32, lkey: 0 });
-        }
-        let sges = self.sges.as_mut_ptr();
-        for i in 0..total {
-            // SAFETY: `ibv_send_wr` is integers, raw pointers and unions of them: zero is valid.
-            let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
-            wr.wr_id = tag(Space::Send, self.generation, self.next_seq + i as u64);
-            // SAFETY: `i < total == sges.len()`.
-            wr.sg_list = unsafe { sges.add(i) };
-            let signaled = i + 1 == total;
-            if let Some(r) = self.staged.get(i) {
-                wr.num_sge = i32::from(r.len > 0);
-                wr.opcode = r.opcode();
-                if let Some(imm) = r.imm {
-                    crate::ffi_compat::set_imm(&mut wr, imm.to_be());
-                }
-                if r.op != Op::Send {
-                    wr.wr.rdma = ffi::rdma_t { remote_addr: r.remote.addr, rkey: r.remote.rkey };
-                }
-                if signaled || r.signaled {
-                    wr.send_flags = SIGNALED;
-                }
-            } else if let Some((data, imm, _)) = inline {
-                wr.num_sge = i32::from(!data.is_empty());
-                wr.opcode = match imm {
-                    Some(imm) => {
-                        crate::ffi_compat::set_imm(&mut wr, imm.to_be());
-                        ffi::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM
-                    }
-                    None => ffi::ibv_wr_opcode::IBV_WR_SEND,
-                };
-                wr.send_flags = SIGNALED | INLINE;
-            }
-            self.wrs.push(wr);
-        }
-        let wrs = self.wrs.as_mut_ptr();
-        for i in 0..total - 1 {
-            // SAFETY: both indices are inside `wrs`, which is not resized until the next chain.
-            unsafe { (*wrs.add(i)).next = wrs.add(i + 1) };
-        }
-        let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
-        // SAFETY: a chain of `total` checked requests in `wrs`, each naming one SGE in `sges`;
-        // every slot named is owned by `staged` and moves into `held` below, so no Rust code can
-        // reach its bytes until its completion (or a later one) is seen; inline data is copied
-        // by the call. The QP is live (held by `self.qp`).
-        let rc = unsafe { ffi::ibv_post_send(self.qp.raw(), wrs, &mut bad) };
-        let posted = if rc == 0 {
-            total
-        } else {
-            // A NULL or unknown `bad` means the provider did not say: count all as maybe posted.
-            (0..total).find(|&i| std::ptr::eq(wrs.wrapping_add(i), bad)).unwrap_or(total)
-        };
-        // Which of the posted requests the provider will report: up to the last signaled one.
-        if let Some(last) = (0..posted).rev().find(|&i| self.wrs[i].send_flags & SIGNALED != 0) {
-            self.covered_upto = self.next_seq + last as u64 + 1;
-        }
-        let from_staged = posted.min(n);
-        for (i, r) in self.staged.drain(..from_staged).enumerate() {
-            self.held.push_back(Held { seq: self.next_seq + i as u64, wr_id: r.wr_id, slot: Some(r.slot) });
-        }
-        if let Some((_, _, wr_id)) = inline.filter(|_| posted == total) {
-            self.held.push_back(Held { seq: self.next_seq + n as u64, wr_id, slot: None });
-        }
-        self.next_seq += posted as u64;
-        if rc != 0 {
-            return Err(Error::post_failed("ibv_post_send", self.qp.device(), rc, posted));
-        }
-        Ok(posted)
+        self.post_staged(Some((data, imm, wr_id))).map(|_| ())
     }
 
     /// Polls the send CQ once (`ibv_poll_cq()`, never blocking) and calls `f` with each request

@@ -500,6 +500,9 @@ impl SendRequest<'_, '_> {
                     *b = ffi::ibv_data_buf { addr: s.addr as *mut libc::c_void, length };
                 }
                 q.wr_set_inline_data_list.unwrap_unchecked()(qpx, sges.len(), bufs.as_ptr());
+            } else if let ([s], Some(set_sge)) = (sges, q.wr_set_sge) {
+                // One buffer: the single-SGE builder, which copies no list.
+                set_sge(qpx, s.lkey, s.addr, s.length);
             } else if !sges.is_empty() {
                 q.wr_set_sge_list.unwrap_unchecked()(qpx, sges.len(), sges.as_ptr());
             }
@@ -606,16 +609,16 @@ impl<'a, 'mr> RecvRequest<'a, 'mr> {
 /// Checks the requests against the QP (transport, sizes) and links them into one chain, in
 /// place. `scoped`: the caller is a posting scope, whose tags may use the reserved `wr_id` bits.
 /// The checks `link_send` makes of one request, for a batch that builds it another way.
-pub(crate) fn check_send(
+pub(crate) fn check_send<'a>(
     wr: &SendRequest<'_, '_>,
     caps: &QpCaps,
     qp_type: ffi::ibv_qp_type::Type,
     pd: *mut ffi::ibv_pd,
-    device: &str,
+    device: impl FnOnce() -> &'a str,
 ) -> Result<()> {
     wr.check(caps, qp_type, true)
         .and_then(|()| wr.check_ah_pd(pd))
-        .map_err(|reason| Error::invalid("ibv_wr_post", Some(device), reason))
+        .map_err(|reason| Error::invalid("ibv_wr_post", Some(device()), reason))
 }
 
 pub(crate) fn link_send(

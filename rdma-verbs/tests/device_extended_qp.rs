@@ -247,3 +247,96 @@ fn inline_sends_in_a_batch_carry_their_bytes() {
         });
     }
 }
+
+/// The operations a [`SendQueue`] posts.
+const QUEUE_OPS: SendOps = SendOps::SEND
+    .union(SendOps::SEND_WITH_IMM)
+    .union(SendOps::RDMA_WRITE)
+    .union(SendOps::RDMA_WRITE_WITH_IMM)
+    .union(SendOps::RDMA_READ);
+
+#[test]
+fn a_send_queue_on_an_extended_qp_posts_batches_of_every_kind_of_request() {
+    let topo = testkit::require_topology!();
+    for (da, db) in device_pairs(&topo) {
+        with_rc_pair_ops(&topo, &da, &db, ALL, Some(QUEUE_OPS), |a, b| {
+            let data = pattern(4096, 9);
+            b.mr.write_at(8192, &pattern(4096, 3)).unwrap();
+            let pool = SlotPool::new(a.pd, 4096, 4, AccessFlags::LOCAL_WRITE).unwrap();
+            let mut sq = SendQueue::new(&a.qp, T).unwrap();
+            assert_eq!(sq.posting(), Posting::Batch, "an extended QP's queue posts batches");
+            let (received, mut done) =
+                b.qp.scope(T, |sb| {
+                    let (r1, r3) = ([b.mr.sge(32_768..36_864)?], [b.mr.sge(40_000..40_064)?]);
+                    sb.post_recv(&mut [
+                        RecvRequest::new(40, &r1),
+                        RecvRequest::new(41, &[]),
+                        RecvRequest::new(42, &r3),
+                    ])?;
+                    let slot = || pool.try_take().expect("a free slot");
+                    let mut s1 = slot();
+                    s1.write_at(0, &data).unwrap();
+                    let mut s2 = slot();
+                    s2.write_at(0, &data[..100]).unwrap();
+                    sq.push(SlotRequest::write(s1, 4096, b.remote().slice(0, 4096).unwrap()).with_wr_id(1))
+                        .map_err(|r| r.error)?;
+                    sq.push(SlotRequest::send(s2, 100).with_imm(7).with_wr_id(2)).map_err(|r| r.error)?;
+                    sq.push(SlotRequest::read(slot(), 4096, b.remote().slice(8192, 4096).unwrap()).with_wr_id(3))
+                        .map_err(|r| r.error)?;
+                    sq.push(SlotRequest::write(slot(), 0, b.remote()).with_imm(8).with_wr_id(4))
+                        .map_err(|r| r.error)?;
+                    assert_eq!(sq.submit()?, 4);
+                    // An inline send after them, through a batch of its own.
+                    sq.send_inline(b"inline!", Some(9), 5)?;
+                    let mut done = Vec::new();
+                    while done.len() < 5 {
+                        sq.wait(T, |c| done.push((c.wr_id, c.status, c.slot)))?;
+                    }
+                    Ok::<_, Error>((complete(sb, 3), done))
+                })
+                .unwrap();
+            let ids: Vec<(u64, WcStatus)> = done.iter().map(|d| (d.0, d.1)).collect();
+            let ok = WcStatus::Success;
+            assert_eq!(ids, [(1, ok), (2, ok), (3, ok), (4, ok), (5, ok)], "{da}->{db}");
+            assert!(done[4].2.is_none(), "{da}->{db}: inline data carries no slot");
+            let read_back = done[2].2.take().expect("the READ's slot comes back");
+            assert_eq!(read_back.as_slice().unwrap(), &pattern(4096, 3)[..], "{da}->{db}: the READ");
+            assert_eq!(read(&b.mr, 0, 4096), data, "{da}->{db}: the WRITE");
+            assert_eq!(received[0], (40, WcOpcode::Recv, 100, Some(7)), "{da}->{db}: the send");
+            assert_eq!(read(&b.mr, 32_768, 100), data[..100], "{da}->{db}: the send's bytes");
+            assert_eq!(received[1], (41, WcOpcode::RecvRdmaWithImm, 0, Some(8)), "{da}->{db}: the write's immediate");
+            assert_eq!(received[2], (42, WcOpcode::Recv, 7, Some(9)), "{da}->{db}: the inline send");
+            assert_eq!(read(&b.mr, 40_000, 7), b"inline!", "{da}->{db}: the inline bytes");
+        });
+    }
+}
+
+#[test]
+fn a_send_queue_posts_chains_where_a_batch_cannot_go() {
+    let topo = testkit::require_topology!();
+    let d = topo.server.device.clone();
+    // A classic QP has no batches.
+    with_rc_pair_ops(&topo, &d, &d, ALL, None, |a, _| {
+        let mut sq = SendQueue::new(&a.qp, T).unwrap();
+        assert_eq!(sq.posting(), Posting::Chain);
+        let err = sq.set_posting(Posting::Batch).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument { .. }), "{err:?}");
+        assert_eq!(sq.posting(), Posting::Chain, "a refused choice changes nothing");
+    });
+    // An extended QP created for writes only: a READ goes by ibv_post_send, and lands; the
+    // queue can also be told to post chains.
+    with_rc_pair_ops(&topo, &d, &d, ALL, Some(SendOps::RDMA_WRITE), |a, b| {
+        b.mr.write_at(0, &pattern(64, 4)).unwrap();
+        let pool = SlotPool::new(a.pd, 64, 2, AccessFlags::LOCAL_WRITE).unwrap();
+        let mut sq = SendQueue::new(&a.qp, T).unwrap();
+        for posting in [Posting::Batch, Posting::Chain] {
+            sq.set_posting(posting).unwrap();
+            let mut slot = pool.try_take().unwrap();
+            slot.write_at(0, &[0; 64]).unwrap();
+            sq.post(SlotRequest::read(slot, 64, b.remote().slice(0, 64).unwrap())).unwrap();
+            let mut back = None;
+            assert_eq!(sq.wait(T, |c| back = c.slot).unwrap(), 1);
+            assert_eq!(back.unwrap().as_slice().unwrap(), &pattern(64, 4)[..], "{posting:?}");
+        }
+    });
+}

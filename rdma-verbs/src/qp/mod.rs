@@ -129,7 +129,7 @@ pub(crate) struct Inner<'res> {
     sq_sig_all: bool,
     port: AtomicU8,
     /// The extended QP (`ibv_qp_to_qp_ex`) and the operations it was created with.
-    extended: Option<Extended>,
+    pub(crate) extended: Option<Extended>,
 }
 
 /// An extended QP's view (`struct ibv_qp_ex`) and the operations it was created with.
