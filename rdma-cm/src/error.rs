@@ -180,6 +180,22 @@ pub enum Error {
         /// The device, when known.
         device: Option<String>,
     },
+    /// Joining a multicast group failed: the call (`rdma_join_multicast`), the CM's answer
+    /// (`RDMA_CM_EVENT_MULTICAST_ERROR`), or attaching the queue pair to the group
+    /// (`ibv_attach_mcast`). On RoCE v2 an IPv6 group is refused by the kernel's CM with
+    /// `ENOTSUPP` (524, shown as "Unknown error 524"): see [`Membership`](crate::Membership).
+    #[error("{verb}: joining the multicast group {group}{}: {}", OnDevice(.device), Errno(*.errno))]
+    Multicast {
+        /// What failed: `"rdma_join_multicast"`, `"RDMA_CM_EVENT_MULTICAST_ERROR"` or
+        /// `"ibv_attach_mcast"`.
+        verb: &'static str,
+        /// The group.
+        group: SocketAddr,
+        /// The device of the identifier that joined.
+        device: Option<String>,
+        /// Why (a positive `errno`).
+        errno: i32,
+    },
     /// An async call (`*_async`, with the `tokio` feature) found no Tokio runtime to wait on:
     /// it ran outside one, or the runtime it ran on was shutting down.
     #[error("{what}: no Tokio runtime to wait on (outside one, or it has shut down)")]
@@ -198,7 +214,8 @@ impl Error {
             | Error::AddressResolution { errno, .. }
             | Error::RouteResolution { errno, .. }
             | Error::Unreachable { errno, .. }
-            | Error::ConnectError { errno, .. } => Some(*errno),
+            | Error::ConnectError { errno, .. }
+            | Error::Multicast { errno, .. } => Some(*errno),
             Error::UnexpectedEvent { errno, .. } => *errno,
             Error::Verbs(e) => e.errno(),
             Error::NoListener { .. }
@@ -265,7 +282,8 @@ impl Error {
             | Error::Timeout { device, .. }
             | Error::InvalidArgument { device, .. }
             | Error::Incomplete { device, .. }
-            | Error::Cancelled { device, .. } => {
+            | Error::Cancelled { device, .. }
+            | Error::Multicast { device, .. } => {
                 if device.is_none() {
                     *device = Some(name.to_owned());
                 }
