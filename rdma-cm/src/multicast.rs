@@ -131,6 +131,33 @@ impl Drop for Membership<'_> {
     }
 }
 
+/// The kernel's `ENOTSUPP` (`include/linux/errno.h`; not in libc).
+const ENOTSUPP: i32 = 524;
+
+/// The error of a refused `rdma_join_multicast()` call.
+fn join_refused(group: SocketAddr, device: &str, errno: i32) -> Error {
+    let device = Some(device.to_owned());
+    match errno {
+        // `cma_iboe_join_multicast` (drivers/infiniband/core/cma.c): an IPv6 group on a port
+        // whose CM speaks RoCE v2.
+        ENOTSUPP if group.is_ipv6() => Error::Unsupported {
+            verb: JOIN,
+            device,
+            reason: format!(
+                "the kernel's CM joins no IPv6 group ({group}) on a RoCE v2 port (ENOTSUPP from cma_iboe_join_multicast)"
+            ),
+            errno: Some(errno),
+        },
+        ENOTSUPP | libc::EOPNOTSUPP | libc::ENOSYS => Error::Unsupported {
+            verb: JOIN,
+            device,
+            reason: format!("joining {group}: errno {errno}"),
+            errno: Some(errno),
+        },
+        _ => Error::Multicast { verb: JOIN, group, device, errno },
+    }
+}
+
 impl<'a> Joining<'a> {
     /// `rdma_join_multicast()`, the wait for `RDMA_CM_EVENT_MULTICAST_JOIN`,
     /// `ibv_attach_mcast()`.
@@ -150,7 +177,7 @@ impl<'a> Joining<'a> {
         let rc = unsafe { ffi::rdma_join_multicast(id.as_raw(), raw.as_mut_ptr(), std::ptr::null_mut()) };
         if rc != 0 {
             let errno = Error::last_os_error(JOIN).errno().unwrap_or(libc::EIO);
-            return Err(Error::Multicast { verb: JOIN, group, device: Some(device.to_owned()), errno });
+            return Err(join_refused(group, device, errno));
         }
         // Joined (or joining) from here on: an error, or a dropped future, leaves.
         let joined = Joined { id, group };

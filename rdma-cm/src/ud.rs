@@ -146,9 +146,10 @@ impl UdId<AddressResolved> {
     ///
     /// # Errors
     /// When waited for: [`Error::DeviceMismatch`] for a QP on another device;
-    /// [`Error::Multicast`] when the call, the CM's answer or the attach fails (a group of the
-    /// wrong family for the port's RoCE version, for one); [`Error::Timeout`]. Each names the
-    /// device. On error nothing stays joined.
+    /// [`Error::Unsupported`] when the kernel refuses the join as unsupported: an IPv6 group on a
+    /// RoCE v2 port (`ENOTSUPP`, tested on rxe); [`Error::Multicast`] when the call, the CM's
+    /// answer or the attach fails otherwise; [`Error::Timeout`]. Each names the device. On error
+    /// nothing stays joined.
     ///
     /// # References
     /// - [`rdma_join_multicast(3)`](https://man7.org/linux/man-pages/man3/rdma_join_multicast.3.html)

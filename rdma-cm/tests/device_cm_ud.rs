@@ -372,3 +372,26 @@ fn a_datagram_to_a_joined_group_arrives_at_the_member_until_it_leaves() {
         assert!(payload(2048) == third, "joined again, the next datagram arrives, not the one sent meanwhile");
     });
 }
+
+#[test]
+fn an_ipv6_group_on_roce_v2_is_refused_as_unsupported_and_leaves_the_id_usable() {
+    let topo = testkit::require_topology!();
+    let v4: SocketAddr = "239.77.0.2:0".parse().unwrap();
+    let v6: SocketAddr = "[ff0e::77]:0".parse().unwrap();
+    let local = SocketAddr::new(topo.server.addr.into(), 0);
+    let mut id = UdId::new().unwrap().resolve_addr(Some(local), v4).wait(T).unwrap();
+    let ctx = id.open_context().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(4, None).unwrap();
+    let qp = id.init_qp(pd.create_qp::<Ud>(QpCreateAttr::new(&cq, &cq)).unwrap()).unwrap();
+    match id.join(v6, &qp).wait(T) {
+        Err(Error::Unsupported { verb: "rdma_join_multicast", device, errno: Some(524), reason }) => {
+            assert_eq!(device.as_deref(), Some(topo.server.device.as_str()));
+            println!("refused: {reason}");
+        }
+        other => panic!("expected ENOTSUPP (524) from rdma_join_multicast, got {other:?}"),
+    }
+    // Nothing was left joined or half-done: the same identifier and QP join an IPv4 group.
+    let membership = id.join(v4, &qp).wait(T).unwrap();
+    assert_eq!(membership.group(), v4);
+}
