@@ -180,6 +180,36 @@ pub enum Error {
         /// The device, when known.
         device: Option<String>,
     },
+    /// Joining a multicast group failed: the call (`rdma_join_multicast`), the CM's answer
+    /// (`RDMA_CM_EVENT_MULTICAST_ERROR`), or attaching the queue pair to the group
+    /// (`ibv_attach_mcast`). A join the kernel refuses as unsupported is
+    /// [`Error::Unsupported`] instead.
+    #[error("{verb}: joining the multicast group {group}{}: {}", OnDevice(.device), Errno(*.errno))]
+    Multicast {
+        /// What failed: `"rdma_join_multicast"`, `"RDMA_CM_EVENT_MULTICAST_ERROR"` or
+        /// `"ibv_attach_mcast"`.
+        verb: &'static str,
+        /// The group.
+        group: SocketAddr,
+        /// The device of the identifier that joined.
+        device: Option<String>,
+        /// Why (a positive `errno`).
+        errno: i32,
+    },
+    /// The kernel's CM or the device does not do what was asked, as the call's `errno` says
+    /// (`ENOTSUPP`, 524, which `std::io` shows as "Unknown error 524"; `EOPNOTSUPP`; `ENOSYS`):
+    /// for one, an IPv6 multicast group on a RoCE v2 port ([`UdId::join`](crate::UdId::join)).
+    #[error("{verb}{}: not supported: {reason}", OnDevice(.device))]
+    Unsupported {
+        /// The call that refused.
+        verb: &'static str,
+        /// The device.
+        device: Option<String>,
+        /// What is not supported, and the evidence.
+        reason: String,
+        /// The `errno` the call reported.
+        errno: Option<i32>,
+    },
     /// An async call (`*_async`, with the `tokio` feature) found no Tokio runtime to wait on:
     /// it ran outside one, or the runtime it ran on was shutting down.
     #[error("{what}: no Tokio runtime to wait on (outside one, or it has shut down)")]
@@ -198,8 +228,9 @@ impl Error {
             | Error::AddressResolution { errno, .. }
             | Error::RouteResolution { errno, .. }
             | Error::Unreachable { errno, .. }
-            | Error::ConnectError { errno, .. } => Some(*errno),
-            Error::UnexpectedEvent { errno, .. } => *errno,
+            | Error::ConnectError { errno, .. }
+            | Error::Multicast { errno, .. } => Some(*errno),
+            Error::UnexpectedEvent { errno, .. } | Error::Unsupported { errno, .. } => *errno,
             Error::Verbs(e) => e.errno(),
             Error::NoListener { .. }
             | Error::Rejected { .. }
@@ -265,7 +296,9 @@ impl Error {
             | Error::Timeout { device, .. }
             | Error::InvalidArgument { device, .. }
             | Error::Incomplete { device, .. }
-            | Error::Cancelled { device, .. } => {
+            | Error::Cancelled { device, .. }
+            | Error::Multicast { device, .. }
+            | Error::Unsupported { device, .. } => {
                 if device.is_none() {
                     *device = Some(name.to_owned());
                 }

@@ -124,6 +124,30 @@ pub struct PeerParams {
     pub qp_num: u32,
 }
 
+/// What a UD identifier's event carries (`struct rdma_ud_param`): where to send datagrams and
+/// with which keys. From a service ID resolution ([`UdId::resolve_peer`](crate::UdId::resolve_peer)):
+/// the peer's QP; from a multicast join ([`Membership`](crate::Membership)): the group.
+#[doc(alias = "rdma_ud_param")]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UdParams {
+    /// The address vector the kernel's CM computed from the route (`ah_attr`): the local port,
+    /// the destination GID (the group's GID for multicast), the source GID index, hop limit,
+    /// traffic class and service level. Make the address handle of the sends from it
+    /// ([`ProtectionDomain::create_ah`](rdma_verbs::ProtectionDomain::create_ah)). The
+    /// `ah_attr`'s flow label and static rate are not carried (rdma-verbs' [`AddressVector`]
+    /// sends with 0 for both: no flow label, the port's rate).
+    ///
+    /// [`AddressVector`]: rdma_verbs::AddressVector
+    pub address: rdma_verbs::AddressVector,
+    /// The remote QP number: the peer's QP, or `0xFFFFFF` for a multicast group.
+    pub qp_num: u32,
+    /// The Q_Key the datagrams must carry to be accepted.
+    pub qkey: u32,
+    /// The private data the peer sent (a resolution's reply, zero-padded to 136 bytes); empty
+    /// for a multicast join.
+    pub private_data: Vec<u8>,
+}
+
 /// A connection-manager event with its payload. Owned: the C event is acknowledged
 /// (`rdma_ack_cm_event`) as soon as it has been read.
 ///
@@ -260,17 +284,14 @@ impl RawEvent {
 
     /// The connection parameters of a connection event.
     fn conn(&self) -> PeerParams {
-        // SAFETY: for the connected port space this crate uses (RDMA_PS_TCP) librdmacm fills
-        // `param.conn`; every field is an integer or a pointer, so reading it cannot be invalid
-        // even for events that leave it zeroed.
+        // SAFETY: for the connected port space (RDMA_PS_TCP) librdmacm fills `param.conn`; every
+        // field is an integer or a pointer, so reading it cannot be invalid even for events that
+        // leave it zeroed. For a UD identifier's events it fills `param.ud`, whose first two
+        // fields are the same private-data pointer and length (the rest is then meaningless,
+        // but integers).
         let conn = unsafe { self.raw().param.conn };
-        let private_data = if conn.private_data.is_null() || conn.private_data_len == 0 {
-            Vec::new()
-        } else {
-            // SAFETY: librdmacm points `private_data` at `private_data_len` bytes that live until
-            // the event is acknowledged (after this copy).
-            unsafe { std::slice::from_raw_parts(conn.private_data.cast::<u8>(), conn.private_data_len.into()) }.to_vec()
-        };
+        // SAFETY: as above: the pointer and length librdmacm set for this event.
+        let private_data = unsafe { copy_private_data(conn.private_data, conn.private_data_len) };
         PeerParams {
             private_data,
             responder_resources: conn.responder_resources,
@@ -281,6 +302,36 @@ impl RawEvent {
             srq: conn.srq != 0,
             qp_num: conn.qp_num,
         }
+    }
+
+    /// The parameters of a UD identifier's event (`param.ud`): an `ESTABLISHED` that answers a
+    /// service ID resolution, a `CONNECT_REQUEST` or `UNREACHABLE` of one, or a
+    /// `MULTICAST_JOIN`. `private_data` says whether the event's private-data pointer points to
+    /// private data: it does not in a multicast event, where librdmacm puts the join's context
+    /// pointer there.
+    pub(crate) fn ud(&self, private_data: bool) -> UdParams {
+        // SAFETY: a UD identifier's events carry `param.ud` (librdmacm's `ucma_copy_ud_event`):
+        // a pointer and integers, valid for any bit pattern.
+        let ud = unsafe { self.raw().param.ud };
+        let attr = &ud.ah_attr;
+        let address = rdma_verbs::AddressVector {
+            port: attr.port_num,
+            // SAFETY: every member of `union ibv_gid` is 16 plain bytes.
+            dgid: rdma_verbs::Gid(unsafe { attr.grh.dgid.raw }),
+            sgid_index: attr.grh.sgid_index,
+            hop_limit: attr.grh.hop_limit,
+            traffic_class: attr.grh.traffic_class,
+            service_level: attr.sl,
+            dlid: attr.dlid,
+        };
+        let private_data = if private_data {
+            // SAFETY: outside multicast events the pointer and length librdmacm set for this
+            // event (its own copy in the event, alive until acknowledged).
+            unsafe { copy_private_data(ud.private_data, ud.private_data_len) }
+        } else {
+            Vec::new()
+        };
+        UdParams { address, qp_num: ud.qp_num, qkey: ud.qkey, private_data }
     }
 
     /// Copies the event out.
@@ -308,6 +359,19 @@ impl RawEvent {
             EventKind::Other(code) => Event::Other { code, status },
         }
     }
+}
+
+/// Copies `len` bytes of private data from `ptr` (nothing from a null pointer).
+///
+/// # Safety
+/// A non-null `ptr` points to `len` readable bytes: an event's private data, read before the
+/// event is acknowledged.
+unsafe fn copy_private_data(ptr: *const std::ffi::c_void, len: u8) -> Vec<u8> {
+    if ptr.is_null() || len == 0 {
+        return Vec::new();
+    }
+    // SAFETY: the caller's contract.
+    unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), len.into()) }.to_vec()
 }
 
 impl Drop for RawEvent {

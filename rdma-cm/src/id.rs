@@ -175,6 +175,11 @@ impl CmId<Idle> {
         Ok(CmId { id: RawId::create()?, known: (), _state: PhantomData })
     }
 
+    /// An identifier in port space `space` (a [`UdId`](crate::UdId) wraps one of `Udp`).
+    pub(crate) fn new_in(space: crate::raw_id::PortSpace) -> Result<Self> {
+        Ok(CmId { id: RawId::create_in(space)?, known: (), _state: PhantomData })
+    }
+
     /// The local address, if the identifier has one: an idle identifier is bound to nothing,
     /// so this is `None` unless librdmacm reports otherwise (the state does not guarantee an
     /// address; see the crate docs on addresses and devices).

@@ -14,6 +14,9 @@
 //! passive: CmId<Idle> -listen-> Listener -recv_request-> ConnectRequest
 //!          -init_qp, accept-> Connection -peer_disconnect-> ClosedConnection
 //!                                 ConnectRequest -reject-> ()
+//! UD:      UdId<Idle> -resolve-> UdId<RouteResolved> -init_qp, resolve_peer-> UdPeer (AH, QPN, Q_Key)
+//!          UdId<Idle> -resolve_addr(local, group)-> UdId<AddressResolved> -join(group, &qp)-> Membership
+//!          UdId<Idle> -listen-> UdListener -recv_request-> UdRequest -accept(&qp) / reject-> ()
 //! ```
 //!
 //! Each transition consumes its input and gives the next state, or an [`Error`] after
@@ -54,6 +57,10 @@
 //! | [`ConnectRequest::accept`] | `rdma_accept` | `ESTABLISHED` | `CONNECT_ERROR`, `REJECTED`; `DISCONNECTED`: [`Error::PeerDisconnected`] |
 //! | [`Connection::disconnect`] | `rdma_disconnect` | `DISCONNECTED` (the peer's reply) | |
 //! | [`Connection::peer_disconnect`] | `rdma_disconnect` once the event came | `DISCONNECTED` (the peer leaving) | |
+//! | [`UdId::resolve_peer`] | `rdma_connect` (UD: a SIDR REQ) | `ESTABLISHED` with `ud` parameters | `UNREACHABLE` with SIDR status 1: [`Error::NoListener`]; 2 and others: [`Error::Rejected`]; `-ETIMEDOUT`: [`Error::Unreachable`] |
+//! | [`UdListener::recv_request`] | `rdma_get_cm_event`, `rdma_migrate_id` | `CONNECT_REQUEST` (UD) | |
+//! | [`UdRequest::accept`] | `rdma_accept` (UD: a SIDR REP) | nothing | |
+//! | [`UdId::join`] | `rdma_join_multicast`, then `ibv_attach_mcast` | `MULTICAST_JOIN` | `MULTICAST_ERROR`: [`Error::Multicast`] |
 //!
 //! Each pending value's `.await` (feature `tokio`) runs the same body as its `.wait(timeout)`,
 //! with only the wait swapped; the receives have `recv_*_async` forms (`Listener::recv_request_async`,
@@ -220,6 +227,41 @@
 //! # fn main() {}
 //! ```
 //!
+//! # Unreliable datagrams and multicast (`RDMA_PS_UDP`)
+//!
+//! A [`UdId`] is an identifier of the UDP port space. Its QP is a UD queue pair that
+//! [`UdId::init_qp`] readies with the CM's port, P_Key and Q_Key. A datagram needs an address
+//! handle, a QP number and a Q_Key. [`UdId::resolve_peer`] gets them from a [`UdListener`]'s
+//! [`UdRequest::accept`] (service ID resolution). [`UdId::join`] gets a multicast group's, and
+//! the [`Membership`] it gives leaves the group when dropped:
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use rdma_cm::UdId;
+//! use rdma_verbs::{AccessFlags, QpCreateAttr, SendRequest, Ud, WorkCompletion};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! let t = Duration::from_secs(2);
+//! let id = UdId::new()?.resolve(None, "10.77.0.1:7471".parse()?).wait(t)?;
+//! let ctx = id.open_context()?;
+//! let pd = ctx.alloc_pd()?;
+//! let cq = ctx.create_cq(16, None)?;
+//! let qp = id.init_qp(pd.create_qp::<Ud>(QpCreateAttr::new(&cq, &cq))?)?;
+//! let peer = id.resolve_peer(b"hello").wait(t)?; // the peer's QP number, Q_Key and route
+//! let ah = peer.create_ah(&pd)?;
+//! let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE)?;
+//! mr.write_at(0, b"ping")?;
+//! qp.scope(t, |s| -> rdma_cm::Result<()> {
+//!     let sge = [mr.sge(..4)?];
+//!     s.post_send(&mut [SendRequest::send(1, &sge).to(&ah, peer.qp_num(), peer.qkey())])?;
+//!     let mut wc = [WorkCompletion::default(); 1];
+//!     s.wait(1, &mut wc, t)?;
+//!     Ok(())
+//! })?;
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Waiting
 //! As in `rdma-verbs` (its crate docs, "Waiting: one vocabulary"): `recv_*(timeout)` waits up to
 //! `timeout` for the next event or request, `try_recv_*()` never blocks, and (feature `tokio`)
@@ -319,23 +361,33 @@ mod error;
 mod event;
 mod id;
 mod listener;
+mod multicast;
 mod params;
 pub mod pending;
 mod raw_id;
+mod sidr;
+mod ud;
 
 #[cfg(feature = "tokio")]
 pub use connection::Events;
 pub use connection::{ClosedConnection, Connection};
 pub use error::{Error, RejectReason, Result};
-pub use event::{Event, EventKind, PeerParams};
+pub use event::{Event, EventKind, PeerParams, UdParams};
 pub use id::{AddressResolved, Bound, CmId, IdState, Idle, RouteResolved};
 pub use listener::{ConnectRequest, Listener};
-pub use params::{ConnParams, MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA};
+pub use multicast::Membership;
+pub use params::{
+    ConnParams, MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA,
+    MAX_SIDR_REPLY_PRIVATE_DATA, MAX_SIDR_REQUEST_PRIVATE_DATA,
+};
 #[cfg(feature = "tokio")]
 pub use pending::PendingFuture;
 pub use pending::{
-    Accepting, Connecting, Disconnecting, PeerDisconnect, Pending, Resolving, ResolvingAddress, ResolvingRoute,
+    Accepting, Connecting, Disconnecting, Joining, PeerDisconnect, Pending, Resolving, ResolvingAddress, ResolvingPeer,
+    ResolvingRoute, UdResolving,
 };
+pub use sidr::{UdListener, UdRequest};
+pub use ud::{UdId, UdPeer};
 
 /// The `rdma-verbs` crate this crate's queue pairs come from.
 pub use rdma_verbs as verbs;

@@ -12,7 +12,7 @@ use rdma_verbs::{AccessFlags, Init, QueuePair, Rc, ReadyToSend, Reset};
 use crate::conn_id::{ConnId, CONNECTED, DONE, REQUESTED};
 use crate::connection::Connection;
 use crate::error::{check, Error, Result};
-use crate::event::{Event, EventKind, PeerParams};
+use crate::event::{Event, EventKind, PeerParams, RawEvent};
 use crate::id::CmId;
 use crate::params::{ConnParams, MAX_ACCEPT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA};
 use crate::pending::{block_on, Accepting, OwnedParams, Waiting};
@@ -55,7 +55,7 @@ impl Listener {
     }
 
     /// Names the listener's device, if it has one, in `e`.
-    fn on_device(&self, e: Error) -> Error {
+    pub(crate) fn on_device(&self, e: Error) -> Error {
         match &self.device {
             Some(d) => e.on_device(d),
             None => e,
@@ -96,11 +96,7 @@ impl Listener {
     #[doc(alias = "rdma_get_cm_event")]
     #[doc(alias = "rdma_migrate_id")]
     pub fn recv_request(&self, timeout: Duration) -> Result<ConnectRequest> {
-        self.recv_request_inner(timeout).map_err(|e| self.on_device(e))
-    }
-
-    fn recv_request_inner(&self, timeout: Duration) -> Result<ConnectRequest> {
-        self.id.wait_for(timeout, RECV_REQUEST, || self.request_step())
+        self.recv_incoming(timeout, conn_params).map(ConnectRequest::from)
     }
 
     /// Returns the next connection request if one is queued, without waiting
@@ -111,41 +107,50 @@ impl Listener {
     /// As [`recv_request`](Self::recv_request), except timeouts.
     #[doc(alias = "rdma_get_cm_event")]
     pub fn try_recv_request(&self) -> Result<Option<ConnectRequest>> {
-        self.try_recv_request_inner().map_err(|e| self.on_device(e))
+        Ok(self.try_recv_incoming(conn_params)?.map(ConnectRequest::from))
     }
 
-    fn try_recv_request_inner(&self) -> Result<Option<ConnectRequest>> {
+    /// The next request, parsed by `parse`, waiting up to `timeout` (what
+    /// [`recv_request`](Self::recv_request) and a UD listener's receive share).
+    pub(crate) fn recv_incoming<P>(&self, timeout: Duration, parse: fn(&RawEvent) -> P) -> Result<Incoming<P>> {
+        self.id.wait_for(timeout, RECV_REQUEST, || self.request_step(parse)).map_err(|e| self.on_device(e))
+    }
+
+    /// The next request if one is queued, parsed by `parse`.
+    pub(crate) fn try_recv_incoming<P>(&self, parse: fn(&RawEvent) -> P) -> Result<Option<Incoming<P>>> {
         let Some(reading) = self.reading.try_lock() else { return Ok(None) };
-        self.take_queued(reading)
+        self.take_queued(reading, parse).map_err(|e| self.on_device(e))
     }
 
     /// The step every wait for a request takes: the next request if one is queued, `None` once
     /// the channel is empty. The lock is held only while events are read and a request is
     /// migrated, never across a wait, so blocking and async waiters can share the listener.
-    fn request_step(&self) -> Result<Option<ConnectRequest>> {
-        self.take_queued(self.reading.lock())
+    fn request_step<P>(&self, parse: fn(&RawEvent) -> P) -> Result<Option<Incoming<P>>> {
+        self.take_queued(self.reading.lock(), parse)
     }
 
     /// Reads events under the lock until a request (migrated to its own channel before the lock
     /// goes) or an empty channel.
-    fn take_queued(&self, _reading: parking_lot::MutexGuard<'_, ()>) -> Result<Option<ConnectRequest>> {
+    fn take_queued<P>(
+        &self,
+        _reading: parking_lot::MutexGuard<'_, ()>,
+        parse: fn(&RawEvent) -> P,
+    ) -> Result<Option<Incoming<P>>> {
         while let Some(ev) = self.id.try_event()? {
-            if let Some(request) = self.take(ev)? {
+            if let Some(request) = self.take(ev, parse)? {
                 return Ok(Some(request));
             }
         }
         Ok(None)
     }
 
-    /// Turns a listener event into a request; `None` for events to skip.
-    fn take(&self, ev: crate::event::RawEvent) -> Result<Option<ConnectRequest>> {
+    /// Turns a listener event into a request, its parameters read by `parse`; `None` for events
+    /// to skip.
+    fn take<P>(&self, ev: RawEvent, parse: fn(&RawEvent) -> P) -> Result<Option<Incoming<P>>> {
         match ev.kind() {
             EventKind::ConnectRequest => {
                 let child = NonNull::new(ev.id());
-                let params = match ev.to_event() {
-                    Event::ConnectRequest(p) => p,
-                    _ => PeerParams::default(),
-                };
+                let params = parse(&ev);
                 // Acknowledge before migrating: rdma_migrate_id waits for the identifier's
                 // events to be acknowledged.
                 drop(ev);
@@ -159,7 +164,7 @@ impl Listener {
                 let on_device = |e: Error| e.on_device(&device);
                 let peer = conn.id.require_peer_addr(CALL).map_err(on_device)?;
                 let local = conn.id.require_local_addr(CALL).map_err(on_device)?;
-                Ok(Some(ConnectRequest { conn, params, peer, local, device }))
+                Ok(Some(Incoming { conn, params, peer, local, device }))
             }
             EventKind::DeviceRemoval => Err(Error::DeviceRemoved { device: None }),
             EventKind::AddressChange | EventKind::TimewaitExit => Ok(None),
@@ -189,6 +194,30 @@ impl std::os::fd::AsFd for Listener {
     /// requests with [`try_recv_request`](Self::try_recv_request).
     fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.id.as_fd()
+    }
+}
+
+/// A request taken off a listener, its identifier migrated to a channel of its own (dropping it
+/// rejects), with the parameters its port space's parser read.
+pub(crate) struct Incoming<P> {
+    pub(crate) conn: ConnId,
+    pub(crate) params: P,
+    pub(crate) peer: SocketAddr,
+    pub(crate) local: SocketAddr,
+    pub(crate) device: String,
+}
+
+/// A connection request's parameters (`param.conn`).
+fn conn_params(ev: &RawEvent) -> PeerParams {
+    match ev.to_event() {
+        Event::ConnectRequest(p) => p,
+        _ => PeerParams::default(),
+    }
+}
+
+impl From<Incoming<PeerParams>> for ConnectRequest {
+    fn from(Incoming { conn, params, peer, local, device }: Incoming<PeerParams>) -> Self {
+        ConnectRequest { conn, params, peer, local, device }
     }
 }
 
@@ -345,13 +374,8 @@ impl ConnectRequest {
     /// without any); [`Error::Cm`] when the call fails. Each names the device.
     #[doc(alias = "rdma_reject")]
     pub fn reject(self, private_data: &[u8]) -> Result<()> {
-        if private_data.len() > MAX_REJECT_PRIVATE_DATA {
-            return Err(Error::invalid(
-                "rdma_reject",
-                format!("{} bytes of private data: at most {MAX_REJECT_PRIVATE_DATA} fit", private_data.len()),
-            )
-            .on_device(&self.device));
-        }
+        crate::params::check_private_data("rdma_reject", private_data, MAX_REJECT_PRIVATE_DATA)
+            .map_err(|e| e.on_device(&self.device))?;
         let ptr = if private_data.is_empty() { std::ptr::null() } else { private_data.as_ptr().cast() };
         // SAFETY: live identifier of an unanswered request; the data lives across the call.
         let rc = unsafe { ffi::rdma_reject(self.conn.id.as_ptr(), ptr, private_data.len() as u8) };
@@ -387,7 +411,12 @@ impl Listener {
     #[doc(alias = "rdma_get_cm_event")]
     #[doc(alias = "rdma_migrate_id")]
     pub async fn recv_request_async(&self) -> Result<ConnectRequest> {
-        self.id.wait_for_async(RECV_REQUEST, || self.request_step()).await.map_err(|e| self.on_device(e))
+        self.recv_incoming_async(conn_params).await.map(ConnectRequest::from)
+    }
+
+    /// The async form of [`recv_incoming`](Self::recv_incoming). Cancellation-safe.
+    pub(crate) async fn recv_incoming_async<P>(&self, parse: fn(&RawEvent) -> P) -> Result<Incoming<P>> {
+        self.id.wait_for_async(RECV_REQUEST, || self.request_step(parse)).await.map_err(|e| self.on_device(e))
     }
 }
 

@@ -11,6 +11,45 @@ pub const MAX_ACCEPT_PRIVATE_DATA: usize = 196;
 /// Most private-data bytes a rejection carries (IB CM REJ).
 pub const MAX_REJECT_PRIVATE_DATA: usize = 148;
 
+/// Most private-data bytes a service ID resolution's request carries
+/// ([`UdId::resolve_peer`](crate::UdId::resolve_peer)): the SIDR REQ's 216 less the RDMA CM's
+/// 36-byte header (`IB_CM_SIDR_REQ_PRIVATE_DATA_SIZE`, `struct cma_hdr`). They arrive
+/// zero-padded to this size.
+pub const MAX_SIDR_REQUEST_PRIVATE_DATA: usize = 180;
+
+/// Most private-data bytes a service ID resolution's reply carries
+/// ([`UdRequest::accept`](crate::UdRequest::accept), [`reject`](crate::UdRequest::reject)):
+/// `IB_CM_SIDR_REP_PRIVATE_DATA_SIZE`. They arrive zero-padded to this size.
+pub const MAX_SIDR_REPLY_PRIVATE_DATA: usize = 136;
+
+/// Refuses more than `max` bytes of private data for `verb`, before anything is sent.
+pub(crate) fn check_private_data(verb: &'static str, data: &[u8], max: usize) -> Result<()> {
+    if data.len() > max {
+        return Err(Error::invalid(verb, format!("{} bytes of private data: at most {max} fit", data.len())));
+    }
+    Ok(())
+}
+
+/// The `rdma_conn_param` of a UD identifier's `rdma_connect` or `rdma_accept`: only private
+/// data (checked against `max`) and a QP number count.
+pub(crate) fn ud_conn_param(
+    verb: &'static str,
+    private_data: &[u8],
+    max: usize,
+    qp_num: u32,
+) -> Result<ffi::rdma_conn_param> {
+    check_private_data(verb, private_data, max)?;
+    // SAFETY: all-zero is a valid `rdma_conn_param` (a null pointer and integers).
+    let mut raw: ffi::rdma_conn_param = unsafe { std::mem::zeroed() };
+    raw.qp_num = qp_num;
+    if !private_data.is_empty() {
+        raw.private_data = private_data.as_ptr().cast();
+        // At most `max`, which is under 256.
+        raw.private_data_len = private_data.len() as u8;
+    }
+    Ok(raw)
+}
+
 /// What this side asks for when connecting or accepting (`struct rdma_conn_param`).
 ///
 /// Defaults: no private data; READ/atomic depths chosen automatically (the device's limits when
@@ -116,12 +155,7 @@ impl<'a> ConnParams<'a> {
         initiator_depth: u8,
         qp_num: u32,
     ) -> Result<ffi::rdma_conn_param> {
-        if self.private_data.len() > max_private {
-            return Err(Error::invalid(
-                verb,
-                format!("{} bytes of private data: at most {max_private} fit", self.private_data.len()),
-            ));
-        }
+        check_private_data(verb, self.private_data, max_private)?;
         if self.retry_count > 7 || self.rnr_retry_count > 7 {
             return Err(Error::invalid(
                 verb,

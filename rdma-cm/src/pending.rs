@@ -35,8 +35,11 @@
 use crate::error::{Error, Result};
 use crate::event::RawEvent;
 use crate::raw_id::RawId;
-use crate::{AddressResolved, ClosedConnection, CmId, ConnParams, ConnectRequest, Connection, RouteResolved};
-use rdma_verbs::{Deadline, Init, QueuePair, Rc};
+use crate::{
+    AddressResolved, ClosedConnection, CmId, ConnParams, ConnectRequest, Connection, IdState, Membership,
+    RouteResolved, UdId, UdPeer,
+};
+use rdma_verbs::{Deadline, Init, QueuePair, Rc, ReadyToSend, Ud};
 use std::future::Future;
 use std::net::SocketAddr;
 
@@ -152,6 +155,19 @@ impl RawId {
         peer: SocketAddr,
     ) -> Result<RawEvent> {
         self.wait_as(how, Duration::MAX, what, || self.expect_step(want, state, peer)).await
+    }
+
+    /// [`expect_as`](Self::expect_as), with a failure event read by `refusal` first
+    /// ([`RawId::expect_step_or`]).
+    pub(crate) async fn expect_as_or(
+        &self,
+        how: &Waiting,
+        want: crate::EventKind,
+        (what, state): (&'static str, &'static str),
+        peer: SocketAddr,
+        refusal: impl Fn(&RawEvent) -> Option<Error>,
+    ) -> Result<RawEvent> {
+        self.wait_as(how, Duration::MAX, what, || self.expect_step_or(want, state, peer, &refusal)).await
     }
 }
 
@@ -324,3 +340,69 @@ pub struct PeerDisconnect<'res> {
     pub(crate) conn: Connection<'res>,
 }
 shells!(PeerDisconnect<'res>, ClosedConnection<'res>, "rdma_disconnect");
+
+/// A pending resolution of a [`UdId`]'s address or route: the same body as the connection
+/// identifier's ([`ResolvingAddress`], [`ResolvingRoute`], [`Resolving`]), giving the UD
+/// identifier in the next state ([`Pending`]).
+#[derive(Debug)]
+#[must_use = "a pending operation does nothing until it is waited for or awaited"]
+pub struct UdResolving<P>(pub(crate) P);
+
+impl<S: IdState, P: Pending<Value = CmId<S>>> sealed::Sealed for UdResolving<P> {}
+
+impl<S: IdState, P: Pending<Value = CmId<S>>> UdResolving<P> {
+    /// Waits up to `timeout` for the resolution, blocking the thread ([`Pending::wait`];
+    /// [`Duration::MAX`] waits without a deadline of ours).
+    ///
+    /// # Errors
+    /// Those of the resolution; [`Error::Timeout`] when `timeout` passed. The identifier is
+    /// destroyed on error.
+    pub fn wait(self, timeout: Duration) -> Result<UdId<S>> {
+        self.0.wait(timeout).map(UdId::from_cm)
+    }
+}
+
+impl<S: IdState, P: Pending<Value = CmId<S>>> Pending for UdResolving<P> {
+    type Value = UdId<S>;
+
+    fn wait(self, timeout: Duration) -> Result<UdId<S>> {
+        UdResolving::wait(self, timeout)
+    }
+}
+
+/// Awaits the resolution on the current Tokio runtime, as the connection identifier's does.
+#[cfg(feature = "tokio")]
+impl<S, P> std::future::IntoFuture for UdResolving<P>
+where
+    S: IdState,
+    P: Pending<Value = CmId<S>> + std::future::IntoFuture<Output = Result<CmId<S>>> + Send + 'static,
+    P::IntoFuture: Send,
+{
+    type Output = Result<UdId<S>>;
+    type IntoFuture = PendingFuture<'static, UdId<S>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(async move { self.0.await.map(UdId::from_cm) })
+    }
+}
+
+/// [`UdId::resolve_peer`]'s pending service ID resolution: gives the [`UdPeer`] once the peer's
+/// CM answered ([`Pending`]).
+#[derive(Debug)]
+#[must_use = "a pending operation does nothing until it is waited for or awaited"]
+pub struct ResolvingPeer {
+    pub(crate) id: UdId<RouteResolved>,
+    pub(crate) private_data: Vec<u8>,
+}
+shells!(ResolvingPeer, UdPeer, "rdma_connect");
+
+/// [`UdId::join`]'s pending join of a multicast group: gives the [`Membership`] once the CM
+/// answered and the QP is attached ([`Pending`]).
+#[derive(Debug)]
+#[must_use = "a pending operation does nothing until it is waited for or awaited"]
+pub struct Joining<'a> {
+    pub(crate) id: &'a mut UdId<AddressResolved>,
+    pub(crate) qp: &'a QueuePair<'a, Ud, ReadyToSend>,
+    pub(crate) group: SocketAddr,
+}
+shells!(Joining<'a>, Membership<'a>, "rdma_join_multicast");

@@ -10,7 +10,7 @@ use rdma_verbs::ffi;
 // Where `struct rdma_addr` keeps its address unions: bindgen and rdma-sys name them
 // differently, and rdma-verbs knows which bindings `ffi` is.
 use rdma_verbs::ffi_compat::{RDMA_ADDR_DST, RDMA_ADDR_SRC};
-use rdma_verbs::{AccessFlags, Init, QueuePair, Rc, ReadyToReceive, ReadyToSend, Reset};
+use rdma_verbs::{AccessFlags, Init, QueuePair, Rc, ReadyToReceive, ReadyToSend, Reset, Transport, TypeState, Ud};
 
 use crate::addr;
 use crate::channel::EventChannel;
@@ -36,15 +36,32 @@ impl std::fmt::Debug for RawId {
     }
 }
 
+/// The port space an identifier is created in: which transport its QP has, and what
+/// `rdma_connect` means for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PortSpace {
+    /// `RDMA_PS_TCP`: reliable connections (RC), the connection handshake.
+    Tcp,
+    /// `RDMA_PS_UDP`: unreliable datagrams (UD), service ID resolution and multicast.
+    Udp,
+}
+
 impl RawId {
     /// `rdma_create_id()` on a fresh channel, in the reliable-connected port space.
     pub(crate) fn create() -> Result<Self> {
+        Self::create_in(PortSpace::Tcp)
+    }
+
+    /// `rdma_create_id()` on a fresh channel, in port space `space`.
+    pub(crate) fn create_in(space: PortSpace) -> Result<Self> {
         let channel = EventChannel::new()?;
         let mut raw = std::ptr::null_mut();
-        // SAFETY: live channel; `raw` is a valid out-pointer; no context pointer is attached.
-        let rc = unsafe {
-            ffi::rdma_create_id(channel.as_raw(), &mut raw, std::ptr::null_mut(), ffi::rdma_port_space::RDMA_PS_TCP)
+        let ps = match space {
+            PortSpace::Tcp => ffi::rdma_port_space::RDMA_PS_TCP,
+            PortSpace::Udp => ffi::rdma_port_space::RDMA_PS_UDP,
         };
+        // SAFETY: live channel; `raw` is a valid out-pointer; no context pointer is attached.
+        let rc = unsafe { ffi::rdma_create_id(channel.as_raw(), &mut raw, std::ptr::null_mut(), ps) };
         check("rdma_create_id", rc)?;
         let raw = NonNull::new(raw).ok_or(Error::Cm { verb: "rdma_create_id", device: None, errno: libc::EIO })?;
         Ok(RawId { raw, channel })
@@ -155,7 +172,7 @@ impl RawId {
     }
 
     /// Refuses a QP on another device than `device`, the one the identifier is bound to.
-    fn check_device<S: rdma_verbs::TypeState>(qp: &QueuePair<'_, Rc, S>, device: &str) -> Result<()> {
+    pub(crate) fn check_device<T: Transport, S: TypeState>(qp: &QueuePair<'_, T, S>, device: &str) -> Result<()> {
         let qp_device = qp.pd().context().name();
         if qp_device == device {
             Ok(())
@@ -208,6 +225,24 @@ impl RawId {
     }
 }
 
+impl RawId {
+    /// `Reset -> Init -> ReadyToReceive -> ReadyToSend` for a UD QP of an identifier bound to
+    /// `device`: `Init` with the port, P_Key index and Q_Key the CM gives
+    /// (`rdma_init_qp_attr()`), then the two UD transitions that need nothing more (what
+    /// librdmacm's own `rdma_create_qp` does for a UD identifier, `ucma_init_ud_qp`). The CM
+    /// computes no attributes for a UD QP past `Init`.
+    pub(crate) fn ready_ud_qp<'res>(
+        &self,
+        qp: QueuePair<'res, Ud, Reset>,
+        device: &str,
+    ) -> Result<QueuePair<'res, Ud, ReadyToSend>> {
+        Self::check_device(&qp, device)?;
+        let (mut attr, mask) = self.qp_attr(ffi::ibv_qp_state::IBV_QPS_INIT)?;
+        let qp: QueuePair<'res, Ud, Init> = qp.modify_with(&mut attr, mask)?;
+        Ok(qp.ready_to_receive()?.ready_to_send(0)?)
+    }
+}
+
 /// The device's READ/atomic depth limits as `(responder_resources, initiator_depth)`.
 pub(crate) fn device_depths(ctx: &rdma_verbs::Context) -> (u8, u8) {
     let cap = |n: u32| u8::try_from(n).unwrap_or(u8::MAX);
@@ -234,13 +269,25 @@ impl RawId {
         state: &'static str,
         peer: SocketAddr,
     ) -> Result<Option<RawEvent>> {
+        self.expect_step_or(want, state, peer, |_| None)
+    }
+
+    /// [`expect_step`](Self::expect_step), where `refusal` may read a failure event its own way
+    /// first (what a UD identifier's events mean differs from a connection's; see [`failure`]).
+    pub(crate) fn expect_step_or(
+        &self,
+        want: crate::EventKind,
+        state: &'static str,
+        peer: SocketAddr,
+        refusal: impl Fn(&RawEvent) -> Option<Error>,
+    ) -> Result<Option<RawEvent>> {
         while let Some(ev) = self.try_event()? {
             let kind = ev.kind();
             if kind == want {
                 return Ok(Some(ev));
             }
             if !matches!(kind, crate::EventKind::AddressChange | crate::EventKind::TimewaitExit) {
-                return Err(failure(&ev, state, peer));
+                return Err(refusal(&ev).unwrap_or_else(|| failure(&ev, state, peer)));
             }
         }
         Ok(None)
