@@ -1,6 +1,10 @@
 //! Buffers a [`MemoryRegion`](crate::MemoryRegion) can own: [`RegisteredBuffer`] (what any
 //! such buffer promises), and [`AlignedBuffer`] (the page-aligned anonymous mapping
 //! `alloc_mr` and slot pools register).
+//!
+//! What registers in one safe call, without an `unsafe impl` of the user's: `Vec<u8>`,
+//! `Box<[u8]>`, [`AlignedBuffer`] (at any power-of-two alignment), and, with the feature
+//! `memmap2`, a [`memmap2::MmapMut`](https://docs.rs/memmap2/0.9/memmap2/struct.MmapMut.html).
 
 use std::ptr::NonNull;
 
@@ -34,6 +38,23 @@ unsafe impl RegisteredBuffer for Vec<u8> {
 
 // SAFETY: a boxed slice's heap buffer does not move when the box moves.
 unsafe impl RegisteredBuffer for Box<[u8]> {
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        <[u8]>::as_mut_ptr(self)
+    }
+    fn len(&self) -> usize {
+        <[u8]>::len(self)
+    }
+}
+
+// SAFETY: an `MmapMut` owns its mapping, which stays at one address until the value is dropped
+// (munmap), however the value moves; the region owns the value, so no `remap`, `flush` or
+// `make_read_only` can run while it is registered. memmap2 hands the mapping out as `&mut [u8]`
+// through safe `DerefMut`, so it already holds the bytes valid for reads and writes for the
+// mapping's life: an anonymous map (`map_anon`, safe) always; a file map because its
+// constructors are `unsafe`, and their caller promised that the file is not truncated or changed
+// underneath it (docs/safety.md, "Your own memory"). Registering one relies on nothing more.
+#[cfg(feature = "memmap2")]
+unsafe impl RegisteredBuffer for memmap2::MmapMut {
     fn as_mut_ptr(&mut self) -> *mut u8 {
         <[u8]>::as_mut_ptr(self)
     }
@@ -140,5 +161,18 @@ mod tests {
         // More than an address space holds: refused, not a panic.
         assert!(AlignedBuffer::zeroed(usize::MAX).is_none());
         assert!(AlignedBuffer::zeroed(1 << 62).is_none());
+    }
+
+    #[cfg(feature = "memmap2")]
+    #[test]
+    fn an_anonymous_mmap_keeps_its_bytes_where_they_were_when_moved() {
+        let mut map = memmap2::MmapMut::map_anon(3 * PAGE_SIZE).unwrap();
+        let at = RegisteredBuffer::as_mut_ptr(&mut map);
+        map[PAGE_SIZE] = 7;
+        let mut moved = Box::new(map);
+        assert_eq!(RegisteredBuffer::as_mut_ptr(&mut *moved), at);
+        assert_eq!(RegisteredBuffer::len(&*moved), 3 * PAGE_SIZE);
+        // SAFETY: `at` is the mapping's first byte, valid while `moved` lives.
+        assert_eq!(unsafe { at.add(PAGE_SIZE).read() }, 7);
     }
 }

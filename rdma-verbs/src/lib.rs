@@ -269,3 +269,8 @@ pub use rdma_sys as ffi;
 /// (so that code written against rdma-sys's types takes this crate's `as_raw()` pointers).
 #[cfg(not(feature = "rdma-sys"))]
 pub use rdma_verbs_sys as ffi;
+
+/// The memmap2 crate this one implements [`RegisteredBuffer`] for (feature `memmap2`), for
+/// building the mapping with the same version: `rdma_verbs::memmap2::MmapMut::map_anon(len)`.
+#[cfg(feature = "memmap2")]
+pub use memmap2;

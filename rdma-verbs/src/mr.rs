@@ -124,7 +124,8 @@ impl<'ctx> ProtectionDomain<'ctx> {
 
     /// Registers a buffer the caller made, taking ownership of it: `ibv_reg_mr()`.
     ///
-    /// `Vec<u8>`, `Box<[u8]>` and [`AlignedBuffer`] can be registered; get the buffer back with
+    /// `Vec<u8>`, `Box<[u8]>`, [`AlignedBuffer`] and, with the feature `memmap2`, a
+    /// `memmap2::MmapMut` can be registered; get the buffer back with
     /// [`MemoryRegion::into_inner`].
     ///
     /// # Errors

@@ -8,10 +8,10 @@ use std::process::{Command, Stdio};
 
 use crate::{artifacts_of, count, guest_crash};
 
-/// The tests run with the fault-injection hooks (rdma-copy's hidden test flags) and the async
-/// fronts (feature `tokio` of each library crate) built in; the default build, without them, is
-/// linted and documented too.
-const TESTED_FEATURES: [&str; 2] = ["--features", "rdma-tools/fault-injection,rdma-tools/tokio"];
+/// The tests run with the fault-injection hooks (rdma-copy's hidden test flags), the async
+/// fronts (feature `tokio` of each library crate) and rdma-verbs' `memmap2` buffers built in; the
+/// default build, without them, is linted and documented too.
+const TESTED_FEATURES: [&str; 2] = ["--features", "rdma-tools/fault-injection,rdma-tools/tokio,rdma-verbs/memmap2"];
 
 /// The library crates, in publishing order.
 const PUBLISHED: [&str; 4] = ["rdma-verbs-sys", "rdma-verbs", "rdma-cm", "rdma-proto"];
