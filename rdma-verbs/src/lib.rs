@@ -239,7 +239,9 @@ pub use dmabuf::DmaBufRegion;
 pub use error::{Error, Result};
 pub use event::{AsyncEvent, AsyncEvents};
 pub use gid::{Gid, GidEntry, GidType};
-pub use mr::{AccessFlags, AlignedBuffer, MemoryRegion, RegisteredBuffer, RemoteRegion, Sge};
+pub use mr::{
+    AccessFlags, AlignedBuffer, HugePageBuffer, HugePageSize, MemoryRegion, RegisteredBuffer, RemoteRegion, Sge,
+};
 pub use mw::{BoundWindow, MemoryWindow, WindowType};
 pub use odp::MrAdvice;
 pub use parent::Parent;
