@@ -137,6 +137,19 @@ pub enum Error {
         /// The `errno` the verb reported, when it was called.
         errno: Option<i32>,
     },
+    /// Huge pages could not be mapped for a [`HugePageBuffer`](crate::HugePageBuffer):
+    /// `mmap(MAP_HUGETLB)` failed, or was not called for an empty buffer (`EINVAL`). `ENOMEM`:
+    /// the kernel's pool of that page size has fewer free pages than the buffer needs, as when
+    /// none are reserved; the message says how to reserve them.
+    #[error("mmap(MAP_HUGETLB) of {len} bytes in {page_size} pages: {}", HugePagesReason { errno: *.errno, len: *.len, page_size: *.page_size })]
+    HugePages {
+        /// The length asked for.
+        len: usize,
+        /// The page size asked for.
+        page_size: crate::HugePageSize,
+        /// The `errno` of `mmap`.
+        errno: i32,
+    },
     /// An argument was rejected before any verb was called.
     #[error("{verb}{}: invalid argument: {reason}", OnDevice(.device))]
     InvalidArgument {
@@ -150,10 +163,13 @@ pub enum Error {
 }
 
 impl Error {
-    /// The `errno` a verb reported, if this error came from one.
+    /// The `errno` a verb (or, for [`Error::HugePages`], `mmap`) reported, if this error came
+    /// from one.
     pub fn errno(&self) -> Option<i32> {
         match self {
-            Error::Verb { errno, .. } | Error::PostFailed { errno, .. } => Some(*errno),
+            Error::Verb { errno, .. } | Error::PostFailed { errno, .. } | Error::HugePages { errno, .. } => {
+                Some(*errno)
+            }
             Error::Unsupported { errno, .. } => *errno,
             _ => None,
         }
@@ -174,7 +190,8 @@ impl Error {
             | Error::NoRuntime { .. }
             | Error::WorkCompletion { .. }
             | Error::Busy { .. }
-            | Error::QueueFull { .. } => None,
+            | Error::QueueFull { .. }
+            | Error::HugePages { .. } => None,
         }
     }
 
@@ -211,6 +228,43 @@ impl Error {
 
     pub(crate) fn invalid(verb: &'static str, device: Option<&str>, reason: impl Into<String>) -> Self {
         Error::InvalidArgument { verb, device: device.map(str::to_owned), reason: reason.into() }
+    }
+}
+
+/// Why huge pages could not be mapped, and what to do about it.
+struct HugePagesReason {
+    errno: i32,
+    len: usize,
+    page_size: crate::HugePageSize,
+}
+
+impl fmt::Display for HugePagesReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let dir = self.page_size.sysfs_dir();
+        match self.errno {
+            libc::EINVAL if self.len == 0 => write!(f, "a buffer cannot be empty"),
+            libc::ENOMEM => {
+                let pages = self.len.div_ceil(self.page_size.bytes());
+                write!(
+                    f,
+                    "{}: fewer than {pages} huge page(s) of {} are free ({dir}/free_hugepages; a kernel \
+                     reserves none by default); as root, reserve them with `echo N > {dir}/nr_hugepages`",
+                    std::io::Error::from_raw_os_error(self.errno),
+                    self.page_size,
+                )?;
+                if self.page_size == crate::HugePageSize::default() {
+                    write!(f, " (or /proc/sys/vm/nr_hugepages)")?;
+                }
+                write!(f, " or `hugeadm --pool-pages-min {}:N`", self.page_size.hugeadm_name())
+            }
+            libc::EINVAL => write!(
+                f,
+                "{}: the kernel may have no huge pages of {} (is there a {dir}?)",
+                std::io::Error::from_raw_os_error(self.errno),
+                self.page_size
+            ),
+            errno => write!(f, "{}", std::io::Error::from_raw_os_error(errno)),
+        }
     }
 }
 
@@ -307,6 +361,27 @@ mod tests {
         );
         let e = Error::QueueFull { device: None, queue: "send queue", capacity: 64, outstanding: 64 };
         assert_eq!(e.to_string(), "posting: the send queue is full (64 of 64 entries in use)");
+    }
+
+    #[test]
+    fn missing_huge_pages_say_how_to_reserve_them() {
+        let e = Error::HugePages { len: 5 << 20, page_size: crate::HugePageSize::Size2MiB, errno: libc::ENOMEM };
+        let text = e.to_string();
+        assert!(text.starts_with("mmap(MAP_HUGETLB) of 5242880 bytes in 2 MiB pages: "), "{text}");
+        assert!(text.contains("os error 12"), "{text}");
+        assert!(text.contains("fewer than 3 huge page(s) of 2 MiB are free"), "{text}");
+        assert!(text.contains("echo N > /sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages"), "{text}");
+        assert!(text.contains("/proc/sys/vm/nr_hugepages"), "{text}");
+        assert!(text.contains("hugeadm --pool-pages-min 2MB:N"), "{text}");
+        assert_eq!((e.errno(), e.verb()), (Some(libc::ENOMEM), None));
+        // 1 GiB pages: their own pool, not the default one of /proc/sys/vm/nr_hugepages.
+        let e = Error::HugePages { len: 1, page_size: crate::HugePageSize::Size1GiB, errno: libc::ENOMEM };
+        let text = e.to_string();
+        assert!(text.contains("hugepages-1048576kB/nr_hugepages"), "{text}");
+        assert!(!text.contains("/proc/sys/vm/nr_hugepages"), "{text}");
+        assert!(text.contains("1GB:N"), "{text}");
+        let e = Error::HugePages { len: 1, page_size: crate::HugePageSize::Size1GiB, errno: libc::EINVAL };
+        assert!(e.to_string().contains("no huge pages of 1 GiB"), "{e}");
     }
 
     #[test]

@@ -239,7 +239,9 @@ pub use dmabuf::DmaBufRegion;
 pub use error::{Error, Result};
 pub use event::{AsyncEvent, AsyncEvents};
 pub use gid::{Gid, GidEntry, GidType};
-pub use mr::{AccessFlags, AlignedBuffer, MemoryRegion, RegisteredBuffer, RemoteRegion, Sge};
+pub use mr::{
+    AccessFlags, AlignedBuffer, HugePageBuffer, HugePageSize, MemoryRegion, RegisteredBuffer, RemoteRegion, Sge,
+};
 pub use mw::{BoundWindow, MemoryWindow, WindowType};
 pub use odp::MrAdvice;
 pub use parent::Parent;
@@ -269,3 +271,8 @@ pub use rdma_sys as ffi;
 /// (so that code written against rdma-sys's types takes this crate's `as_raw()` pointers).
 #[cfg(not(feature = "rdma-sys"))]
 pub use rdma_verbs_sys as ffi;
+
+/// The memmap2 crate this one implements [`RegisteredBuffer`] for (feature `memmap2`), for
+/// building the mapping with the same version: `rdma_verbs::memmap2::MmapMut::map_anon(len)`.
+#[cfg(feature = "memmap2")]
+pub use memmap2;

@@ -1,5 +1,5 @@
 //! Memory regions: [`MemoryRegion`], [`AccessFlags`], [`RemoteRegion`], [`Sge`]; the buffers
-//! they own are in `buffer.rs` ([`AlignedBuffer`], [`RegisteredBuffer`]).
+//! they own are in `buffer.rs` ([`AlignedBuffer`], [`HugePageBuffer`], [`RegisteredBuffer`]).
 //!
 //! # The memory model
 //! A registered region is memory the NIC may read and write at any time a work request (or, with
@@ -18,7 +18,7 @@
 //!
 //! The [crate docs](crate#safety-model) summarise the whole safety model.
 
-pub use crate::buffer::{AlignedBuffer, RegisteredBuffer, PAGE_SIZE};
+pub use crate::buffer::{AlignedBuffer, HugePageBuffer, HugePageSize, RegisteredBuffer, PAGE_SIZE};
 use std::marker::PhantomData;
 use std::ops::{Bound, RangeBounds};
 use std::ptr::NonNull;
@@ -124,7 +124,8 @@ impl<'ctx> ProtectionDomain<'ctx> {
 
     /// Registers a buffer the caller made, taking ownership of it: `ibv_reg_mr()`.
     ///
-    /// `Vec<u8>`, `Box<[u8]>` and [`AlignedBuffer`] can be registered; get the buffer back with
+    /// `Vec<u8>`, `Box<[u8]>`, [`AlignedBuffer`], [`HugePageBuffer`] and, with the feature
+    /// `memmap2`, a `memmap2::MmapMut` can be registered; get the buffer back with
     /// [`MemoryRegion::into_inner`].
     ///
     /// # Errors

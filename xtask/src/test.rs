@@ -8,10 +8,10 @@ use std::process::{Command, Stdio};
 
 use crate::{artifacts_of, count, guest_crash};
 
-/// The tests run with the fault-injection hooks (rdma-copy's hidden test flags) and the async
-/// fronts (feature `tokio` of each library crate) built in; the default build, without them, is
-/// linted and documented too.
-const TESTED_FEATURES: [&str; 2] = ["--features", "rdma-tools/fault-injection,rdma-tools/tokio"];
+/// The tests run with the fault-injection hooks (rdma-copy's hidden test flags), the async
+/// fronts (feature `tokio` of each library crate) and rdma-verbs' `memmap2` buffers built in; the
+/// default build, without them, is linted and documented too.
+const TESTED_FEATURES: [&str; 2] = ["--features", "rdma-tools/fault-injection,rdma-tools/tokio,rdma-verbs/memmap2"];
 
 /// The library crates, in publishing order.
 const PUBLISHED: [&str; 4] = ["rdma-verbs-sys", "rdma-verbs", "rdma-cm", "rdma-proto"];
@@ -42,9 +42,10 @@ fn lean_builds() -> Vec<(&'static str, &'static str)> {
 /// The device tests that run on Linux 6.12 too: the main job (rdma-copy's tests, with its
 /// kills), and the transfer where its outcome rests most on rxe's behaviour: link flaps, loss
 /// and reordering, many senders at once; and the verbs whose rxe behaviour differs between the
-/// kernels (memory windows; issue 35's verbs). The rest runs on 6.1 only: every device test on
+/// kernels (memory windows; issue 35's verbs), with the kernel's pinning of the memory users
+/// register (huge pages, file maps; 3 s). The rest runs on 6.1 only: every device test on
 /// both kernels took the command to 86 minutes, past its 45 (docs/testing.md, "The command").
-const ON_6_12: [&str; 7] = [
+const ON_6_12: [&str; 8] = [
     "device_rdma_copy",
     "device_flap",
     "device_netem",
@@ -52,6 +53,7 @@ const ON_6_12: [&str; 7] = [
     "device_memory_windows",
     "device_extended_qp",
     "device_odp_dmabuf",
+    "device_own_memory",
 ];
 
 struct Run {
