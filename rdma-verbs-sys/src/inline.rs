@@ -131,6 +131,27 @@ pub unsafe fn ibv_query_device_ex(
     }
 }
 
+/// `ibv_query_rt_values_ex()`: the device's current real-time values (`values.comp_mask` says
+/// which are wanted and, on return, which were read); `EOPNOTSUPP` when the provider has no
+/// such query.
+///
+/// # Safety
+/// As in C: `context` is live, `values` writable. See
+/// [ibv_query_rt_values_ex(3)](https://man7.org/linux/man-pages/man3/ibv_query_rt_values_ex.3.html).
+#[inline]
+pub unsafe fn ibv_query_rt_values_ex(context: *mut ibv_context, values: *mut ibv_values_ex) -> libc::c_int {
+    // SAFETY: the caller's contract; the op is used only if it lies inside the library's
+    // extended context (`verbs_get_ctx_op`).
+    unsafe {
+        let vctx = verbs_get_ctx(context);
+        let reach = core::mem::size_of::<verbs_context>() - core::mem::offset_of!(verbs_context, query_rt_values);
+        match vctx.as_ref().and_then(|v| if v.sz >= reach { v.query_rt_values } else { None }) {
+            Some(query) => query(context, values),
+            None => libc::EOPNOTSUPP,
+        }
+    }
+}
+
 /// `ibv_alloc_mw()`: allocates a memory window of `type_` (`enum ibv_mw_type`). Null on error,
 /// with `errno` set (`EOPNOTSUPP` when the provider has no memory windows).
 ///

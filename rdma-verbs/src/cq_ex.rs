@@ -17,8 +17,10 @@
 //! ```
 //!
 //! One thread polls an extended CQ at a time: a poll started while another thread's runs
-//! waits for it, and a poll started from inside `poll_each`'s closure is refused with
-//! [`Error::Busy`] (the provider's lock is held; it would never be released).
+//! waits for it (yielding, then sleeping) up to 10 ms, then gives up with [`Error::Busy`] (a
+//! poll never blocks for longer: keep `poll_each`'s closure short); a poll started from inside
+//! `poll_each`'s closure is refused at once with [`Error::Busy`] (the provider's lock is held;
+//! it would never be released).
 //!
 //! # References
 //! - [`ibv_create_cq_ex(3)`](https://man7.org/linux/man-pages/man3/ibv_create_cq_ex.3.html)
@@ -54,6 +56,13 @@ bitflags::bitflags! {
 /// `IBV_WC_STANDARD_FLAGS`: byte length, immediate, QP number, source QP, SLID, SL, DLID path
 /// bits.
 const STANDARD: u64 = 0x7f;
+
+/// How many turns a poll yields to another thread's poll of the same extended CQ before it
+/// sleeps.
+const POLLER_SPINS: u32 = 64;
+/// How long a poll waits for another thread's poll of the same extended CQ (one completion,
+/// and that thread's `poll_each` closure) before it gives up with [`Error::Busy`].
+const POLLER_WAIT: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// An extended CQ's view (`struct ibv_cq_ex`), what it was asked to carry, and its poller.
 pub(crate) struct LazyCq {
@@ -92,21 +101,29 @@ impl Drop for Session<'_> {
 }
 
 impl LazyCq {
-    /// Becomes the CQ's poller: waits for another thread's poll to end; refuses a poll nested
-    /// in this thread's own.
+    /// Becomes the CQ's poller: waits for another thread's poll to end, yielding for a few
+    /// turns, then sleeping, for at most [`POLLER_WAIT`]; refuses a poll nested in this
+    /// thread's own.
     fn enter(&self, device: &str) -> Result<Session<'_>> {
         let me = POLLER.with(|t| t as *const u8 as usize);
+        let busy = |what| Error::Busy { what, holder: None, device: Some(device.to_owned()) };
+        let mut deadline = None;
+        let mut nap = std::time::Duration::from_micros(10);
+        let mut turn = 0u32;
         loop {
+            turn = turn.saturating_add(1);
             match self.poller.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed) {
                 Ok(_) => return Ok(Session { cq: self, started: false }),
-                Err(now) if now == me => {
-                    return Err(Error::Busy {
-                        what: "a poll of an extended CQ inside its own poll",
-                        holder: None,
-                        device: Some(device.to_owned()),
-                    })
+                Err(now) if now == me => return Err(busy("a poll of an extended CQ inside its own poll")),
+                Err(_) if turn <= POLLER_SPINS => std::thread::yield_now(),
+                Err(_) => {
+                    let deadline = *deadline.get_or_insert_with(|| std::time::Instant::now() + POLLER_WAIT);
+                    if std::time::Instant::now() >= deadline {
+                        return Err(busy("a poll of an extended CQ that another thread's poll kept busy"));
+                    }
+                    std::thread::sleep(nap);
+                    nap = (nap * 2).min(std::time::Duration::from_millis(1));
                 }
-                Err(_) => std::thread::yield_now(),
             }
         }
     }
@@ -124,7 +141,12 @@ impl LazyCq {
         let ex = self.ex.as_ptr();
         let mut n = 0;
         while n < max {
-            let mut session = self.enter(device)?;
+            let mut session = match self.enter(device) {
+                Ok(session) => session,
+                // What was taken is the caller's: report it, and the refusal on the next poll.
+                Err(_) if n > 0 => break,
+                Err(e) => return Err(e),
+            };
             let mut attr = ffi::ibv_poll_cq_attr { comp_mask: 0 };
             // SAFETY: a live extended CQ with no poll in progress (this thread is its poller).
             let rc = unsafe { ffi::ibv_start_poll(ex, &mut attr) };

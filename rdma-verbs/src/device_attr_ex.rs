@@ -2,6 +2,7 @@
 //! [`OdpCapabilities`].
 
 use crate::device_attr::DeviceAttr;
+use crate::error::{Error, Result};
 use crate::ffi;
 
 bitflags::bitflags! {
@@ -170,6 +171,58 @@ impl DeviceAttrEx {
             max_dm_size: raw.max_dm_size,
             max_mw: u32::try_from(raw.orig_attr.max_mw).unwrap_or(0),
             phys_port_cnt: raw.phys_port_cnt_ex,
+        }
+    }
+}
+
+/// A device's real-time values, from [`Context::query_rt_values`](crate::Context::query_rt_values).
+///
+/// # References
+/// - [`ibv_query_rt_values_ex(3)`](https://man7.org/linux/man-pages/man3/ibv_query_rt_values_ex.3.html)
+#[doc(alias = "ibv_values_ex")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RtValues {
+    /// The device's free-running clock (`raw_clock`), in the device's own units: cycles of
+    /// [`DeviceAttrEx::hca_core_clock_khz`] on the devices that keep one (which report them as
+    /// nanoseconds of a `timespec`, as `tv_sec * 10^9 + tv_nsec` here).
+    pub raw_clock: u64,
+}
+
+impl crate::Context {
+    /// The device's clock now: `ibv_query_rt_values_ex()` with `IBV_VALUES_MASK_RAW_CLOCK`.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] when the provider has no such query or keeps no clock
+    /// (`EOPNOTSUPP`: rxe on Linux 6.1 and 6.12, whose provider has no `query_rt_values`);
+    /// [`Error::Verb`] with the `errno` the verb returned otherwise.
+    ///
+    /// # References
+    /// - [`ibv_query_rt_values_ex(3)`](https://man7.org/linux/man-pages/man3/ibv_query_rt_values_ex.3.html)
+    #[doc(alias = "ibv_query_rt_values_ex")]
+    pub fn query_rt_values(&self) -> Result<RtValues> {
+        const VERB: &str = "ibv_query_rt_values_ex";
+        const RAW_CLOCK: u32 = ffi::ibv_values_mask::IBV_VALUES_MASK_RAW_CLOCK.0;
+        // SAFETY: `ibv_values_ex` is integers: zero is valid.
+        let mut values: ffi::ibv_values_ex = unsafe { std::mem::zeroed() };
+        values.comp_mask = RAW_CLOCK;
+        // SAFETY: the context is open (borrowed) and `values` is writable.
+        let rc = unsafe { ffi::ibv_query_rt_values_ex(self.as_raw(), &mut values) };
+        let device = Some(self.name());
+        match rc {
+            0 if values.comp_mask & RAW_CLOCK != 0 => {
+                let t = values.raw_clock;
+                let ns = u64::try_from(t.tv_sec).unwrap_or(0).saturating_mul(1_000_000_000);
+                Ok(RtValues { raw_clock: ns.saturating_add(u64::try_from(t.tv_nsec).unwrap_or(0)) })
+            }
+            0 => Err(Error::unsupported(VERB, device, "the device did not report its raw clock")),
+            libc::EOPNOTSUPP | libc::ENOSYS => Err(Error::Unsupported {
+                verb: VERB,
+                device: device.map(str::to_owned),
+                reason: "the provider keeps no device clock (no query_rt_values)".into(),
+                errno: Some(rc),
+            }),
+            _ => Err(Error::from_errno(VERB, device, rc)),
         }
     }
 }

@@ -234,7 +234,7 @@ pub use cq_ex::{LazyCompletion, WcFields};
 pub use cq_holder::CqHolder;
 pub use device::{Device, DeviceList, NodeType};
 pub use device_attr::DeviceAttr;
-pub use device_attr_ex::{DeviceAttrEx, DeviceCapabilities, OdpCapabilities, OdpOperations};
+pub use device_attr_ex::{DeviceAttrEx, DeviceCapabilities, OdpCapabilities, OdpOperations, RtValues};
 pub use dmabuf::DmaBufRegion;
 pub use error::{Error, Result};
 pub use event::{AsyncEvent, AsyncEvents};

@@ -26,7 +26,37 @@ pub struct PortAttr {
     pub phys_state: u8,
     /// InfiniBand or Ethernet (RoCE).
     pub link_layer: LinkLayer,
+    /// The port's capabilities (`port_cap_flags`, `enum ibv_port_cap_flags`: bit 16
+    /// `IBV_PORT_CM_SUP` says the connection manager works on it).
+    pub port_cap_flags: u32,
+    /// More capabilities (`port_cap_flags2`, `enum ibv_port_cap_flags2`): from the extended
+    /// query, 0 where the provider has only the original one.
+    pub port_cap_flags2: u16,
+    /// The link width (`active_width`: 1 1x, 2 4x, 4 8x, 8 12x, 16 2x).
+    pub active_width: u8,
+    /// The lane speed (`active_speed`: 1 SDR 2.5 Gb/s, 2 DDR, 4 QDR, 8 FDR10, 16 FDR, 32 EDR,
+    /// 64 HDR, 128 NDR).
+    pub active_speed: u8,
+    /// Whether the port needs a GRH on every packet (`flags` & `IBV_QPF_GRH_REQUIRED`).
+    pub grh_required: bool,
+    /// The partition key table's length.
+    pub pkey_table_len: u16,
+    /// How many virtual lanes the port has (`max_vl_num`).
+    pub max_vl_num: u8,
+    /// The subnet manager's LID (InfiniBand; 0 on RoCE).
+    pub sm_lid: u16,
+    /// The subnet manager's service level (InfiniBand).
+    pub sm_sl: u8,
+    /// The LID mask count (InfiniBand).
+    pub lmc: u8,
+    /// Packets dropped for a bad partition key (`bad_pkey_cntr`).
+    pub bad_pkey_counter: u32,
+    /// Packets dropped for a bad Q_Key (`qkey_viol_cntr`).
+    pub qkey_violation_counter: u32,
 }
+
+/// `IB_UVERBS_QPF_GRH_REQUIRED`, a bit of `ibv_port_attr::flags`.
+const GRH_REQUIRED: u8 = 1;
 
 impl PortAttr {
     pub(crate) fn from_raw(raw: &ffi::ibv_port_attr) -> Self {
@@ -39,6 +69,18 @@ impl PortAttr {
             lid: raw.lid,
             phys_state: raw.phys_state,
             link_layer: LinkLayer::from_raw(raw.link_layer),
+            port_cap_flags: raw.port_cap_flags,
+            port_cap_flags2: raw.port_cap_flags2,
+            active_width: raw.active_width,
+            active_speed: raw.active_speed,
+            grh_required: raw.flags & GRH_REQUIRED != 0,
+            pkey_table_len: raw.pkey_tbl_len,
+            max_vl_num: raw.max_vl_num,
+            sm_lid: raw.sm_lid,
+            sm_sl: raw.sm_sl,
+            lmc: raw.lmc,
+            bad_pkey_counter: raw.bad_pkey_cntr,
+            qkey_violation_counter: raw.qkey_viol_cntr,
         }
     }
 }

@@ -93,6 +93,29 @@ fn poll_each_reads_fields_lazily_and_refuses_to_nest() {
         let mut out = [WorkCompletion::default(); 4];
         let got = cq_a.poll(&mut out).unwrap();
         assert!(!got.is_empty() && got.iter().all(|c| c.is_success() && c.wr_id() == 100), "{got:?}");
+        // Another thread's poll, while this thread's poll_each holds the CQ, waits a little and
+        // is then refused: it does not block for as long as the closure runs (before the fix it
+        // spun until the closure returned, so the closure's wait below ran out).
+        // SAFETY: as above.
+        unsafe { a.qp.post_send(&mut wrs[..1]) }.unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let (started, wait_started) = std::sync::mpsc::channel();
+        let (answer, answered) = std::sync::mpsc::channel();
+        std::thread::scope(|t| {
+            t.spawn(move || {
+                wait_started.recv_timeout(T).expect("the first poll started");
+                let mut out = [WorkCompletion::default()];
+                answer.send(cq_a.poll(&mut out).map(|got| got.len())).unwrap();
+            });
+            let n = cq_a
+                .poll_each(1, |_| {
+                    started.send(()).unwrap();
+                    let other = answered.recv_timeout(T).expect("the other thread's poll returned meanwhile");
+                    assert!(matches!(other, Err(Error::Busy { .. })), "{other:?}");
+                })
+                .unwrap();
+            assert_eq!(n, 1);
+        });
         // A classic CQ has no lazy poll.
         let classic = a.ctx.create_cq(4, None).unwrap();
         assert!(matches!(classic.poll_each(1, |_| ()), Err(Error::InvalidArgument { .. })));

@@ -300,3 +300,55 @@ fn a_forgotten_bound_window_keeps_its_region_registered() {
         assert_eq!(e.verb(), Some("ibv_dereg_mr"), "{kind:?}: {e}");
     });
 }
+
+#[test]
+fn a_batch_invalidates_windows_locally_and_at_the_peer() {
+    // The builders `ibv_wr_local_inv` and `ibv_wr_send_inv`, through a batch of an extended QP.
+    const OPS: SendOps = SendOps::SEND
+        .union(SendOps::SEND_WITH_INV)
+        .union(SendOps::LOCAL_INV)
+        .union(SendOps::BIND_MW)
+        .union(SendOps::RDMA_WRITE);
+    let topo = testkit::require_topology!();
+    for (da, db) in device_pairs(&topo) {
+        with_rc_pair_ops(&topo, &da, &db, ALL, Some(OPS), |a, b| {
+            let region = b.pd.alloc_mr(MR_LEN, BINDABLE).unwrap();
+            let local = bind(b, b.pd.alloc_mw(WindowType::Type2).unwrap(), &region, 0..4096, GRANT);
+            let remote = bind(b, b.pd.alloc_mw(WindowType::Type2).unwrap(), &region, 4096..8192, GRANT);
+            let (g1, g2) = (local.remote(), remote.remote());
+            assert_eq!(write_status(a, 64, g1), WcStatus::Success, "{da}->{db}: before");
+            assert_eq!(write_status(a, 64, g2), WcStatus::Success, "{da}->{db}: before");
+            // The owner takes one grant back itself.
+            b.qp.scope(T, |s| {
+                let mut batch = s.batch()?;
+                batch.push(&SendRequest::local_invalidate(5, g1.rkey))?;
+                batch.complete()?;
+                let done = complete(s, 1);
+                assert_eq!((done[0].0, done[0].1), (5, WcOpcode::LocalInvalidate), "{da}->{db}");
+                Ok::<_, Error>(())
+            })
+            .unwrap();
+            // The peer gives the other back with its last message.
+            let wc =
+                b.qp.scope(T, |sb| {
+                    let buf = [b.mr.sge(0..64).unwrap()];
+                    sb.post_recv(&mut [RecvRequest::new(30, &buf)])?;
+                    a.qp.scope(T, |sa| {
+                        let msg = [a.mr.sge(0..64).unwrap()];
+                        let mut batch = sa.batch()?;
+                        batch.push(&SendRequest::send_with_invalidate(31, &msg, g2.rkey))?;
+                        batch.complete()?;
+                        complete(sa, 1);
+                        Ok::<_, Error>(())
+                    })?;
+                    let mut wcs: [WorkCompletion; 1] = Default::default();
+                    Ok::<_, Error>(sb.wait(1, &mut wcs, T)?[0])
+                })
+                .unwrap();
+            wc.ok().unwrap();
+            let window = remote.invalidated_by(&wc).expect("the receive names the window's key");
+            assert_eq!(write_status(a, 64, g1), WcStatus::RemoteAccessError, "{da}->{db}: after the local one");
+            drop((window, local));
+        });
+    }
+}

@@ -30,6 +30,27 @@ fn ports_are_active_ethernet_with_the_topology_mtu() {
         assert_eq!(port.link_layer, LinkLayer::Ethernet, "{} is not RoCE", end.device);
         assert_eq!(port.active_mtu.bytes(), Some(topo.mtu), "{} active MTU", end.device);
         assert!(port.gid_table_len > u32::from(topo.gid_index), "{}: GID table of {}", end.device, port.gid_table_len);
+        // The extended attributes: rxe's port says the connection manager works on it
+        // (IBV_PORT_CM_SUP), and has a link width and speed (from its netdev's).
+        assert_ne!(port.port_cap_flags & (1 << 16), 0, "{}: {port:?}", end.device);
+        assert!(port.active_width != 0 && port.active_speed != 0, "{}: {port:?}", end.device);
+        assert_eq!((port.lid, port.sm_lid), (0, 0), "{}: RoCE has no LIDs", end.device);
+    }
+}
+
+#[test]
+fn the_device_clock_is_a_typed_refusal_on_rxe() {
+    let topo = testkit::require_topology!();
+    let ctx = Context::open(&topo.server.device).unwrap();
+    let ex = ctx.query_device_ex().unwrap();
+    let soft_roce = ex.attr.vendor_id == 0xFF_FFFF;
+    match ctx.query_rt_values() {
+        // rxe's provider has no query_rt_values (and its device no core clock).
+        Err(Error::Unsupported { verb: "ibv_query_rt_values_ex", errno: Some(libc::EOPNOTSUPP), .. }) if soft_roce => {
+            assert_eq!(ex.hca_core_clock_khz, 0, "rxe keeps no core clock");
+        }
+        Ok(v) if !soft_roce => assert!(v.raw_clock > 0),
+        other => panic!("{}: {other:?}", topo.server.device),
     }
 }
 
