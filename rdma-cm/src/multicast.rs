@@ -40,10 +40,11 @@ impl Drop for Joined<'_> {
 /// (`rdma_leave_multicast()`).
 ///
 /// It borrows the identifier (exclusively: one group per identifier at a time) and the QP, so
-/// neither can go while it lives: the QP is detached before it can be destroyed (the kernel
-/// refuses to destroy an attached QP, `EBUSY`), and the group is left before the identifier is
-/// destroyed (which would leave it too). Forgetting it (`mem::forget`) leaves the QP attached
-/// and its destruction then fails: a leak, nothing worse.
+/// neither can go while it lives, and the group is left before the identifier is destroyed
+/// (which would leave it too). The QP keeps the attachment itself
+/// ([`QueuePair::attach_multicast`]), counted, and detaches before it is destroyed (the kernel
+/// refuses to destroy an attached QP, `EBUSY`): forgetting a membership (`mem::forget`) leaves
+/// the group joined for the identifier's life, and nothing else.
 ///
 /// Sends to the group go to its address vector ([`create_ah`](Self::create_ah)), to QP number
 /// `0xFFFFFF` ([`qp_num`](Self::qp_num)), with its Q_Key ([`qkey`](Self::qkey)).
@@ -124,10 +125,11 @@ impl Membership<'_> {
 impl Drop for Membership<'_> {
     #[doc(alias = "ibv_detach_mcast")]
     fn drop(&mut self) {
-        let gid = self.params.address.dgid.as_raw();
-        // SAFETY: the QP is borrowed for the membership's life, so live, and attached to this
-        // group by `Joining::run`. An error changes nothing: the group is left next.
-        unsafe { ffi::ibv_detach_mcast(self.qp.as_raw(), &gid, self.params.address.dlid) };
+        // The QP gives up this membership's hold of the group (attachments are counted, so
+        // another identifier's membership of the same group on the same QP keeps it attached).
+        // A failed detach leaves the attachment with the QP, which detaches before it is
+        // destroyed. The group is left next.
+        let _ = self.qp.detach_multicast(self.params.address.dgid, self.params.address.dlid);
     }
 }
 
@@ -197,12 +199,10 @@ impl<'a> Joining<'a> {
         // The event's private-data pointer is the join's context, not data.
         let params = ev.ud(false);
         drop(ev);
-        let gid = params.address.dgid.as_raw();
-        // SAFETY: live UD QP (borrowed for 'a); the group's GID and LID as the CM gave them.
-        let rc = unsafe { ffi::ibv_attach_mcast(qp.as_raw(), &gid, params.address.dlid) };
-        if rc != 0 {
-            // libibverbs returns the errno itself.
-            let errno = if rc > 0 { rc } else { std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO) };
+        // The QP keeps the attachment: it detaches before it is destroyed even if the membership
+        // is forgotten.
+        if let Err(e) = qp.attach_multicast(params.address.dgid, params.address.dlid) {
+            let errno = e.errno().unwrap_or(libc::EIO);
             return Err(Error::Multicast { verb: "ibv_attach_mcast", group, device: Some(device.to_owned()), errno });
         }
         Ok(Membership { joined, qp, params })

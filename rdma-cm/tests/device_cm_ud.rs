@@ -395,3 +395,41 @@ fn an_ipv6_group_on_roce_v2_is_refused_as_unsupported_and_leaves_the_id_usable()
     let membership = id.join(v4, &qp).wait(T).unwrap();
     assert_eq!(membership.group(), v4);
 }
+
+#[test]
+fn a_qp_keeps_its_group_attachments_counted_and_detaches_before_it_is_destroyed() {
+    let topo = testkit::require_topology!();
+    let group: SocketAddr = GROUP.parse().unwrap();
+    let qps = || testkit::resource_count(&topo.server.device, "qp");
+    let before = qps();
+    // Two identifiers join the group on one QP: the first to leave leaves the QP attached for
+    // the other (the kernel keeps one attachment per QP and group).
+    member(topo.server.addr, group, |first, pd, qp| {
+        let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+        join_with(topo.server.addr, group, qp, |_second| {
+            drop(first);
+            qp.scope(T, |s| -> Result<_> {
+                let buf = [mr.sge(0..GRH + 1024)?];
+                s.post_recv(&mut [RecvRequest::new(5, &buf)])?;
+                send_to_group(topo.client.addr, group, &message(256, 21));
+                assert_eq!(complete_ud(s, 1)[0].0, 5, "still a member through the second identifier");
+                Ok(())
+            })
+            .unwrap();
+        });
+    });
+    // A membership forgotten: the QP detaches when it is dropped, so it is destroyed (the
+    // kernel refuses to destroy an attached QP).
+    {
+        let local = SocketAddr::new(topo.server.addr.into(), 0);
+        let mut id = UdId::new().unwrap().resolve_addr(Some(local), group).wait(T).unwrap();
+        let ctx = id.open_context().unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(16, None).unwrap();
+        let qp = id.init_qp(pd.create_qp::<Ud>(QpCreateAttr::new(&cq, &cq)).unwrap()).unwrap();
+        std::mem::forget(id.join(group, &qp).wait(T).unwrap());
+        assert_eq!(qps(), before + 1);
+        drop(qp);
+        assert_eq!(qps(), before, "the QP of a forgotten membership was destroyed");
+    }
+}

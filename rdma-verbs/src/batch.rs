@@ -105,6 +105,7 @@ impl<'s, 'env, T: Transport> PostScope<'s, 'env, T, ReadyToSend> {
             let device = qp.pd().context().name();
             return Err(Error::invalid("ibv_wr_start", Some(device), "the QP was created without send_ops"));
         };
+        qp.shared().check_postable("ibv_wr_start")?;
         // SAFETY: a live extended QP (held by the scope's borrow); the batch ends with complete
         // or abort, on this thread (`WrBatch` is not `Send`).
         unsafe { ffi::ibv_wr_start(qpx.as_ptr()) };
@@ -177,17 +178,21 @@ impl<'s, T: Transport> WrBatch<'_, 's, '_, T> {
     /// Posts the batch: `ibv_wr_complete()`. Returns how many requests were posted.
     ///
     /// # Errors
-    /// [`Error::PostFailed`] (with `posted` 0) when the provider refuses the batch: then none of
-    /// its requests was posted.
+    /// [`Error::PostFailed`] when the provider refuses the batch: its requests count as maybe
+    /// posted (`posted` is all of them; a provider may have queued them before refusing), and
+    /// the scope waits for them as for any outstanding request.
     #[doc(alias = "ibv_wr_complete")]
     pub fn complete(mut self) -> Result<usize> {
         self.finished = true;
         // SAFETY: the batch is open on this thread.
         let rc = unsafe { ffi::ibv_wr_complete(self.qpx.as_ptr()) };
-        if rc != 0 {
-            return Err(Error::post_failed("ibv_wr_complete", self.scope.qp().pd().context().name(), rc, 0));
-        }
+        // Counted even when refused: a provider may have queued the requests before its
+        // doorbell was refused (rxe's does), so the scope's drain waits for them, flushes them,
+        // or resets the QP before their regions' borrows end.
         self.scope.count_sends(self.added);
+        if rc != 0 {
+            return Err(Error::post_failed("ibv_wr_complete", self.scope.qp().pd().context().name(), rc, self.added));
+        }
         Ok(self.added)
     }
 }
@@ -199,5 +204,81 @@ impl<T: Transport> Drop for WrBatch<'_, '_, '_, T> {
             // SAFETY: the batch is open on this thread; aborting discards its requests.
             unsafe { ffi::ibv_wr_abort(self.qpx.as_ptr()) };
         }
+    }
+}
+
+/// Type of a builder with no argument but the QP.
+type Builder0 = Option<unsafe extern "C" fn(*mut ffi::ibv_qp_ex)>;
+/// Type of a builder of an RDMA operation (key, address).
+type RdmaBuilder = Option<unsafe extern "C" fn(*mut ffi::ibv_qp_ex, u32, u64)>;
+
+/// The builders of an extended QP (`struct ibv_qp_ex`'s `wr_*` members), copied out of it.
+///
+/// No reference to the `ibv_qp_ex` is ever made: the provider reads and writes it during every
+/// builder call, and `ibv_modify_qp` on another thread writes its `qp_base`. Its members are
+/// read and written through the pointer only: [`Builders::of`], [`set_request`].
+#[derive(Clone, Copy)]
+pub(crate) struct Builders {
+    pub(crate) send: Builder0,
+    pub(crate) send_imm: Option<unsafe extern "C" fn(*mut ffi::ibv_qp_ex, u32)>,
+    pub(crate) send_inv: Option<unsafe extern "C" fn(*mut ffi::ibv_qp_ex, u32)>,
+    pub(crate) rdma_write: RdmaBuilder,
+    pub(crate) rdma_write_imm: Option<unsafe extern "C" fn(*mut ffi::ibv_qp_ex, u32, u64, u32)>,
+    pub(crate) rdma_read: RdmaBuilder,
+    pub(crate) atomic_cmp_swp: Option<unsafe extern "C" fn(*mut ffi::ibv_qp_ex, u32, u64, u64, u64)>,
+    pub(crate) atomic_fetch_add: Option<unsafe extern "C" fn(*mut ffi::ibv_qp_ex, u32, u64, u64)>,
+    pub(crate) atomic_write: Option<unsafe extern "C" fn(*mut ffi::ibv_qp_ex, u32, u64, *const libc::c_void)>,
+    pub(crate) local_inv: Option<unsafe extern "C" fn(*mut ffi::ibv_qp_ex, u32)>,
+    pub(crate) bind_mw:
+        Option<unsafe extern "C" fn(*mut ffi::ibv_qp_ex, *mut ffi::ibv_mw, u32, *const ffi::ibv_mw_bind_info)>,
+    pub(crate) set_ud_addr: Option<unsafe extern "C" fn(*mut ffi::ibv_qp_ex, *mut ffi::ibv_ah, u32, u32)>,
+    pub(crate) set_inline_data: Option<unsafe extern "C" fn(*mut ffi::ibv_qp_ex, *mut libc::c_void, usize)>,
+    pub(crate) set_inline_data_list: Option<unsafe extern "C" fn(*mut ffi::ibv_qp_ex, usize, *const ffi::ibv_data_buf)>,
+    pub(crate) set_sge: Option<unsafe extern "C" fn(*mut ffi::ibv_qp_ex, u32, u64, u32)>,
+    pub(crate) set_sge_list: Option<unsafe extern "C" fn(*mut ffi::ibv_qp_ex, usize, *const ffi::ibv_sge)>,
+}
+
+impl Builders {
+    /// The builders of the extended QP `qpx`, each member read by value through the pointer.
+    ///
+    /// # Safety
+    /// `qpx` is a live extended QP.
+    pub(crate) unsafe fn of(qpx: *mut ffi::ibv_qp_ex) -> Self {
+        // SAFETY: the caller's contract; each member is a plain function pointer the provider
+        // set at creation, read by value (no reference to the struct is made).
+        unsafe {
+            Builders {
+                send: (*qpx).wr_send,
+                send_imm: (*qpx).wr_send_imm,
+                send_inv: (*qpx).wr_send_inv,
+                rdma_write: (*qpx).wr_rdma_write,
+                rdma_write_imm: (*qpx).wr_rdma_write_imm,
+                rdma_read: (*qpx).wr_rdma_read,
+                atomic_cmp_swp: (*qpx).wr_atomic_cmp_swp,
+                atomic_fetch_add: (*qpx).wr_atomic_fetch_add,
+                atomic_write: (*qpx).wr_atomic_write,
+                local_inv: (*qpx).wr_local_inv,
+                bind_mw: (*qpx).wr_bind_mw,
+                set_ud_addr: (*qpx).wr_set_ud_addr,
+                set_inline_data: (*qpx).wr_set_inline_data,
+                set_inline_data_list: (*qpx).wr_set_inline_data_list,
+                set_sge: (*qpx).wr_set_sge,
+                set_sge_list: (*qpx).wr_set_sge_list,
+            }
+        }
+    }
+}
+
+/// Sets the `wr_id` and `wr_flags` the next builder of the batch open on `qpx` takes, through
+/// the pointer.
+///
+/// # Safety
+/// `qpx` is a live extended QP with a batch open by this thread.
+pub(crate) unsafe fn set_request(qpx: *mut ffi::ibv_qp_ex, wr_id: u64, flags: u32) {
+    // SAFETY: the caller's contract; two plain members the provider reads in the next builder,
+    // written through the pointer (no reference to the struct is made).
+    unsafe {
+        (*qpx).wr_id = wr_id;
+        (*qpx).wr_flags = flags;
     }
 }

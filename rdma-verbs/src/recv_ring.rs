@@ -405,6 +405,9 @@ impl<'res> RecvRing<'res> {
     }
 
     fn post(&mut self, slot: Slot<'res>) -> Result<()> {
+        if let Some(qp) = &self.qp {
+            qp.check_postable("ibv_post_recv")?;
+        }
         // Never more than `depth` posted: the CQ is sized for them.
         let Some(position) = self.free_positions.pop() else { return Ok(()) };
         let mut sge = ffi::ibv_sge { addr: slot.addr(), length: slot.len() as u32, lkey: slot.lkey() };

@@ -325,6 +325,7 @@ impl<'s, 'env, T: Transport, S: TypeState> PostScope<'s, 'env, T, S> {
         post: impl FnOnce(u64) -> Result<()>,
     ) -> Result<()> {
         check_wr_ids(std::iter::once(wr_id), verb, self.qp.pd().context().name())?;
+        self.qp.shared().check_postable(verb)?;
         self.check_room(1, 0)?;
         let r = post(wr_id | SCOPE_SEND);
         self.sends += self.posted(&r, 1);
@@ -378,7 +379,8 @@ impl<'s, 'env, T: Transport, S: TypeState> PostScope<'s, 'env, T, S> {
     /// Counts what a post of `n` requests left outstanding: all, those before a refused one
     /// (all, when the provider did not say which), or none when it was refused before posting.
     /// A QP in the reset state takes no request (the verbs spec; rxe refuses with `EINVAL` and
-    /// names none): then nothing was posted, and the drain must not wait for it.
+    /// names none): then nothing was posted, and the drain must not wait for it. (A QP a drain
+    /// reset refuses posts before the provider sees them: `Inner::check_postable`.)
     fn posted(&self, r: &Result<()>, n: usize) -> usize {
         match r {
             Ok(()) => n,

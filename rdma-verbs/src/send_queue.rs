@@ -86,8 +86,8 @@ struct Held<'pd> {
 /// queue's requests without completions: their slots stay held (never handed out); when this
 /// queue is dropped they return only if it holds the QP's last handle (the QP is destroyed
 /// first), and are leaked otherwise. The typed handle still says
-/// `ReadyToSend`; posts to a reset QP fail (rxe: `EINVAL` without naming the request, so
-/// [`post`](Self::post) reports [`PostError::MaybePosted`]).
+/// `ReadyToSend`; posts are refused ([`Error::InvalidArgument`], nothing reaches the provider)
+/// until a transition (`modify_with`) brings the QP out of RESET.
 #[must_use = "dropping it at once releases what was just made"]
 pub struct SendQueue<'res, T: Connected> {
     /// Dropped before `held`: when this is the last handle, the QP is destroyed before the
@@ -289,9 +289,11 @@ impl<'res, T: Connected> SendQueue<'res, T> {
     ///
     /// # Errors
     /// [`Error::PostFailed`] when the provider refused a request: those before it are in
-    /// flight (none, for a batch), it and those after stay pushed (submit again, or drop the
-    /// queue); [`Error::Unsupported`] when the provider lacks a builder a batch needs (nothing
-    /// posted).
+    /// flight, it and those after stay pushed (submit again, or drop the queue); when it did
+    /// not say which (and for a refused batch) every request counts as maybe posted and stays
+    /// in flight; [`Error::Unsupported`] when the provider lacks a builder a batch needs
+    /// (nothing posted); [`Error::InvalidArgument`] when a drain reset the QP (see
+    /// [`QueuePair::scope`](crate::QueuePair::scope)) and no transition has brought it back.
     #[doc(alias = "ibv_post_send")]
     pub fn submit(&mut self) -> Result<usize> {
         self.post_staged(None)

@@ -416,8 +416,8 @@ impl SendRequest<'_, '_> {
         signaled: bool,
     ) -> std::result::Result<(), &'static str> {
         use ffi::ibv_wr_opcode::*;
-        // SAFETY: the caller's contract: `qpx` is live and this thread has its batch open.
-        let q = unsafe { &mut *qpx };
+        // SAFETY: the caller's contract: `qpx` is live (and this thread has its batch open).
+        let b = unsafe { crate::batch::Builders::of(qpx) };
         let w = &self.raw;
         let key = crate::ffi_compat::imm_or_invalidate_rkey(w);
         let sges = self.sges();
@@ -428,70 +428,71 @@ impl SendRequest<'_, '_> {
         }
         let one_inline = inline && sges.len() == 1;
         let set_data = match (inline, one_inline) {
-            (true, true) => q.wr_set_inline_data.map(|_| "").ok_or("wr_set_inline_data"),
-            (true, false) => q.wr_set_inline_data_list.map(|_| "").ok_or("wr_set_inline_data_list"),
-            (false, _) => q.wr_set_sge_list.map(|_| "").ok_or("wr_set_sge_list"),
+            (true, true) => b.set_inline_data.map(|_| "").ok_or("wr_set_inline_data"),
+            (true, false) => b.set_inline_data_list.map(|_| "").ok_or("wr_set_inline_data_list"),
+            (false, _) => b.set_sge_list.map(|_| "").ok_or("wr_set_sge_list"),
         };
         set_data?;
         if self.has_ah() {
-            q.wr_set_ud_addr.ok_or("wr_set_ud_addr")?;
+            b.set_ud_addr.ok_or("wr_set_ud_addr")?;
         }
-        q.wr_id = wr_id;
         let signal = if signaled { ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 } else { 0 };
         // IBV_SEND_INLINE stays when the data is inline: rxe's kernel side reads the data from
         // the entry only with it (without it, LocalQpOperationError on rdma-core 44).
         let inline_flag = if inline { ffi::ibv_send_flags::IBV_SEND_INLINE.0 } else { 0 };
-        q.wr_flags = (w.send_flags & !ffi::ibv_send_flags::IBV_SEND_INLINE.0) | signal | inline_flag;
+        let flags = (w.send_flags & !ffi::ibv_send_flags::IBV_SEND_INLINE.0) | signal | inline_flag;
+        // SAFETY: the caller's contract: this thread's batch is open on the live `qpx`.
+        unsafe { crate::batch::set_request(qpx, wr_id, flags) };
         // SAFETY: every call below is a builder of a live QP with an open batch, given the
         // request's own fields, which `check` accepted; the provider copies SGEs and inline
         // data into the queue during the call. The `unwrap_unchecked`s were checked above.
         unsafe {
             match w.opcode {
-                IBV_WR_SEND => q.wr_send.ok_or("wr_send")?(qpx),
-                IBV_WR_SEND_WITH_IMM => q.wr_send_imm.ok_or("wr_send_imm")?(qpx, key),
-                IBV_WR_SEND_WITH_INV => q.wr_send_inv.ok_or("wr_send_inv")?(qpx, key),
+                IBV_WR_SEND => b.send.ok_or("wr_send")?(qpx),
+                IBV_WR_SEND_WITH_IMM => b.send_imm.ok_or("wr_send_imm")?(qpx, key),
+                IBV_WR_SEND_WITH_INV => b.send_inv.ok_or("wr_send_inv")?(qpx, key),
                 IBV_WR_RDMA_WRITE => {
                     let (addr, rkey) = self.rdma_target();
-                    q.wr_rdma_write.ok_or("wr_rdma_write")?(qpx, rkey, addr)
+                    b.rdma_write.ok_or("wr_rdma_write")?(qpx, rkey, addr)
                 }
                 IBV_WR_RDMA_WRITE_WITH_IMM => {
                     let (addr, rkey) = self.rdma_target();
-                    q.wr_rdma_write_imm.ok_or("wr_rdma_write_imm")?(qpx, rkey, addr, key)
+                    b.rdma_write_imm.ok_or("wr_rdma_write_imm")?(qpx, rkey, addr, key)
                 }
                 IBV_WR_RDMA_READ => {
                     let (addr, rkey) = self.rdma_target();
-                    q.wr_rdma_read.ok_or("wr_rdma_read")?(qpx, rkey, addr)
+                    b.rdma_read.ok_or("wr_rdma_read")?(qpx, rkey, addr)
                 }
                 IBV_WR_ATOMIC_CMP_AND_SWP => {
-                    let f = q.wr_atomic_cmp_swp.ok_or("wr_atomic_cmp_swp")?;
+                    let f = b.atomic_cmp_swp.ok_or("wr_atomic_cmp_swp")?;
                     let a = self.atomic_target();
                     f(qpx, a.rkey, a.remote_addr, a.compare_add, a.swap)
                 }
                 IBV_WR_ATOMIC_FETCH_AND_ADD => {
-                    let f = q.wr_atomic_fetch_add.ok_or("wr_atomic_fetch_add")?;
+                    let f = b.atomic_fetch_add.ok_or("wr_atomic_fetch_add")?;
                     let a = self.atomic_target();
                     f(qpx, a.rkey, a.remote_addr, a.compare_add)
                 }
-                IBV_WR_LOCAL_INV => q.wr_local_inv.ok_or("wr_local_inv")?(qpx, key),
+                IBV_WR_LOCAL_INV => b.local_inv.ok_or("wr_local_inv")?(qpx, key),
                 IBV_WR_ATOMIC_WRITE => {
-                    let f = q.wr_atomic_write.ok_or("wr_atomic_write")?;
+                    let f = b.atomic_write.ok_or("wr_atomic_write")?;
                     let (addr, rkey) = self.rdma_target();
                     f(qpx, rkey, addr, self.atomic_value.as_ptr().cast())
                 }
                 IBV_WR_BIND_MW => {
                     let (mw, rkey, info) = crate::ffi_compat::bind_mw_of(w);
-                    q.wr_bind_mw.ok_or("wr_bind_mw")?(qpx, mw, rkey, &info)
+                    b.bind_mw.ok_or("wr_bind_mw")?(qpx, mw, rkey, &info)
                 }
                 _ => return Err("this opcode"),
             }
             if self.has_ah() {
                 let ud = w.wr.ud;
-                q.wr_set_ud_addr.unwrap_unchecked()(qpx, ud.ah, ud.remote_qpn, ud.remote_qkey);
+                b.set_ud_addr.unwrap_unchecked()(qpx, ud.ah, ud.remote_qpn, ud.remote_qkey);
             }
             if one_inline {
                 let s = &sges[0];
                 let length = if self.uses_inline_sge { self.inline_slice_len } else { s.length as usize };
-                q.wr_set_inline_data.unwrap_unchecked()(qpx, s.addr as *mut libc::c_void, length);
+                b.set_inline_data.unwrap_unchecked()(qpx, s.addr as *mut libc::c_void, length);
             } else if inline {
                 let mut bufs = [ffi::ibv_data_buf { addr: std::ptr::null_mut(), length: 0 }; MAX_INLINE_BUFS];
                 for (b, s) in bufs.iter_mut().zip(sges) {
@@ -499,12 +500,12 @@ impl SendRequest<'_, '_> {
                     let length = if self.uses_inline_sge { self.inline_slice_len } else { s.length as usize };
                     *b = ffi::ibv_data_buf { addr: s.addr as *mut libc::c_void, length };
                 }
-                q.wr_set_inline_data_list.unwrap_unchecked()(qpx, sges.len(), bufs.as_ptr());
-            } else if let ([s], Some(set_sge)) = (sges, q.wr_set_sge) {
+                b.set_inline_data_list.unwrap_unchecked()(qpx, sges.len(), bufs.as_ptr());
+            } else if let ([s], Some(set_sge)) = (sges, b.set_sge) {
                 // One buffer: the single-SGE builder, which copies no list.
                 set_sge(qpx, s.lkey, s.addr, s.length);
             } else if !sges.is_empty() {
-                q.wr_set_sge_list.unwrap_unchecked()(qpx, sges.len(), sges.as_ptr());
+                b.set_sge_list.unwrap_unchecked()(qpx, sges.len(), sges.as_ptr());
             }
         }
         Ok(())

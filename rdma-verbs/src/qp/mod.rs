@@ -19,6 +19,7 @@
 //! ```
 
 pub mod attr;
+mod multicast;
 mod post;
 pub mod state;
 mod transition;
@@ -130,6 +131,12 @@ pub(crate) struct Inner<'res> {
     port: AtomicU8,
     /// The extended QP (`ibv_qp_to_qp_ex`) and the operations it was created with.
     pub(crate) extended: Option<Extended>,
+    /// The multicast groups a UD QP is attached to: detached before it is destroyed.
+    multicast: multicast::Attachments,
+    /// Set when a drain reset the QP after completions were lost (`quiesce::reset`): the QP is
+    /// in RESET behind a handle typed for another state, and takes no request until a
+    /// transition brings it back.
+    reset_by_drain: std::sync::atomic::AtomicBool,
 }
 
 /// An extended QP's view (`struct ibv_qp_ex`) and the operations it was created with.
@@ -189,6 +196,24 @@ impl Inner<'_> {
         }
     }
 
+    /// Refuses a post to a QP a drain reset (see `reset_by_drain`): a provider may queue a
+    /// request posted to a QP in RESET and run it after a later transition, when what it names
+    /// may be gone, though the post itself failed (rxe's stores the request before its
+    /// doorbell is refused).
+    pub(crate) fn check_postable(&self, verb: &'static str) -> Result<()> {
+        if !self.reset_by_drain.load(std::sync::atomic::Ordering::Acquire) {
+            return Ok(());
+        }
+        let reason = "a drain reset this QP after completions were lost; it takes no request until a \
+                      transition (modify_with) brings it out of RESET";
+        Err(Error::invalid(verb, Some(self.device()), reason))
+    }
+
+    /// Marks the QP reset by a drain (`true`), or brought out of it by a transition.
+    pub(crate) fn set_reset_by_drain(&self, reset: bool) {
+        self.reset_by_drain.store(reset, std::sync::atomic::Ordering::Release);
+    }
+
     pub(crate) fn set_state(&self, state: ffi::ibv_qp_state::Type) -> Result<()> {
         let mut attr = zeroed_attr(state);
         // SAFETY: live QP; `attr` holds the state the mask names.
@@ -202,6 +227,8 @@ impl Inner<'_> {
 impl Drop for Inner<'_> {
     #[doc(alias = "ibv_destroy_qp")]
     fn drop(&mut self) {
+        // An attached QP cannot be destroyed (`EBUSY`): detach what a caller left attached.
+        multicast::detach_all(self);
         // SAFETY: created by `ibv_create_qp`, destroyed only here. Requests still in flight are
         // discarded by the device; the memory they name stays registered (regions outlive no
         // borrow they do not have) or was deregistered, which revoked the NIC's access.
@@ -320,6 +347,8 @@ impl<'res, T: Transport> QueuePair<'res, T, Reset> {
             sq_sig_all: init.sq_sig_all,
             port: AtomicU8::new(0),
             extended,
+            multicast: multicast::Attachments::default(),
+            reset_by_drain: std::sync::atomic::AtomicBool::new(false),
         };
         Ok(QueuePair { inner: Arc::new(inner), _type: PhantomData })
     }

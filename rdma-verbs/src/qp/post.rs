@@ -42,6 +42,7 @@ impl<'res, T: Transport> QueuePair<'res, T, ReadyToSend> {
     /// As `post_send`.
     #[inline]
     pub(crate) unsafe fn post_send_checked(&self, wrs: &mut [SendRequest<'_, '_>], scoped: bool) -> Result<()> {
+        self.inner.check_postable("ibv_post_send")?;
         let device = self.inner.pd.context().name();
         let Some(first) =
             crate::wr::link_send(wrs, &self.inner.caps, T::QP_TYPE, self.inner.pd.as_raw(), device, scoped)?
@@ -84,6 +85,7 @@ impl<'res, T: Transport, S: CanPostRecv> QueuePair<'res, T, S> {
     /// As `post_recv`.
     #[inline]
     pub(crate) unsafe fn post_recv_checked(&self, wrs: &mut [RecvRequest<'_, '_>], scoped: bool) -> Result<()> {
+        self.inner.check_postable("ibv_post_recv")?;
         let device = self.inner.pd.context().name();
         if self.inner.srq.is_some() {
             return Err(Error::invalid("ibv_post_recv", Some(device), "this QP takes its receives from an SRQ"));

@@ -42,7 +42,10 @@ impl<'res, T: Transport, S: TypeState> QueuePair<'res, T, S> {
     pub(super) fn modify(&self, attr: &mut ffi::ibv_qp_attr, mask: ffi::ibv_qp_attr_mask) -> Result<()> {
         // SAFETY: live QP; `attr` holds every field `mask` names.
         let rc = unsafe { ffi::ibv_modify_qp(self.inner.raw.as_ptr(), attr, mask.0 as libc::c_int) };
-        Error::check("ibv_modify_qp", Some(self.inner.pd.context().name()), rc)
+        Error::check("ibv_modify_qp", Some(self.inner.pd.context().name()), rc)?;
+        // A typed transition brought the QP out of a drain's reset (or never was in one).
+        self.inner.set_reset_by_drain(false);
+        Ok(())
     }
 
     fn transition<N: TypeState>(

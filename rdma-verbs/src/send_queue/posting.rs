@@ -7,7 +7,7 @@
 
 use crate::ffi;
 
-use crate::batch::SendOps;
+use crate::batch::{set_request, Builders, SendOps};
 use crate::error::{Error, Result};
 use crate::request::Op;
 use crate::wr_id::{tag, Space};
@@ -24,8 +24,9 @@ pub enum Posting {
     #[doc(alias = "ibv_post_send")]
     Chain,
     /// One batch of `ibv_wr_*` builders ended by `ibv_wr_complete()`, on an extended QP
-    /// ([`QpCreateAttr::send_ops`](crate::QpCreateAttr::send_ops)). A refused batch posts
-    /// nothing. Requests whose operation the QP was not created with go by [`Chain`](Self::Chain).
+    /// ([`QpCreateAttr::send_ops`](crate::QpCreateAttr::send_ops)). When the provider refuses
+    /// the batch, every request in it counts as maybe posted (a provider may have queued them
+    /// already). Requests whose operation the QP was not created with go by [`Chain`](Self::Chain).
     #[doc(alias = "ibv_wr_complete")]
     Batch,
 }
@@ -72,6 +73,9 @@ impl<T: Connected> SendQueue<'_, T> {
 
     /// Posts everything staged, and `inline` after it, the way [`posting`](Self::posting) says.
     pub(super) fn post_staged(&mut self, inline: Inline<'_>) -> Result<usize> {
+        if !self.staged.is_empty() || inline.is_some() {
+            self.qp.check_postable(if self.posting == Posting::Batch { "ibv_wr_start" } else { "ibv_post_send" })?;
+        }
         if let (Posting::Batch, Some((qpx, ops))) = (self.posting, self.qp.extended) {
             let inline_op = inline.map(|(_, imm, _)| send_op(Op::Send, imm.is_some()));
             if self.staged.iter().map(|r| send_op(r.op, r.imm.is_some())).chain(inline_op).all(|op| ops.contains(op)) {
@@ -108,9 +112,9 @@ impl<T: Connected> SendQueue<'_, T> {
         }
         // SAFETY: the batch opened above is still open on this thread.
         let rc = unsafe { ffi::ibv_wr_complete(qpx) };
-        if rc != 0 {
-            return Err(Error::post_failed("ibv_wr_complete", self.qp.device(), rc, 0));
-        }
+        // A refused batch may still be queued (rxe's provider stores the requests before its
+        // doorbell is refused): every request counts as maybe posted, as a chain the provider
+        // named no request of. Its slot returns with a completion, or when the queue is dropped.
         self.covered_upto = self.next_seq + total as u64;
         for (i, r) in self.staged.drain(..).enumerate() {
             self.held.push_back(Held { seq: self.next_seq + i as u64, wr_id: r.wr_id, slot: Some(r.slot) });
@@ -119,6 +123,9 @@ impl<T: Connected> SendQueue<'_, T> {
             self.held.push_back(Held { seq: self.next_seq + n as u64, wr_id, slot: None });
         }
         self.next_seq += total as u64;
+        if rc != 0 {
+            return Err(Error::post_failed("ibv_wr_complete", self.qp.device(), rc, total));
+        }
         Ok(total)
     }
 
@@ -132,38 +139,40 @@ impl<T: Connected> SendQueue<'_, T> {
         qpx: *mut ffi::ibv_qp_ex,
         inline: Inline<'_>,
     ) -> std::result::Result<(), &'static str> {
-        // SAFETY: the caller's contract.
-        let q = unsafe { &mut *qpx };
+        // SAFETY: the caller's contract: `qpx` is live.
+        let b = unsafe { Builders::of(qpx) };
         let total = self.staged.len() + usize::from(inline.is_some());
-        let set_sge = q.wr_set_sge.ok_or("wr_set_sge")?;
+        let set_sge = b.set_sge.ok_or("wr_set_sge")?;
         for (i, r) in self.staged.iter().enumerate() {
-            q.wr_id = tag(Space::Send, self.generation, self.next_seq + i as u64);
-            q.wr_flags = if i + 1 == total || r.signaled { SIGNALED } else { 0 };
+            let wr_id = tag(Space::Send, self.generation, self.next_seq + i as u64);
+            let flags = if i + 1 == total || r.signaled { SIGNALED } else { 0 };
             let (rkey, addr) = (r.remote.rkey, r.remote.addr);
             let imm = r.imm.map(u32::to_be);
-            // SAFETY: builders of the open batch, given the checked request's own fields.
+            // SAFETY: the caller's contract (this thread's batch is open on the live `qpx`, and
+            // the operation is among the QP's); the builders get the checked request's fields.
             unsafe {
+                set_request(qpx, wr_id, flags);
                 match (r.op, imm) {
-                    (Op::Send, None) => q.wr_send.ok_or("wr_send")?(qpx),
-                    (Op::Send, Some(imm)) => q.wr_send_imm.ok_or("wr_send_imm")?(qpx, imm),
-                    (Op::Write, None) => q.wr_rdma_write.ok_or("wr_rdma_write")?(qpx, rkey, addr),
-                    (Op::Write, Some(imm)) => q.wr_rdma_write_imm.ok_or("wr_rdma_write_imm")?(qpx, rkey, addr, imm),
-                    (Op::Read, _) => q.wr_rdma_read.ok_or("wr_rdma_read")?(qpx, rkey, addr),
+                    (Op::Send, None) => b.send.ok_or("wr_send")?(qpx),
+                    (Op::Send, Some(imm)) => b.send_imm.ok_or("wr_send_imm")?(qpx, imm),
+                    (Op::Write, None) => b.rdma_write.ok_or("wr_rdma_write")?(qpx, rkey, addr),
+                    (Op::Write, Some(imm)) => b.rdma_write_imm.ok_or("wr_rdma_write_imm")?(qpx, rkey, addr, imm),
+                    (Op::Read, _) => b.rdma_read.ok_or("wr_rdma_read")?(qpx, rkey, addr),
                 }
                 // Also for 0 bytes: some providers finish the entry in the data setter.
                 set_sge(qpx, r.slot.lkey(), r.slot.addr(), r.len as u32);
             }
         }
         if let Some((data, imm, _)) = inline {
-            q.wr_id = tag(Space::Send, self.generation, self.next_seq + self.staged.len() as u64);
-            // IBV_SEND_INLINE stays: rxe's kernel side reads inline data only with it.
-            q.wr_flags = SIGNALED | INLINE;
-            let set_inline = q.wr_set_inline_data.ok_or("wr_set_inline_data")?;
-            // SAFETY: builders of the open batch; the provider copies `data` during the call.
+            let wr_id = tag(Space::Send, self.generation, self.next_seq + self.staged.len() as u64);
+            let set_inline = b.set_inline_data.ok_or("wr_set_inline_data")?;
+            // SAFETY: as above; the provider copies `data` during the call. IBV_SEND_INLINE
+            // stays in the flags: rxe's kernel side reads inline data only with it.
             unsafe {
+                set_request(qpx, wr_id, SIGNALED | INLINE);
                 match imm {
-                    None => q.wr_send.ok_or("wr_send")?(qpx),
-                    Some(imm) => q.wr_send_imm.ok_or("wr_send_imm")?(qpx, imm.to_be()),
+                    None => b.send.ok_or("wr_send")?(qpx),
+                    Some(imm) => b.send_imm.ok_or("wr_send_imm")?(qpx, imm.to_be()),
                 }
                 set_inline(qpx, data.as_ptr() as *mut libc::c_void, data.len());
             }

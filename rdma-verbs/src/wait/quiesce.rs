@@ -96,7 +96,12 @@ pub(crate) fn quiesce(
 
 /// Step 4's reset.
 pub(crate) fn reset(qp: &Inner<'_>) -> bool {
-    qp.set_state(IBV_QPS_RESET).is_ok()
+    let reset = qp.set_state(IBV_QPS_RESET).is_ok();
+    if reset {
+        // Typed for another state, in RESET: refuse posts until a transition (`check_postable`).
+        qp.set_reset_by_drain(true);
+    }
+    reset
 }
 
 fn wait(cqs: &[&CompletionQueue<'_>], timeout: Duration, poll: &mut impl FnMut() -> bool) -> bool {
