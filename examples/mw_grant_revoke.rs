@@ -17,8 +17,10 @@
 //!
 //! **Soft-RoCE's defect**: on rxe (Linux 6.1 and 6.12) a window does not confine the peer to its
 //! range: a WRITE with the window's key anywhere inside the *region* lands (docs/safety.md,
-//! section 7). On rxe, bind windows to a region that holds only what may be granted. The
-//! invalidation is enforced, as this example shows.
+//! section 7). On rxe, bind windows to a region that holds only what may be granted (this
+//! example's region is larger than its window only to show the API). The invalidation is
+//! enforced, as this example shows. A refused WRITE is a fatal error for the peer's RC
+//! connection: its QP is in the error state afterwards, and a real peer reconnects.
 //!
 //! Exits with status 1 and a one-line reason if a step does not do what it should.
 

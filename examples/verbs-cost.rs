@@ -180,14 +180,22 @@ fn queue_path(o: &Options, ctxs: (&Context, &Context), posting: Posting) -> Resu
             }
             counts.requests += o.depth;
             std::thread::sleep(SETTLE);
-            let mut done = 0;
+            let (mut done, mut failed) = (0, None);
+            let mut check = |c: SlotCompletion<'_>| {
+                if let Err(e) = c.ok() {
+                    failed.get_or_insert(e);
+                }
+            };
             while done < o.depth {
-                let n = sq.poll(|c| drop(c.slot))?;
+                let n = sq.poll(&mut check)?;
                 if n == 0 {
                     counts.empty_polls += 1;
-                    done += sq.wait(WAIT, |c| drop(c.slot))?;
+                    done += sq.wait(WAIT, &mut check)?;
                 }
                 done += n;
+            }
+            if let Some(e) = failed {
+                return Err(e);
             }
             counts.completions += o.depth;
         }

@@ -258,8 +258,9 @@ impl std::fmt::Display for HugePageSize {
 /// CPU instead of one per 4 KiB. The pages come from the pool reserved beforehand
 /// (`/proc/sys/vm/nr_hugepages`, or per size under `/sys/kernel/mm/hugepages/`, or
 /// `hugeadm --pool-pages-min 2MB:N`); the mapping reserves them at once, so a pool too small
-/// is an [`Error::HugePages`](crate::Error::HugePages) from [`new`](Self::new), never a fault
-/// later. The mapping is the length rounded up to whole pages; the buffer is the `len` bytes
+/// is an [`Error::HugePages`](crate::Error::HugePages) from [`new`](Self::new), not a fault
+/// later. A cgroup's hugetlb limit or a NUMA binding is not seen by the reservation: past it,
+/// the first touch of a page is a `SIGBUS` (docs/safety.md, "Your own memory"). The mapping is the length rounded up to whole pages; the buffer is the `len` bytes
 /// asked for, at its start.
 ///
 /// ```no_run
