@@ -7,8 +7,8 @@
 //! The client keeps `-t` writes in flight, posting each refill with one doorbell, through one
 //! of four paths (`--api`, the client's choice; the server is the same for all):
 //! - `scope` (default): the safe posting scope, every write signaled, all from one buffer;
-//! - `ex`: the same scope on an extended QP (`ibv_create_qp_ex`), each refill one batch of
-//!   `ibv_wr_rdma_write` builders and one `ibv_wr_complete` instead of `ibv_post_send`;
+//! - `ex` (also `--ex`): the same scope on an extended QP (`ibv_create_qp_ex`), each refill one
+//!   batch of `ibv_wr_rdma_write` builders and one `ibv_wr_complete` instead of `ibv_post_send`;
 //! - `raw`: `unsafe` `ibv_post_send` of chains from one buffer, as perftest posts: every `-Q`th
 //!   write signaled (perftest's default 100, at most `-t`), and the last of each chain;
 //! - `pool`: the safe owned-buffer path, a [`SlotPool`] of `-t` slots and a [`SendQueue`], with

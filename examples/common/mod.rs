@@ -103,6 +103,8 @@ pub fn parse_args(name: &str, default_size: usize, default_iters: usize, apis: &
                 a.apis = v.split(',').map(known).collect();
             }
             "--repeat" if !apis.is_empty() => a.repeat = val().parse().unwrap_or_else(|_| usage()),
+            // `--ex`: the extended-QP path, where the tool has one (write_bw): `--api ex`.
+            "--ex" if apis.contains(&"ex") => a.apis = vec!["ex"],
             "-F" | "--CPU-freq" => {} // perftest's frequency warning switch: nothing to silence here
             "-h" | "--help" => usage(),
             s if !s.starts_with('-') && a.server.is_none() => a.server = Some(s.parse().unwrap_or_else(|_| usage())),

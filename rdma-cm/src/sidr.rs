@@ -6,7 +6,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
 use rdma_verbs::ffi;
-use rdma_verbs::{QueuePair, ReadyToSend, Reset, TypeState, Ud};
+use rdma_verbs::{QueuePair, ReadyToSend, Reset, Ud};
 
 use crate::conn_id::{ConnId, DONE};
 use crate::error::{check, Error, Result};
@@ -180,7 +180,8 @@ impl UdRequest {
 
     /// Answers with `qp`'s number and `private_data` (at most
     /// [`MAX_SIDR_REPLY_PRIVATE_DATA`] bytes): `rdma_accept()`, which sends the SIDR reply with
-    /// the identifier's Q_Key (the one [`init_qp`](Self::init_qp) gives). Returns at once.
+    /// the identifier's Q_Key (the one [`init_qp`](Self::init_qp) gives). Returns at once. The
+    /// QP is ready to send, as `init_qp` leaves it: the reply tells the peer it can receive.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for too much private data (the request is then rejected);
@@ -190,7 +191,7 @@ impl UdRequest {
     /// # References
     /// - [`rdma_accept(3)`](https://man7.org/linux/man-pages/man3/rdma_accept.3.html)
     #[doc(alias = "rdma_accept")]
-    pub fn accept<S: TypeState>(self, qp: &QueuePair<'_, Ud, S>, private_data: &[u8]) -> Result<()> {
+    pub fn accept(self, qp: &QueuePair<'_, Ud, ReadyToSend>, private_data: &[u8]) -> Result<()> {
         const ACCEPT: &str = "rdma_accept";
         let on_device = |e: Error| e.on_device(&self.device);
         crate::raw_id::RawId::check_device(qp, &self.device)?;

@@ -107,8 +107,8 @@ impl AlignedBuffer {
     /// Maps `len` zeroed bytes whose first byte is aligned to `align`, a power of two: a page
     /// or less comes with any mapping; a larger alignment (say 2 MiB, so that transparent huge
     /// pages can back the buffer) maps `align - PAGE_SIZE` bytes more and starts the buffer at
-    /// the first aligned address in it. The pages before and after the buffer are never
-    /// touched, so they take address space but no memory. `None` if `len` is 0, `align` is not
+    /// the first aligned address in it, then unmaps the pages before and after the buffer's.
+    /// `None` if `len` is 0, `align` is not
     /// a power of two, the sizes are too large, or the mapping fails.
     ///
     /// # References
@@ -126,9 +126,10 @@ impl AlignedBuffer {
         // most `align - PAGE_SIZE` bytes in, and `len` bytes from there are inside it.
         let offset = (base as usize).wrapping_neg() & (align - 1);
         debug_assert!(offset + len <= map_len);
-        // SAFETY: `offset + len <= map_len`, so the buffer's first byte is inside the mapping.
-        let ptr = NonNull::new(unsafe { base.add(offset) })?;
-        Some(AlignedBuffer { ptr, len, _map: map })
+        // The padding before and after the buffer's pages goes back to the kernel: it would
+        // count against a strict overcommit limit (`vm.overcommit_memory=2`) for nothing.
+        let map = map.keep(offset, len);
+        Some(AlignedBuffer { ptr: map.ptr, len, _map: map })
     }
 
     /// The bytes. Only reachable once the buffer is no longer registered.
@@ -187,6 +188,31 @@ impl Mapping {
         }
         let ptr = NonNull::new(p.cast()).ok_or(libc::ENOMEM)?;
         Ok(Mapping { ptr, len })
+    }
+}
+
+impl Mapping {
+    /// The whole pages holding `len` bytes from `offset` (a multiple of the page size), the rest
+    /// of the mapping unmapped.
+    fn keep(self, offset: usize, len: usize) -> Mapping {
+        let pages = len.div_ceil(PAGE_SIZE) * PAGE_SIZE;
+        let (start, end) = (offset, (offset + pages).min(self.len));
+        let this = std::mem::ManuallyDrop::new(self);
+        let base = this.ptr.as_ptr();
+        // SAFETY: `[0, start)` and `[end, len)` are page-aligned ranges inside the mapping this
+        // value owns (`offset` is a multiple of the page size, as is `end` unless it is the
+        // mapping's end), and nothing refers to them: the buffer is `[start, start + len)`.
+        unsafe {
+            if start > 0 {
+                libc::munmap(base.cast(), start);
+            }
+            if end < this.len {
+                libc::munmap(base.add(end).cast(), this.len - end);
+            }
+        }
+        // SAFETY: `start < end <= len`: inside the mapping, so not null.
+        let ptr = unsafe { NonNull::new_unchecked(base.add(start)) };
+        Mapping { ptr, len: end - start }
     }
 }
 
