@@ -24,7 +24,7 @@ use crate::cq::CompletionQueue;
 use crate::cq_holder::CqHolder;
 use crate::cq_owner::CqOwner;
 use crate::error::{Error, Result};
-use crate::qp::state::{CanPostRecv, QpState, ReadyToSend, Transport, TypeState};
+use crate::qp::state::{CanPostRecv, ReadyToSend, Transport, TypeState};
 use crate::qp::QueuePair;
 use crate::wait::deadline::Deadline;
 use crate::wait::quiesce::{self, Quiesced};
@@ -377,18 +377,12 @@ impl<'s, 'env, T: Transport, S: TypeState> PostScope<'s, 'env, T, S> {
     }
 
     /// Counts what a post of `n` requests left outstanding: all, those before a refused one
-    /// (all, when the provider did not say which), or none when it was refused before posting.
-    /// A QP in the reset state takes no request (the verbs spec; rxe refuses with `EINVAL` and
-    /// names none): then nothing was posted, and the drain must not wait for it. (A QP a drain
-    /// reset refuses posts before the provider sees them: `Inner::check_postable`.)
+    /// (all, when the provider did not say which: it may have queued them, as rxe's does even
+    /// for a QP in RESET), or none when it was refused before the provider saw it (the checks,
+    /// and a QP a drain reset: `Inner::check_postable`).
     fn posted(&self, r: &Result<()>, n: usize) -> usize {
         match r {
             Ok(()) => n,
-            Err(Error::PostFailed { posted, .. })
-                if *posted == n && self.qp.state().is_ok_and(|s| s == QpState::Reset) =>
-            {
-                0
-            }
             Err(Error::PostFailed { posted, .. }) => *posted,
             Err(_) => 0,
         }
