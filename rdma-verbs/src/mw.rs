@@ -14,6 +14,9 @@
 //!   [`SendRequest::send_with_invalidate`](crate::SendRequest::send_with_invalidate) seen with
 //!   [`BoundWindow::invalidated_by`]) gives the unbound [`MemoryWindow`] back, and dropping a
 //!   bound window deallocates it, which invalidates it too;
+//! - each bind gives the window a key it never had (a key a peer kept stays revoked for the
+//!   window's life): its 8-bit tag would wrap, so the bind that would repeat a key is refused,
+//!   after 256 grants of a type 2 window, 128 of a type 1 window;
 //! - a QP that is destroyed first deallocates the type 2 windows that may still be bound to it:
 //!   those of forgotten bound windows for good, and those of live [`MemoryWindow`]s whose
 //!   invalidation may not have run, which get a new verbs window in their place (rxe frees a QP
@@ -127,6 +130,8 @@ struct Slot {
     raw: Option<NonNull<ffi::ibv_mw>>,
     /// The key the window has now: a type 2 bind picks the next one itself.
     rkey: u32,
+    /// The 8-bit tags of the keys binds of this verbs window handed out (bit `tag`).
+    handed_out: [u64; 4],
     /// The QP (its [`QpWindows`], by address) of the `BoundWindow` that holds the window now,
     /// live or forgotten; `None` while it is a plain `MemoryWindow`.
     held_by_bound: Option<usize>,
@@ -142,6 +147,18 @@ impl WindowCell {
     fn slot(&self) -> MutexGuard<'_, Slot> {
         // A poisoned slot is still consistent: every change to it is a single assignment.
         self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Slot {
+    fn was_handed_out(&self, rkey: u32) -> bool {
+        let tag = (rkey & 0xff) as usize;
+        self.handed_out[tag / 64] & (1 << (tag % 64)) != 0
+    }
+
+    fn hand_out(&mut self, rkey: u32) {
+        let tag = (rkey & 0xff) as usize;
+        self.handed_out[tag / 64] |= 1 << (tag % 64);
     }
 }
 
@@ -193,6 +210,7 @@ impl QpWindows {
                 pd.context().registry().add(crate::registry::Kind::Mw, fresh.as_ptr());
                 // SAFETY: just allocated.
                 slot.rkey = unsafe { fresh.as_ref().rkey };
+                slot.handed_out = [0; 4];
                 slot.raw = Some(fresh);
             }
         }
@@ -261,7 +279,7 @@ impl<'pd> MemoryWindow<'pd> {
         ctx.registry().add(crate::registry::Kind::Mw, raw.as_ptr());
         // SAFETY: just allocated.
         let rkey = unsafe { raw.as_ref().rkey };
-        let slot = Slot { raw: Some(raw), rkey, held_by_bound: None };
+        let slot = Slot { raw: Some(raw), rkey, handed_out: [0; 4], held_by_bound: None };
         Ok(MemoryWindow { cell: Arc::new(WindowCell(Mutex::new(slot))), kind, pd })
     }
 
@@ -271,7 +289,10 @@ impl<'pd> MemoryWindow<'pd> {
     }
 
     /// The window's current remote key. Each bind changes it (its low 8 bits), so a key a peer
-    /// kept from an earlier bind no longer works.
+    /// kept from an earlier bind no longer works, for the window's whole life: the 8 bits
+    /// would wrap, so [`PostScope::bind_window`] refuses the bind that would give a key a second
+    /// time (a window gives 256 grants of type 2, 128 of type 1, whose unbinds also change the
+    /// key).
     pub fn rkey(&self) -> u32 {
         self.cell.slot().rkey
     }
@@ -392,7 +413,12 @@ impl<'s, 'env, T: Connected> PostScope<'s, 'env, T, ReadyToSend> {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for any of the rules above, an empty or out-of-region range,
-    /// or reserved `wr_id` bits (nothing posted; the window is deallocated);
+    /// or reserved `wr_id` bits, and for a bind that would give the window a key it handed out
+    /// before (nothing posted; the window is deallocated): a key changes only in its low 8 bits,
+    /// so a window gives 256 grants (type 2) or 128 (type 1, whose unbinds also change the key),
+    /// then a new window is needed. Should a provider give a type 1 bind a key of its own
+    /// choosing that was handed out before, the bind is posted and the window deallocated at
+    /// once, with the same error;
     /// [`Error::QueueFull`] as [`post_send`](Self::post_send); [`Error::Verb`] or
     /// [`Error::PostFailed`] when the provider refuses the bind.
     #[doc(alias = "ibv_bind_mw")]
@@ -447,6 +473,14 @@ impl<'s, 'env, T: Connected> PostScope<'s, 'env, T, ReadyToSend> {
                     .into(),
             ));
         };
+        // The key the bind will give: `ibv_inc_rkey` of the current one (what a type 2 bind
+        // names itself, and what providers give a type 1 bind). A key handed out before may
+        // still be held by a peer, so a bind that would give it again is refused: revocation
+        // holds for the window's life.
+        let next = crate::ffi_compat::inc_rkey(slot.rkey);
+        if slot.was_handed_out(next) {
+            return Err(invalid(key_wrapped(window.kind, next)));
+        }
         let rkey = match window.kind {
             WindowType::Type1 => {
                 let raw_qp = qp.as_raw();
@@ -460,10 +494,20 @@ impl<'s, 'env, T: Connected> PostScope<'s, 'env, T, ReadyToSend> {
                     Error::check("ibv_bind_mw", Some(device), rc)
                 })?;
                 // SAFETY: the provider set the key the bind gives (ibv_bind_mw(3)).
-                unsafe { raw_mw.as_ref().rkey }
+                let rkey = unsafe { raw_mw.as_ref().rkey };
+                if slot.was_handed_out(rkey) {
+                    // A provider that picked a key of its own, one handed out before: take the
+                    // grant back at once. Deallocating invalidates the window.
+                    slot.rkey = rkey;
+                    if dealloc(&window.pd, raw_mw) == 0 {
+                        slot.raw = None;
+                    }
+                    return Err(invalid(key_wrapped(window.kind, rkey)));
+                }
+                rkey
             }
             WindowType::Type2 => {
-                let rkey = crate::ffi_compat::inc_rkey(slot.rkey);
+                let rkey = next;
                 // Noted before posting: from the moment the request may be queued, the window
                 // may end up bound to this QP.
                 qp.shared().windows.add(&cell);
@@ -479,6 +523,7 @@ impl<'s, 'env, T: Connected> PostScope<'s, 'env, T, ReadyToSend> {
             }
         };
         slot.rkey = rkey;
+        slot.hand_out(rkey);
         drop(slot);
         let remote = RemoteRegion { addr: info.addr, rkey, len: info.length };
         Ok(BoundWindow { window, remote, access, region: region.as_raw() as usize, _region: PhantomData })
@@ -536,4 +581,13 @@ impl<'s, 'env, T: Connected> PostScope<'s, 'env, T, ReadyToSend> {
         }
         Ok(window)
     }
+}
+
+/// Why a bind that would give the key `rkey` again is refused.
+fn key_wrapped(kind: WindowType, rkey: u32) -> String {
+    format!(
+        "the {kind:?} window handed out key {rkey:#x} before, and a peer may still hold it: a window hands out each \
+         of its 256 key tags once (a type 2 window 256 grants, a type 1 window 128, its unbinds taking the others); \
+         allocate a new window"
+    )
 }
