@@ -252,7 +252,7 @@ pub use qp::attr::{InitAttr, QpCaps, QpEndpoint, RtrAttr, RtsAttr};
 pub use qp::state::{
     CanPostRecv, Connected, Init, QpState, Rc, ReadyToReceive, ReadyToSend, Reset, Transport, TypeState, Uc, Ud,
 };
-pub use qp::{QpCreateAttr, QueuePair, TransitionError};
+pub use qp::{MulticastAttachment, QpCreateAttr, QueuePair, TransitionError};
 pub use recv_ring::{RecvRing, SlotMessage};
 pub use request::{PostError, Rejected, SlotCompletion, SlotRequest};
 pub use scope::PostScope;

@@ -24,6 +24,7 @@ mod post;
 pub mod state;
 mod transition;
 
+pub use multicast::MulticastAttachment;
 pub(crate) use transition::zeroed_attr;
 pub use transition::{Transition, TransitionError};
 
