@@ -210,6 +210,19 @@ pub enum Error {
         /// The `errno` the call reported.
         errno: Option<i32>,
     },
+    /// The host has no RDMA the CM can use: `rdma_create_event_channel` found no
+    /// `/dev/infiniband/rdma_cm` (`ENODEV`). The message says what to do, as `rdma-verbs` does
+    /// when it finds no device ([`rdma_verbs::Error::NoDevice`]): with no device at all, load
+    /// an RDMA driver; with devices but no CM, load `rdma_ucm`.
+    #[error("{verb}: {}: {}", Errno(*.errno), NoRdma(.available))]
+    NoDevice {
+        /// The call that found none, `"rdma_create_event_channel"`.
+        verb: &'static str,
+        /// The `errno` it reported (`ENODEV`).
+        errno: i32,
+        /// The RDMA devices libibverbs lists (none on a host without RDMA).
+        available: Vec<String>,
+    },
     /// An async call (`*_async`, with the `tokio` feature) found no Tokio runtime to wait on:
     /// it ran outside one, or the runtime it ran on was shutting down.
     #[error("{what}: no Tokio runtime to wait on (outside one, or it has shut down)")]
@@ -229,6 +242,7 @@ impl Error {
             | Error::RouteResolution { errno, .. }
             | Error::Unreachable { errno, .. }
             | Error::ConnectError { errno, .. }
+            | Error::NoDevice { errno, .. }
             | Error::Multicast { errno, .. } => Some(*errno),
             Error::UnexpectedEvent { errno, .. } | Error::Unsupported { errno, .. } => *errno,
             Error::Verbs(e) => e.errno(),
@@ -268,6 +282,16 @@ impl Error {
         Self::from_errno(verb, std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO))
     }
 
+    /// The error of `verb` finding no RDMA CM device (`ENODEV`): [`Error::NoDevice`], listing
+    /// the verbs devices that exist. Any other `errno` is [`Error::Cm`].
+    pub(crate) fn no_cm_device(verb: &'static str, errno: i32) -> Self {
+        if errno != libc::ENODEV {
+            return Self::from_errno(verb, errno);
+        }
+        let available = rdma_verbs::DeviceList::available().map(|l| l.names()).unwrap_or_default();
+        Error::NoDevice { verb, errno, available }
+    }
+
     pub(crate) fn from_errno(verb: &'static str, errno: i32) -> Self {
         Error::Cm { verb, device: None, errno }
     }
@@ -305,6 +329,7 @@ impl Error {
             }
             Error::Verbs(_)
             | Error::AddressResolution { .. }
+            | Error::NoDevice { .. }
             | Error::DeviceMismatch { .. }
             | Error::NoRuntime { .. } => {}
         }
@@ -368,6 +393,24 @@ struct Errno(i32);
 impl fmt::Display for Errno {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(&std::io::Error::from_raw_os_error(self.0), f)
+    }
+}
+
+/// What to do about a host whose CM cannot be opened: `rdma-verbs`' own words when there is no
+/// device at all.
+struct NoRdma<'a>(&'a [String]);
+
+impl fmt::Display for NoRdma<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_empty() {
+            let none = rdma_verbs::Error::NoDevice { name: None, available: Vec::new() };
+            return fmt::Display::fmt(&none, f);
+        }
+        write!(
+            f,
+            "the RDMA device(s) {} have no connection manager: is the rdma_ucm module loaded? (`modprobe rdma_ucm`)",
+            self.0.join(", ")
+        )
     }
 }
 

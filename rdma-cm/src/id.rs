@@ -169,7 +169,8 @@ impl CmId<Idle> {
     /// event channel of its own: `rdma_create_event_channel()` then `rdma_create_id()`.
     ///
     /// # Errors
-    /// [`Error::Cm`] when the channel or identifier cannot be created (`ENODEV`: no RDMA).
+    /// [`Error::NoDevice`] without RDMA (no `/dev/infiniband/rdma_cm`: the message says what to
+    /// load); [`Error::Cm`] when the channel or identifier cannot be created otherwise.
     #[doc(alias = "rdma_create_id")]
     pub fn new() -> Result<Self> {
         Ok(CmId { id: RawId::create()?, known: (), _state: PhantomData })

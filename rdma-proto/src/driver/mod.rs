@@ -263,6 +263,30 @@ impl Error {
     }
 }
 
+/// The exit codes of a sender's own failures ([`Error::exit_code`]), with what each means.
+const TOOL_EXIT_CODES: [(i32, &str); 9] = [
+    (0, "stored under its name, digest matched (a batch: every entry)"),
+    (1, "bad arguments (a name that is not a valid file name, an unreadable option)"),
+    (2, "connection failure (no route, refused, no RDMA device)"),
+    (3, "timeout (resolving, connecting, or a phase without progress)"),
+    (4, "protocol error (a malformed or out-of-place message, the peer's request refused by the device)"),
+    (5, "local file error (unreadable, not a regular file, changed while it was sent)"),
+    (6, "the peer disconnected or the connection was lost mid-transfer"),
+    (7, "the receiver was stopped"),
+    (8, "the send was cancelled"),
+];
+
+/// Every exit code a sender may give, in order, with what it means: its own failures
+/// ([`Error::exit_code`], 0..=8) and the receiver's verdicts ([`Status::exit_code`], `10 +
+/// code`). What a tool lists in its help, so that the codes are told from the one place that
+/// defines them.
+pub fn exit_codes() -> Vec<(i32, String)> {
+    let tool = TOOL_EXIT_CODES.iter().map(|&(code, what)| (code, what.to_owned()));
+    let refused =
+        Status::ALL.into_iter().filter(|&s| s != Status::Ok).map(|s| (s.exit_code(), format!("refused: {s}")));
+    tool.chain(refused).collect()
+}
+
 /// `N` random bytes from the kernel (`getrandom(2)`), for session ids and the nonces of the
 /// proofs of the secret.
 ///
@@ -298,4 +322,38 @@ pub struct Phases {
     pub digest: Duration,
     /// Receiver: fsync and rename.
     pub sync_rename: Duration,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The help's table is the errors' and the statuses' own codes: every error's code is
+    /// listed once, in order, and every status's verdict too.
+    #[test]
+    fn exit_codes_match_the_errors_and_statuses() {
+        let codes = exit_codes();
+        let listed: Vec<i32> = codes.iter().map(|c| c.0).collect();
+        let mut sorted = listed.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(listed, sorted, "listed in order, each once");
+        let errors = [
+            Error::Usage(String::new()),
+            Error::Preempted,
+            Error::Protocol(ProtocolError::Timeout { waiting_for: "x", after: Duration::ZERO }),
+            Error::Protocol(ProtocolError::Peer(String::new())),
+            Error::Destination(String::new()),
+            Error::PeerDisconnected,
+            Error::Stopped,
+            Error::Cancelled,
+        ];
+        for e in errors {
+            assert!(listed.contains(&e.exit_code()), "{e:?}: {} is not listed", e.exit_code());
+        }
+        for s in Status::ALL {
+            let (code, what) = codes.iter().find(|c| c.0 == s.exit_code()).expect("every status is listed");
+            assert!(*code == 0 || what.contains(&s.to_string()), "{s:?}: {what}");
+        }
+    }
 }
