@@ -242,6 +242,70 @@ fn a_sniffed_key_offered_with_another_name_leaves_the_owner_s_partial_alone() {
     assert!(std::fs::read(dst.join("f")).unwrap() == data, "the file differs");
 }
 
+/// A peer that read a partial's key in `ls -a` and offers the same name and size, with other
+/// bytes, cannot continue it: asked to prove the bytes the partial holds (a keyed hash under the
+/// receiver's fresh nonce), it cannot, and is served from byte 0 into a new temporary. It writes
+/// some junk and leaves: the partial and its sidecar are as they were, and the owner's next send
+/// resumes and is stored (exit 0). Before, the receiver continued the partial on the key's word:
+/// the junk landed in it, and the owner's send failed its digest (exit 11) and started over.
+#[test]
+fn a_peer_with_the_resume_key_but_other_bytes_gets_a_fresh_temporary_and_the_owner_resumes() {
+    use rdma_proto::wire::{caps, Hello, Message, Proof};
+    let topo = testkit::require_topology!();
+    let (src, dst) = (scratch("prove-src"), scratch("prove-dst"));
+    let data = random_file(&src.join("f"), 3 * CHECKPOINT_BYTES as usize, 26);
+    let args = ["--dir", dst.to_str().unwrap(), "--count", "3", "--timeout", "5", "--checkpoint-every", CHECKPOINT];
+    let rx = Receiver::start(&topo, 7588, &args);
+    let mut owner = spawn_send_reporting(&topo, 7588, &src.join("f"), &[]);
+    wait_for_partial(&dst, CHECKPOINT_BYTES + (CHECKPOINT_BYTES >> 1));
+    owner.kill().unwrap();
+    owner.wait().unwrap();
+    wait_for_session_end(&dst, "f");
+    let part = listing(&dst).into_iter().find(|n| n.ends_with(".part.rdcp-tmp")).expect("a partial");
+    let meta = part.replace(".part.", ".meta.");
+    let key = u64::from_str_radix(part.trim_start_matches('.').split('.').next().unwrap(), 16).unwrap();
+    let before = (std::fs::read(dst.join(&part)).unwrap(), std::fs::read(dst.join(&meta)).unwrap());
+
+    // The hostile peer: the key, the same name and size, other bytes.
+    let mut hostile = RawSender::connect(&topo, 7588);
+    let caps = caps::DIGEST_XXH3_128 | caps::RESUME | caps::RESUME_PROOF;
+    let hello = Hello { caps, resume: Some(key), ..raw_hello(data.len() as u64) };
+    hostile.send_message(0x7588_0001, &Message::Hello(hello)).unwrap();
+    let grant = match hostile.recv() {
+        Message::Challenge(c) if c.prefix.is_some() => {
+            // It cannot prove bytes it does not hold.
+            hostile.send_message(0x7588_0001, &Message::Proof(Proof { nonce: c.nonce, mac: [0x42; 32] })).unwrap();
+            match hostile.recv() {
+                Message::Grant(g) => g,
+                m => panic!("{m:?} instead of a GRANT"),
+            }
+        }
+        Message::Grant(g) => g,
+        m => panic!("{m:?} instead of a GRANT or a CHALLENGE"),
+    };
+    eprintln!("the hostile peer was granted from byte {}", grant.resume_from);
+    let junk = vec![0x6au8; 4 * grant.slot_size as usize];
+    for seq in 0..4 {
+        hostile.write_chunk(&grant, &junk, seq).unwrap();
+    }
+    assert!(hostile.credited(4), "the receiver stored the hostile peer's chunks");
+    drop(hostile);
+    std::thread::sleep(Duration::from_secs(1));
+    let after = (std::fs::read(dst.join(&part)).ok(), std::fs::read(dst.join(&meta)).ok());
+    let intact = after.0.as_ref() == Some(&before.0) && after.1.as_ref() == Some(&before.1);
+
+    let out = spawn_send_reporting(&topo, 7588, &src.join("f"), &[]).wait_with_output().unwrap();
+    let report = text(&out.stdout);
+    let (_, lines) = rx.finish(Duration::from_secs(60));
+    eprintln!("the owner's resend: {:?}: {}{}", out.status.code(), report.trim(), text(&out.stderr).trim());
+    assert_eq!(out.status.code(), Some(0), "the owner's resend failed: {}{lines}", text(&out.stderr));
+    assert_eq!(grant.resume_from, 0, "the hostile peer was let continue the partial");
+    assert!(intact, "the owner's partial changed under the hostile peer's session");
+    assert!(resumed_at(&report) >= CHECKPOINT_BYTES, "the owner did not resume: {report}");
+    assert!(std::fs::read(dst.join("f")).unwrap() == data, "the file differs");
+    assert_eq!(listing(&dst), ["f"], "nothing but the file is left");
+}
+
 /// With a secret, a resumed partial is hashed with keyed BLAKE3 before the GRANT, and the
 /// sender waits for that GRANT only its `--timeout`: a partial that took longer to hash could
 /// never be resumed, and each timed-out attempt rewrote its sidecar, so it never expired either

@@ -14,7 +14,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use crate::auth::{DigestSecret, Role, Secret, Transcript, NONCE_LEN};
+use crate::auth::{DigestSecret, Role, Secret, Transcript, NONCE_LEN, PROOF_LEN};
 use crate::digest::{Digest, DIGEST_CAPS};
 use crate::outbox::Outbox;
 use crate::seal::{Seals, Unsealed};
@@ -73,6 +73,12 @@ pub enum Input<'a> {
     },
     /// The whole-file digest, once every chunk was read.
     Digest(Vec<u8>),
+    /// The proof of the file's first bytes [`Action::ProvePrefix`] asked for: BLAKE3 keyed with
+    /// its key over them.
+    PrefixProof {
+        /// The keyed hash.
+        mac: [u8; PROOF_LEN],
+    },
     /// The extra lanes the GRANT asked for ([`Sender::lanes`]) are connected: the current
     /// phase's timeout counts from now. Connecting them is bounded by the driver's own connect
     /// timeout, as the first connection is; without this input, a lane whose connection took
@@ -111,6 +117,16 @@ pub enum Action {
     },
     /// Every chunk was read: report the whole-file digest ([`Input::Digest`]).
     NeedDigest,
+    /// The receiver holds the file's first `from` bytes and asks for proof that this sender
+    /// holds them too before it resumes from them ([`caps::RESUME_PROOF`]): hash them with
+    /// BLAKE3 keyed with `key` and answer [`Input::PrefixProof`]. A proof that does not match
+    /// (another version of the file) only makes the receiver take the file from byte 0.
+    ProvePrefix {
+        /// Bytes to hash, from the file's start.
+        from: u64,
+        /// The key ([`crate::auth::prefix_key`]).
+        key: crate::digest::DigestKey,
+    },
     /// In a batch: offer the next entry ([`Sender::start_entry`]) or end the batch
     /// ([`Sender::end_batch`]).
     NextEntry,
@@ -174,6 +190,11 @@ pub struct Sender {
     nonce: [u8; NONCE_LEN],
     /// The receiver's nonce, once challenged.
     challenge: Option<[u8; NONCE_LEN]>,
+    /// The nonce of the receiver's prefix CHALLENGE for the current file, until it is answered
+    /// ([`caps::RESUME_PROOF`]); set once per file.
+    prefix_nonce: Option<[u8; NONCE_LEN]>,
+    /// Whether the current file's prefix was challenged already.
+    prefix_asked: bool,
     /// Whether the receiver proved it knows the secret.
     receiver_proven: bool,
     /// The session's digest secret, once the receiver proved the secret ([`crate::auth`]).
@@ -247,6 +268,8 @@ impl Sender {
             name: name.to_owned(),
             nonce: [0; NONCE_LEN],
             challenge: None,
+            prefix_nonce: None,
+            prefix_asked: false,
             receiver_proven: false,
             digest_secret: None,
             seals: None,
@@ -304,6 +327,7 @@ impl Sender {
         self.lane_done = (0..u64::from(self.lanes)).collect();
         self.ready.clear();
         (self.digest, self.digest_asked) = (None, false);
+        (self.prefix_nonce, self.prefix_asked) = (None, false);
         self.phase = Phase::AwaitReady;
         self.progress = now;
         self.send(&Message::Entry(entry.clone()));
@@ -443,6 +467,14 @@ impl Sender {
                 self.progress = now;
                 Ok(())
             }
+            Input::PrefixProof { mac } => match self.prefix_nonce.take() {
+                Some(nonce) => {
+                    self.progress = now;
+                    self.send(&Message::Proof(Proof { nonce, mac }));
+                    Ok(())
+                }
+                None => Err(ProtocolError::Local("a prefix proof nobody asked for".into())),
+            },
         };
         match r {
             Ok(()) => self.advance(),
@@ -464,6 +496,9 @@ impl Sender {
             )));
         }
         match (self.phase, m) {
+            (Phase::AwaitGrant | Phase::AwaitReady, Message::Challenge(c)) if c.prefix.is_some() => {
+                self.on_prefix_challenge(c, now)?;
+            }
             (Phase::AwaitGrant, Message::Challenge(c)) if self.challenge.is_none() => {
                 let Some(secret) = &self.cfg.secret else {
                     return Err(ProtocolError::Peer("a CHALLENGE, but this sender offered no secret".into()));
@@ -584,6 +619,33 @@ impl Sender {
                 return Err(ProtocolError::Peer(format!("unexpected {:?} while {phase:?}", m.kind())));
             }
         }
+        Ok(())
+    }
+
+    /// The receiver holds the file's first bytes and asks this sender to prove it holds them
+    /// too: only once per file, only when this sender offered to resume it, never past its end.
+    fn on_prefix_challenge(&mut self, c: wire::Challenge, now: Instant) -> Result<(), ProtocolError> {
+        let Some(claim) = c.prefix else { return Err(ProtocolError::Local("a CHALLENGE without a prefix".into())) };
+        let (index, size, key) = match &self.entry {
+            Some(e) => (e.index, e.size, e.resume),
+            None => (0, self.size, self.cfg.resume_key.unwrap_or(0)),
+        };
+        if self.cfg.secret.is_some() && !self.receiver_proven {
+            return Err(ProtocolError::Peer("a prefix CHALLENGE before the receiver proved the shared secret".into()));
+        }
+        if self.prefix_asked || key == 0 || claim.index != index || claim.from == 0 || claim.from > size {
+            return Err(ProtocolError::Peer(format!(
+                "a prefix CHALLENGE for {} bytes of entry {}, offered entry {index} of {size} bytes{}",
+                claim.from,
+                claim.index,
+                if key == 0 { " without resume" } else { "" }
+            )));
+        }
+        self.prefix_asked = true;
+        self.prefix_nonce = Some(c.nonce);
+        self.progress = now;
+        let key = crate::auth::prefix_key(&c.nonce, self.session, index);
+        self.actions.push_back(Action::ProvePrefix { from: claim.from, key });
         Ok(())
     }
 
@@ -718,7 +780,7 @@ impl Sender {
     /// The capabilities this sender's HELLO offered.
     fn offered_caps(&self) -> u32 {
         let auth = if self.cfg.secret.is_some() { caps::AUTH | caps::DIGEST_BLAKE3 | caps::SEALED } else { 0 };
-        let resume = if self.cfg.resume_key.is_some() { caps::RESUME } else { 0 };
+        let resume = if self.cfg.resume_key.is_some() { caps::RESUME | caps::RESUME_PROOF } else { 0 };
         let batch = if self.name == wire::BATCH_NAME { caps::BATCH } else { 0 };
         let lanes = if self.cfg.lanes > 1 { caps::LANES } else { 0 };
         DIGEST_CAPS | auth | resume | batch | lanes

@@ -92,8 +92,18 @@ pub mod caps {
     /// Offered, and granted, only with `AUTH`: a receiver with a secret refuses a sender that
     /// does not offer it, a sender with one refuses a grant without it.
     pub const SEALED: u32 = 1 << 12;
+    /// Resuming with proof of the prefix: before a partial is continued, the sender proves it
+    /// holds the bytes the receiver already stored. The receiver sends a CHALLENGE that names
+    /// the entry and `from` ([`Challenge::prefix`](super::Challenge::prefix)) with a fresh
+    /// nonce; the sender answers with a PROOF whose `mac` is BLAKE3 keyed with
+    /// [`crate::auth::prefix_key`] over its first `from` bytes. A wrong proof gets the file
+    /// from byte 0 in a new temporary, and the partial is left to its owner. A receiver
+    /// resumes only for a sender that offers it with [`RESUME`]: an older sender's resume key
+    /// is not enough to continue someone's partial.
+    pub const RESUME_PROOF: u32 = 1 << 13;
     /// Every capability this version implements.
-    pub const SUPPORTED: u32 = DIGEST_XXH3_128 | DIGEST_XXH64 | DIGEST_BLAKE3 | AUTH | RESUME | BATCH | LANES | SEALED;
+    pub const SUPPORTED: u32 =
+        DIGEST_XXH3_128 | DIGEST_XXH64 | DIGEST_BLAKE3 | AUTH | RESUME | BATCH | LANES | SEALED | RESUME_PROOF;
 }
 
 /// What kind of message follows the header (`kind` byte).
@@ -276,11 +286,25 @@ pub struct Ack {
     pub detail: String,
 }
 
-/// CHALLENGE: the receiver requires the shared secret; its nonce.
+/// CHALLENGE: the receiver requires the shared secret; its nonce. With
+/// [`caps::RESUME_PROOF`], also the challenge to prove a partial's prefix ([`prefix`](Self::prefix)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Challenge {
     /// The receiver's nonce.
     pub nonce: [u8; crate::auth::NONCE_LEN],
+    /// With [`caps::RESUME_PROOF`]: prove the first bytes of a file before they are resumed
+    /// from. Appended after the nonce (`index`, then `from`) when present; a CHALLENGE of the
+    /// secret has none.
+    pub prefix: Option<PrefixClaim>,
+}
+
+/// What a prefix CHALLENGE asks the sender to prove it holds ([`caps::RESUME_PROOF`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefixClaim {
+    /// The entry (0 for a single file).
+    pub index: u32,
+    /// The bytes the receiver holds of it: the proof covers the file's first `from` bytes.
+    pub from: u64,
 }
 
 /// PROOF: the sender's answer to a CHALLENGE, or the receiver's own proof before its GRANT.
@@ -467,6 +491,14 @@ impl<'a> Reader<'a> {
             self.u64().map(Some)
         }
     }
+    /// An appended `u32`: `None` when the body ends here.
+    fn optional_u32(&mut self) -> Result<Option<u32>, WireError> {
+        if self.at == self.buf.len() {
+            Ok(None)
+        } else {
+            self.u32().map(Some)
+        }
+    }
     fn text(&mut self, len: usize, field: &'static str) -> Result<String, WireError> {
         let b = self.take(len)?;
         std::str::from_utf8(b).map(str::to_owned).map_err(|_| invalid(field, "not UTF-8"))
@@ -584,7 +616,14 @@ fn decode_within(buf: &[u8], tail: usize) -> Result<(Header, Message), WireError
             }
             Message::Ack(Ack { status, received, detail: r.text(len, "detail")? })
         }
-        Kind::Challenge => Message::Challenge(Challenge { nonce: r.array()? }),
+        Kind::Challenge => {
+            let nonce = r.array()?;
+            let prefix = match r.optional_u32()? {
+                Some(index) => Some(PrefixClaim { index, from: r.u64()? }),
+                None => None,
+            };
+            Message::Challenge(Challenge { nonce, prefix })
+        }
         Kind::Proof => Message::Proof(Proof { nonce: r.array()?, mac: r.array()? }),
         Kind::Entry => {
             let index = r.u32()?;
@@ -700,7 +739,13 @@ pub fn encode(session: u64, msg: &Message, out: &mut Vec<u8>) -> Result<(), Wire
             out.extend_from_slice(&(end as u16).to_be_bytes());
             out.extend_from_slice(&a.detail.as_bytes()[..end]);
         }
-        Message::Challenge(c) => out.extend_from_slice(&c.nonce),
+        Message::Challenge(c) => {
+            out.extend_from_slice(&c.nonce);
+            if let Some(p) = c.prefix {
+                out.extend_from_slice(&p.index.to_be_bytes());
+                out.extend_from_slice(&p.from.to_be_bytes());
+            }
+        }
         Message::Proof(p) => {
             out.extend_from_slice(&p.nonce);
             out.extend_from_slice(&p.mac);
@@ -780,6 +825,9 @@ mod tests {
             lanes: None,
         }));
         round_trip(Message::Credit(Credit { consumed: 99 }));
+        round_trip(Message::Challenge(Challenge { nonce: [3; 16], prefix: None }));
+        let prefix = Some(PrefixClaim { index: 7, from: 1 << 33 });
+        round_trip(Message::Challenge(Challenge { nonce: [4; 16], prefix }));
         round_trip(Message::Entry(Entry {
             index: 3,
             kind: EntryKind::File,

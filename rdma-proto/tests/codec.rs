@@ -82,7 +82,10 @@ fn message() -> impl Strategy<Value = Message> {
         any::<u64>().prop_map(|consumed| Message::Credit(Credit { consumed })),
         fin().prop_map(Message::Fin),
         ack().prop_map(Message::Ack),
-        any::<[u8; 16]>().prop_map(|nonce| Message::Challenge(Challenge { nonce })),
+        any::<[u8; 16]>().prop_map(|nonce| Message::Challenge(Challenge { nonce, prefix: None })),
+        (any::<[u8; 16]>(), any::<u32>(), any::<u64>()).prop_map(|(nonce, index, from)| {
+            Message::Challenge(Challenge { nonce, prefix: Some(wire::PrefixClaim { index, from }) })
+        }),
         (any::<[u8; 16]>(), any::<[u8; 32]>()).prop_map(|(nonce, mac)| Message::Proof(Proof { nonce, mac })),
         entry().prop_map(Message::Entry),
         (any::<u32>(), any::<u64>()).prop_map(|(index, resume_from)| Message::Ready(Ready { index, resume_from })),
@@ -205,16 +208,17 @@ proptest! {
         // appended since (a HELLO's resume key, a GRANT's resume_from) are whole or absent: a
         // length that ends right before one is that message without it.
         let buf = encoded(session, &m);
-        let without = match &m {
-            Message::Hello(h) if h.resume.is_some() && h.caps & caps::LANES == 0 => Some(Message::Hello(Hello { resume: None, ..h.clone() })),
-            Message::Grant(g) if buf.len() == 54 => Some(Message::Grant(Grant { resume_from: 0, ..*g })),
-            _ => None,
+        let (appended, without) = match &m {
+            Message::Hello(h) if h.resume.is_some() && h.caps & caps::LANES == 0 => (8, Some(Message::Hello(Hello { resume: None, ..h.clone() }))),
+            Message::Grant(g) if buf.len() == 54 => (8, Some(Message::Grant(Grant { resume_from: 0, ..*g }))),
+            Message::Challenge(c) if c.prefix.is_some() => (12, Some(Message::Challenge(Challenge { prefix: None, ..*c }))),
+            _ => (0, None),
         };
         for len in HEADER_LEN..buf.len() {
             let mut short = buf.clone();
             set_len(&mut short, len);
             let r = decode(&short);
-            if len == buf.len() - 8 && without.is_some() {
+            if len == buf.len() - appended && without.is_some() {
                 prop_assert_eq!(r.map(|(_, m)| m).ok(), without.clone(), "length {}", len);
                 continue;
             }
@@ -301,6 +305,10 @@ proptest! {
         let m = match m {
             Message::Hello(h) if h.caps & caps::LANES == 0 => Message::Hello(Hello { resume: Some(h.resume.unwrap_or(0)), ..h }),
             Message::Grant(g) => Message::Grant(Grant { resume_from: g.resume_from.max(1), ..g }),
+            Message::Challenge(c) => {
+                let prefix = Some(c.prefix.unwrap_or(wire::PrefixClaim { index: 0, from: 1 }));
+                Message::Challenge(Challenge { prefix, ..c })
+            }
             m => m,
         };
         let mut buf = encoded(session, &m);
@@ -452,7 +460,7 @@ fn the_layout_is_the_documented_one() {
         h.extend_from_slice(&[1, kind, 0, 0, 0, 0, 0, len, 1, 2, 3, 4, 5, 6, 7, 8]);
         h
     };
-    let cases: [(Message, Vec<u8>); 11] = [
+    let cases: [(Message, Vec<u8>); 12] = [
         (
             Message::Hello(Hello {
                 version_min: 1,
@@ -499,7 +507,15 @@ fn the_layout_is_the_documented_one() {
             Message::Ack(Ack { status: Status::Exists, received: 5, detail: "x".into() }),
             [header(5, 33), vec![0, 7, 0, 0, 0, 0, 0, 0, 0, 5, 0, 1, b'x']].concat(),
         ),
-        (Message::Challenge(Challenge { nonce: [0xc1; 16] }), [header(6, 36), vec![0xc1; 16]].concat()),
+        (Message::Challenge(Challenge { nonce: [0xc1; 16], prefix: None }), [header(6, 36), vec![0xc1; 16]].concat()),
+        // RESUME_PROOF (bit 13): a prefix CHALLENGE appends the entry's index and `from`.
+        (
+            Message::Challenge(Challenge {
+                nonce: [0xc1; 16],
+                prefix: Some(wire::PrefixClaim { index: 2, from: 0x0102_0304 }),
+            }),
+            [header(6, 48), vec![0xc1; 16], vec![0, 0, 0, 2], vec![0, 0, 0, 0, 1, 2, 3, 4]].concat(),
+        ),
         (
             Message::Proof(Proof { nonce: [0xa1; 16], mac: [0xb2; 32] }),
             [header(7, 68), vec![0xa1; 16], vec![0xb2; 32]].concat(),

@@ -462,6 +462,7 @@ impl<'a> ReceiveSession<'a> {
                     send_control(&mut self.sq, &self.control, &self.out, self.opts.timeout, drop)?;
                 }
                 Action::StoreChunk { seq, slot, offset, len } => self.store(seq, slot, offset, len),
+                Action::StartOver => self.start_over(),
                 #[cfg(feature = "fault-injection")]
                 Action::Finalize { .. } if self.opts.test_never_ack => self.flood = Some(Instant::now()),
                 Action::Finalize { digest } => self.finalize(&digest),

@@ -232,6 +232,10 @@ impl<'a> SendSession<'a> {
                     let digest = self.forger.as_ref().map_or(digest, Hasher::finish);
                     self.machine.handle(Input::Digest(digest), Instant::now());
                 }
+                Action::ProvePrefix { from, key } => {
+                    let mac = self.prove_prefix(from, &key)?;
+                    self.machine.handle(Input::PrefixProof { mac }, Instant::now());
+                }
                 Action::NextEntry => self.next_entry(),
                 Action::EntryDone { status, detail, received, .. } => {
                     if let Some(b) = &mut self.batch {
@@ -394,6 +398,22 @@ impl<'a> SendSession<'a> {
             at += n as u64;
         }
         Ok(())
+    }
+
+    /// The proof that this sender holds the file's first `from` bytes (`Action::ProvePrefix`):
+    /// BLAKE3 keyed with `key` over them, read from the file.
+    pub(crate) fn prove_prefix(&self, from: u64, key: &crate::digest::DigestKey) -> Result<[u8; 32], Error> {
+        use std::os::unix::fs::FileExt;
+        let mut hasher = blake3::Hasher::new_keyed(key.as_bytes());
+        let mut buf = vec![0u8; (1 << 20).min(from as usize)];
+        let mut at = 0u64;
+        while at < from {
+            let n = (from - at).min(buf.len() as u64) as usize;
+            self.file()?.read_exact_at(&mut buf[..n], at).map_err(|e| self.file_err(e))?;
+            hasher.update(&buf[..n]);
+            at += n as u64;
+        }
+        Ok(*hasher.finalize().as_bytes())
     }
 
     /// Ends the round: spins or sleeps on the CQs ([`Pacer`]), and when the slow checks are due,
