@@ -263,6 +263,45 @@ impl Error {
     }
 }
 
+impl Error {
+    /// The same failure again, for a second place to report it (a batch's entry cut by the
+    /// session's end, beside the batch's own result): every variant as it is, but the errors of
+    /// `rdma-cm` and `rdma-verbs` (which cannot be copied) as a CM error of the same kind (a
+    /// timeout stays a timeout, another keeps its `errno`), so that the exit code is the same.
+    pub(crate) fn again(&self) -> Error {
+        let cm = |timeout: bool, errno: Option<i32>| {
+            Error::Cm(match timeout {
+                true => {
+                    rdma_cm::Error::Timeout { what: "the session's connection", device: None, after: Duration::ZERO }
+                }
+                false => rdma_cm::Error::Cm {
+                    verb: "the session's connection",
+                    device: None,
+                    errno: errno.unwrap_or(libc::EIO),
+                },
+            })
+        };
+        match self {
+            Error::Cm(e) => cm(e.is_timeout(), e.errno()),
+            Error::Verbs(e) => cm(matches!(e, rdma_verbs::Error::Timeout { .. }), e.errno()),
+            Error::File { path, source } => {
+                Error::File { path: path.clone(), source: std::io::Error::new(source.kind(), source.to_string()) }
+            }
+            Error::SourceChanged { path, what } => Error::SourceChanged { path: path.clone(), what: what.clone() },
+            Error::Protocol(e) => Error::Protocol(e.clone()),
+            Error::Refused { status, detail } => Error::Refused { status: *status, detail: detail.clone() },
+            Error::PeerDisconnected => Error::PeerDisconnected,
+            Error::ConnectionLost { status } => Error::ConnectionLost { status: *status },
+            Error::PeerViolation { status, event } => Error::PeerViolation { status: *status, event: *event },
+            Error::Usage(s) => Error::Usage(s.clone()),
+            Error::Destination(s) => Error::Destination(s.clone()),
+            Error::Stopped => Error::Stopped,
+            Error::Cancelled => Error::Cancelled,
+            Error::Preempted => Error::Preempted,
+        }
+    }
+}
+
 /// The exit codes of a sender's own failures ([`Error::exit_code`]), with what each means.
 const TOOL_EXIT_CODES: [(i32, &str); 9] = [
     (0, "stored under its name, digest matched (a batch: every entry)"),
@@ -354,6 +393,29 @@ mod tests {
         for s in Status::ALL {
             let (code, what) = codes.iter().find(|c| c.0 == s.exit_code()).expect("every status is listed");
             assert!(*code == 0 || what.contains(&s.to_string()), "{s:?}: {what}");
+        }
+    }
+
+    /// A failure reported twice (a batch's cut entry, and the batch) is the same failure: the
+    /// same variant and exit code. Before, the cut entry was a usage error (exit 1) whatever
+    /// ended the session, a cancel too.
+    #[test]
+    fn a_failure_again_keeps_its_type_and_exit_code() {
+        let errors = [
+            Error::Cancelled,
+            Error::Stopped,
+            Error::PeerDisconnected,
+            Error::ConnectionLost { status: rdma_verbs::WcStatus::RetryExceeded },
+            Error::Refused { status: Status::NoSpace, detail: "full".into() },
+            Error::Protocol(ProtocolError::Timeout { waiting_for: "x", after: Duration::ZERO }),
+            Error::Cm(rdma_cm::Error::Timeout { what: "x", device: None, after: Duration::ZERO }),
+            Error::Cm(rdma_cm::Error::Cm { verb: "x", device: None, errno: libc::ENODEV }),
+            Error::File { path: "f".into(), source: std::io::ErrorKind::NotFound.into() },
+        ];
+        for e in errors {
+            let again = e.again();
+            assert_eq!(std::mem::discriminant(&again), std::mem::discriminant(&e), "{e:?}");
+            assert_eq!(again.exit_code(), e.exit_code(), "{e:?}");
         }
     }
 }

@@ -21,8 +21,9 @@ use crate::wire::{self, Message};
 use crate::{Digest, Outcome};
 
 use crate::driver::batch::BatchState;
+use session::SendLane;
 pub(crate) use session::SendSession;
-use session::{SendLane, SendSummary};
+pub(crate) use session::SendSummary;
 pub(crate) use source::{open_regular, resume_key, test_session, Identity, SourceFile};
 
 /// How to send. Made by [`new`](Self::new) (it is `#[non_exhaustive]`: fields may be added),
