@@ -323,6 +323,8 @@ pub struct Receiver {
     ring: Option<(u64, u32)>,
     /// Prefix proofs that were wrong ([`caps::RESUME_PROOF`]).
     prefix_refused: u32,
+    /// [`caps::CANCEL`] when the HELLO offered it: granted back.
+    cancel: u32,
     /// Lanes granted ([`caps::LANES`]; 1 without): chunk `n` comes on lane `n % lanes`.
     lanes: u16,
     /// The digest granted (chosen from the HELLO's offer).
@@ -420,6 +422,7 @@ impl Receiver {
             expected: None,
             ring: None,
             prefix_refused: 0,
+            cancel: 0,
             lanes: 1,
             digest: Digest::Xxh3_128,
             lane_next: vec![0],
@@ -718,7 +721,7 @@ impl Receiver {
                     let auth = if self.cfg.secret.is_some() { caps::AUTH | caps::SEALED } else { 0 };
                     let g = Grant {
                         version: self.version,
-                        caps: self.digest.cap() | caps::BATCH | auth | resume | self.lanes_cap(),
+                        caps: self.digest.cap() | caps::BATCH | auth | resume | self.lanes_cap() | self.cancel,
                         addr,
                         rkey,
                         slot_size: self.slot_size,
@@ -808,6 +811,7 @@ impl Receiver {
             (Phase::AwaitHello, Message::Hello(hello)) => {
                 self.session = h.session;
                 self.greeted = true;
+                self.cancel = hello.caps & caps::CANCEL;
                 self.progress = now;
                 let v = *wire::PROTOCOL_VERSIONS.end();
                 // With a secret, and a sender that offers to prove it, only the keyed digest.
@@ -900,6 +904,10 @@ impl Receiver {
                 self.progress = now;
             }
             (Phase::Proving, Message::Proof(p)) => self.on_prefix_proof(p, now)?,
+            // The sender's send was cancelled: it leaves, and hears nothing more.
+            (phase, Message::Cancel(_)) if phase != Phase::AwaitHello => {
+                self.fail(ProtocolError::Cancelled, None);
+            }
             (Phase::AwaitEntry, Message::Entry(e)) => self.on_entry(e, now)?,
             (Phase::AwaitEntry, Message::End(End { entries })) => {
                 let Some(b) = self.batch.take() else {
@@ -1096,7 +1104,7 @@ impl Receiver {
         let resume = if self.resume_key.is_some() { caps::RESUME } else { 0 };
         let g = Grant {
             version: self.version,
-            caps: self.digest.cap() | auth | resume | self.lanes_cap(),
+            caps: self.digest.cap() | auth | resume | self.lanes_cap() | self.cancel,
             addr,
             rkey,
             slot_size: self.slot_size,

@@ -354,6 +354,21 @@ impl Sender {
         matches!(self.phase, Phase::Data | Phase::AwaitAck)
     }
 
+    /// The send is cancelled: the session ends ([`ProtocolError::Cancelled`]), and a receiver
+    /// that granted [`caps::CANCEL`] is told so by a CANCEL (an [`Action::Send`] before the
+    /// [`Action::Finish`]), so that it reports the transfer cancelled rather than its peer gone.
+    /// Before the GRANT, or to a receiver that does not know CANCEL, nothing is sent. Ignored
+    /// once the session is over.
+    pub fn cancel(&mut self) {
+        if self.phase == Phase::Done {
+            return;
+        }
+        if self.grant.is_some_and(|g| g.caps & caps::CANCEL != 0) {
+            self.send(&Message::Cancel(wire::Cancel));
+        }
+        self.finish(Outcome::Failed(ProtocolError::Cancelled));
+    }
+
     /// Sets this side's nonce for the proof of the secret: 16 random bytes from the driver
     /// (the machine has no randomness of its own). Needed only with a secret.
     pub fn with_nonce(mut self, nonce: [u8; NONCE_LEN]) -> Self {
@@ -783,7 +798,7 @@ impl Sender {
         let resume = if self.cfg.resume_key.is_some() { caps::RESUME | caps::RESUME_PROOF } else { 0 };
         let batch = if self.name == wire::BATCH_NAME { caps::BATCH } else { 0 };
         let lanes = if self.cfg.lanes > 1 { caps::LANES } else { 0 };
-        DIGEST_CAPS | auth | resume | batch | lanes
+        DIGEST_CAPS | auth | resume | batch | lanes | caps::CANCEL
     }
 
     /// Bytes the receiver held before this session (its GRANT's `resume_from`): the file's

@@ -101,9 +101,14 @@ pub mod caps {
     /// resumes only for a sender that offers it with [`RESUME`]: an older sender's resume key
     /// is not enough to continue someone's partial.
     pub const RESUME_PROOF: u32 = 1 << 13;
+    /// Cancelling: a sender whose send is cancelled tells the receiver with a CANCEL before it
+    /// leaves, so that the receiver reports the transfer cancelled rather than its peer gone.
+    /// Offered by every sender; a receiver that knows it grants it, and only then is CANCEL
+    /// sent.
+    pub const CANCEL: u32 = 1 << 14;
     /// Every capability this version implements.
     pub const SUPPORTED: u32 =
-        DIGEST_XXH3_128 | DIGEST_XXH64 | DIGEST_BLAKE3 | AUTH | RESUME | BATCH | LANES | SEALED | RESUME_PROOF;
+        DIGEST_XXH3_128 | DIGEST_XXH64 | DIGEST_BLAKE3 | AUTH | RESUME | BATCH | LANES | SEALED | RESUME_PROOF | CANCEL;
 }
 
 /// What kind of message follows the header (`kind` byte).
@@ -136,6 +141,8 @@ pub enum Kind {
     /// Sender to receiver, as a session's first connect request's private data: an early
     /// proof of the secret ([`Knock`]).
     Knock = 12,
+    /// Sender to receiver: the send was cancelled; the sender leaves ([`caps::CANCEL`]).
+    Cancel = 13,
 }
 
 impl Kind {
@@ -153,6 +160,7 @@ impl Kind {
             10 => Kind::End,
             11 => Kind::Lane,
             12 => Kind::Knock,
+            13 => Kind::Cancel,
             _ => return None,
         })
     }
@@ -255,6 +263,11 @@ pub struct Knock {
     /// HMAC-SHA256(secret, "rdcp knock v1" || id || time), its first [`KNOCK_MAC_LEN`] bytes.
     pub mac: [u8; KNOCK_MAC_LEN],
 }
+
+/// CANCEL: the sender's send was cancelled and it leaves ([`caps::CANCEL`], sent only to a
+/// receiver that granted it). No body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cancel;
 
 /// CREDIT: chunks `0..consumed` have left the ring (stored or checked): their slots may be
 /// written again. Cumulative, so a repeated or late credit is harmless.
@@ -389,6 +402,7 @@ pub enum Message {
     End(End),
     Lane(Lane),
     Knock(Knock),
+    Cancel(Cancel),
 }
 
 impl Message {
@@ -407,6 +421,7 @@ impl Message {
             Message::End(_) => Kind::End,
             Message::Lane(_) => Kind::Lane,
             Message::Knock(_) => Kind::Knock,
+            Message::Cancel(_) => Kind::Cancel,
         }
     }
 }
@@ -652,6 +667,7 @@ fn decode_within(buf: &[u8], tail: usize) -> Result<(Header, Message), WireError
         Kind::End => Message::End(End { entries: r.u32()? }),
         Kind::Lane => Message::Lane(Lane { lane: r.u16()?, token: r.array()? }),
         Kind::Knock => Message::Knock(Knock { time: r.u64()?, mac: r.array()? }),
+        Kind::Cancel => Message::Cancel(Cancel),
     };
     Ok((h, m))
 }
@@ -781,6 +797,7 @@ pub fn encode(session: u64, msg: &Message, out: &mut Vec<u8>) -> Result<(), Wire
             out.extend_from_slice(&k.time.to_be_bytes());
             out.extend_from_slice(&k.mac);
         }
+        Message::Cancel(Cancel) => {}
     }
     let len = out.len() as u32;
     out[8..12].copy_from_slice(&len.to_be_bytes());

@@ -92,6 +92,7 @@ fn message() -> impl Strategy<Value = Message> {
         any::<u32>().prop_map(|entries| Message::End(End { entries })),
         (any::<u16>(), any::<[u8; 16]>()).prop_map(|(lane, token)| Message::Lane(Lane { lane, token })),
         (any::<u64>(), any::<[u8; 16]>()).prop_map(|(time, mac)| Message::Knock(Knock { time, mac })),
+        Just(Message::Cancel(wire::Cancel)),
     ]
 }
 
@@ -285,6 +286,8 @@ proptest! {
     #[test]
     fn a_mutated_body_byte_never_panics(session in any::<u64>(), m in message(), at in any::<prop::sample::Index>(), byte in any::<u8>()) {
         let mut buf = encoded(session, &m);
+        // A message with no body (CANCEL) has no body byte to mutate.
+        prop_assume!(buf.len() > HEADER_LEN);
         let at = HEADER_LEN + at.index(buf.len() - HEADER_LEN);
         buf[at] = byte;
         if let Ok((h, back)) = decode(&buf) {
@@ -460,7 +463,7 @@ fn the_layout_is_the_documented_one() {
         h.extend_from_slice(&[1, kind, 0, 0, 0, 0, 0, len, 1, 2, 3, 4, 5, 6, 7, 8]);
         h
     };
-    let cases: [(Message, Vec<u8>); 12] = [
+    let cases: [(Message, Vec<u8>); 13] = [
         (
             Message::Hello(Hello {
                 version_min: 1,
@@ -569,6 +572,8 @@ fn the_layout_is_the_documented_one() {
             Message::Knock(Knock { time: 0x0102_0304_0506_0708, mac: [0x5a; 16] }),
             [header(12, 44), vec![1, 2, 3, 4, 5, 6, 7, 8], vec![0x5a; 16]].concat(),
         ),
+        // CANCEL (capability CANCEL, bit 14): the header alone.
+        (Message::Cancel(wire::Cancel), header(13, 20)),
     ];
     for (m, bytes) in cases {
         assert_eq!(encoded(session, &m), bytes, "{:?}", m.kind());
@@ -584,10 +589,11 @@ fn the_layout_is_the_documented_one() {
             Kind::Challenge,
             Kind::Proof,
             Kind::Lane,
-            Kind::Knock
+            Kind::Knock,
+            Kind::Cancel
         ]
         .map(|k| k as u8),
-        [1, 2, 3, 4, 5, 6, 7, 11, 12],
+        [1, 2, 3, 4, 5, 6, 7, 11, 12, 13],
         "kind bytes"
     );
 }

@@ -964,6 +964,8 @@ enum End {
     TooSlow,
     /// A message whose seal is wrong: no verdict (review H9).
     Unsealed,
+    /// The sender's CANCEL: no verdict.
+    Cancelled,
 }
 
 impl End {
@@ -976,6 +978,7 @@ impl End {
             Outcome::Failed(ProtocolError::CompletedTwice { .. }) => End::Twice,
             Outcome::Failed(ProtocolError::TooSlow { .. }) => End::TooSlow,
             Outcome::Failed(ProtocolError::Unsealed) => End::Unsealed,
+            Outcome::Failed(ProtocolError::Cancelled) => End::Cancelled,
             Outcome::Failed(_) => End::Local,
         }
     }
@@ -1008,6 +1011,8 @@ struct Spec {
     base: u64,
     /// Whether the sender must prove `base` bytes before the GRANT ("Resuming").
     expect: bool,
+    /// `CANCEL` when the HELLO offered it: granted back.
+    cancel: u32,
     /// The ring of the Ready, kept for the GRANT while the sender proves its prefix.
     ring: Option<(u64, u32)>,
     phase: Phase,
@@ -1043,6 +1048,7 @@ impl Spec {
             resume_key: None,
             base: 0,
             expect: false,
+            cancel: 0,
             ring: None,
             phase: Phase::AwaitHello,
             session: 0,
@@ -1148,6 +1154,8 @@ impl Spec {
                 Ok((h, Message::Hello(hello))) if self.phase == Phase::AwaitHello => self.hello(h.session, hello, now),
                 Ok((_, Message::Proof(p))) if self.phase == Phase::Authenticating => self.proof(&p, now),
                 Ok((_, Message::Proof(p))) if self.phase == Phase::Proving => self.prefix_proof(&p, now),
+                // The sender's send was cancelled: no verdict, nothing more to it.
+                Ok((_, Message::Cancel(_))) if self.phase != Phase::AwaitHello => self.fail(End::Cancelled, None),
                 Ok((h, Message::Fin(fin))) if self.phase == Phase::Data && self.fin.is_none() => {
                     let _ = h;
                     let fits = fin.chunks == self.chunks && fin.size == self.size && fin.chunks == self.arrived;
@@ -1263,7 +1271,7 @@ impl Spec {
         let resume = if self.resume_key.is_some() { caps::RESUME } else { 0 };
         let grant = Grant {
             version: 1,
-            caps: self.digest.0 | auth | resume,
+            caps: self.digest.0 | auth | resume | self.cancel,
             addr,
             rkey,
             slot_size: self.slot_size,
@@ -1317,6 +1325,7 @@ impl Spec {
     fn hello(&mut self, session: u64, h: Hello, now: Instant) {
         self.session = session;
         self.progress = now;
+        self.cancel = h.caps & caps::CANCEL;
         // The digest: with a secret and a sender that offers AUTH, keyed BLAKE3 or nothing;
         // otherwise the receiver's preferred one when offered, else XXH64, else XXH3-128.
         let digest = if self.key.is_some() && h.caps & caps::AUTH != 0 {
@@ -1521,6 +1530,7 @@ impl Watch {
             Input::Resumed { from, .. }
                 if self.open.is_some_and(|(size, _, _)| from <= size)
                     && self.grant.is_none()
+                    && self.prefix.is_none()
                     && self.finish.is_none()
                     && self.resume_key().is_some() =>
             {
@@ -1655,9 +1665,10 @@ impl Watch {
                     let Some(digest) = self.digest(cfg) else {
                         return Err(TestCaseError::fail("a GRANT for a HELLO that offers no digest"));
                     };
+                    let cancel = self.hello.as_ref().map_or(0, |h| h.caps & caps::CANCEL);
                     let want = Grant {
                         version: 1,
-                        caps: digest.cap() | auth | resume,
+                        caps: digest.cap() | auth | resume | cancel,
                         addr,
                         rkey,
                         slot_size,
@@ -1773,17 +1784,21 @@ impl Watch {
                         End::Acked(status) => {
                             ensure!(self.ack == Some(*status), "Finish {status} with ACK {:?}", self.ack)
                         }
-                        End::Timeout | End::Twice => ensure!(self.ack.is_none(), "{end:?} with an ACK"),
+                        End::Timeout | End::Twice | End::Cancelled => {
+                            ensure!(self.ack.is_none(), "{end:?} with an ACK")
+                        }
                         End::TooSlow => ensure!(self.ack == Some(Status::Busy), "too slow, ACK {:?}", self.ack),
                         _ => ensure!(self.ack != Some(Status::Ok), "a failure ACKed Ok"),
                     }
                     // Whatever failed, the sender hears it once the session is known, but when
                     // the connection is what failed (a timeout, the device's second completion).
-                    if self.open.is_some() && !matches!(end, End::Timeout | End::Twice) {
+                    if self.open.is_some() && !matches!(end, End::Timeout | End::Twice | End::Cancelled) {
                         ensure!(self.ack.is_some(), "{end:?} after the HELLO without an ACK");
                     }
                     // The temporary stays only under its final name.
-                    if self.grant.is_some() || self.prefix.is_some() {
+                    // (Started over and not yet granted, the new temporary may not have been
+                    // made: a failed open is refused with nothing to discard.)
+                    if self.grant.is_some() || (self.prefix.is_some() && !self.started_over) {
                         let kept = *end == End::Acked(Status::Ok);
                         ensure!(
                             self.discarded != kept,
@@ -2325,7 +2340,7 @@ fn fuzz_the_receiver_machine() {
             Some(End::Acked(Status::Ok)) => bump(&tally.ok),
             Some(End::Acked(_)) if w.finalize.is_some() => bump(&tally.commit_failed),
             Some(End::Acked(_)) => bump(&tally.refused),
-            Some(End::Peer | End::Wire | End::Twice | End::Unsealed) => bump(&tally.peer),
+            Some(End::Peer | End::Wire | End::Twice | End::Unsealed | End::Cancelled) => bump(&tally.peer),
             Some(End::Timeout) => bump(&tally.timeout),
             Some(End::TooSlow) => bump(&tally.slow),
             Some(End::Local) => bump(&tally.local),

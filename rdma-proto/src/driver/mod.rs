@@ -221,7 +221,8 @@ pub enum Error {
     #[error("the receiver is stopping")]
     Stopped,
     /// The sender was cancelled ([`SendOptions::cancel`]) mid-session; the receiver keeps
-    /// what it stored for a resume.
+    /// what it stored for a resume. A receiver reports it too when its sender said so (a
+    /// CANCEL, [`crate::wire::caps::CANCEL`]) before it left.
     #[error("the send was cancelled")]
     Cancelled,
     /// A receiver's connection that had not proved itself (no HELLO, or a secret not yet

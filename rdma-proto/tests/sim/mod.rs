@@ -756,6 +756,7 @@ pub fn describe(bytes: &[u8]) -> String {
         Ok((_, Message::End(e))) => format!("END {}", e.entries),
         Ok((_, Message::Lane(l))) => format!("LANE {}", l.lane),
         Ok((_, Message::Knock(k))) => format!("KNOCK at {}", k.time),
+        Ok((_, Message::Cancel(_))) => "CANCEL".into(),
         Err(e) => format!("{} bytes that do not decode ({e})", bytes.len()),
     }
 }

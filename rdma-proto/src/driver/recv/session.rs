@@ -155,6 +155,8 @@ fn status_of(outcome: Result<Outcome, Error>) -> Result<(), Error> {
     match outcome? {
         Outcome::Acked { status: Status::Ok, .. } => Ok(()),
         Outcome::Acked { status, detail } => Err(Error::Refused { status, detail }),
+        // The sender said its send was cancelled (a CANCEL): as the sender reports it.
+        Outcome::Failed(crate::ProtocolError::Cancelled) => Err(Error::Cancelled),
         Outcome::Failed(e) => Err(e.into()),
     }
 }
@@ -374,12 +376,13 @@ impl<'a> ReceiveSession<'a> {
         // failed its digest goes (as does everything of a session that was not resumable).
         let resumable = matches!(
             outcome,
-            Err(Error::PeerDisconnected | Error::ConnectionLost { .. } | Error::Stopped)
+            Err(Error::PeerDisconnected | Error::ConnectionLost { .. } | Error::Stopped | Error::Cancelled)
                 | Ok(Outcome::Failed(
                     crate::ProtocolError::Timeout { .. }
                         | crate::ProtocolError::TooSlow { .. }
                         | crate::ProtocolError::CompletedTwice { .. }
                         | crate::ProtocolError::Unsealed
+                        | crate::ProtocolError::Cancelled
                 ))
         );
         let midway = file.is_some();
@@ -668,8 +671,21 @@ impl<'a> ReceiveSession<'a> {
         }
         match self.take_arrivals() {
             Err(lost @ Error::ConnectionLost { .. }) => lost,
+            // The sender's CANCEL, read only now: it said its send was cancelled, then left.
+            Ok(_) if self.cancelled() => Error::Cancelled,
             _ => e,
         }
+    }
+
+    /// Whether the machine ended the session on the sender's CANCEL (its other actions, for a
+    /// peer that is gone, are dropped).
+    fn cancelled(&mut self) -> bool {
+        while let Some(a) = self.machine.poll_action() {
+            if matches!(a, Action::Finish(Outcome::Failed(crate::ProtocolError::Cancelled))) {
+                return true;
+            }
+        }
+        false
     }
 
     /// When the session must look at its clock next: the machine's deadline, a held-back

@@ -491,6 +491,7 @@ impl<'a> SendSession<'a> {
     /// machine's timeout and whether the peer left.
     pub(crate) fn drive_slow_checks(&mut self, due: bool, conn: &rdma_cm::Connection<'static>) -> Result<(), Error> {
         if self.opts.cancel.is_set() {
+            self.send_cancel();
             return Err(Error::Cancelled);
         }
         if due {
@@ -504,6 +505,18 @@ impl<'a> SendSession<'a> {
             return Err(Error::PeerDisconnected);
         }
         Ok(())
+    }
+
+    /// Tells the receiver the send is cancelled (a CANCEL, when it granted [`wire::caps::CANCEL`]):
+    /// posted before the teardown, which lets the last sends complete before it disconnects.
+    /// A CANCEL that cannot be sent is no matter: the receiver then sees the peer leave.
+    pub(crate) fn send_cancel(&mut self) {
+        self.machine.cancel();
+        while let Some(action) = self.machine.poll_action() {
+            if action == Action::Send {
+                let _ = self.send_message();
+            }
+        }
     }
 
     /// Splits the session, once over, into its queues (to tear down) and its summary.
