@@ -51,6 +51,28 @@ pub enum Error {
         /// Why (a positive `errno`).
         errno: i32,
     },
+    /// The source address given to a resolution cannot be used (`rdma_resolve_addr` binds the
+    /// identifier to it first): its port is in use (`EADDRINUSE`), or it is not an address of
+    /// this host (`EADDRNOTAVAIL`). The fault is the source's, not the destination's.
+    #[error("resolving {dst} from {src}: the source address cannot be used: {}{}", Errno(*.errno), SourceHint(*.errno))]
+    SourceAddress {
+        /// The source address given.
+        src: SocketAddr,
+        /// The destination being resolved.
+        dst: SocketAddr,
+        /// Why (a positive `errno`).
+        errno: i32,
+    },
+    /// `rdma_bind_addr` refused the address a listener was to bind: its port is in use
+    /// (`EADDRINUSE`), or it is not an address of this host (`EADDRNOTAVAIL`), or no RDMA
+    /// device has it (`ENODEV`).
+    #[error("binding {addr}: {}{}", Errno(*.errno), SourceHint(*.errno))]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why (a positive `errno`).
+        errno: i32,
+    },
     /// `RDMA_CM_EVENT_ROUTE_ERROR`: no path to the resolved address.
     #[error("resolving the route to {addr}{}: {}", OnDevice(.device), Errno(*.errno))]
     RouteResolution {
@@ -243,6 +265,8 @@ impl Error {
             | Error::Unreachable { errno, .. }
             | Error::ConnectError { errno, .. }
             | Error::NoDevice { errno, .. }
+            | Error::SourceAddress { errno, .. }
+            | Error::Bind { errno, .. }
             | Error::Multicast { errno, .. } => Some(*errno),
             Error::UnexpectedEvent { errno, .. } | Error::Unsupported { errno, .. } => *errno,
             Error::Verbs(e) => e.errno(),
@@ -329,6 +353,8 @@ impl Error {
             }
             Error::Verbs(_)
             | Error::AddressResolution { .. }
+            | Error::SourceAddress { .. }
+            | Error::Bind { .. }
             | Error::NoDevice { .. }
             | Error::DeviceMismatch { .. }
             | Error::NoRuntime { .. } => {}
@@ -393,6 +419,21 @@ struct Errno(i32);
 impl fmt::Display for Errno {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(&std::io::Error::from_raw_os_error(self.0), f)
+    }
+}
+
+/// What an address's `errno` says of it, after the error's own words: whose the address is at
+/// fault for.
+struct SourceHint(i32);
+
+impl fmt::Display for SourceHint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            libc::EADDRINUSE => f.write_str(" (its port is in use on this host)"),
+            libc::EADDRNOTAVAIL => f.write_str(" (it is not an address of this host)"),
+            libc::ENODEV => f.write_str(" (no RDMA device has it)"),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -513,12 +554,34 @@ mod tests {
         assert_eq!(status_errno(i32::MIN), libc::EIO);
     }
 
+    /// A resolution whose source cannot be used blames the source, naming both addresses;
+    /// a bind names its address. Before, the first said "resolving the address DST: Address
+    /// already in use", and the second "rdma_bind_addr: Cannot assign requested address".
+    #[test]
+    fn address_errors_name_the_addresses_and_the_side_at_fault() {
+        let src: SocketAddr = "10.77.0.2:7000".parse().unwrap();
+        let dst: SocketAddr = "10.77.0.1:7471".parse().unwrap();
+        let e = Error::SourceAddress { src, dst, errno: libc::EADDRINUSE };
+        let text = e.to_string();
+        assert!(
+            text.starts_with("resolving 10.77.0.1:7471 from 10.77.0.2:7000: the source address cannot be used"),
+            "{text}"
+        );
+        assert!(text.ends_with("(its port is in use on this host)"), "{text}");
+        let e = Error::Bind { addr: "192.0.2.1:7471".parse().unwrap(), errno: libc::EADDRNOTAVAIL };
+        let text = e.to_string();
+        assert!(text.starts_with("binding 192.0.2.1:7471: "), "{text}");
+        assert!(text.ends_with("(it is not an address of this host)"), "{text}");
+    }
+
     #[test]
     fn errno_covers_every_variant_that_carries_one() {
         let addr = addr();
         let with = [
             Error::Cm { verb: "rdma_bind_addr", device: None, errno: libc::EADDRINUSE },
             Error::AddressResolution { addr, errno: libc::ENODEV },
+            Error::SourceAddress { src: addr, dst: addr, errno: libc::EADDRINUSE },
+            Error::Bind { addr, errno: libc::EADDRNOTAVAIL },
             Error::RouteResolution { addr, device: None, errno: libc::ENETUNREACH },
             Error::Unreachable { addr, device: None, errno: libc::ETIMEDOUT },
             Error::ConnectError { addr, device: None, errno: libc::ECONNRESET },

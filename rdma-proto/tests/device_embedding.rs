@@ -206,3 +206,25 @@ fn an_embedders_policy_sees_each_offer_first_and_its_refusals_store_nothing() {
     assert!(offers.iter().any(|o| o.0 == "tree/sub/big" && o.2 == (1 << 20) + 1 && !o.1), "{offers:?}");
     assert!(offers.iter().any(|o| o.0 == "tree" && o.1), "the directory entry too: {offers:?}");
 }
+
+/// A send to a host that is not there says which addresses it tried and that nothing answered
+/// from the receiver's: before, it said only "connecting: timed out after 1s".
+#[test]
+fn a_send_to_an_absent_host_names_both_addresses_and_says_nothing_answered() {
+    let topo = testkit::require_topology!();
+    let src = TempDir::new("absent");
+    random_file(&src.0.join("f"), 1024, 3);
+    // On the server port's subnet, but nobody has it: ARP goes unanswered.
+    let octets = topo.server.addr.octets();
+    let mut opts = SendOptions::new(SocketAddr::from(([octets[0], octets[1], octets[2], 99], 18672)));
+    opts.from = Some(SocketAddr::new(topo.client.addr.into(), 0));
+    opts.connect_timeout = Duration::from_secs(1);
+    let err = send_file(&src.0.join("f"), &opts, |_, _| {}).unwrap_err();
+    let text = err.to_string();
+    eprintln!("{err:?}: {text}");
+    assert_eq!(err.exit_code(), 3, "a timeout: {err:?}");
+    let to = format!("{}.{}.{}.99:18672", octets[0], octets[1], octets[2]);
+    assert!(text.contains(&to), "the receiver's address is named: {text}");
+    assert!(text.contains(&topo.client.addr.to_string()), "the sender's address is named: {text}");
+    assert!(text.contains("nothing answered"), "the side at fault is said: {text}");
+}

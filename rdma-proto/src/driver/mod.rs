@@ -150,6 +150,19 @@ pub enum Error {
     /// A verbs call failed.
     #[error("RDMA: {0}")]
     Verbs(#[from] rdma_verbs::Error),
+    /// Connecting to the receiver failed: resolving `to` (leaving from `from`, any local
+    /// address when `None`) or connecting to it. `source` says why, and so whose the fault is:
+    /// a source address that cannot be used, a destination that does not resolve, no listener
+    /// there, a rejection, or (a timeout) nothing that answered from `to`.
+    #[error("connecting to {to} from {}: {source}{}", From(*from), Silent(source))]
+    Connect {
+        /// The local address asked for, if any.
+        from: Option<std::net::SocketAddr>,
+        /// The receiver's address.
+        to: std::net::SocketAddr,
+        /// The CM's error (boxed: the addresses already make this variant large).
+        source: Box<rdma_cm::Error>,
+    },
     /// A local file could not be read.
     #[error("{path}: {source}")]
     File {
@@ -253,6 +266,8 @@ impl Error {
             Error::Refused { status, .. } => status.exit_code(),
             Error::Protocol(ProtocolError::Timeout { .. }) => 3,
             Error::Cm(e) if e.is_timeout() => 3,
+            Error::Connect { source, .. } if source.is_timeout() => 3,
+            Error::Connect { .. } => 2,
             Error::Cm(_) | Error::Verbs(_) | Error::Preempted => 2,
             Error::Protocol(_) | Error::PeerViolation { .. } => 4,
             Error::File { .. } | Error::SourceChanged { .. } | Error::Destination(_) => 5,
@@ -284,6 +299,10 @@ impl Error {
         };
         match self {
             Error::Cm(e) => cm(e.is_timeout(), e.errno()),
+            Error::Connect { from, to, source } => {
+                let Error::Cm(source) = cm(source.is_timeout(), source.errno()) else { unreachable!() };
+                Error::Connect { from: *from, to: *to, source: Box::new(source) }
+            }
             Error::Verbs(e) => cm(matches!(e, rdma_verbs::Error::Timeout { .. }), e.errno()),
             Error::File { path, source } => {
                 Error::File { path: path.clone(), source: std::io::Error::new(source.kind(), source.to_string()) }
@@ -300,6 +319,31 @@ impl Error {
             Error::Cancelled => Error::Cancelled,
             Error::Preempted => Error::Preempted,
         }
+    }
+}
+
+/// `from` of a [`Error::Connect`]: the address, or "any local address".
+struct From(Option<std::net::SocketAddr>);
+
+impl std::fmt::Display for From {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(a) if a.port() == 0 => write!(f, "{}", a.ip()),
+            Some(a) => write!(f, "{a}"),
+            None => f.write_str("any local address"),
+        }
+    }
+}
+
+/// What a connect timeout says of the side at fault: nothing answered from the destination.
+struct Silent<'a>(&'a rdma_cm::Error);
+
+impl std::fmt::Display for Silent<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0.is_timeout() {
+            f.write_str(" (nothing answered from the receiver's address: is its host up, and the address right?)")?;
+        }
+        Ok(())
     }
 }
 

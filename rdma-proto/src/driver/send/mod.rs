@@ -307,9 +307,16 @@ pub(crate) async fn run<I: Io>(
     crate::driver::link::check_ack_timeout(opts.ack_timeout)?;
     let deadline = Deadline::after(opts.connect_timeout);
     let after = opts.connect_timeout;
-    let timed_out = |e: rdma_cm::Error| match e.is_timeout() {
-        true => Error::from(rdma_cm::Error::Timeout { what: "connecting", device: None, after }),
-        false => refusal(e),
+    // Every failure names both addresses (`Error::Connect`); a timeout is the caller's bound.
+    let timed_out = |e: rdma_cm::Error| {
+        let e = match e.is_timeout() {
+            true => rdma_cm::Error::Timeout { what: "resolving and connecting", device: None, after },
+            false => e,
+        };
+        match refusal(e) {
+            Error::Cm(source) => Error::Connect { from: opts.from, to: opts.to, source: Box::new(source) },
+            refused => refused,
+        }
     };
     let id = io
         .finish("rdma_resolve_route", rdma_cm::CmId::new()?.resolve(opts.from, opts.to), deadline)
