@@ -80,6 +80,12 @@ async fn session<I: Io>(
             Err(e) => break Err(e),
         }
     };
+    // The sender's CANCEL may be read in the round whose next completion is a receive flushed
+    // by its disconnect (the round then fails): the CANCEL says what happened.
+    let outcome = match outcome {
+        Err(Error::ConnectionLost { .. } | Error::PeerDisconnected) if s.cancelled() => Err(Error::Cancelled),
+        o => o,
+    };
     let outcome = match outcome {
         Err(e) => Err(explain_loss(io, e, Side::Receiver, &conn, s.pd.context()).await),
         ok => ok,
