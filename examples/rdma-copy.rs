@@ -848,8 +848,13 @@ fn print_sent(path: &std::path::Path, r: &SendReport, json: bool) {
             "bytes": r.bytes, "chunk": r.chunk, "slots": r.slots, "seconds": r.total.as_secs_f64(),
             "resumed_from": r.resumed_from, "lanes": r.lanes, "digest": r.digest.name(), "retries": r.retries,
             "mb_per_s": mb_per_s(r.bytes - r.resumed_from, r.phases.data), "phases": phases_json(&r.phases), "exit_code": 0,
+            "already_stored": r.already_stored,
         });
         println!("{v}");
+        return;
+    }
+    if r.already_stored {
+        println!("{}: {} bytes, already stored on the receiver, identical: nothing sent", path.display(), r.bytes);
         return;
     }
     let ms = |d: Duration| d.as_secs_f64() * 1e3;

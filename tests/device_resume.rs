@@ -432,3 +432,45 @@ fn plain(line: &str) -> String {
     }
     out
 }
+
+/// A file sent again to a receiver that holds it, identical, is a success with nothing sent,
+/// and so is a batch sent again: the receiver asks the sender to prove the whole file (as a
+/// resume's prefix) and counts it stored, as rsync does. A file of that name with other bytes
+/// is still refused (`Exists`, exit 17). Before, the resend exited 17 and the batch's summary
+/// was a refusal, although everything was in place.
+#[test]
+fn a_file_or_batch_sent_again_is_already_stored_and_other_bytes_still_exist() {
+    let topo = testkit::require_topology!();
+    let (src, dst) = (scratch("again-src"), scratch("again-dst"));
+    let data = random_file(&src.join("f"), 3 << 20, 27);
+    std::fs::create_dir(src.join("tree")).unwrap();
+    random_file(&src.join("tree").join("a"), 1 << 20, 28);
+    random_file(&src.join("tree").join("b"), 4096, 29);
+    let rx = Receiver::start(&topo, 7589, &["--dir", dst.to_str().unwrap(), "--count", "5"]);
+    let f = src.join("f");
+    let first = send(&topo, 7589, &[f.to_str().unwrap()]);
+    assert!(first.status.success(), "{}", text(&first.stderr));
+    let again = send(&topo, 7589, &[f.to_str().unwrap()]);
+    eprintln!("the resend: {:?}: {}{}", again.status.code(), text(&again.stdout).trim(), text(&again.stderr).trim());
+    let tree = src.join("tree");
+    let batch = send(&topo, 7589, &[tree.to_str().unwrap()]);
+    assert!(batch.status.success(), "{}", text(&batch.stderr));
+    let batch_again = send(&topo, 7589, &[tree.to_str().unwrap()]);
+    eprintln!(
+        "the batch again: {:?}: {}{}",
+        batch_again.status.code(),
+        text(&batch_again.stdout),
+        text(&batch_again.stderr)
+    );
+    // The same name and size, other bytes: still refused.
+    let other = scratch("again-other");
+    random_file(&other.join("f"), 3 << 20, 30);
+    let refused = send(&topo, 7589, &[other.join("f").to_str().unwrap()]);
+    let (_, lines) = rx.finish(Duration::from_secs(60));
+    assert_eq!(again.status.code(), Some(0), "the resend: {}{lines}", text(&again.stderr));
+    assert!(text(&again.stdout).contains("already stored"), "{}", text(&again.stdout));
+    assert_eq!(batch_again.status.code(), Some(0), "the batch again: {}{lines}", text(&batch_again.stderr));
+    assert_eq!(refused.status.code(), Some(17), "other bytes under the name: {}", text(&refused.stderr));
+    assert!(std::fs::read(dst.join("f")).unwrap() == data, "the file in place is untouched");
+    assert_eq!(listing(&dst), ["f", "tree"], "nothing else is left");
+}

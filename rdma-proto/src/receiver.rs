@@ -176,6 +176,16 @@ pub enum Input<'a> {
         /// sender's proof must be (ignored when `from` is 0).
         proof: [u8; PROOF_LEN],
     },
+    /// The answer to [`Action::Open`] or a file's [`Action::OpenEntry`] when the file is in
+    /// place already (overwriting off) with the size offered, and the session may resume
+    /// ([`Receiver::resume_key`]): `proof` is BLAKE3 keyed with [`Receiver::prefix_key`] over
+    /// all of it. The sender is asked to prove the whole file ([`caps::RESUME_PROOF`]); the
+    /// same bytes make the verdict `Ok` ("already stored"), counted as done, with nothing
+    /// sent or written; other bytes make it [`Status::Exists`], as without this answer.
+    Present {
+        /// The keyed hash of the file in place.
+        proof: [u8; PROOF_LEN],
+    },
     /// [`Action::Open`], [`Action::Reserve`] or [`Action::OpenEntry`] failed (a status of `Ok`
     /// here is taken as [`Status::Internal`]). A batch goes on after an entry that failed to open.
     OpenFailed(Status, String),
@@ -313,6 +323,8 @@ pub struct Receiver {
     seals: Option<Seals>,
     /// The file offered, kept while the sender proves the secret.
     offered: Option<(String, u64)>,
+    /// A single file's name, once opened.
+    offered_name: Option<String>,
     /// The HELLO's resume key, when both sides resume.
     resume_key: Option<u64>,
     /// Bytes of the file held before this session (chunk `n` starts at `base + n * slot`).
@@ -323,6 +335,8 @@ pub struct Receiver {
     ring: Option<(u64, u32)>,
     /// Prefix proofs that were wrong ([`caps::RESUME_PROOF`]).
     prefix_refused: u32,
+    /// The file is in place already ([`Input::Present`]): the proof asked for is of all of it.
+    present: bool,
     /// [`caps::CANCEL`] when the HELLO offered it: granted back.
     cancel: u32,
     /// Lanes granted ([`caps::LANES`]; 1 without): chunk `n` comes on lane `n % lanes`.
@@ -417,11 +431,13 @@ impl Receiver {
             digest_secret: None,
             seals: None,
             offered: None,
+            offered_name: None,
             resume_key: None,
             base: 0,
             expected: None,
             ring: None,
             prefix_refused: 0,
+            present: false,
             cancel: 0,
             lanes: 1,
             digest: Digest::Xxh3_128,
@@ -695,6 +711,17 @@ impl Receiver {
                     self.reset_lanes();
                     Ok(())
                 }
+            }
+            Input::Present { proof } if self.phase == Phase::Opening && self.resume_key.is_some() && !self.is_dir() => {
+                // Nothing is opened: the sender proves the whole file, or hears it exists.
+                self.present = true;
+                (self.base, self.expected) = (self.size, Some(proof));
+                self.progress = now;
+                let index = self.batch.as_ref().and_then(|b| b.current.as_ref()).map_or(0, |c| c.0);
+                self.phase = Phase::Proving;
+                let prefix = Some(PrefixClaim { index, from: self.size });
+                self.send(&Message::Challenge(Challenge { nonce: self.nonce, prefix }));
+                Ok(())
             }
             Input::Ready { addr, rkey } if self.phase == Phase::Opening && self.entry_open() => {
                 self.progress = now;
@@ -1071,6 +1098,10 @@ impl Receiver {
         let right = p.nonce == self.nonce && self.expected.is_some_and(|e| crate::auth::same_bytes(&e, &p.mac));
         self.expected = None;
         self.progress = now;
+        if std::mem::take(&mut self.present) {
+            self.already_stored(right);
+            return Ok(());
+        }
         let Some((addr, rkey)) = self.ring else {
             return Err(ProtocolError::Local("proving a prefix without a ring".into()));
         };
@@ -1094,6 +1125,31 @@ impl Receiver {
             None => self.grant(addr, rkey, now),
         }
         Ok(())
+    }
+
+    /// The verdict on a file in place already ([`Input::Present`]): `Ok` when the sender proved
+    /// the same bytes (counted as stored, nothing sent), else `Exists`.
+    fn already_stored(&mut self, identical: bool) {
+        let name = self.batch.as_ref().and_then(|b| b.current.as_ref()).map(|c| c.1.clone());
+        let name = name.or_else(|| self.offered_name.clone()).unwrap_or_default();
+        let (status, detail) = match identical {
+            true => (Status::Ok, format!("{name}: already stored, identical (size and digest)")),
+            false => {
+                self.base = 0;
+                (Status::Exists, format!("{name} exists"))
+            }
+        };
+        if self.is_batch() {
+            return self.entry_done(status, detail);
+        }
+        self.ack(status, detail.clone());
+        self.phase = Phase::Done;
+        self.actions.push_back(Action::Finish(Outcome::Acked { status, detail }));
+    }
+
+    /// Whether the entry in progress is a directory.
+    fn is_dir(&self) -> bool {
+        self.batch.as_ref().and_then(|b| b.current.as_ref()).is_some_and(|c| c.2 == EntryKind::Directory)
     }
 
     /// Sends a single file's GRANT (resuming from `base`) and enters the data phase.
@@ -1152,6 +1208,7 @@ impl Receiver {
             self.actions.push_back(Action::Reserve { slot_size, slot_count });
             return;
         }
+        self.offered_name = Some(name.clone());
         self.actions.push_back(Action::Open {
             name,
             size: self.size,

@@ -193,8 +193,9 @@ pub struct Sender {
     /// The nonce of the receiver's prefix CHALLENGE for the current file, until it is answered
     /// ([`caps::RESUME_PROOF`]); set once per file.
     prefix_nonce: Option<[u8; NONCE_LEN]>,
-    /// Whether the current file's prefix was challenged already.
+    /// Whether the current file's prefix was challenged already, and for how many bytes.
     prefix_asked: bool,
+    prefix_from: u64,
     /// Whether the receiver proved it knows the secret.
     receiver_proven: bool,
     /// The session's digest secret, once the receiver proved the secret ([`crate::auth`]).
@@ -270,6 +271,7 @@ impl Sender {
             challenge: None,
             prefix_nonce: None,
             prefix_asked: false,
+            prefix_from: 0,
             receiver_proven: false,
             digest_secret: None,
             seals: None,
@@ -327,7 +329,7 @@ impl Sender {
         self.lane_done = (0..u64::from(self.lanes)).collect();
         self.ready.clear();
         (self.digest, self.digest_asked) = (None, false);
-        (self.prefix_nonce, self.prefix_asked) = (None, false);
+        (self.prefix_nonce, self.prefix_asked, self.prefix_from) = (None, false, 0);
         self.phase = Phase::AwaitReady;
         self.progress = now;
         self.send(&Message::Entry(entry.clone()));
@@ -585,7 +587,8 @@ impl Sender {
                 // the session.
                 let index = self.entry.as_ref().map_or(0, |e| e.index);
                 let dir = self.entry.as_ref().is_some_and(|e| e.kind == EntryKind::Directory);
-                let expected = self.phase == Phase::AwaitAck || (self.phase == Phase::AwaitReady && dir);
+                let expected =
+                    self.phase == Phase::AwaitAck || (self.phase == Phase::AwaitReady && (dir || self.proved_whole()));
                 if a.status == Status::Ok && !expected {
                     return Err(ProtocolError::Peer("ACK ok before FIN".into()));
                 }
@@ -625,7 +628,8 @@ impl Sender {
             }
             (_, Message::Ack(a)) => {
                 // A refusal (in any phase), the verdict after FIN, or a batch's summary.
-                if a.status == Status::Ok && !matches!(self.phase, Phase::AwaitAck | Phase::AwaitSummary) {
+                let stored = self.phase == Phase::AwaitGrant && self.proved_whole();
+                if a.status == Status::Ok && !matches!(self.phase, Phase::AwaitAck | Phase::AwaitSummary) && !stored {
                     return Err(ProtocolError::Peer("ACK ok before FIN".into()));
                 }
                 self.finish(Outcome::Acked { status: a.status, detail: a.detail });
@@ -635,6 +639,14 @@ impl Sender {
             }
         }
         Ok(())
+    }
+
+    /// Whether this sender proved the whole current file to the receiver (it holds it already,
+    /// [`receiver::Input::Present`](crate::receiver::Input::Present)): its `Ok` then comes
+    /// without a GRANT or READY, nothing sent.
+    pub fn proved_whole(&self) -> bool {
+        let size = self.entry.as_ref().map_or(self.size, |e| e.size);
+        self.prefix_asked && self.prefix_nonce.is_none() && self.prefix_from == size
     }
 
     /// The receiver holds the file's first bytes and asks this sender to prove it holds them
@@ -657,6 +669,7 @@ impl Sender {
             )));
         }
         self.prefix_asked = true;
+        self.prefix_from = claim.from;
         self.prefix_nonce = Some(c.nonce);
         self.progress = now;
         let key = crate::auth::prefix_key(&c.nonce, self.session, index);

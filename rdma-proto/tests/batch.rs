@@ -318,6 +318,8 @@ struct Hostile {
     held: u64,
     /// Files started over after a wrong proof of their prefix.
     started_over: usize,
+    /// Every file is in place already (the driver answers `Present` with [`PREFIX`]).
+    in_place: bool,
 }
 
 /// The proof of a held prefix the [`Hostile`] driver expects.
@@ -337,6 +339,7 @@ impl Hostile {
             discards: 0,
             held: 0,
             started_over: 0,
+            in_place: false,
         };
         h.msg(Message::Hello(Hello {
             version_min: 1,
@@ -378,6 +381,10 @@ impl Hostile {
                 }
                 receiver::Action::OpenEntry(e) => {
                     self.opened.push(e.clone());
+                    if self.in_place && self.r.resume_key().is_some() && e.kind == EntryKind::File {
+                        self.r.handle(receiver::Input::Present { proof: PREFIX }, self.now);
+                        continue;
+                    }
                     if self.r.resume_key().is_some() {
                         let from = self.held.min(e.size);
                         self.r.handle(receiver::Input::Resumed { from, proof: PREFIX }, self.now);
@@ -475,6 +482,7 @@ fn hostile_out_of_place_messages_end_the_session() {
             discards: 0,
             held: 0,
             started_over: 0,
+            in_place: false,
         };
         h.msg(Message::Hello(Hello {
             version_min: 1,
@@ -955,4 +963,32 @@ fn a_batch_entry_resumes_only_after_its_sender_proves_the_held_prefix() {
         assert_eq!(h.last_ack().status, Status::Ok, "entry {index}");
     }
     assert_eq!((h.started_over, h.r.prefix_refused()), (1, 1));
+}
+
+/// A batch sent again: each file in place already and identical is proved (a CHALLENGE for all
+/// of it) and counted as stored, nothing sent; one with other bytes is `Exists`. Before, every
+/// such entry was refused `Exists` and the batch with it.
+#[test]
+fn a_batch_sent_again_counts_identical_files_as_stored() {
+    let mut cfg = ReceiverConfig::default();
+    cfg.resume = true;
+    let mut h = Hostile::granted(cfg, 1 << 20, caps::RESUME | caps::RESUME_PROOF);
+    h.in_place = true;
+    let nonce = [0; 16];
+    for (index, mac, want) in [(0u32, PREFIX, Status::Ok), (1, [1; 32], Status::Exists), (2, PREFIX, Status::Ok)] {
+        let mut e = entry(index, EntryKind::File, 4096, &format!("f{index}"));
+        e.resume = 0x77;
+        h.msg(Message::Entry(e));
+        let Some(Message::Challenge(c)) = h.sent.last() else { panic!("no CHALLENGE: {:?}", h.sent) };
+        assert_eq!(c.prefix, Some(wire::PrefixClaim { index, from: 4096 }), "all of entry {index}");
+        h.msg(Message::Proof(wire::Proof { nonce, mac }));
+        assert_eq!(h.last_ack().status, want, "entry {index}: {:?}", h.last_ack());
+    }
+    h.msg(Message::End(End { entries: 3 }));
+    assert_eq!(
+        h.done.iter().map(|d| (d.2, d.3)).collect::<Vec<_>>(),
+        [(Status::Ok, 4096), (Status::Exists, 0), (Status::Ok, 4096)]
+    );
+    assert!(h.last_ack().detail.starts_with("2 of 3 entries stored"), "{:?}", h.last_ack());
+    assert_eq!(h.discards, 0, "nothing was opened");
 }

@@ -6,6 +6,7 @@
 mod sim;
 
 use rdma_proto::wire::{self, caps, Message};
+use rdma_proto::Status;
 use sim::*;
 
 fn resuming(chunk: u32, depth: u32) -> (rdma_proto::sender::SenderConfig, rdma_proto::receiver::ReceiverConfig) {
@@ -182,4 +183,74 @@ fn a_resume_key_without_the_offer_to_prove_the_prefix_resumes_nothing() {
     let sent = resume_with(caps::DIGEST_XXH3_128 | caps::RESUME, [9; 16], 500, [0; 32], None);
     let [Message::Grant(g)] = &sent[..] else { panic!("a GRANT at once: {sent:?}") };
     assert_eq!((g.resume_from, g.caps & caps::RESUME), (0, 0));
+}
+
+/// Sends `file` from a sender to a receiver whose destination holds `in_place` under its name
+/// already (the receiver answers the Open with `Present`), machine to machine; the two
+/// outcomes, and the WRITEs asked for.
+fn send_over(file: &[u8], in_place: &[u8]) -> (Option<rdma_proto::Outcome>, Option<rdma_proto::Outcome>, u64) {
+    use rdma_proto::receiver::{Action as R, Input as RIn, Receiver};
+    use rdma_proto::sender::{Action as S, Input as SIn, Sender};
+    let now = std::time::Instant::now();
+    let (s_cfg, r_cfg) = resuming(64, 4);
+    let mut s = Sender::new(SESSION, "f", file.len() as u64, s_cfg, now).unwrap().with_nonce([1; 16]);
+    let mut r = Receiver::new(r_cfg, now).with_nonce([2; 16]);
+    let (mut sent, mut received, mut writes) = (None, None, 0);
+    let mut out = Vec::new();
+    for _ in 0..1000 {
+        let mut moved = false;
+        while let Some(a) = s.poll_action() {
+            moved = true;
+            match a {
+                S::Send => {
+                    s.transmit(&mut out);
+                    r.handle(RIn::Message(&out), now);
+                }
+                S::ProvePrefix { from, key } => {
+                    let mac = prefix_proof(&key, &file[..from as usize]);
+                    s.handle(SIn::PrefixProof { mac }, now);
+                }
+                S::WriteChunk { .. } => writes += 1,
+                S::Finish(o) => sent = Some(o),
+                a => panic!("{a:?}: nothing is read or sent for a file in place"),
+            }
+        }
+        while let Some(a) = r.poll_action() {
+            moved = true;
+            match a {
+                R::Send => {
+                    r.transmit(&mut out);
+                    s.handle(SIn::Message(&out), now);
+                }
+                R::Open { size, .. } => {
+                    assert_eq!(size, in_place.len() as u64);
+                    let proof = prefix_proof(&r.prefix_key(), in_place);
+                    r.handle(RIn::Present { proof }, now);
+                }
+                R::Finish(o) => received = Some(o),
+                a => panic!("{a:?}: nothing is opened or stored for a file in place"),
+            }
+        }
+        if !moved {
+            break;
+        }
+    }
+    (sent, received, writes)
+}
+
+/// Sending a file the receiver holds already, identical, is a success with nothing sent
+/// ("already stored"), as rsync counts it; the same name and size with other bytes is still
+/// `Exists`. Before, both were refused `Exists` (a batch sent again was refused whole although
+/// everything was there).
+#[test]
+fn a_file_in_place_and_identical_is_already_stored_and_another_exists() {
+    let file = file_of(3000, 11);
+    let (sent, received, writes) = send_over(&file, &file);
+    assert_eq!((acked(&sent), acked(&received), writes), (Some(Status::Ok), Some(Status::Ok), 0));
+    let Some(rdma_proto::Outcome::Acked { detail, .. }) = &received else { unreachable!() };
+    assert!(detail.contains("already stored"), "{detail}");
+    let mut other = file.clone();
+    other[1500] ^= 1;
+    let (sent, received, writes) = send_over(&file, &other);
+    assert_eq!((acked(&sent), acked(&received), writes), (Some(Status::Exists), Some(Status::Exists), 0));
 }

@@ -198,6 +198,9 @@ pub struct SendReport {
     /// Attempts that failed before this one succeeded ([`SendOptions::retries`]); the other
     /// fields are of the attempt that succeeded.
     pub retries: u32,
+    /// The receiver had the file in place already, identical (size and digest, proved as a
+    /// resume's prefix is): nothing was sent, and `resumed_from` is its size.
+    pub already_stored: bool,
 }
 
 /// Sends `path` to a receiver; `progress(bytes_written, total)` is called as chunks complete

@@ -50,6 +50,24 @@ impl SendSummary {
         let SendSummary { machine, size, session, start, connect, granted_at, lanes_at, data_end, fin_at } = self;
         let end = Instant::now();
         match outcome? {
+            // In place already, identical: no GRANT, nothing sent.
+            Outcome::Acked { status: Status::Ok, .. } if machine.grant().is_none() && machine.proved_whole() => {
+                let mut phases = Phases { connect, ..Phases::default() };
+                phases.grant = end.duration_since(start).saturating_sub(connect);
+                Ok(SendReport {
+                    session,
+                    bytes: size,
+                    chunk: 0,
+                    slots: 0,
+                    phases,
+                    total: end - start,
+                    resumed_from: size,
+                    lanes: 1,
+                    digest: machine.digest(),
+                    retries: 0,
+                    already_stored: true,
+                })
+            }
             Outcome::Acked { status: Status::Ok, .. } => {
                 let g = *machine.grant().expect("an OK ACK follows a grant");
                 let fin = fin_at.unwrap_or(end);
@@ -71,6 +89,7 @@ impl SendSummary {
                     lanes: machine.lanes(),
                     digest: machine.digest(),
                     retries: 0,
+                    already_stored: false,
                 })
             }
             Outcome::Acked { status, detail } => Err(Error::Refused { status, detail }),

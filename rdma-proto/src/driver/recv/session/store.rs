@@ -122,6 +122,9 @@ impl ReceiveSession<'_> {
                         self.machine.handle(Input::Resumed { from: held, proof }, Instant::now());
                     }
                 }
+                Err((Status::Exists, _)) if self.partial_key().is_some() && self.present(dir, name, size, conn) => {
+                    return false;
+                }
                 Err((status, why)) => {
                     self.machine.handle(Input::OpenFailed(status, why), Instant::now());
                     return false;
@@ -174,6 +177,41 @@ impl ReceiveSession<'_> {
             at += n as u64;
         }
         (held, *proof.finalize().as_bytes())
+    }
+
+    /// The file is in place already (overwriting off): when it is a regular file of `size`
+    /// bytes, hashes all of it for the proof the sender must show (BLAKE3 keyed with the
+    /// machine's `prefix_key`) and answers `Input::Present`; whether it did (else the caller
+    /// refuses with `Exists`). Bounded as a partial's hash is (a third of `timeout`, the peer
+    /// leaving, the receiver stopping): a file that takes longer is refused as before.
+    pub(super) fn present(&mut self, dir: &DirFd, name: &str, size: u64, conn: &rdma_cm::Connection<'static>) -> bool {
+        use rustix::fs::{Mode, OFlags};
+        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK;
+        let Ok(fd) = rustix::fs::openat(&**dir, name, flags, Mode::empty()) else { return false };
+        let file = std::fs::File::from(fd);
+        match file.metadata() {
+            Ok(m) if m.is_file() && m.len() == size => {}
+            _ => return false,
+        }
+        let mut proof = blake3::Hasher::new_keyed(self.machine.prefix_key().as_bytes());
+        let mut buf = vec![0u8; (1 << 20).min(size as usize)];
+        let budget = Deadline::after(self.opts.timeout / 3);
+        let mut at = 0u64;
+        while at < size {
+            let gone = at % (16 << 20) == 0 && at > 0 && peer_left(conn).unwrap_or(true);
+            if gone || budget.has_passed() || self.opts.stop.is_set() {
+                return false;
+            }
+            let n = (size - at).min(buf.len() as u64) as usize;
+            if file.read_exact_at(&mut buf[..n], at).is_err() {
+                return false;
+            }
+            proof.update(&buf[..n]);
+            at += n as u64;
+        }
+        tracing::info!(session = format_args!("{:016x}", self.machine.session()), %name, size, "in place already: the sender is asked to prove it has the same");
+        self.machine.handle(Input::Present { proof: *proof.finalize().as_bytes() }, Instant::now());
+        true
     }
 
     /// The sender did not prove it holds the partial's bytes (`Action::StartOver`): the
