@@ -53,8 +53,11 @@ fn progress_comes_per_chunk_on_both_sides_and_refusals_are_typed() {
     let server = serve(&topo, 18670, &dst.0, 2);
     let mut sent = Vec::new();
     let report = send_file(&src.0.join("f"), &send_opts(&topo, 18670), |done, total| sent.push((done, total))).unwrap();
-    // The same file again: the receiver refuses (it exists).
-    let again = send_file(&src.0.join("f"), &send_opts(&topo, 18670), |_, _| {});
+    // The same name again, other bytes of the same size: the receiver refuses (it exists; an
+    // identical file would be proved and counted as stored).
+    let other = TempDir::new("other");
+    random_file(&other.0.join("f"), size, 9);
+    let again = send_file(&other.0.join("f"), &send_opts(&topo, 18670), |_, _| {});
     let (reports, received) = server.join().unwrap();
     assert!(std::fs::read(dst.0.join("f")).unwrap() == data);
 
