@@ -246,8 +246,7 @@ fn a_sniffed_key_offered_with_another_name_leaves_the_owner_s_partial_alone() {
 /// bytes, cannot continue it: asked to prove the bytes the partial holds (a keyed hash under the
 /// receiver's fresh nonce), it cannot, and is served from byte 0 into a new temporary. It writes
 /// some junk and leaves: the partial and its sidecar are as they were, and the owner's next send
-/// resumes and is stored (exit 0). Before, the receiver continued the partial on the key's word:
-/// the junk landed in it, and the owner's send failed its digest (exit 11) and started over.
+/// resumes and is stored (exit 0).
 #[test]
 fn a_peer_with_the_resume_key_but_other_bytes_gets_a_fresh_temporary_and_the_owner_resumes() {
     use rdma_proto::wire::{caps, Hello, Message, Proof};
@@ -436,8 +435,7 @@ fn plain(line: &str) -> String {
 /// A file sent again to a receiver that holds it, identical, is a success with nothing sent,
 /// and so is a batch sent again: the receiver asks the sender to prove the whole file (as a
 /// resume's prefix) and counts it stored, as rsync does. A file of that name with other bytes
-/// is still refused (`Exists`, exit 17). Before, the resend exited 17 and the batch's summary
-/// was a refusal, although everything was in place.
+/// is still refused (`Exists`, exit 17).
 #[test]
 fn a_file_or_batch_sent_again_is_already_stored_and_other_bytes_still_exist() {
     let topo = testkit::require_topology!();

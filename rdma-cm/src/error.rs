@@ -555,8 +555,7 @@ mod tests {
     }
 
     /// A resolution whose source cannot be used blames the source, naming both addresses;
-    /// a bind names its address. Before, the first said "resolving the address DST: Address
-    /// already in use", and the second "rdma_bind_addr: Cannot assign requested address".
+    /// a bind names its address.
     #[test]
     fn address_errors_name_the_addresses_and_the_side_at_fault() {
         let src: SocketAddr = "10.77.0.2:7000".parse().unwrap();

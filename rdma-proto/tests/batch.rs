@@ -966,8 +966,7 @@ fn a_batch_entry_resumes_only_after_its_sender_proves_the_held_prefix() {
 }
 
 /// A batch sent again: each file in place already and identical is proved (a CHALLENGE for all
-/// of it) and counted as stored, nothing sent; one with other bytes is `Exists`. Before, every
-/// such entry was refused `Exists` and the batch with it.
+/// of it) and counted as stored, nothing sent; one with other bytes is `Exists`.
 #[test]
 fn a_batch_sent_again_counts_identical_files_as_stored() {
     let mut cfg = ReceiverConfig::default();

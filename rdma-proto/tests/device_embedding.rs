@@ -211,7 +211,7 @@ fn an_embedders_policy_sees_each_offer_first_and_its_refusals_store_nothing() {
 }
 
 /// A send to a host that is not there says which addresses it tried and that nothing answered
-/// from the receiver's: before, it said only "connecting: timed out after 1s".
+/// from the receiver's.
 #[test]
 fn a_send_to_an_absent_host_names_both_addresses_and_says_nothing_answered() {
     let topo = testkit::require_topology!();

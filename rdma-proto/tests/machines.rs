@@ -874,7 +874,7 @@ fn a_hostile_network_never_breaks_either_side() {
 
 /// A send cancelled midway tells the receiver (a CANCEL, which the receiver granted): the
 /// receiver ends the session as cancelled, without a verdict, rather than as a peer that
-/// vanished. Before, nothing was sent and the receiver only saw its peer leave.
+/// vanished.
 #[test]
 fn a_cancelled_send_tells_the_receiver_which_ends_it_as_cancelled() {
     use rdma_proto::ProtocolError;

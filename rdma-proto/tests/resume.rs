@@ -38,9 +38,7 @@ fn a_receiver_holding_a_prefix_gets_only_the_rest_and_the_file_arrives_whole() {
 /// A sender whose first bytes differ from what the receiver holds (another file under a key
 /// read from `ls -a`, or a sniffed HELLO) cannot continue that partial: its proof of the prefix
 /// fails, the file is taken from byte 0 into a new temporary and arrives whole, and the partial
-/// is left as it was for its owner. Before, the receiver took any resume key on its word: the
-/// session continued the partial and ended in a checksum mismatch, which also cost the owner
-/// its partial.
+/// is left as it was for its owner.
 #[test]
 fn a_sender_that_cannot_prove_the_held_prefix_starts_from_zero_and_leaves_the_partial_alone() {
     for seed in 0..12 {
@@ -240,8 +238,7 @@ fn send_over(file: &[u8], in_place: &[u8]) -> (Option<rdma_proto::Outcome>, Opti
 
 /// Sending a file the receiver holds already, identical, is a success with nothing sent
 /// ("already stored"), as rsync counts it; the same name and size with other bytes is still
-/// `Exists`. Before, both were refused `Exists` (a batch sent again was refused whole although
-/// everything was there).
+/// `Exists`.
 #[test]
 fn a_file_in_place_and_identical_is_already_stored_and_another_exists() {
     let file = file_of(3000, 11);

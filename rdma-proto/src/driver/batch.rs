@@ -338,8 +338,7 @@ mod tests {
     use std::os::unix::ffi::OsStrExt;
 
     /// A batch cancelled while a file was on its way reports that file as cancelled (exit 8),
-    /// as the batch is; it was reported as a usage error (exit 1), which the tool's exit code,
-    /// the first failed entry's, then said.
+    /// as the batch is.
     #[test]
     fn the_entry_a_cancel_cut_is_cancelled() {
         let dir = scratch("cut");

@@ -442,8 +442,7 @@ mod tests {
     }
 
     /// A failure reported twice (a batch's cut entry, and the batch) is the same failure: the
-    /// same variant and exit code. Before, the cut entry was a usage error (exit 1) whatever
-    /// ended the session, a cancel too.
+    /// same variant and exit code.
     #[test]
     fn a_failure_again_keeps_its_type_and_exit_code() {
         let errors = [
