@@ -339,6 +339,8 @@ pub struct Receiver {
     present: bool,
     /// [`caps::CANCEL`] when the HELLO offered it: granted back.
     cancel: u32,
+    /// The sender sent CANCEL: the session ends once the chunks that arrived are stored.
+    cancelled: bool,
     /// Lanes granted ([`caps::LANES`]; 1 without): chunk `n` comes on lane `n % lanes`.
     lanes: u16,
     /// The digest granted (chosen from the HELLO's offer).
@@ -439,6 +441,7 @@ impl Receiver {
             prefix_refused: 0,
             present: false,
             cancel: 0,
+            cancelled: false,
             lanes: 1,
             digest: Digest::Xxh3_128,
             lane_next: vec![0],
@@ -546,6 +549,12 @@ impl Receiver {
     pub fn prefix_key(&self) -> DigestKey {
         let index = self.batch.as_ref().and_then(|b| b.current.as_ref()).map_or(0, |c| c.0);
         crate::auth::prefix_key(&self.nonce, self.session, index)
+    }
+
+    /// Whether the sender said its send was cancelled (a CANCEL, [`caps::CANCEL`]): the session
+    /// ends once the chunks that arrived before it are stored.
+    pub fn cancelled(&self) -> bool {
+        self.cancelled
     }
 
     /// How many of this session's senders' proofs of a partial's prefix were wrong (each
@@ -818,6 +827,9 @@ impl Receiver {
             self.fail(e, Some((status, detail)));
             return;
         }
+        if self.cancelled && self.stored >= self.arrived && !matches!(self.phase, Phase::Done | Phase::Finalizing) {
+            return self.fail(ProtocolError::Cancelled, None);
+        }
         self.advance();
     }
 
@@ -931,10 +943,10 @@ impl Receiver {
                 self.progress = now;
             }
             (Phase::Proving, Message::Proof(p)) => self.on_prefix_proof(p, now)?,
-            // The sender's send was cancelled: it leaves, and hears nothing more.
-            (phase, Message::Cancel(_)) if phase != Phase::AwaitHello => {
-                self.fail(ProtocolError::Cancelled, None);
-            }
+            // The sender's send was cancelled: it leaves, and hears nothing more. The chunks
+            // that arrived before the CANCEL are stored first (below): a resume continues
+            // after them.
+            (phase, Message::Cancel(_)) if phase != Phase::AwaitHello => self.cancelled = true,
             (Phase::AwaitEntry, Message::Entry(e)) => self.on_entry(e, now)?,
             (Phase::AwaitEntry, Message::End(End { entries })) => {
                 let Some(b) = self.batch.take() else {

@@ -1013,6 +1013,8 @@ struct Spec {
     expect: bool,
     /// `CANCEL` when the HELLO offered it: granted back.
     cancel: u32,
+    /// The sender sent CANCEL: the session ends once the chunks that arrived are stored.
+    cancelled: bool,
     /// The ring of the Ready, kept for the GRANT while the sender proves its prefix.
     ring: Option<(u64, u32)>,
     phase: Phase,
@@ -1049,6 +1051,7 @@ impl Spec {
             base: 0,
             expect: false,
             cancel: 0,
+            cancelled: false,
             ring: None,
             phase: Phase::AwaitHello,
             session: 0,
@@ -1154,8 +1157,9 @@ impl Spec {
                 Ok((h, Message::Hello(hello))) if self.phase == Phase::AwaitHello => self.hello(h.session, hello, now),
                 Ok((_, Message::Proof(p))) if self.phase == Phase::Authenticating => self.proof(&p, now),
                 Ok((_, Message::Proof(p))) if self.phase == Phase::Proving => self.prefix_proof(&p, now),
-                // The sender's send was cancelled: no verdict, nothing more to it.
-                Ok((_, Message::Cancel(_))) if self.phase != Phase::AwaitHello => self.fail(End::Cancelled, None),
+                // The sender's send was cancelled: no verdict, once the chunks that arrived are
+                // stored (below).
+                Ok((_, Message::Cancel(_))) if self.phase != Phase::AwaitHello => self.cancelled = true,
                 Ok((h, Message::Fin(fin))) if self.phase == Phase::Data && self.fin.is_none() => {
                     let _ = h;
                     let fits = fin.chunks == self.chunks && fin.size == self.size && fin.chunks == self.arrived;
@@ -1241,6 +1245,10 @@ impl Spec {
                 self.finish(End::Acked(s));
             }
             _ => bug(self),
+        }
+        if self.cancelled && self.stored >= self.arrived && !matches!(self.phase, Phase::Done | Phase::Finalizing) {
+            self.fail(End::Cancelled, None);
+            return std::mem::take(&mut self.out);
         }
         if self.phase == Phase::Data {
             let batch = u64::from(self.slot_count / 4).max(1);

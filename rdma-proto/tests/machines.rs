@@ -896,5 +896,7 @@ fn a_cancelled_send_tells_the_receiver_which_ends_it_as_cancelled() {
         assert!(cancelled(&sim.sender_outcome), "seed {seed}: the sender {:?}", sim.sender_outcome);
         assert!(cancelled(&sim.receiver_outcome), "seed {seed}: the receiver {:?}", sim.receiver_outcome);
         assert!(sim.acks_sent.is_empty(), "seed {seed}: no verdict for a cancelled send: {:?}", sim.acks_sent);
+        // Every chunk that arrived before the CANCEL was stored: a resume continues after them.
+        assert_eq!(sim.stored, sim.stores_asked, "seed {seed}: chunks that arrived were dropped");
     }
 }

@@ -83,7 +83,7 @@ async fn session<I: Io>(
     // The sender's CANCEL may be read in the round whose next completion is a receive flushed
     // by its disconnect (the round then fails): the CANCEL says what happened.
     let outcome = match outcome {
-        Err(Error::ConnectionLost { .. } | Error::PeerDisconnected) if s.cancelled() => Err(Error::Cancelled),
+        Err(Error::ConnectionLost { .. } | Error::PeerDisconnected) if s.finish_cancelled() => Err(Error::Cancelled),
         o => o,
     };
     let outcome = match outcome {
@@ -678,20 +678,24 @@ impl<'a> ReceiveSession<'a> {
         match self.take_arrivals() {
             Err(lost @ Error::ConnectionLost { .. }) => lost,
             // The sender's CANCEL, read only now: it said its send was cancelled, then left.
-            Ok(_) if self.cancelled() => Error::Cancelled,
+            Ok(_) if self.finish_cancelled() => Error::Cancelled,
             _ => e,
         }
     }
 
-    /// Whether the machine ended the session on the sender's CANCEL (its other actions, for a
-    /// peer that is gone, are dropped).
-    fn cancelled(&mut self) -> bool {
+    /// Whether the sender sent CANCEL before it left; if so, the chunks that arrived before it
+    /// are stored (a resume continues after them), and the machine's other actions, for a peer
+    /// that is gone, are dropped.
+    fn finish_cancelled(&mut self) -> bool {
+        if !self.machine.cancelled() {
+            return false;
+        }
         while let Some(a) = self.machine.poll_action() {
-            if matches!(a, Action::Finish(Outcome::Failed(crate::ProtocolError::Cancelled))) {
-                return true;
+            if let Action::StoreChunk { seq, slot, offset, len } = a {
+                self.store(seq, slot, offset, len);
             }
         }
-        false
+        true
     }
 
     /// When the session must look at its clock next: the machine's deadline, a held-back
