@@ -387,7 +387,8 @@ fn main() -> ExitCode {
     };
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
-        .with_writer(std::io::stderr)
+        .with_writer(|| LossyStderr)
+        .log_internal_errors(false)
         .init();
     let driver = match Driver::chosen(cli.driver) {
         Ok(d) => d,
@@ -428,6 +429,69 @@ fn load_secret(file: Option<&std::path::Path>) -> Result<Option<Secret>, String>
 fn usage(msg: String) -> i32 {
     eprintln!("rdma-copy: {msg}");
     1
+}
+
+/// Report lines and log records that could not be written (standard output or error full,
+/// closed, or gone): dropped, never a panic, so that a receiver whose log cannot be written
+/// (its disk full) serves on. Counted here, and said once on standard error if it can be.
+static DROPPED: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts one line that could not be written; the first one is said on standard error (if
+/// that can be written).
+fn dropped(what: &str, e: &std::io::Error) {
+    if DROPPED.fetch_add(1, Ordering::Relaxed) == 0 {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "rdma-copy: {what} cannot be written ({e}): its lines are dropped from now on (counted)"
+        );
+    }
+}
+
+/// Writes one line to standard output; a line that cannot be written is dropped and counted
+/// ([`DROPPED`]). `println!` panics then, which ended the receiver.
+fn say_line(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_fmt(args).and_then(|()| out.write_all(b"\n")).and_then(|()| out.flush()) {
+        dropped("standard output", &e);
+    }
+}
+
+/// `println!` that never panics: [`say_line`].
+macro_rules! say {
+    ($($t:tt)*) => { say_line(format_args!($($t)*)) };
+}
+
+/// `eprintln!` that never panics: a line standard error cannot take is dropped.
+macro_rules! note {
+    ($($t:tt)*) => {{
+        use std::io::Write;
+        if let Err(e) = writeln!(std::io::stderr(), $($t)*) {
+            dropped("standard error", &e);
+        }
+    }};
+}
+
+/// Standard error for the log: a record it cannot take is dropped and counted ([`DROPPED`]),
+/// where tracing's own writer would report the failure with `eprintln!`, which panics.
+struct LossyStderr;
+
+impl std::io::Write for LossyStderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.write_all(buf).map(|()| buf.len())
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        if let Err(e) = std::io::stderr().write_all(buf) {
+            dropped("standard error", &e);
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 fn recv(a: RecvArgs, json: bool, driver: Driver) -> i32 {
@@ -501,22 +565,22 @@ fn recv(a: RecvArgs, json: bool, driver: Driver) -> i32 {
         })
     });
     if let Err(e) = waiter {
-        eprintln!("rdma-copy: installing a signal handler: {e}");
+        note!("rdma-copy: installing a signal handler: {e}");
         return 2;
     }
     let server = match Server::bind(listen, opts) {
         Ok(s) => s,
         Err(e @ rdma_proto::driver::Error::Destination(_)) => {
-            eprintln!("rdma-copy: {e}");
+            note!("rdma-copy: {e}");
             return e.exit_code();
         }
         Err(e) => {
-            eprintln!("rdma-copy: listening on {listen}: {e}");
+            note!("rdma-copy: listening on {listen}: {e}");
             return e.exit_code();
         }
     };
     if !json {
-        eprintln!("rdma-copy: listening on {}", server.local_addr());
+        note!("rdma-copy: listening on {}", server.local_addr());
     }
     let failures = Arc::new(AtomicUsize::new(0));
     let f = failures.clone();
@@ -537,7 +601,7 @@ fn recv(a: RecvArgs, json: bool, driver: Driver) -> i32 {
                 "name": r.name, "bytes": r.bytes, "result": result, "seconds": r.total.as_secs_f64(),
                 "mb_per_s": mb_per_s(r.bytes, r.phases.data), "phases": phases_json(&r.phases),
             });
-            println!("{v}");
+            say!("{v}");
         } else {
             for e in &r.entries {
                 let what = if e.status == rdma_proto::Status::Ok {
@@ -546,13 +610,13 @@ fn recv(a: RecvArgs, json: bool, driver: Driver) -> i32 {
                     format!("{}: {}", e.status, e.detail)
                 };
                 let kind = if e.directory { "/" } else { "" };
-                println!("{:016x}   {}{kind} ({} bytes): {what}", r.session, e.path, e.bytes);
+                say!("{:016x}   {}{kind} ({} bytes): {what}", r.session, e.path, e.bytes);
             }
             let unlisted = r.entry_counts.ended.saturating_sub(r.entries.len() as u64);
             if unlisted > 0 {
                 let listed_stored = r.entries.iter().filter(|e| e.status == rdma_proto::Status::Ok).count() as u64;
                 let stored = r.entry_counts.stored.saturating_sub(listed_stored);
-                println!("{:016x}   ... {unlisted} more entries, {stored} of them stored", r.session);
+                say!("{:016x}   ... {unlisted} more entries, {stored} of them stored", r.session);
             }
             let what = match (r.status(), &r.result) {
                 (Some(s), _) => s.to_string(),
@@ -560,7 +624,7 @@ fn recv(a: RecvArgs, json: bool, driver: Driver) -> i32 {
                 (None, Ok(())) => String::new(),
             };
             let ms = |d: Duration| d.as_secs_f64() * 1e3;
-            println!(
+            say!(
                 "{:016x} from {}: {} ({} bytes, {:.1} MB/s): {what}; connect {:.1} ms, data {:.1} ms, digest {:.1} ms, fsync+rename {:.1} ms",
                 r.session,
                 r.peer,
@@ -580,9 +644,13 @@ fn recv(a: RecvArgs, json: bool, driver: Driver) -> i32 {
         server.serve_async(a.count, report.clone()),
     );
     let r = r.map_err(|e| rdma_proto::driver::Error::Usage(format!("starting the tokio runtime: {e}"))).and_then(|r| r);
+    let lost = DROPPED.load(Ordering::Relaxed);
+    if lost > 0 {
+        note!("rdma-copy: {lost} report or log lines could not be written");
+    }
     match r {
         Err(e) => {
-            eprintln!("rdma-copy: {e}");
+            note!("rdma-copy: {e}");
             2
         }
         Ok(()) if signal.load(Ordering::Relaxed) != 0 => 128 + signal.load(Ordering::Relaxed) as i32,

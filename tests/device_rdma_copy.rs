@@ -500,3 +500,58 @@ fn messages_racing_the_commit_never_make_the_verdict_disagree_with_the_disk() {
     let left: Vec<_> = listing(&dst).into_iter().filter(|n| n.ends_with(".rdcp-tmp")).collect();
     assert!(left.is_empty(), "temporaries left: {left:?}\n{report}");
 }
+
+/// A receiver whose standard output cannot be written (its log's disk full: `/dev/full`)
+/// serves on: a report line or log record it cannot write is dropped and counted, and said
+/// once on standard error when that can be written; it never panics (it exited 101 at its
+/// first report before). Once with standard error readable, text reports; once with both on
+/// `/dev/full`, `--json` and `RUST_LOG=info`.
+#[test]
+fn a_receiver_whose_output_cannot_be_written_serves_on() {
+    let topo = testkit::require_topology!();
+    let (src, dst) = (scratch("full-out-src"), scratch("full-out-dst"));
+    let f = src.join("f");
+    let data = random_file(&f, 1 << 20, 48);
+    let listen = format!("{}:7820", topo.server.addr);
+    let to = format!("{}:7820", topo.server.addr);
+    for (round, json) in [(0, false), (1, true)] {
+        let full = || std::fs::File::options().write(true).open("/dev/full").unwrap();
+        let mut rx = rdma_copy();
+        rx.args(["recv", "--no-auth", "--listen", &listen, "--dir", dst.to_str().unwrap(), "--count", "2"]);
+        rx.env("RUST_LOG", "info").stdout(full());
+        if json {
+            rx.arg("--json").stderr(full());
+        } else {
+            rx.stderr(Stdio::piped());
+        }
+        let mut rx = rx.spawn().unwrap();
+        let t = Instant::now();
+        for n in 0..2 {
+            let name = format!("f{round}{n}");
+            // Sent again until the receiver listens (exit 2 until then): its stderr may be full.
+            let out = loop {
+                let out = cli::rdma_copy()
+                    .args(["send", "--quiet", "--to", &to, "--from", &topo.client.addr.to_string(), "--name", &name])
+                    .arg(&f)
+                    .output()
+                    .unwrap();
+                if out.status.code() != Some(2) || t.elapsed() > Duration::from_secs(30) {
+                    break out;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            };
+            assert!(out.status.success(), "json {json}, send {n}: {}", text(&out.stderr));
+            assert!(std::fs::read(dst.join(&name)).unwrap() == data, "{name} differs");
+        }
+        let (status, err) = (rx.wait().unwrap(), rx.stderr.take());
+        let mut said = String::new();
+        if let Some(mut e) = err {
+            std::io::Read::read_to_string(&mut e, &mut said).unwrap();
+        }
+        assert_eq!(status.code(), Some(0), "json {json}: the receiver ended so; its stderr: {said}");
+        if !json {
+            assert_eq!(said.matches("standard output cannot be written").count(), 1, "said once: {said}");
+            assert!(said.contains("2 report or log lines could not be written"), "{said}");
+        }
+    }
+}
