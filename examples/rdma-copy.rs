@@ -44,6 +44,9 @@ const DEFAULT_PORT: u16 = 7471;
 /// `send --retries` for a single file when not given: a connection that fails mid-transfer
 /// (under load Linux 6.1's rxe ends one now and then, docs/testing.md) is resumed by itself.
 const DEFAULT_RETRIES: u32 = 3;
+/// `send --busy-wait` when not given: long enough for sixteen senders at once against a
+/// receiver's eight places (each turned away waits about a second and asks again).
+const DEFAULT_BUSY_WAIT_S: u64 = 60;
 
 #[derive(Parser)]
 #[command(
@@ -286,6 +289,14 @@ struct SendArgs {
     /// 3 for files, 0 (the only value taken) for --batch or a directory.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=100))]
     retries: Option<u32>,
+    /// Seconds a file's send may wait in all for a receiver that answers "busy" (every place
+    /// taken), asking again after each wait, before it exits 18: each wait is the receiver's
+    /// hint (about 1 s; 3 s for a sender whose slow transfer gave its place to a newer one,
+    /// which then resumes) times a random 0.5-1.5, so senders turned away together come back
+    /// spread out. Not counted as --retries. 0: exit 18 at the first "busy". A batch does not
+    /// wait.
+    #[arg(long, value_name = "SECS", default_value_t = DEFAULT_BUSY_WAIT_S, value_parser = clap::value_parser!(u64).range(0..=86_400))]
+    busy_wait: u64,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -684,6 +695,7 @@ fn send(a: SendArgs, json: bool, driver: Driver) -> i32 {
     opts.resume = !a.no_resume;
     let batch = a.batch || a.files.iter().any(|f| f.is_dir());
     opts.retries = a.retries.unwrap_or(if batch { 0 } else { DEFAULT_RETRIES });
+    opts.busy_wait = Duration::from_secs(a.busy_wait);
     opts.preserve = a.preserve;
     opts.secret = match load_secret(a.secret_file.as_deref()) {
         Ok(s) => s,

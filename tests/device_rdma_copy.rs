@@ -387,7 +387,8 @@ fn idle_connections_do_not_lock_senders_out_and_past_the_limit_senders_hear_busy
     assert!(out.status.success(), "4 idle connections locked a sender out: {}", text(&out.stderr));
     idle.extend((0..2).map(|_| idle_connection(&topo, 7510)));
     let t = Instant::now();
-    let out = send(&topo, 7510, &[f.to_str().unwrap()]);
+    // Told busy, a sender asks again for up to --busy-wait (60 s by default): not this one.
+    let out = send(&topo, 7510, &["--busy-wait", "0", f.to_str().unwrap()]);
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(18), "past the limit: {err}");
     assert!(err.contains("busy"), "{err}");

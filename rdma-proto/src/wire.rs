@@ -274,6 +274,10 @@ pub struct Ack {
     pub received: u64,
     /// A human-readable detail (may be empty).
     pub detail: String,
+    /// With [`Status::Busy`]: how long the sender should wait before it asks again, in
+    /// milliseconds (0: no hint). Appended after the detail only when not 0; a receiver that
+    /// predates it sends none, and a sender that predates it ignores it.
+    pub retry_after_ms: u32,
 }
 
 /// CHALLENGE: the receiver requires the shared secret; its nonce.
@@ -460,6 +464,13 @@ impl<'a> Reader<'a> {
         Ok(u64::from_be_bytes(self.array()?))
     }
     /// An appended `u64`: `None` when the body ends here (a peer that does not send it).
+    fn optional_u32(&mut self) -> Result<Option<u32>, WireError> {
+        if self.at == self.buf.len() {
+            Ok(None)
+        } else {
+            self.u32().map(Some)
+        }
+    }
     fn optional_u64(&mut self) -> Result<Option<u64>, WireError> {
         if self.at == self.buf.len() {
             Ok(None)
@@ -582,7 +593,9 @@ fn decode_within(buf: &[u8], tail: usize) -> Result<(Header, Message), WireError
             if len > MAX_DETAIL_LEN {
                 return Err(invalid("detail", format!("{len} bytes, at most {MAX_DETAIL_LEN}")));
             }
-            Message::Ack(Ack { status, received, detail: r.text(len, "detail")? })
+            let detail = r.text(len, "detail")?;
+            let retry_after_ms = r.optional_u32()?.unwrap_or(0);
+            Message::Ack(Ack { status, received, detail, retry_after_ms })
         }
         Kind::Challenge => Message::Challenge(Challenge { nonce: r.array()? }),
         Kind::Proof => Message::Proof(Proof { nonce: r.array()?, mac: r.array()? }),
@@ -699,6 +712,10 @@ pub fn encode(session: u64, msg: &Message, out: &mut Vec<u8>) -> Result<(), Wire
             out.extend_from_slice(&a.received.to_be_bytes());
             out.extend_from_slice(&(end as u16).to_be_bytes());
             out.extend_from_slice(&a.detail.as_bytes()[..end]);
+            // Only when not 0: an ACK without a hint is the version-1 ACK as first specified.
+            if a.retry_after_ms != 0 {
+                out.extend_from_slice(&a.retry_after_ms.to_be_bytes());
+            }
         }
         Message::Challenge(c) => out.extend_from_slice(&c.nonce),
         Message::Proof(p) => {
@@ -794,7 +811,18 @@ mod tests {
         round_trip(Message::Ready(Ready { index: 3, resume_from: 7 }));
         round_trip(Message::End(End { entries: 12 }));
         round_trip(Message::Fin(Fin { chunks: 3, size: 5, digest: vec![1; 32] }));
-        round_trip(Message::Ack(Ack { status: Status::NoSpace, received: 4, detail: "disk full".into() }));
+        round_trip(Message::Ack(Ack {
+            status: Status::NoSpace,
+            received: 4,
+            detail: "disk full".into(),
+            retry_after_ms: 0,
+        }));
+        round_trip(Message::Ack(Ack {
+            status: Status::Busy,
+            received: 0,
+            detail: "full".into(),
+            retry_after_ms: 1500,
+        }));
     }
 
     #[test]

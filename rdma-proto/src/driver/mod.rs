@@ -84,6 +84,7 @@ mod places;
 mod policy;
 mod recv;
 mod retry;
+mod seats;
 mod send;
 
 pub use digest::fastest_digest;
@@ -178,6 +179,10 @@ pub enum Error {
         status: Status,
         /// Its detail.
         detail: String,
+        /// With [`Status::Busy`], how long the receiver asked the sender to wait before it
+        /// asks again ([`wire::Ack::retry_after_ms`](crate::wire::Ack::retry_after_ms)), if it
+        /// said.
+        retry_after: Option<Duration>,
     },
     /// The peer disconnected before the session ended (it ended the connection, or its process
     /// died and its kernel did). Whatever a request of ours failed with just before is not

@@ -73,7 +73,9 @@ impl SendSummary {
                     retries: 0,
                 })
             }
-            Outcome::Acked { status, detail } => Err(Error::Refused { status, detail }),
+            Outcome::Acked { status, detail } => {
+                Err(Error::Refused { status, detail, retry_after: machine.retry_after() })
+            }
             Outcome::Failed(e) => Err(e.into()),
         }
     }

@@ -195,6 +195,9 @@ impl ReceiveSession<'_> {
         }
         self.last_stored = Some(Instant::now());
         self.machine.handle(Input::ChunkStored { seq }, now);
+        if let Some(seat) = &self.admitted {
+            seat.progress(u64::from(len), now);
+        }
         if let Some(p) = &self.opts.progress {
             let name = match &self.entry {
                 Some((e, _)) => e.path.as_str(),
