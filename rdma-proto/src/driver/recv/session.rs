@@ -454,6 +454,11 @@ impl<'a> ReceiveSession<'a> {
                 Action::EntryDone { path, status, detail, bytes, .. } => {
                     // A file not committed (its digest did not match, its open failed) goes.
                     self.file = None;
+                    // Each entry counts towards the session's rate as towards its pace, so that
+                    // a batch of small files is not taken for a slow session.
+                    if let Some(seat) = &self.admitted {
+                        seat.progress(crate::receiver::OFFER_CREDIT, Instant::now());
+                    }
                     let directory = self.entry.take().is_some_and(|(e, _)| e.kind == EntryKind::Directory);
                     let bytes = if status == Status::Ok { bytes } else { 0 };
                     let counts = &mut self.report.entry_counts;
