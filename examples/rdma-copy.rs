@@ -216,6 +216,20 @@ struct RecvArgs {
     /// Most bytes the partials kept hold together; keeping one more gives up the oldest.
     #[arg(long, default_value = "256G", value_parser = parse_size, value_name = "SIZE")]
     max_partial_bytes: u64,
+    /// Without a secret: most bytes one sender address's partials hold together; keeping one
+    /// more gives up that address's oldest.
+    #[arg(long, default_value = "64G", value_parser = parse_size, value_name = "SIZE")]
+    max_partial_bytes_per_address: u64,
+    /// Free space to keep on --dir's file system: the larger of this and --min-free-percent,
+    /// but at most a fifth of the file system. Partials are given up (the oldest first) or not
+    /// kept to keep it, and a new transfer gives up partials until its file fits beside it: a
+    /// send is never refused for space that abandoned partials hold.
+    #[arg(long, default_value = "1G", value_parser = parse_size, value_name = "SIZE")]
+    min_free: u64,
+    /// Free space to keep on --dir's file system, as a percentage of its size (0..=100; see
+    /// --min-free).
+    #[arg(long, default_value_t = 5, value_name = "PCT", value_parser = clap::value_parser!(u8).range(0..=100))]
+    min_free_percent: u8,
     /// Sync a resumable transfer's data and record how much of it is safe every SIZE bytes
     /// stored: the most a receiver killed outright (SIGKILL, a crash) makes its sender send
     /// again.
@@ -537,6 +551,9 @@ fn recv(a: RecvArgs, json: bool, driver: Driver) -> i32 {
     opts.partial_ttl = Duration::from_secs(a.partial_ttl);
     opts.max_partials = a.max_partials;
     opts.max_partial_bytes = a.max_partial_bytes;
+    opts.max_partial_bytes_per_address = a.max_partial_bytes_per_address;
+    opts.min_free = a.min_free;
+    opts.min_free_percent = a.min_free_percent;
     opts.checkpoint_every = a.checkpoint_every;
     opts.secret = match load_secret(a.secret_file.as_deref()) {
         Ok(s) => s,

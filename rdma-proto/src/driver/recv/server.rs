@@ -17,7 +17,7 @@ use crate::driver::io::Tokio;
 use crate::driver::io::Wakes;
 use crate::driver::io::{block_on, Blocking, Io};
 use crate::driver::knock::Knocks;
-use crate::driver::partials::Ledger;
+use crate::driver::partials::{Ledger, Reserve};
 use crate::driver::places::{ConnectionPlaces, PerAddress};
 use crate::driver::seats::{Seats, BUSY_HINT};
 use crate::driver::Error;
@@ -80,7 +80,9 @@ impl Server {
             Some(dir) => Some(crate::driver::files::open_destination(dir).map_err(Error::Destination)?),
             None => None,
         };
-        let partials = Arc::new(Ledger::new(opts.max_partials, opts.max_partial_bytes));
+        let reserve = Reserve { bytes: opts.min_free, percent: opts.min_free_percent };
+        let partials = Ledger::new(opts.max_partials, opts.max_partial_bytes);
+        let partials = Arc::new(partials.with_space(reserve, opts.max_partial_bytes_per_address));
         if let Some(dir) = &dest {
             // Swept now: the sessions' opens sweep it again a minute from now at the earliest.
             partials.sweep_due(dir);

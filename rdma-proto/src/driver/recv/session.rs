@@ -21,7 +21,7 @@ use crate::driver::link::{
     conn_params, explain_loss, peer_left, send_control, take_arrivals, Endpoint, EndpointParts, LaneBase, Pacer,
     SessionCqs, Side, DISCONNECT_WAIT, DRAIN,
 };
-use crate::driver::partials::Ledger;
+use crate::driver::partials::{Ledger, Owner};
 use crate::driver::places::Place;
 use crate::driver::seats::{Seat, Seats, Taken, Ticket, DISPLACED_HINT, DISPLACED_TEARDOWN, HEIR_WAIT};
 use crate::driver::Error;
@@ -382,6 +382,8 @@ impl<'a> ReceiveSession<'a> {
             lanes,
             route,
             partials,
+            opts,
+            peer,
             ..
         } = self;
         // No lane is taken any more.
@@ -403,6 +405,9 @@ impl<'a> ReceiveSession<'a> {
                 ))
         );
         let midway = file.is_some();
+        // Whose the partial is: a sender that proved no secret is counted by its address.
+        let authenticated = opts.secret.is_some() && machine.authorized();
+        let owner = Owner { peer: (!authenticated).then_some(peer), authenticated };
         if let Some(mut f) = file {
             // A partial that holds nothing is worth nothing: it goes.
             if resumable && machine.bytes_stored() > 0 {
@@ -410,13 +415,13 @@ impl<'a> ReceiveSession<'a> {
                 // was: rewritten, its time would keep a partial that no attempt gets past from
                 // ever expiring (review finding G4).
                 let added = machine.bytes_stored() > machine.resumed_from();
-                partials.keep(&mut f, machine.bytes_stored(), added);
+                partials.keep_for(&mut f, machine.bytes_stored(), added, owner);
             } else if resumable && f.vouched() > 0 {
                 // Ended before its hash found anything to resume from (a stop, a read error):
                 // the partial stays as its sidecar left it (review H11: it was thrown away,
                 // however much it held).
                 let vouched = f.vouched();
-                partials.keep(&mut f, vouched, false);
+                partials.keep_for(&mut f, vouched, false, owner);
             }
         }
         // A HELLO refused before anything was opened still named its session.
