@@ -10,7 +10,7 @@ use cli::*;
 
 /// Sixteen senders at once against a receiver at its defaults (8 sessions, 4 connections per
 /// address: all sixteen come from rxe1's one address), every sender at its defaults: all
-/// arrive. Before, `busy` was a hard failure: twelve exited 18 at once.
+/// arrive: each told `busy` asks again after the receiver's hint.
 #[test]
 fn sixteen_senders_against_eight_places_all_arrive_at_the_defaults() {
     let topo = testkit::require_topology!();
@@ -43,9 +43,8 @@ fn sixteen_senders_against_eight_places_all_arrive_at_the_defaults() {
 
 /// Eight senders with the secret (so that one address may hold every place), each trickling
 /// 64 KiB every 0.7 s (about 90 KB/s, above the pace floor of 16 KiB/s), hold all eight
-/// sessions. Before, an honest sender heard `busy` for as long as they trickled (about 30 s
-/// and more, exit 18 at once for a script). Now the slowest of them gives its place (`busy`,
-/// and when to come back, its partial kept) and the honest sender is served within seconds.
+/// sessions. The slowest of them gives its place (`busy`, and when to come back, its partial
+/// kept) and an honest sender is served within seconds, not once they are done.
 #[test]
 fn tricklers_holding_every_place_give_way_to_an_honest_sender_within_seconds() {
     let topo = testkit::require_topology!();

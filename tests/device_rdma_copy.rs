@@ -504,8 +504,8 @@ fn messages_racing_the_commit_never_make_the_verdict_disagree_with_the_disk() {
 
 /// A receiver whose standard output cannot be written (its log's disk full: `/dev/full`)
 /// serves on: a report line or log record it cannot write is dropped and counted, and said
-/// once on standard error when that can be written; it never panics (it exited 101 at its
-/// first report before). Once with standard error readable, text reports; once with both on
+/// once on standard error when that can be written; it never panics (`println!` would, and
+/// exit 101). Once with standard error readable, text reports; once with both on
 /// `/dev/full`, `--json` and `RUST_LOG=info`.
 #[test]
 fn a_receiver_whose_output_cannot_be_written_serves_on() {

@@ -16,11 +16,10 @@ fn partials(dir: &std::path::Path) -> BTreeSet<String> {
 
 /// Five senders (no secret), each sending a 96 MiB file under a name of its own (a fresh
 /// resume key) into a 256 MiB file system and vanishing (SIGKILL) once 40 MiB arrived, then an
-/// honest send of 96 MiB, all at the receiver's defaults. Before, the partials filled the file
-/// system and the honest send failed with NoSpace (exit 13); the caps counted partials and
-/// bytes, not free space. Now each transfer that opens gives up partials until its file fits
-/// beside the free-space reserve (a fifth of this small file system), and a partial is kept
-/// only while the reserve stays free.
+/// honest send of 96 MiB, all at the receiver's defaults: it arrives. Partials left so would
+/// fill the file system (the caps count partials and bytes), so each transfer that opens gives
+/// up partials until its file fits beside the free-space reserve (a fifth of this small file
+/// system), and a partial is kept only while the reserve stays free.
 #[test]
 fn vanishing_senders_leave_room_for_an_honest_send() {
     let topo = testkit::require_topology!();

@@ -269,9 +269,9 @@ mod tests {
         assert!(matches!(e, Err(Err(Error::Usage(_)))));
     }
 
-    /// `Busy` was a hard failure that `retries` did not cover: sixteen senders against eight
-    /// places, eight exited 18 at once. It is now asked again after the receiver's hint, with
-    /// jitter, within `busy_wait`, and uses up no retry.
+    /// A `Busy` is asked again after the receiver's hint, with jitter, within `busy_wait`, and
+    /// uses up no retry: senders turned away together by a full receiver come back spread out
+    /// and are served in turn.
     #[test]
     fn busy_is_asked_again_after_its_hint_with_jitter_within_busy_wait() {
         let mut o = opts(0);
