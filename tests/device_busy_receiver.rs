@@ -73,12 +73,13 @@ fn tricklers_holding_every_place_give_way_to_an_honest_sender_within_seconds() {
     let t = Instant::now();
     let out = keyed_sender(&topo, 7822, &honest, &["--quiet", "--secret-file", key, "--timeout", SEND_TIMEOUT_S]);
     let (code, err, took) = wait_within(out, Duration::from_secs(120), "the honest sender");
-    eprintln!("the honest sender among 8 tricklers: exit {code:?} after {took:.1?}");
+    eprintln!("the honest sender among 8 tricklers: exit {code:?} after {took:.1?}: {}", err.trim());
     for mut s in tricklers {
         let _ = s.kill();
         let _ = s.wait();
     }
     let report = rx.kill_for_reports();
+    eprintln!("the receiver's reports:\n{report}");
     assert_eq!(code, Some(0), "the honest sender: {err}\nreceiver:\n{report}");
     assert!(std::fs::read(dst.join("honest")).unwrap() == data, "the file differs");
     // Loose: the VM's speed swings, but 30 s of busy is what this replaces.

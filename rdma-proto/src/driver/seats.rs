@@ -46,9 +46,11 @@ pub(crate) const BUSY_HINT: Duration = crate::receiver::BUSY_RETRY_AFTER;
 /// The hint of a displaced session's `Busy`: it comes back once the newcomer had its time.
 pub(crate) const DISPLACED_HINT: Duration = Duration::from_secs(3);
 
-/// How long a newcomer waits for the seat of the session displaced for it (that session's
-/// teardown waits at most [`DISPLACED_TEARDOWN`] for its peer).
-pub(crate) const HEIR_WAIT: Duration = Duration::from_secs(5);
+/// How long a newcomer waits for the seat of the session displaced for it: that session's
+/// teardown waits at most [`DISPLACED_TEARDOWN`] for its peer, then destroys its queue pair
+/// and deregisters its ring, which a loaded device can take seconds over. Waiting longer beats
+/// hearing `Busy` and displacing another session when it comes back.
+pub(crate) const HEIR_WAIT: Duration = Duration::from_secs(10);
 
 /// How long a displaced session's teardown waits for its sender to take the `Busy` and
 /// disconnect.
