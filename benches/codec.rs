@@ -53,7 +53,10 @@ fn messages() -> Vec<(&'static str, Message)> {
         ),
         ("CREDIT", Message::Credit(Credit { consumed: 4242 })),
         ("FIN", Message::Fin(Fin { chunks: 256, size: 256 << 20, digest: vec![0xa5; wire::DIGEST_LEN] })),
-        ("ACK", Message::Ack(Ack { status: Status::Ok, received: 256 << 20, detail: String::new() })),
+        (
+            "ACK",
+            Message::Ack(Ack { status: Status::Ok, received: 256 << 20, detail: String::new(), retry_after_ms: 0 }),
+        ),
     ]
 }
 

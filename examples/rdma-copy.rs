@@ -44,6 +44,9 @@ const DEFAULT_PORT: u16 = 7471;
 /// `send --retries` for a single file when not given: a connection that fails mid-transfer
 /// (under load Linux 6.1's rxe ends one now and then, docs/testing.md) is resumed by itself.
 const DEFAULT_RETRIES: u32 = 3;
+/// `send --busy-wait` when not given: long enough for sixteen senders at once against a
+/// receiver's eight places (each turned away waits about a second and asks again).
+const DEFAULT_BUSY_WAIT_S: u64 = 60;
 
 #[derive(Parser)]
 #[command(
@@ -247,6 +250,20 @@ struct RecvArgs {
     /// Most bytes the partials kept hold together; keeping one more gives up the oldest.
     #[arg(long, default_value = "256G", value_parser = parse_size, value_name = "SIZE")]
     max_partial_bytes: u64,
+    /// Without a secret: most bytes one sender address's partials hold together; keeping one
+    /// more gives up that address's oldest.
+    #[arg(long, default_value = "64G", value_parser = parse_size, value_name = "SIZE")]
+    max_partial_bytes_per_address: u64,
+    /// Free space to keep on --dir's file system: the larger of this and --min-free-percent,
+    /// but at most a fifth of the file system. Partials are given up (the oldest first) or not
+    /// kept to keep it, and a new transfer gives up partials until its file fits beside it: a
+    /// send is never refused for space that abandoned partials hold.
+    #[arg(long, default_value = "1G", value_parser = parse_size, value_name = "SIZE")]
+    min_free: u64,
+    /// Free space to keep on --dir's file system, as a percentage of its size (0..=100; see
+    /// --min-free).
+    #[arg(long, default_value_t = 5, value_name = "PCT", value_parser = clap::value_parser!(u8).range(0..=100))]
+    min_free_percent: u8,
     /// Sync a resumable transfer's data and record how much of it is safe every SIZE bytes
     /// stored: the most a receiver killed outright (SIGKILL, a crash) makes its sender send
     /// again.
@@ -320,6 +337,14 @@ struct SendArgs {
     /// 3 for files, 0 (the only value taken) for --batch or a directory.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=100))]
     retries: Option<u32>,
+    /// Seconds a file's send may wait in all for a receiver that answers "busy" (every place
+    /// taken), asking again after each wait, before it exits 18: each wait is the receiver's
+    /// hint (about 1 s; 3 s for a sender whose slow transfer gave its place to a newer one,
+    /// which then resumes) times a random 0.5-1.5, so senders turned away together come back
+    /// spread out. Not counted as --retries. 0: exit 18 at the first "busy". A batch does not
+    /// wait.
+    #[arg(long, value_name = "SECS", default_value_t = DEFAULT_BUSY_WAIT_S, value_parser = clap::value_parser!(u64).range(0..=86_400))]
+    busy_wait: u64,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -421,7 +446,8 @@ fn main() -> ExitCode {
     };
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
-        .with_writer(std::io::stderr)
+        .with_writer(|| LossyStderr)
+        .log_internal_errors(false)
         .init();
     let driver = match Driver::chosen(cli.driver) {
         Ok(d) => d,
@@ -464,6 +490,69 @@ fn usage(msg: String) -> i32 {
     1
 }
 
+/// Report lines and log records that could not be written (standard output or error full,
+/// closed, or gone): dropped, never a panic, so that a receiver whose log cannot be written
+/// (its disk full) serves on. Counted here, and said once on standard error if it can be.
+static DROPPED: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts one line that could not be written; the first one is said on standard error (if
+/// that can be written).
+fn dropped(what: &str, e: &std::io::Error) {
+    if DROPPED.fetch_add(1, Ordering::Relaxed) == 0 {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "rdma-copy: {what} cannot be written ({e}): its lines are dropped from now on (counted)"
+        );
+    }
+}
+
+/// Writes one line to standard output; a line that cannot be written is dropped and counted
+/// ([`DROPPED`]). `println!` panics then, which ended the receiver.
+fn say_line(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_fmt(args).and_then(|()| out.write_all(b"\n")).and_then(|()| out.flush()) {
+        dropped("standard output", &e);
+    }
+}
+
+/// `println!` that never panics: [`say_line`].
+macro_rules! say {
+    ($($t:tt)*) => { say_line(format_args!($($t)*)) };
+}
+
+/// `eprintln!` that never panics: a line standard error cannot take is dropped.
+macro_rules! note {
+    ($($t:tt)*) => {{
+        use std::io::Write;
+        if let Err(e) = writeln!(std::io::stderr(), $($t)*) {
+            dropped("standard error", &e);
+        }
+    }};
+}
+
+/// Standard error for the log: a record it cannot take is dropped and counted ([`DROPPED`]),
+/// where tracing's own writer would report the failure with `eprintln!`, which panics.
+struct LossyStderr;
+
+impl std::io::Write for LossyStderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.write_all(buf).map(|()| buf.len())
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        if let Err(e) = std::io::stderr().write_all(buf) {
+            dropped("standard error", &e);
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 fn recv(a: RecvArgs, json: bool, driver: Driver) -> i32 {
     let listen = match parse_addr(&a.listen) {
         Ok(l) => l,
@@ -496,6 +585,9 @@ fn recv(a: RecvArgs, json: bool, driver: Driver) -> i32 {
     opts.partial_ttl = Duration::from_secs(a.partial_ttl);
     opts.max_partials = a.max_partials;
     opts.max_partial_bytes = a.max_partial_bytes;
+    opts.max_partial_bytes_per_address = a.max_partial_bytes_per_address;
+    opts.min_free = a.min_free;
+    opts.min_free_percent = a.min_free_percent;
     opts.checkpoint_every = a.checkpoint_every;
     opts.secret = match load_secret(a.secret_file.as_deref()) {
         Ok(s) => s,
@@ -535,22 +627,22 @@ fn recv(a: RecvArgs, json: bool, driver: Driver) -> i32 {
         })
     });
     if let Err(e) = waiter {
-        eprintln!("rdma-copy: installing a signal handler: {e}");
+        note!("rdma-copy: installing a signal handler: {e}");
         return 2;
     }
     let server = match Server::bind(listen, opts) {
         Ok(s) => s,
         Err(e @ rdma_proto::driver::Error::Destination(_)) => {
-            eprintln!("rdma-copy: {e}");
+            note!("rdma-copy: {e}");
             return e.exit_code();
         }
         Err(e) => {
-            eprintln!("rdma-copy: listening on {listen}: {e}");
+            note!("rdma-copy: listening on {listen}: {e}");
             return e.exit_code();
         }
     };
     if !json {
-        eprintln!("rdma-copy: listening on {}", server.local_addr());
+        note!("rdma-copy: listening on {}", server.local_addr());
     }
     let failures = Arc::new(AtomicUsize::new(0));
     let f = failures.clone();
@@ -571,7 +663,7 @@ fn recv(a: RecvArgs, json: bool, driver: Driver) -> i32 {
                 "name": r.name, "bytes": r.bytes, "result": result, "seconds": r.total.as_secs_f64(),
                 "mb_per_s": mb_per_s(r.bytes, r.phases.data), "phases": phases_json(&r.phases),
             });
-            println!("{v}");
+            say!("{v}");
         } else {
             for e in &r.entries {
                 let what = if e.status == rdma_proto::Status::Ok {
@@ -580,13 +672,13 @@ fn recv(a: RecvArgs, json: bool, driver: Driver) -> i32 {
                     format!("{}: {}", e.status, e.detail)
                 };
                 let kind = if e.directory { "/" } else { "" };
-                println!("{:016x}   {}{kind} ({} bytes): {what}", r.session, e.path, e.bytes);
+                say!("{:016x}   {}{kind} ({} bytes): {what}", r.session, e.path, e.bytes);
             }
             let unlisted = r.entry_counts.ended.saturating_sub(r.entries.len() as u64);
             if unlisted > 0 {
                 let listed_stored = r.entries.iter().filter(|e| e.status == rdma_proto::Status::Ok).count() as u64;
                 let stored = r.entry_counts.stored.saturating_sub(listed_stored);
-                println!("{:016x}   ... {unlisted} more entries, {stored} of them stored", r.session);
+                say!("{:016x}   ... {unlisted} more entries, {stored} of them stored", r.session);
             }
             let what = match (r.status(), &r.result) {
                 (Some(s), _) => s.to_string(),
@@ -594,7 +686,7 @@ fn recv(a: RecvArgs, json: bool, driver: Driver) -> i32 {
                 (None, Ok(())) => String::new(),
             };
             let ms = |d: Duration| d.as_secs_f64() * 1e3;
-            println!(
+            say!(
                 "{:016x} from {}: {} ({} bytes, {:.1} MB/s): {what}; connect {:.1} ms, data {:.1} ms, digest {:.1} ms, fsync+rename {:.1} ms",
                 r.session,
                 r.peer,
@@ -614,9 +706,13 @@ fn recv(a: RecvArgs, json: bool, driver: Driver) -> i32 {
         server.serve_async(a.count, report.clone()),
     );
     let r = r.map_err(|e| rdma_proto::driver::Error::Usage(format!("starting the tokio runtime: {e}"))).and_then(|r| r);
+    let lost = DROPPED.load(Ordering::Relaxed);
+    if lost > 0 {
+        note!("rdma-copy: {lost} report or log lines could not be written");
+    }
     match r {
         Err(e) => {
-            eprintln!("rdma-copy: {e}");
+            note!("rdma-copy: {e}");
             2
         }
         Ok(()) if signal.load(Ordering::Relaxed) != 0 => 128 + signal.load(Ordering::Relaxed) as i32,
@@ -650,6 +746,7 @@ fn send(a: SendArgs, json: bool, driver: Driver) -> i32 {
     opts.resume = !a.no_resume;
     let batch = a.batch || a.files.iter().any(|f| f.is_dir());
     opts.retries = a.retries.unwrap_or(if batch { 0 } else { DEFAULT_RETRIES });
+    opts.busy_wait = Duration::from_secs(a.busy_wait);
     opts.preserve = a.preserve;
     opts.secret = match load_secret(a.secret_file.as_deref()) {
         Ok(s) => s,

@@ -134,7 +134,10 @@ fn control_messages_out_of_place_are_refused() {
         (
             "an ACK from the sender",
             0x7570_0006,
-            encoded(0x7570_0006, &Message::Ack(Ack { status: Status::Ok, received: 0, detail: String::new() })),
+            encoded(
+                0x7570_0006,
+                &Message::Ack(Ack { status: Status::Ok, received: 0, detail: String::new(), retry_after_ms: 0 }),
+            ),
         ),
         ("a FIN of another session", 0x7570_0007, encoded(0x7570_0107, &fin)),
         ("bytes without the magic", 0x7570_0008, vec![0x5a; 64]),

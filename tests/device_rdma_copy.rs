@@ -387,7 +387,8 @@ fn idle_connections_do_not_lock_senders_out_and_past_the_limit_senders_hear_busy
     assert!(out.status.success(), "4 idle connections locked a sender out: {}", text(&out.stderr));
     idle.extend((0..2).map(|_| idle_connection(&topo, 7510)));
     let t = Instant::now();
-    let out = send(&topo, 7510, &[f.to_str().unwrap()]);
+    // Told busy, a sender asks again for up to --busy-wait (60 s by default): not this one.
+    let out = send(&topo, 7510, &["--busy-wait", "0", f.to_str().unwrap()]);
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(18), "past the limit: {err}");
     assert!(err.contains("busy"), "{err}");
@@ -499,4 +500,59 @@ fn messages_racing_the_commit_never_make_the_verdict_disagree_with_the_disk() {
     println!("{ok} of {count} hostile sends were acknowledged OK; receiver exit {code}");
     let left: Vec<_> = listing(&dst).into_iter().filter(|n| n.ends_with(".rdcp-tmp")).collect();
     assert!(left.is_empty(), "temporaries left: {left:?}\n{report}");
+}
+
+/// A receiver whose standard output cannot be written (its log's disk full: `/dev/full`)
+/// serves on: a report line or log record it cannot write is dropped and counted, and said
+/// once on standard error when that can be written; it never panics (`println!` would, and
+/// exit 101). Once with standard error readable, text reports; once with both on
+/// `/dev/full`, `--json` and `RUST_LOG=info`.
+#[test]
+fn a_receiver_whose_output_cannot_be_written_serves_on() {
+    let topo = testkit::require_topology!();
+    let (src, dst) = (scratch("full-out-src"), scratch("full-out-dst"));
+    let f = src.join("f");
+    let data = random_file(&f, 1 << 20, 48);
+    let listen = format!("{}:7820", topo.server.addr);
+    let to = format!("{}:7820", topo.server.addr);
+    for (round, json) in [(0, false), (1, true)] {
+        let full = || std::fs::File::options().write(true).open("/dev/full").unwrap();
+        let mut rx = rdma_copy();
+        rx.args(["recv", "--no-auth", "--listen", &listen, "--dir", dst.to_str().unwrap(), "--count", "2"]);
+        rx.env("RUST_LOG", "info").stdout(full());
+        if json {
+            rx.arg("--json").stderr(full());
+        } else {
+            rx.stderr(Stdio::piped());
+        }
+        let mut rx = rx.spawn().unwrap();
+        let t = Instant::now();
+        for n in 0..2 {
+            let name = format!("f{round}{n}");
+            // Sent again until the receiver listens (exit 2 until then): its stderr may be full.
+            let out = loop {
+                let out = cli::rdma_copy()
+                    .args(["send", "--quiet", "--to", &to, "--from", &topo.client.addr.to_string(), "--name", &name])
+                    .arg(&f)
+                    .output()
+                    .unwrap();
+                if out.status.code() != Some(2) || t.elapsed() > Duration::from_secs(30) {
+                    break out;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            };
+            assert!(out.status.success(), "json {json}, send {n}: {}", text(&out.stderr));
+            assert!(std::fs::read(dst.join(&name)).unwrap() == data, "{name} differs");
+        }
+        let (status, err) = (rx.wait().unwrap(), rx.stderr.take());
+        let mut said = String::new();
+        if let Some(mut e) = err {
+            std::io::Read::read_to_string(&mut e, &mut said).unwrap();
+        }
+        assert_eq!(status.code(), Some(0), "json {json}: the receiver ended so; its stderr: {said}");
+        if !json {
+            assert_eq!(said.matches("standard output cannot be written").count(), 1, "said once: {said}");
+            assert!(said.contains("2 report or log lines could not be written"), "{said}");
+        }
+    }
 }

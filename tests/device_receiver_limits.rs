@@ -428,7 +428,8 @@ fn a_trickling_sender_is_ended_by_the_pace_floor_and_its_place_serves_the_next()
     let rx = Receiver::start(&topo, 7654, &["--dir", dir, "--max-sessions", "1", "--timeout", "5"]);
     // One slot: each chunk is written as soon as it is read, 2.5 s after the one before.
     let trickle =
-        ["--chunk", "16K", "--depth", "1", "--retries", "0", "--test-chunk-delay-ms", "2500"].map(std::ffi::OsStr::new);
+        ["--chunk", "16K", "--depth", "1", "--retries", "0", "--busy-wait", "0", "--test-chunk-delay-ms", "2500"]
+            .map(std::ffi::OsStr::new);
     let trickler = spawn_send(&topo, 7654, &[&trickle[..], &[f.as_os_str()]].concat());
     let (code, err, took) = wait_within(trickler, Duration::from_secs(60), "the trickling sender");
     eprintln!("the trickler: exit {code:?} after {took:?}: {}", err.trim());

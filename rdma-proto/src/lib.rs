@@ -105,6 +105,13 @@ pub enum ProtocolError {
         /// The floor, in bytes per second.
         min_rate: u64,
     },
+    /// A newer sender took this session's place (every one being taken), this session
+    /// progressing below its fair share of the receiver's rate
+    /// ([`Receiver::give_way`](crate::receiver::Receiver::give_way)). The receiver ends the
+    /// session with an ACK [`Status::Busy`] that says when to come back, and keeps a
+    /// resumable partial.
+    #[error("a newer sender took this session's place: it progressed below its fair share")]
+    Displaced,
     /// With a secret, a control message arrived whose seal is wrong: changed on the path, or
     /// not from the peer that proved the secret. The session ends without a verdict, as when
     /// the connection is cut, and a receiver keeps its resumable partial: someone on the path

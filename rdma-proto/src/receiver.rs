@@ -117,6 +117,11 @@ impl Default for ReceiverConfig {
 /// [`docs/results/`](https://github.com/rdma-rs/rdma-rs/blob/main/docs/results)); above what a peer that trickles to hold places wants to spend on each.
 pub const DEFAULT_MIN_RATE: u64 = 16 << 10;
 
+/// The hint every [`Status::Busy`] ACK carries ([`wire::Ack::retry_after_ms`]) unless the
+/// driver names another ([`Receiver::give_way`]): about how long a small transfer takes, so
+/// that a sender turned away asks again soon, but not at once.
+pub const BUSY_RETRY_AFTER: Duration = Duration::from_secs(1);
+
 /// What each ENTRY of a batch counts for towards [`ReceiverConfig::min_rate`], in bytes,
 /// whatever its verdict, beside the bytes its file brings: at the default floor a batch keeps
 /// its place with 16 entries a second. An honest sender offers each entry as soon as the last
@@ -355,6 +360,8 @@ pub struct Receiver {
     progress: Instant,
     /// The sender's pace since its GRANT ([`ReceiverConfig::min_rate`]).
     pace: Option<Pace>,
+    /// The hint a `Busy` ACK carries ([`BUSY_RETRY_AFTER`], or [`Receiver::give_way`]'s).
+    busy_hint: Duration,
     actions: VecDeque<Action>,
     outbox: Outbox,
 }
@@ -412,6 +419,7 @@ impl Receiver {
         Receiver {
             progress: now,
             pace: None,
+            busy_hint: BUSY_RETRY_AFTER,
             cfg,
             session: 0,
             phase: Phase::AwaitHello,
@@ -512,6 +520,24 @@ impl Receiver {
     /// Whether the session ended on a wrong proof of the secret (what a driver rate-limits).
     pub fn auth_failed(&self) -> bool {
         self.auth_failed
+    }
+
+    /// The driver's seat for this session is wanted by a newer sender, this one being too slow
+    /// for its share ([`ProtocolError::Displaced`]): once the session is admitted and before
+    /// its commit, it ends with an ACK [`Status::Busy`] whose hint asks the sender to come
+    /// back after `retry_after`, and keeps a resumable partial (the driver's choice). Ignored
+    /// in other phases (before its HELLO nothing is held; a commit under way decides itself).
+    pub fn give_way(&mut self, retry_after: Duration, now: Instant) {
+        if !matches!(self.phase, Phase::Opening | Phase::AwaitEntry | Phase::Data) {
+            return;
+        }
+        self.account(now);
+        self.busy_hint = retry_after;
+        let detail = format!(
+            "a newer sender took this one's place, which progressed below its fair share; come back in {} ms",
+            retry_after.as_millis()
+        );
+        self.fail(ProtocolError::Displaced, Some((Status::Busy, detail)));
     }
 
     /// Whether an ACK was queued (the sender is told the verdict): a driver then gives the
@@ -962,7 +988,7 @@ impl Receiver {
                     format!("{} of {} entries stored; the first failure: {detail}", b.ok, b.entries)
                 };
                 self.acked = true;
-                self.send(&Message::Ack(Ack { status, received: b.held, detail: detail.clone() }));
+                self.send(&Message::Ack(Ack { status, received: b.held, detail: detail.clone(), retry_after_ms: 0 }));
                 self.phase = Phase::Done;
                 self.actions.push_back(Action::Finish(Outcome::Acked { status, detail }));
             }
@@ -1306,7 +1332,11 @@ impl Receiver {
 
     fn ack(&mut self, status: Status, detail: String) {
         self.acked = true;
-        self.send(&Message::Ack(Ack { status, received: self.bytes_stored(), detail }));
+        let retry_after_ms = match status {
+            Status::Busy => u32::try_from(self.busy_hint.as_millis()).unwrap_or(u32::MAX).max(1),
+            _ => 0,
+        };
+        self.send(&Message::Ack(Ack { status, received: self.bytes_stored(), detail, retry_after_ms }));
     }
 
     /// Refuses the HELLO (nothing opened): ACK with `status`, session over.

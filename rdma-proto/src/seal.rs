@@ -130,7 +130,7 @@ mod tests {
     }
 
     fn ack(status: Status) -> Message {
-        Message::Ack(Ack { status, received: 10, detail: String::new() })
+        Message::Ack(Ack { status, received: 10, detail: String::new(), retry_after_ms: 0 })
     }
 
     #[test]

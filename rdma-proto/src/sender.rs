@@ -211,6 +211,8 @@ pub struct Sender {
     entry: Option<Entry>,
     /// When the current phase last made progress: the timeout counts from here.
     progress: Instant,
+    /// The hint of the receiver's refusal ([`Ack::retry_after_ms`](wire::Ack::retry_after_ms)).
+    retry_after: Option<Duration>,
     actions: VecDeque<Action>,
     outbox: Outbox,
 }
@@ -279,6 +281,7 @@ impl Sender {
             batch: None,
             entry: None,
             progress: now,
+            retry_after: None,
             actions: VecDeque::new(),
             outbox: Outbox::default(),
             cfg,
@@ -632,6 +635,7 @@ impl Sender {
                 if a.status == Status::Ok && !matches!(self.phase, Phase::AwaitAck | Phase::AwaitSummary) && !stored {
                     return Err(ProtocolError::Peer("ACK ok before FIN".into()));
                 }
+                self.refused(&a);
                 self.finish(Outcome::Acked { status: a.status, detail: a.detail });
             }
             (phase, m) => {
@@ -814,6 +818,20 @@ impl Sender {
         DIGEST_CAPS | auth | resume | batch | lanes | caps::CANCEL
     }
 
+    /// How long the receiver asked this sender to wait before it asks again, when it refused
+    /// the session as [`Status::Busy`] with a hint ([`wire::Ack::retry_after_ms`]); `None`
+    /// otherwise.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
+
+    /// Keeps a refusal's hint ([`retry_after`](Self::retry_after)).
+    fn refused(&mut self, a: &wire::Ack) {
+        if a.status == Status::Busy && a.retry_after_ms > 0 {
+            self.retry_after = Some(Duration::from_millis(u64::from(a.retry_after_ms)));
+        }
+    }
+
     /// Bytes the receiver held before this session (its GRANT's `resume_from`): the file's
     /// chunks start there, and the driver's digest must cover the bytes before it too.
     pub fn resumed_from(&self) -> u64 {
@@ -826,6 +844,7 @@ impl Sender {
     fn on_unsealed(&mut self, bytes: &[u8]) -> Result<(), ProtocolError> {
         match wire::decode(bytes) {
             Ok((h, Message::Ack(a))) if h.session == self.session && a.status != Status::Ok => {
+                self.refused(&a);
                 self.finish(Outcome::Acked { status: a.status, detail: a.detail });
                 Ok(())
             }

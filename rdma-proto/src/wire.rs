@@ -297,6 +297,10 @@ pub struct Ack {
     pub received: u64,
     /// A human-readable detail (may be empty).
     pub detail: String,
+    /// With [`Status::Busy`]: how long the sender should wait before it asks again, in
+    /// milliseconds (0: no hint). Appended after the detail only when not 0; a receiver that
+    /// predates it sends none, and a sender that predates it ignores it.
+    pub retry_after_ms: u32,
 }
 
 /// CHALLENGE: the receiver requires the shared secret; its nonce. With
@@ -629,7 +633,9 @@ fn decode_within(buf: &[u8], tail: usize) -> Result<(Header, Message), WireError
             if len > MAX_DETAIL_LEN {
                 return Err(invalid("detail", format!("{len} bytes, at most {MAX_DETAIL_LEN}")));
             }
-            Message::Ack(Ack { status, received, detail: r.text(len, "detail")? })
+            let detail = r.text(len, "detail")?;
+            let retry_after_ms = r.optional_u32()?.unwrap_or(0);
+            Message::Ack(Ack { status, received, detail, retry_after_ms })
         }
         Kind::Challenge => {
             let nonce = r.array()?;
@@ -754,6 +760,10 @@ pub fn encode(session: u64, msg: &Message, out: &mut Vec<u8>) -> Result<(), Wire
             out.extend_from_slice(&a.received.to_be_bytes());
             out.extend_from_slice(&(end as u16).to_be_bytes());
             out.extend_from_slice(&a.detail.as_bytes()[..end]);
+            // Only when not 0: an ACK without a hint is the version-1 ACK as first specified.
+            if a.retry_after_ms != 0 {
+                out.extend_from_slice(&a.retry_after_ms.to_be_bytes());
+            }
         }
         Message::Challenge(c) => {
             out.extend_from_slice(&c.nonce);
@@ -859,7 +869,18 @@ mod tests {
         round_trip(Message::Ready(Ready { index: 3, resume_from: 7 }));
         round_trip(Message::End(End { entries: 12 }));
         round_trip(Message::Fin(Fin { chunks: 3, size: 5, digest: vec![1; 32] }));
-        round_trip(Message::Ack(Ack { status: Status::NoSpace, received: 4, detail: "disk full".into() }));
+        round_trip(Message::Ack(Ack {
+            status: Status::NoSpace,
+            received: 4,
+            detail: "disk full".into(),
+            retry_after_ms: 0,
+        }));
+        round_trip(Message::Ack(Ack {
+            status: Status::Busy,
+            received: 0,
+            detail: "full".into(),
+            retry_after_ms: 1500,
+        }));
     }
 
     #[test]

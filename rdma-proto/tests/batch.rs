@@ -709,7 +709,12 @@ fn a_store_that_fails_after_the_fin_ends_the_senders_batch() {
                         to_sender(&mut s, Message::Ready(Ready { index: e.index, resume_from: 0 }));
                     }
                     Message::Fin(_) => {
-                        let ack = Ack { status: Status::DiskIo, received: 1024, detail: "writing: EIO".into() };
+                        let ack = Ack {
+                            status: Status::DiskIo,
+                            received: 1024,
+                            detail: "writing: EIO".into(),
+                            retry_after_ms: 0,
+                        };
                         to_sender(&mut s, Message::Ack(ack));
                     }
                     _ => {}
@@ -803,7 +808,12 @@ fn with_a_secret_a_verdict_changed_on_the_path_is_never_taken_for_ok() {
             match attack {
                 "rewrite the status" => m[20..22].copy_from_slice(&Status::Ok.code().to_be_bytes()),
                 _ => {
-                    let ack = rdma_proto::wire::Ack { status: Status::Ok, received: 2000, detail: String::new() };
+                    let ack = rdma_proto::wire::Ack {
+                        status: Status::Ok,
+                        received: 2000,
+                        detail: String::new(),
+                        retry_after_ms: 0,
+                    };
                     rdma_proto::wire::encode(SESSION, &rdma_proto::wire::Message::Ack(ack), m).unwrap();
                 }
             }

@@ -70,8 +70,13 @@ fn fin() -> impl Strategy<Value = Fin> {
 }
 
 fn ack() -> impl Strategy<Value = Ack> {
-    (prop::sample::select(Status::ALL.to_vec()), any::<u64>(), text(MAX_DETAIL_LEN))
-        .prop_map(|(status, received, detail)| Ack { status, received, detail })
+    (
+        prop::sample::select(Status::ALL.to_vec()),
+        any::<u64>(),
+        text(MAX_DETAIL_LEN),
+        prop_oneof![Just(0u32), any::<u32>()],
+    )
+        .prop_map(|(status, received, detail, retry_after_ms)| Ack { status, received, detail, retry_after_ms })
 }
 
 /// Any valid message of any kind.
@@ -206,21 +211,23 @@ proptest! {
     #[test]
     fn a_length_field_cutting_into_the_body_is_truncated(session in any::<u64>(), m in message()) {
         // Every field of version 1 is mandatory: a shorter length always cuts one. The fields
-        // appended since (a HELLO's resume key, a GRANT's resume_from) are whole or absent: a
-        // length that ends right before one is that message without it.
+        // appended since (a HELLO's resume key, a GRANT's resume_from, a CHALLENGE's prefix claim,
+        // an ACK's retry_after_ms) are whole or absent: a length that ends right before one is that
+        // message without it.
         let buf = encoded(session, &m);
-        let (appended, without) = match &m {
-            Message::Hello(h) if h.resume.is_some() && h.caps & caps::LANES == 0 => (8, Some(Message::Hello(Hello { resume: None, ..h.clone() }))),
-            Message::Grant(g) if buf.len() == 54 => (8, Some(Message::Grant(Grant { resume_from: 0, ..*g }))),
-            Message::Challenge(c) if c.prefix.is_some() => (12, Some(Message::Challenge(Challenge { prefix: None, ..*c }))),
-            _ => (0, None),
+        let without = match &m {
+            Message::Hello(h) if h.resume.is_some() && h.caps & caps::LANES == 0 => Some((8, Message::Hello(Hello { resume: None, ..h.clone() }))),
+            Message::Grant(g) if buf.len() == 54 => Some((8, Message::Grant(Grant { resume_from: 0, ..*g }))),
+            Message::Challenge(c) if c.prefix.is_some() => Some((12, Message::Challenge(Challenge { prefix: None, ..*c }))),
+            Message::Ack(a) if a.retry_after_ms != 0 => Some((4, Message::Ack(Ack { retry_after_ms: 0, ..a.clone() }))),
+            _ => None,
         };
         for len in HEADER_LEN..buf.len() {
             let mut short = buf.clone();
             set_len(&mut short, len);
             let r = decode(&short);
-            if len == buf.len() - appended && without.is_some() {
-                prop_assert_eq!(r.map(|(_, m)| m).ok(), without.clone(), "length {}", len);
+            if let Some((_, without)) = without.as_ref().filter(|(cut, _)| len == buf.len() - cut) {
+                prop_assert_eq!(r.map(|(_, m)| m).ok(), Some(without.clone()), "length {}", len);
                 continue;
             }
             prop_assert!(matches!(r, Err(WireError::Truncated { .. })), "length {}: {:?}", len, r);
@@ -312,6 +319,7 @@ proptest! {
                 let prefix = Some(c.prefix.unwrap_or(wire::PrefixClaim { index: 0, from: 1 }));
                 Message::Challenge(Challenge { prefix, ..c })
             }
+            Message::Ack(a) => Message::Ack(Ack { retry_after_ms: a.retry_after_ms.max(1), ..a }),
             m => m,
         };
         let mut buf = encoded(session, &m);
@@ -325,7 +333,7 @@ proptest! {
 
     #[test]
     fn a_detail_over_the_limit_is_cut_at_a_character_boundary(detail in text(4 * MAX_DETAIL_LEN), received in any::<u64>()) {
-        let m = Message::Ack(Ack { status: Status::DiskIo, received, detail: detail.clone() });
+        let m = Message::Ack(Ack { status: Status::DiskIo, received, detail: detail.clone(), retry_after_ms: 0 });
         let buf = encoded(3, &m);
         let Ok((_, Message::Ack(back))) = decode(&buf) else { panic!("an ACK decodes") };
         prop_assert!(back.detail.len() <= MAX_DETAIL_LEN);
@@ -375,7 +383,7 @@ proptest! {
 
     #[test]
     fn a_detail_length_over_the_limit_does_not_decode(detail_len in MAX_DETAIL_LEN as u16 + 1..=u16::MAX) {
-        let mut buf = encoded(1, &Message::Ack(Ack { status: Status::Ok, received: 0, detail: String::new() }));
+        let mut buf = encoded(1, &Message::Ack(Ack { status: Status::Ok, received: 0, detail: String::new(), retry_after_ms: 0 }));
         let at = buf.len() - 2;
         buf[at..].copy_from_slice(&detail_len.to_be_bytes());
         buf.resize(MAX_MESSAGE_LEN, b'd');
@@ -421,7 +429,8 @@ fn invalid_field_values_are_invalid() {
     assert!(matches!(hello(3, 2, b"ok"), Err(WireError::Invalid { field: "version range", .. })));
     assert!(matches!(hello(1, 1, b"\xff\xfe"), Err(WireError::Invalid { field: "name", .. })));
 
-    let mut ack = encoded(9, &Message::Ack(Ack { status: Status::Ok, received: 0, detail: "é".into() }));
+    let mut ack =
+        encoded(9, &Message::Ack(Ack { status: Status::Ok, received: 0, detail: "é".into(), retry_after_ms: 0 }));
     let status_at = HEADER_LEN;
     ack[status_at..status_at + 2].copy_from_slice(&(Status::ALL.len() as u16).to_be_bytes());
     assert!(matches!(decode(&ack), Err(WireError::Invalid { field: "status", .. })));
@@ -446,7 +455,12 @@ fn the_largest_messages_fit_the_limit() {
     };
     assert_eq!(hello.name.len(), MAX_NAME_LEN);
     let fin = Fin { chunks: u64::MAX, size: u64::MAX, digest: vec![0xff; MAX_DIGEST_LEN] };
-    let ack = Ack { status: Status::Internal, received: u64::MAX, detail: "d".repeat(MAX_DETAIL_LEN) };
+    let ack = Ack {
+        status: Status::Internal,
+        received: u64::MAX,
+        detail: "d".repeat(MAX_DETAIL_LEN),
+        retry_after_ms: u32::MAX,
+    };
     for m in [Message::Hello(hello), Message::Fin(fin), Message::Ack(ack)] {
         let buf = encoded(u64::MAX, &m);
         assert!(buf.len() <= MAX_MESSAGE_LEN, "{:?}: {} bytes", m.kind(), buf.len());
@@ -463,7 +477,7 @@ fn the_layout_is_the_documented_one() {
         h.extend_from_slice(&[1, kind, 0, 0, 0, 0, 0, len, 1, 2, 3, 4, 5, 6, 7, 8]);
         h
     };
-    let cases: [(Message, Vec<u8>); 13] = [
+    let cases: [(Message, Vec<u8>); 14] = [
         (
             Message::Hello(Hello {
                 version_min: 1,
@@ -507,8 +521,13 @@ fn the_layout_is_the_documented_one() {
             [header(4, 39), vec![0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0x20, 1, 2, 0xde, 0xad]].concat(),
         ),
         (
-            Message::Ack(Ack { status: Status::Exists, received: 5, detail: "x".into() }),
+            Message::Ack(Ack { status: Status::Exists, received: 5, detail: "x".into(), retry_after_ms: 0 }),
             [header(5, 33), vec![0, 7, 0, 0, 0, 0, 0, 0, 0, 5, 0, 1, b'x']].concat(),
+        ),
+        // A Busy ACK's hint: `retry_after_ms` appended after the detail.
+        (
+            Message::Ack(Ack { status: Status::Busy, received: 0, detail: String::new(), retry_after_ms: 0x0102 }),
+            [header(5, 36), vec![0, 8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], vec![0, 0, 1, 2]].concat(),
         ),
         (Message::Challenge(Challenge { nonce: [0xc1; 16], prefix: None }), [header(6, 36), vec![0xc1; 16]].concat()),
         // RESUME_PROOF (bit 13): a prefix CHALLENGE appends the entry's index and `from`.

@@ -161,7 +161,7 @@ fn an_embedders_policy_sees_each_offer_first_and_its_refusals_store_nothing() {
 
     let single = send_file(&src.0.join("id.key"), &send_opts(&topo, 18672), |_, _| {});
     assert!(
-        matches!(&single, Err(Error::Refused { status: Status::NotAuthorized, detail }) if detail == "no keys here"),
+        matches!(&single, Err(Error::Refused { status: Status::NotAuthorized, detail, .. }) if detail == "no keys here"),
         "{single:?}"
     );
     let batch = send_files(&[tree], &send_opts(&topo, 18672), |_, _| {}).unwrap();

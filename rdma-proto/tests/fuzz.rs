@@ -457,7 +457,7 @@ fn fin() -> impl Strategy<Value = Fin> {
 
 fn ack() -> impl Strategy<Value = Ack> {
     (prop::sample::select(Status::ALL.to_vec()), any::<u64>(), text(MAX_DETAIL_LEN))
-        .prop_map(|(status, received, detail)| Ack { status, received, detail })
+        .prop_map(|(status, received, detail)| Ack { status, received, detail, retry_after_ms: 0 })
 }
 
 /// A valid message of any kind.

@@ -744,7 +744,7 @@ fn the_sender_refuses_bad_grants_and_messages_out_of_place() {
         assert!(matches!(failure(&mut s), Some(ProtocolError::Peer(_))), "{g:?}");
     }
 
-    let ok_ack = Message::Ack(Ack { status: Status::Ok, received: 0, detail: String::new() });
+    let ok_ack = Message::Ack(Ack { status: Status::Ok, received: 0, detail: String::new(), retry_after_ms: 0 });
     let out_of_place = [
         ("a CREDIT beyond the chunks written", Message::Credit(Credit { consumed: 1 }), SESSION),
         ("an OK before the FIN", ok_ack, SESSION),
@@ -899,4 +899,42 @@ fn a_cancelled_send_tells_the_receiver_which_ends_it_as_cancelled() {
         // Every chunk that arrived before the CANCEL was stored: a resume continues after them.
         assert_eq!(sim.stored, sim.stores_asked, "seed {seed}: chunks that arrived were dropped");
     }
+}
+
+/// A session whose seat a newer sender takes ([`Receiver::give_way`]) ends in its data phase
+/// with `Busy`, the hint of when to come back, and a resumable end (its temporary not
+/// discarded as a failure's: `Displaced`); the sender keeps the hint. During the commit it
+/// is ignored: the commit's answer decides.
+#[test]
+fn a_displaced_session_ends_with_busy_and_when_to_come_back() {
+    let (mut r, t) = receiving(64);
+    r.handle(receiver::Input::WriteArrived { imm: 0, len: 16 }, t);
+    r.handle(receiver::Input::ChunkStored { seq: 0 }, t);
+    actions_of_receiver(&mut r);
+    r.give_way(Duration::from_millis(3000), t);
+    let (actions, sent) = polled(&mut r);
+    let (_, ack) = ack_in(&sent).expect("an ACK");
+    assert_eq!((ack.status, ack.retry_after_ms, ack.received), (Status::Busy, 3000, 16));
+    assert!(actions.contains(&receiver::Action::Finish(Outcome::Failed(ProtocolError::Displaced))), "{actions:?}");
+    // The sender keeps the hint with the refusal.
+    let (mut s, t) = granted(64);
+    s.handle(sender::Input::Message(&encode(SESSION, &Message::Ack(ack))), t);
+    assert_eq!(s.retry_after(), Some(Duration::from_secs(3)));
+    // Any other Busy (every seat held by sessions that may not give way) says 1 s.
+    let t = Instant::now();
+    let mut full = Receiver::new(receiver_cfg(2), t);
+    full.handle(receiver::Input::Message(&encode(9, &Message::Hello(hello("f", 64)))), t);
+    full.handle(receiver::Input::OpenFailed(Status::Busy, "full".into()), t);
+    let (_, sent) = polled(&mut full);
+    assert_eq!(ack_in(&sent).map(|(_, a)| a.retry_after_ms), Some(1000));
+    // Once the commit was asked for, giving way is ignored.
+    let (mut r, t) = receiving(16);
+    r.handle(receiver::Input::WriteArrived { imm: 0, len: 16 }, t);
+    r.handle(receiver::Input::ChunkStored { seq: 0 }, t);
+    let fin = Fin { chunks: 1, size: 16, digest: vec![7; wire::DIGEST_LEN] };
+    r.handle(receiver::Input::Message(&encode(9, &Message::Fin(fin))), t);
+    actions_of_receiver(&mut r);
+    r.give_way(Duration::from_secs(3), t);
+    assert_eq!(actions_of_receiver(&mut r), []);
+    assert!(!r.is_done());
 }

@@ -86,7 +86,8 @@ impl BatchState {
     /// The receiver's verdict on the entry in progress.
     pub(crate) fn entry_done(&mut self, status: Status, detail: String, _received: u64) {
         let Some(e) = self.current.take() else { return };
-        let result = if status == Status::Ok { Ok(()) } else { Err(Error::Refused { status, detail }) };
+        let result =
+            if status == Status::Ok { Ok(()) } else { Err(Error::Refused { status, detail, retry_after: None }) };
         let last = self.sent.last_mut().filter(|s| s.path == e.path && s.result.is_ok());
         // The size it was offered with (what `total` now counts), not the walk's: a file that
         // changed since would leave the progress short of (or past) its total.
@@ -174,7 +175,7 @@ fn finish(ran: Ran, skipped: Skipped, start: Instant) -> Result<BatchReport, Err
     let mut batch = batch.expect("the batch comes back");
     let result = match outcome {
         Ok(Outcome::Acked { status: Status::Ok, .. }) => Ok(()),
-        Ok(Outcome::Acked { status, detail }) => Err(Error::Refused { status, detail }),
+        Ok(Outcome::Acked { status, detail }) => Err(Error::Refused { status, detail, retry_after: None }),
         Ok(Outcome::Failed(e)) => Err(e.into()),
         Err(e) => Err(e),
     };

@@ -84,6 +84,7 @@ mod places;
 mod policy;
 mod recv;
 mod retry;
+mod seats;
 mod send;
 
 pub use digest::fastest_digest;
@@ -191,6 +192,10 @@ pub enum Error {
         status: Status,
         /// Its detail.
         detail: String,
+        /// With [`Status::Busy`], how long the receiver asked the sender to wait before it
+        /// asks again ([`wire::Ack::retry_after_ms`](crate::wire::Ack::retry_after_ms)), if it
+        /// said.
+        retry_after: Option<Duration>,
     },
     /// The peer disconnected before the session ended (it ended the connection, or its process
     /// died and its kernel did). Whatever a request of ours failed with just before is not
@@ -309,7 +314,9 @@ impl Error {
             }
             Error::SourceChanged { path, what } => Error::SourceChanged { path: path.clone(), what: what.clone() },
             Error::Protocol(e) => Error::Protocol(e.clone()),
-            Error::Refused { status, detail } => Error::Refused { status: *status, detail: detail.clone() },
+            Error::Refused { status, detail, retry_after } => {
+                Error::Refused { status: *status, detail: detail.clone(), retry_after: *retry_after }
+            }
             Error::PeerDisconnected => Error::PeerDisconnected,
             Error::ConnectionLost { status } => Error::ConnectionLost { status: *status },
             Error::PeerViolation { status, event } => Error::PeerViolation { status: *status, event: *event },
@@ -450,7 +457,7 @@ mod tests {
             Error::Stopped,
             Error::PeerDisconnected,
             Error::ConnectionLost { status: rdma_verbs::WcStatus::RetryExceeded },
-            Error::Refused { status: Status::NoSpace, detail: "full".into() },
+            Error::Refused { status: Status::NoSpace, detail: "full".into(), retry_after: None },
             Error::Protocol(ProtocolError::Timeout { waiting_for: "x", after: Duration::ZERO }),
             Error::Cm(rdma_cm::Error::Timeout { what: "x", device: None, after: Duration::ZERO }),
             Error::Cm(rdma_cm::Error::Cm { verb: "x", device: None, errno: libc::ENODEV }),

@@ -5,8 +5,17 @@
 //! in the ledger); one larger than the byte cap alone is not kept. Partials from before the
 //! receiver started are in it if they are in the destination itself (found when it binds);
 //! any others expire only by `partial_ttl`.
+//!
+//! Free space is a limit too ([`Reserve`]): a partial is kept only while its file system keeps
+//! its reserve free, the oldest partials (those of senders that did not prove the secret
+//! first) given up to keep it; and a transfer that opens gives up partials until its file fits
+//! beside the reserve, so that it is never refused for space that abandoned partials hold.
+//! Without a secret, one address's partials hold at most
+//! [`ReceiveOptions::max_partial_bytes_per_address`](super::ReceiveOptions::max_partial_bytes_per_address)
+//! together: keeping one more gives up that address's oldest.
 
 use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -22,6 +31,44 @@ struct Kept {
     at: DirId,
     key: u64,
     bytes: u64,
+    /// Whose it is.
+    owner: Owner,
+}
+
+/// Whose a partial is: the address of a sender that did not prove the secret (counted against
+/// its address's cap), or one that did. Partials found when the receiver starts are nobody's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Owner {
+    /// The sender's address, when it proved no secret.
+    pub(crate) peer: Option<IpAddr>,
+    /// Whether it proved the secret: its partials are given up last.
+    pub(crate) authenticated: bool,
+}
+
+/// The free space a receiver keeps on the file system of its destination: `percent` of it, or
+/// `bytes` if that is more, but never more than a fifth of it (so that a small file system
+/// still keeps partials).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Reserve {
+    pub(crate) bytes: u64,
+    pub(crate) percent: u8,
+}
+
+impl Reserve {
+    /// None: free space is no limit.
+    pub(crate) const NONE: Reserve = Reserve { bytes: 0, percent: 0 };
+
+    /// The reserve on a file system of `total` bytes.
+    pub(crate) fn of(&self, total: u64) -> u64 {
+        let share = (u128::from(total) * u128::from(self.percent.min(100)) / 100) as u64;
+        share.max(self.bytes.min(total / 5))
+    }
+}
+
+/// The free space of `dir`'s file system for an unprivileged user, and its size, in bytes.
+fn space(dir: &DirFd) -> Option<(u64, u64)> {
+    let st = rustix::fs::fstatvfs(&**dir).ok()?;
+    Some((st.f_bavail.saturating_mul(st.f_frsize), st.f_blocks.saturating_mul(st.f_frsize)))
 }
 
 /// How often one directory's expired partials are looked for: a sweep reads the whole
@@ -38,6 +85,10 @@ pub(crate) const FRUITLESS_RESUMES: u32 = 3;
 pub(crate) struct Ledger {
     max_count: usize,
     max_bytes: u64,
+    /// Free space kept on each partial's file system.
+    reserve: Reserve,
+    /// Bytes one address's partials hold at most (senders that proved no secret).
+    per_address: u64,
     kept: Mutex<VecDeque<Kept>>,
     /// Resumes in a row that added nothing, by partial.
     fruitless: Mutex<HashMap<(DirId, u64), u32>>,
@@ -55,10 +106,18 @@ impl Ledger {
         Ledger {
             max_count,
             max_bytes,
+            reserve: Reserve::NONE,
+            per_address: u64::MAX,
             kept: Mutex::new(VecDeque::new()),
             fruitless: Mutex::new(HashMap::new()),
             swept: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The ledger with a free-space `reserve` and a cap of `per_address` bytes on one address's
+    /// partials.
+    pub(crate) fn with_space(self, reserve: Reserve, per_address: u64) -> Ledger {
+        Ledger { reserve, per_address, ..self }
     }
 
     /// Whether `dir` is due a sweep for expired partials (at most once per [`SWEEP_EVERY`]);
@@ -100,7 +159,7 @@ impl Ledger {
             // (review R5: before, it gave up every partial found before it).
             for (key, bytes) in partials.into_iter().filter(|&(_, bytes)| self.fits_alone(bytes)) {
                 given_up.extend(self.make_room(&mut kept, bytes));
-                kept.push_back(Kept { dir: dir.clone(), at, key, bytes });
+                kept.push_back(Kept { dir: dir.clone(), at, key, bytes, owner: Owner::default() });
             }
         }
         self.give_up(given_up);
@@ -120,22 +179,31 @@ impl Ledger {
     /// blocks. Review H4: a resume that hashed only part of a partial, and broke off, made the
     /// ledger count what it hashed (16 MiB) while the disk kept the whole partial and its
     /// sidecar still vouched for it; the byte cap could be passed about 64 times.
+    #[cfg(test)]
     pub(crate) fn keep(&self, file: &mut Incoming, held: u64, added: bool) {
-        self.keep_counted(file, held, added, true);
+        self.keep_for(file, held, added, Owner::default());
     }
 
     /// Puts a partial a session took and did not touch back as it was (its sidecar, time and
     /// all), without counting the session as a resume that added nothing: a sender that could
     /// not prove the partial's bytes was not its owner, and wrong proofs must not make the
-    /// receiver give up its owner's partial.
+    /// receiver give up its owner's partial. It goes back as nobody's (the session that took
+    /// it does not know whose it was), like the partials found when the receiver starts.
     pub(crate) fn put_back(&self, file: &mut Incoming) {
         let vouched = file.vouched();
-        self.keep_counted(file, vouched, false, false);
+        self.keep_as(file, vouched, false, Owner::default(), false);
     }
 
-    /// [`keep`](Self::keep); `count` says whether a session that added nothing counts towards
-    /// [`FRUITLESS_RESUMES`].
-    fn keep_counted(&self, file: &mut Incoming, held: u64, added: bool, count: bool) {
+    /// [`keep`](Self::keep) for `owner`: past its address's cap its oldest partials go first,
+    /// and the partial is kept only while the file system keeps its reserve free once the
+    /// oldest partials there (`owner`'s own too) are given up (else they go, and this one too).
+    pub(crate) fn keep_for(&self, file: &mut Incoming, held: u64, added: bool, owner: Owner) {
+        self.keep_as(file, held, added, owner, true);
+    }
+
+    /// [`keep_for`](Self::keep_for); `count` says whether a session that added nothing counts
+    /// towards [`FRUITLESS_RESUMES`].
+    fn keep_as(&self, file: &mut Incoming, held: u64, added: bool, owner: Owner, count: bool) {
         let Some((dir, key)) = file.partial_of() else { return };
         let Some(at) = dir_id(&dir) else { return };
         // Only a session that resumed (its sidecar vouched for bytes: it hashed them) counts.
@@ -155,11 +223,39 @@ impl Ledger {
         // one's checkpoint and fsync) is done after it, so that sessions ending together do not
         // wait for each other's disk (review R6). A partial that could not be kept gives its
         // place back.
+        if owner.peer.is_some() && bytes > self.per_address {
+            tracing::info!(bytes, max = self.per_address, "a partial over max_partial_bytes_per_address is not kept");
+            return;
+        }
         let given_up = {
             let mut kept = self.lock();
             kept.retain(|k| !(k.at == at && k.key == key));
-            let given_up = self.make_room(&mut kept, bytes);
-            kept.push_back(Kept { dir: dir.clone(), at, key, bytes });
+            let mut given_up = self.make_room(&mut kept, bytes);
+            given_up.extend(self.make_room_of(&mut kept, owner, bytes));
+            // Its bytes are on disk already: the space the older partials free is what counts.
+            if let Some((free, total)) = space(&dir) {
+                let reserve = self.reserve.of(total);
+                let freed = |g: &[Kept]| -> u64 { g.iter().filter(|k| k.at.0 == at.0).map(|k| k.bytes).sum() };
+                let short = reserve.saturating_sub(free.saturating_add(freed(&given_up)));
+                if short > 0 {
+                    let more = make_space(&mut kept, at.0, short, None);
+                    let still = short.saturating_sub(freed(&more));
+                    given_up.extend(more);
+                    if still > 0 {
+                        // Every older partial there given up, the reserve is still not free:
+                        // this one goes too (when `file` drops).
+                        drop(kept);
+                        tracing::info!(
+                            bytes,
+                            reserve,
+                            "a partial that would eat into the free-space reserve is not kept"
+                        );
+                        self.give_up(given_up);
+                        return;
+                    }
+                }
+            }
+            kept.push_back(Kept { dir: dir.clone(), at, key, bytes, owner });
             given_up
         };
         // The older partials go only once this one is kept (review H8: they were removed
@@ -170,6 +266,44 @@ impl Ledger {
             self.take(&dir, key);
             self.restore(given_up);
         }
+    }
+
+    /// Gives up partials until a file of `need` bytes fits in `dir` beside the free-space
+    /// reserve: the oldest first, those of senders that proved no secret before the others,
+    /// never `key`'s own in `dir` (the partial this transfer may resume). A transfer is never
+    /// refused for space that partials hold.
+    pub(crate) fn make_space_for(&self, dir: &DirFd, need: u64, key: Option<u64>) {
+        let (Some(at), Some((free, total))) = (dir_id(dir), space(dir)) else { return };
+        let want = need.saturating_add(self.reserve.of(total));
+        if free >= want {
+            return;
+        }
+        let given_up = {
+            let mut kept = self.lock();
+            kept.retain(|k| super::files::partial_exists(&k.dir, k.key));
+            make_space(&mut kept, at.0, want - free, key.map(|key| (at, key)))
+        };
+        if !given_up.is_empty() {
+            let bytes: u64 = given_up.iter().map(|k| k.bytes).sum();
+            tracing::info!(partials = given_up.len(), bytes, need, free, "partials given up for a new transfer's room");
+        }
+        self.give_up(given_up);
+    }
+
+    /// Takes `owner`'s oldest partials out of the list until one more of `bytes` fits its
+    /// address's cap (only for a sender that proved no secret), and returns them.
+    fn make_room_of(&self, kept: &mut VecDeque<Kept>, owner: Owner, bytes: u64) -> Vec<Kept> {
+        let Some(peer) = owner.peer else { return Vec::new() };
+        let mut given_up = Vec::new();
+        loop {
+            let held: u64 = kept.iter().filter(|k| k.owner.peer == Some(peer)).map(|k| k.bytes).sum();
+            if held.saturating_add(bytes) <= self.per_address {
+                break;
+            }
+            let Some(at) = kept.iter().position(|k| k.owner.peer == Some(peer)) else { break };
+            given_up.extend(kept.remove(at));
+        }
+        given_up
     }
 
     /// Counts a session of the partial `key` in `at` that `added` nothing, or clears the count
@@ -245,6 +379,25 @@ impl Ledger {
     }
 }
 
+/// Takes out of `kept` the partials on device `dev` to give up for `short` bytes of free
+/// space, in order: those of senders that proved no secret first, each group oldest first;
+/// never `except` (a directory and key). Returns them, fewer when all of them free less.
+fn make_space(kept: &mut VecDeque<Kept>, dev: u64, short: u64, except: Option<(DirId, u64)>) -> Vec<Kept> {
+    let mut order: Vec<usize> =
+        (0..kept.len()).filter(|&i| kept[i].at.0 == dev && except != Some((kept[i].at, kept[i].key))).collect();
+    order.sort_by_key(|&i| (kept[i].owner.authenticated, i));
+    let (mut take, mut freed) = (Vec::new(), 0u64);
+    for i in order {
+        if freed >= short {
+            break;
+        }
+        freed = freed.saturating_add(kept[i].bytes);
+        take.push(i);
+    }
+    take.sort_unstable_by(|a, b| b.cmp(a));
+    take.into_iter().filter_map(|i| kept.remove(i)).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -280,6 +433,97 @@ mod tests {
         let (mut f, _) = Incoming::resumable(dir, &name, &name, 1 << 20, key, false, Some(DAY)).unwrap();
         ledger.take(dir, key);
         ledger.keep(&mut f, held, true);
+    }
+
+    /// As [`break_off`], the partial `owner`'s.
+    fn break_off_for(ledger: &Ledger, dir: &DirFd, key: u64, held: u64, owner: Owner) {
+        let name = format!("f{key}");
+        let (mut f, _) = Incoming::resumable(dir, &name, &name, 1 << 20, key, false, Some(DAY)).unwrap();
+        ledger.take(dir, key);
+        ledger.keep_for(&mut f, held, true, owner);
+    }
+
+    fn peer(n: u8) -> Owner {
+        Owner { peer: Some(IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, n))), authenticated: false }
+    }
+
+    /// Twelve peers each starting a send under a fresh key and vanishing filled the receiver's
+    /// disk with partials (the caps count partials and bytes, not free space), and the next
+    /// honest send got NoSpace. A partial is now kept only while the reserve stays free (the
+    /// older ones given up first); here the reserve is the whole file system, so none is.
+    #[test]
+    fn a_partial_that_would_eat_into_the_free_space_reserve_is_not_kept_and_older_ones_go() {
+        let (d, dir) = fresh("rdma-proto-reserve");
+        let roomy = Ledger::new(8, 1 << 20);
+        break_off(&roomy, &dir, 1, 40);
+        break_off(&roomy, &dir, 2, 40);
+        assert_eq!(partials_in(&d), [1, 2]);
+        let all = Reserve { bytes: 0, percent: 100 };
+        let tight = Ledger::new(8, 1 << 20).with_space(all, u64::MAX);
+        tight.found(&dir, super::super::files::sweep_partials(&dir, DAY));
+        break_off(&tight, &dir, 3, 40);
+        assert!(partials_in(&d).is_empty(), "the reserve is never free: nothing is kept");
+        // The reserve's size: the larger share, the bytes at most a fifth.
+        assert_eq!(Reserve { bytes: 1 << 30, percent: 5 }.of(100 << 30), 5 << 30);
+        assert_eq!(Reserve { bytes: 1 << 30, percent: 5 }.of(10 << 30), 1 << 30);
+        assert_eq!(Reserve { bytes: 1 << 30, percent: 5 }.of(1 << 30), (1 << 30) / 5);
+        assert_eq!(Reserve::NONE.of(1 << 40), 0);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// Partials give up their space oldest first, those of senders that proved no secret
+    /// before the others, only those on the file system short of space, never the one a
+    /// transfer resumes.
+    #[test]
+    fn space_is_made_from_unauthenticated_partials_first_oldest_first() {
+        let (d, dir) = fresh("rdma-proto-space-order");
+        let (at, dev) = (dir_id(&dir).unwrap(), dir_id(&dir).unwrap().0);
+        let kept = |key: u64, authenticated: bool, dev: u64| Kept {
+            dir: dir.clone(),
+            at: (dev, at.1),
+            key,
+            bytes: 40,
+            owner: Owner { peer: None, authenticated },
+        };
+        let mut list: VecDeque<Kept> = [
+            kept(1, true, dev),
+            kept(2, false, dev),
+            kept(3, false, dev + 1),
+            kept(4, false, dev),
+            kept(5, false, dev),
+        ]
+        .into_iter()
+        .collect();
+        let keys = |g: &[Kept]| -> Vec<u64> {
+            let mut k: Vec<u64> = g.iter().map(|k| k.key).collect();
+            k.sort();
+            k
+        };
+        assert_eq!(keys(&make_space(&mut list, dev, 50, None)), [2, 4], "the two oldest unauthenticated");
+        assert_eq!(keys(&make_space(&mut list, dev, 50, Some((at, 5)))), [1], "then the authenticated; 5 is resumed");
+        assert_eq!(keys(&make_space(&mut list, dev, 500, None)), [5], "all there is; 3 is on another device");
+        assert_eq!(keys(&list.into_iter().collect::<Vec<_>>()), [3]);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// Without a secret one address's partials hold at most their cap: its oldest go, no other
+    /// address's.
+    #[test]
+    fn one_address_past_its_cap_gives_up_its_own_oldest_partials() {
+        let (d, dir) = fresh("rdma-proto-per-address");
+        let ledger = Ledger::new(8, 1 << 20).with_space(Reserve::NONE, 100);
+        break_off_for(&ledger, &dir, 1, 40, peer(1));
+        break_off_for(&ledger, &dir, 2, 40, peer(2));
+        break_off_for(&ledger, &dir, 3, 40, peer(1));
+        assert_eq!(partials_in(&d), [1, 2, 3]);
+        break_off_for(&ledger, &dir, 4, 40, peer(1));
+        assert_eq!(partials_in(&d), [2, 3, 4], "peer 1's oldest went, peer 2's stayed");
+        break_off_for(&ledger, &dir, 5, 101, peer(2));
+        assert_eq!(partials_in(&d), [2, 3, 4], "one over the cap alone is not kept");
+        let authenticated = Owner { peer: None, authenticated: true };
+        break_off_for(&ledger, &dir, 6, 101, authenticated);
+        assert_eq!(partials_in(&d), [2, 3, 4, 6], "a sender that proved the secret has no address cap");
+        std::fs::remove_dir_all(&d).unwrap();
     }
 
     /// Senders that break off on purpose made the receiver keep a partial each, for a day:

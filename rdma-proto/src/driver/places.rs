@@ -282,27 +282,6 @@ impl Drop for AddressPlace {
     }
 }
 
-/// Counts one holder of a shared count while it lives (a panicking session still gives its
-/// place back).
-#[derive(Debug)]
-pub(super) struct Counted(Arc<AtomicUsize>);
-
-impl Counted {
-    /// Takes a place if fewer than `limit` are taken.
-    pub(super) fn enter(count: &Arc<AtomicUsize>, limit: usize) -> Option<Counted> {
-        count
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1))
-            .ok()
-            .map(|_| Counted(count.clone()))
-    }
-}
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,6 +17,17 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(500);
 /// The longest wait between two attempts.
 const MOST_BACKOFF: Duration = Duration::from_secs(4);
 
+/// A wait for a busy receiver is its hint (or the backoff) times a random factor from
+/// `1 - JITTER` to `1 + JITTER`: senders turned away together come back spread out.
+const JITTER: f64 = 0.5;
+
+/// `wait` times the jitter factor that `random` (any `u32`) picks, evenly from `1 - JITTER`
+/// to `1 + JITTER`.
+fn jittered(wait: Duration, random: u32) -> Duration {
+    let factor = 1.0 - JITTER + 2.0 * JITTER * (f64::from(random) / f64::from(u32::MAX));
+    wait.mul_f64(factor)
+}
+
 /// How much each retry raises the QP's ACK timeout exponent ([`SendOptions::ack_timeout`]):
 /// one that fails mid-session is most often one whose peer's device was too slow to answer in
 /// time, and a retransmission is what Linux 6.1's rxe then mishandles ([`docs/testing.md`, Known
@@ -53,6 +64,10 @@ fn cancelled(opts: &SendOptions) -> Result<(), Error> {
 pub(super) struct Retries {
     left: u32,
     made: u32,
+    /// What is left of [`SendOptions::busy_wait`].
+    busy_left: Duration,
+    /// Waits for a busy receiver so far.
+    busy_waits: u32,
     /// The first attempt's error: what the send reports if a retry cannot even connect.
     first: Option<Error>,
 }
@@ -70,7 +85,7 @@ pub(super) enum Attempt<T> {
 impl Retries {
     /// The retries `opts` allows.
     pub(super) fn new(opts: &SendOptions) -> Self {
-        Retries { left: opts.retries, made: 0, first: None }
+        Retries { left: opts.retries, made: 0, busy_left: opts.busy_wait, busy_waits: 0, first: None }
     }
 
     /// Failed attempts tried again so far.
@@ -95,18 +110,41 @@ impl Retries {
     /// ([`Error::is_transient`]). A retry that cannot connect (the receiver restarting, say)
     /// uses up a retry too; if the last one cannot, the send ends with the error that started
     /// the retries (the peer that left is the cause, not that it is gone now). A verdict is
-    /// never retried, at connect time either (a retry turned away as `Busy` ends the send so).
+    /// never retried, at connect time either, except `Busy`: that one is asked again after the
+    /// receiver's hint, within [`SendOptions::busy_wait`] (not a retry).
     /// Once the send is cancelled, a failure that would be retried ends it as
     /// [`Error::Cancelled`]. A retry told `Exists` says that an earlier attempt may have stored
     /// the file (its ACK lost with the connection).
+    /// After a `Busy`: `Ok(wait)` within what is left of [`SendOptions::busy_wait`], or the
+    /// refusal. `random` picks the jitter.
+    fn busy<T>(&mut self, e: Error, opts: &SendOptions, random: [u8; 4]) -> Result<Duration, Result<T, Error>> {
+        let Error::Refused { retry_after, .. } = &e else { return Err(Err(e)) };
+        if opts.cancel.is_set() {
+            return Err(Err(Error::Cancelled));
+        }
+        let backoff = FIRST_BACKOFF.saturating_mul(1 << self.busy_waits.min(8)).min(MOST_BACKOFF);
+        let wait = jittered(retry_after.unwrap_or(backoff), u32::from_ne_bytes(random)).min(self.busy_left);
+        if wait.is_zero() {
+            return Err(Err(e));
+        }
+        self.busy_left -= wait;
+        self.busy_waits += 1;
+        tracing::info!(error = %e, ?wait, busy_wait_left = ?self.busy_left, "the receiver is busy: asking again");
+        Ok(wait)
+    }
+
     pub(super) fn after<T>(&mut self, attempt: Attempt<T>, opts: &SendOptions) -> Result<Duration, Result<T, Error>> {
         let retrying = self.first.is_some();
         let e = match attempt {
             Attempt::Done(r) => return Err(r),
-            Attempt::SessionFailed(Error::Refused { status: Status::Exists, detail }) if retrying => {
+            Attempt::ConnectFailed(e @ Error::Refused { status: Status::Busy, .. })
+            | Attempt::SessionFailed(e @ Error::Refused { status: Status::Busy, .. }) => {
+                return self.busy(e, opts, crate::driver::random_bytes())
+            }
+            Attempt::SessionFailed(Error::Refused { status: Status::Exists, detail, .. }) if retrying => {
                 let detail = if detail.is_empty() { String::new() } else { format!("{detail}; ") };
                 let detail = format!("{detail}an earlier attempt whose connection failed may have stored it");
-                return Err(Err(Error::Refused { status: Status::Exists, detail }));
+                return Err(Err(Error::Refused { status: Status::Exists, detail, retry_after: None }));
             }
             Attempt::ConnectFailed(e) | Attempt::SessionFailed(e) if !retrying && !e.is_transient() => {
                 return Err(Err(e))
@@ -181,11 +219,15 @@ mod tests {
     fn a_verdict_or_a_lasting_error_is_not_tried_again() {
         let o = opts(3);
         let mut r = Retries::new(&o);
-        let refused = || Error::Refused { status: Status::Busy, detail: String::new() };
+        let refused = || Error::Refused { status: Status::TooLarge, detail: String::new(), retry_after: None };
         assert!(matches!(r.after::<()>(Attempt::SessionFailed(refused()), &o), Err(Err(Error::Refused { .. }))));
         // Nor at connect time, on a retry either: the receiver's verdict is reported as it is.
         assert!(r.after::<()>(Attempt::SessionFailed(Error::PeerDisconnected), &o).is_ok());
         let busy = r.after::<()>(Attempt::ConnectFailed(refused()), &o);
+        assert!(matches!(busy, Err(Err(Error::Refused { status: Status::TooLarge, .. }))));
+        // Busy without a busy_wait (the default) is reported as it is too.
+        let busy = Error::Refused { status: Status::Busy, detail: String::new(), retry_after: None };
+        let busy = r.after::<()>(Attempt::ConnectFailed(busy), &o);
         assert!(matches!(busy, Err(Err(Error::Refused { status: Status::Busy, .. }))));
         let usage = Error::Usage("x".into());
         assert!(matches!(r.after::<()>(Attempt::SessionFailed(usage), &o), Err(Err(Error::Usage(_)))));
@@ -196,14 +238,14 @@ mod tests {
     #[test]
     fn a_retry_told_exists_says_an_earlier_attempt_may_have_stored_it() {
         let o = opts(3);
-        let exists = || Error::Refused { status: Status::Exists, detail: String::new() };
+        let exists = || Error::Refused { status: Status::Exists, detail: String::new(), retry_after: None };
         // The first attempt's Exists is the receiver's plain verdict.
         let first = Retries::new(&o).after::<()>(Attempt::SessionFailed(exists()), &o);
         assert!(matches!(first, Err(Err(Error::Refused { ref detail, .. })) if detail.is_empty()));
         let mut r = Retries::new(&o);
         assert!(r.after::<()>(Attempt::SessionFailed(Error::PeerDisconnected), &o).is_ok());
         match r.after::<()>(Attempt::SessionFailed(exists()), &o) {
-            Err(Err(Error::Refused { status: Status::Exists, detail })) => {
+            Err(Err(Error::Refused { status: Status::Exists, detail, .. })) => {
                 assert!(detail.contains("earlier attempt"), "{detail}")
             }
             other => panic!("{:?}", other.err()),
@@ -225,6 +267,61 @@ mod tests {
         let mut r = Retries::new(&o);
         let e = r.after::<()>(Attempt::ConnectFailed(Error::Usage("no route".into())), &o);
         assert!(matches!(e, Err(Err(Error::Usage(_)))));
+    }
+
+    /// A `Busy` is asked again after the receiver's hint, with jitter, within `busy_wait`, and
+    /// uses up no retry: senders turned away together by a full receiver come back spread out
+    /// and are served in turn.
+    #[test]
+    fn busy_is_asked_again_after_its_hint_with_jitter_within_busy_wait() {
+        let mut o = opts(0);
+        o.busy_wait = Duration::from_secs(10);
+        let busy = |hint: Option<u64>| Error::Refused {
+            status: Status::Busy,
+            detail: String::new(),
+            retry_after: hint.map(Duration::from_millis),
+        };
+        let mut r = Retries::new(&o);
+        // The hint, scaled by the jitter: 0.5x at the least random value, 1.5x at the most.
+        assert_eq!(r.busy::<()>(busy(Some(1000)), &o, 0u32.to_ne_bytes()).ok(), Some(Duration::from_millis(500)));
+        let most = r.busy::<()>(busy(Some(1000)), &o, u32::MAX.to_ne_bytes()).ok();
+        assert_eq!(most, Some(Duration::from_millis(1500)));
+        // Without a hint (an older receiver): the backoff, doubling from the third wait on.
+        let half = (u32::MAX / 2).to_ne_bytes();
+        let w = r.busy::<()>(busy(None), &o, half).unwrap();
+        assert!(w.abs_diff(Duration::from_secs(2)) < Duration::from_millis(1), "{w:?}");
+        assert_eq!(r.made(), 0, "no retry used up");
+        // Through `after`, at connect time and mid-session alike, until busy_wait is spent: the
+        // last wait is cut to what is left, and then the Busy is reported.
+        let mut waited = Duration::from_millis(4000);
+        let mut n = 0;
+        loop {
+            let attempt = if n % 2 == 0 {
+                Attempt::ConnectFailed(busy(Some(1000)))
+            } else {
+                Attempt::SessionFailed(busy(Some(1000)))
+            };
+            match r.after::<()>(attempt, &o) {
+                Ok(w) => {
+                    assert!(w <= Duration::from_millis(1500), "{w:?}");
+                    waited += w;
+                    n += 1;
+                }
+                Err(e) => {
+                    assert!(matches!(e, Err(Error::Refused { status: Status::Busy, .. })));
+                    break;
+                }
+            }
+        }
+        assert_eq!(waited, o.busy_wait, "every wait together is busy_wait");
+        assert!(n >= 4, "{n} waits");
+        // Jitter spreads senders turned away together.
+        let mut waits: Vec<Duration> = (0..16)
+            .map(|_| Retries::new(&o).after::<()>(Attempt::ConnectFailed(busy(Some(1000))), &o).unwrap())
+            .collect();
+        waits.sort();
+        waits.dedup();
+        assert!(waits.len() > 8, "{waits:?}");
     }
 
     #[test]

@@ -102,6 +102,23 @@ pub struct ReceiveOptions {
     /// Most bytes the partials kept hold together (256 GiB by default): keeping one more gives
     /// up the oldest; a partial larger than this alone is not kept.
     pub max_partial_bytes: u64,
+    /// Without a secret: most bytes the partials of one sender address hold together (64 GiB
+    /// by default): keeping one more gives up that address's oldest, so that one peer cannot
+    /// push everyone else's partials out.
+    pub max_partial_bytes_per_address: u64,
+    /// Free space kept on the destination's file system (with [`min_free_percent`]: the larger
+    /// of the two, but at most a fifth of the file system; 1 GiB by default): a partial is kept
+    /// only while it stays free, the oldest partials (those of senders that proved no secret
+    /// first) given up to keep it, and a transfer that opens gives up partials until its file
+    /// fits beside it. A transfer itself is never refused for it: it may fill the disk as
+    /// before, and is never refused for space that abandoned partials hold
+    /// ([`docs/protocol.md`, "Threat model"](https://github.com/rdma-rs/rdma-rs/blob/main/docs/protocol.md#threat-model)).
+    ///
+    /// [`min_free_percent`]: Self::min_free_percent
+    pub min_free: u64,
+    /// The free space kept, as a percentage of the file system's size (5 by default; see
+    /// [`min_free`](Self::min_free)).
+    pub min_free_percent: u8,
     /// How often a resumable transfer's partial is checkpointed, in bytes stored (64 MiB by
     /// default): each checkpoint syncs the data stored so far and replaces the sidecar that
     /// vouches for it, so a receiver killed outright (SIGKILL, a crash) loses at most this much
@@ -183,6 +200,9 @@ impl Default for ReceiveOptions {
             partial_ttl: Duration::from_secs(24 * 3600),
             max_partials: 64,
             max_partial_bytes: 256 << 30,
+            max_partial_bytes_per_address: 64 << 30,
+            min_free: 1 << 30,
+            min_free_percent: 5,
             checkpoint_every: 64 << 20,
             secret: None,
             auth_attempts: 5,

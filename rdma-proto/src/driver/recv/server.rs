@@ -5,7 +5,6 @@
 use super::{ReceiveOptions, ReceiveReport};
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
-use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -18,8 +17,9 @@ use crate::driver::io::Tokio;
 use crate::driver::io::Wakes;
 use crate::driver::io::{block_on, Blocking, Io};
 use crate::driver::knock::Knocks;
-use crate::driver::partials::Ledger;
+use crate::driver::partials::{Ledger, Reserve};
 use crate::driver::places::{ConnectionPlaces, PerAddress};
+use crate::driver::seats::{Seats, BUSY_HINT};
 use crate::driver::Error;
 use crate::wire::{self, Ack, Message};
 use crate::Status;
@@ -32,8 +32,9 @@ use super::shared::*;
 pub struct Server {
     listener: Listener,
     opts: Arc<ReceiveOptions>,
-    /// Sessions past their HELLO (at most `max_sessions`).
-    active: Arc<AtomicUsize>,
+    /// Sessions past their HELLO: `max_sessions` seats, which a slow session gives to a
+    /// newer one when they are all taken (`seats.rs`).
+    active: Arc<Seats>,
     /// Connections with a thread: `max_sessions + BUSY_SLACK` places, and those leaving
     /// after giving theirs to a newer connection.
     places: Arc<ConnectionPlaces>,
@@ -58,6 +59,12 @@ pub struct Server {
 /// rejection's private data.
 const BUSY_SLACK: usize = 4;
 
+/// The rate per seat, as a multiple of `min_rate`, that the receiver's capacity is at least
+/// taken to be when it judges which session is slow (`seats.rs`): at the default floor of
+/// 16 KiB/s, a session below 512 KiB/s gives its seat to a newer one when every seat is
+/// taken by such sessions, whatever they bring together.
+const SEAT_FLOOR_FACTOR: u64 = 64;
+
 impl Server {
     /// Listens on `addr` (an address of an RDMA device, or a wildcard).
     ///
@@ -73,17 +80,20 @@ impl Server {
             Some(dir) => Some(crate::driver::files::open_destination(dir).map_err(Error::Destination)?),
             None => None,
         };
-        let partials = Arc::new(Ledger::new(opts.max_partials, opts.max_partial_bytes));
+        let reserve = Reserve { bytes: opts.min_free, percent: opts.min_free_percent };
+        let partials = Ledger::new(opts.max_partials, opts.max_partial_bytes);
+        let partials = Arc::new(partials.with_space(reserve, opts.max_partial_bytes_per_address));
         if let Some(dir) = &dest {
             // Swept now: the sessions' opens sweep it again a minute from now at the earliest.
             partials.sweep_due(dir);
             partials.found(dir, crate::driver::files::sweep_partials(dir, opts.partial_ttl));
         }
         let places = ConnectionPlaces::new(opts.max_sessions.saturating_add(BUSY_SLACK), opts.preempt_after);
+        let seats = Seats::new(opts.max_sessions, opts.min_rate.saturating_mul(SEAT_FLOOR_FACTOR));
         Ok(Server {
             listener: Listener::bind(addr, 64)?,
             opts: Arc::new(opts),
-            active: Arc::new(AtomicUsize::new(0)),
+            active: Arc::new(seats),
             places: Arc::new(places),
             attempts: Arc::new(Attempts::default()),
             per_address: Arc::new(PerAddress::default()),
@@ -240,7 +250,7 @@ impl Server {
             };
             let Some(req) = self.route_lane(req, &**report) else { continue };
             if closed {
-                report(reject(req, Status::Busy, "the receiver takes no more transfers".into()));
+                report(reject(req, Status::Busy, "the receiver takes no more transfers".into(), None));
                 continue;
             }
             let Some((req, place)) = self.admit(req, &**report) else { continue };
@@ -325,7 +335,7 @@ impl Server {
                     tracing::debug!(session = format_args!("{:016x}", h.session), lane = lane.lane, "lane handed over")
                 }
                 Err(std::sync::mpsc::SendError((_, req))) => {
-                    report(reject(req, Status::NotAuthorized, "its session ended".into()));
+                    report(reject(req, Status::NotAuthorized, "its session ended".into(), None));
                 }
             },
             Err(why) => {
@@ -334,7 +344,7 @@ impl Server {
                 if self.opts.secret.is_some() {
                     let _ = self.attempts.wrong_proof(peer.ip(), &self.opts);
                 }
-                report(reject(req, Status::NotAuthorized, why));
+                report(reject(req, Status::NotAuthorized, why, None));
             }
         }
         None
@@ -354,27 +364,30 @@ impl Server {
         let cap = if vouched { usize::MAX } else { self.opts.max_per_address.max(1) };
         let Some(mine) = self.per_address.enter(ip, cap) else {
             let why = format!("{} connections from this address already", self.opts.max_per_address.max(1));
-            report(reject(req, Status::Busy, why));
+            report(reject(req, Status::Busy, why, Some(BUSY_HINT)));
             return None;
         };
         match self.places.take(Instant::now(), ip, vouched) {
             Some(place) => Some((req, (place, mine))),
             None => {
-                report(reject(req, Status::Busy, format!("serving {} transfers", self.opts.max_sessions)));
+                let why = format!("serving {} transfers", self.opts.max_sessions);
+                report(reject(req, Status::Busy, why, Some(BUSY_HINT)));
                 None
             }
         }
     }
 }
 
-/// Rejects a connection request with an ACK (session 0) as the rejection's private data.
-fn reject(req: ConnectRequest, status: Status, detail: String) -> ReceiveReport {
+/// Rejects a connection request with an ACK (session 0) as the rejection's private data,
+/// `retry_after` its hint of when to ask again.
+fn reject(req: ConnectRequest, status: Status, detail: String, retry_after: Option<Duration>) -> ReceiveReport {
     let peer = req.peer_addr();
-    let ack = Message::Ack(Ack { status, received: 0, detail: detail.clone() });
+    let retry_after_ms = retry_after.map_or(0, |d| u32::try_from(d.as_millis()).unwrap_or(u32::MAX));
+    let ack = Message::Ack(Ack { status, received: 0, detail: detail.clone(), retry_after_ms });
     let mut bytes = Vec::new();
     let result = match wire::encode(0, &ack, &mut bytes) {
         Ok(()) => match req.reject(&bytes) {
-            Ok(()) => Err(Error::Refused { status, detail }),
+            Ok(()) => Err(Error::Refused { status, detail, retry_after }),
             Err(e) => Err(e.into()),
         },
         Err(e) => Err(Error::Protocol(e.into())),

@@ -5,7 +5,7 @@
 use super::{EntryReport, ReceiveOptions, ReceiveReport, REPORTED_ENTRIES};
 use std::ops::ControlFlow;
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,8 +21,9 @@ use crate::driver::link::{
     conn_params, explain_loss, peer_left, send_control, take_arrivals, Endpoint, EndpointParts, LaneBase, Pacer,
     SessionCqs, Side, DISCONNECT_WAIT, DRAIN,
 };
-use crate::driver::partials::Ledger;
-use crate::driver::places::{Counted, Place};
+use crate::driver::partials::{Ledger, Owner};
+use crate::driver::places::Place;
+use crate::driver::seats::{Seat, Seats, Taken, Ticket, DISPLACED_HINT, DISPLACED_TEARDOWN, HEIR_WAIT};
 use crate::driver::Error;
 use crate::receiver::{Action, Input, Receiver, ReceiverConfig};
 #[cfg(feature = "fault-injection")]
@@ -95,7 +96,8 @@ async fn session<I: Io>(
     // One bound for the whole teardown, not one per lane: a peer that never disconnects holds
     // it `TEARDOWN_WAIT` at most, however many lanes it opened (the disconnects without an
     // ACK too: each was 1 s outside the bound, 17 s with 16 lanes; review finding G9).
-    let teardown = Deadline::after(teardown_wait(opts, place));
+    let gave_way = admitted.as_ref().is_some_and(Seat::displaced);
+    let teardown = Deadline::after(teardown_wait(opts, place, gave_way));
     // An ACK must reach the sender before the connection goes: the sender reads it, then
     // disconnects. Without one there is nothing to wait for.
     let leave = |conn: rdma_cm::Connection<'static>| async {
@@ -142,10 +144,14 @@ const TEARDOWN_WAIT: Duration = Duration::from_secs(5);
 
 /// How long a session's teardown waits in all: [`TEARDOWN_WAIT`] (at most `timeout`), and not
 /// at all for a connection that gave its place to a newer one: it proved nothing, and its
-/// peer's pace must not keep it among the connections still leaving (review of H2).
-fn teardown_wait(opts: &ReceiveOptions, place: &Place) -> Duration {
+/// peer's pace must not keep it among the connections still leaving (review of H2). A session
+/// that gave its seat to a newer one (`gave_way`) waits [`DISPLACED_TEARDOWN`] at most: the
+/// newer one waits for that seat.
+fn teardown_wait(opts: &ReceiveOptions, place: &Place, gave_way: bool) -> Duration {
     if place.displaced() {
         Duration::ZERO
+    } else if gave_way {
+        DISPLACED_TEARDOWN.min(opts.timeout)
     } else {
         TEARDOWN_WAIT.min(opts.timeout)
     }
@@ -160,7 +166,7 @@ fn ring_depth(opts: &ReceiveOptions) -> u32 {
 fn status_of(outcome: Result<Outcome, Error>) -> Result<(), Error> {
     match outcome? {
         Outcome::Acked { status: Status::Ok, .. } => Ok(()),
-        Outcome::Acked { status, detail } => Err(Error::Refused { status, detail }),
+        Outcome::Acked { status, detail } => Err(Error::Refused { status, detail, retry_after: None }),
         // The sender said its send was cancelled (a CANCEL): as the sender reports it.
         Outcome::Failed(crate::ProtocolError::Cancelled) => Err(Error::Cancelled),
         Outcome::Failed(e) => Err(e.into()),
@@ -182,7 +188,15 @@ fn session_memory(opts: &ReceiveOptions) -> (u32, u64) {
 /// last handle), the peer-writable slots (after the QP is gone), and its extra lanes.
 /// What a session's teardown releases, in order: the queues, then the granted slots, then its
 /// place among `max_sessions` (whose memory share the slots are).
-type Teardown = (SendQueue<'static, Rc>, RecvRing<'static>, Vec<Slot<'static>>, Vec<RecvLane>, Option<Counted>);
+type Teardown = (SendQueue<'static, Rc>, RecvRing<'static>, Vec<Slot<'static>>, Vec<RecvLane>, Option<Seat>);
+
+/// What a session does once it has its seat: open its file and register its ring
+/// (`Action::Open`), or register the ring of its batch (`Action::Reserve`).
+#[derive(Debug)]
+enum Admitted {
+    Open { name: String, size: u64, slot_size: u32, slot_count: u32 },
+    Reserve { slot_size: u32, slot_count: u32 },
+}
 
 /// A lane's request handed over, ready to accept: its number, the request, its QP and
 /// receive ring.
@@ -216,7 +230,7 @@ struct ReceiveSession<'a> {
     /// This connection's place among all connections: proved at admission, and until then
     /// one a newer connection may take ([`Place::displaced`]).
     place: &'a Place,
-    active: &'a Arc<AtomicUsize>,
+    active: &'a Arc<Seats>,
     tally: &'a Tally,
     routes: &'a Arc<Routes>,
     /// What extra lanes are made on (this connection's PD and channel).
@@ -231,8 +245,11 @@ struct ReceiveSession<'a> {
     control: SlotPool<'static>,
     sq: SendQueue<'static, Rc>,
     ring: RecvRing<'static>,
-    /// This session's place among `max_sessions`, from its valid HELLO on.
-    admitted: Option<Counted>,
+    /// This session's seat among `max_sessions`, from its valid HELLO on.
+    admitted: Option<Seat>,
+    /// Waiting for the seat of a session displaced for this one: the claim, until when it
+    /// waits, and the open to do then.
+    waiting: Option<(Ticket, Instant, Admitted)>,
     file: Option<Incoming>,
     /// The batch's entry in progress, and the directory its file is in.
     entry: Option<(Entry, Option<DirFd>)>,
@@ -314,6 +331,7 @@ impl<'a> ReceiveSession<'a> {
             sq,
             ring,
             admitted: None,
+            waiting: None,
             file: None,
             entry: None,
             made_dirs: MadeDirs::default(),
@@ -343,13 +361,14 @@ impl<'a> ReceiveSession<'a> {
             self.tarpit = Some(None);
             send_control(&mut self.sq, &self.control, &self.out, self.opts.timeout, drop)?;
         }
+        let admitted = self.drive_waiting(conn);
         let acted = match self.drive_actions(conn)? {
             ControlFlow::Break(o) => return Ok(ControlFlow::Break(o)),
             ControlFlow::Continue(acted) => acted,
         };
         let arrived = self.drive_arrivals()?;
         let completed = self.drive_completions()?;
-        Ok(ControlFlow::Continue(acted || arrived || completed))
+        Ok(ControlFlow::Continue(admitted || acted || arrived || completed))
     }
 
     /// Ends the session: an uncommitted temporary is removed, the report filled in; the
@@ -371,6 +390,8 @@ impl<'a> ReceiveSession<'a> {
             lanes,
             route,
             partials,
+            opts,
+            peer,
             ..
         } = self;
         // No lane is taken any more.
@@ -386,12 +407,16 @@ impl<'a> ReceiveSession<'a> {
                 | Ok(Outcome::Failed(
                     crate::ProtocolError::Timeout { .. }
                         | crate::ProtocolError::TooSlow { .. }
+                        | crate::ProtocolError::Displaced
                         | crate::ProtocolError::CompletedTwice { .. }
                         | crate::ProtocolError::Unsealed
                         | crate::ProtocolError::Cancelled
                 ))
         );
         let midway = file.is_some();
+        // Whose the partial is: a sender that proved no secret is counted by its address.
+        let authenticated = opts.secret.is_some() && machine.authorized();
+        let owner = Owner { peer: (!authenticated).then_some(peer), authenticated };
         if let Some(mut f) = file {
             // A partial that holds nothing is worth nothing: it goes.
             if resumable && machine.bytes_stored() > 0 {
@@ -399,13 +424,13 @@ impl<'a> ReceiveSession<'a> {
                 // was: rewritten, its time would keep a partial that no attempt gets past from
                 // ever expiring (review finding G4).
                 let added = machine.bytes_stored() > machine.resumed_from();
-                partials.keep(&mut f, machine.bytes_stored(), added);
+                partials.keep_for(&mut f, machine.bytes_stored(), added, owner);
             } else if resumable && f.vouched() > 0 {
                 // Ended before its hash found anything to resume from (a stop, a read error):
                 // the partial stays as its sidecar left it (review H11: it was thrown away,
                 // however much it held).
                 let vouched = f.vouched();
-                partials.keep(&mut f, vouched, false);
+                partials.keep_for(&mut f, vouched, false, owner);
             }
         }
         // A HELLO refused before anything was opened still named its session.
@@ -443,6 +468,11 @@ impl<'a> ReceiveSession<'a> {
                 Action::EntryDone { path, status, detail, bytes, .. } => {
                     // A file not committed (its digest did not match, its open failed) goes.
                     self.file = None;
+                    // Each entry counts towards the session's rate as towards its pace, so that
+                    // a batch of small files is not taken for a slow session.
+                    if let Some(seat) = &self.admitted {
+                        seat.progress(crate::receiver::OFFER_CREDIT, Instant::now());
+                    }
                     let directory = self.entry.take().is_some_and(|(e, _)| e.kind == EntryKind::Directory);
                     let bytes = if status == Status::Ok { bytes } else { 0 };
                     let counts = &mut self.report.entry_counts;
@@ -502,15 +532,54 @@ impl<'a> ReceiveSession<'a> {
         if let Some((status, why)) = self.judge(&name, false, size, false) {
             return self.machine.handle(Input::OpenFailed(status, why), Instant::now());
         }
-        if let Err(why) = self.admit() {
-            return self.machine.handle(Input::OpenFailed(Status::Busy, why), Instant::now());
+        let then = Admitted::Open { name, size, slot_size, slot_count };
+        match self.admit(then) {
+            Err(why) => self.machine.handle(Input::OpenFailed(Status::Busy, why), Instant::now()),
+            Ok(Some(then)) => self.admitted(then, now, conn),
+            Ok(None) => {}
         }
-        if let Some(dir) = self.dest {
-            if !self.open_file(dir, &name, &name, size, conn) {
-                return;
+    }
+
+    /// What follows a session's admission: its file's open and its ring (`then`), at `now`.
+    fn admitted(&mut self, then: Admitted, now: Instant, conn: &rdma_cm::Connection<'static>) {
+        match then {
+            Admitted::Open { name, size, slot_size, slot_count } => {
+                if let Some(dir) = self.dest {
+                    if !self.open_file(dir, &name, &name, size, conn) {
+                        return;
+                    }
+                }
+                self.register(slot_size, slot_count, now);
             }
+            Admitted::Reserve { slot_size, slot_count } => self.register(slot_size, slot_count, now),
         }
-        self.register(slot_size, slot_count, now);
+    }
+
+    /// A session waiting for the seat of one displaced for it: takes it once given back and
+    /// goes on with `then`, or past [`HEIR_WAIT`] refuses the session (`Busy`). Whether it
+    /// did either.
+    fn drive_waiting(&mut self, conn: &rdma_cm::Connection<'static>) -> bool {
+        let authenticated = self.authenticated();
+        let Some((ticket, until, _)) = self.waiting.as_mut() else { return false };
+        if let Some(seat) = ticket.claim(authenticated) {
+            self.admitted = Some(seat);
+            let (_, _, then) = self.waiting.take().expect("waiting");
+            self.admitted(then, Instant::now(), conn);
+            return true;
+        }
+        if Instant::now() < *until {
+            return false;
+        }
+        self.waiting = None;
+        let why =
+            format!("already serving {} transfers; the one giving way did not end in time", self.opts.max_sessions);
+        self.machine.handle(Input::OpenFailed(Status::Busy, why), Instant::now());
+        true
+    }
+
+    /// Whether the sender proved the receiver's secret.
+    fn authenticated(&self) -> bool {
+        self.opts.secret.is_some() && self.machine.authorized()
     }
 
     /// The session proved itself (its HELLO taken, its secret proved): its connection keeps
@@ -524,13 +593,26 @@ impl<'a> ReceiveSession<'a> {
         }
     }
 
-    /// Admits the session: it takes one of `max_sessions`; `Err` with why (`Busy`) when they
-    /// are all taken.
-    fn admit(&mut self) -> Result<(), String> {
-        self.admitted = Counted::enter(self.active, self.opts.max_sessions);
-        match self.admitted {
-            Some(_) => Ok(()),
-            None => Err(format!("already serving {} transfers", self.opts.max_sessions)),
+    /// Admits the session: it takes one of `max_sessions` seats (`Ok(Some(then))`: go on),
+    /// or waits for the seat of a slower session displaced for it (`Ok(None)`: `then` is done
+    /// once it has it, [`drive_waiting`](Self::drive_waiting)); `Err` with why (`Busy`) when
+    /// they are all taken by sessions that may not be displaced.
+    fn admit(&mut self, then: Admitted) -> Result<Option<Admitted>, String> {
+        let now = Instant::now();
+        match self.active.take(now, self.authenticated()) {
+            Taken::Seat(seat) => {
+                self.admitted = Some(seat);
+                Ok(Some(then))
+            }
+            Taken::Wait(ticket) => {
+                tracing::info!(
+                    session = format_args!("{:016x}", self.machine.session()),
+                    "waiting for a slow session's seat"
+                );
+                self.waiting = Some((ticket, now + HEIR_WAIT, then));
+                Ok(None)
+            }
+            Taken::Busy => Err(format!("already serving {} transfers", self.opts.max_sessions)),
         }
     }
 
@@ -541,10 +623,14 @@ impl<'a> ReceiveSession<'a> {
         self.report.session = session;
         self.report.name = Some(wire::BATCH_NAME.into());
         tracing::info!(session = format_args!("{session:016x}"), slot_size, slot_count, "receiving a batch");
-        if let Err(why) = self.proved().and_then(|()| self.admit()) {
+        if let Err(why) = self.proved() {
             return self.machine.handle(Input::OpenFailed(Status::Busy, why), Instant::now());
         }
-        self.register(slot_size, slot_count, now);
+        match self.admit(Admitted::Reserve { slot_size, slot_count }) {
+            Err(why) => self.machine.handle(Input::OpenFailed(Status::Busy, why), Instant::now()),
+            Ok(Some(_)) => self.register(slot_size, slot_count, now),
+            Ok(None) => {}
+        }
     }
 
     /// Registers the ring of slots the sender writes into, and tells the machine.
@@ -570,6 +656,9 @@ impl<'a> ReceiveSession<'a> {
             self.lanes = (1..lanes).map(|_| None).collect();
         }
         self.data_start = Some(now);
+        if let Some(seat) = &self.admitted {
+            seat.started(now);
+        }
         self.machine.handle(Input::Ready { addr: remote.addr, rkey: remote.rkey }, Instant::now());
     }
 
@@ -661,7 +750,14 @@ impl<'a> ReceiveSession<'a> {
         let cqs = SessionCqs::new(self.sq.cq(), self.ring.cq(), self.lanes.iter().flatten().map(|l| l.ring.cq()));
         let until = self.next_deadline();
         let handed = self.route.as_ref().map(|(route, _)| &*route.handed);
-        let wakes = session_wakes(conn, self.opts, self.place, self.machine.hello_received(), self.tally, handed);
+        let mut wakes = session_wakes(conn, self.opts, self.place, self.machine.hello_received(), self.tally, handed);
+        // A seat handed over, or this one's taken by a newer session.
+        if let Some((ticket, _, _)) = &self.waiting {
+            wakes = wakes.and(ticket.fd());
+        }
+        if let Some(seat) = self.admitted.as_ref().filter(|s| !s.displaced()) {
+            wakes = wakes.and(seat.displaced_fd());
+        }
         let due = self.pacer.round(io, progressed, cqs.as_slice(), until, &wakes).await?;
         self.drive_slow_checks(due, conn)
     }
@@ -706,6 +802,9 @@ impl<'a> ReceiveSession<'a> {
         if let Some(Some(tarpit)) = self.tarpit {
             until = until.min(Deadline::at(tarpit));
         }
+        if let Some((_, wait, _)) = &self.waiting {
+            until = until.min(Deadline::at(*wait));
+        }
         #[cfg(feature = "fault-injection")]
         if let Some(last) = self.flood {
             until = until.min(Deadline::at(last + FLOOD_EVERY));
@@ -739,6 +838,11 @@ impl<'a> ReceiveSession<'a> {
             // Not proved in `preempt_after`, with every place taken: a newer connection has this
             // one's place.
             return Err(Error::Preempted);
+        }
+        if self.admitted.as_ref().is_some_and(Seat::displaced) {
+            // Too slow for its share, with every seat taken: a newer session waits for this
+            // one's seat. It says so (Busy, and when to come back) and keeps its partial.
+            self.machine.give_way(DISPLACED_HINT, Instant::now());
         }
         if !self.machine.hello_received() && self.tally.closing.is_set() {
             // The server took the transfers it serves; this connection asked for none.

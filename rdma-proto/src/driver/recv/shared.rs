@@ -12,6 +12,7 @@ use crate::driver::files::DirFd;
 use crate::driver::flag::{Bell, Flag};
 use crate::driver::partials::Ledger;
 use crate::driver::places::{AddressPlace, Place};
+use crate::driver::seats::Seats;
 use crate::wire::{self};
 
 /// The sessions waiting for (or served by) extra lanes, by their token.
@@ -154,7 +155,7 @@ impl Tally {
 /// HELLO, the accept loop's tally, and the routes of extra lanes.
 pub(super) struct Shared {
     pub(super) opts: Arc<ReceiveOptions>,
-    pub(super) active: Arc<AtomicUsize>,
+    pub(super) active: Arc<Seats>,
     pub(super) tally: Arc<Tally>,
     pub(super) routes: Arc<Routes>,
     /// The destination directory, open (`opts.dir`): every file is made relative to it.

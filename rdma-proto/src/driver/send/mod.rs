@@ -85,6 +85,16 @@ pub struct SendOptions {
     /// attempt may have stored the file. Default 0: [`send_file`] reports the first failure.
     /// [`send_files`](crate::driver::send_files) does not retry. The rules: [`docs/protocol.md`, "Resuming"](https://github.com/rdma-rs/rdma-rs/blob/main/docs/protocol.md#resuming-capability-resume).
     pub retries: u32,
+    /// How long a send may wait, in all, for a receiver that answers [`Status::Busy`] (every
+    /// place taken), before it reports that answer: each time it waits what the receiver's
+    /// hint says ([`wire::Ack::retry_after_ms`]; without one 0.5 s, doubling to 4 s), times a
+    /// random factor of 0.5 to 1.5 so that senders turned away together do not come back
+    /// together, then sends again (resuming what the receiver kept). These waits are not
+    /// [`retries`](Self::retries). Default zero: the first `Busy` is reported.
+    /// [`send_files`](crate::driver::send_files) does not wait.
+    ///
+    /// [`Status::Busy`]: crate::Status::Busy
+    pub busy_wait: Duration,
     /// Test hook: offer these protocol versions and send the name unchecked.
     #[cfg(feature = "fault-injection")]
     #[doc(hidden)]
@@ -156,6 +166,7 @@ impl SendOptions {
             secret: None,
             lanes: 1,
             retries: 0,
+            busy_wait: Duration::ZERO,
             #[cfg(feature = "fault-injection")]
             test_offer: None,
             #[cfg(feature = "fault-injection")]
@@ -378,7 +389,8 @@ pub(crate) async fn run<I: Io>(
 pub(crate) fn refusal(e: rdma_cm::Error) -> Error {
     if let rdma_cm::Error::Rejected { private_data, .. } = &e {
         if let Ok((_, Message::Ack(ack))) = wire::decode(private_data) {
-            return Error::Refused { status: ack.status, detail: ack.detail };
+            let retry_after = (ack.retry_after_ms > 0).then(|| Duration::from_millis(u64::from(ack.retry_after_ms)));
+            return Error::Refused { status: ack.status, detail: ack.detail, retry_after };
         }
     }
     e.into()

@@ -92,7 +92,9 @@ impl SendSummary {
                     already_stored: false,
                 })
             }
-            Outcome::Acked { status, detail } => Err(Error::Refused { status, detail }),
+            Outcome::Acked { status, detail } => {
+                Err(Error::Refused { status, detail, retry_after: machine.retry_after() })
+            }
             Outcome::Failed(e) => Err(e.into()),
         }
     }

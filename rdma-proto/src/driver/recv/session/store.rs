@@ -86,6 +86,9 @@ impl ReceiveSession<'_> {
         conn: &rdma_cm::Connection<'static>,
     ) -> bool {
         let session = self.machine.session();
+        // Room for the file beside the free-space reserve, made by giving up partials (never
+        // the one this transfer may resume): a transfer is never refused for their space.
+        self.partials.make_space_for(dir, size, self.partial_key());
         {
             let plain = || Incoming::create(dir, name, rel, session, self.opts.overwrite).map(|f| (f, 0));
             let opened = match self.partial_key() {
@@ -277,6 +280,9 @@ impl ReceiveSession<'_> {
         }
         self.last_stored = Some(Instant::now());
         self.machine.handle(Input::ChunkStored { seq }, now);
+        if let Some(seat) = &self.admitted {
+            seat.progress(u64::from(len), now);
+        }
         if let Some(p) = &self.opts.progress {
             let name = match &self.entry {
                 Some((e, _)) => e.path.as_str(),
