@@ -2,8 +2,8 @@
 //! channel, an rdma-cm event channel), and how a reader that took an event another awaits wakes
 //! them (see [`CqWaiter`](crate::CqWaiter) and [`Sleepers`]).
 //!
-//! Each sleeping thread polls the shared fd and its own `eventfd` (one per thread, made on its
-//! first sleep). It registers that eventfd before its last step and removes it when it wakes; a
+//! Each sleeping thread polls the shared fd and an `eventfd` of its own (one per thread, made on
+//! its first sleep, for completion waits; one per [`Sleeper`] for the others). It registers that eventfd before its last step and removes it when it wakes; a
 //! reader that took an event writes to every eventfd registered, so the thread the event was
 //! for steps again. An async wait enables a `tokio::sync::Notify` wake-up instead.
 
@@ -90,9 +90,12 @@ impl Sleepers {
 
     /// Registers the calling thread for the wake-ups of [`wake_all`](Self::wake_all) until the
     /// [`Sleeper`] is dropped: take it before the last look at what the wait waits for, then
-    /// [`sleep`](Sleeper::sleep) if that found nothing.
+    /// [`sleep`](Sleeper::sleep) if that found nothing. Each sleeper has an `eventfd` of its
+    /// own, closed when it is dropped (two system calls: for waits that sleep rarely, such as
+    /// connection-manager waits; the completion waits of this crate keep one per thread).
     pub fn sleeper(&self) -> Sleeper<'_> {
-        let kick = this_threads_kick();
+        use rustix::event::{eventfd, EventfdFlags};
+        let kick = eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC).ok().map(Arc::new);
         let registered = kick.as_ref().is_some_and(|k| self.add(k));
         Sleeper { sleepers: self, kick, registered }
     }
@@ -164,8 +167,8 @@ impl Sleepers {
 pub struct Sleeper<'a> {
     sleepers: &'a Sleepers,
     kick: Option<Kick>,
-    /// Whether the thread is registered: not when it has no eventfd (none could be made) or the
-    /// table was full; its sleep is then sliced.
+    /// Whether the sleeper is registered: not when it has no eventfd (none could be made) or
+    /// the table was full; its sleep is then sliced.
     registered: bool,
 }
 
@@ -217,10 +220,6 @@ impl Drop for Sleeper<'_> {
     fn drop(&mut self) {
         if let (Some(kick), true) = (&self.kick, self.registered) {
             self.sleepers.remove(kick);
-            // A wake-up written while registered (by this thread's own read, say) is for this
-            // wait, which is over: it must not cut the thread's next sleep short. Nothing writes
-            // to the eventfd once it is removed, and a thread sleeps in one wait at a time.
-            take_kick(kick);
         }
     }
 }
