@@ -35,7 +35,7 @@ const NO_KICK: Option<Kick> = None;
 /// - A blocking wait takes a [`Sleeper`] ([`sleeper`](Self::sleeper)) before its last look,
 ///   then [`Sleeper::sleep`]s on the fd: it wakes when the fd is readable or on a `wake_all`
 ///   since it registered.
-/// - An async wait (feature `tokio`) makes a [`Woken`] ([`woken`](Self::woken)) before its last
+/// - An async wait (feature `tokio`) makes a `Woken` (`Sleepers::woken`) before its last
 ///   look and awaits it beside the fd's readiness.
 ///
 /// rdma-verbs' completion channels and rdma-cm's event channels each keep one.
