@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 
 use rdma_verbs::ffi;
-use rdma_verbs::{AddressHandle, Gid, ProtectionDomain, QueuePair, ReadyToSend, Ud};
+use rdma_verbs::{AddressHandle, Gid, MulticastAttachment, ProtectionDomain, QueuePair, ReadyToSend, Ud};
 
 use crate::addr::RawAddr;
 use crate::error::{Error, Result};
@@ -36,15 +36,18 @@ impl Drop for Joined<'_> {
 }
 
 /// A UD identifier's membership of a multicast group, with its queue pair attached: what
-/// [`UdId::join`] gives. Dropping it detaches the QP (`ibv_detach_mcast()`) and leaves the group
+/// [`UdId::join`] gives. Dropping it gives up its hold of the group on the QP, which detaches
+/// (`ibv_detach_mcast()`) with the QP's last hold, and leaves the group
 /// (`rdma_leave_multicast()`).
 ///
 /// It borrows the identifier (exclusively: one group per identifier at a time) and the QP, so
 /// neither can go while it lives, and the group is left before the identifier is destroyed
-/// (which would leave it too). The QP keeps the attachment itself
-/// ([`QueuePair::attach_multicast`]), counted, and detaches before it is destroyed (the kernel
-/// refuses to destroy an attached QP, `EBUSY`): forgetting a membership (`mem::forget`) leaves
-/// the group joined for the identifier's life, and nothing else.
+/// (which would leave it too). The QP keeps the attachment itself, counted, as a hold only the
+/// membership gives up ([`QueuePair::attach_multicast_held`]): the QP's own
+/// [`detach_multicast`](QueuePair::detach_multicast) cannot detach a group a membership holds.
+/// The QP detaches before it is destroyed (the kernel refuses to destroy an attached QP,
+/// `EBUSY`): forgetting a membership (`mem::forget`) leaves the group joined for the
+/// identifier's life, and nothing else.
 ///
 /// Sends to the group go to its address vector ([`create_ah`](Self::create_ah)), to QP number
 /// `0xFFFFFF` ([`qp_num`](Self::qp_num)), with its Q_Key ([`qkey`](Self::qkey)).
@@ -55,7 +58,9 @@ impl Drop for Joined<'_> {
 /// - [`ibv_attach_mcast(3)`](https://man7.org/linux/man-pages/man3/ibv_attach_mcast.3.html)
 #[must_use = "dropping it at once leaves the group"]
 pub struct Membership<'a> {
-    // Dropped after `drop` detached the QP: leaves the group.
+    // Fields drop in order: the QP's hold first (detaching it with the last hold), then the
+    // group is left.
+    _attachment: MulticastAttachment<'a>,
     joined: Joined<'a>,
     qp: &'a QueuePair<'a, Ud, ReadyToSend>,
     params: UdParams,
@@ -119,17 +124,6 @@ impl Membership<'_> {
     #[doc(alias = "ibv_create_ah")]
     pub fn create_ah<'pd>(&self, pd: &'pd ProtectionDomain<'_>) -> Result<AddressHandle<'pd>> {
         crate::ud::create_ah(&self.params, self.device_name(), pd)
-    }
-}
-
-impl Drop for Membership<'_> {
-    #[doc(alias = "ibv_detach_mcast")]
-    fn drop(&mut self) {
-        // The QP gives up this membership's hold of the group (attachments are counted, so
-        // another identifier's membership of the same group on the same QP keeps it attached).
-        // A failed detach leaves the attachment with the QP, which detaches before it is
-        // destroyed. The group is left next.
-        let _ = self.qp.detach_multicast(self.params.address.dgid, self.params.address.dlid);
     }
 }
 
@@ -200,11 +194,15 @@ impl<'a> Joining<'a> {
         let params = ev.ud(false);
         drop(ev);
         // The QP keeps the attachment: it detaches before it is destroyed even if the membership
-        // is forgotten.
-        if let Err(e) = qp.attach_multicast(params.address.dgid, params.address.dlid) {
-            let errno = e.errno().unwrap_or(libc::EIO);
-            return Err(Error::Multicast { verb: "ibv_attach_mcast", group, device: Some(device.to_owned()), errno });
-        }
-        Ok(Membership { joined, qp, params })
+        // is forgotten, and only the membership gives its hold up.
+        let attachment = match qp.attach_multicast_held(params.address.dgid, params.address.dlid) {
+            Ok(attachment) => attachment,
+            Err(e) => {
+                let errno = e.errno().unwrap_or(libc::EIO);
+                let device = Some(device.to_owned());
+                return Err(Error::Multicast { verb: "ibv_attach_mcast", group, device, errno });
+            }
+        };
+        Ok(Membership { _attachment: attachment, joined, qp, params })
     }
 }

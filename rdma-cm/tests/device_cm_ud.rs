@@ -373,6 +373,42 @@ fn a_datagram_to_a_joined_group_arrives_at_the_member_until_it_leaves() {
     });
 }
 
+/// A membership's hold of its group is its own: the QP's `detach_multicast`, which gives up
+/// holds of `attach_multicast`, cannot take it, so the QP stays attached while the membership
+/// lives, and the membership's drop is what detaches it.
+#[test]
+fn detach_multicast_cannot_take_the_hold_of_a_membership() {
+    let topo = testkit::require_topology!();
+    let group: SocketAddr = GROUP.parse().unwrap();
+    member(topo.server.addr, group, |membership, pd, qp| {
+        let (gid, lid) = (membership.mgid(), membership.mlid());
+        let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+        let still_a_member = |what: &str, seed: u8| {
+            qp.scope(T, |s| -> Result<_> {
+                let buf = [mr.sge(0..GRH + 1024)?];
+                s.post_recv(&mut [RecvRequest::new(7, &buf)])?;
+                send_to_group(topo.client.addr, group, &message(128, seed));
+                assert_eq!(complete_ud(s, 1)[0].0, 7, "{what}: the group's datagram arrives");
+                Ok(())
+            })
+            .unwrap();
+        };
+        let e = qp.detach_multicast(gid, lid).unwrap_err();
+        assert!(matches!(e, rdma_verbs::Error::InvalidArgument { .. }), "{e}");
+        assert!(e.to_string().contains("only through a MulticastAttachment"), "{e}");
+        still_a_member("after a refused detach", 31);
+        // The QP's own holds are counted apart: attached and detached again, the membership's
+        // hold stays.
+        qp.attach_multicast(gid, lid).unwrap();
+        qp.detach_multicast(gid, lid).unwrap();
+        assert!(qp.detach_multicast(gid, lid).is_err(), "one own hold, given up once");
+        still_a_member("after the QP's own hold came and went", 32);
+        drop(membership);
+        let e = qp.detach_multicast(gid, lid).unwrap_err();
+        assert!(e.to_string().contains("is not attached"), "the membership's drop detached: {e}");
+    });
+}
+
 #[test]
 fn an_ipv6_group_on_roce_v2_is_refused_as_unsupported_and_leaves_the_id_usable() {
     let topo = testkit::require_topology!();

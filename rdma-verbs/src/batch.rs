@@ -132,7 +132,7 @@ impl<'s, T: Transport> WrBatch<'_, 's, '_, T> {
         // The checks of `post_send`, with the queues' room counted once, when the batch opened:
         // one request costs what it costs there (instructions per request: docs/results).
         if self.added >= self.room {
-            self.scope.check_room(self.added + 1, 0)?;
+            self.scope.check_room_beside(self.added, 1, 0)?;
         }
         self.scope.check_request(wr)?;
         let refuse =

@@ -160,7 +160,13 @@ unsafe impl Sync for CompletionQueue<'_> {}
 
 impl<'ctx> CompletionQueue<'ctx> {
     /// Polls up to `out.len()` completions into `out` and returns the filled part:
-    /// `ibv_poll_cq()`. Never blocks, never allocates.
+    /// `ibv_poll_cq()`, or `ibv_start_poll()` and its kin on an extended CQ. Never allocates.
+    ///
+    /// On a CQ made with `ibv_create_cq` it never blocks. An extended CQ
+    /// ([`Context::create_cq_ex`](crate::Context::create_cq_ex)) is polled by one thread at a
+    /// time, because the provider holds the CQ's lock from the start of a poll to its end: a poll
+    /// that finds another thread's poll running waits for it, yielding then sleeping, for at
+    /// most 10 ms, and then gives up with [`Error::Busy`]. Polls from a single thread never wait.
     ///
     /// While a posting scope ([`QueuePair::scope`](crate::QueuePair::scope)) runs on a QP of
     /// this CQ, or a [`SendQueue`](crate::SendQueue) or [`RecvRing`](crate::RecvRing) uses it,
@@ -168,8 +174,10 @@ impl<'ctx> CompletionQueue<'ctx> {
     /// Poll through the owner instead.
     ///
     /// # Errors
-    /// [`Error::Busy`] while an owner holds the CQ, naming it; [`Error::Verb`] when polling
-    /// fails (a provider error, not a failed request: those are completions with an error
+    /// [`Error::Busy`] while an owner holds the CQ, naming it, and on an extended CQ when
+    /// another thread's poll kept it for 10 ms or this poll runs inside the CQ's own
+    /// [`poll_each`](Self::poll_each) closure; [`Error::Verb`] when polling fails (a provider
+    /// error, not a failed request: those are completions with an error
     /// [`status`](WorkCompletion::status)).
     ///
     /// # References

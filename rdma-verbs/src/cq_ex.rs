@@ -397,8 +397,8 @@ impl<'ctx> CompletionQueue<'ctx> {
     /// Runs `f` on each completion of this extended CQ, up to `max`, each in a lazy poll of its
     /// own (`ibv_start_poll`, `ibv_end_poll`), and returns how many it took. Each
     /// completion is lent for the call: it reads only the fields `f` asks for, and cannot be
-    /// kept. Never blocks (but waits for another thread's poll of this CQ to end), never
-    /// allocates.
+    /// kept. Never allocates. It waits for another thread's poll of this CQ to end, at most
+    /// 10 ms, as [`poll`](Self::poll) does.
     ///
     /// `f` runs inside the provider's poll, which holds the CQ's lock: keep it short, and do not
     /// destroy a QP of this CQ in it (mlx5's `ibv_destroy_qp` takes that lock and would wait
@@ -406,8 +406,8 @@ impl<'ctx> CompletionQueue<'ctx> {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a CQ made with `ibv_create_cq`; [`Error::Busy`] while an
-    /// owner holds the CQ (as [`poll`](Self::poll)) or when called inside `f`;
-    /// [`Error::Verb`] when the poll fails.
+    /// owner holds the CQ (as [`poll`](Self::poll)), when another thread's poll kept the CQ
+    /// for 10 ms, or when called inside `f`; [`Error::Verb`] when the poll fails.
     #[doc(alias = "ibv_start_poll")]
     #[doc(alias = "ibv_end_poll")]
     pub fn poll_each(&self, max: usize, f: impl FnMut(&LazyCompletion<'_>)) -> Result<usize> {

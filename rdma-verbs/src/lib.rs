@@ -170,7 +170,7 @@
 //! | completions of a send queue | `wait(timeout, f)` | `poll(f)` | `wait_async(f)` |
 //! | all in flight done | `drain(timeout, f)` | | `drain_async(f)` |
 //! | room to post | | `room()` | `ready_async(n, f)` |
-//! | completions of a CQ | `poll_wait(out, timeout, policy)` | `poll(out)` | `poll_async(out, policy)` |
+//! | completions of a CQ | `poll_wait(out, timeout, policy)` | `poll(out)` (an extended CQ's waits up to 10 ms for another thread's poll) | `poll_async(out, policy)` |
 //! | a device's async event | `recv_async_event(timeout)` | `try_recv_async_event()` | `recv_async_event_async()` |
 //!
 //! # Errors
@@ -252,7 +252,7 @@ pub use qp::attr::{InitAttr, QpCaps, QpEndpoint, RtrAttr, RtsAttr};
 pub use qp::state::{
     CanPostRecv, Connected, Init, QpState, Rc, ReadyToReceive, ReadyToSend, Reset, Transport, TypeState, Uc, Ud,
 };
-pub use qp::{QpCreateAttr, QueuePair, TransitionError};
+pub use qp::{MulticastAttachment, QpCreateAttr, QueuePair, TransitionError};
 pub use recv_ring::{RecvRing, SlotMessage};
 pub use request::{PostError, Rejected, SlotCompletion, SlotRequest};
 pub use scope::PostScope;

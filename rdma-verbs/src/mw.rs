@@ -13,7 +13,14 @@
 //! - invalidating ([`PostScope::invalidate_window`], or a peer's
 //!   [`SendRequest::send_with_invalidate`](crate::SendRequest::send_with_invalidate) seen with
 //!   [`BoundWindow::invalidated_by`]) gives the unbound [`MemoryWindow`] back, and dropping a
-//!   bound window deallocates it, which invalidates it too.
+//!   bound window deallocates it, which invalidates it too;
+//! - each bind gives the window a key it never had (a key a peer kept stays revoked for the
+//!   window's life): its 8-bit tag would wrap, so the bind that would repeat a key is refused,
+//!   after 256 grants of a type 2 window, 128 of a type 1 window;
+//! - a QP that is destroyed first deallocates the type 2 windows that may still be bound to it:
+//!   those of forgotten bound windows for good, and those of live [`MemoryWindow`]s whose
+//!   invalidation may not have run, which get a new verbs window in their place (rxe frees a QP
+//!   a window still holds, and the window's deallocation then writes to the freed QP).
 //!
 //! What the types cannot carry: a peer's request that passed the window's check before the
 //! invalidation may still be running. Regions a window can be bound to must be registered with
@@ -45,6 +52,7 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::ops::RangeBounds;
 use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use crate::ffi;
 
@@ -87,23 +95,133 @@ impl WindowType {
 #[doc(alias = "ibv_mw")]
 #[must_use = "dropping it at once releases what was just made"]
 pub struct MemoryWindow<'pd> {
-    raw: NonNull<ffi::ibv_mw>,
+    /// The verbs window, which the QPs a type 2 window was bound to can reach too.
+    cell: Arc<WindowCell>,
     kind: WindowType,
-    /// The key the window has now: a type 2 bind picks the next one itself.
-    rkey: u32,
     pd: Parent<'pd, ProtectionDomain<'pd>>,
 }
 
-// SAFETY: the window is used only through verbs, which are thread-safe; `&self` reads plain
-// fields.
-unsafe impl Send for MemoryWindow<'_> {}
-// SAFETY: as above.
-unsafe impl Sync for MemoryWindow<'_> {}
+// Windows move between threads and are shared: their verbs window is behind the slot's lock.
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<MemoryWindow<'static>>();
+    send_sync::<BoundWindow<'static, 'static>>();
+};
 
 impl fmt::Debug for MemoryWindow<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MemoryWindow").field("kind", &self.kind).field("rkey", &self.rkey).finish()
+        f.debug_struct("MemoryWindow").field("kind", &self.kind).field("rkey", &self.rkey()).finish()
     }
+}
+
+/// A window's verbs object and what is known of its keys, shared between the
+/// [`MemoryWindow`] that owns it and the QPs a type 2 window was bound to ([`QpWindows`]).
+///
+/// rxe takes a reference on the QP a type 2 window is bound to and drops it only when the
+/// window is invalidated or deallocated; a QP destroyed before that is freed anyway after a
+/// long wait, and the window's later deallocation writes to the freed QP (Linux 6.1, 6.12).
+/// A window whose `BoundWindow` was forgotten, or whose invalidation never ran (flushed), is
+/// such a window. So a QP deallocates, before it is destroyed, every type 2 window that may
+/// still be bound to it: see [`QpWindows::release`].
+pub(crate) struct WindowCell(Mutex<Slot>);
+
+struct Slot {
+    /// The verbs window; `None` once deallocated for good.
+    raw: Option<NonNull<ffi::ibv_mw>>,
+    /// The key the window has now: a type 2 bind picks the next one itself.
+    rkey: u32,
+    /// The 8-bit tags of the keys binds of this verbs window handed out (bit `tag`).
+    handed_out: [u64; 4],
+    /// The QP (its [`QpWindows`], by address) of the `BoundWindow` that holds the window now,
+    /// live or forgotten; `None` while it is a plain `MemoryWindow`.
+    held_by_bound: Option<usize>,
+}
+
+// SAFETY: the window is used only through verbs, which are thread-safe; the slot is behind a
+// mutex.
+unsafe impl Send for WindowCell {}
+// SAFETY: as above.
+unsafe impl Sync for WindowCell {}
+
+impl WindowCell {
+    fn slot(&self) -> MutexGuard<'_, Slot> {
+        // A poisoned slot is still consistent: every change to it is a single assignment.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Slot {
+    fn was_handed_out(&self, rkey: u32) -> bool {
+        let tag = (rkey & 0xff) as usize;
+        self.handed_out[tag / 64] & (1 << (tag % 64)) != 0
+    }
+
+    fn hand_out(&mut self, rkey: u32) {
+        let tag = (rkey & 0xff) as usize;
+        self.handed_out[tag / 64] |= 1 << (tag % 64);
+    }
+}
+
+/// The type 2 windows that may be bound to one QP: each bind of a type 2 window through the QP
+/// adds its window, and the QP deallocates those still alive before it is destroyed.
+#[derive(Debug, Default)]
+pub(crate) struct QpWindows(Mutex<Vec<Weak<WindowCell>>>);
+
+impl QpWindows {
+    fn list(&self) -> MutexGuard<'_, Vec<Weak<WindowCell>>> {
+        // A poisoned list is still the list: each change to it is a single push or retain.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn id(&self) -> usize {
+        self as *const Self as usize
+    }
+
+    /// Notes that `cell`'s window is bound, or being bound, to this QP.
+    fn add(&self, cell: &Arc<WindowCell>) {
+        let mut list = self.list();
+        list.retain(|w| w.strong_count() > 0);
+        if !list.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(cell))) {
+            list.push(Arc::downgrade(cell));
+        }
+    }
+
+    /// Deallocates every type 2 window that may still be bound to this QP, which is about to be
+    /// destroyed (`pd` is its protection domain, the windows' too). A window held by a
+    /// `BoundWindow` of this QP can only be one that was forgotten (the bound window borrows the
+    /// QP): it is deallocated for good. Any other is owned by a live [`MemoryWindow`] whose
+    /// invalidation may not have run: it gets a new verbs window in its place, with new keys.
+    pub(crate) fn release(&self, pd: &ProtectionDomain<'_>) {
+        let cells = std::mem::take(&mut *self.list());
+        for cell in cells.iter().filter_map(Weak::upgrade) {
+            let mut slot = cell.slot();
+            let Some(raw) = slot.raw else { continue };
+            if dealloc(pd, raw) != 0 {
+                continue;
+            }
+            slot.raw = None;
+            if slot.held_by_bound == Some(self.id()) {
+                slot.held_by_bound = None;
+                continue;
+            }
+            // SAFETY: `pd` is live (the QP holds it) and is the window's (checked at the bind).
+            let fresh = unsafe { crate::ffi_compat::alloc_mw(pd.as_raw(), WindowType::Type2.raw()) };
+            if let Some(fresh) = NonNull::new(fresh) {
+                pd.context().registry().add(crate::registry::Kind::Mw, fresh.as_ptr());
+                // SAFETY: just allocated.
+                slot.rkey = unsafe { fresh.as_ref().rkey };
+                slot.handed_out = [0; 4];
+                slot.raw = Some(fresh);
+            }
+        }
+    }
+}
+
+/// `ibv_dealloc_mw()` of `raw`, a window of `pd`'s context, unregistered if it succeeds.
+fn dealloc(pd: &ProtectionDomain<'_>, raw: NonNull<ffi::ibv_mw>) -> libc::c_int {
+    // SAFETY: a live window, deallocated once: its slot forgets it when this succeeds, under the
+    // slot's lock. Deallocation invalidates a bound window.
+    pd.context().registry().release(raw.as_ptr(), || unsafe { ffi::ibv_dealloc_mw(raw.as_ptr()) })
 }
 
 impl<'ctx> ProtectionDomain<'ctx> {
@@ -161,7 +279,8 @@ impl<'pd> MemoryWindow<'pd> {
         ctx.registry().add(crate::registry::Kind::Mw, raw.as_ptr());
         // SAFETY: just allocated.
         let rkey = unsafe { raw.as_ref().rkey };
-        Ok(MemoryWindow { raw, kind, rkey, pd })
+        let slot = Slot { raw: Some(raw), rkey, handed_out: [0; 4], held_by_bound: None };
+        Ok(MemoryWindow { cell: Arc::new(WindowCell(Mutex::new(slot))), kind, pd })
     }
 
     /// Its type.
@@ -170,9 +289,12 @@ impl<'pd> MemoryWindow<'pd> {
     }
 
     /// The window's current remote key. Each bind changes it (its low 8 bits), so a key a peer
-    /// kept from an earlier bind no longer works.
+    /// kept from an earlier bind no longer works, for the window's whole life: the 8 bits
+    /// would wrap, so [`PostScope::bind_window`] refuses the bind that would give a key a second
+    /// time (a window gives 256 grants of type 2, 128 of type 1, whose unbinds also change the
+    /// key).
     pub fn rkey(&self) -> u32 {
-        self.rkey
+        self.cell.slot().rkey
     }
 
     /// The protection domain it was allocated in.
@@ -181,22 +303,25 @@ impl<'pd> MemoryWindow<'pd> {
     }
 
     /// The raw `struct ibv_mw *`. It stays owned by `self`.
+    ///
+    /// A type 2 window that was bound to a QP since it was last invalidated for sure gets a new
+    /// verbs window when that QP is destroyed (see [`PostScope::bind_window`]), so the pointer
+    /// can change then; it is null if no new window could be allocated.
     pub fn as_raw(&self) -> *mut ffi::ibv_mw {
-        self.raw.as_ptr()
+        self.cell.slot().raw.map_or(std::ptr::null_mut(), NonNull::as_ptr)
     }
 }
 
 impl Drop for MemoryWindow<'_> {
     #[doc(alias = "ibv_dealloc_mw")]
     fn drop(&mut self) {
-        // SAFETY: allocated by `ibv_alloc_mw`, deallocated only here. Deallocation invalidates
-        // a bound window. Should it fail, the window may stay bound; its region then refuses
-        // deregistration and leaks its buffer rather than free memory a peer could reach.
-        let _ = self
-            .pd
-            .context()
-            .registry()
-            .release(self.raw.as_ptr(), || unsafe { ffi::ibv_dealloc_mw(self.raw.as_ptr()) });
+        let mut slot = self.cell.slot();
+        // Deallocation invalidates a bound window. Should it fail, the window may stay bound;
+        // its region then refuses deregistration and leaks its buffer rather than free memory a
+        // peer could reach.
+        if let Some(raw) = slot.raw.take() {
+            let _ = dealloc(&self.pd, raw);
+        }
     }
 }
 
@@ -246,6 +371,13 @@ impl<'pd> BoundWindow<'pd, '_> {
         &self.window
     }
 
+    /// The window, no longer held by a bound window: a QP that is destroyed then gives it a new
+    /// verbs window if it may still be bound to it, rather than deallocate it.
+    fn into_window(self) -> MemoryWindow<'pd> {
+        self.window.cell.slot().held_by_bound = None;
+        self.window
+    }
+
     /// The window back, unbound, if `wc` is a successful receive of a peer's send with
     /// invalidate that invalidated this window (`IBV_WC_WITH_INV` with this window's key; rxe's
     /// own form of it too, see [`WorkCompletion::invalidated_rkey`]). Otherwise the bound window
@@ -255,7 +387,7 @@ impl<'pd> BoundWindow<'pd, '_> {
     /// `self`, when `wc` did not invalidate this window.
     pub fn invalidated_by(self, wc: &WorkCompletion) -> std::result::Result<MemoryWindow<'pd>, Self> {
         if wc.invalidates(self.remote.rkey) {
-            Ok(self.window)
+            Ok(self.into_window())
         } else {
             Err(self)
         }
@@ -274,9 +406,19 @@ impl<'s, 'env, T: Connected> PostScope<'s, 'env, T, ReadyToSend> {
     /// It stays borrowed for the scope too (`'mr: 's`), so it cannot be deregistered while the
     /// bind request is queued.
     ///
+    /// A type 2 window stays noted by the QP from this bind until it is dropped: when the QP is
+    /// destroyed first, it deallocates the window if a forgotten [`BoundWindow`] holds it, and
+    /// gives a live [`MemoryWindow`] a new verbs window (new keys) otherwise, because the
+    /// window's invalidation may not have run and rxe frees a QP a window still holds.
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`] for any of the rules above, an empty or out-of-region range,
-    /// or reserved `wr_id` bits (nothing posted; the window is deallocated);
+    /// or reserved `wr_id` bits, and for a bind that would give the window a key it handed out
+    /// before (nothing posted; the window is deallocated): a key changes only in its low 8 bits,
+    /// so a window gives 256 grants (type 2) or 128 (type 1, whose unbinds also change the key),
+    /// then a new window is needed. Should a provider give a type 1 bind a key of its own
+    /// choosing that was handed out before, the bind is posted and the window deallocated at
+    /// once, with the same error;
     /// [`Error::QueueFull`] as [`post_send`](Self::post_send); [`Error::Verb`] or
     /// [`Error::PostFailed`] when the provider refuses the bind.
     #[doc(alias = "ibv_bind_mw")]
@@ -284,7 +426,7 @@ impl<'s, 'env, T: Connected> PostScope<'s, 'env, T, ReadyToSend> {
     pub fn bind_window<'pd, 'mr, B: RegisteredBuffer>(
         &mut self,
         wr_id: u64,
-        mut window: MemoryWindow<'pd>,
+        window: MemoryWindow<'pd>,
         region: &'mr MemoryRegion<'_, B>,
         range: impl RangeBounds<usize>,
         access: AccessFlags,
@@ -322,34 +464,67 @@ impl<'s, 'env, T: Connected> PostScope<'s, 'env, T, ReadyToSend> {
             length: (end - start) as u64,
             mw_access_flags: access.bits(),
         };
+        let cell = Arc::clone(&window.cell);
+        let mut slot = cell.slot();
+        let Some(raw_mw) = slot.raw else {
+            return Err(invalid(
+                "the window was deallocated when a QP it had been bound to was destroyed, and no new one could be \
+                 allocated in its place"
+                    .into(),
+            ));
+        };
+        // The key the bind will give: `ibv_inc_rkey` of the current one (what a type 2 bind
+        // names itself, and what providers give a type 1 bind). A key handed out before may
+        // still be held by a peer, so a bind that would give it again is refused: revocation
+        // holds for the window's life.
+        let next = crate::ffi_compat::inc_rkey(slot.rkey);
+        if slot.was_handed_out(next) {
+            return Err(invalid(key_wrapped(window.kind, next)));
+        }
         let rkey = match window.kind {
             WindowType::Type1 => {
                 let raw_qp = qp.as_raw();
-                let mw = window.as_raw();
                 self.post_one(wr_id, verb, |tagged| {
                     let flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
                     let mut bind = ffi::ibv_mw_bind { wr_id: tagged, send_flags: flags, bind_info: info };
-                    // SAFETY: the QP, the window and the region are live (borrowed by this
-                    // call); the region stays registered while the window is bound (borrowed by
-                    // the `BoundWindow`). The provider copies the request.
-                    let rc = unsafe { ffi::ibv_bind_mw(raw_qp, mw, &mut bind) };
+                    // SAFETY: the QP, the window (its slot locked) and the region are live
+                    // (borrowed by this call); the region stays registered while the window is
+                    // bound (borrowed by the `BoundWindow`). The provider copies the request.
+                    let rc = unsafe { ffi::ibv_bind_mw(raw_qp, raw_mw.as_ptr(), &mut bind) };
                     Error::check("ibv_bind_mw", Some(device), rc)
                 })?;
                 // SAFETY: the provider set the key the bind gives (ibv_bind_mw(3)).
-                unsafe { window.raw.as_ref().rkey }
+                let rkey = unsafe { raw_mw.as_ref().rkey };
+                if slot.was_handed_out(rkey) {
+                    // A provider that picked a key of its own, one handed out before: take the
+                    // grant back at once. Deallocating invalidates the window.
+                    slot.rkey = rkey;
+                    if dealloc(&window.pd, raw_mw) == 0 {
+                        slot.raw = None;
+                    }
+                    return Err(invalid(key_wrapped(window.kind, rkey)));
+                }
+                rkey
             }
             WindowType::Type2 => {
-                let rkey = crate::ffi_compat::inc_rkey(window.rkey);
-                self.post_send(&mut [SendRequest::bind_window(wr_id, window.as_raw(), rkey, info)])?;
+                let rkey = next;
+                // Noted before posting: from the moment the request may be queued, the window
+                // may end up bound to this QP.
+                qp.shared().windows.add(&cell);
+                self.post_send(&mut [SendRequest::bind_window(wr_id, raw_mw.as_ptr(), rkey, info)])?;
                 // The provider names the window by its current key in the next bind or
                 // invalidate, and does not update it for a bind request (ibv_bind_mw does, for
                 // type 1): without this, rxe refuses every bind after the first.
-                // SAFETY: the window is live and owned by `window`; nothing else writes it.
-                unsafe { (*window.raw.as_ptr()).rkey = rkey };
+                // SAFETY: the window is live and owned by `window` (its slot locked); nothing
+                // else writes it.
+                unsafe { (*raw_mw.as_ptr()).rkey = rkey };
+                slot.held_by_bound = Some(qp.shared().windows.id());
                 rkey
             }
         };
-        window.rkey = rkey;
+        slot.rkey = rkey;
+        slot.hand_out(rkey);
+        drop(slot);
         let remote = RemoteRegion { addr: info.addr, rkey, len: info.length };
         Ok(BoundWindow { window, remote, access, region: region.as_raw() as usize, _region: PhantomData })
     }
@@ -365,7 +540,7 @@ impl<'s, 'env, T: Connected> PostScope<'s, 'env, T, ReadyToSend> {
     #[doc(alias = "IBV_WR_LOCAL_INV")]
     pub fn invalidate_window<'pd>(&mut self, wr_id: u64, bound: BoundWindow<'pd, '_>) -> Result<MemoryWindow<'pd>> {
         let region = bound.region;
-        let mut window = bound.window;
+        let window = bound.into_window();
         if window.pd.as_raw() != self.qp().pd().as_raw() {
             let device = self.qp().pd().context().name();
             return Err(Error::invalid(
@@ -374,10 +549,15 @@ impl<'s, 'env, T: Connected> PostScope<'s, 'env, T, ReadyToSend> {
                 "the window belongs to another protection domain",
             ));
         }
+        let cell = Arc::clone(&window.cell);
+        let mut slot = cell.slot();
         match window.kind {
             WindowType::Type1 => {
-                let (raw_qp, mw) = (self.qp().as_raw(), window.as_raw());
+                let raw_qp = self.qp().as_raw();
                 let device = self.qp().pd().context().name();
+                let Some(mw) = slot.raw else {
+                    return Err(Error::invalid("ibv_bind_mw", Some(device), "the window was deallocated"));
+                };
                 self.post_one(wr_id, "ibv_bind_mw", |tagged| {
                     let flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
                     // A zero length is the unbind. The region is still named: rxe's provider
@@ -385,18 +565,29 @@ impl<'s, 'env, T: Connected> PostScope<'s, 'env, T, ReadyToSend> {
                     let mr = region as *mut ffi::ibv_mr;
                     let info = ffi::ibv_mw_bind_info { mr, addr: 0, length: 0, mw_access_flags: 0 };
                     let mut bind = ffi::ibv_mw_bind { wr_id: tagged, send_flags: flags, bind_info: info };
-                    // SAFETY: the QP, the window and the region (borrowed by `bound` until
-                    // this returns) are live.
-                    let rc = unsafe { ffi::ibv_bind_mw(raw_qp, mw, &mut bind) };
+                    // SAFETY: the QP, the window (its slot locked) and the region (borrowed by
+                    // `bound` until this returns) are live.
+                    let rc = unsafe { ffi::ibv_bind_mw(raw_qp, mw.as_ptr(), &mut bind) };
                     Error::check("ibv_bind_mw", Some(device), rc)
                 })?;
                 // SAFETY: the provider set the window's new key.
-                window.rkey = unsafe { window.raw.as_ref().rkey };
+                slot.rkey = unsafe { mw.as_ref().rkey };
             }
             WindowType::Type2 => {
-                self.post_send(&mut [SendRequest::local_invalidate(wr_id, window.rkey)])?;
+                let rkey = slot.rkey;
+                drop(slot);
+                self.post_send(&mut [SendRequest::local_invalidate(wr_id, rkey)])?;
             }
         }
         Ok(window)
     }
+}
+
+/// Why a bind that would give the key `rkey` again is refused.
+fn key_wrapped(kind: WindowType, rkey: u32) -> String {
+    format!(
+        "the {kind:?} window handed out key {rkey:#x} before, and a peer may still hold it: a window hands out each \
+         of its 256 key tags once (a type 2 window 256 grants, a type 1 window 128, its unbinds taking the others); \
+         allocate a new window"
+    )
 }

@@ -15,12 +15,13 @@ use std::sync::Mutex;
 use crate::ffi;
 
 /// The kinds of verbs objects, in the order leftovers are destroyed (users before what they use).
+/// Windows come first: a type 2 window holds the QP it is bound to (see `mw::WindowCell`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Kind {
+    Mw,
     Qp,
     Srq,
     Ah,
-    Mw,
     Mr,
     Cq,
     Channel,

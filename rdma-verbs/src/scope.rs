@@ -341,6 +341,12 @@ impl<'s, 'env, T: Transport, S: TypeState> PostScope<'s, 'env, T, S> {
     /// with those already outstanding: a CQ that overflows loses completions, and the scope
     /// would wait for them forever.
     pub(crate) fn check_room(&self, sends: usize, recvs: usize) -> Result<()> {
+        self.check_room_beside(0, sends, recvs)
+    }
+
+    /// [`check_room`](Self::check_room) beside `pending` sends an open batch holds, not yet
+    /// posted: they take room as posted ones do, and an error counts them as in use.
+    pub(crate) fn check_room_beside(&self, pending: usize, sends: usize, recvs: usize) -> Result<()> {
         let caps = self.qp.caps();
         let (send_cq, recv_cq) = (self.qp.send_cq(), self.qp.recv_cq());
         let full = |queue: &'static str, capacity: u32, outstanding: usize| Error::QueueFull {
@@ -350,19 +356,20 @@ impl<'s, 'env, T: Transport, S: TypeState> PostScope<'s, 'env, T, S> {
             outstanding: u32::try_from(outstanding).unwrap_or(u32::MAX),
         };
         let fits = |have: usize, more: usize, cap: u32| have.saturating_add(more) <= cap as usize;
-        if !fits(self.sends, sends, caps.max_send_wr) {
-            return Err(full("send queue", caps.max_send_wr, self.sends));
+        let own_sends = self.sends + pending;
+        if !fits(own_sends, sends, caps.max_send_wr) {
+            return Err(full("send queue", caps.max_send_wr, own_sends));
         }
         if !fits(self.recvs, recvs, caps.max_recv_wr) {
             return Err(full("receive queue", caps.max_recv_wr, self.recvs));
         }
         if std::ptr::eq(send_cq, recv_cq) {
-            let have = self.sends + self.recvs;
+            let have = own_sends + self.recvs;
             if !fits(have, sends + recvs, send_cq.cqe()) {
                 return Err(full("completion queue", send_cq.cqe(), have));
             }
-        } else if !fits(self.sends, sends, send_cq.cqe()) {
-            return Err(full("completion queue of sends", send_cq.cqe(), self.sends));
+        } else if !fits(own_sends, sends, send_cq.cqe()) {
+            return Err(full("completion queue of sends", send_cq.cqe(), own_sends));
         } else if !fits(self.recvs, recvs, recv_cq.cqe()) {
             return Err(full("completion queue of receives", recv_cq.cqe(), self.recvs));
         }

@@ -167,7 +167,10 @@ fn a_batch_fills_the_queue_no_further_than_the_scope_allows() {
                 batch.push(&SendRequest::write(i as u64, &src, b.remote().slice(0, 8).unwrap()))?;
             }
             let e = batch.push(&SendRequest::write(999, &src, b.remote().slice(0, 8).unwrap())).unwrap_err();
-            assert!(matches!(e, Error::QueueFull { .. }), "{e}");
+            // The requests the batch holds are in use: the error counts them.
+            let Error::QueueFull { capacity, outstanding, .. } = e else { panic!("{e}") };
+            assert_eq!((outstanding as usize, capacity as usize), (cap, cap), "{e}");
+            assert!(e.to_string().contains(&format!("({cap} of {cap} entries in use)")), "{e}");
             assert_eq!(batch.complete()?, cap);
             let mut wcs = vec![WorkCompletion::default(); cap];
             let got = sa.wait(cap, &mut wcs, T)?;

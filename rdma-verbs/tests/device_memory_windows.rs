@@ -285,8 +285,8 @@ fn binds_that_break_the_rules_are_refused_before_posting() {
 #[test]
 fn a_forgotten_bound_window_keeps_its_region_registered() {
     let topo = testkit::require_topology!();
-    // Type 1 only: a forgotten type 2 window also keeps its QP referenced in the kernel, and
-    // rxe warns when that QP is destroyed (docs/safety.md, "Memory windows").
+    // Type 1: a forgotten type 2 window is deallocated with its QP, at the end of this closure
+    // (`a_qp_deallocates_a_forgotten_type_2_window_before_it_is_destroyed`).
     let kind = WindowType::Type1;
     let d = topo.server.device.clone();
     with_rc_pair(&topo, &d, &d, ALL, |_a, b| {
@@ -350,5 +350,152 @@ fn a_batch_invalidates_windows_locally_and_at_the_peer() {
             assert_eq!(write_status(a, 64, g1), WcStatus::RemoteAccessError, "{da}->{db}: after the local one");
             drop((window, local));
         });
+    }
+}
+
+/// The kernel's log, as `dmesg` prints it (the tests run as root in the VM).
+fn kernel_log() -> Vec<String> {
+    let out = std::process::Command::new("dmesg").output().expect("dmesg runs");
+    assert!(out.status.success(), "dmesg: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect()
+}
+
+/// The lines the kernel logged since `before` that tell of rxe's broken QP reference.
+fn new_qp_reference_defects(before: usize) -> Vec<String> {
+    let defect = ["refcount_t", "cleanup failed", "WARNING:", "use-after-free", "rxe_mw_cleanup"];
+    kernel_log().into_iter().skip(before).filter(|l| defect.iter().any(|d| l.contains(d))).collect()
+}
+
+/// Binds a type 2 window of `pd` to `region[..4096]` through `qp` and waits for the bind.
+fn bind_type_2<'pd: 'mr, 'mr>(
+    qp: &'mr QueuePair<'pd, Rc, ReadyToSend>,
+    window: MemoryWindow<'pd>,
+    region: &'mr MemoryRegion<'_>,
+) -> BoundWindow<'pd, 'mr> {
+    qp.scope(T, |s| {
+        let bound = s.bind_window(9, window, region, 0..4096, GRANT)?;
+        let mut wcs: [WorkCompletion; 1] = Default::default();
+        assert_eq!(s.wait(1, &mut wcs, T)?[0].status(), WcStatus::Success, "the bind");
+        Ok::<_, Error>(bound)
+    })
+    .unwrap()
+}
+
+/// rxe holds the QP a type 2 window is bound to until the window goes, and a QP destroyed
+/// before that waits about 51 s, then is freed anyway: the window's deallocation later writes
+/// to the freed QP (Linux 6.1 warns in `rxe_mw_cleanup`, 6.12 logs `cleanup failed` and a
+/// refcount underflow). Forgetting a bound window is safe code, so the QP deallocates the
+/// windows that may still be bound to it before it is destroyed.
+#[test]
+fn a_qp_deallocates_a_forgotten_type_2_window_before_it_is_destroyed() {
+    let topo = testkit::require_topology!();
+    let before = kernel_log().len();
+    {
+        let ctx = Context::open(&topo.server.device).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(64, None).unwrap();
+        let region = pd.alloc_mr(MR_LEN, BINDABLE).unwrap();
+        let qp = self_connected(&pd, &cq, caps(16, 16));
+        std::mem::forget(bind_type_2(&qp, pd.alloc_mw(WindowType::Type2).unwrap(), &region));
+        let start = std::time::Instant::now();
+        drop(qp);
+        let took = start.elapsed();
+        assert!(took < std::time::Duration::from_secs(5), "destroying the QP took {took:?}");
+        // The window went with the QP: nothing is bound to the region any more.
+        region.into_inner().expect("the region deregisters once the QP deallocated the window");
+    }
+    let defects = new_qp_reference_defects(before);
+    assert!(defects.is_empty(), "the kernel logged:\n{}", defects.join("\n"));
+}
+
+/// A window whose invalidation was flushed (its QP in the error state) is still bound in the
+/// kernel though its owner holds it as unbound: the QP gives the window a new verbs window
+/// before it is destroyed, which the owner binds elsewhere and drops like any other.
+#[test]
+fn a_qp_replaces_a_window_whose_invalidation_never_ran() {
+    let topo = testkit::require_topology!();
+    let before = kernel_log().len();
+    {
+        let ctx = Context::open(&topo.server.device).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(64, None).unwrap();
+        let region = pd.alloc_mr(MR_LEN, BINDABLE).unwrap();
+        let qp = self_connected(&pd, &cq, caps(16, 16));
+        let bound = bind_type_2(&qp, pd.alloc_mw(WindowType::Type2).unwrap(), &region);
+        qp.flush().unwrap();
+        let window = qp
+            .scope(T, |s| {
+                let window = s.invalidate_window(5, bound)?;
+                let mut wcs: [WorkCompletion; 1] = Default::default();
+                assert_eq!(s.wait(1, &mut wcs, T)?[0].status(), WcStatus::WrFlushError, "the invalidation");
+                Ok::<_, Error>(window)
+            })
+            .unwrap();
+        let old = window.as_raw();
+        let start = std::time::Instant::now();
+        drop(qp);
+        let took = start.elapsed();
+        assert!(took < std::time::Duration::from_secs(5), "destroying the QP took {took:?}");
+        assert!(!window.as_raw().is_null() && window.as_raw() != old, "a new verbs window in its place");
+        // The new window binds through another QP (connected to itself), and its grant works.
+        let other = self_connected(&pd, &cq, caps(16, 16));
+        let again = bind_type_2(&other, window, &region);
+        let src = pd.alloc_mr(4096, ALL).unwrap();
+        src.write_at(0, &[0x5a; 64]).unwrap();
+        let st = other
+            .scope(T, |s| {
+                let sge = [src.sge(..64)?];
+                s.post_send(&mut [SendRequest::write(1, &sge, again.remote())])?;
+                let mut wcs: [WorkCompletion; 1] = Default::default();
+                Ok::<_, Error>(s.wait(1, &mut wcs, T)?[0].status())
+            })
+            .unwrap();
+        assert_eq!(st, WcStatus::Success, "a WRITE through the new window");
+        drop(again);
+        assert_eq!(read(&region, 0, 64), vec![0x5a; 64]);
+    }
+    let defects = new_qp_reference_defects(before);
+    assert!(defects.is_empty(), "the kernel logged:\n{}", defects.join("\n"));
+}
+
+/// A window's key changes at every bind in its low 8 bits only, so it would come back: a type
+/// 2 window's first grant's key at its 257th bind, a type 1 window's (whose unbinds advance the
+/// key too) at its 129th. A peer that kept the first key would then reach what the window
+/// grants now. The bind that would give a key a second time is refused, with nothing posted.
+#[test]
+fn a_bind_that_would_repeat_a_key_is_refused() {
+    let topo = testkit::require_topology!();
+    for (kind, grants) in [(WindowType::Type2, 256), (WindowType::Type1, 128)] {
+        let ctx = Context::open(&topo.server.device).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(64, None).unwrap();
+        let region = pd.alloc_mr(MR_LEN, BINDABLE).unwrap();
+        let qp = self_connected(&pd, &cq, caps(16, 16));
+        let mut keys = std::collections::HashSet::new();
+        let mut window = pd.alloc_mw(kind).unwrap();
+        let refused = qp
+            .scope(T, |s| {
+                let mut wcs: [WorkCompletion; 1] = Default::default();
+                for n in 0..=grants {
+                    let bound = match s.bind_window(1, window, &region, 0..4096, GRANT) {
+                        Ok(bound) => bound,
+                        Err(e) => {
+                            assert_eq!(s.outstanding(), 0, "{kind:?}: nothing posted");
+                            return Ok::<_, Error>(Some((n, e)));
+                        }
+                    };
+                    assert_eq!(s.wait(1, &mut wcs, T)?[0].status(), WcStatus::Success, "{kind:?}: bind {n}");
+                    assert!(keys.insert(bound.rkey()), "{kind:?}: bind {n} gave key {:#x} again", bound.rkey());
+                    window = s.invalidate_window(2, bound)?;
+                    assert_eq!(s.wait(1, &mut wcs, T)?[0].status(), WcStatus::Success, "{kind:?}: unbind {n}");
+                }
+                Ok(None)
+            })
+            .unwrap();
+        let (n, e) = refused.unwrap_or_else(|| panic!("{kind:?}: {} binds, none refused", grants + 1));
+        assert_eq!(n, grants, "{kind:?}: the bind refused");
+        assert!(matches!(e, Error::InvalidArgument { .. }), "{kind:?}: {e}");
+        assert!(e.to_string().contains("allocate a new window"), "{kind:?}: {e}");
+        assert_eq!(keys.len(), grants, "{kind:?}");
     }
 }

@@ -24,6 +24,7 @@ mod post;
 pub mod state;
 mod transition;
 
+pub use multicast::MulticastAttachment;
 pub(crate) use transition::zeroed_attr;
 pub use transition::{Transition, TransitionError};
 
@@ -133,6 +134,9 @@ pub(crate) struct Inner<'res> {
     pub(crate) extended: Option<Extended>,
     /// The multicast groups a UD QP is attached to: detached before it is destroyed.
     multicast: multicast::Attachments,
+    /// The type 2 memory windows that may be bound to the QP: deallocated before it is
+    /// destroyed (see `mw::WindowCell`).
+    pub(crate) windows: crate::mw::QpWindows,
     /// Set when a drain reset the QP after completions were lost (`quiesce::reset`): the QP is
     /// in RESET behind a handle typed for another state, and takes no request until a
     /// transition brings it back.
@@ -229,6 +233,10 @@ impl Drop for Inner<'_> {
     fn drop(&mut self) {
         // An attached QP cannot be destroyed (`EBUSY`): detach what a caller left attached.
         multicast::detach_all(self);
+        // rxe holds a QP a type 2 window is bound to until the window is invalidated or
+        // deallocated, and frees it anyway after a long wait: the window's later deallocation
+        // would then write to freed kernel memory. Deallocate every such window first.
+        self.windows.release(&self.pd);
         // SAFETY: created by `ibv_create_qp`, destroyed only here. Requests still in flight are
         // discarded by the device; the memory they name stays registered (regions outlive no
         // borrow they do not have) or was deregistered, which revoked the NIC's access.
@@ -348,6 +356,7 @@ impl<'res, T: Transport> QueuePair<'res, T, Reset> {
             port: AtomicU8::new(0),
             extended,
             multicast: multicast::Attachments::default(),
+            windows: crate::mw::QpWindows::default(),
             reset_by_drain: std::sync::atomic::AtomicBool::new(false),
         };
         Ok(QueuePair { inner: Arc::new(inner), _type: PhantomData })
