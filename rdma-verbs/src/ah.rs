@@ -66,7 +66,8 @@ impl AddressVector {
     /// datagram's destination, say).
     ///
     /// # References
-    /// - [`ibv_init_ah_from_wc(3)`](https://man7.org/linux/man-pages/man3/ibv_init_ah_from_wc.3.html)
+    /// - [`ibv_init_ah_from_wc(3)`](https://man7.org/linux/man-pages/man3/ibv_create_ah_from_wc.3.html)
+    ///   (with `ibv_create_ah_from_wc`)
     #[doc(alias = "ibv_init_ah_from_wc")]
     pub fn from_wc(ctx: &Context, port: u8, wc: &WorkCompletion, grh: &[u8]) -> Result<Self> {
         let verb = "ibv_init_ah_from_wc";

@@ -118,7 +118,8 @@ impl<'res, T: Transport, S: TypeState> QueuePair<'res, T, S> {
     /// On a UD QP, receives still posted when `f` returns are normal (datagrams that did not
     /// come): once the scope's sends completed (up to `drain_timeout`), it cancels them at once
     /// instead of waiting for them. It flushes the QP (error state), takes every flushed
-    /// completion (at least five seconds for them, as above), and brings the QP back to the
+    /// completion (the device alone makes them, at once; it waits for them as above), and
+    /// brings the QP back to the
     /// state its type names (RESET, then INIT with the port, P_Key index and Q_Key it had,
     /// and on: a UD QP needs nothing from a peer), so the scope returns `f`'s result and the
     /// QP takes requests again. Completions of those receives that `f` did not take are dropped,
