@@ -49,7 +49,8 @@ const DEFAULT_RETRIES: u32 = 3;
 #[command(
     name = "rdma-copy",
     version,
-    about = "Copy files over RDMA (RoCE/InfiniBand): safe, pipelined, integrity-checked"
+    about = "Copy files over RDMA (RoCE/InfiniBand): safe, pipelined, integrity-checked",
+    after_help = exit_code_help()
 )]
 struct Cli {
     #[command(subcommand)]
@@ -109,9 +110,42 @@ impl Driver {
 #[derive(Subcommand)]
 enum Command {
     /// Receive files: listen and serve senders (several at once).
+    #[command(after_help = recv_exit_code_help())]
     Recv(RecvArgs),
     /// Send files to a receiver, one after another.
+    #[command(after_help = send_exit_code_help())]
     Send(SendArgs),
+}
+
+/// `send`'s exit codes, from the table that defines them (`rdma_proto::driver::exit_codes`).
+fn send_exit_code_help() -> String {
+    let mut help = String::from("Exit codes of send (a batch: the first failed entry's):\n");
+    for (code, what) in rdma_proto::driver::exit_codes() {
+        help.push_str(&format!("  {code:>3}  {what}\n"));
+    }
+    help
+}
+
+/// `recv`'s exit codes (this tool's own: `recv` below).
+fn recv_exit_code_help() -> String {
+    let codes: [(&str, &str); 6] = [
+        ("0", "every transfer was stored"),
+        ("1", "bad arguments"),
+        ("2", "cannot listen (no RDMA device, the address or port taken)"),
+        ("5", "the destination cannot take files"),
+        ("9", "a transfer failed or was refused (each has its report)"),
+        ("128+N", "stopped by signal N (SIGINT, SIGTERM)"),
+    ];
+    let mut help = String::from("Exit codes of recv:\n");
+    for (code, what) in codes {
+        help.push_str(&format!("  {code:>5}  {what}\n"));
+    }
+    help
+}
+
+/// Both commands' exit codes, for the top-level help.
+fn exit_code_help() -> String {
+    format!("{}\n{}", send_exit_code_help(), recv_exit_code_help())
 }
 
 #[derive(clap::Args)]
@@ -814,8 +848,13 @@ fn print_sent(path: &std::path::Path, r: &SendReport, json: bool) {
             "bytes": r.bytes, "chunk": r.chunk, "slots": r.slots, "seconds": r.total.as_secs_f64(),
             "resumed_from": r.resumed_from, "lanes": r.lanes, "digest": r.digest.name(), "retries": r.retries,
             "mb_per_s": mb_per_s(r.bytes - r.resumed_from, r.phases.data), "phases": phases_json(&r.phases), "exit_code": 0,
+            "already_stored": r.already_stored,
         });
         println!("{v}");
+        return;
+    }
+    if r.already_stored {
+        println!("{}: {} bytes, already stored on the receiver, identical: nothing sent", path.display(), r.bytes);
         return;
     }
     let ms = |d: Duration| d.as_secs_f64() * 1e3;

@@ -132,8 +132,11 @@ fn a_9p_share_without_rename_noreplace_takes_files_and_batches() {
     let rx = Receiver::start(&topo, 7642, &["--dir", dir, "--count", "3", "--timeout", "10"]);
     let one = send(&topo, 7642, &[src.join("f").to_str().unwrap()]);
     let batch = send(&topo, 7642, &[src.join("tree").to_str().unwrap()]);
-    // Never replaced: the same name again is refused as existing, and the file stays.
-    let again = send(&topo, 7642, &[src.join("f").to_str().unwrap()]);
+    // Never replaced: the same name again, with other bytes (the same size: the receiver hashes
+    // the file in place and the sender's proof fails), is refused as existing, and the file stays.
+    std::fs::create_dir_all(src.join("other")).unwrap();
+    random_file(&src.join("other/f"), 3 << 20, 37);
+    let again = send(&topo, 7642, &[src.join("other/f").to_str().unwrap()]);
     let (code, lines) = rx.finish(Duration::from_secs(60));
     assert!(one.status.success(), "{}{lines}", text(&one.stderr));
     assert!(batch.status.success(), "{}{}{lines}", text(&batch.stdout), text(&batch.stderr));

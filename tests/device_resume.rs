@@ -242,6 +242,69 @@ fn a_sniffed_key_offered_with_another_name_leaves_the_owner_s_partial_alone() {
     assert!(std::fs::read(dst.join("f")).unwrap() == data, "the file differs");
 }
 
+/// A peer that read a partial's key in `ls -a` and offers the same name and size, with other
+/// bytes, cannot continue it: asked to prove the bytes the partial holds (a keyed hash under the
+/// receiver's fresh nonce), it cannot, and is served from byte 0 into a new temporary. It writes
+/// some junk and leaves: the partial and its sidecar are as they were, and the owner's next send
+/// resumes and is stored (exit 0).
+#[test]
+fn a_peer_with_the_resume_key_but_other_bytes_gets_a_fresh_temporary_and_the_owner_resumes() {
+    use rdma_proto::wire::{caps, Hello, Message, Proof};
+    let topo = testkit::require_topology!();
+    let (src, dst) = (scratch("prove-src"), scratch("prove-dst"));
+    let data = random_file(&src.join("f"), 3 * CHECKPOINT_BYTES as usize, 26);
+    let args = ["--dir", dst.to_str().unwrap(), "--count", "3", "--timeout", "5", "--checkpoint-every", CHECKPOINT];
+    let rx = Receiver::start(&topo, 7588, &args);
+    let mut owner = spawn_send_reporting(&topo, 7588, &src.join("f"), &[]);
+    wait_for_partial(&dst, CHECKPOINT_BYTES + (CHECKPOINT_BYTES >> 1));
+    owner.kill().unwrap();
+    owner.wait().unwrap();
+    wait_for_session_end(&dst, "f");
+    let part = listing(&dst).into_iter().find(|n| n.ends_with(".part.rdcp-tmp")).expect("a partial");
+    let meta = part.replace(".part.", ".meta.");
+    let key = u64::from_str_radix(part.trim_start_matches('.').split('.').next().unwrap(), 16).unwrap();
+    let before = (std::fs::read(dst.join(&part)).unwrap(), std::fs::read(dst.join(&meta)).unwrap());
+
+    // The hostile peer: the key, the same name and size, other bytes.
+    let mut hostile = RawSender::connect(&topo, 7588);
+    let caps = caps::DIGEST_XXH3_128 | caps::RESUME | caps::RESUME_PROOF;
+    let hello = Hello { caps, resume: Some(key), ..raw_hello(data.len() as u64) };
+    hostile.send_message(0x7588_0001, &Message::Hello(hello)).unwrap();
+    let grant = match hostile.recv() {
+        Message::Challenge(c) if c.prefix.is_some() => {
+            // It cannot prove bytes it does not hold.
+            hostile.send_message(0x7588_0001, &Message::Proof(Proof { nonce: c.nonce, mac: [0x42; 32] })).unwrap();
+            match hostile.recv() {
+                Message::Grant(g) => g,
+                m => panic!("{m:?} instead of a GRANT"),
+            }
+        }
+        Message::Grant(g) => g,
+        m => panic!("{m:?} instead of a GRANT or a CHALLENGE"),
+    };
+    eprintln!("the hostile peer was granted from byte {}", grant.resume_from);
+    let junk = vec![0x6au8; 4 * grant.slot_size as usize];
+    for seq in 0..4 {
+        hostile.write_chunk(&grant, &junk, seq).unwrap();
+    }
+    assert!(hostile.credited(4), "the receiver stored the hostile peer's chunks");
+    drop(hostile);
+    std::thread::sleep(Duration::from_secs(1));
+    let after = (std::fs::read(dst.join(&part)).ok(), std::fs::read(dst.join(&meta)).ok());
+    let intact = after.0.as_ref() == Some(&before.0) && after.1.as_ref() == Some(&before.1);
+
+    let out = spawn_send_reporting(&topo, 7588, &src.join("f"), &[]).wait_with_output().unwrap();
+    let report = text(&out.stdout);
+    let (_, lines) = rx.finish(Duration::from_secs(60));
+    eprintln!("the owner's resend: {:?}: {}{}", out.status.code(), report.trim(), text(&out.stderr).trim());
+    assert_eq!(out.status.code(), Some(0), "the owner's resend failed: {}{lines}", text(&out.stderr));
+    assert_eq!(grant.resume_from, 0, "the hostile peer was let continue the partial");
+    assert!(intact, "the owner's partial changed under the hostile peer's session");
+    assert!(resumed_at(&report) >= CHECKPOINT_BYTES, "the owner did not resume: {report}");
+    assert!(std::fs::read(dst.join("f")).unwrap() == data, "the file differs");
+    assert_eq!(listing(&dst), ["f"], "nothing but the file is left");
+}
+
 /// With a secret, a resumed partial is hashed with keyed BLAKE3 before the GRANT, and the
 /// sender waits for that GRANT only its `--timeout`: a partial that took longer to hash could
 /// never be resumed, and each timed-out attempt rewrote its sidecar, so it never expired either
@@ -367,4 +430,45 @@ fn plain(line: &str) -> String {
         }
     }
     out
+}
+
+/// A file sent again to a receiver that holds it, identical, is a success with nothing sent,
+/// and so is a batch sent again: the receiver asks the sender to prove the whole file (as a
+/// resume's prefix) and counts it stored, as rsync does. A file of that name with other bytes
+/// is still refused (`Exists`, exit 17).
+#[test]
+fn a_file_or_batch_sent_again_is_already_stored_and_other_bytes_still_exist() {
+    let topo = testkit::require_topology!();
+    let (src, dst) = (scratch("again-src"), scratch("again-dst"));
+    let data = random_file(&src.join("f"), 3 << 20, 27);
+    std::fs::create_dir(src.join("tree")).unwrap();
+    random_file(&src.join("tree").join("a"), 1 << 20, 28);
+    random_file(&src.join("tree").join("b"), 4096, 29);
+    let rx = Receiver::start(&topo, 7589, &["--dir", dst.to_str().unwrap(), "--count", "5"]);
+    let f = src.join("f");
+    let first = send(&topo, 7589, &[f.to_str().unwrap()]);
+    assert!(first.status.success(), "{}", text(&first.stderr));
+    let again = send(&topo, 7589, &[f.to_str().unwrap()]);
+    eprintln!("the resend: {:?}: {}{}", again.status.code(), text(&again.stdout).trim(), text(&again.stderr).trim());
+    let tree = src.join("tree");
+    let batch = send(&topo, 7589, &[tree.to_str().unwrap()]);
+    assert!(batch.status.success(), "{}", text(&batch.stderr));
+    let batch_again = send(&topo, 7589, &[tree.to_str().unwrap()]);
+    eprintln!(
+        "the batch again: {:?}: {}{}",
+        batch_again.status.code(),
+        text(&batch_again.stdout),
+        text(&batch_again.stderr)
+    );
+    // The same name and size, other bytes: still refused.
+    let other = scratch("again-other");
+    random_file(&other.join("f"), 3 << 20, 30);
+    let refused = send(&topo, 7589, &[other.join("f").to_str().unwrap()]);
+    let (_, lines) = rx.finish(Duration::from_secs(60));
+    assert_eq!(again.status.code(), Some(0), "the resend: {}{lines}", text(&again.stderr));
+    assert!(text(&again.stdout).contains("already stored"), "{}", text(&again.stdout));
+    assert_eq!(batch_again.status.code(), Some(0), "the batch again: {}{lines}", text(&batch_again.stderr));
+    assert_eq!(refused.status.code(), Some(17), "other bytes under the name: {}", text(&refused.stderr));
+    assert!(std::fs::read(dst.join("f")).unwrap() == data, "the file in place is untouched");
+    assert_eq!(listing(&dst), ["f", "tree"], "nothing else is left");
 }

@@ -10,6 +10,11 @@ use rdma_verbs::Deadline;
 use rdma_verbs::ffi;
 
 use crate::error::{Error, Result};
+
+/// The calling thread's `errno` (`EIO` when it holds none).
+fn last_errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+}
 use crate::event::RawEvent;
 
 /// An event channel (`struct rdma_event_channel`), destroyed on drop.
@@ -40,14 +45,15 @@ impl EventChannel {
     /// Opens a channel: `rdma_create_event_channel()`, then makes its fd non-blocking.
     ///
     /// # Errors
-    /// [`Error::Cm`] when librdmacm cannot open `/dev/infiniband/rdma_cm` (`ENODEV`: no RDMA
-    /// device or no `rdma_cm` module) or the fd cannot be made non-blocking.
+    /// [`Error::NoDevice`] when librdmacm cannot open `/dev/infiniband/rdma_cm` (`ENODEV`: no
+    /// RDMA device or no `rdma_ucm` module), [`Error::Cm`] when it fails otherwise or the fd
+    /// cannot be made non-blocking.
     #[doc(alias = "rdma_create_event_channel")]
     pub(crate) fn new() -> Result<Self> {
         // SAFETY: no arguments; returns NULL with errno set on failure.
         let raw = unsafe { ffi::rdma_create_event_channel() };
         let channel = EventChannel {
-            raw: NonNull::new(raw).ok_or_else(|| Error::last_os_error("rdma_create_event_channel"))?,
+            raw: NonNull::new(raw).ok_or_else(|| Error::no_cm_device("rdma_create_event_channel", last_errno()))?,
             sleepers: Box::new(Sleepers::new()),
         };
         // FIONBIO: the same flag as `O_NONBLOCK`.

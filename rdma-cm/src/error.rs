@@ -51,6 +51,28 @@ pub enum Error {
         /// Why (a positive `errno`).
         errno: i32,
     },
+    /// The source address given to a resolution cannot be used (`rdma_resolve_addr` binds the
+    /// identifier to it first): its port is in use (`EADDRINUSE`), or it is not an address of
+    /// this host (`EADDRNOTAVAIL`). The fault is the source's, not the destination's.
+    #[error("resolving {dst} from {src}: the source address cannot be used: {}{}", Errno(*.errno), SourceHint(*.errno))]
+    SourceAddress {
+        /// The source address given.
+        src: SocketAddr,
+        /// The destination being resolved.
+        dst: SocketAddr,
+        /// Why (a positive `errno`).
+        errno: i32,
+    },
+    /// `rdma_bind_addr` refused the address a listener was to bind: its port is in use
+    /// (`EADDRINUSE`), or it is not an address of this host (`EADDRNOTAVAIL`), or no RDMA
+    /// device has it (`ENODEV`).
+    #[error("binding {addr}: {}{}", Errno(*.errno), SourceHint(*.errno))]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why (a positive `errno`).
+        errno: i32,
+    },
     /// `RDMA_CM_EVENT_ROUTE_ERROR`: no path to the resolved address.
     #[error("resolving the route to {addr}{}: {}", OnDevice(.device), Errno(*.errno))]
     RouteResolution {
@@ -210,6 +232,19 @@ pub enum Error {
         /// The `errno` the call reported.
         errno: Option<i32>,
     },
+    /// The host has no RDMA the CM can use: `rdma_create_event_channel` found no
+    /// `/dev/infiniband/rdma_cm` (`ENODEV`). The message says what to do, as `rdma-verbs` does
+    /// when it finds no device ([`rdma_verbs::Error::NoDevice`]): with no device at all, load
+    /// an RDMA driver; with devices but no CM, load `rdma_ucm`.
+    #[error("{verb}: {}: {}", Errno(*.errno), NoRdma(.available))]
+    NoDevice {
+        /// The call that found none, `"rdma_create_event_channel"`.
+        verb: &'static str,
+        /// The `errno` it reported (`ENODEV`).
+        errno: i32,
+        /// The RDMA devices libibverbs lists (none on a host without RDMA).
+        available: Vec<String>,
+    },
     /// An async call (`*_async`, with the `tokio` feature) found no Tokio runtime to wait on:
     /// it ran outside one, or the runtime it ran on was shutting down.
     #[error("{what}: no Tokio runtime to wait on (outside one, or it has shut down)")]
@@ -229,6 +264,9 @@ impl Error {
             | Error::RouteResolution { errno, .. }
             | Error::Unreachable { errno, .. }
             | Error::ConnectError { errno, .. }
+            | Error::NoDevice { errno, .. }
+            | Error::SourceAddress { errno, .. }
+            | Error::Bind { errno, .. }
             | Error::Multicast { errno, .. } => Some(*errno),
             Error::UnexpectedEvent { errno, .. } | Error::Unsupported { errno, .. } => *errno,
             Error::Verbs(e) => e.errno(),
@@ -268,6 +306,16 @@ impl Error {
         Self::from_errno(verb, std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO))
     }
 
+    /// The error of `verb` finding no RDMA CM device (`ENODEV`): [`Error::NoDevice`], listing
+    /// the verbs devices that exist. Any other `errno` is [`Error::Cm`].
+    pub(crate) fn no_cm_device(verb: &'static str, errno: i32) -> Self {
+        if errno != libc::ENODEV {
+            return Self::from_errno(verb, errno);
+        }
+        let available = rdma_verbs::DeviceList::available().map(|l| l.names()).unwrap_or_default();
+        Error::NoDevice { verb, errno, available }
+    }
+
     pub(crate) fn from_errno(verb: &'static str, errno: i32) -> Self {
         Error::Cm { verb, device: None, errno }
     }
@@ -305,6 +353,9 @@ impl Error {
             }
             Error::Verbs(_)
             | Error::AddressResolution { .. }
+            | Error::SourceAddress { .. }
+            | Error::Bind { .. }
+            | Error::NoDevice { .. }
             | Error::DeviceMismatch { .. }
             | Error::NoRuntime { .. } => {}
         }
@@ -368,6 +419,39 @@ struct Errno(i32);
 impl fmt::Display for Errno {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(&std::io::Error::from_raw_os_error(self.0), f)
+    }
+}
+
+/// What an address's `errno` says of it, after the error's own words: whose the address is at
+/// fault for.
+struct SourceHint(i32);
+
+impl fmt::Display for SourceHint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            libc::EADDRINUSE => f.write_str(" (its port is in use on this host)"),
+            libc::EADDRNOTAVAIL => f.write_str(" (it is not an address of this host)"),
+            libc::ENODEV => f.write_str(" (no RDMA device has it)"),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// What to do about a host whose CM cannot be opened: `rdma-verbs`' own words when there is no
+/// device at all.
+struct NoRdma<'a>(&'a [String]);
+
+impl fmt::Display for NoRdma<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_empty() {
+            let none = rdma_verbs::Error::NoDevice { name: None, available: Vec::new() };
+            return fmt::Display::fmt(&none, f);
+        }
+        write!(
+            f,
+            "the RDMA device(s) {} have no connection manager: is the rdma_ucm module loaded? (`modprobe rdma_ucm`)",
+            self.0.join(", ")
+        )
     }
 }
 
@@ -470,12 +554,33 @@ mod tests {
         assert_eq!(status_errno(i32::MIN), libc::EIO);
     }
 
+    /// A resolution whose source cannot be used blames the source, naming both addresses;
+    /// a bind names its address.
+    #[test]
+    fn address_errors_name_the_addresses_and_the_side_at_fault() {
+        let src: SocketAddr = "10.77.0.2:7000".parse().unwrap();
+        let dst: SocketAddr = "10.77.0.1:7471".parse().unwrap();
+        let e = Error::SourceAddress { src, dst, errno: libc::EADDRINUSE };
+        let text = e.to_string();
+        assert!(
+            text.starts_with("resolving 10.77.0.1:7471 from 10.77.0.2:7000: the source address cannot be used"),
+            "{text}"
+        );
+        assert!(text.ends_with("(its port is in use on this host)"), "{text}");
+        let e = Error::Bind { addr: "192.0.2.1:7471".parse().unwrap(), errno: libc::EADDRNOTAVAIL };
+        let text = e.to_string();
+        assert!(text.starts_with("binding 192.0.2.1:7471: "), "{text}");
+        assert!(text.ends_with("(it is not an address of this host)"), "{text}");
+    }
+
     #[test]
     fn errno_covers_every_variant_that_carries_one() {
         let addr = addr();
         let with = [
             Error::Cm { verb: "rdma_bind_addr", device: None, errno: libc::EADDRINUSE },
             Error::AddressResolution { addr, errno: libc::ENODEV },
+            Error::SourceAddress { src: addr, dst: addr, errno: libc::EADDRINUSE },
+            Error::Bind { addr, errno: libc::EADDRNOTAVAIL },
             Error::RouteResolution { addr, device: None, errno: libc::ENETUNREACH },
             Error::Unreachable { addr, device: None, errno: libc::ETIMEDOUT },
             Error::ConnectError { addr, device: None, errno: libc::ECONNRESET },

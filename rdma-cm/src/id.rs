@@ -145,12 +145,13 @@ const RESOLVING_ADDR: &str = "resolving an address";
 struct AddrQuery {
     src: Option<RawAddr>,
     dst: RawAddr,
+    src_addr: Option<SocketAddr>,
     dst_addr: SocketAddr,
 }
 
 impl AddrQuery {
     fn new(src: Option<SocketAddr>, dst: SocketAddr) -> Self {
-        AddrQuery { src: src.map(RawAddr::new), dst: RawAddr::new(dst), dst_addr: dst }
+        AddrQuery { src: src.map(RawAddr::new), dst: RawAddr::new(dst), src_addr: src, dst_addr: dst }
     }
 }
 
@@ -169,7 +170,8 @@ impl CmId<Idle> {
     /// event channel of its own: `rdma_create_event_channel()` then `rdma_create_id()`.
     ///
     /// # Errors
-    /// [`Error::Cm`] when the channel or identifier cannot be created (`ENODEV`: no RDMA).
+    /// [`Error::NoDevice`] without RDMA (no `/dev/infiniband/rdma_cm`: the message says what to
+    /// load); [`Error::Cm`] when the channel or identifier cannot be created otherwise.
     #[doc(alias = "rdma_create_id")]
     pub fn new() -> Result<Self> {
         Ok(CmId { id: RawId::create()?, known: (), _state: PhantomData })
@@ -193,7 +195,9 @@ impl CmId<Idle> {
     /// device and local address it binds the identifier to are read once, then.
     ///
     /// # Errors
-    /// When waited for: [`Error::AddressResolution`] with the `errno` the CM reported, from the call or its event:
+    /// When waited for: [`Error::SourceAddress`] when `src` cannot be used (its port in use, not
+    /// an address of this host);
+    /// [`Error::AddressResolution`] with the `errno` the CM reported, from the call or its event:
     /// `ENODEV` when `src`, or the interface the route to `dst` leaves through, has no RDMA
     /// device; `EADDRNOTAVAIL` for a `src` that is not local; `ENETUNREACH` without a route.
     /// [`Error::Timeout`] when the neighbour did not answer within the wait's `timeout` (an
@@ -221,9 +225,13 @@ impl CmId<Idle> {
         // SAFETY: live identifier; the addresses are valid sockaddrs librdmacm copies.
         let rc = unsafe { ffi::rdma_resolve_addr(self.id.as_ptr(), src, addrs.dst.as_mut_ptr(), ms) };
         if rc != 0 {
-            return Err(match Error::last_os_error(RESOLVE_ADDR).errno() {
-                Some(errno) => Error::AddressResolution { addr: addrs.dst_addr, errno },
-                None => Error::Cm { verb: RESOLVE_ADDR, device: None, errno: libc::EIO },
+            return Err(match (Error::last_os_error(RESOLVE_ADDR).errno(), addrs.src_addr) {
+                // The identifier is bound to the source first: these are the source's.
+                (Some(errno @ (libc::EADDRINUSE | libc::EADDRNOTAVAIL)), Some(src)) => {
+                    Error::SourceAddress { src, dst: addrs.dst_addr, errno }
+                }
+                (Some(errno), _) => Error::AddressResolution { addr: addrs.dst_addr, errno },
+                (None, _) => Error::Cm { verb: RESOLVE_ADDR, device: None, errno: libc::EIO },
             });
         }
         Ok(())
@@ -251,7 +259,8 @@ impl CmId<Idle> {
     /// address that is not a wildcard) is read once, here.
     ///
     /// # Errors
-    /// [`Error::Cm`]: `EADDRINUSE`, `EADDRNOTAVAIL` (not a local address), `ENODEV`.
+    /// [`Error::Bind`] naming `addr`: `EADDRINUSE`, `EADDRNOTAVAIL` (not a local address),
+    /// `ENODEV`; [`Error::Cm`] when `rdma_listen` fails.
     /// [`Error::Incomplete`] if librdmacm bound the identifier but reports no address for it.
     ///
     /// # References
@@ -262,7 +271,8 @@ impl CmId<Idle> {
     pub fn listen(self, addr: SocketAddr, backlog: u16) -> Result<Listener> {
         let mut raw = RawAddr::new(addr);
         // SAFETY: live identifier; a valid sockaddr librdmacm copies.
-        check("rdma_bind_addr", unsafe { ffi::rdma_bind_addr(self.id.as_ptr(), raw.as_mut_ptr()) })?;
+        check("rdma_bind_addr", unsafe { ffi::rdma_bind_addr(self.id.as_ptr(), raw.as_mut_ptr()) })
+            .map_err(|e| Error::Bind { addr, errno: e.errno().unwrap_or(libc::EIO) })?;
         // A wildcard address binds no device; a specific one binds its device.
         let device = self.id.device_name();
         let on_device = |e: Error| match &device {

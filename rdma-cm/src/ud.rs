@@ -75,7 +75,8 @@ impl UdId<Idle> {
     /// own: `rdma_create_event_channel()` then `rdma_create_id()`.
     ///
     /// # Errors
-    /// [`Error::Cm`] when the channel or identifier cannot be created (`ENODEV`: no RDMA).
+    /// [`Error::NoDevice`] without RDMA (no `/dev/infiniband/rdma_cm`: the message says what to
+    /// load); [`Error::Cm`] when the channel or identifier cannot be created otherwise.
     ///
     /// # References
     /// - [`rdma_create_id(3)`](https://man7.org/linux/man-pages/man3/rdma_create_id.3.html)

@@ -169,6 +169,26 @@ pub(crate) fn digest_key(secret: &[u8; 32], index: u32) -> DigestKey {
     DigestKey(m.finalize().into_bytes().into())
 }
 
+/// The key of a prefix proof ([`caps::RESUME_PROOF`](crate::wire::caps::RESUME_PROOF)): BLAKE3
+/// keyed with it over a file's first `from` bytes is what a sender shows to resume that file.
+/// HMAC-SHA256(nonce, "rdcp prefix v1" || session || index), `nonce` the receiver's fresh one
+/// (sent in the CHALLENGE): the key is not secret, it only makes each proof new, so that a proof
+/// seen once (on the wire, or from an earlier session) proves nothing again. What the proof
+/// shows is that the sender holds the bytes: nobody can compute it without them.
+pub fn prefix_key(nonce: &[u8; NONCE_LEN], session: u64, index: u32) -> DigestKey {
+    let mut m = <Hmac<Sha256> as Mac>::new_from_slice(nonce).expect("HMAC takes a key of any length");
+    m.update(b"rdcp prefix v1");
+    m.update(&session.to_be_bytes());
+    m.update(&index.to_be_bytes());
+    DigestKey(m.finalize().into_bytes().into())
+}
+
+/// Whether `a` and `b` are equal, in time that depends on their length only (a proof compared
+/// with the one expected tells nothing of where they differ).
+pub(crate) fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 /// A session's digest secret ([`Secret::digest_secret`]) as a machine keeps it: its bytes are
 /// never shown (`Debug` prints `DigestSecret(..)`), so that printing a machine shows no key.
 #[derive(Clone, Copy)]

@@ -127,6 +127,10 @@ pub enum ProtocolError {
         /// The chunk's number.
         chunk: u64,
     },
+    /// The sender cancelled the transfer (a CANCEL, [`wire::caps::CANCEL`]): no verdict, and a
+    /// receiver keeps its resumable partial, as when the connection is cut.
+    #[error("the sender cancelled the transfer")]
+    Cancelled,
 }
 
 /// When a machine's timer fires: `timeout` after its last progress, or never (`None`) when that

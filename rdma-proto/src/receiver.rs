@@ -22,12 +22,14 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use crate::auth::{DigestSecret, Role, Secret, Transcript, NONCE_LEN};
+use crate::auth::{DigestSecret, Role, Secret, Transcript, NONCE_LEN, PROOF_LEN};
 use crate::digest::{Digest, DigestKey};
 use crate::outbox::Outbox;
 use crate::seal::{Seals, Unsealed};
 use crate::status::Status;
-use crate::wire::{self, caps, Ack, Challenge, Credit, End, Entry, EntryKind, Grant, Message, Proof, Ready};
+use crate::wire::{
+    self, caps, Ack, Challenge, Credit, End, Entry, EntryKind, Grant, Message, PrefixClaim, Proof, Ready,
+};
 use crate::{Outcome, ProtocolError};
 
 /// What a receiver accepts. Made by [`Default`] (1 TiB files, 4 MiB chunks, 64 MiB and 64
@@ -165,10 +167,24 @@ pub enum Input<'a> {
         rkey: u32,
     },
     /// Before [`Input::Ready`]: the file's first `from` bytes are already held (a partial of
-    /// the version the HELLO's resume key names); only the rest is asked for.
+    /// the version the HELLO's resume key names); only the rest is asked for, once the sender
+    /// proved it holds those bytes too ([`caps::RESUME_PROOF`]).
     Resumed {
         /// Bytes held, at most the file's size.
         from: u64,
+        /// BLAKE3 keyed with [`Receiver::prefix_key`] over those `from` bytes: what the
+        /// sender's proof must be (ignored when `from` is 0).
+        proof: [u8; PROOF_LEN],
+    },
+    /// The answer to [`Action::Open`] or a file's [`Action::OpenEntry`] when the file is in
+    /// place already (overwriting off) with the size offered, and the session may resume
+    /// ([`Receiver::resume_key`]): `proof` is BLAKE3 keyed with [`Receiver::prefix_key`] over
+    /// all of it. The sender is asked to prove the whole file ([`caps::RESUME_PROOF`]); the
+    /// same bytes make the verdict `Ok` ("already stored"), counted as done, with nothing
+    /// sent or written; other bytes make it [`Status::Exists`], as without this answer.
+    Present {
+        /// The keyed hash of the file in place.
+        proof: [u8; PROOF_LEN],
     },
     /// [`Action::Open`], [`Action::Reserve`] or [`Action::OpenEntry`] failed (a status of `Ok`
     /// here is taken as [`Status::Internal`]). A batch goes on after an entry that failed to open.
@@ -247,6 +263,11 @@ pub enum Action {
         /// The sender's digest.
         digest: Vec<u8>,
     },
+    /// The sender did not prove it holds the bytes the partial holds ([`caps::RESUME_PROOF`]):
+    /// leave that partial as it is (to its owner), and open a new temporary for the same file,
+    /// to be written from byte 0 (the digest starts over too); answer with [`Input::Ready`]
+    /// (the ring's address again) or [`Input::OpenFailed`], and no [`Input::Resumed`].
+    StartOver,
     /// Remove the temporary file (the transfer failed).
     Discard,
     /// The session is over (an ACK, if any, was queued before this).
@@ -261,6 +282,8 @@ enum Phase {
     /// A batch between entries: the next ENTRY or the END awaited.
     AwaitEntry,
     Opening,
+    /// Resuming: the prefix CHALLENGE is out, the sender's proof of the bytes held awaited.
+    Proving,
     Data,
     Finalizing,
     Done,
@@ -300,10 +323,24 @@ pub struct Receiver {
     seals: Option<Seals>,
     /// The file offered, kept while the sender proves the secret.
     offered: Option<(String, u64)>,
+    /// A single file's name, once opened.
+    offered_name: Option<String>,
     /// The HELLO's resume key, when both sides resume.
     resume_key: Option<u64>,
     /// Bytes of the file held before this session (chunk `n` starts at `base + n * slot`).
     base: u64,
+    /// With `base` above 0: the proof of those bytes the sender must show ([`Input::Resumed`]).
+    expected: Option<[u8; PROOF_LEN]>,
+    /// The ring ([`Input::Ready`]), kept for the GRANT while the sender proves its prefix.
+    ring: Option<(u64, u32)>,
+    /// Prefix proofs that were wrong ([`caps::RESUME_PROOF`]).
+    prefix_refused: u32,
+    /// The file is in place already ([`Input::Present`]): the proof asked for is of all of it.
+    present: bool,
+    /// [`caps::CANCEL`] when the HELLO offered it: granted back.
+    cancel: u32,
+    /// The sender sent CANCEL: the session ends once the chunks that arrived are stored.
+    cancelled: bool,
     /// Lanes granted ([`caps::LANES`]; 1 without): chunk `n` comes on lane `n % lanes`.
     lanes: u16,
     /// The digest granted (chosen from the HELLO's offer).
@@ -396,8 +433,15 @@ impl Receiver {
             digest_secret: None,
             seals: None,
             offered: None,
+            offered_name: None,
             resume_key: None,
             base: 0,
+            expected: None,
+            ring: None,
+            prefix_refused: 0,
+            present: false,
+            cancel: 0,
+            cancelled: false,
             lanes: 1,
             digest: Digest::Xxh3_128,
             lane_next: vec![0],
@@ -499,6 +543,26 @@ impl Receiver {
         self.base
     }
 
+    /// The key of the current file's prefix proof ([`crate::auth::prefix_key`], from this
+    /// side's nonce, the session and the entry): the driver hashes the bytes a partial holds
+    /// with BLAKE3 keyed with it, and reports the result in [`Input::Resumed`].
+    pub fn prefix_key(&self) -> DigestKey {
+        let index = self.batch.as_ref().and_then(|b| b.current.as_ref()).map_or(0, |c| c.0);
+        crate::auth::prefix_key(&self.nonce, self.session, index)
+    }
+
+    /// Whether the sender said its send was cancelled (a CANCEL, [`caps::CANCEL`]): the session
+    /// ends once the chunks that arrived before it are stored.
+    pub fn cancelled(&self) -> bool {
+        self.cancelled
+    }
+
+    /// How many of this session's senders' proofs of a partial's prefix were wrong (each
+    /// such file was then sent from byte 0 into a new temporary).
+    pub fn prefix_refused(&self) -> u32 {
+        self.prefix_refused
+    }
+
     /// The file's size (0 until the HELLO).
     pub fn size(&self) -> u64 {
         self.size
@@ -538,7 +602,12 @@ impl Receiver {
         let timeout = self.phase_timeout();
         let running = matches!(
             self.phase,
-            Phase::AwaitHello | Phase::Authenticating | Phase::AwaitEntry | Phase::Opening | Phase::Data
+            Phase::AwaitHello
+                | Phase::Authenticating
+                | Phase::AwaitEntry
+                | Phase::Opening
+                | Phase::Proving
+                | Phase::Data
         );
         running.then(|| crate::timer(self.progress, timeout)).flatten()
     }
@@ -614,6 +683,7 @@ impl Receiver {
             Phase::Authenticating => "the sender's proof of the secret",
             Phase::AwaitEntry => "the sender's next entry or END",
             Phase::Opening => "the file to open",
+            Phase::Proving => "the sender's proof of the bytes held",
             Phase::Data => "the sender's chunks or FIN",
             _ => "the file to be synced",
         };
@@ -640,24 +710,39 @@ impl Receiver {
             Input::WriteArrived { imm, len } => self.on_write(0, imm, len, now),
             Input::LaneWrite { lane, imm, len } => self.on_write(lane, imm, len, now),
             Input::LaneMessage { lane } => Err(ProtocolError::Peer(format!("a control message on lane {lane}"))),
-            Input::Resumed { from } if self.phase == Phase::Opening && self.resume_key.is_some() => {
+            Input::Resumed { from, proof } if self.phase == Phase::Opening && self.resume_key.is_some() => {
                 if from > self.size {
                     Err(ProtocolError::Local(format!("resuming at {from} of a {}-byte file", self.size)))
                 } else {
                     self.base = from;
+                    self.expected = (from > 0).then_some(proof);
                     self.chunks = (self.size - from).div_ceil(u64::from(self.slot_size));
                     self.reset_lanes();
                     Ok(())
                 }
             }
-            Input::Ready { .. } if self.phase == Phase::Opening && self.entry_open() => {
+            Input::Present { proof } if self.phase == Phase::Opening && self.resume_key.is_some() && !self.is_dir() => {
+                // Nothing is opened: the sender proves the whole file, or hears it exists.
+                self.present = true;
+                (self.base, self.expected) = (self.size, Some(proof));
+                self.progress = now;
+                let index = self.batch.as_ref().and_then(|b| b.current.as_ref()).map_or(0, |c| c.0);
+                self.phase = Phase::Proving;
+                let prefix = Some(PrefixClaim { index, from: self.size });
+                self.send(&Message::Challenge(Challenge { nonce: self.nonce, prefix }));
+                Ok(())
+            }
+            Input::Ready { addr, rkey } if self.phase == Phase::Opening && self.entry_open() => {
                 self.progress = now;
                 match self.batch.as_ref().and_then(|b| b.current.as_ref()) {
                     Some((_, _, EntryKind::Directory)) => self.entry_done(Status::Ok, String::new()),
                     Some(&(index, ..)) => {
                         self.opened = true;
-                        self.phase = Phase::Data;
-                        self.send(&Message::Ready(Ready { index, resume_from: self.base }));
+                        self.ring = Some((addr, rkey));
+                        if !self.challenge_prefix(index) {
+                            self.phase = Phase::Data;
+                            self.send(&Message::Ready(Ready { index, resume_from: self.base }));
+                        }
                     }
                     None => {}
                 }
@@ -672,7 +757,7 @@ impl Receiver {
                     let auth = if self.cfg.secret.is_some() { caps::AUTH | caps::SEALED } else { 0 };
                     let g = Grant {
                         version: self.version,
-                        caps: self.digest.cap() | caps::BATCH | auth | resume | self.lanes_cap(),
+                        caps: self.digest.cap() | caps::BATCH | auth | resume | self.lanes_cap() | self.cancel,
                         addr,
                         rkey,
                         slot_size: self.slot_size,
@@ -684,22 +769,12 @@ impl Receiver {
                     self.pace = Some(Pace::new(now));
                     return;
                 }
-                self.phase = Phase::Data;
                 self.progress = now;
-                let auth = if self.cfg.secret.is_some() { caps::AUTH | caps::SEALED } else { 0 };
-                let resume = if self.resume_key.is_some() { caps::RESUME } else { 0 };
-                let g = Grant {
-                    version: self.version,
-                    caps: self.digest.cap() | auth | resume | self.lanes_cap(),
-                    addr,
-                    rkey,
-                    slot_size: self.slot_size,
-                    slot_count: self.slot_count,
-                    resume_from: self.base,
-                    lanes: self.granted_lanes(),
-                };
-                self.send(&Message::Grant(g));
-                self.pace = Some(Pace::new(now));
+                self.ring = Some((addr, rkey));
+                if self.challenge_prefix(0) {
+                    return;
+                }
+                self.grant(addr, rkey, now);
                 Ok(())
             }
             Input::OpenFailed(status, why) if self.phase == Phase::Opening && self.entry_open() => {
@@ -752,6 +827,9 @@ impl Receiver {
             self.fail(e, Some((status, detail)));
             return;
         }
+        if self.cancelled && self.stored >= self.arrived && !matches!(self.phase, Phase::Done | Phase::Finalizing) {
+            return self.fail(ProtocolError::Cancelled, None);
+        }
         self.advance();
     }
 
@@ -772,6 +850,7 @@ impl Receiver {
             (Phase::AwaitHello, Message::Hello(hello)) => {
                 self.session = h.session;
                 self.greeted = true;
+                self.cancel = hello.caps & caps::CANCEL;
                 self.progress = now;
                 let v = *wire::PROTOCOL_VERSIONS.end();
                 // With a secret, and a sender that offers to prove it, only the keyed digest.
@@ -809,7 +888,7 @@ impl Receiver {
                     self.size = hello.size;
                     self.size_ring(&hello);
                     self.chunks = hello.size.div_ceil(u64::from(self.slot_size));
-                    if self.cfg.resume && hello.caps & caps::RESUME != 0 {
+                    if self.cfg.resume && hello.caps & RESUMES == RESUMES {
                         self.resume_key = hello.resume;
                     }
                     self.prove_then_open(hello);
@@ -863,6 +942,11 @@ impl Receiver {
                 self.fin = Some(fin.digest);
                 self.progress = now;
             }
+            (Phase::Proving, Message::Proof(p)) => self.on_prefix_proof(p, now)?,
+            // The sender's send was cancelled: it leaves, and hears nothing more. The chunks
+            // that arrived before the CANCEL are stored first (below): a resume continues
+            // after them.
+            (phase, Message::Cancel(_)) if phase != Phase::AwaitHello => self.cancelled = true,
             (Phase::AwaitEntry, Message::Entry(e)) => self.on_entry(e, now)?,
             (Phase::AwaitEntry, Message::End(End { entries })) => {
                 let Some(b) = self.batch.take() else {
@@ -899,7 +983,7 @@ impl Receiver {
         }
         self.version = hello.version_max.min(*wire::PROTOCOL_VERSIONS.end());
         self.size_ring(&hello);
-        let resume = self.cfg.resume && hello.caps & caps::RESUME != 0;
+        let resume = self.cfg.resume && hello.caps & RESUMES == RESUMES;
         self.batch = Some(Batch { declared: hello.size, resume, ..Batch::default() });
         self.prove_then_open(hello);
     }
@@ -949,7 +1033,7 @@ impl Receiver {
         } else {
             self.phase = Phase::Authenticating;
             self.offered = Some((hello.name, hello.size));
-            self.send(&Message::Challenge(Challenge { nonce: self.nonce }));
+            self.send(&Message::Challenge(Challenge { nonce: self.nonce, prefix: None }));
         }
     }
 
@@ -1005,6 +1089,101 @@ impl Receiver {
         Ok(())
     }
 
+    /// Resuming from a partial ([`Input::Resumed`] above 0): sends the prefix CHALLENGE for
+    /// entry `index` and waits for the sender's proof (`Proving`); whether it did. The GRANT
+    /// (or READY) waits for a proof that verifies.
+    fn challenge_prefix(&mut self, index: u32) -> bool {
+        if self.base == 0 || self.expected.is_none() {
+            return false;
+        }
+        self.phase = Phase::Proving;
+        let prefix = Some(PrefixClaim { index, from: self.base });
+        self.send(&Message::Challenge(Challenge { nonce: self.nonce, prefix }));
+        true
+    }
+
+    /// The sender's proof of the prefix: right, the GRANT (or READY) resumes from it; wrong, the
+    /// file starts over from byte 0 in a new temporary ([`Action::StartOver`]) and the partial
+    /// is left to its owner. A proof must echo this side's nonce and match what the driver
+    /// hashed.
+    fn on_prefix_proof(&mut self, p: Proof, now: Instant) -> Result<(), ProtocolError> {
+        let right = p.nonce == self.nonce && self.expected.is_some_and(|e| crate::auth::same_bytes(&e, &p.mac));
+        self.expected = None;
+        self.progress = now;
+        if std::mem::take(&mut self.present) {
+            self.already_stored(right);
+            return Ok(());
+        }
+        let Some((addr, rkey)) = self.ring else {
+            return Err(ProtocolError::Local("proving a prefix without a ring".into()));
+        };
+        let entry = self.batch.as_ref().and_then(|b| b.current.as_ref()).map(|c| c.0);
+        if !right {
+            self.prefix_refused += 1;
+            self.base = 0;
+            self.chunks = self.size.div_ceil(u64::from(self.slot_size));
+            self.reset_lanes();
+            // Not this sender's partial: nothing of this session may touch it any more.
+            self.resume_key = None;
+            self.phase = Phase::Opening;
+            self.actions.push_back(Action::StartOver);
+            return Ok(());
+        }
+        match entry {
+            Some(index) => {
+                self.phase = Phase::Data;
+                self.send(&Message::Ready(Ready { index, resume_from: self.base }));
+            }
+            None => self.grant(addr, rkey, now),
+        }
+        Ok(())
+    }
+
+    /// The verdict on a file in place already ([`Input::Present`]): `Ok` when the sender proved
+    /// the same bytes (counted as stored, nothing sent), else `Exists`.
+    fn already_stored(&mut self, identical: bool) {
+        let name = self.batch.as_ref().and_then(|b| b.current.as_ref()).map(|c| c.1.clone());
+        let name = name.or_else(|| self.offered_name.clone()).unwrap_or_default();
+        let (status, detail) = match identical {
+            true => (Status::Ok, format!("{name}: already stored, identical (size and digest)")),
+            false => {
+                self.base = 0;
+                (Status::Exists, format!("{name} exists"))
+            }
+        };
+        if self.is_batch() {
+            return self.entry_done(status, detail);
+        }
+        self.ack(status, detail.clone());
+        self.phase = Phase::Done;
+        self.actions.push_back(Action::Finish(Outcome::Acked { status, detail }));
+    }
+
+    /// Whether the entry in progress is a directory.
+    fn is_dir(&self) -> bool {
+        self.batch.as_ref().and_then(|b| b.current.as_ref()).is_some_and(|c| c.2 == EntryKind::Directory)
+    }
+
+    /// Sends a single file's GRANT (resuming from `base`) and enters the data phase.
+    fn grant(&mut self, addr: u64, rkey: u32, now: Instant) {
+        self.phase = Phase::Data;
+        self.progress = now;
+        let auth = if self.cfg.secret.is_some() { caps::AUTH | caps::SEALED } else { 0 };
+        let resume = if self.resume_key.is_some() { caps::RESUME } else { 0 };
+        let g = Grant {
+            version: self.version,
+            caps: self.digest.cap() | auth | resume | self.lanes_cap() | self.cancel,
+            addr,
+            rkey,
+            slot_size: self.slot_size,
+            slot_count: self.slot_count,
+            resume_from: self.base,
+            lanes: self.granted_lanes(),
+        };
+        self.send(&Message::Grant(g));
+        self.pace = Some(Pace::new(now));
+    }
+
     /// Whether an entry of a batch is being opened (not the batch's ring).
     fn entry_open(&self) -> bool {
         self.batch.as_ref().is_some_and(|b| b.current.is_some())
@@ -1041,6 +1220,7 @@ impl Receiver {
             self.actions.push_back(Action::Reserve { slot_size, slot_count });
             return;
         }
+        self.offered_name = Some(name.clone());
         self.actions.push_back(Action::Open {
             name,
             size: self.size,
@@ -1150,6 +1330,11 @@ impl Receiver {
         self.actions.push_back(Action::Finish(Outcome::Failed(e)));
     }
 }
+
+/// What a sender must offer to resume: [`caps::RESUME`] with proof of the prefix
+/// ([`caps::RESUME_PROOF`]). A sender that offers only the first (an older one) is served from
+/// byte 0: a resume key alone (seen in `ls -a`, or on the wire) must not continue a partial.
+const RESUMES: u32 = caps::RESUME | caps::RESUME_PROOF;
 
 /// The verdict of a failure the driver reports: a status of `Ok` there is the driver's own bug,
 /// and must not reach the sender as success.

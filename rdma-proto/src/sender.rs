@@ -14,7 +14,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use crate::auth::{DigestSecret, Role, Secret, Transcript, NONCE_LEN};
+use crate::auth::{DigestSecret, Role, Secret, Transcript, NONCE_LEN, PROOF_LEN};
 use crate::digest::{Digest, DIGEST_CAPS};
 use crate::outbox::Outbox;
 use crate::seal::{Seals, Unsealed};
@@ -73,6 +73,12 @@ pub enum Input<'a> {
     },
     /// The whole-file digest, once every chunk was read.
     Digest(Vec<u8>),
+    /// The proof of the file's first bytes [`Action::ProvePrefix`] asked for: BLAKE3 keyed with
+    /// its key over them.
+    PrefixProof {
+        /// The keyed hash.
+        mac: [u8; PROOF_LEN],
+    },
     /// The extra lanes the GRANT asked for ([`Sender::lanes`]) are connected: the current
     /// phase's timeout counts from now. Connecting them is bounded by the driver's own connect
     /// timeout, as the first connection is; without this input, a lane whose connection took
@@ -111,6 +117,16 @@ pub enum Action {
     },
     /// Every chunk was read: report the whole-file digest ([`Input::Digest`]).
     NeedDigest,
+    /// The receiver holds the file's first `from` bytes and asks for proof that this sender
+    /// holds them too before it resumes from them ([`caps::RESUME_PROOF`]): hash them with
+    /// BLAKE3 keyed with `key` and answer [`Input::PrefixProof`]. A proof that does not match
+    /// (another version of the file) only makes the receiver take the file from byte 0.
+    ProvePrefix {
+        /// Bytes to hash, from the file's start.
+        from: u64,
+        /// The key ([`crate::auth::prefix_key`]).
+        key: crate::digest::DigestKey,
+    },
     /// In a batch: offer the next entry ([`Sender::start_entry`]) or end the batch
     /// ([`Sender::end_batch`]).
     NextEntry,
@@ -174,6 +190,12 @@ pub struct Sender {
     nonce: [u8; NONCE_LEN],
     /// The receiver's nonce, once challenged.
     challenge: Option<[u8; NONCE_LEN]>,
+    /// The nonce of the receiver's prefix CHALLENGE for the current file, until it is answered
+    /// ([`caps::RESUME_PROOF`]); set once per file.
+    prefix_nonce: Option<[u8; NONCE_LEN]>,
+    /// Whether the current file's prefix was challenged already, and for how many bytes.
+    prefix_asked: bool,
+    prefix_from: u64,
     /// Whether the receiver proved it knows the secret.
     receiver_proven: bool,
     /// The session's digest secret, once the receiver proved the secret ([`crate::auth`]).
@@ -247,6 +269,9 @@ impl Sender {
             name: name.to_owned(),
             nonce: [0; NONCE_LEN],
             challenge: None,
+            prefix_nonce: None,
+            prefix_asked: false,
+            prefix_from: 0,
             receiver_proven: false,
             digest_secret: None,
             seals: None,
@@ -304,6 +329,7 @@ impl Sender {
         self.lane_done = (0..u64::from(self.lanes)).collect();
         self.ready.clear();
         (self.digest, self.digest_asked) = (None, false);
+        (self.prefix_nonce, self.prefix_asked, self.prefix_from) = (None, false, 0);
         self.phase = Phase::AwaitReady;
         self.progress = now;
         self.send(&Message::Entry(entry.clone()));
@@ -328,6 +354,21 @@ impl Sender {
     /// READY) to the ACK.
     pub fn sending(&self) -> bool {
         matches!(self.phase, Phase::Data | Phase::AwaitAck)
+    }
+
+    /// The send is cancelled: the session ends ([`ProtocolError::Cancelled`]), and a receiver
+    /// that granted [`caps::CANCEL`] is told so by a CANCEL (an [`Action::Send`] before the
+    /// [`Action::Finish`]), so that it reports the transfer cancelled rather than its peer gone.
+    /// Before the GRANT, or to a receiver that does not know CANCEL, nothing is sent. Ignored
+    /// once the session is over.
+    pub fn cancel(&mut self) {
+        if self.phase == Phase::Done {
+            return;
+        }
+        if self.grant.is_some_and(|g| g.caps & caps::CANCEL != 0) {
+            self.send(&Message::Cancel(wire::Cancel));
+        }
+        self.finish(Outcome::Failed(ProtocolError::Cancelled));
     }
 
     /// Sets this side's nonce for the proof of the secret: 16 random bytes from the driver
@@ -443,6 +484,14 @@ impl Sender {
                 self.progress = now;
                 Ok(())
             }
+            Input::PrefixProof { mac } => match self.prefix_nonce.take() {
+                Some(nonce) => {
+                    self.progress = now;
+                    self.send(&Message::Proof(Proof { nonce, mac }));
+                    Ok(())
+                }
+                None => Err(ProtocolError::Local("a prefix proof nobody asked for".into())),
+            },
         };
         match r {
             Ok(()) => self.advance(),
@@ -464,6 +513,9 @@ impl Sender {
             )));
         }
         match (self.phase, m) {
+            (Phase::AwaitGrant | Phase::AwaitReady, Message::Challenge(c)) if c.prefix.is_some() => {
+                self.on_prefix_challenge(c, now)?;
+            }
             (Phase::AwaitGrant, Message::Challenge(c)) if self.challenge.is_none() => {
                 let Some(secret) = &self.cfg.secret else {
                     return Err(ProtocolError::Peer("a CHALLENGE, but this sender offered no secret".into()));
@@ -535,7 +587,8 @@ impl Sender {
                 // the session.
                 let index = self.entry.as_ref().map_or(0, |e| e.index);
                 let dir = self.entry.as_ref().is_some_and(|e| e.kind == EntryKind::Directory);
-                let expected = self.phase == Phase::AwaitAck || (self.phase == Phase::AwaitReady && dir);
+                let expected =
+                    self.phase == Phase::AwaitAck || (self.phase == Phase::AwaitReady && (dir || self.proved_whole()));
                 if a.status == Status::Ok && !expected {
                     return Err(ProtocolError::Peer("ACK ok before FIN".into()));
                 }
@@ -575,7 +628,8 @@ impl Sender {
             }
             (_, Message::Ack(a)) => {
                 // A refusal (in any phase), the verdict after FIN, or a batch's summary.
-                if a.status == Status::Ok && !matches!(self.phase, Phase::AwaitAck | Phase::AwaitSummary) {
+                let stored = self.phase == Phase::AwaitGrant && self.proved_whole();
+                if a.status == Status::Ok && !matches!(self.phase, Phase::AwaitAck | Phase::AwaitSummary) && !stored {
                     return Err(ProtocolError::Peer("ACK ok before FIN".into()));
                 }
                 self.finish(Outcome::Acked { status: a.status, detail: a.detail });
@@ -584,6 +638,42 @@ impl Sender {
                 return Err(ProtocolError::Peer(format!("unexpected {:?} while {phase:?}", m.kind())));
             }
         }
+        Ok(())
+    }
+
+    /// Whether this sender proved the whole current file to the receiver (it holds it already,
+    /// [`receiver::Input::Present`](crate::receiver::Input::Present)): its `Ok` then comes
+    /// without a GRANT or READY, nothing sent.
+    pub fn proved_whole(&self) -> bool {
+        let size = self.entry.as_ref().map_or(self.size, |e| e.size);
+        self.prefix_asked && self.prefix_nonce.is_none() && self.prefix_from == size
+    }
+
+    /// The receiver holds the file's first bytes and asks this sender to prove it holds them
+    /// too: only once per file, only when this sender offered to resume it, never past its end.
+    fn on_prefix_challenge(&mut self, c: wire::Challenge, now: Instant) -> Result<(), ProtocolError> {
+        let Some(claim) = c.prefix else { return Err(ProtocolError::Local("a CHALLENGE without a prefix".into())) };
+        let (index, size, key) = match &self.entry {
+            Some(e) => (e.index, e.size, e.resume),
+            None => (0, self.size, self.cfg.resume_key.unwrap_or(0)),
+        };
+        if self.cfg.secret.is_some() && !self.receiver_proven {
+            return Err(ProtocolError::Peer("a prefix CHALLENGE before the receiver proved the shared secret".into()));
+        }
+        if self.prefix_asked || key == 0 || claim.index != index || claim.from == 0 || claim.from > size {
+            return Err(ProtocolError::Peer(format!(
+                "a prefix CHALLENGE for {} bytes of entry {}, offered entry {index} of {size} bytes{}",
+                claim.from,
+                claim.index,
+                if key == 0 { " without resume" } else { "" }
+            )));
+        }
+        self.prefix_asked = true;
+        self.prefix_from = claim.from;
+        self.prefix_nonce = Some(c.nonce);
+        self.progress = now;
+        let key = crate::auth::prefix_key(&c.nonce, self.session, index);
+        self.actions.push_back(Action::ProvePrefix { from: claim.from, key });
         Ok(())
     }
 
@@ -718,10 +808,10 @@ impl Sender {
     /// The capabilities this sender's HELLO offered.
     fn offered_caps(&self) -> u32 {
         let auth = if self.cfg.secret.is_some() { caps::AUTH | caps::DIGEST_BLAKE3 | caps::SEALED } else { 0 };
-        let resume = if self.cfg.resume_key.is_some() { caps::RESUME } else { 0 };
+        let resume = if self.cfg.resume_key.is_some() { caps::RESUME | caps::RESUME_PROOF } else { 0 };
         let batch = if self.name == wire::BATCH_NAME { caps::BATCH } else { 0 };
         let lanes = if self.cfg.lanes > 1 { caps::LANES } else { 0 };
-        DIGEST_CAPS | auth | resume | batch | lanes
+        DIGEST_CAPS | auth | resume | batch | lanes | caps::CANCEL
     }
 
     /// Bytes the receiver held before this session (its GRANT's `resume_from`): the file's

@@ -92,8 +92,23 @@ pub mod caps {
     /// Offered, and granted, only with `AUTH`: a receiver with a secret refuses a sender that
     /// does not offer it, a sender with one refuses a grant without it.
     pub const SEALED: u32 = 1 << 12;
+    /// Resuming with proof of the prefix: before a partial is continued, the sender proves it
+    /// holds the bytes the receiver already stored. The receiver sends a CHALLENGE that names
+    /// the entry and `from` ([`Challenge::prefix`](super::Challenge::prefix)) with a fresh
+    /// nonce; the sender answers with a PROOF whose `mac` is BLAKE3 keyed with
+    /// [`crate::auth::prefix_key`] over its first `from` bytes. A wrong proof gets the file
+    /// from byte 0 in a new temporary, and the partial is left to its owner. A receiver
+    /// resumes only for a sender that offers it with [`RESUME`]: an older sender's resume key
+    /// is not enough to continue someone's partial.
+    pub const RESUME_PROOF: u32 = 1 << 13;
+    /// Cancelling: a sender whose send is cancelled tells the receiver with a CANCEL before it
+    /// leaves, so that the receiver reports the transfer cancelled rather than its peer gone.
+    /// Offered by every sender; a receiver that knows it grants it, and only then is CANCEL
+    /// sent.
+    pub const CANCEL: u32 = 1 << 14;
     /// Every capability this version implements.
-    pub const SUPPORTED: u32 = DIGEST_XXH3_128 | DIGEST_XXH64 | DIGEST_BLAKE3 | AUTH | RESUME | BATCH | LANES | SEALED;
+    pub const SUPPORTED: u32 =
+        DIGEST_XXH3_128 | DIGEST_XXH64 | DIGEST_BLAKE3 | AUTH | RESUME | BATCH | LANES | SEALED | RESUME_PROOF | CANCEL;
 }
 
 /// What kind of message follows the header (`kind` byte).
@@ -126,6 +141,8 @@ pub enum Kind {
     /// Sender to receiver, as a session's first connect request's private data: an early
     /// proof of the secret ([`Knock`]).
     Knock = 12,
+    /// Sender to receiver: the send was cancelled; the sender leaves ([`caps::CANCEL`]).
+    Cancel = 13,
 }
 
 impl Kind {
@@ -143,6 +160,7 @@ impl Kind {
             10 => Kind::End,
             11 => Kind::Lane,
             12 => Kind::Knock,
+            13 => Kind::Cancel,
             _ => return None,
         })
     }
@@ -246,6 +264,11 @@ pub struct Knock {
     pub mac: [u8; KNOCK_MAC_LEN],
 }
 
+/// CANCEL: the sender's send was cancelled and it leaves ([`caps::CANCEL`], sent only to a
+/// receiver that granted it). No body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cancel;
+
 /// CREDIT: chunks `0..consumed` have left the ring (stored or checked): their slots may be
 /// written again. Cumulative, so a repeated or late credit is harmless.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -276,11 +299,25 @@ pub struct Ack {
     pub detail: String,
 }
 
-/// CHALLENGE: the receiver requires the shared secret; its nonce.
+/// CHALLENGE: the receiver requires the shared secret; its nonce. With
+/// [`caps::RESUME_PROOF`], also the challenge to prove a partial's prefix ([`prefix`](Self::prefix)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Challenge {
     /// The receiver's nonce.
     pub nonce: [u8; crate::auth::NONCE_LEN],
+    /// With [`caps::RESUME_PROOF`]: prove the first bytes of a file before they are resumed
+    /// from. Appended after the nonce (`index`, then `from`) when present; a CHALLENGE of the
+    /// secret has none.
+    pub prefix: Option<PrefixClaim>,
+}
+
+/// What a prefix CHALLENGE asks the sender to prove it holds ([`caps::RESUME_PROOF`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefixClaim {
+    /// The entry (0 for a single file).
+    pub index: u32,
+    /// The bytes the receiver holds of it: the proof covers the file's first `from` bytes.
+    pub from: u64,
 }
 
 /// PROOF: the sender's answer to a CHALLENGE, or the receiver's own proof before its GRANT.
@@ -365,6 +402,7 @@ pub enum Message {
     End(End),
     Lane(Lane),
     Knock(Knock),
+    Cancel(Cancel),
 }
 
 impl Message {
@@ -383,6 +421,7 @@ impl Message {
             Message::End(_) => Kind::End,
             Message::Lane(_) => Kind::Lane,
             Message::Knock(_) => Kind::Knock,
+            Message::Cancel(_) => Kind::Cancel,
         }
     }
 }
@@ -465,6 +504,14 @@ impl<'a> Reader<'a> {
             Ok(None)
         } else {
             self.u64().map(Some)
+        }
+    }
+    /// An appended `u32`: `None` when the body ends here.
+    fn optional_u32(&mut self) -> Result<Option<u32>, WireError> {
+        if self.at == self.buf.len() {
+            Ok(None)
+        } else {
+            self.u32().map(Some)
         }
     }
     fn text(&mut self, len: usize, field: &'static str) -> Result<String, WireError> {
@@ -584,7 +631,14 @@ fn decode_within(buf: &[u8], tail: usize) -> Result<(Header, Message), WireError
             }
             Message::Ack(Ack { status, received, detail: r.text(len, "detail")? })
         }
-        Kind::Challenge => Message::Challenge(Challenge { nonce: r.array()? }),
+        Kind::Challenge => {
+            let nonce = r.array()?;
+            let prefix = match r.optional_u32()? {
+                Some(index) => Some(PrefixClaim { index, from: r.u64()? }),
+                None => None,
+            };
+            Message::Challenge(Challenge { nonce, prefix })
+        }
         Kind::Proof => Message::Proof(Proof { nonce: r.array()?, mac: r.array()? }),
         Kind::Entry => {
             let index = r.u32()?;
@@ -613,6 +667,7 @@ fn decode_within(buf: &[u8], tail: usize) -> Result<(Header, Message), WireError
         Kind::End => Message::End(End { entries: r.u32()? }),
         Kind::Lane => Message::Lane(Lane { lane: r.u16()?, token: r.array()? }),
         Kind::Knock => Message::Knock(Knock { time: r.u64()?, mac: r.array()? }),
+        Kind::Cancel => Message::Cancel(Cancel),
     };
     Ok((h, m))
 }
@@ -700,7 +755,13 @@ pub fn encode(session: u64, msg: &Message, out: &mut Vec<u8>) -> Result<(), Wire
             out.extend_from_slice(&(end as u16).to_be_bytes());
             out.extend_from_slice(&a.detail.as_bytes()[..end]);
         }
-        Message::Challenge(c) => out.extend_from_slice(&c.nonce),
+        Message::Challenge(c) => {
+            out.extend_from_slice(&c.nonce);
+            if let Some(p) = c.prefix {
+                out.extend_from_slice(&p.index.to_be_bytes());
+                out.extend_from_slice(&p.from.to_be_bytes());
+            }
+        }
         Message::Proof(p) => {
             out.extend_from_slice(&p.nonce);
             out.extend_from_slice(&p.mac);
@@ -736,6 +797,7 @@ pub fn encode(session: u64, msg: &Message, out: &mut Vec<u8>) -> Result<(), Wire
             out.extend_from_slice(&k.time.to_be_bytes());
             out.extend_from_slice(&k.mac);
         }
+        Message::Cancel(Cancel) => {}
     }
     let len = out.len() as u32;
     out[8..12].copy_from_slice(&len.to_be_bytes());
@@ -780,6 +842,9 @@ mod tests {
             lanes: None,
         }));
         round_trip(Message::Credit(Credit { consumed: 99 }));
+        round_trip(Message::Challenge(Challenge { nonce: [3; 16], prefix: None }));
+        let prefix = Some(PrefixClaim { index: 7, from: 1 << 33 });
+        round_trip(Message::Challenge(Challenge { nonce: [4; 16], prefix }));
         round_trip(Message::Entry(Entry {
             index: 3,
             kind: EntryKind::File,

@@ -165,7 +165,7 @@ fn a_receiver_that_reflects_the_senders_proof_or_another_secret_gets_no_data() {
     let t = Instant::now();
     let (mut s, _) = machines(Some("correct horse battery staple"), None);
     let _ = drain_sender(&mut s); // the HELLO
-    deliver(&mut s, &Message::Challenge(Challenge { nonce: [9; 16] }), t);
+    deliver(&mut s, &Message::Challenge(Challenge { nonce: [9; 16], prefix: None }), t);
     let (_, sent) = drain_sender(&mut s);
     let Message::Proof(theirs) = wire::decode(&sent[0]).unwrap().1 else { panic!("no PROOF") };
     // Reflected: the sender's own MAC, with the receiver's nonce. After its PROOF the sender
@@ -189,7 +189,7 @@ fn proofs_out_of_place_are_protocol_errors() {
     // A CHALLENGE to a sender that offered no secret.
     let (mut s, _) = machines(None, None);
     let _ = drain_sender(&mut s);
-    deliver(&mut s, &Message::Challenge(Challenge { nonce: [9; 16] }), t);
+    deliver(&mut s, &Message::Challenge(Challenge { nonce: [9; 16], prefix: None }), t);
     let (sa, _) = drain_sender(&mut s);
     assert!(matches!(sa.last(), Some(sender::Action::Finish(Outcome::Failed(ProtocolError::Peer(_))))), "{sa:?}");
     // A PROOF to a receiver that asked for none.

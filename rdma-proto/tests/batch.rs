@@ -118,6 +118,7 @@ fn pump_on_path(
                 },
                 sender::Action::EntryDone { index, status, .. } => run.sent.push((index, status)),
                 sender::Action::Finish(o) => run.sender = Some(o),
+                sender::Action::ProvePrefix { .. } => panic!("nothing is resumed in this batch"),
             }
         }
         while let Some(a) = r.poll_action() {
@@ -164,6 +165,7 @@ fn pump_on_path(
                 receiver::Action::Discard => {}
                 receiver::Action::Open { .. } => panic!("a batch opens entries, not a file"),
                 receiver::Action::Finish(o) => run.receiver = Some(o),
+                receiver::Action::StartOver => panic!("nothing is resumed in this batch"),
             }
         }
         if !moved {
@@ -312,7 +314,16 @@ struct Hostile {
     done: Vec<(u32, String, Status, u64)>,
     finished: Option<Outcome>,
     discards: usize,
+    /// Bytes of each file the driver's partial holds (resuming), and the proof it computes.
+    held: u64,
+    /// Files started over after a wrong proof of their prefix.
+    started_over: usize,
+    /// Every file is in place already (the driver answers `Present` with [`PREFIX`]).
+    in_place: bool,
 }
+
+/// The proof of a held prefix the [`Hostile`] driver expects.
+const PREFIX: [u8; 32] = [0x5a; 32];
 
 impl Hostile {
     /// A batch session granted (`total` bytes announced, the sender offering `offer` too).
@@ -326,6 +337,9 @@ impl Hostile {
             done: Vec::new(),
             finished: None,
             discards: 0,
+            held: 0,
+            started_over: 0,
+            in_place: false,
         };
         h.msg(Message::Hello(Hello {
             version_min: 1,
@@ -367,8 +381,13 @@ impl Hostile {
                 }
                 receiver::Action::OpenEntry(e) => {
                     self.opened.push(e.clone());
+                    if self.in_place && self.r.resume_key().is_some() && e.kind == EntryKind::File {
+                        self.r.handle(receiver::Input::Present { proof: PREFIX }, self.now);
+                        continue;
+                    }
                     if self.r.resume_key().is_some() {
-                        self.r.handle(receiver::Input::Resumed { from: 0 }, self.now);
+                        let from = self.held.min(e.size);
+                        self.r.handle(receiver::Input::Resumed { from, proof: PREFIX }, self.now);
                     }
                     self.r.handle(receiver::Input::Ready { addr: 0x1000, rkey: 7 }, self.now);
                 }
@@ -384,6 +403,10 @@ impl Hostile {
                 receiver::Action::Discard => self.discards += 1,
                 receiver::Action::Open { .. } => panic!("a batch opens entries, not a file"),
                 receiver::Action::Finish(o) => self.finished = Some(o),
+                receiver::Action::StartOver => {
+                    self.started_over += 1;
+                    self.r.handle(receiver::Input::Ready { addr: 0x1000, rkey: 7 }, self.now);
+                }
             }
         }
     }
@@ -457,6 +480,9 @@ fn hostile_out_of_place_messages_end_the_session() {
             done: Vec::new(),
             finished: None,
             discards: 0,
+            held: 0,
+            started_over: 0,
+            in_place: false,
         };
         h.msg(Message::Hello(Hello {
             version_min: 1,
@@ -614,14 +640,18 @@ fn a_resume_key_is_ignored_unless_resume_was_granted() {
     h.msg(Message::Entry(e));
     assert_eq!(h.r.resume_key(), None, "the receiver does not resume");
     assert!(matches!(h.sent.last(), Some(Message::Ready(Ready { resume_from: 0, .. }))));
-    // Resuming on: the key is used for a file; a directory's is not.
+    // Resuming on: the key is used for a file of a sender that offers to prove the prefix; a
+    // directory's is not, nor the key of a sender that does not offer the proof.
     let mut cfg = ReceiverConfig::default();
     cfg.resume = true;
-    let mut h = Hostile::granted(cfg, 100, caps::RESUME);
+    let mut h = Hostile::granted(cfg.clone(), 100, caps::RESUME | caps::RESUME_PROOF);
     let mut e = entry(0, EntryKind::File, 10, "a");
     e.resume = 77;
-    h.msg(Message::Entry(e));
+    h.msg(Message::Entry(e.clone()));
     assert_eq!(h.r.resume_key(), Some(77));
+    let mut h = Hostile::granted(cfg, 100, caps::RESUME);
+    h.msg(Message::Entry(e));
+    assert_eq!(h.r.resume_key(), None, "a key without the offer to prove the prefix");
 }
 
 #[test]
@@ -691,6 +721,7 @@ fn a_store_that_fails_after_the_fin_ends_the_senders_batch() {
             sender::Action::NeedDigest => s.handle(sender::Input::Digest(vec![0; 16]), now),
             sender::Action::EntryDone { .. } => {}
             sender::Action::Finish(o) => finished = Some(o),
+            sender::Action::ProvePrefix { .. } => panic!("nothing is resumed here"),
         }
         assert!(round < 99);
     }
@@ -903,4 +934,60 @@ fn a_sender_below_the_pace_floor_is_ended_and_the_drivers_time_is_not_its() {
     assert_eq!(h.r.poll_timeout(), Some(t0 + s(19)));
     h.r.handle_timeout(t0 + s(18));
     assert!(!h.r.is_done());
+}
+
+/// Resuming in a batch: an entry whose file the receiver holds a prefix of is asked to prove
+/// that prefix (a CHALLENGE naming the entry and `from`) before its READY; the right proof gets
+/// READY from there, a wrong one READY from 0, the file taken into a new temporary.
+#[test]
+fn a_batch_entry_resumes_only_after_its_sender_proves_the_held_prefix() {
+    let mut cfg = ReceiverConfig::default();
+    cfg.resume = true;
+    let mut h = Hostile::granted(cfg, 1 << 20, caps::RESUME | caps::RESUME_PROOF);
+    h.held = 2048;
+    let nonce = [0; 16]; // the machine's, as the driver gave none
+    for (index, mac, from) in [(0u32, PREFIX, 2048u64), (1, [1; 32], 0)] {
+        let mut e = entry(index, EntryKind::File, 4096, &format!("f{index}"));
+        e.resume = 0x77;
+        h.msg(Message::Entry(e));
+        let Some(Message::Challenge(c)) = h.sent.last() else { panic!("no CHALLENGE: {:?}", h.sent) };
+        assert_eq!(c.prefix, Some(wire::PrefixClaim { index, from: 2048 }), "entry {index}");
+        h.msg(Message::Proof(wire::Proof { nonce, mac }));
+        let Some(Message::Ready(r)) = h.sent.last() else { panic!("no READY: {:?}", h.sent) };
+        assert_eq!((r.index, r.resume_from), (index, from), "entry {index}");
+        let chunks = (4096 - from).div_ceil(1024);
+        for n in 0..chunks {
+            h.write(n as u32, 1024);
+        }
+        h.msg(Message::Fin(Fin { chunks, size: 4096, digest: vec![0; 16] }));
+        assert_eq!(h.last_ack().status, Status::Ok, "entry {index}");
+    }
+    assert_eq!((h.started_over, h.r.prefix_refused()), (1, 1));
+}
+
+/// A batch sent again: each file in place already and identical is proved (a CHALLENGE for all
+/// of it) and counted as stored, nothing sent; one with other bytes is `Exists`.
+#[test]
+fn a_batch_sent_again_counts_identical_files_as_stored() {
+    let mut cfg = ReceiverConfig::default();
+    cfg.resume = true;
+    let mut h = Hostile::granted(cfg, 1 << 20, caps::RESUME | caps::RESUME_PROOF);
+    h.in_place = true;
+    let nonce = [0; 16];
+    for (index, mac, want) in [(0u32, PREFIX, Status::Ok), (1, [1; 32], Status::Exists), (2, PREFIX, Status::Ok)] {
+        let mut e = entry(index, EntryKind::File, 4096, &format!("f{index}"));
+        e.resume = 0x77;
+        h.msg(Message::Entry(e));
+        let Some(Message::Challenge(c)) = h.sent.last() else { panic!("no CHALLENGE: {:?}", h.sent) };
+        assert_eq!(c.prefix, Some(wire::PrefixClaim { index, from: 4096 }), "all of entry {index}");
+        h.msg(Message::Proof(wire::Proof { nonce, mac }));
+        assert_eq!(h.last_ack().status, want, "entry {index}: {:?}", h.last_ack());
+    }
+    h.msg(Message::End(End { entries: 3 }));
+    assert_eq!(
+        h.done.iter().map(|d| (d.2, d.3)).collect::<Vec<_>>(),
+        [(Status::Ok, 4096), (Status::Exists, 0), (Status::Ok, 4096)]
+    );
+    assert!(h.last_ack().detail.starts_with("2 of 3 entries stored"), "{:?}", h.last_ack());
+    assert_eq!(h.discards, 0, "nothing was opened");
 }

@@ -82,13 +82,17 @@ fn message() -> impl Strategy<Value = Message> {
         any::<u64>().prop_map(|consumed| Message::Credit(Credit { consumed })),
         fin().prop_map(Message::Fin),
         ack().prop_map(Message::Ack),
-        any::<[u8; 16]>().prop_map(|nonce| Message::Challenge(Challenge { nonce })),
+        any::<[u8; 16]>().prop_map(|nonce| Message::Challenge(Challenge { nonce, prefix: None })),
+        (any::<[u8; 16]>(), any::<u32>(), any::<u64>()).prop_map(|(nonce, index, from)| {
+            Message::Challenge(Challenge { nonce, prefix: Some(wire::PrefixClaim { index, from }) })
+        }),
         (any::<[u8; 16]>(), any::<[u8; 32]>()).prop_map(|(nonce, mac)| Message::Proof(Proof { nonce, mac })),
         entry().prop_map(Message::Entry),
         (any::<u32>(), any::<u64>()).prop_map(|(index, resume_from)| Message::Ready(Ready { index, resume_from })),
         any::<u32>().prop_map(|entries| Message::End(End { entries })),
         (any::<u16>(), any::<[u8; 16]>()).prop_map(|(lane, token)| Message::Lane(Lane { lane, token })),
         (any::<u64>(), any::<[u8; 16]>()).prop_map(|(time, mac)| Message::Knock(Knock { time, mac })),
+        Just(Message::Cancel(wire::Cancel)),
     ]
 }
 
@@ -205,16 +209,17 @@ proptest! {
         // appended since (a HELLO's resume key, a GRANT's resume_from) are whole or absent: a
         // length that ends right before one is that message without it.
         let buf = encoded(session, &m);
-        let without = match &m {
-            Message::Hello(h) if h.resume.is_some() && h.caps & caps::LANES == 0 => Some(Message::Hello(Hello { resume: None, ..h.clone() })),
-            Message::Grant(g) if buf.len() == 54 => Some(Message::Grant(Grant { resume_from: 0, ..*g })),
-            _ => None,
+        let (appended, without) = match &m {
+            Message::Hello(h) if h.resume.is_some() && h.caps & caps::LANES == 0 => (8, Some(Message::Hello(Hello { resume: None, ..h.clone() }))),
+            Message::Grant(g) if buf.len() == 54 => (8, Some(Message::Grant(Grant { resume_from: 0, ..*g }))),
+            Message::Challenge(c) if c.prefix.is_some() => (12, Some(Message::Challenge(Challenge { prefix: None, ..*c }))),
+            _ => (0, None),
         };
         for len in HEADER_LEN..buf.len() {
             let mut short = buf.clone();
             set_len(&mut short, len);
             let r = decode(&short);
-            if len == buf.len() - 8 && without.is_some() {
+            if len == buf.len() - appended && without.is_some() {
                 prop_assert_eq!(r.map(|(_, m)| m).ok(), without.clone(), "length {}", len);
                 continue;
             }
@@ -281,6 +286,8 @@ proptest! {
     #[test]
     fn a_mutated_body_byte_never_panics(session in any::<u64>(), m in message(), at in any::<prop::sample::Index>(), byte in any::<u8>()) {
         let mut buf = encoded(session, &m);
+        // A message with no body (CANCEL) has no body byte to mutate.
+        prop_assume!(buf.len() > HEADER_LEN);
         let at = HEADER_LEN + at.index(buf.len() - HEADER_LEN);
         buf[at] = byte;
         if let Ok((h, back)) = decode(&buf) {
@@ -301,6 +308,10 @@ proptest! {
         let m = match m {
             Message::Hello(h) if h.caps & caps::LANES == 0 => Message::Hello(Hello { resume: Some(h.resume.unwrap_or(0)), ..h }),
             Message::Grant(g) => Message::Grant(Grant { resume_from: g.resume_from.max(1), ..g }),
+            Message::Challenge(c) => {
+                let prefix = Some(c.prefix.unwrap_or(wire::PrefixClaim { index: 0, from: 1 }));
+                Message::Challenge(Challenge { prefix, ..c })
+            }
             m => m,
         };
         let mut buf = encoded(session, &m);
@@ -452,7 +463,7 @@ fn the_layout_is_the_documented_one() {
         h.extend_from_slice(&[1, kind, 0, 0, 0, 0, 0, len, 1, 2, 3, 4, 5, 6, 7, 8]);
         h
     };
-    let cases: [(Message, Vec<u8>); 11] = [
+    let cases: [(Message, Vec<u8>); 13] = [
         (
             Message::Hello(Hello {
                 version_min: 1,
@@ -499,7 +510,15 @@ fn the_layout_is_the_documented_one() {
             Message::Ack(Ack { status: Status::Exists, received: 5, detail: "x".into() }),
             [header(5, 33), vec![0, 7, 0, 0, 0, 0, 0, 0, 0, 5, 0, 1, b'x']].concat(),
         ),
-        (Message::Challenge(Challenge { nonce: [0xc1; 16] }), [header(6, 36), vec![0xc1; 16]].concat()),
+        (Message::Challenge(Challenge { nonce: [0xc1; 16], prefix: None }), [header(6, 36), vec![0xc1; 16]].concat()),
+        // RESUME_PROOF (bit 13): a prefix CHALLENGE appends the entry's index and `from`.
+        (
+            Message::Challenge(Challenge {
+                nonce: [0xc1; 16],
+                prefix: Some(wire::PrefixClaim { index: 2, from: 0x0102_0304 }),
+            }),
+            [header(6, 48), vec![0xc1; 16], vec![0, 0, 0, 2], vec![0, 0, 0, 0, 1, 2, 3, 4]].concat(),
+        ),
         (
             Message::Proof(Proof { nonce: [0xa1; 16], mac: [0xb2; 32] }),
             [header(7, 68), vec![0xa1; 16], vec![0xb2; 32]].concat(),
@@ -553,6 +572,8 @@ fn the_layout_is_the_documented_one() {
             Message::Knock(Knock { time: 0x0102_0304_0506_0708, mac: [0x5a; 16] }),
             [header(12, 44), vec![1, 2, 3, 4, 5, 6, 7, 8], vec![0x5a; 16]].concat(),
         ),
+        // CANCEL (capability CANCEL, bit 14): the header alone.
+        (Message::Cancel(wire::Cancel), header(13, 20)),
     ];
     for (m, bytes) in cases {
         assert_eq!(encoded(session, &m), bytes, "{:?}", m.kind());
@@ -568,10 +589,11 @@ fn the_layout_is_the_documented_one() {
             Kind::Challenge,
             Kind::Proof,
             Kind::Lane,
-            Kind::Knock
+            Kind::Knock,
+            Kind::Cancel
         ]
         .map(|k| k as u8),
-        [1, 2, 3, 4, 5, 6, 7, 11, 12],
+        [1, 2, 3, 4, 5, 6, 7, 11, 12, 13],
         "kind bytes"
     );
 }

@@ -53,8 +53,11 @@ fn progress_comes_per_chunk_on_both_sides_and_refusals_are_typed() {
     let server = serve(&topo, 18670, &dst.0, 2);
     let mut sent = Vec::new();
     let report = send_file(&src.0.join("f"), &send_opts(&topo, 18670), |done, total| sent.push((done, total))).unwrap();
-    // The same file again: the receiver refuses (it exists).
-    let again = send_file(&src.0.join("f"), &send_opts(&topo, 18670), |_, _| {});
+    // The same name again, other bytes of the same size: the receiver refuses (it exists; an
+    // identical file would be proved and counted as stored).
+    let other = TempDir::new("other");
+    random_file(&other.0.join("f"), size, 9);
+    let again = send_file(&other.0.join("f"), &send_opts(&topo, 18670), |_, _| {});
     let (reports, received) = server.join().unwrap();
     assert!(std::fs::read(dst.0.join("f")).unwrap() == data);
 
@@ -96,7 +99,8 @@ fn a_cancelled_send_stops_within_milliseconds_and_the_next_resumes() {
     // disconnect (up to 1 s when the peer does not answer it).
     assert!(took < Duration::from_millis(1500), "cancelling took {took:?}");
     assert_eq!(Error::Cancelled.exit_code(), 8);
-    // The receiver sees its sender gone, and keeps what it stored: the next send resumes.
+    // The receiver is told the send was cancelled (a CANCEL before the sender leaves), and
+    // keeps what it stored: the next send resumes.
     std::thread::sleep(Duration::from_millis(300));
     let mut again = send_opts(&topo, 18671);
     again.timeout = Duration::from_secs(10);
@@ -106,7 +110,8 @@ fn a_cancelled_send_stops_within_milliseconds_and_the_next_resumes() {
     assert!(report.resumed_from >= 8 << 20, "resumed at {}", report.resumed_from);
     assert!(std::fs::read(dst.0.join("f")).unwrap() == data);
     // Reports come as sessions finish their teardown, in either order.
-    assert!(reports.iter().any(|r| matches!(r.result, Err(Error::PeerDisconnected))), "{reports:?}");
+    // The cancelled session is reported as cancelled, not as a peer that vanished.
+    assert!(reports.iter().any(|r| matches!(r.result, Err(Error::Cancelled))), "{reports:?}");
     assert!(reports.iter().any(|r| r.result.is_ok()), "{reports:?}");
     let left: Vec<_> = std::fs::read_dir(&dst.0).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(left, ["f"]);
@@ -203,4 +208,26 @@ fn an_embedders_policy_sees_each_offer_first_and_its_refusals_store_nothing() {
     }
     assert!(offers.iter().any(|o| o.0 == "tree/sub/big" && o.2 == (1 << 20) + 1 && !o.1), "{offers:?}");
     assert!(offers.iter().any(|o| o.0 == "tree" && o.1), "the directory entry too: {offers:?}");
+}
+
+/// A send to a host that is not there says which addresses it tried and that nothing answered
+/// from the receiver's.
+#[test]
+fn a_send_to_an_absent_host_names_both_addresses_and_says_nothing_answered() {
+    let topo = testkit::require_topology!();
+    let src = TempDir::new("absent");
+    random_file(&src.0.join("f"), 1024, 3);
+    // On the server port's subnet, but nobody has it: ARP goes unanswered.
+    let octets = topo.server.addr.octets();
+    let mut opts = SendOptions::new(SocketAddr::from(([octets[0], octets[1], octets[2], 99], 18672)));
+    opts.from = Some(SocketAddr::new(topo.client.addr.into(), 0));
+    opts.connect_timeout = Duration::from_secs(1);
+    let err = send_file(&src.0.join("f"), &opts, |_, _| {}).unwrap_err();
+    let text = err.to_string();
+    eprintln!("{err:?}: {text}");
+    assert_eq!(err.exit_code(), 3, "a timeout: {err:?}");
+    let to = format!("{}.{}.{}.99:18672", octets[0], octets[1], octets[2]);
+    assert!(text.contains(&to), "the receiver's address is named: {text}");
+    assert!(text.contains(&topo.client.addr.to_string()), "the sender's address is named: {text}");
+    assert!(text.contains("nothing answered"), "the side at fault is said: {text}");
 }

@@ -46,8 +46,8 @@ use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestE
 use rdma_proto::auth::{Secret, NONCE_LEN, PROOF_LEN};
 use rdma_proto::receiver::{Action, Input, Receiver, ReceiverConfig};
 use rdma_proto::wire::{
-    self, caps, decode, decode_header, encode, Ack, Challenge, Credit, Fin, Grant, Header, Hello, Message, Proof,
-    DIGEST_LEN, HEADER_LEN, MAX_DETAIL_LEN, MAX_DIGEST_LEN, MAX_MESSAGE_LEN, MAX_NAME_LEN,
+    self, caps, decode, decode_header, encode, Ack, Challenge, Credit, Fin, Grant, Header, Hello, Message, PrefixClaim,
+    Proof, DIGEST_LEN, HEADER_LEN, MAX_DETAIL_LEN, MAX_DIGEST_LEN, MAX_MESSAGE_LEN, MAX_NAME_LEN,
 };
 use rdma_proto::{Digest, Outcome, ProtocolError, Status};
 use sha2::Sha256;
@@ -397,8 +397,10 @@ fn hello() -> impl Strategy<Value = Hello> {
         1 => Just(caps::DIGEST_XXH3_128 | caps::DIGEST_BLAKE3 | caps::AUTH),
         2 => Just(caps::DIGEST_XXH3_128 | caps::DIGEST_BLAKE3 | caps::AUTH | caps::SEALED),
         1 => Just(caps::DIGEST_BLAKE3 | caps::AUTH | caps::SEALED | caps::RESUME),
-        2 => Just(caps::DIGEST_XXH3_128 | caps::RESUME),
+        1 => Just(caps::DIGEST_XXH3_128 | caps::RESUME),
+        2 => Just(caps::DIGEST_XXH3_128 | caps::RESUME | caps::RESUME_PROOF),
         2 => Just(caps::DIGEST_XXH3_128 | caps::AUTH | caps::RESUME),
+        1 => Just(caps::DIGEST_BLAKE3 | caps::AUTH | caps::SEALED | caps::RESUME | caps::RESUME_PROOF),
         1 => Just(caps::RESUME | caps::AUTH),
         1 => Just(u32::MAX),
         1 => Just(0),
@@ -466,7 +468,7 @@ fn message() -> impl Strategy<Value = Message> {
         small_or_any().prop_map(|consumed| Message::Credit(Credit { consumed })),
         fin().prop_map(Message::Fin),
         ack().prop_map(Message::Ack),
-        any::<Nonce>().prop_map(|nonce| Message::Challenge(Challenge { nonce })),
+        any::<Nonce>().prop_map(|nonce| Message::Challenge(Challenge { nonce, prefix: None })),
         any::<(Nonce, [u8; PROOF_LEN])>().prop_map(|(nonce, mac)| Message::Proof(Proof { nonce, mac })),
     ]
 }
@@ -701,6 +703,9 @@ struct Offer {
     held: Option<Held>,
     /// The digests its HELLO offers: XXH3-128 alone (a sender from before XXH64) or both.
     digests: u32,
+    /// Whether it holds other bytes than the receiver's partial: its proof of the prefix is
+    /// wrong.
+    other_bytes: bool,
 }
 
 /// A receiver's configuration, with the secret's bytes as the MAC keys them and its nonce.
@@ -869,34 +874,77 @@ fn offer() -> impl Strategy<Value = Offer> {
     let key = prop_oneof![1 => Just(None), 1 => any::<u64>().prop_map(Some)];
     let held = prop_oneof![1 => Just(None), 3 => held().prop_map(Some)];
     let digests = prop_oneof![Just(caps::DIGEST_XXH3_128), Just(caps::DIGEST_XXH3_128 | caps::DIGEST_XXH64)];
-    let sender = (auth, any::<Nonce>(), key, held, digests);
-    (1u64.., 1u32..=40, 1u32..=8, sender).prop_flat_map(|(session, chunk, depth, (auth, nonce, key, held, digests))| {
-        (0..=u64::from(chunk) * 12 + 3).prop_map(move |size| Offer {
-            session,
-            size,
-            chunk,
-            depth,
-            auth,
-            nonce,
-            key,
-            held: held.clone(),
-            digests,
-        })
-    })
+    let other_bytes = prop_oneof![3 => Just(false), 1 => Just(true)];
+    let sender = (auth, any::<Nonce>(), key, held, (digests, other_bytes));
+    (1u64.., 1u32..=40, 1u32..=8, sender).prop_flat_map(
+        |(session, chunk, depth, (auth, nonce, key, held, (digests, other_bytes)))| {
+            (0..=u64::from(chunk) * 12 + 3).prop_map(move |size| Offer {
+                session,
+                size,
+                chunk,
+                depth,
+                auth,
+                nonce,
+                key,
+                held: held.clone(),
+                digests,
+                other_bytes,
+            })
+        },
+    )
 }
+
+/// The proof of a prefix this fuzzer's driver answers `Resumed` with: a sender that shows it
+/// (with the receiver's nonce) resumes, any other proof starts the file over.
+const PREFIX: [u8; PROOF_LEN] = [0x5a; PROOF_LEN];
 
 // ---- The receiver: the rules of docs/protocol.md, executable. ----
 
 /// What a step produced: the actions, with each message sent decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Step {
-    Open { name: String, size: u64, slot_size: u32, slot_count: u32 },
-    Challenge { session: u64, nonce: Nonce },
-    Proof { session: u64, nonce: Nonce, mac: [u8; PROOF_LEN] },
-    Grant { session: u64, grant: Grant },
-    Credit { session: u64, consumed: u64 },
-    Ack { session: u64, status: Status, received: u64 },
-    Store { seq: u64, slot: u32, offset: u64, len: u32 },
+    Open {
+        name: String,
+        size: u64,
+        slot_size: u32,
+        slot_count: u32,
+    },
+    Challenge {
+        session: u64,
+        nonce: Nonce,
+    },
+    /// A prefix CHALLENGE (`RESUME_PROOF`).
+    PrefixChallenge {
+        session: u64,
+        nonce: Nonce,
+        claim: PrefixClaim,
+    },
+    /// The file starts over from byte 0, the partial left alone.
+    StartOver,
+    Proof {
+        session: u64,
+        nonce: Nonce,
+        mac: [u8; PROOF_LEN],
+    },
+    Grant {
+        session: u64,
+        grant: Grant,
+    },
+    Credit {
+        session: u64,
+        consumed: u64,
+    },
+    Ack {
+        session: u64,
+        status: Status,
+        received: u64,
+    },
+    Store {
+        seq: u64,
+        slot: u32,
+        offset: u64,
+        len: u32,
+    },
     Finalize(Vec<u8>),
     Discard,
     Finish(End),
@@ -916,6 +964,8 @@ enum End {
     TooSlow,
     /// A message whose seal is wrong: no verdict (review H9).
     Unsealed,
+    /// The sender's CANCEL: no verdict.
+    Cancelled,
 }
 
 impl End {
@@ -928,6 +978,7 @@ impl End {
             Outcome::Failed(ProtocolError::CompletedTwice { .. }) => End::Twice,
             Outcome::Failed(ProtocolError::TooSlow { .. }) => End::TooSlow,
             Outcome::Failed(ProtocolError::Unsealed) => End::Unsealed,
+            Outcome::Failed(ProtocolError::Cancelled) => End::Cancelled,
             Outcome::Failed(_) => End::Local,
         }
     }
@@ -938,6 +989,7 @@ enum Phase {
     AwaitHello,
     Authenticating,
     Opening,
+    Proving,
     Data,
     Finalizing,
     Done,
@@ -957,6 +1009,14 @@ struct Spec {
     resume_key: Option<u64>,
     /// The bytes held before the session: chunk `n` is at `base + n * slot_size`.
     base: u64,
+    /// Whether the sender must prove `base` bytes before the GRANT ("Resuming").
+    expect: bool,
+    /// `CANCEL` when the HELLO offered it: granted back.
+    cancel: u32,
+    /// The sender sent CANCEL: the session ends once the chunks that arrived are stored.
+    cancelled: bool,
+    /// The ring of the Ready, kept for the GRANT while the sender proves its prefix.
+    ring: Option<(u64, u32)>,
     phase: Phase,
     session: u64,
     size: u64,
@@ -989,6 +1049,10 @@ impl Spec {
             offered: None,
             resume_key: None,
             base: 0,
+            expect: false,
+            cancel: 0,
+            cancelled: false,
+            ring: None,
             phase: Phase::AwaitHello,
             session: 0,
             size: 0,
@@ -1014,7 +1078,10 @@ impl Spec {
         // bound (`hello_timeout`); every later phase the phase timeout.
         let admitting = matches!(self.phase, Phase::AwaitHello | Phase::Authenticating);
         let timeout = if admitting { self.cfg.hello_timeout } else { self.cfg.timeout };
-        let running = matches!(self.phase, Phase::AwaitHello | Phase::Authenticating | Phase::Opening | Phase::Data);
+        let running = matches!(
+            self.phase,
+            Phase::AwaitHello | Phase::Authenticating | Phase::Opening | Phase::Proving | Phase::Data
+        );
         let phase = running.then(|| self.progress.checked_add(timeout)).flatten();
         match (phase, self.pace_deadline()) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -1089,6 +1156,10 @@ impl Spec {
                 Ok((h, _)) if self.phase != Phase::AwaitHello && h.session != self.session => peer(self, End::Peer),
                 Ok((h, Message::Hello(hello))) if self.phase == Phase::AwaitHello => self.hello(h.session, hello, now),
                 Ok((_, Message::Proof(p))) if self.phase == Phase::Authenticating => self.proof(&p, now),
+                Ok((_, Message::Proof(p))) if self.phase == Phase::Proving => self.prefix_proof(&p, now),
+                // The sender's send was cancelled: no verdict, once the chunks that arrived are
+                // stored (below).
+                Ok((_, Message::Cancel(_))) if self.phase != Phase::AwaitHello => self.cancelled = true,
                 Ok((h, Message::Fin(fin))) if self.phase == Phase::Data && self.fin.is_none() => {
                     let _ = h;
                     let fits = fin.chunks == self.chunks && fin.size == self.size && fin.chunks == self.arrived;
@@ -1136,35 +1207,25 @@ impl Spec {
             }
             // Resuming: the driver holds the first `from` bytes; only the rest is asked for. A
             // `from` past the end is the driver's bug.
-            Input::Resumed { from } if self.phase == Phase::Opening && self.resume_key.is_some() => {
+            Input::Resumed { from, .. } if self.phase == Phase::Opening && self.resume_key.is_some() => {
                 if from > self.size {
                     bug(self)
                 } else {
                     self.base = from;
+                    self.expect = from > 0;
                     self.chunks = (self.size - from).div_ceil(u64::from(self.slot_size));
                 }
             }
-            Input::Ready { addr, rkey } if self.phase == Phase::Opening => {
+            // Resuming from bytes held: the sender proves them first ("Resuming").
+            Input::Ready { addr, rkey } if self.phase == Phase::Opening && self.base > 0 && self.expect => {
                 self.opened = true;
-                self.phase = Phase::Data;
+                self.phase = Phase::Proving;
                 self.progress = now;
-                self.pace = Some((now, 0));
-                // The capabilities used: the digest, AUTH with a secret (the sender offered it, or
-                // it would have been refused), RESUME when both sides resume.
-                let auth = if self.key.is_some() { caps::AUTH | caps::SEALED } else { 0 };
-                let resume = if self.resume_key.is_some() { caps::RESUME } else { 0 };
-                let grant = Grant {
-                    version: 1,
-                    caps: self.digest.0 | auth | resume,
-                    addr,
-                    rkey,
-                    slot_size: self.slot_size,
-                    slot_count: self.slot_count,
-                    resume_from: self.base,
-                    lanes: None,
-                };
-                self.out.push(Step::Grant { session: self.session, grant });
+                self.ring = Some((addr, rkey));
+                let claim = PrefixClaim { index: 0, from: self.base };
+                self.out.push(Step::PrefixChallenge { session: self.session, nonce: self.nonce, claim });
             }
+            Input::Ready { addr, rkey } if self.phase == Phase::Opening => self.grant(addr, rkey, now),
             // A failure the driver calls Ok is its bug: the verdict must not say Ok.
             Input::OpenFailed(s, _) if self.phase == Phase::Opening => {
                 self.refuse(if s == Status::Ok { Status::Internal } else { s })
@@ -1185,6 +1246,10 @@ impl Spec {
             }
             _ => bug(self),
         }
+        if self.cancelled && self.stored >= self.arrived && !matches!(self.phase, Phase::Done | Phase::Finalizing) {
+            self.fail(End::Cancelled, None);
+            return std::mem::take(&mut self.out);
+        }
         if self.phase == Phase::Data {
             let batch = u64::from(self.slot_count / 4).max(1);
             let pending = self.stored - self.credited;
@@ -1200,6 +1265,46 @@ impl Spec {
             }
         }
         std::mem::take(&mut self.out)
+    }
+
+    /// The GRANT: the data phase, resuming from `base`.
+    fn grant(&mut self, addr: u64, rkey: u32, now: Instant) {
+        self.opened = true;
+        self.phase = Phase::Data;
+        self.progress = now;
+        self.pace = Some((now, 0));
+        // The capabilities used: the digest, AUTH with a secret (the sender offered it, or
+        // it would have been refused), RESUME when both sides resume.
+        let auth = if self.key.is_some() { caps::AUTH | caps::SEALED } else { 0 };
+        let resume = if self.resume_key.is_some() { caps::RESUME } else { 0 };
+        let grant = Grant {
+            version: 1,
+            caps: self.digest.0 | auth | resume | self.cancel,
+            addr,
+            rkey,
+            slot_size: self.slot_size,
+            slot_count: self.slot_count,
+            resume_from: self.base,
+            lanes: None,
+        };
+        self.out.push(Step::Grant { session: self.session, grant });
+    }
+
+    /// The sender's proof of the prefix ("Resuming"): the receiver's nonce and the driver's
+    /// proof resume from `base`; anything else starts the file over from byte 0, the partial
+    /// left alone.
+    fn prefix_proof(&mut self, p: &Proof, now: Instant) {
+        let Some((addr, rkey)) = self.ring else { return self.fail(End::Local, Some(Status::Internal)) };
+        self.expect = false;
+        if p.nonce == self.nonce && p.mac == PREFIX {
+            return self.grant(addr, rkey, now);
+        }
+        self.progress = now;
+        self.base = 0;
+        self.chunks = self.size.div_ceil(u64::from(self.slot_size));
+        self.resume_key = None;
+        self.phase = Phase::Opening;
+        self.out.push(Step::StartOver);
     }
 
     /// A message from the sender, decoded; once sealed, only with the right tag (the number
@@ -1228,6 +1333,7 @@ impl Spec {
     fn hello(&mut self, session: u64, h: Hello, now: Instant) {
         self.session = session;
         self.progress = now;
+        self.cancel = h.caps & caps::CANCEL;
         // The digest: with a secret and a sender that offers AUTH, keyed BLAKE3 or nothing;
         // otherwise the receiver's preferred one when offered, else XXH64, else XXH3-128.
         let digest = if self.key.is_some() && h.caps & caps::AUTH != 0 {
@@ -1263,9 +1369,9 @@ impl Spec {
         self.slot_count = u64::from(h.depth).min(fit).min(u64::from(self.cfg.max_slots)).max(1) as u32;
         self.size = h.size;
         self.chunks = h.size.div_ceil(u64::from(self.slot_size));
-        // RESUME: the key counts only when the sender offers the capability and this receiver
-        // resumes.
-        if self.cfg.resume && h.caps & caps::RESUME != 0 {
+        // RESUME: the key counts only when the sender offers the capability, with the proof of
+        // the prefix (RESUME_PROOF), and this receiver resumes.
+        if self.cfg.resume && h.caps & caps::RESUME != 0 && h.caps & caps::RESUME_PROOF != 0 {
             self.resume_key = h.resume;
         }
         if self.key.is_none() {
@@ -1328,6 +1434,11 @@ struct Watch {
     open: Option<(u64, u32, u32)>,
     /// The GRANT sent: the file is open and the ring lent.
     grant: Option<Grant>,
+    /// The prefix CHALLENGE sent (its nonce), and the ring of the Ready it answered.
+    prefix: Option<Nonce>,
+    ring: Option<(u64, u32)>,
+    /// The sender's proof of the prefix was wrong: the file started over, resuming nothing.
+    started_over: bool,
     /// The session of the first HELLO given (the one the machine takes).
     session: Option<u64>,
     /// Chunks the machine asked to store, in order.
@@ -1385,7 +1496,20 @@ impl Watch {
     /// machine is to hand the driver.
     fn resume_key(&self) -> Option<u64> {
         let h = self.hello.as_ref()?;
-        (self.resume && h.caps & caps::RESUME != 0).then_some(h.resume).flatten()
+        let offers = h.caps & caps::RESUME != 0 && h.caps & caps::RESUME_PROOF != 0;
+        (self.resume && offers && !self.started_over).then_some(h.resume).flatten()
+    }
+
+    /// Whether `input` is the sender's right proof of the prefix: the prefix CHALLENGE's nonce
+    /// and the proof the driver's lookup named.
+    fn right_prefix(&self, input: Option<&Input<'_>>) -> bool {
+        let Some(Input::Message(bytes)) = input else { return false };
+        // Sealed or not, the body's fields are where decode reads them.
+        let proof = decode(bytes).ok().and_then(|(h, m)| match m {
+            Message::Proof(p) if Some(h.session) == self.session => Some(p),
+            _ => None,
+        });
+        self.prefix.is_some_and(|n| proof.is_some_and(|p| p.nonce == n && p.mac == PREFIX))
     }
 
     /// `input` as a PROOF of the session while the receiver authenticates (a CHALLENGE sent,
@@ -1411,9 +1535,10 @@ impl Watch {
                 }
             }
             // A lookup's answer within the file, while opening a resumable session.
-            Input::Resumed { from }
+            Input::Resumed { from, .. }
                 if self.open.is_some_and(|(size, _, _)| from <= size)
                     && self.grant.is_none()
+                    && self.prefix.is_none()
                     && self.finish.is_none()
                     && self.resume_key().is_some() =>
             {
@@ -1505,14 +1630,42 @@ impl Watch {
                     ensure!(ring <= bound, "a ring of {ring} bytes, memory_budget {}", cfg.memory_budget);
                     self.open = Some((*size, *slot_size, *slot_count));
                 }
+                Step::PrefixChallenge { session, nonce, claim } => {
+                    ensure!(self.grant.is_none() && self.prefix.is_none(), "a prefix CHALLENGE out of place");
+                    let Some(&Input::Ready { addr, rkey }) = input else {
+                        return Err(TestCaseError::fail(format!("a prefix CHALLENGE answering {input:?}")));
+                    };
+                    ensure!(
+                        claim.index == 0 && claim.from > 0 && self.resumed == Some(claim.from),
+                        "a prefix CHALLENGE of {claim:?}, the driver holds {:?}",
+                        self.resumed
+                    );
+                    ensure!(*nonce == self.nonce, "a prefix CHALLENGE with the nonce {nonce:?}, not the receiver's");
+                    ensure!(Some(*session) == self.session, "a prefix CHALLENGE of session {session:#x}");
+                    (self.prefix, self.ring) = (Some(*nonce), Some((addr, rkey)));
+                }
+                Step::StartOver => {
+                    ensure!(self.prefix.is_some() && self.grant.is_none(), "a start over out of place");
+                    ensure!(!self.right_prefix(input), "a right proof of the prefix started the file over");
+                    ensure!(steps.len() == 1, "a start over among {steps:?}");
+                    (self.started_over, self.resumed) = (true, None);
+                }
                 Step::Grant { session, grant } => {
                     ensure!(self.grant.is_none(), "a second GRANT");
                     let Some((_, slot_size, slot_count)) = self.open else {
                         return Err(TestCaseError::fail("a GRANT without an Open"));
                     };
-                    let Some(&Input::Ready { addr, rkey }) = input else {
-                        return Err(TestCaseError::fail(format!("a GRANT answering {input:?}")));
+                    let (addr, rkey) = match input {
+                        Some(&Input::Ready { addr, rkey }) => (addr, rkey),
+                        // Resuming: the GRANT answers the sender's right proof of the prefix.
+                        _ if self.right_prefix(input) && !self.started_over => self.ring.expect("a ring"),
+                        _ => return Err(TestCaseError::fail(format!("a GRANT answering {input:?}"))),
                     };
+                    ensure!(
+                        grant.resume_from == 0 || self.right_prefix(input),
+                        "a GRANT resuming at {} without a proof of those bytes",
+                        grant.resume_from
+                    );
                     ensure!(self.key.is_none() || self.proved, "a GRANT without the receiver's proof");
                     let auth = if self.key.is_some() { caps::AUTH | caps::SEALED } else { 0 };
                     let resume = if self.resume_key().is_some() { caps::RESUME } else { 0 };
@@ -1520,9 +1673,10 @@ impl Watch {
                     let Some(digest) = self.digest(cfg) else {
                         return Err(TestCaseError::fail("a GRANT for a HELLO that offers no digest"));
                     };
+                    let cancel = self.hello.as_ref().map_or(0, |h| h.caps & caps::CANCEL);
                     let want = Grant {
                         version: 1,
-                        caps: digest.cap() | auth | resume,
+                        caps: digest.cap() | auth | resume | cancel,
                         addr,
                         rkey,
                         slot_size,
@@ -1604,7 +1758,7 @@ impl Watch {
                     self.finalize = Some(digest.clone());
                 }
                 Step::Discard => {
-                    ensure!(self.grant.is_some(), "a Discard of a file never opened");
+                    ensure!(self.grant.is_some() || self.prefix.is_some(), "a Discard of a file never opened");
                     ensure!(!self.discarded, "a second Discard");
                     self.discarded = true;
                 }
@@ -1638,17 +1792,21 @@ impl Watch {
                         End::Acked(status) => {
                             ensure!(self.ack == Some(*status), "Finish {status} with ACK {:?}", self.ack)
                         }
-                        End::Timeout | End::Twice => ensure!(self.ack.is_none(), "{end:?} with an ACK"),
+                        End::Timeout | End::Twice | End::Cancelled => {
+                            ensure!(self.ack.is_none(), "{end:?} with an ACK")
+                        }
                         End::TooSlow => ensure!(self.ack == Some(Status::Busy), "too slow, ACK {:?}", self.ack),
                         _ => ensure!(self.ack != Some(Status::Ok), "a failure ACKed Ok"),
                     }
                     // Whatever failed, the sender hears it once the session is known, but when
                     // the connection is what failed (a timeout, the device's second completion).
-                    if self.open.is_some() && !matches!(end, End::Timeout | End::Twice) {
+                    if self.open.is_some() && !matches!(end, End::Timeout | End::Twice | End::Cancelled) {
                         ensure!(self.ack.is_some(), "{end:?} after the HELLO without an ACK");
                     }
                     // The temporary stays only under its final name.
-                    if self.grant.is_some() {
+                    // (Started over and not yet granted, the new temporary may not have been
+                    // made: a failed open is refused with nothing to discard.)
+                    if self.grant.is_some() || (self.prefix.is_some() && !self.started_over) {
                         let kept = *end == End::Acked(Status::Ok);
                         ensure!(
                             self.discarded != kept,
@@ -1703,7 +1861,7 @@ impl In {
             In::Message(b) => Input::Message(b),
             In::Write { imm, len } => Input::WriteArrived { imm: *imm, len: *len },
             In::Ready { addr, rkey } => Input::Ready { addr: *addr, rkey: *rkey },
-            In::Resumed(from) => Input::Resumed { from: *from },
+            In::Resumed(from) => Input::Resumed { from: *from, proof: PREFIX },
             In::OpenFailed(s) => Input::OpenFailed(*s, why()),
             In::Stored(seq) => Input::ChunkStored { seq: *seq },
             In::StoreFailed(s) => Input::StoreFailed(*s, why()),
@@ -1728,6 +1886,8 @@ struct Case {
     looked_up: bool,
     /// The honest sender sent its PROOF.
     proof_sent: bool,
+    /// Whether the honest sender proved the prefix.
+    prefix_sent: bool,
     stores_asked: VecDeque<u64>,
     finalize_asked: bool,
     fin_sent: bool,
@@ -1752,6 +1912,7 @@ impl Case {
             open_asked: false,
             looked_up: false,
             proof_sent: false,
+            prefix_sent: false,
             stores_asked: VecDeque::new(),
             finalize_asked: false,
             fin_sent: false,
@@ -1813,7 +1974,7 @@ impl Case {
         if self.watch.session.is_none() {
             // A sender with a secret offers the keyed digest with AUTH.
             let auth = if o.auth == Auth::None { 0 } else { caps::AUTH | caps::DIGEST_BLAKE3 | caps::SEALED };
-            let resume = if o.key.is_some() { caps::RESUME } else { 0 };
+            let resume = if o.key.is_some() { caps::RESUME | caps::RESUME_PROOF } else { 0 };
             let hello = Hello {
                 version_min: 1,
                 version_max: 1,
@@ -1835,6 +1996,12 @@ impl Case {
             let t = Offered { session: o.session, size: o.size, name: "f".into() };
             let proof = Proof { nonce: o.nonce, mac: mac(&key, Role::Sender, &t, &o.nonce, &nr) };
             return Some(In::Message(self.bytes(Sid::Ours, &Message::Proof(proof), &[])));
+        }
+        if let Some(nonce) = self.watch.prefix.filter(|_| !self.prefix_sent && self.watch.grant.is_none()) {
+            // Its proof of the bytes the receiver holds: it holds them.
+            self.prefix_sent = true;
+            let mac = if self.offer.other_bytes { [0xa5; PROOF_LEN] } else { PREFIX };
+            return Some(In::Message(self.bytes(Sid::Ours, &Message::Proof(Proof { nonce, mac }), &[])));
         }
         let (_, _, count) = self.geometry()?;
         let next = self.watch.stores;
@@ -2009,6 +2176,9 @@ impl Case {
                     ensure!(self.r.transmit(&mut buf), "a Send without its message");
                     let decoded = self.spec.sent(&buf);
                     match decoded {
+                        Ok((h, Message::Challenge(Challenge { nonce, prefix: Some(claim) }))) => {
+                            Step::PrefixChallenge { session: h.session, nonce, claim }
+                        }
                         Ok((h, Message::Challenge(c))) => Step::Challenge { session: h.session, nonce: c.nonce },
                         Ok((h, Message::Proof(p))) => Step::Proof { session: h.session, nonce: p.nonce, mac: p.mac },
                         Ok((h, Message::Grant(grant))) => Step::Grant { session: h.session, grant },
@@ -2028,6 +2198,11 @@ impl Case {
                     Step::Finalize(digest)
                 }
                 Action::Discard => Step::Discard,
+                Action::StartOver => {
+                    // The driver opens a new temporary and answers with the ring again.
+                    self.open_asked = true;
+                    Step::StartOver
+                }
                 a @ (Action::Reserve { .. } | Action::OpenEntry(_) | Action::EntryDone { .. }) => {
                     return Err(TestCaseError::fail(format!("{a:?} with batches off")))
                 }
@@ -2079,7 +2254,16 @@ impl Case {
                 deadline == self.now.checked_add(self.cfg.hello_timeout),
                 "deadline {deadline:?} after a CHALLENGE"
             );
-        } else if got.iter().any(|s| matches!(s, Step::Open { .. } | Step::Grant { .. } | Step::Store { .. })) {
+        } else if got.iter().any(|s| {
+            matches!(
+                s,
+                Step::Open { .. }
+                    | Step::Grant { .. }
+                    | Step::Store { .. }
+                    | Step::PrefixChallenge { .. }
+                    | Step::StartOver
+            )
+        }) {
             // ... unless the window the sender's pace is judged in ends sooner.
             let phase = self.now.checked_add(self.cfg.timeout);
             let want = match (phase, self.spec.pace_deadline()) {
@@ -2122,6 +2306,8 @@ struct Tally {
     /// Sessions granted from a held prefix, and those of them stored whole.
     resumed: Cell<u64>,
     resumed_ok: Cell<u64>,
+    /// Sessions whose sender did not prove the held prefix: the file started over.
+    started_over: Cell<u64>,
 }
 
 fn bump(c: &Cell<u64>) {
@@ -2149,6 +2335,9 @@ fn fuzz_the_receiver_machine() {
         if w.auth_failed {
             bump(&tally.auth_failed);
         }
+        if w.started_over {
+            bump(&tally.started_over);
+        }
         if w.grant.is_some_and(|g| g.resume_from > 0) {
             bump(&tally.resumed);
             if w.finish == Some(End::Acked(Status::Ok)) {
@@ -2159,7 +2348,7 @@ fn fuzz_the_receiver_machine() {
             Some(End::Acked(Status::Ok)) => bump(&tally.ok),
             Some(End::Acked(_)) if w.finalize.is_some() => bump(&tally.commit_failed),
             Some(End::Acked(_)) => bump(&tally.refused),
-            Some(End::Peer | End::Wire | End::Twice | End::Unsealed) => bump(&tally.peer),
+            Some(End::Peer | End::Wire | End::Twice | End::Unsealed | End::Cancelled) => bump(&tally.peer),
             Some(End::Timeout) => bump(&tally.timeout),
             Some(End::TooSlow) => bump(&tally.slow),
             Some(End::Local) => bump(&tally.local),
@@ -2176,5 +2365,6 @@ fn fuzz_the_receiver_machine() {
         assert!(share(&tally.authorized) >= 10 && share(&tally.auth_failed) >= 10, "{tally:?}");
         assert!(share(&tally.authorized_ok) >= 2 && share(&tally.slow) >= 5, "{tally:?}");
         assert!(share(&tally.resumed) >= 10 && share(&tally.resumed_ok) >= 2, "{tally:?}");
+        assert!(share(&tally.started_over) >= 2, "{tally:?}");
     }
 }

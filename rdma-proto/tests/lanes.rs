@@ -78,6 +78,10 @@ fn run(file: &[u8], s_cfg: SenderConfig, r_cfg: ReceiverConfig, held: u64, seed:
                     lanes[usize::from(sender.lane_of(seq))].push_back(Item::Write { seq, imm, at, bytes });
                 }
                 sender::Action::NeedDigest => sender.handle(sender::Input::Digest(digest(file)), now),
+                sender::Action::ProvePrefix { from, key } => {
+                    let mac = sim::prefix_proof(&key, &file[..from as usize]);
+                    sender.handle(sender::Input::PrefixProof { mac }, now);
+                }
                 sender::Action::Finish(o) => sender_outcome = Some(o),
                 a => panic!("a single file's sender asked for {a:?}"),
             }
@@ -92,7 +96,8 @@ fn run(file: &[u8], s_cfg: SenderConfig, r_cfg: ReceiverConfig, held: u64, seed:
                 receiver::Action::Open { slot_size, slot_count, .. } => {
                     ring = vec![0; slot_size as usize * slot_count as usize];
                     if receiver.resume_key().is_some() {
-                        receiver.handle(receiver::Input::Resumed { from: held }, now);
+                        let proof = sim::prefix_proof(&receiver.prefix_key(), &stored[..held as usize]);
+                        receiver.handle(receiver::Input::Resumed { from: held, proof }, now);
                     }
                     receiver.handle(receiver::Input::Ready { addr: RING_ADDR, rkey: 7 }, now);
                 }

@@ -281,7 +281,9 @@ fn hellos_within_the_limits_are_granted_the_common_version() {
         assert_eq!(actions, [receiver::Action::Send]);
         let Ok((_, Message::Grant(g))) = wire::decode(&sent[0]) else { panic!("not a GRANT") };
         assert_eq!(g.version, 1, "offered {min}..={max}");
-        assert_eq!(g.caps, caps::DIGEST_XXH3_128, "only the capabilities both know");
+        // Of those offered, the digest and CANCEL (both sides may cancel); nothing this
+        // receiver was not configured for.
+        assert_eq!(g.caps, caps::DIGEST_XXH3_128 | caps::CANCEL, "only the capabilities both know");
     }
 }
 
@@ -867,5 +869,34 @@ fn a_hostile_network_never_breaks_either_side() {
         assert!(per_mille(tally.faithful_ok) > 125 && tally.ok > tally.faithful_ok, "{tally:?}");
         assert!(per_mille(tally.checksum_mismatch) > 1 && per_mille(tally.protocol_mismatch) > 10, "{tally:?}");
         assert!(per_mille(tally.too_large) > 1 && per_mille(tally.timeout) > 10, "{tally:?}");
+    }
+}
+
+/// A send cancelled midway tells the receiver (a CANCEL, which the receiver granted): the
+/// receiver ends the session as cancelled, without a verdict, rather than as a peer that
+/// vanished.
+#[test]
+fn a_cancelled_send_tells_the_receiver_which_ends_it_as_cancelled() {
+    use rdma_proto::ProtocolError;
+    for seed in 0..8 {
+        let file = file_of(5000, seed);
+        let label = format!("cancel, seed {seed}");
+        let faults = Faults::default();
+        let mut sim =
+            Sim::new(label, seed, file, "file.bin", sender_cfg(64, 4), receiver_cfg(4), faults, Hooks::default());
+        sim.drain_sender();
+        sim.drain_receiver();
+        while sim.stored < 10 + seed {
+            sim.step();
+        }
+        sim.sender.cancel();
+        sim.drain_sender();
+        sim.run(10_000);
+        let cancelled = |o: &Option<Outcome>| matches!(o, Some(Outcome::Failed(ProtocolError::Cancelled)));
+        assert!(cancelled(&sim.sender_outcome), "seed {seed}: the sender {:?}", sim.sender_outcome);
+        assert!(cancelled(&sim.receiver_outcome), "seed {seed}: the receiver {:?}", sim.receiver_outcome);
+        assert!(sim.acks_sent.is_empty(), "seed {seed}: no verdict for a cancelled send: {:?}", sim.acks_sent);
+        // Every chunk that arrived before the CANCEL was stored: a resume continues after them.
+        assert_eq!(sim.stored, sim.stores_asked, "seed {seed}: chunks that arrived were dropped");
     }
 }

@@ -35,15 +35,29 @@ fn a_receiver_holding_a_prefix_gets_only_the_rest_and_the_file_arrives_whole() {
     }
 }
 
+/// A sender whose first bytes differ from what the receiver holds (another file under a key
+/// read from `ls -a`, or a sniffed HELLO) cannot continue that partial: its proof of the prefix
+/// fails, the file is taken from byte 0 into a new temporary and arrives whole, and the partial
+/// is left as it was for its owner.
 #[test]
-fn a_held_prefix_that_differs_from_the_file_is_a_checksum_mismatch() {
-    // One byte of the held prefix differs from the file: the digest, which covers every byte,
-    // catches it (a prefix is never trusted on its own).
-    let (s, r) = resuming(64, 4);
-    let hooks = Hooks { resume_from: Some(500), corrupt_prefix: true, ..Hooks::default() };
-    let sim = transfer(file_of(3000, 7), s, r, hooks, 7);
-    assert_eq!(acked(&sim.receiver_outcome), Some(Status::ChecksumMismatch));
-    assert_eq!(acked(&sim.sender_outcome), Some(Status::ChecksumMismatch));
+fn a_sender_that_cannot_prove_the_held_prefix_starts_from_zero_and_leaves_the_partial_alone() {
+    for seed in 0..12 {
+        let (s, r) = resuming(64, 4);
+        let hooks = Hooks { resume_from: Some(500), corrupt_prefix: true, ..Hooks::default() };
+        let file = file_of(3000, seed);
+        let sim = transfer(file.clone(), s, r, hooks, seed);
+        assert_ok(&sim);
+        assert_eq!(sim.started_over, 1, "seed {seed}");
+        assert_eq!(sim.receiver.prefix_refused(), 1, "seed {seed}");
+        assert_eq!((sim.receiver.resumed_from(), sim.sender.resumed_from()), (0, 0), "seed {seed}");
+        assert_eq!(sim.sender.chunks(), 3000u64.div_ceil(64), "seed {seed}: every chunk sent");
+        // The partial the sender could not prove: the held 500 bytes (one of them not the
+        // file's), untouched by this session.
+        let mut held = file[..500].to_vec();
+        held[250] ^= 0x40;
+        let partial = sim.partial.as_ref().expect("the partial left alone");
+        assert!(partial[..500] == held[..] && partial[500..].iter().all(|&b| b == 0), "seed {seed}");
+    }
 }
 
 #[test]
@@ -71,11 +85,169 @@ fn the_hello_carries_the_key_and_the_grant_the_offset_only_when_resuming() {
     assert!(sender.transmit(&mut out));
     let Ok((_, Message::Hello(h))) = wire::decode(&out) else { panic!("a HELLO") };
     assert_eq!(h.resume, Some(0x0123_4567_89ab_cdef));
-    assert_ne!(h.caps & caps::RESUME, 0);
+    assert_eq!(h.caps & (caps::RESUME | caps::RESUME_PROOF), caps::RESUME | caps::RESUME_PROOF);
     let plain = rdma_proto::sender::Sender::new(SESSION, "f", 10, sender_cfg(64, 4), std::time::Instant::now());
     let mut plain = plain.unwrap();
     let _ = plain.poll_action();
     assert!(plain.transmit(&mut out));
     let Ok((_, Message::Hello(h))) = wire::decode(&out) else { panic!("a HELLO") };
     assert_eq!((h.resume, h.caps & caps::RESUME), (None, 0));
+}
+
+/// What the receiver sends, and how it ends, for `inputs` given after a HELLO with `caps`
+/// (offering the resume key 0x77) and the driver's open holding `from` bytes with `proof`.
+fn resume_with(caps: u32, nonce: [u8; 16], from: u64, proof: [u8; 32], answer: Option<[u8; 32]>) -> Vec<Message> {
+    use rdma_proto::receiver::{Action, Input, Receiver};
+    let now = std::time::Instant::now();
+    let (_, mut cfg) = resuming(64, 4);
+    cfg.resume = true;
+    let mut r = Receiver::new(cfg, now).with_nonce(nonce);
+    let hello = wire::Hello { caps, resume: Some(0x77), ..raw_hello(1000) };
+    let mut out = Vec::new();
+    wire::encode(SESSION, &Message::Hello(hello), &mut out).unwrap();
+    r.handle(Input::Message(&out), now);
+    let mut sent = Vec::new();
+    let drain = |r: &mut Receiver, sent: &mut Vec<Message>| {
+        while let Some(a) = r.poll_action() {
+            match a {
+                Action::Send => {
+                    let mut b = Vec::new();
+                    r.transmit(&mut b);
+                    sent.push(wire::decode(&b).unwrap().1);
+                }
+                Action::Open { .. } => {
+                    if r.resume_key().is_some() {
+                        r.handle(Input::Resumed { from, proof }, now);
+                    }
+                    r.handle(Input::Ready { addr: 1 << 20, rkey: 5 }, now);
+                }
+                Action::StartOver => r.handle(Input::Ready { addr: 1 << 20, rkey: 5 }, now),
+                _ => {}
+            }
+        }
+    };
+    drain(&mut r, &mut sent);
+    if let Some(mac) = answer {
+        let p = wire::Proof { nonce, mac };
+        wire::encode(SESSION, &Message::Proof(p), &mut out).unwrap();
+        r.handle(Input::Message(&out), now);
+        drain(&mut r, &mut sent);
+    }
+    sent
+}
+
+fn raw_hello(size: u64) -> wire::Hello {
+    wire::Hello {
+        version_min: 1,
+        version_max: 1,
+        caps: caps::DIGEST_XXH3_128,
+        size,
+        chunk: 64,
+        depth: 4,
+        name: "f".into(),
+        resume: None,
+        lanes: 1,
+    }
+}
+
+const PROVING: u32 = caps::DIGEST_XXH3_128 | caps::RESUME | caps::RESUME_PROOF;
+
+/// The receiver asks for the proof before its GRANT, which resumes only from a proof that
+/// matches: a proof of the same bytes made for another nonce (recorded from an earlier session)
+/// or a wrong one gets a GRANT from 0.
+#[test]
+fn a_partial_is_resumed_only_after_a_proof_made_for_this_challenge() {
+    let proof = rdma_proto::auth::prefix_key(&[9; 16], SESSION, 0);
+    let expected = prefix_proof(&proof, b"the held bytes");
+    let sent = resume_with(PROVING, [9; 16], 500, expected, None);
+    let [Message::Challenge(c)] = &sent[..] else { panic!("a CHALLENGE first, no GRANT: {sent:?}") };
+    assert_eq!((c.nonce, c.prefix), ([9; 16], Some(wire::PrefixClaim { index: 0, from: 500 })));
+    let grant = |sent: &[Message]| match sent.last() {
+        Some(Message::Grant(g)) => g.resume_from,
+        m => panic!("no GRANT: {m:?}"),
+    };
+    assert_eq!(grant(&resume_with(PROVING, [9; 16], 500, expected, Some(expected))), 500, "the right proof");
+    // Replayed: the proof of the same bytes under another nonce's key.
+    let old = prefix_proof(&rdma_proto::auth::prefix_key(&[8; 16], SESSION, 0), b"the held bytes");
+    assert_eq!(grant(&resume_with(PROVING, [9; 16], 500, expected, Some(old))), 0, "a replayed proof");
+    assert_eq!(grant(&resume_with(PROVING, [9; 16], 500, expected, Some([0; 32]))), 0, "a wrong proof");
+}
+
+/// A sender that offers RESUME without RESUME_PROOF (a resume key alone, as an older sender or
+/// anyone who read the key in `ls -a` sends it) is not resumed: the receiver does not look the
+/// partial up, and grants from 0.
+#[test]
+fn a_resume_key_without_the_offer_to_prove_the_prefix_resumes_nothing() {
+    let sent = resume_with(caps::DIGEST_XXH3_128 | caps::RESUME, [9; 16], 500, [0; 32], None);
+    let [Message::Grant(g)] = &sent[..] else { panic!("a GRANT at once: {sent:?}") };
+    assert_eq!((g.resume_from, g.caps & caps::RESUME), (0, 0));
+}
+
+/// Sends `file` from a sender to a receiver whose destination holds `in_place` under its name
+/// already (the receiver answers the Open with `Present`), machine to machine; the two
+/// outcomes, and the WRITEs asked for.
+fn send_over(file: &[u8], in_place: &[u8]) -> (Option<rdma_proto::Outcome>, Option<rdma_proto::Outcome>, u64) {
+    use rdma_proto::receiver::{Action as R, Input as RIn, Receiver};
+    use rdma_proto::sender::{Action as S, Input as SIn, Sender};
+    let now = std::time::Instant::now();
+    let (s_cfg, r_cfg) = resuming(64, 4);
+    let mut s = Sender::new(SESSION, "f", file.len() as u64, s_cfg, now).unwrap().with_nonce([1; 16]);
+    let mut r = Receiver::new(r_cfg, now).with_nonce([2; 16]);
+    let (mut sent, mut received, mut writes) = (None, None, 0);
+    let mut out = Vec::new();
+    for _ in 0..1000 {
+        let mut moved = false;
+        while let Some(a) = s.poll_action() {
+            moved = true;
+            match a {
+                S::Send => {
+                    s.transmit(&mut out);
+                    r.handle(RIn::Message(&out), now);
+                }
+                S::ProvePrefix { from, key } => {
+                    let mac = prefix_proof(&key, &file[..from as usize]);
+                    s.handle(SIn::PrefixProof { mac }, now);
+                }
+                S::WriteChunk { .. } => writes += 1,
+                S::Finish(o) => sent = Some(o),
+                a => panic!("{a:?}: nothing is read or sent for a file in place"),
+            }
+        }
+        while let Some(a) = r.poll_action() {
+            moved = true;
+            match a {
+                R::Send => {
+                    r.transmit(&mut out);
+                    s.handle(SIn::Message(&out), now);
+                }
+                R::Open { size, .. } => {
+                    assert_eq!(size, in_place.len() as u64);
+                    let proof = prefix_proof(&r.prefix_key(), in_place);
+                    r.handle(RIn::Present { proof }, now);
+                }
+                R::Finish(o) => received = Some(o),
+                a => panic!("{a:?}: nothing is opened or stored for a file in place"),
+            }
+        }
+        if !moved {
+            break;
+        }
+    }
+    (sent, received, writes)
+}
+
+/// Sending a file the receiver holds already, identical, is a success with nothing sent
+/// ("already stored"), as rsync counts it; the same name and size with other bytes is still
+/// `Exists`.
+#[test]
+fn a_file_in_place_and_identical_is_already_stored_and_another_exists() {
+    let file = file_of(3000, 11);
+    let (sent, received, writes) = send_over(&file, &file);
+    assert_eq!((acked(&sent), acked(&received), writes), (Some(Status::Ok), Some(Status::Ok), 0));
+    let Some(rdma_proto::Outcome::Acked { detail, .. }) = &received else { unreachable!() };
+    assert!(detail.contains("already stored"), "{detail}");
+    let mut other = file.clone();
+    other[1500] ^= 1;
+    let (sent, received, writes) = send_over(&file, &other);
+    assert_eq!((acked(&sent), acked(&received), writes), (Some(Status::Exists), Some(Status::Exists), 0));
 }

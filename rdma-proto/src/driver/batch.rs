@@ -183,10 +183,12 @@ fn finish(ran: Ran, skipped: Skipped, start: Instant) -> Result<BatchReport, Err
         Err(e) if batch.sent.is_empty() && !batch.queue.is_empty() => return Err(e),
         r => r,
     };
-    // The entry in progress when the session broke off.
+    // The entry in progress when the session broke off: not stored, for the session's reason
+    // (a cancel is `Cancelled`, a lost connection `ConnectionLost`), so that its exit code,
+    // which a batch's is, says why.
     if let (Some(e), Err(err)) = (batch.current.take(), &result) {
         if let Some(last) = batch.sent.last_mut().filter(|s| s.path == e.path && s.result.is_ok()) {
-            last.result = Err(Error::Usage(format!("not stored: the session ended ({err})")));
+            last.result = Err(err.again());
         }
     }
     let bytes = batch.sent.iter().filter(|e| e.result.is_ok()).map(|e| e.size).sum();
@@ -334,6 +336,46 @@ impl SendSession<'_> {
 mod tests {
     use super::*;
     use std::os::unix::ffi::OsStrExt;
+
+    /// A batch cancelled while a file was on its way reports that file as cancelled (exit 8),
+    /// as the batch is.
+    #[test]
+    fn the_entry_a_cancel_cut_is_cancelled() {
+        let dir = scratch("cut");
+        std::fs::write(dir.join("f"), b"data").unwrap();
+        let meta = std::fs::metadata(dir.join("f")).unwrap();
+        let entry = || SourceEntry { source: dir.join("f"), path: "f".into(), meta: meta.clone() };
+        let sent = SentEntry {
+            source: dir.join("f"),
+            path: "f".into(),
+            directory: false,
+            size: 4,
+            result: Ok(()),
+            resumed_from: 0,
+        };
+        let batch =
+            BatchState { queue: VecDeque::new(), current: Some(entry()), sent: vec![sent], done_bytes: 0, total: 4 };
+        let now = Instant::now();
+        let cfg = SenderConfig::new(1024, 4, std::time::Duration::from_secs(1));
+        let machine = Sender::batch(1, 4, cfg, now).unwrap();
+        let summary = crate::driver::send::SendSummary {
+            machine,
+            size: 4,
+            session: 1,
+            start: now,
+            connect: std::time::Duration::ZERO,
+            granted_at: None,
+            lanes_at: None,
+            data_end: None,
+            fin_at: None,
+        };
+        let report = finish((Err(Error::Cancelled), summary, Some(batch)), Vec::new(), now).unwrap();
+        assert!(matches!(report.result, Err(Error::Cancelled)), "{:?}", report.result);
+        let cut = report.entries[0].result.as_ref().unwrap_err();
+        assert!(matches!(cut, Error::Cancelled), "the cut entry: {cut:?}");
+        assert_eq!(cut.exit_code(), 8);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     fn scratch(name: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("rdma-proto-walk-{name}-{}", std::process::id()));

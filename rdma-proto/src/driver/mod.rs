@@ -150,6 +150,19 @@ pub enum Error {
     /// A verbs call failed.
     #[error("RDMA: {0}")]
     Verbs(#[from] rdma_verbs::Error),
+    /// Connecting to the receiver failed: resolving `to` (leaving from `from`, any local
+    /// address when `None`) or connecting to it. `source` says why, and so whose the fault is:
+    /// a source address that cannot be used, a destination that does not resolve, no listener
+    /// there, a rejection, or (a timeout) nothing that answered from `to`.
+    #[error("connecting to {to} from {}: {source}{}", From(*from), Silent(source))]
+    Connect {
+        /// The local address asked for, if any.
+        from: Option<std::net::SocketAddr>,
+        /// The receiver's address.
+        to: std::net::SocketAddr,
+        /// The CM's error (boxed: the addresses already make this variant large).
+        source: Box<rdma_cm::Error>,
+    },
     /// A local file could not be read.
     #[error("{path}: {source}")]
     File {
@@ -221,7 +234,8 @@ pub enum Error {
     #[error("the receiver is stopping")]
     Stopped,
     /// The sender was cancelled ([`SendOptions::cancel`]) mid-session; the receiver keeps
-    /// what it stored for a resume.
+    /// what it stored for a resume. A receiver reports it too when its sender said so (a
+    /// CANCEL, [`crate::wire::caps::CANCEL`]) before it left.
     #[error("the send was cancelled")]
     Cancelled,
     /// A receiver's connection that had not proved itself (no HELLO, or a secret not yet
@@ -252,6 +266,8 @@ impl Error {
             Error::Refused { status, .. } => status.exit_code(),
             Error::Protocol(ProtocolError::Timeout { .. }) => 3,
             Error::Cm(e) if e.is_timeout() => 3,
+            Error::Connect { source, .. } if source.is_timeout() => 3,
+            Error::Connect { .. } => 2,
             Error::Cm(_) | Error::Verbs(_) | Error::Preempted => 2,
             Error::Protocol(_) | Error::PeerViolation { .. } => 4,
             Error::File { .. } | Error::SourceChanged { .. } | Error::Destination(_) => 5,
@@ -261,6 +277,98 @@ impl Error {
             Error::Cancelled => 8,
         }
     }
+}
+
+impl Error {
+    /// The same failure again, for a second place to report it (a batch's entry cut by the
+    /// session's end, beside the batch's own result): every variant as it is, but the errors of
+    /// `rdma-cm` and `rdma-verbs` (which cannot be copied) as a CM error of the same kind (a
+    /// timeout stays a timeout, another keeps its `errno`), so that the exit code is the same.
+    pub(crate) fn again(&self) -> Error {
+        let cm = |timeout: bool, errno: Option<i32>| {
+            Error::Cm(match timeout {
+                true => {
+                    rdma_cm::Error::Timeout { what: "the session's connection", device: None, after: Duration::ZERO }
+                }
+                false => rdma_cm::Error::Cm {
+                    verb: "the session's connection",
+                    device: None,
+                    errno: errno.unwrap_or(libc::EIO),
+                },
+            })
+        };
+        match self {
+            Error::Cm(e) => cm(e.is_timeout(), e.errno()),
+            Error::Connect { from, to, source } => {
+                let Error::Cm(source) = cm(source.is_timeout(), source.errno()) else { unreachable!() };
+                Error::Connect { from: *from, to: *to, source: Box::new(source) }
+            }
+            Error::Verbs(e) => cm(matches!(e, rdma_verbs::Error::Timeout { .. }), e.errno()),
+            Error::File { path, source } => {
+                Error::File { path: path.clone(), source: std::io::Error::new(source.kind(), source.to_string()) }
+            }
+            Error::SourceChanged { path, what } => Error::SourceChanged { path: path.clone(), what: what.clone() },
+            Error::Protocol(e) => Error::Protocol(e.clone()),
+            Error::Refused { status, detail } => Error::Refused { status: *status, detail: detail.clone() },
+            Error::PeerDisconnected => Error::PeerDisconnected,
+            Error::ConnectionLost { status } => Error::ConnectionLost { status: *status },
+            Error::PeerViolation { status, event } => Error::PeerViolation { status: *status, event: *event },
+            Error::Usage(s) => Error::Usage(s.clone()),
+            Error::Destination(s) => Error::Destination(s.clone()),
+            Error::Stopped => Error::Stopped,
+            Error::Cancelled => Error::Cancelled,
+            Error::Preempted => Error::Preempted,
+        }
+    }
+}
+
+/// `from` of a [`Error::Connect`]: the address, or "any local address".
+struct From(Option<std::net::SocketAddr>);
+
+impl std::fmt::Display for From {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(a) if a.port() == 0 => write!(f, "{}", a.ip()),
+            Some(a) => write!(f, "{a}"),
+            None => f.write_str("any local address"),
+        }
+    }
+}
+
+/// What a connect timeout says of the side at fault: nothing answered from the destination.
+struct Silent<'a>(&'a rdma_cm::Error);
+
+impl std::fmt::Display for Silent<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0.is_timeout() {
+            f.write_str(" (nothing answered from the receiver's address: is its host up, and the address right?)")?;
+        }
+        Ok(())
+    }
+}
+
+/// The exit codes of a sender's own failures ([`Error::exit_code`]), with what each means.
+const TOOL_EXIT_CODES: [(i32, &str); 9] = [
+    (0, "stored under its name, digest matched (a batch: every entry)"),
+    (1, "bad arguments (a name that is not a valid file name, an unreadable option)"),
+    (2, "connection failure (no route, refused, no RDMA device)"),
+    (3, "timeout (resolving, connecting, or a phase without progress)"),
+    (4, "protocol error (a malformed or out-of-place message, the peer's request refused by the device)"),
+    (5, "local file error (unreadable, not a regular file, changed while it was sent)"),
+    (6, "the peer disconnected or the connection was lost mid-transfer"),
+    (7, "the receiver was stopped"),
+    (8, "the send was cancelled"),
+];
+
+/// Every exit code a sender may give, in order, with what it means: its own failures
+/// ([`Error::exit_code`], 0..=8) and the receiver's verdicts ([`Status::exit_code`], `10 +
+/// code`). What a tool lists in its help, so that the codes are told from the one place that
+/// defines them.
+pub fn exit_codes() -> Vec<(i32, String)> {
+    let tool = TOOL_EXIT_CODES.iter().map(|&(code, what)| (code, what.to_owned()));
+    let refused =
+        Status::ALL.into_iter().filter(|&s| s != Status::Ok).map(|s| (s.exit_code(), format!("refused: {s}")));
+    tool.chain(refused).collect()
 }
 
 /// `N` random bytes from the kernel (`getrandom(2)`), for session ids and the nonces of the
@@ -298,4 +406,60 @@ pub struct Phases {
     pub digest: Duration,
     /// Receiver: fsync and rename.
     pub sync_rename: Duration,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The help's table is the errors' and the statuses' own codes: every error's code is
+    /// listed once, in order, and every status's verdict too.
+    #[test]
+    fn exit_codes_match_the_errors_and_statuses() {
+        let codes = exit_codes();
+        let listed: Vec<i32> = codes.iter().map(|c| c.0).collect();
+        let mut sorted = listed.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(listed, sorted, "listed in order, each once");
+        let errors = [
+            Error::Usage(String::new()),
+            Error::Preempted,
+            Error::Protocol(ProtocolError::Timeout { waiting_for: "x", after: Duration::ZERO }),
+            Error::Protocol(ProtocolError::Peer(String::new())),
+            Error::Destination(String::new()),
+            Error::PeerDisconnected,
+            Error::Stopped,
+            Error::Cancelled,
+        ];
+        for e in errors {
+            assert!(listed.contains(&e.exit_code()), "{e:?}: {} is not listed", e.exit_code());
+        }
+        for s in Status::ALL {
+            let (code, what) = codes.iter().find(|c| c.0 == s.exit_code()).expect("every status is listed");
+            assert!(*code == 0 || what.contains(&s.to_string()), "{s:?}: {what}");
+        }
+    }
+
+    /// A failure reported twice (a batch's cut entry, and the batch) is the same failure: the
+    /// same variant and exit code.
+    #[test]
+    fn a_failure_again_keeps_its_type_and_exit_code() {
+        let errors = [
+            Error::Cancelled,
+            Error::Stopped,
+            Error::PeerDisconnected,
+            Error::ConnectionLost { status: rdma_verbs::WcStatus::RetryExceeded },
+            Error::Refused { status: Status::NoSpace, detail: "full".into() },
+            Error::Protocol(ProtocolError::Timeout { waiting_for: "x", after: Duration::ZERO }),
+            Error::Cm(rdma_cm::Error::Timeout { what: "x", device: None, after: Duration::ZERO }),
+            Error::Cm(rdma_cm::Error::Cm { verb: "x", device: None, errno: libc::ENODEV }),
+            Error::File { path: "f".into(), source: std::io::ErrorKind::NotFound.into() },
+        ];
+        for e in errors {
+            let again = e.again();
+            assert_eq!(std::mem::discriminant(&again), std::mem::discriminant(&e), "{e:?}");
+            assert_eq!(again.exit_code(), e.exit_code(), "{e:?}");
+        }
+    }
 }

@@ -121,10 +121,25 @@ impl Ledger {
     /// ledger count what it hashed (16 MiB) while the disk kept the whole partial and its
     /// sidecar still vouched for it; the byte cap could be passed about 64 times.
     pub(crate) fn keep(&self, file: &mut Incoming, held: u64, added: bool) {
+        self.keep_counted(file, held, added, true);
+    }
+
+    /// Puts a partial a session took and did not touch back as it was (its sidecar, time and
+    /// all), without counting the session as a resume that added nothing: a sender that could
+    /// not prove the partial's bytes was not its owner, and wrong proofs must not make the
+    /// receiver give up its owner's partial.
+    pub(crate) fn put_back(&self, file: &mut Incoming) {
+        let vouched = file.vouched();
+        self.keep_counted(file, vouched, false, false);
+    }
+
+    /// [`keep`](Self::keep); `count` says whether a session that added nothing counts towards
+    /// [`FRUITLESS_RESUMES`].
+    fn keep_counted(&self, file: &mut Incoming, held: u64, added: bool, count: bool) {
         let Some((dir, key)) = file.partial_of() else { return };
         let Some(at) = dir_id(&dir) else { return };
         // Only a session that resumed (its sidecar vouched for bytes: it hashed them) counts.
-        if (added || file.vouched() > 0) && self.fruitless(at, key, added) {
+        if count && (added || file.vouched() > 0) && self.fruitless(at, key, added) {
             tracing::info!(
                 key = format_args!("{key:016x}"),
                 "a partial that {FRUITLESS_RESUMES} resumes in a row added nothing to is given up"

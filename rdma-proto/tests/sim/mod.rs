@@ -38,6 +38,14 @@ pub fn digest_of(d: rdma_proto::Digest, key: Option<&rdma_proto::digest::DigestK
     h.to_be_bytes().iter().cycle().take(d.size()).copied().collect()
 }
 
+/// The proof of a prefix as the simulated drivers compute it: a stand-in for BLAKE3 keyed with
+/// `key` (the machines only compare the bytes); what matters is that both sides compute it over
+/// the bytes they hold.
+pub fn prefix_proof(key: &rdma_proto::digest::DigestKey, data: &[u8]) -> [u8; 32] {
+    let d = digest_of(rdma_proto::Digest::Blake3Keyed, Some(key), data);
+    d.try_into().expect("32 bytes")
+}
+
 /// xorshift64*: the seeded randomness of the simulation.
 pub struct Rng(pub u64);
 
@@ -140,10 +148,12 @@ impl InFlight {
 pub enum SendJob {
     Read { seq: u64, offset: u64, len: u32 },
     Digest,
+    Prove { from: u64, key: rdma_proto::digest::DigestKey },
 }
 
 pub enum RecvJob {
     Open { size: u64, slot_size: u32, slot_count: u32 },
+    StartOver,
     Store { seq: u64, slot: u32, offset: u64, len: u32 },
     Finalize { digest: Vec<u8> },
 }
@@ -193,6 +203,11 @@ pub struct Sim {
     pub geometry: Option<(u32, u32)>,
     pub output: Vec<u8>,
     pub temp: Temp,
+    /// The partial a sender that could not prove its bytes left alone (`StartOver`): what it
+    /// held then.
+    pub partial: Option<Vec<u8>>,
+    /// How many times the receiver started the file over.
+    pub started_over: u32,
     pub stores_asked: u64,
     pub stored: u64,
     pub max_ring_in_use: u64,
@@ -244,6 +259,8 @@ impl Sim {
             geometry: None,
             output: Vec::new(),
             temp: Temp::None,
+            partial: None,
+            started_over: 0,
             stores_asked: 0,
             stored: 0,
             max_ring_in_use: 0,
@@ -457,6 +474,10 @@ impl Sim {
                 let d = digest_of(self.sender.digest(), self.sender.digest_key().as_ref(), &self.file);
                 self.sender.handle(sender::Input::Digest(d), self.now);
             }
+            SendJob::Prove { from, key } => {
+                let mac = prefix_proof(&key, &self.file[..from as usize]);
+                self.sender.handle(sender::Input::PrefixProof { mac }, self.now);
+            }
         }
     }
 
@@ -478,8 +499,17 @@ impl Sim {
                     if self.hooks.corrupt_prefix && from > 0 {
                         self.output[from / 2] ^= 0x40;
                     }
-                    self.receiver.handle(receiver::Input::Resumed { from: from as u64 }, self.now);
+                    // The proof the sender must show: of the bytes this side holds.
+                    let proof = prefix_proof(&self.receiver.prefix_key(), &self.output[..from]);
+                    self.receiver.handle(receiver::Input::Resumed { from: from as u64, proof }, self.now);
                 }
+                self.receiver.handle(receiver::Input::Ready { addr: RING_ADDR, rkey: RKEY }, self.now);
+            }
+            RecvJob::StartOver => {
+                // The partial is left to its owner (`partial`, unchanged); the file starts over
+                // in a new temporary.
+                self.partial = Some(std::mem::replace(&mut self.output, vec![0; self.file.len()]));
+                self.started_over += 1;
                 self.receiver.handle(receiver::Input::Ready { addr: RING_ADDR, rkey: RKEY }, self.now);
             }
             RecvJob::Store { seq, slot, offset, len } => {
@@ -579,6 +609,10 @@ impl Sim {
                     });
                 }
                 sender::Action::NeedDigest => self.send_jobs.push_back(SendJob::Digest),
+                sender::Action::ProvePrefix { from, key } => {
+                    self.check(from > 0 && from <= self.file.len() as u64, || format!("a proof of {from} bytes"));
+                    self.send_jobs.push_back(SendJob::Prove { from, key });
+                }
                 sender::Action::Finish(o) => {
                     self.note(format!("sender finishes: {o:?}"));
                     self.send_jobs.clear();
@@ -638,6 +672,12 @@ impl Sim {
                         format!("finalize with {} of {} chunks stored", self.stored, self.stores_asked)
                     });
                     self.recv_jobs.push_back(RecvJob::Finalize { digest });
+                }
+                receiver::Action::StartOver => {
+                    self.check(self.temp == Temp::Open && self.stored == 0, || {
+                        format!("start over with the temporary {:?} and {} chunks stored", self.temp, self.stored)
+                    });
+                    self.recv_jobs.push_back(RecvJob::StartOver);
                 }
                 receiver::Action::Discard => {
                     self.check(self.temp == Temp::Open, || format!("discard of a temporary that is {:?}", self.temp));
@@ -716,6 +756,7 @@ pub fn describe(bytes: &[u8]) -> String {
         Ok((_, Message::End(e))) => format!("END {}", e.entries),
         Ok((_, Message::Lane(l))) => format!("LANE {}", l.lane),
         Ok((_, Message::Knock(k))) => format!("KNOCK at {}", k.time),
+        Ok((_, Message::Cancel(_))) => "CANCEL".into(),
         Err(e) => format!("{} bytes that do not decode ({e})", bytes.len()),
     }
 }

@@ -80,6 +80,12 @@ async fn session<I: Io>(
             Err(e) => break Err(e),
         }
     };
+    // The sender's CANCEL may be read in the round whose next completion is a receive flushed
+    // by its disconnect (the round then fails): the CANCEL says what happened.
+    let outcome = match outcome {
+        Err(Error::ConnectionLost { .. } | Error::PeerDisconnected) if s.finish_cancelled() => Err(Error::Cancelled),
+        o => o,
+    };
     let outcome = match outcome {
         Err(e) => Err(explain_loss(io, e, Side::Receiver, &conn, s.pd.context()).await),
         ok => ok,
@@ -155,6 +161,8 @@ fn status_of(outcome: Result<Outcome, Error>) -> Result<(), Error> {
     match outcome? {
         Outcome::Acked { status: Status::Ok, .. } => Ok(()),
         Outcome::Acked { status, detail } => Err(Error::Refused { status, detail }),
+        // The sender said its send was cancelled (a CANCEL): as the sender reports it.
+        Outcome::Failed(crate::ProtocolError::Cancelled) => Err(Error::Cancelled),
         Outcome::Failed(e) => Err(e.into()),
     }
 }
@@ -374,12 +382,13 @@ impl<'a> ReceiveSession<'a> {
         // failed its digest goes (as does everything of a session that was not resumable).
         let resumable = matches!(
             outcome,
-            Err(Error::PeerDisconnected | Error::ConnectionLost { .. } | Error::Stopped)
+            Err(Error::PeerDisconnected | Error::ConnectionLost { .. } | Error::Stopped | Error::Cancelled)
                 | Ok(Outcome::Failed(
                     crate::ProtocolError::Timeout { .. }
                         | crate::ProtocolError::TooSlow { .. }
                         | crate::ProtocolError::CompletedTwice { .. }
                         | crate::ProtocolError::Unsealed
+                        | crate::ProtocolError::Cancelled
                 ))
         );
         let midway = file.is_some();
@@ -462,6 +471,7 @@ impl<'a> ReceiveSession<'a> {
                     send_control(&mut self.sq, &self.control, &self.out, self.opts.timeout, drop)?;
                 }
                 Action::StoreChunk { seq, slot, offset, len } => self.store(seq, slot, offset, len),
+                Action::StartOver => self.start_over(),
                 #[cfg(feature = "fault-injection")]
                 Action::Finalize { .. } if self.opts.test_never_ack => self.flood = Some(Instant::now()),
                 Action::Finalize { digest } => self.finalize(&digest),
@@ -667,8 +677,25 @@ impl<'a> ReceiveSession<'a> {
         }
         match self.take_arrivals() {
             Err(lost @ Error::ConnectionLost { .. }) => lost,
+            // The sender's CANCEL, read only now: it said its send was cancelled, then left.
+            Ok(_) if self.finish_cancelled() => Error::Cancelled,
             _ => e,
         }
+    }
+
+    /// Whether the sender sent CANCEL before it left; if so, the chunks that arrived before it
+    /// are stored (a resume continues after them), and the machine's other actions, for a peer
+    /// that is gone, are dropped.
+    fn finish_cancelled(&mut self) -> bool {
+        if !self.machine.cancelled() {
+            return false;
+        }
+        while let Some(a) = self.machine.poll_action() {
+            if let Action::StoreChunk { seq, slot, offset, len } = a {
+                self.store(seq, slot, offset, len);
+            }
+        }
+        true
     }
 
     /// When the session must look at its clock next: the machine's deadline, a held-back

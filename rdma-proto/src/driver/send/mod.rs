@@ -21,8 +21,9 @@ use crate::wire::{self, Message};
 use crate::{Digest, Outcome};
 
 use crate::driver::batch::BatchState;
+use session::SendLane;
 pub(crate) use session::SendSession;
-use session::{SendLane, SendSummary};
+pub(crate) use session::SendSummary;
 pub(crate) use source::{open_regular, resume_key, test_session, Identity, SourceFile};
 
 /// How to send. Made by [`new`](Self::new) (it is `#[non_exhaustive]`: fields may be added),
@@ -197,6 +198,9 @@ pub struct SendReport {
     /// Attempts that failed before this one succeeded ([`SendOptions::retries`]); the other
     /// fields are of the attempt that succeeded.
     pub retries: u32,
+    /// The receiver had the file in place already, identical (size and digest, proved as a
+    /// resume's prefix is): nothing was sent, and `resumed_from` is its size.
+    pub already_stored: bool,
 }
 
 /// Sends `path` to a receiver; `progress(bytes_written, total)` is called as chunks complete
@@ -306,9 +310,16 @@ pub(crate) async fn run<I: Io>(
     crate::driver::link::check_ack_timeout(opts.ack_timeout)?;
     let deadline = Deadline::after(opts.connect_timeout);
     let after = opts.connect_timeout;
-    let timed_out = |e: rdma_cm::Error| match e.is_timeout() {
-        true => Error::from(rdma_cm::Error::Timeout { what: "connecting", device: None, after }),
-        false => refusal(e),
+    // Every failure names both addresses (`Error::Connect`); a timeout is the caller's bound.
+    let timed_out = |e: rdma_cm::Error| {
+        let e = match e.is_timeout() {
+            true => rdma_cm::Error::Timeout { what: "resolving and connecting", device: None, after },
+            false => e,
+        };
+        match refusal(e) {
+            Error::Cm(source) => Error::Connect { from: opts.from, to: opts.to, source: Box::new(source) },
+            refused => refused,
+        }
     };
     let id = io
         .finish("rdma_resolve_route", rdma_cm::CmId::new()?.resolve(opts.from, opts.to), deadline)

@@ -50,6 +50,24 @@ impl SendSummary {
         let SendSummary { machine, size, session, start, connect, granted_at, lanes_at, data_end, fin_at } = self;
         let end = Instant::now();
         match outcome? {
+            // In place already, identical: no GRANT, nothing sent.
+            Outcome::Acked { status: Status::Ok, .. } if machine.grant().is_none() && machine.proved_whole() => {
+                let mut phases = Phases { connect, ..Phases::default() };
+                phases.grant = end.duration_since(start).saturating_sub(connect);
+                Ok(SendReport {
+                    session,
+                    bytes: size,
+                    chunk: 0,
+                    slots: 0,
+                    phases,
+                    total: end - start,
+                    resumed_from: size,
+                    lanes: 1,
+                    digest: machine.digest(),
+                    retries: 0,
+                    already_stored: true,
+                })
+            }
             Outcome::Acked { status: Status::Ok, .. } => {
                 let g = *machine.grant().expect("an OK ACK follows a grant");
                 let fin = fin_at.unwrap_or(end);
@@ -71,6 +89,7 @@ impl SendSummary {
                     lanes: machine.lanes(),
                     digest: machine.digest(),
                     retries: 0,
+                    already_stored: false,
                 })
             }
             Outcome::Acked { status, detail } => Err(Error::Refused { status, detail }),
@@ -231,6 +250,10 @@ impl<'a> SendSession<'a> {
                     #[cfg(feature = "fault-injection")]
                     let digest = self.forger.as_ref().map_or(digest, Hasher::finish);
                     self.machine.handle(Input::Digest(digest), Instant::now());
+                }
+                Action::ProvePrefix { from, key } => {
+                    let mac = self.prove_prefix(from, &key)?;
+                    self.machine.handle(Input::PrefixProof { mac }, Instant::now());
                 }
                 Action::NextEntry => self.next_entry(),
                 Action::EntryDone { status, detail, received, .. } => {
@@ -396,6 +419,22 @@ impl<'a> SendSession<'a> {
         Ok(())
     }
 
+    /// The proof that this sender holds the file's first `from` bytes (`Action::ProvePrefix`):
+    /// BLAKE3 keyed with `key` over them, read from the file.
+    pub(crate) fn prove_prefix(&self, from: u64, key: &crate::digest::DigestKey) -> Result<[u8; 32], Error> {
+        use std::os::unix::fs::FileExt;
+        let mut hasher = blake3::Hasher::new_keyed(key.as_bytes());
+        let mut buf = vec![0u8; (1 << 20).min(from as usize)];
+        let mut at = 0u64;
+        while at < from {
+            let n = (from - at).min(buf.len() as u64) as usize;
+            self.file()?.read_exact_at(&mut buf[..n], at).map_err(|e| self.file_err(e))?;
+            hasher.update(&buf[..n]);
+            at += n as u64;
+        }
+        Ok(*hasher.finalize().as_bytes())
+    }
+
     /// Ends the round: spins or sleeps on the CQs ([`Pacer`]), and when the slow checks are due,
     /// the machine's timeout and whether the peer left.
     pub(crate) async fn drive_timers<I: Io>(
@@ -471,6 +510,7 @@ impl<'a> SendSession<'a> {
     /// machine's timeout and whether the peer left.
     pub(crate) fn drive_slow_checks(&mut self, due: bool, conn: &rdma_cm::Connection<'static>) -> Result<(), Error> {
         if self.opts.cancel.is_set() {
+            self.send_cancel();
             return Err(Error::Cancelled);
         }
         if due {
@@ -484,6 +524,18 @@ impl<'a> SendSession<'a> {
             return Err(Error::PeerDisconnected);
         }
         Ok(())
+    }
+
+    /// Tells the receiver the send is cancelled (a CANCEL, when it granted [`wire::caps::CANCEL`]):
+    /// posted before the teardown, which lets the last sends complete before it disconnects.
+    /// A CANCEL that cannot be sent is no matter: the receiver then sees the peer leave.
+    pub(crate) fn send_cancel(&mut self) {
+        self.machine.cancel();
+        while let Some(action) = self.machine.poll_action() {
+            if action == Action::Send {
+                let _ = self.send_message();
+            }
+        }
     }
 
     /// Splits the session, once over, into its queues (to tear down) and its summary.

@@ -113,14 +113,17 @@ impl ReceiveSession<'_> {
                         // A session's own again: out of the ledger until it is kept again.
                         self.partials.take(dir, key);
                     }
-                    let held = self.hash_held(&f, held, conn);
+                    let (held, proof) = self.hash_held(&f, held, conn);
                     self.file = Some(f);
                     if self.partial_key().is_some() {
                         if held > 0 {
-                            tracing::info!(session = format_args!("{session:016x}"), %name, held, "resuming");
+                            tracing::info!(session = format_args!("{session:016x}"), %name, held, "resuming, once the sender proves it holds those bytes");
                         }
-                        self.machine.handle(Input::Resumed { from: held }, Instant::now());
+                        self.machine.handle(Input::Resumed { from: held, proof }, Instant::now());
                     }
+                }
+                Err((Status::Exists, _)) if self.partial_key().is_some() && self.present(dir, name, size, conn) => {
+                    return false;
                 }
                 Err((status, why)) => {
                     self.machine.handle(Input::OpenFailed(status, why), Instant::now());
@@ -132,8 +135,9 @@ impl ReceiveSession<'_> {
     }
 
     /// Hashes the first `held` bytes of a partial (the digest covers every byte of the file,
-    /// those of earlier sessions too); returns how many it hashed: `held`, or 0 when reading
-    /// them failed (the transfer then starts over).
+    /// those of earlier sessions too), and in the same pass the proof the sender must show of
+    /// them (BLAKE3 keyed with the machine's `prefix_key`); returns how many it hashed (`held`,
+    /// or 0 when reading them failed: the transfer then starts over) and that proof.
     ///
     /// The sender waits for the GRANT meanwhile, and then hashes as much of its own file before
     /// its first chunk: so only what hashes within a third of `timeout` is used (the rest is
@@ -141,7 +145,13 @@ impl ReceiveSession<'_> {
     /// leaves. A 20 GB
     /// partial at the VM's 32 MB/s of keyed BLAKE3 took 10 minutes, and every attempt to resume
     /// it timed out (review finding G4).
-    pub(super) fn hash_held(&mut self, f: &Incoming, held: u64, conn: &rdma_cm::Connection<'static>) -> u64 {
+    pub(super) fn hash_held(
+        &mut self,
+        f: &Incoming,
+        held: u64,
+        conn: &rdma_cm::Connection<'static>,
+    ) -> (u64, [u8; 32]) {
+        let mut proof = blake3::Hasher::new_keyed(self.machine.prefix_key().as_bytes());
         let mut buf = vec![0u8; (1 << 20).min(held as usize)];
         let mut at = 0u64;
         let budget = Deadline::after(self.opts.timeout / 3);
@@ -155,17 +165,89 @@ impl ReceiveSession<'_> {
             let gone = at % (16 << 20) == 0 && at > 0 && peer_left(conn).unwrap_or(true);
             if gone || budget.has_passed() || self.opts.stop.is_set() {
                 tracing::info!(held, hashed = at, gone, "resuming from what was hashed in time");
-                return at;
+                return (at, *proof.finalize().as_bytes());
             }
             let n = (held - at).min(buf.len() as u64) as usize;
             if f.file.read_exact_at(&mut buf[..n], at).is_err() {
                 self.hasher.reset(self.machine.digest(), self.machine.digest_key().as_ref());
-                return 0;
+                return (0, [0; 32]);
             }
             self.hasher.update(&buf[..n]);
+            proof.update(&buf[..n]);
             at += n as u64;
         }
-        held
+        (held, *proof.finalize().as_bytes())
+    }
+
+    /// The file is in place already (overwriting off): when it is a regular file of `size`
+    /// bytes, hashes all of it for the proof the sender must show (BLAKE3 keyed with the
+    /// machine's `prefix_key`) and answers `Input::Present`; whether it did (else the caller
+    /// refuses with `Exists`). Bounded as a partial's hash is (a third of `timeout`, the peer
+    /// leaving, the receiver stopping): a file that takes longer is refused as before.
+    pub(super) fn present(&mut self, dir: &DirFd, name: &str, size: u64, conn: &rdma_cm::Connection<'static>) -> bool {
+        use rustix::fs::{Mode, OFlags};
+        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK;
+        let Ok(fd) = rustix::fs::openat(&**dir, name, flags, Mode::empty()) else { return false };
+        let file = std::fs::File::from(fd);
+        match file.metadata() {
+            Ok(m) if m.is_file() && m.len() == size => {}
+            _ => return false,
+        }
+        let mut proof = blake3::Hasher::new_keyed(self.machine.prefix_key().as_bytes());
+        let mut buf = vec![0u8; (1 << 20).min(size as usize)];
+        let budget = Deadline::after(self.opts.timeout / 3);
+        let mut at = 0u64;
+        while at < size {
+            let gone = at % (16 << 20) == 0 && at > 0 && peer_left(conn).unwrap_or(true);
+            if gone || budget.has_passed() || self.opts.stop.is_set() {
+                return false;
+            }
+            let n = (size - at).min(buf.len() as u64) as usize;
+            if file.read_exact_at(&mut buf[..n], at).is_err() {
+                return false;
+            }
+            proof.update(&buf[..n]);
+            at += n as u64;
+        }
+        tracing::info!(session = format_args!("{:016x}", self.machine.session()), %name, size, "in place already: the sender is asked to prove it has the same");
+        self.machine.handle(Input::Present { proof: *proof.finalize().as_bytes() }, Instant::now());
+        true
+    }
+
+    /// The sender did not prove it holds the partial's bytes (`Action::StartOver`): the
+    /// partial goes back to the ledger as it was (its owner's, to resume; no chunk was written
+    /// into it, and a wrong proof is not counted against it), and the file is taken from byte 0
+    /// into a new plain temporary.
+    pub(super) fn start_over(&mut self) {
+        let Some((addr, rkey)) = self.ring_at else {
+            return self.machine.handle(Input::OpenFailed(Status::Internal, "no ring".into()), Instant::now());
+        };
+        if let Some(mut f) = self.file.take() {
+            self.partials.put_back(&mut f);
+        }
+        self.hasher.reset(self.machine.digest(), self.machine.digest_key().as_ref());
+        let session = self.machine.session();
+        tracing::info!(
+            session = format_args!("{session:016x}"),
+            "the sender did not prove the partial's bytes: from byte 0, the partial left alone"
+        );
+        let opened = match (&self.entry, self.dest) {
+            (Some((e, Some(dir))), _) => {
+                let name = e.path.rsplit('/').next().unwrap_or(&e.path);
+                Some(Incoming::create(dir, name, &e.path, session, self.opts.overwrite))
+            }
+            (Some((_, None)), _) | (None, None) => None,
+            (None, Some(dir)) => {
+                let name = self.report.name.clone().unwrap_or_default();
+                Some(Incoming::create(dir, &name, &name, session, self.opts.overwrite))
+            }
+        };
+        match opened {
+            Some(Err((status, why))) => return self.machine.handle(Input::OpenFailed(status, why), Instant::now()),
+            Some(Ok(f)) => self.file = Some(f),
+            None => {}
+        }
+        self.machine.handle(Input::Ready { addr, rkey }, Instant::now());
     }
 
     /// Takes chunk `seq` out of its slot, hashes and stores it (`Action::StoreChunk`).
