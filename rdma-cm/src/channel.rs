@@ -4,6 +4,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::ptr::NonNull;
 use std::time::Duration;
 
+use rdma_verbs::wait::Sleepers;
 use rdma_verbs::Deadline;
 
 use rdma_verbs::ffi;
@@ -29,6 +30,9 @@ use crate::event::RawEvent;
 #[derive(Debug)]
 pub(crate) struct EventChannel {
     raw: NonNull<ffi::rdma_event_channel>,
+    /// The waits asleep on the channel, woken by whoever takes an event (boxed: a table of
+    /// sixteen places would make every identifier, and every value that holds one, large).
+    sleepers: Box<Sleepers>,
 }
 
 // SAFETY: the channel is a file descriptor; reading events from it is a `read(2)` that the
@@ -50,6 +54,7 @@ impl EventChannel {
         let raw = unsafe { ffi::rdma_create_event_channel() };
         let channel = EventChannel {
             raw: NonNull::new(raw).ok_or_else(|| Error::no_cm_device("rdma_create_event_channel", last_errno()))?,
+            sleepers: Box::new(Sleepers::new()),
         };
         // FIONBIO: the same flag as `O_NONBLOCK`.
         rustix::io::ioctl_fionbio(channel.as_fd(), true)
@@ -63,11 +68,15 @@ impl EventChannel {
     }
 
     /// Reads the next event if one is queued: `rdma_get_cm_event()` on the non-blocking fd.
+    /// Taking one wakes every other wait asleep on the channel: the event may be what it waits
+    /// for. (Each reader holds its own lock while it reads and records an event, so a woken
+    /// wait's next look sees what was recorded.)
     pub(crate) fn try_get(&self) -> Result<Option<RawEvent>> {
         let mut event = std::ptr::null_mut();
         // SAFETY: live channel; `event` is a valid out-pointer.
         let rc = unsafe { ffi::rdma_get_cm_event(self.raw.as_ptr(), &mut event) };
         if rc == 0 {
+            self.sleepers.wake_all();
             return match NonNull::new(event) {
                 // SAFETY: a fresh event, acknowledged only by the returned value.
                 Some(ev) => Ok(Some(unsafe { RawEvent::new(ev) })),
@@ -108,6 +117,8 @@ impl EventChannel {
     ) -> Result<T> {
         let deadline = Deadline::after(timeout);
         loop {
+            // Registered before the step: an event another reader takes after it wakes us.
+            let sleeper = self.sleepers.sleeper();
             if let Some(value) = step()? {
                 return Ok(value);
             }
@@ -115,8 +126,8 @@ impl EventChannel {
                 return Err(Error::Timeout { what, device: None, after: timeout });
             }
             // At most `every` from now (no bound when the wait has none and `every` is too long
-            // to be an instant); rdma-verbs' one blocking fd wait.
-            if let Err(e) = rdma_verbs::wait::poll_readable(self.as_fd(), deadline.min(Deadline::after(every))) {
+            // to be an instant); rdma-verbs' blocking wait on a shared fd.
+            if let Err(e) = sleeper.sleep(self.as_fd(), deadline.min(Deadline::after(every))) {
                 return Err(Error::from_errno("poll", e.raw_os_error().unwrap_or(libc::EIO)));
             }
         }
@@ -126,10 +137,9 @@ impl EventChannel {
 #[cfg(feature = "tokio")]
 impl EventChannel {
     /// A registration of a duplicate of the fd with the current runtime's reactor, for one
-    /// wait: a channel is never bound to a runtime (an identifier may be used from one runtime,
-    /// then another, or after its first one was dropped), concurrent waits are separate
-    /// registrations, and the duplicate is deregistered before it is closed, so no other
-    /// file's registration can be hit.
+    /// poll of a wait (see [`wait_for_async`](Self::wait_for_async)): concurrent waits are
+    /// separate registrations, and the duplicate is deregistered before it is closed, so no
+    /// other file's registration can be hit.
     ///
     /// # Errors
     /// [`Error::NoRuntime`] outside a Tokio runtime; [`Error::Cm`] when the fd cannot be
@@ -144,17 +154,24 @@ impl EventChannel {
         rdma_verbs::wait::Readiness::new(self.as_fd()).map_err(|e| reactor_error(what, "epoll_ctl", &e))
     }
 
-    /// Takes `step` until it gives a value, awaiting the fd's readiness whenever it gives
-    /// `None`: the async form of [`wait_for`](Self::wait_for), with the same step contract.
+    /// Takes `step` until it gives a value, awaiting the fd's readiness or a wake-up from
+    /// another reader whenever it gives `None`: the async form of [`wait_for`](Self::wait_for),
+    /// with the same step contract.
     ///
-    /// Cancellation-safe: the only await is on readiness, which takes nothing from the channel;
-    /// whatever a step takes, it returns at once or keeps (the step's own state).
+    /// Each poll registers the fd anew with the reactor of the runtime that polls it (and drops
+    /// the last poll's registration), then enables a wake-up from the channel's other readers,
+    /// then takes the step. So:
+    /// - a channel is never bound to a runtime: a pending future polled in one runtime, then
+    ///   awaited in another (while the first lives, idle, or after it was dropped), waits on the
+    ///   runtime it is awaited in;
+    /// - anything after the step (an event, or another reader taking one and recording what the
+    ///   step checks) wakes the future, whoever reads it.
     ///
-    /// Each round first asks for readiness, then takes the step: a future that is pending is
-    /// already among the fd's waiters when the step looks, so anything that happens after the
-    /// step (an event, or another task changing what the step checks and consuming the event
-    /// that did it) wakes it. Readiness is cleared only after a step found the channel empty
-    /// while the fd was reported readable (tokio keeps readiness that arrived since).
+    /// A poll costs a duplicate of the fd and its registration (four system calls), the price of
+    /// making the future anew in each round of a `select!` loop; CM waits are polled rarely.
+    ///
+    /// Cancellation-safe: a poll takes nothing but what its step takes, which the step returns
+    /// at once or keeps (its own state).
     pub(crate) async fn wait_for_async<T>(
         &self,
         what: &'static str,
@@ -162,20 +179,38 @@ impl EventChannel {
     ) -> Result<T> {
         use std::future::Future;
         use std::task::Poll;
-        let reactor = self.watch(what)?;
-        loop {
-            let mut readable = std::pin::pin!(reactor.ready());
-            let polled = std::future::poll_fn(|cx| Poll::Ready(readable.as_mut().poll(cx))).await;
-            if let Some(value) = step()? {
-                return Ok(value);
+        // What the last poll slept on, until the next poll replaces it.
+        let mut asleep: Option<(rdma_verbs::wait::Readiness, rdma_verbs::wait::Woken<'_>)> = None;
+        std::future::poll_fn(|cx| loop {
+            asleep = None;
+            let reactor = match self.watch(what) {
+                Ok(reactor) => reactor,
+                Err(e) => return Poll::Ready(Err(e)),
+            };
+            let mut woken = self.sleepers.woken();
+            let woke = std::pin::Pin::new(&mut woken).poll(cx).is_ready();
+            let ready = match reactor.poll_ready(cx) {
+                Poll::Ready(Ok(guard)) => Some(guard),
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(reactor_error(what, "epoll_wait", &e))),
+                Poll::Pending => None,
+            };
+            match step() {
+                Ok(Some(value)) => return Poll::Ready(Ok(value)),
+                Err(e) => return Poll::Ready(Err(e)),
+                Ok(None) => {}
             }
-            match polled {
+            match ready {
                 // Readable, yet the step found nothing: the readiness is stale.
-                Poll::Ready(guard) => guard.map_err(|e| reactor_error(what, "epoll_wait", &e))?.clear(),
-                // A waiter since before the step: wait; the next round takes the step again.
-                Poll::Pending => drop(readable.await.map_err(|e| reactor_error(what, "epoll_wait", &e))?),
+                Some(guard) => guard.clear(),
+                // Woken since the wake-up was enabled: look again.
+                None if woke => {}
+                None => {
+                    asleep = Some((reactor, woken));
+                    return Poll::Pending;
+                }
             }
-        }
+        })
+        .await
     }
 }
 

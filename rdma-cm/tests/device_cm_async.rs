@@ -300,3 +300,99 @@ fn async_calls_outside_a_runtime_are_a_typed_error_and_any_runtime_will_do() {
         drop((client, server));
     });
 }
+
+/// `disconnected_async` asleep while another reader takes the disconnect: the reader that took
+/// it wakes the waiter, which then resolves at once. The waiter is a task of a runtime that is
+/// idle while the other reader takes the event, so its reactor never sees the channel readable
+/// (epoll reports an edge only if the event is still there when it looks) and only a wake-up
+/// gets the task polled again: without one the waiter slept until the next CM event (the
+/// timewait's end, seconds later), or for ever.
+#[test]
+fn a_disconnect_another_reader_took_wakes_disconnected_async() {
+    /// Below what the waiter slept without the wake-up (2.3 s on Linux 6.1, 0.53 s on 6.12), far
+    /// above what it takes with it (2-50 ms) and a VM's jitter.
+    const BOUND: Duration = Duration::from_millis(300);
+    let topo = testkit::require_topology!();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let listener = Listener::bind(server_any_port(&topo), 8).unwrap();
+    let dst = listener.local_addr();
+    for reader in ["recv_event", "try_recv_event", "events().next"] {
+        let (server, client) =
+            rt.block_on(async { tokio::join!(accept_next(&listener, b""), connect(&topo, dst, b"")) });
+        let (server, client) = (Arc::new(server.unwrap()), client.unwrap());
+        // The waiter, a task polled once: asleep on the channel, its runtime idle from now on.
+        let waiter = rt.spawn({
+            let server = server.clone();
+            async move { server.conn.disconnected_async().await }
+        });
+        rt.block_on(async { tokio::time::sleep(Duration::from_millis(50)).await });
+        assert!(!waiter.is_finished(), "{reader}: the waiter resolved before the peer left");
+        // The peer leaves; another reader takes its disconnect.
+        let leaving = std::thread::spawn(move || client.conn.disconnect().wait(T).map(drop));
+        let took = match reader {
+            "recv_event" => server.conn.recv_event(T).unwrap(),
+            "try_recv_event" => {
+                let start = Instant::now();
+                loop {
+                    if let Some(ev) = server.conn.try_recv_event().unwrap() {
+                        break ev;
+                    }
+                    assert!(start.elapsed() < T, "{reader}: no event");
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+            _ => {
+                let other = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+                other.block_on(async { within("events().next", server.conn.events().next()).await }).unwrap().unwrap()
+            }
+        };
+        let taken = Instant::now();
+        assert_eq!(took, Event::Disconnected, "{reader}");
+        leaving.join().unwrap().unwrap();
+        // The waiter's runtime runs again: only a wake-up gets the task polled.
+        let woke = rt.block_on(async { timeout(Duration::from_secs(3), waiter).await });
+        let late = taken.elapsed();
+        eprintln!("beside {reader}: disconnected_async resolved {late:?} after the other reader took the event");
+        let woke =
+            woke.unwrap_or_else(|_| panic!("beside {reader}: disconnected_async still asleep 3 s after the event"));
+        woke.unwrap().unwrap();
+        assert!(late < BOUND, "beside {reader}: disconnected_async resolved {late:?} after the event was taken");
+    }
+}
+
+/// A pending `connect` polled once in one runtime, then awaited in another while the first
+/// lives (idle): it completes there, since each poll of a CM wait registers with the runtime
+/// that polls it. It used to stay asleep on the first runtime's reactor, which nothing drove.
+#[test]
+fn a_pending_connect_moved_to_another_live_runtime_completes_there() {
+    let topo = testkit::require_topology!();
+    let listener = Listener::bind(server_any_port(&topo), 1).unwrap();
+    let dst = listener.local_addr();
+    let first = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let second = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let id = CmId::new().unwrap().resolve(Some(client_src(&topo)), dst).wait(T).unwrap();
+    let (pd, qp) = qp_on(id.open_context().unwrap());
+    let qp = id.init_qp(qp, AccessFlags::REMOTE_WRITE).unwrap();
+    // The server accepts a little after the connect's first poll.
+    let server = std::thread::spawn(move || {
+        let req = listener.recv_request(T).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        let pd = req.open_context().unwrap();
+        let (spd, sqp) = qp_on(pd);
+        let sqp = req.init_qp(sqp, AccessFlags::REMOTE_WRITE).unwrap();
+        let conn = req.accept(sqp, &ConnParams::new()).wait(T).unwrap();
+        conn.peer_disconnect().wait(T).unwrap();
+        drop(spd);
+    });
+    let mut connecting = std::future::IntoFuture::into_future(id.connect(qp, &ConnParams::new()));
+    let pending = first.block_on(std::future::poll_fn(|cx| Poll::Ready(connecting.as_mut().poll(cx).is_pending())));
+    assert!(pending, "the connect completed at its first poll");
+    let start = Instant::now();
+    let conn = second.block_on(async { timeout(Duration::from_secs(3), connecting).await });
+    let took = start.elapsed();
+    eprintln!("the connect moved to a second runtime completed there in {took:?}");
+    let conn = conn.expect("the connect moved to a second runtime never completed there").unwrap();
+    conn.disconnect().wait(T).unwrap();
+    server.join().unwrap();
+    drop((pd, first));
+}

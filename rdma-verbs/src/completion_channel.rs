@@ -197,7 +197,7 @@ impl<'ctx> CompletionChannel<'ctx> {
             foreign |= !ours(&event);
         }
         if foreign {
-            self.sleepers.wake_all(me);
+            self.sleepers.wake_all_but(me);
         }
         Ok(any)
     }

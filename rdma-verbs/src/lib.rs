@@ -225,7 +225,7 @@ mod wc;
 mod wr;
 mod wr_id;
 
-pub use ah::{AddressHandle, AddressVector};
+pub use ah::{AddressHandle, AddressVector, GRH_LEN};
 pub use batch::{SendOps, WrBatch};
 pub use completion_channel::{CompletionChannel, CompletionEvent};
 pub use context::Context;

@@ -58,6 +58,8 @@ pub struct SlotMessage<'pd> {
     qp_num: u32,
     src_qp: u32,
     vendor_err: u32,
+    /// The whole completion (its `wr_id` the ring's own), for what the fields above leave out.
+    wc: WorkCompletion,
 }
 
 impl fmt::Debug for SlotMessage<'_> {
@@ -125,6 +127,14 @@ impl<'pd> SlotMessage<'pd> {
     /// The sending QP, for UD.
     pub fn src_qp(&self) -> u32 {
         self.src_qp
+    }
+
+    /// The receive's whole completion, as the CQ gave it (its `wr_id` is the ring's own tag):
+    /// with [`bytes`](Self::bytes), whose first [`GRH_LEN`](crate::GRH_LEN) bytes are the
+    /// GRH on a UD QP, the address of a reply to the sender
+    /// ([`AddressHandle::from_wc`](crate::AddressHandle::from_wc)).
+    pub fn completion(&self) -> &WorkCompletion {
+        &self.wc
     }
 
     /// The slot the message arrived in.
@@ -589,6 +599,7 @@ impl<'res> RecvRing<'res> {
             qp_num: wc.qp_num(),
             src_qp: wc.src_qp(),
             vendor_err: wc.vendor_err(),
+            wc: *wc,
         })
     }
 

@@ -24,7 +24,9 @@ use crate::cq::CompletionQueue;
 use crate::cq_holder::CqHolder;
 use crate::cq_owner::CqOwner;
 use crate::error::{Error, Result};
+use crate::ffi;
 use crate::qp::state::{CanPostRecv, ReadyToSend, Transport, TypeState};
+use crate::qp::Inner;
 use crate::qp::QueuePair;
 use crate::wait::deadline::Deadline;
 use crate::wait::quiesce::{self, Quiesced};
@@ -67,6 +69,9 @@ pub struct PostScope<'s, 'env: 's, T: Transport, S: TypeState> {
     recvs: usize,
     drain_timeout: Duration,
     wait_policy: WaitPolicy,
+    /// A send scope ([`QueuePair::send_scope`]): it owns, polls and waits on the send CQ
+    /// alone, and posts no receive.
+    sends_only: bool,
     /// Dropped after `Drop::drop` drained: the CQs are released last.
     _claim: CqClaim<'env>,
     /// Invariant in 's, like `std::thread::Scope`: borrows given to the scope last exactly 's.
@@ -80,13 +85,13 @@ struct CqClaim<'a> {
 }
 
 impl<'a> CqClaim<'a> {
-    fn take(send: &'a CompletionQueue<'a>, recv: &'a CompletionQueue<'a>) -> Result<Self> {
-        const WHAT: &str = "QueuePair::scope";
-        let _send = CqOwner::claim(send.into(), CqHolder::PostingScope, WHAT)?;
-        let _recv = if std::ptr::eq(send, recv) {
-            None
+    /// Both CQs, or (`recv` `None`) the send CQ alone.
+    fn take(send: &'a CompletionQueue<'a>, recv: Option<&'a CompletionQueue<'a>>, what: &'static str) -> Result<Self> {
+        let _send = CqOwner::claim(send.into(), CqHolder::PostingScope, what)?;
+        let _recv = if let Some(recv) = recv.filter(|recv| !std::ptr::eq(send, *recv)) {
+            Some(CqOwner::claim(recv.into(), CqHolder::PostingScope, what)?)
         } else {
-            Some(CqOwner::claim(recv.into(), CqHolder::PostingScope, WHAT)?)
+            None
         };
         Ok(CqClaim { _send, _recv })
     }
@@ -109,11 +114,24 @@ impl<'res, T: Transport, S: TypeState> QueuePair<'res, T, S> {
     /// `f`'s error type is the scope's: anything an [`Error`] converts into (this crate's
     /// `Error`, `Box<dyn std::error::Error>`, `anyhow::Error`, ...).
     ///
+    /// # Datagrams
+    /// On a UD QP, receives still posted when `f` returns are normal (datagrams that did not
+    /// come): once the scope's sends completed (up to `drain_timeout`), it cancels them at once
+    /// instead of waiting for them. It flushes the QP (error state), takes every flushed
+    /// completion (the device alone makes them, at once; it waits for them as above), and
+    /// brings the QP back to the
+    /// state its type names (RESET, then INIT with the port, P_Key index and Q_Key it had,
+    /// and on: a UD QP needs nothing from a peer), so the scope returns `f`'s result and the
+    /// QP takes requests again. Completions of those receives that `f` did not take are dropped,
+    /// errors included: only a failed send is reported.
+    ///
     /// # Errors
     /// `f`'s own error first, whatever the drain found. Otherwise: [`Error::Busy`] when another
     /// scope owns this QP's CQs (nothing ran); [`Error::WorkCompletion`] for the first failed
     /// request drained at the end (those `f` polled are its own to check);
-    /// [`Error::Timeout`] when requests had to be flushed or the QP reset.
+    /// [`Error::Timeout`] when requests had to be flushed or the QP reset (on a UD QP: sends,
+    /// not receives); [`Error::Verb`] when a UD QP cancelled its receives and could not be
+    /// brought back to its state.
     pub fn scope<'env, R, E>(
         &'env self,
         drain_timeout: Duration,
@@ -122,13 +140,27 @@ impl<'res, T: Transport, S: TypeState> QueuePair<'res, T, S> {
     where
         E: From<Error>,
     {
-        let claim = CqClaim::take(self.send_cq(), self.recv_cq())?;
+        let claim = CqClaim::take(self.send_cq(), Some(self.recv_cq()), "QueuePair::scope")?;
+        self.run_scope(claim, drain_timeout, false, f)
+    }
+
+    fn run_scope<'env, R, E>(
+        &'env self,
+        claim: CqClaim<'env>,
+        drain_timeout: Duration,
+        sends_only: bool,
+        f: impl for<'s> FnOnce(&mut PostScope<'s, 'env, T, S>) -> std::result::Result<R, E>,
+    ) -> std::result::Result<R, E>
+    where
+        E: From<Error>,
+    {
         let mut scope = PostScope {
             qp: self,
             sends: 0,
             recvs: 0,
             drain_timeout,
             wait_policy: WaitPolicy::default(),
+            sends_only,
             _claim: claim,
             _scope: PhantomData,
         };
@@ -139,6 +171,53 @@ impl<'res, T: Transport, S: TypeState> QueuePair<'res, T, S> {
             (Ok(v), Ok(())) => Ok(v),
             (Ok(_), Err(d)) => Err(d.into()),
         }
+    }
+}
+
+impl<'res, T: Transport> QueuePair<'res, T, ReadyToSend> {
+    /// [`scope`](Self::scope) for sends only: the scope owns the QP's send CQ alone, so a
+    /// [`RecvRing`](crate::RecvRing) (which owns the receive CQ) can run beside it on the same
+    /// QP. The way a UD server answers what its ring receives: each reply a
+    /// [`SendRequest::to`] the sender's address
+    /// ([`AddressHandle::from_wc`](crate::AddressHandle::from_wc)), QP number and Q_Key.
+    ///
+    /// The QP needs its own send CQ (one CQ for both queues is the ring's, and the scope gets
+    /// [`Error::Busy`]). [`PostScope::post_recv`] is refused; [`PostScope::poll`] and
+    /// [`PostScope::wait`] look at the send CQ only. The drain is the scope's, but for one
+    /// thing: a send that does not complete within `drain_timeout` is flushed by moving the QP
+    /// to the error state, which flushes the ring's receives too.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # use rdma_verbs::*;
+    /// # fn f(qp: &QueuePair<'_, Ud, ReadyToSend>, ring: &mut RecvRing<'_>, mr: &MemoryRegion<'_>, qkey: u32) -> Result<()> {
+    /// let msg = ring.recv(Duration::from_secs(5))?;
+    /// msg.ok()?;
+    /// let back = qp.pd().create_ah_from_wc(1, msg.completion(), msg.bytes())?;
+    /// qp.send_scope(Duration::from_secs(1), |s| -> Result<()> {
+    ///     let reply = [mr.sge(..5)?];
+    ///     s.post_send(&mut [SendRequest::send(1, &reply).to(&back, msg.src_qp(), qkey)])?;
+    ///     let mut wcs: [WorkCompletion; 1] = Default::default();
+    ///     s.wait(1, &mut wcs, Duration::from_secs(1))?[0].ok()?;
+    ///     Ok(())
+    /// })?;
+    /// ring.release(msg)?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`scope`](Self::scope); [`Error::Busy`] when another layer owns the send CQ (a ring
+    /// on a QP whose two queues share one CQ, say).
+    pub fn send_scope<'env, R, E>(
+        &'env self,
+        drain_timeout: Duration,
+        f: impl for<'s> FnOnce(&mut PostScope<'s, 'env, T, ReadyToSend>) -> std::result::Result<R, E>,
+    ) -> std::result::Result<R, E>
+    where
+        E: From<Error>,
+    {
+        let claim = CqClaim::take(self.send_cq(), None, "QueuePair::send_scope")?;
+        self.run_scope(claim, drain_timeout, true, f)
     }
 }
 
@@ -153,25 +232,27 @@ impl<'s, 'env, T: Transport, S: TypeState> PostScope<'s, 'env, T, S> {
         self.qp
     }
 
-    /// Polls the QP's send and receive CQs into `out`: `ibv_poll_cq()`. Completions of this
+    /// Polls the QP's send and receive CQs (a send scope: the send CQ) into `out`:
+    /// `ibv_poll_cq()`. Completions of this
     /// scope's requests count down [`outstanding`](Self::outstanding) and carry the `wr_id` they
     /// were posted with; other completions of the CQs are returned as they are.
     ///
     /// # Errors
     /// [`Error::Verb`] when polling fails.
     pub fn poll<'o>(&mut self, out: &'o mut [WorkCompletion]) -> Result<&'o mut [WorkCompletion]> {
-        self.poll_counting(out, |_| ())
+        self.poll_counting(out, |_, _| ())
     }
 
-    /// `poll`, calling `ours` with each of this scope's completions.
+    /// `poll`, calling `ours` with each of this scope's completions and whether it is a
+    /// receive's.
     fn poll_counting<'o>(
         &mut self,
         out: &'o mut [WorkCompletion],
-        mut ours: impl FnMut(&WorkCompletion),
+        mut ours: impl FnMut(&WorkCompletion, bool),
     ) -> Result<&'o mut [WorkCompletion]> {
         let (send_cq, recv_cq) = (self.qp.send_cq(), self.qp.recv_cq());
         let n = send_cq.poll_owned(out)?.len();
-        let m = if std::ptr::eq(send_cq, recv_cq) || n == out.len() {
+        let m = if self.sends_only || std::ptr::eq(send_cq, recv_cq) || n == out.len() {
             0
         } else {
             // A failure here must not lose the send completions already taken: report it on the
@@ -193,7 +274,7 @@ impl<'s, 'env, T: Transport, S: TypeState> PostScope<'s, 'env, T, S> {
                 self.sends = self.sends.saturating_sub(1);
             }
             wc.set_wr_id(untag_scope(id));
-            ours(wc);
+            ours(wc, receive);
         }
         Ok(got)
     }
@@ -226,6 +307,8 @@ impl<'s, 'env, T: Transport, S: TypeState> PostScope<'s, 'env, T, S> {
         let mut reflush = crate::recv_ring::Reflush::new();
         let mut waiter = CqWaiter::new(self.wait_policy);
         let qp = self.qp.shared();
+        let cqs: [&CompletionQueue<'_>; 2] = [&qp.send_cq, &qp.recv_cq];
+        let cqs = if self.sends_only { &cqs[..1] } else { &cqs[..] };
         let mut got = 0;
         while got < n {
             if n - got > self.outstanding() {
@@ -242,7 +325,7 @@ impl<'s, 'env, T: Transport, S: TypeState> PostScope<'s, 'env, T, S> {
                 got += now;
                 Ok((now > 0).then_some(()))
             };
-            if waiter.wait(&[&qp.send_cq, &qp.recv_cq], until, step)?.is_none() && deadline.has_passed() {
+            if waiter.wait(cqs, until, step)?.is_none() && deadline.has_passed() {
                 return Err(Error::Timeout { what: "completions", after: timeout });
             }
         }
@@ -339,21 +422,73 @@ impl<'s, 'env, T: Transport, S: TypeState> PostScope<'s, 'env, T, S> {
         r
     }
 
-    /// Waits for, then flushes, then resets what is still outstanding (`wait/quiesce.rs`).
+    /// Waits for, then flushes, then resets what is still outstanding (`wait/quiesce.rs`); on a
+    /// UD QP, cancels the receives still posted once the sends are done
+    /// ([`drain_datagrams`](Self::drain_datagrams)).
     fn drain(&mut self) -> Result<()> {
+        if T::QP_TYPE == ffi::ibv_qp_type::IBV_QPT_UD && self.recvs > 0 {
+            return self.drain_datagrams();
+        }
         let mut first_error = None;
         let mut buf: [WorkCompletion; 16] = Default::default();
         let qp = self.qp.shared();
-        let outcome = quiesce::quiesce(qp, &[&qp.send_cq, &qp.recv_cq], self.drain_timeout, false, || {
+        let cqs: [&CompletionQueue<'_>; 2] = [&qp.send_cq, &qp.recv_cq];
+        let cqs = if self.sends_only { &cqs[..1] } else { &cqs[..] };
+        let outcome = quiesce::quiesce(qp, cqs, self.drain_timeout, false, || {
             // A polling error must not end the scope early (the borrows would end while the NIC
             // may still write): keep trying until the deadline, then escalate.
-            let _ = self.poll_counting(&mut buf, |wc| {
+            let _ = self.poll_counting(&mut buf, |wc, _| {
                 if first_error.is_none() {
                     first_error = wc.ok().err();
                 }
             });
             self.outstanding() == 0
         });
+        self.drained(outcome, first_error)
+    }
+
+    /// A UD QP's drain with receives still posted, which wait for datagrams that may never come:
+    /// waits up to the drain timeout for the sends alone, then flushes the QP, takes every
+    /// completion (the cancelled receives' too) and brings the QP back to its typed state. Only
+    /// a failed send is an error; sends still outstanding after the drain timeout are flushed,
+    /// a timeout as in every drain.
+    fn drain_datagrams(&mut self) -> Result<()> {
+        let mut first_error = None;
+        let mut buf: [WorkCompletion; 16] = Default::default();
+        let qp = self.qp.shared();
+        let cqs: [&CompletionQueue<'_>; 2] = [&qp.send_cq, &qp.recv_cq];
+        // What the QP is brought back with, read before the flush.
+        let rearm = DatagramAttr::query(qp);
+        let mut poll = |scope: &mut Self| {
+            let _ = scope.poll_counting(&mut buf, |wc, receive| {
+                if !receive && first_error.is_none() {
+                    first_error = wc.ok().err();
+                }
+            });
+        };
+        let sent = quiesce::wait(&cqs, self.drain_timeout, &mut || {
+            poll(self);
+            self.sends == 0
+        });
+        let outcome = quiesce::quiesce(qp, &cqs, self.drain_timeout, true, || {
+            poll(self);
+            self.outstanding() == 0
+        });
+        if outcome == Quiesced::Flushed {
+            rearm.and_then(|attr| attr.rearm(qp, S::QP_STATE))?;
+            if !sent {
+                return self.drained(Quiesced::Flushed, None);
+            }
+            return first_error.map_or(Ok(()), Err);
+        }
+        self.drained(outcome, first_error)
+    }
+
+    /// What a drain's `outcome` means for the scope; `first_error`: the first failed request
+    /// it took.
+    fn drained(&mut self, outcome: Quiesced, first_error: Option<Error>) -> Result<()> {
+        let mut buf: [WorkCompletion; 16] = Default::default();
+        let qp = self.qp.shared();
         match outcome {
             Quiesced::Completed => first_error.map_or(Ok(()), Err),
             Quiesced::Flushed => {
@@ -367,7 +502,7 @@ impl<'s, 'env, T: Transport, S: TypeState> PostScope<'s, 'env, T, S> {
                 self.recvs = 0;
                 // Completions the flush produced before the reset must not be counted by a later
                 // scope of this QP: take them now.
-                while self.poll_counting(&mut buf, |_| ()).is_ok_and(|got| !got.is_empty()) {}
+                while self.poll_counting(&mut buf, |_, _| ()).is_ok_and(|got| !got.is_empty()) {}
                 Err(Error::Timeout { what: "draining a posting scope (QP reset)", after: self.drain_timeout })
             }
             Quiesced::Lost { .. } => {
@@ -451,9 +586,14 @@ impl<'s, 'env, T: Transport, S: CanPostRecv> PostScope<'s, 'env, T, S> {
     ///
     /// # Errors
     /// As [`QueuePair::post_recv`], and as [`post_send`](PostScope::post_send) for a full
-    /// receive queue or CQ and for reserved `wr_id` bits.
+    /// receive queue or CQ and for reserved `wr_id` bits; [`Error::InvalidArgument`] in a send
+    /// scope ([`QueuePair::send_scope`]).
     pub fn post_recv(&mut self, wrs: &mut [RecvRequest<'_, 's>]) -> Result<()> {
         let device = self.qp.pd().context().name();
+        if self.sends_only {
+            let reason = "a send scope posts no receive: the QP's receives and their CQ are another layer's";
+            return Err(Error::invalid("ibv_post_recv", Some(device), reason));
+        }
         check_wr_ids(wrs.iter().map(RecvRequest::wr_id), "ibv_post_recv", device)?;
         if !self.qp.has_srq() {
             self.check_room(0, wrs.len())?;
@@ -469,4 +609,76 @@ impl<'s, 'env, T: Transport, S: CanPostRecv> PostScope<'s, 'env, T, S> {
         self.recvs += self.posted(&r, wrs.len());
         r
     }
+}
+
+/// What a UD QP is brought back to its state with, after a scope cancelled its receives: the
+/// attributes its INIT and RTS transitions took.
+struct DatagramAttr {
+    port: u8,
+    pkey_index: u16,
+    qkey: u32,
+    sq_psn: u32,
+}
+
+impl DatagramAttr {
+    const VERB: &'static str = "ibv_query_qp";
+
+    /// `ibv_query_qp()` for them.
+    fn query(qp: &Inner<'_>) -> Result<Self> {
+        use ffi::ibv_qp_attr_mask as m;
+        let mut attr = zeroed_attr(ffi::ibv_qp_state::IBV_QPS_RESET);
+        // SAFETY: all-zero is a valid `ibv_qp_init_attr` (integers and null pointers).
+        let mut init: ffi::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        let mask = m::IBV_QP_PKEY_INDEX.0 | m::IBV_QP_PORT.0 | m::IBV_QP_QKEY.0 | m::IBV_QP_SQ_PSN.0;
+        // SAFETY: a live QP; both out-structs are valid and writable.
+        let rc = unsafe { ffi::ibv_query_qp(qp.raw(), &mut attr, mask as libc::c_int, &mut init) };
+        Error::check(Self::VERB, Some(qp.device()), rc)?;
+        Ok(DatagramAttr { port: attr.port_num, pkey_index: attr.pkey_index, qkey: attr.qkey, sq_psn: attr.sq_psn })
+    }
+
+    /// RESET, then up to `target` (INIT, RTR, RTS) with these attributes: what a UD QP needs,
+    /// no peer taking part.
+    fn rearm(&self, qp: &Inner<'_>, target: ffi::ibv_qp_state::Type) -> Result<()> {
+        use ffi::ibv_qp_attr_mask as m;
+        use ffi::ibv_qp_state::{IBV_QPS_INIT, IBV_QPS_RESET, IBV_QPS_RTR, IBV_QPS_RTS};
+        qp.set_state(IBV_QPS_RESET)?;
+        for (state, mask) in [
+            (IBV_QPS_INIT, m::IBV_QP_PKEY_INDEX.0 | m::IBV_QP_PORT.0 | m::IBV_QP_QKEY.0),
+            (IBV_QPS_RTR, 0),
+            (IBV_QPS_RTS, m::IBV_QP_SQ_PSN.0),
+        ] {
+            if !reaches(target, state) {
+                break;
+            }
+            let mut attr = zeroed_attr(state);
+            attr.port_num = self.port;
+            attr.pkey_index = self.pkey_index;
+            attr.qkey = self.qkey;
+            attr.sq_psn = self.sq_psn;
+            // SAFETY: a live QP; `attr` holds every attribute the mask names.
+            let rc = unsafe { ffi::ibv_modify_qp(qp.raw(), &mut attr, (m::IBV_QP_STATE.0 | mask) as libc::c_int) };
+            Error::check("ibv_modify_qp", Some(qp.device()), rc)?;
+        }
+        Ok(())
+    }
+}
+
+/// An `ibv_qp_attr` for a move to `state`, every other attribute zero.
+fn zeroed_attr(state: ffi::ibv_qp_state::Type) -> ffi::ibv_qp_attr {
+    // SAFETY: `ibv_qp_attr` is plain integers and structs of them: all-zero is valid.
+    let mut attr: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
+    attr.qp_state = state;
+    attr
+}
+
+/// Whether a QP on its way up to `target` passes through `state` (RESET < INIT < RTR < RTS).
+fn reaches(target: ffi::ibv_qp_state::Type, state: ffi::ibv_qp_state::Type) -> bool {
+    use ffi::ibv_qp_state::{IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS};
+    let rank = |s| match s {
+        IBV_QPS_INIT => 1,
+        IBV_QPS_RTR => 2,
+        IBV_QPS_RTS => 3,
+        _ => 0,
+    };
+    rank(state) <= rank(target)
 }

@@ -9,6 +9,9 @@
 //!   (feature `tokio`): one async wait's registration of a duplicate of the fd with the current
 //!   runtime's reactor. Every other wait of this crate (the async-event fd, a completion channel
 //!   read directly) and every wait of `rdma-cm` on its event channel goes through these two.
+//! - [`Sleepers`]: the waits asleep on a fd several readers share, which a reader that took an
+//!   event wakes, so that none misses an event another took (completion channels and rdma-cm's
+//!   event channels keep one each).
 //! - Deadlines of async waits are a `timerfd` on the reactor, not tokio timers: a runtime
 //!   built without time works.
 //!
@@ -35,4 +38,7 @@ pub use fd::poll_readable;
 pub use policy::{WaitPolicy, SHARED_CHANNEL_SLICE};
 #[cfg(feature = "tokio")]
 pub use reactor::{Readiness, Ready};
+#[cfg(feature = "tokio")]
+pub use sleepers::Woken;
+pub use sleepers::{Sleeper, Sleepers};
 pub use waiter::{CqWaiter, Idle};

@@ -104,7 +104,7 @@ pub(crate) fn reset(qp: &Inner<'_>) -> bool {
     reset
 }
 
-fn wait(cqs: &[&CompletionQueue<'_>], timeout: Duration, poll: &mut impl FnMut() -> bool) -> bool {
+pub(crate) fn wait(cqs: &[&CompletionQueue<'_>], timeout: Duration, poll: &mut impl FnMut() -> bool) -> bool {
     let deadline = Deadline::after(timeout);
     let mut waiter = CqWaiter::new(WaitPolicy::default());
     loop {

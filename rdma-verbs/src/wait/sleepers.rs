@@ -1,10 +1,11 @@
-//! The threads asleep on a completion channel, and how a wait that read an event for a CQ it
-//! does not wait for wakes them (see [`CqWaiter`](crate::CqWaiter)).
+//! The threads and tasks asleep on a file descriptor that several readers share (a completion
+//! channel, an rdma-cm event channel), and how a reader that took an event another awaits wakes
+//! them (see [`CqWaiter`](crate::CqWaiter) and [`Sleepers`]).
 //!
-//! Each sleeping thread polls its channel's fd and its own `eventfd` (one per thread, made on
-//! its first sleep). It registers that eventfd with the channel before its last poll of the
-//! CQs and removes it when it wakes; a wait that reads a foreign event writes to every eventfd
-//! registered, so the thread whose completion it was steps again.
+//! Each sleeping thread polls the shared fd and an `eventfd` of its own (one per thread, made on
+//! its first sleep, for completion waits; one per [`Sleeper`] for the others). It registers that eventfd before its last step and removes it when it wakes; a
+//! reader that took an event writes to every eventfd registered, so the thread the event was
+//! for steps again. An async wait enables a `tokio::sync::Notify` wake-up instead.
 
 use std::cell::OnceCell;
 use std::os::fd::OwnedFd;
@@ -22,9 +23,42 @@ pub(crate) type Kick = Arc<OwnedFd>;
 /// `const { }` blocks are Rust 1.79, above the MSRV).
 const NO_KICK: Option<Kick> = None;
 
-/// The eventfds of the threads asleep on one channel.
+/// The waits asleep on one file descriptor that several readers share, so that a reader that
+/// takes an event another wait is waiting for can wake it.
+///
+/// Why it is needed: a wait that sleeps on a shared fd (`poll(2)`, or epoll through the tokio
+/// reactor) is woken only if the event is still queued when the kernel looks; when another
+/// reader takes it first, the sleeper learns nothing and sleeps until the next event, which may
+/// never come. So every wait registers here before its last look at what it waits for, and every
+/// reader that takes an event calls [`wake_all`](Self::wake_all): each wait then looks again.
+///
+/// - A blocking wait takes a [`Sleeper`] ([`sleeper`](Self::sleeper)) before its last look,
+///   then [`Sleeper::sleep`]s on the fd: it wakes when the fd is readable or on a `wake_all`
+///   since it registered.
+/// - An async wait (feature `tokio`) makes a `Woken` (`Sleepers::woken`) before its last
+///   look and awaits it beside the fd's readiness.
+///
+/// rdma-verbs' completion channels and rdma-cm's event channels each keep one.
+///
+/// ```
+/// use rdma_verbs::wait::{Deadline, Sleepers};
+/// use std::os::fd::AsFd;
+/// use std::time::Duration;
+///
+/// let sleepers = Sleepers::new();
+/// let (quiet, _writer) = std::os::unix::net::UnixStream::pair().unwrap();
+/// std::thread::scope(|s| {
+///     s.spawn(|| {
+///         let sleeper = sleepers.sleeper(); // before the last look at the shared state
+///         // ... look; nothing there yet: sleep until the fd is readable or a reader wakes us
+///         sleeper.sleep(quiet.as_fd(), Deadline::after(Duration::from_secs(5))).unwrap()
+///     });
+///     std::thread::sleep(Duration::from_millis(20));
+///     sleepers.wake_all(); // a reader took an event: every waiter looks again
+/// });
+/// ```
 #[derive(Debug)]
-pub(crate) struct Sleepers {
+pub struct Sleepers {
     /// Taken only on the way into and out of a sleep, and by a wait that read a foreign event:
     /// never per request.
     fds: Mutex<[Option<Kick>; MAX_SLEEPERS]>,
@@ -49,6 +83,40 @@ impl Default for Sleepers {
 }
 
 impl Sleepers {
+    /// No sleeper yet.
+    pub fn new() -> Self {
+        Sleepers::default()
+    }
+
+    /// Registers the calling thread for the wake-ups of [`wake_all`](Self::wake_all) until the
+    /// [`Sleeper`] is dropped: take it before the last look at what the wait waits for, then
+    /// [`sleep`](Sleeper::sleep) if that found nothing. Each sleeper has an `eventfd` of its
+    /// own, closed when it is dropped (two system calls: for waits that sleep rarely, such as
+    /// connection-manager waits; the completion waits of this crate keep one per thread).
+    pub fn sleeper(&self) -> Sleeper<'_> {
+        use rustix::event::{eventfd, EventfdFlags};
+        let kick = eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC).ok().map(Arc::new);
+        let registered = kick.as_ref().is_some_and(|k| self.add(k));
+        Sleeper { sleepers: self, kick, registered }
+    }
+
+    /// A future that resolves at the first [`wake_all`](Self::wake_all) after it was made
+    /// (feature `tokio`): make it before an async wait's last look at what it waits for, and
+    /// await it beside the fd's readiness.
+    #[cfg(feature = "tokio")]
+    pub fn woken(&self) -> Woken<'_> {
+        let mut notified = Box::pin(self.tasks.notified());
+        notified.as_mut().enable();
+        Woken { notified }
+    }
+
+    /// Wakes every thread and task asleep through these sleepers: what a reader that took an
+    /// event from the shared fd calls, since the event (or what the reader recorded of it) may
+    /// be what another wait waits for.
+    pub fn wake_all(&self) {
+        self.wake_all_but(None);
+    }
+
     fn fds(&self) -> std::sync::MutexGuard<'_, [Option<Kick>; MAX_SLEEPERS]> {
         self.fds.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -77,7 +145,7 @@ impl Sleepers {
     }
 
     /// Wakes every registered sleeper but `me`, and every async wait asleep on the channel.
-    pub(crate) fn wake_all(&self, me: Option<&Kick>) {
+    pub(crate) fn wake_all_but(&self, me: Option<&Kick>) {
         #[cfg(feature = "tokio")]
         self.tasks.notify_waiters();
         if self.count.load(Ordering::Acquire) == 0 {
@@ -89,6 +157,95 @@ impl Sleepers {
             // sleeper wakes either way.
             let _ = rustix::io::write(kick, &1u64.to_ne_bytes());
         }
+    }
+}
+
+/// A thread's registration with [`Sleepers`], from before its last look at what it waits for
+/// until it wakes ([`Sleepers::sleeper`]); removed on drop.
+#[derive(Debug)]
+#[must_use = "the registration ends when it is dropped"]
+pub struct Sleeper<'a> {
+    sleepers: &'a Sleepers,
+    kick: Option<Kick>,
+    /// Whether the sleeper is registered: not when it has no eventfd (none could be made) or
+    /// the table was full; its sleep is then sliced.
+    registered: bool,
+}
+
+impl Sleeper<'_> {
+    /// Sleeps until `fd` is readable (`true`; also when `poll(2)` reports it hung up or in
+    /// error, which a read then tells), a [`Sleepers::wake_all`] since the registration
+    /// (`true`), or `until` passes (`false`): `poll(2)` on `fd` and this thread's `eventfd`,
+    /// again after `EINTR`. A thread that could not register (more than 16 asleep at once)
+    /// sleeps at most [`SHARED_CHANNEL_SLICE`](crate::SHARED_CHANNEL_SLICE) and returns
+    /// `true`: it must look again.
+    ///
+    /// # Errors
+    /// `poll(2)`'s, but `EINTR`.
+    ///
+    /// # References
+    /// - [`poll(2)`](https://man7.org/linux/man-pages/man2/poll.2.html)
+    #[doc(alias = "poll")]
+    pub fn sleep(&self, fd: std::os::fd::BorrowedFd<'_>, until: crate::Deadline) -> std::io::Result<bool> {
+        use rustix::event::{poll, PollFd, PollFlags};
+        use std::os::fd::AsFd;
+        let wait = until;
+        let (kick, until) = match (&self.kick, self.registered) {
+            (Some(kick), true) => (Some(kick.as_fd()), until),
+            _ => (None, until.min(crate::Deadline::after(crate::SHARED_CHANNEL_SLICE))),
+        };
+        loop {
+            let mut pfds =
+                [PollFd::new(&fd, PollFlags::IN), PollFd::from_borrowed_fd(kick.unwrap_or(fd), PollFlags::IN)];
+            let n = if kick.is_some() { 2 } else { 1 };
+            match poll(&mut pfds[..n], until.poll_timeout().as_ref()) {
+                Ok(1..) => {
+                    if let Some(kick) = &self.kick {
+                        if n == 2 && !pfds[1].revents().is_empty() {
+                            take_kick(kick);
+                        }
+                    }
+                    return Ok(true);
+                }
+                // A slice that ended before the wait's deadline: look again.
+                Ok(_) if until.has_passed() => return Ok(!wait.has_passed()),
+                Ok(_) | Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
+impl Drop for Sleeper<'_> {
+    fn drop(&mut self) {
+        if let (Some(kick), true) = (&self.kick, self.registered) {
+            self.sleepers.remove(kick);
+        }
+    }
+}
+
+/// A wake-up of the async waits asleep through [`Sleepers`]: resolves at the first
+/// [`Sleepers::wake_all`] after it was made ([`Sleepers::woken`], feature `tokio`). Any
+/// runtime, or none, may poll it.
+#[cfg(feature = "tokio")]
+#[must_use = "futures do nothing unless polled"]
+pub struct Woken<'a> {
+    notified: std::pin::Pin<Box<tokio::sync::futures::Notified<'a>>>,
+}
+
+#[cfg(feature = "tokio")]
+impl std::fmt::Debug for Woken<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Woken").finish_non_exhaustive()
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl std::future::Future for Woken<'_> {
+    type Output = ();
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        self.notified.as_mut().poll(cx)
     }
 }
 
