@@ -94,26 +94,38 @@ fn server(device: &str, count: Option<u64>) -> Res<()> {
             ring.release(msg)?;
             continue;
         }
-        // The sender's address, from the datagram itself: its completion, and the GRH that
-        // starts the slot.
-        let back = pd.create_ah_from_wc(PORT, msg.completion(), msg.bytes())?;
-        let from = AddressVector::from_wc(&ctx, PORT, msg.completion(), msg.bytes())?;
-        let message = msg.bytes().get(GRH_LEN..).unwrap_or_default();
-        reply.write_at(PREFIX.len(), message)?;
-        let (len, size) = (PREFIX.len() + message.len(), message.len());
-        let (sender, to) =
-            (msg.src_qp(), from.dgid.to_ipv4_mapped().map_or(from.dgid.to_string(), |ip| ip.to_string()));
-        // The ring's receives stay posted: the scope owns the send CQ alone.
-        qp.send_scope(T, |s| -> Result<()> {
-            let sge = [reply.sge(..len)?];
-            s.post_send(&mut [SendRequest::send(answered, &sge).to(&back, sender, QKEY)])?;
-            let mut wcs: [WorkCompletion; 1] = Default::default();
-            s.wait(1, &mut wcs, T)?[0].ok()?;
-            Ok(())
-        })?;
+        // One datagram's failure (a GRH the address cannot be made from, a reply the port
+        // refuses) is that sender's: it is said, and the server serves on.
+        let answer = || -> Res<(usize, String, u32)> {
+            // The sender's address, from the datagram itself: its completion, and the GRH that
+            // starts the slot.
+            let back = pd.create_ah_from_wc(PORT, msg.completion(), msg.bytes())?;
+            let from = AddressVector::from_wc(&ctx, PORT, msg.completion(), msg.bytes())?;
+            // At most what a client may send: a longer datagram's reply would pass the MTU.
+            let message = msg.bytes().get(GRH_LEN..).unwrap_or_default();
+            let message = &message[..message.len().min(MAX_MESSAGE - PREFIX.len())];
+            reply.write_at(PREFIX.len(), message)?;
+            let len = PREFIX.len() + message.len();
+            let sender = msg.src_qp();
+            // The ring's receives stay posted: the scope owns the send CQ alone.
+            qp.send_scope(T, |s| -> Result<()> {
+                let sge = [reply.sge(..len)?];
+                s.post_send(&mut [SendRequest::send(answered, &sge).to(&back, sender, QKEY)])?;
+                let mut wcs: [WorkCompletion; 1] = Default::default();
+                s.wait(1, &mut wcs, T)?[0].ok()?;
+                Ok(())
+            })?;
+            let to = from.dgid.to_ipv4_mapped().map_or(from.dgid.to_string(), |ip| ip.to_string());
+            Ok((message.len(), to, sender))
+        };
+        match answer() {
+            Ok((size, to, sender)) => {
+                answered += 1;
+                eprintln!("answered {size} bytes to {to} qpn {sender}");
+            }
+            Err(e) => eprintln!("a datagram from qpn {} got no answer: {e}", msg.src_qp()),
+        }
         ring.release(msg)?;
-        answered += 1;
-        eprintln!("answered {size} bytes to {to} qpn {sender}");
     }
     Ok(())
 }

@@ -260,8 +260,7 @@ async fn a_request_wait_dropped_again_and_again_loses_no_request() {
 }
 
 /// Outside a runtime an async call is `NoRuntime`; in any runtime it waits there, also after the
-/// runtime of an earlier wait shut down (it used to fail with `NoRuntime` for good: the channel
-/// was bound to its first runtime; found by the review of issue 20).
+/// runtime of an earlier wait shut down: a channel is never bound to its first runtime.
 #[test]
 fn async_calls_outside_a_runtime_are_a_typed_error_and_any_runtime_will_do() {
     let topo = testkit::require_topology!();
@@ -362,7 +361,7 @@ fn a_disconnect_another_reader_took_wakes_disconnected_async() {
 
 /// A pending `connect` polled once in one runtime, then awaited in another while the first
 /// lives (idle): it completes there, since each poll of a CM wait registers with the runtime
-/// that polls it. It used to stay asleep on the first runtime's reactor, which nothing drove.
+/// that polls it, not with the first runtime's reactor, which nothing drives.
 #[test]
 fn a_pending_connect_moved_to_another_live_runtime_completes_there() {
     let topo = testkit::require_topology!();

@@ -475,7 +475,15 @@ impl<'s, 'env, T: Transport, S: TypeState> PostScope<'s, 'env, T, S> {
             self.outstanding() == 0
         });
         if outcome == Quiesced::Flushed {
-            rearm.and_then(|attr| attr.rearm(qp, S::QP_STATE))?;
+            if let Err(e) = rearm.and_then(|attr| attr.rearm(qp, S::QP_STATE)) {
+                // Not in its typed state (ERR, RESET or part of the way up): posts are refused
+                // until a typed transition, as after a drain's reset, or each later scope would
+                // count them as maybe posted and wait out its drain.
+                if !quiesce::reset(qp) {
+                    qp.set_reset_by_drain(true);
+                }
+                return Err(e);
+            }
             if !sent {
                 return self.drained(Quiesced::Flushed, None);
             }
