@@ -341,8 +341,8 @@ struct SendArgs {
     /// taken), asking again after each wait, before it exits 18: each wait is the receiver's
     /// hint (about 1 s; 3 s for a sender whose slow transfer gave its place to a newer one,
     /// which then resumes) times a random 0.5-1.5, so senders turned away together come back
-    /// spread out. Not counted as --retries. 0: exit 18 at the first "busy". A batch does not
-    /// wait.
+    /// spread out. Not counted as --retries. 0: exit 18 at the first "busy". A batch waits so
+    /// for a receiver that refuses the whole batch "busy"; an entry is never sent again.
     #[arg(long, value_name = "SECS", default_value_t = DEFAULT_BUSY_WAIT_S, value_parser = clap::value_parser!(u64).range(0..=86_400))]
     busy_wait: u64,
     /// No progress bar.

@@ -90,3 +90,38 @@ fn tricklers_holding_every_place_give_way_to_an_honest_sender_within_seconds() {
     let stored = lines.iter().position(|l| l.contains("honest") && l.contains(": ok"));
     assert!(gave_way.is_some() && stored.is_some() && gave_way < stored, "in this order:\n{report}");
 }
+
+/// A batch that finds every place taken asks again as a single file does (`--busy-wait`, at its
+/// default), and is stored whole once a place frees: the receiver has one place, held by a
+/// sender that progresses steadily (so it does not give way), and the batch starts meanwhile.
+#[test]
+fn a_batch_told_busy_asks_again_and_arrives_at_the_defaults() {
+    let topo = testkit::require_topology!();
+    let (src, dst) = (scratch("busybatch-src"), scratch("busybatch-dst"));
+    let first = random_file(&src.join("first"), 24 << 20, 70);
+    let names = ["b0", "b1", "b2"];
+    let batch: Vec<Vec<u8>> =
+        names.iter().zip(71..).map(|(n, seed)| random_file(&src.join(n), 1 << 20, seed)).collect();
+    let rx = Receiver::start(&topo, 7824, &["--dir", dst.to_str().unwrap(), "--max-sessions", "1"]);
+    // About 10 MB/s: 1 MiB every 100 ms, for some 2.4 s.
+    let steady = ["--chunk", "1M", "--depth", "1", "--test-chunk-delay-ms", "100"];
+    let holder = spawn_send_reporting(&topo, 7824, &src.join("first"), &steady);
+    wait_for_temporary(&dst);
+    let mut args: Vec<&std::ffi::OsStr> = vec!["--batch".as_ref(), "--timeout".as_ref(), SEND_TIMEOUT_S.as_ref()];
+    let paths: Vec<_> = names.iter().map(|n| src.join(n)).collect();
+    args.extend(paths.iter().map(|p| p.as_os_str()));
+    let (code, err, took) = wait_within(spawn_send(&topo, 7824, &args), Duration::from_secs(120), "the batch");
+    let (holder_code, holder_err, _) = wait_within(holder, Duration::from_secs(120), "the first sender");
+    let report = rx.kill_for_reports();
+    eprintln!("the batch: exit {code:?} after {took:.1?}; the receiver's reports:\n{report}");
+    assert_eq!(holder_code, Some(0), "the first sender: {holder_err}");
+    assert_eq!(code, Some(0), "the batch: {err}\nreceiver:\n{report}");
+    assert!(std::fs::read(dst.join("first")).unwrap() == first, "first differs");
+    for (name, data) in names.iter().zip(&batch) {
+        assert!(std::fs::read(dst.join(name)).unwrap() == *data, "{name} differs");
+    }
+    assert!(
+        report.lines().any(|l| l.contains("busy")),
+        "the batch never met a full receiver: the test tests nothing\n{report}"
+    );
+}

@@ -10,6 +10,7 @@ use super::send::{open_regular, resume_key, run, test_session, Identity, Ran, Se
 #[cfg(feature = "tokio")]
 use crate::driver::io::Tokio;
 use crate::driver::io::{block_on, Blocking, Io};
+use crate::driver::retry::{self, Attempt, Retries};
 use crate::driver::Error;
 use crate::sender::{Sender, SenderConfig};
 use crate::wire::{entry_flags, Entry, EntryKind, MAX_PATH_LEN};
@@ -131,7 +132,10 @@ pub async fn send_files_async(
     send_batch(&Tokio, paths, opts, progress).await
 }
 
-/// The one body of [`send_files`] and `send_files_async`.
+/// The one body of [`send_files`] and `send_files_async`. A receiver that refuses the batch
+/// itself with `Busy` (every place taken) is asked again, as a single file's send asks it,
+/// within [`SendOptions::busy_wait`]; nothing else is tried again (the report says what each
+/// entry got).
 async fn send_batch<I: Io>(
     io: &I,
     paths: &[PathBuf],
@@ -139,10 +143,24 @@ async fn send_batch<I: Io>(
     mut progress: impl FnMut(u64, u64),
 ) -> Result<BatchReport, Error> {
     let start = Instant::now();
-    let (source, batch, skipped) = prepare(paths, opts)?;
-    let first = paths.first().cloned().unwrap_or_default();
-    let ran = run(io, &first, source, Some(batch), opts, &mut progress, start).await?;
-    finish(ran, skipped, start)
+    let mut retries = Retries::new(opts);
+    loop {
+        let (source, batch, skipped) = prepare(paths, opts)?;
+        let first = paths.first().cloned().unwrap_or_default();
+        let result = match run(io, &first, source, Some(batch), opts, &mut progress, start).await {
+            Ok(ran) => finish(ran, skipped, start),
+            Err(e) => Err(e),
+        };
+        match result {
+            Err(e @ Error::Refused { status: Status::Busy, .. }) => {
+                match retries.after::<BatchReport>(Attempt::ConnectFailed(e), opts) {
+                    Ok(wait) => retry::sleep(io, wait, opts).await?,
+                    Err(result) => return result,
+                }
+            }
+            result => return result,
+        }
+    }
 }
 
 /// What was left out of a batch, and why.

@@ -91,7 +91,8 @@ pub struct SendOptions {
     /// random factor of 0.5 to 1.5 so that senders turned away together do not come back
     /// together, then sends again (resuming what the receiver kept). These waits are not
     /// [`retries`](Self::retries). Default zero: the first `Busy` is reported.
-    /// [`send_files`](crate::driver::send_files) does not wait.
+    /// [`send_files`](crate::driver::send_files) waits so for a receiver that refuses the whole
+    /// batch `Busy`; an entry it offered is never sent again.
     ///
     /// [`Status::Busy`]: crate::Status::Busy
     pub busy_wait: Duration,
