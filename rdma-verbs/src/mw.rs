@@ -248,7 +248,7 @@ impl QpWindows {
 /// the old one revokes it whether it is bound or not, and a key a peer kept then names a
 /// deallocated window, which the device refuses. A local invalidate (or a peer's send with
 /// invalidate) of a type 2 window that is not bound is what rxe must never see: it dereferences
-/// a null pointer in the kernel (Linux 6.1).
+/// a null pointer in the kernel (Linux 6.1 and 6.12).
 ///
 /// On error the slot holds the old window if its deallocation failed (still registered), or
 /// none if the new one could not be allocated.

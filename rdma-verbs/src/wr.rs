@@ -162,8 +162,13 @@ impl<'a, 'mr> SendRequest<'a, 'mr> {
     /// If `rkey` names a type 2 window of this device, that window must be bound when the
     /// request runs: not allocated and never bound, and not already invalidated (by an earlier
     /// local invalidate, or by a peer's send with invalidate). rxe's invalidation of a type 2
-    /// window that is not bound dereferences a null pointer in the kernel (Linux 6.1:
+    /// window that is not bound dereferences a null pointer in the kernel (Linux 6.1 and 6.12:
     /// `rxe_invalidate_mw`, an oops in `__rxe_put`), which kills the machine.
+    ///
+    /// ```compile_fail
+    /// # use rdma_verbs::*;
+    /// let wr = SendRequest::local_invalidate(1, 0x100); // error: call to unsafe function
+    /// ```
     #[doc(alias = "IBV_WR_LOCAL_INV")]
     pub unsafe fn local_invalidate(wr_id: u64, rkey: u32) -> Self {
         let mut wr = Self::blank(wr_id, ffi::ibv_wr_opcode::IBV_WR_LOCAL_INV);

@@ -1,7 +1,7 @@
 //! Device tests: revoking a type 2 memory window never makes rxe invalidate a window that is not
 //! bound. rxe's invalidation of such a window (never bound, or already invalidated), by a local
 //! invalidate or by a peer's send with invalidate, dereferences a null pointer in the kernel
-//! (Linux 6.1: an oops in `__rxe_put` from `rxe_invalidate_mw`), which kills the machine: these
+//! (Linux 6.1 and 6.12: an oops in `__rxe_put` from `rxe_invalidate_mw`), which kills the machine: these
 //! tests fail by the VM dying, or by the kernel log. And a QP destroyed first deallocates only
 //! the windows bound to it now.
 
