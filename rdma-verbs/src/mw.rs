@@ -24,7 +24,7 @@
 //!   refused, after 128 grants of a type 1 window (a type 2 window gets a new verbs window, with
 //!   a new record, at each revocation);
 //! - a QP that is destroyed first deallocates the type 2 windows bound to it now, those of
-//!   forgotten or outliving bound windows (rxe frees a QP a window still holds, and the window's
+//!   forgotten bound windows (rxe frees a QP a window still holds, and the window's
 //!   deallocation then writes to the freed QP); should one refuse, the QP is not destroyed but
 //!   left to its context, which deallocates windows before QPs.
 //!
@@ -126,7 +126,7 @@ impl fmt::Debug for MemoryWindow<'_> {
 /// rxe takes a reference on the QP a type 2 window is bound to and drops it only when the
 /// window is invalidated or deallocated; a QP destroyed before that is freed anyway after a
 /// long wait, and the window's later deallocation writes to the freed QP (Linux 6.1, 6.12).
-/// A window whose `BoundWindow` was forgotten, or outlives its QP, is such a window. So a QP
+/// A window whose `BoundWindow` was forgotten is such a window. So a QP
 /// deallocates, before it is destroyed, every type 2 window bound to it now: see
 /// [`QpWindows::release`].
 pub(crate) struct WindowCell(Mutex<Slot>);
@@ -214,9 +214,8 @@ impl QpWindows {
 
     /// Deallocates every type 2 window bound to this QP now, which is about to be destroyed
     /// (`pd` is its protection domain, the windows' too): windows of `BoundWindow`s that were
-    /// forgotten or outlive the QP. Such a bound window is revoked; invalidating it later gives
-    /// its window back with a new verbs window. Windows bound to another QP since are not
-    /// touched: their current QP deallocates them.
+    /// forgotten (a live one borrows the QP). Windows bound to another QP since are not
+    /// touched: their current QP deallocates them. None is replaced: its slot is left empty.
     ///
     /// Returns false if a window could not be deallocated: it stays bound and registered, and
     /// the QP must not be destroyed (the context's leftovers deallocate the window first).
@@ -482,8 +481,8 @@ impl<'s, 'env, T: Connected> PostScope<'s, 'env, T, ReadyToSend> {
     /// bind request is queued.
     ///
     /// A type 2 window is noted by the QP from this bind until it is revoked: when the QP is
-    /// destroyed first (the [`BoundWindow`] forgotten, or outliving it), it deallocates the
-    /// window, because rxe frees a QP a window still holds; the bound window is then revoked.
+    /// destroyed first (the [`BoundWindow`] forgotten), it deallocates the window, because rxe
+    /// frees a QP a window still holds.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for any of the rules above, an empty or out-of-region range,
