@@ -14,13 +14,19 @@
 //!   [`SendRequest::send_with_invalidate`](crate::SendRequest::send_with_invalidate) seen with
 //!   [`BoundWindow::invalidated_by`]) gives the unbound [`MemoryWindow`] back, and dropping a
 //!   bound window deallocates it, which invalidates it too;
-//! - each bind gives the window a key it never had (a key a peer kept stays revoked for the
-//!   window's life): its 8-bit tag would wrap, so the bind that would repeat a key is refused,
-//!   after 256 grants of a type 2 window, 128 of a type 1 window;
-//! - a QP that is destroyed first deallocates the type 2 windows that may still be bound to it:
-//!   those of forgotten bound windows for good, and those of live [`MemoryWindow`]s whose
-//!   invalidation may not have run, which get a new verbs window in their place (rxe frees a QP
-//!   a window still holds, and the window's deallocation then writes to the freed QP).
+//! - a type 2 window is revoked by deallocating its verbs window, and the [`MemoryWindow`]
+//!   given back gets a new one: no local invalidate request is ever posted for it, and a key a
+//!   peer kept names a deallocated window, which rxe refuses (rxe's invalidation of a type 2
+//!   window that is not bound, by a local invalidate or by a peer's send with invalidate,
+//!   dereferences a null pointer in the kernel);
+//! - each bind gives the verbs window a key it never had (a key a peer kept stays revoked for
+//!   the verbs window's life): its 8-bit tag would wrap, so the bind that would repeat a key is
+//!   refused, after 128 grants of a type 1 window (a type 2 window gets a new verbs window, with
+//!   a new record, at each revocation);
+//! - a QP that is destroyed first deallocates the type 2 windows bound to it now, those of
+//!   forgotten bound windows (rxe frees a QP a window still holds, and the window's
+//!   deallocation then writes to the freed QP); should one refuse, the QP is not destroyed but
+//!   left to its context, which deallocates windows before QPs.
 //!
 //! What the types cannot carry: a peer's request that passed the window's check before the
 //! invalidation may still be running. Regions a window can be bound to must be registered with
@@ -52,7 +58,7 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::ops::RangeBounds;
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::ffi;
 
@@ -120,9 +126,9 @@ impl fmt::Debug for MemoryWindow<'_> {
 /// rxe takes a reference on the QP a type 2 window is bound to and drops it only when the
 /// window is invalidated or deallocated; a QP destroyed before that is freed anyway after a
 /// long wait, and the window's later deallocation writes to the freed QP (Linux 6.1, 6.12).
-/// A window whose `BoundWindow` was forgotten, or whose invalidation never ran (flushed), is
-/// such a window. So a QP deallocates, before it is destroyed, every type 2 window that may
-/// still be bound to it: see [`QpWindows::release`].
+/// A window whose `BoundWindow` was forgotten is such a window. So a QP
+/// deallocates, before it is destroyed, every type 2 window bound to it now: see
+/// [`QpWindows::release`].
 pub(crate) struct WindowCell(Mutex<Slot>);
 
 struct Slot {
@@ -132,9 +138,10 @@ struct Slot {
     rkey: u32,
     /// The 8-bit tags of the keys binds of this verbs window handed out (bit `tag`).
     handed_out: [u64; 4],
-    /// The QP (its [`QpWindows`], by address) of the `BoundWindow` that holds the window now,
-    /// live or forgotten; `None` while it is a plain `MemoryWindow`.
-    held_by_bound: Option<usize>,
+    /// The QP (its [`QpWindows`] id) this type 2 verbs window may be bound to now: set by a
+    /// bind through it, cleared when the verbs window is deallocated. Only that QP deallocates
+    /// it before it is destroyed.
+    bound_to: Option<u64>,
 }
 
 // SAFETY: the window is used only through verbs, which are thread-safe; the slot is behind a
@@ -163,58 +170,105 @@ impl Slot {
 }
 
 /// The type 2 windows that may be bound to one QP: each bind of a type 2 window through the QP
-/// adds its window, and the QP deallocates those still alive before it is destroyed.
-#[derive(Debug, Default)]
-pub(crate) struct QpWindows(Mutex<Vec<Weak<WindowCell>>>);
+/// adds its window, and the QP deallocates those still bound to it before it is destroyed.
+/// The windows are held (not just named) so that one whose deallocation failed stays known.
+#[derive(Debug)]
+pub(crate) struct QpWindows {
+    list: Mutex<Vec<Arc<WindowCell>>>,
+    /// Unique for the process's life (an address could be reused by a later QP).
+    id: u64,
+}
+
+impl Default for QpWindows {
+    fn default() -> Self {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        QpWindows { list: Mutex::default(), id: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) }
+    }
+}
+
+impl fmt::Debug for WindowCell {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WindowCell").finish_non_exhaustive()
+    }
+}
 
 impl QpWindows {
-    fn list(&self) -> MutexGuard<'_, Vec<Weak<WindowCell>>> {
+    fn list(&self) -> MutexGuard<'_, Vec<Arc<WindowCell>>> {
         // A poisoned list is still the list: each change to it is a single push or retain.
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.list.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn id(&self) -> usize {
-        self as *const Self as usize
-    }
-
-    /// Notes that `cell`'s window is bound, or being bound, to this QP.
+    /// Notes that `cell`'s window is about to be bound to this QP. Called without `cell`'s
+    /// lock: the list's lock is taken before a slot's, never after.
     fn add(&self, cell: &Arc<WindowCell>) {
         let mut list = self.list();
-        list.retain(|w| w.strong_count() > 0);
-        if !list.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(cell))) {
-            list.push(Arc::downgrade(cell));
+        // Keep the windows an owner still holds, and those bound here whose deallocation failed.
+        list.retain(|c| {
+            let slot = c.slot();
+            Arc::strong_count(c) > 1 || (slot.raw.is_some() && slot.bound_to == Some(self.id))
+        });
+        if !list.iter().any(|c| Arc::ptr_eq(c, cell)) {
+            list.push(Arc::clone(cell));
         }
     }
 
-    /// Deallocates every type 2 window that may still be bound to this QP, which is about to be
-    /// destroyed (`pd` is its protection domain, the windows' too). A window held by a
-    /// `BoundWindow` of this QP can only be one that was forgotten (the bound window borrows the
-    /// QP): it is deallocated for good. Any other is owned by a live [`MemoryWindow`] whose
-    /// invalidation may not have run: it gets a new verbs window in its place, with new keys.
-    pub(crate) fn release(&self, pd: &ProtectionDomain<'_>) {
+    /// Deallocates every type 2 window bound to this QP now, which is about to be destroyed
+    /// (`pd` is its protection domain, the windows' too): windows of `BoundWindow`s that were
+    /// forgotten (a live one borrows the QP). Windows bound to another QP since are not
+    /// touched: their current QP deallocates them. None is replaced: its slot is left empty.
+    ///
+    /// Returns false if a window could not be deallocated: it stays bound and registered, and
+    /// the QP must not be destroyed (the context's leftovers deallocate the window first).
+    pub(crate) fn release(&self, pd: &ProtectionDomain<'_>) -> bool {
         let cells = std::mem::take(&mut *self.list());
-        for cell in cells.iter().filter_map(Weak::upgrade) {
+        let mut kept = Vec::new();
+        for cell in cells {
             let mut slot = cell.slot();
-            let Some(raw) = slot.raw else { continue };
-            if dealloc(pd, raw) != 0 {
+            if slot.bound_to != Some(self.id) {
                 continue;
+            }
+            if let Some(raw) = slot.raw {
+                if dealloc(pd, raw) != 0 {
+                    drop(slot);
+                    kept.push(cell);
+                    continue;
+                }
             }
             slot.raw = None;
-            if slot.held_by_bound == Some(self.id()) {
-                slot.held_by_bound = None;
-                continue;
-            }
-            // SAFETY: `pd` is live (the QP holds it) and is the window's (checked at the bind).
-            let fresh = unsafe { crate::ffi_compat::alloc_mw(pd.as_raw(), WindowType::Type2.raw()) };
-            if let Some(fresh) = NonNull::new(fresh) {
-                pd.context().registry().add(crate::registry::Kind::Mw, fresh.as_ptr());
-                // SAFETY: just allocated.
-                slot.rkey = unsafe { fresh.as_ref().rkey };
-                slot.handed_out = [0; 4];
-                slot.raw = Some(fresh);
-            }
+            slot.bound_to = None;
         }
+        let all = kept.is_empty();
+        self.list().extend(kept);
+        all
     }
+}
+
+/// Replaces the verbs window of `slot`, a type 2 window of `pd`, by a new one: deallocating
+/// the old one revokes it whether it is bound or not, and a key a peer kept then names a
+/// deallocated window, which the device refuses. A local invalidate (or a peer's send with
+/// invalidate) of a type 2 window that is not bound is what rxe must never see: it dereferences
+/// a null pointer in the kernel (Linux 6.1 and 6.12).
+///
+/// On error the slot holds the old window if its deallocation failed (still registered), or
+/// none if the new one could not be allocated.
+fn renew(pd: &ProtectionDomain<'_>, slot: &mut Slot) -> Result<()> {
+    let device = Some(pd.context().name());
+    if let Some(raw) = slot.raw {
+        Error::check("ibv_dealloc_mw", device, dealloc(pd, raw))?;
+        slot.raw = None;
+    }
+    slot.bound_to = None;
+    // SAFETY: `pd` is a live protection domain, the window's, which holds it.
+    let fresh = unsafe { crate::ffi_compat::alloc_mw(pd.as_raw(), WindowType::Type2.raw()) };
+    let Some(fresh) = NonNull::new(fresh) else {
+        return Err(Error::last_os_error("ibv_alloc_mw", device));
+    };
+    pd.context().registry().add(crate::registry::Kind::Mw, fresh.as_ptr());
+    // SAFETY: just allocated.
+    slot.rkey = unsafe { fresh.as_ref().rkey };
+    slot.handed_out = [0; 4];
+    slot.raw = Some(fresh);
+    Ok(())
 }
 
 /// `ibv_dealloc_mw()` of `raw`, a window of `pd`'s context, unregistered if it succeeds.
@@ -279,7 +333,7 @@ impl<'pd> MemoryWindow<'pd> {
         ctx.registry().add(crate::registry::Kind::Mw, raw.as_ptr());
         // SAFETY: just allocated.
         let rkey = unsafe { raw.as_ref().rkey };
-        let slot = Slot { raw: Some(raw), rkey, handed_out: [0; 4], held_by_bound: None };
+        let slot = Slot { raw: Some(raw), rkey, handed_out: [0; 4], bound_to: None };
         Ok(MemoryWindow { cell: Arc::new(WindowCell(Mutex::new(slot))), kind, pd })
     }
 
@@ -289,10 +343,11 @@ impl<'pd> MemoryWindow<'pd> {
     }
 
     /// The window's current remote key. Each bind changes it (its low 8 bits), so a key a peer
-    /// kept from an earlier bind no longer works, for the window's whole life: the 8 bits
-    /// would wrap, so [`PostScope::bind_window`] refuses the bind that would give a key a second
-    /// time (a window gives 256 grants of type 2, 128 of type 1, whose unbinds also change the
-    /// key).
+    /// kept from an earlier bind no longer works. For a type 1 window that holds for the
+    /// window's whole life: the 8 bits would wrap, so [`PostScope::bind_window`] refuses the
+    /// bind that would give a key a second time (128 grants, its unbinds also changing the key).
+    /// A type 2 window gets a new verbs window (a new index, a new record of keys) each time it
+    /// is revoked, so a key a peer kept names a deallocated window.
     pub fn rkey(&self) -> u32 {
         self.cell.slot().rkey
     }
@@ -304,9 +359,11 @@ impl<'pd> MemoryWindow<'pd> {
 
     /// The raw `struct ibv_mw *`. It stays owned by `self`.
     ///
-    /// A type 2 window that was bound to a QP since it was last invalidated for sure gets a new
-    /// verbs window when that QP is destroyed (see [`PostScope::bind_window`]), so the pointer
-    /// can change then; it is null if no new window could be allocated.
+    /// A type 2 window gets a new verbs window each time it is revoked
+    /// ([`PostScope::invalidate_window`], [`BoundWindow::invalidated_by`]), and its verbs window
+    /// is deallocated when the QP it is bound to is destroyed first, possibly by another
+    /// thread: the pointer read earlier is then freed. It is null while the window has no
+    /// verbs window (deallocated with its QP, or no new one could be allocated).
     pub fn as_raw(&self) -> *mut ffi::ibv_mw {
         self.cell.slot().raw.map_or(std::ptr::null_mut(), NonNull::as_ptr)
     }
@@ -319,8 +376,12 @@ impl Drop for MemoryWindow<'_> {
         // Deallocation invalidates a bound window. Should it fail, the window may stay bound;
         // its region then refuses deregistration and leaks its buffer rather than free memory a
         // peer could reach.
-        if let Some(raw) = slot.raw.take() {
-            let _ = dealloc(&self.pd, raw);
+        // The pointer stays in the slot on failure: a QP the window is bound to then sees it
+        // and is not destroyed before it.
+        if let Some(raw) = slot.raw {
+            if dealloc(&self.pd, raw) == 0 {
+                slot.raw = None;
+            }
         }
     }
 }
@@ -371,10 +432,7 @@ impl<'pd> BoundWindow<'pd, '_> {
         &self.window
     }
 
-    /// The window, no longer held by a bound window: a QP that is destroyed then gives it a new
-    /// verbs window if it may still be bound to it, rather than deallocate it.
     fn into_window(self) -> MemoryWindow<'pd> {
-        self.window.cell.slot().held_by_bound = None;
         self.window
     }
 
@@ -383,14 +441,30 @@ impl<'pd> BoundWindow<'pd, '_> {
     /// own form of it too, see [`WorkCompletion::invalidated_rkey`]). Otherwise the bound window
     /// is given back unchanged.
     ///
+    /// The window given back has a new verbs window (the invalidated one is deallocated): a
+    /// second send with invalidate of the old key, from a peer that kept it, then names a
+    /// deallocated window, which rxe refuses, rather than a window that is not bound, which rxe
+    /// cannot invalidate without a null dereference in the kernel. Should the new window not be
+    /// allocated, the window given back binds no more.
+    ///
+    /// The completion is matched by key alone: a completion of another QP, context or device
+    /// whose key has the same index and tag is taken for this window's. That ends the region's
+    /// borrow early, but the window is deallocated here, which revokes it whatever the
+    /// completion was; and while a window is bound to a region rxe refuses its `ibv_dereg_mr`,
+    /// so the region's buffer leaks rather than frees.
+    ///
     /// # Errors
     /// `self`, when `wc` did not invalidate this window.
     pub fn invalidated_by(self, wc: &WorkCompletion) -> std::result::Result<MemoryWindow<'pd>, Self> {
-        if wc.invalidates(self.remote.rkey) {
-            Ok(self.into_window())
-        } else {
-            Err(self)
+        if !wc.invalidates(self.remote.rkey) {
+            return Err(self);
         }
+        let window = self.into_window();
+        if window.kind == WindowType::Type2 {
+            // On failure the slot keeps the old window, or none: see `renew`.
+            let _ = renew(&window.pd, &mut window.cell.slot());
+        }
+        Ok(window)
     }
 }
 
@@ -406,10 +480,9 @@ impl<'s, 'env, T: Connected> PostScope<'s, 'env, T, ReadyToSend> {
     /// It stays borrowed for the scope too (`'mr: 's`), so it cannot be deregistered while the
     /// bind request is queued.
     ///
-    /// A type 2 window stays noted by the QP from this bind until it is dropped: when the QP is
-    /// destroyed first, it deallocates the window if a forgotten [`BoundWindow`] holds it, and
-    /// gives a live [`MemoryWindow`] a new verbs window (new keys) otherwise, because the
-    /// window's invalidation may not have run and rxe frees a QP a window still holds.
+    /// A type 2 window is noted by the QP from this bind until it is revoked: when the QP is
+    /// destroyed first (the [`BoundWindow`] forgotten), it deallocates the window, because rxe
+    /// frees a QP a window still holds.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for any of the rules above, an empty or out-of-region range,
@@ -465,11 +538,17 @@ impl<'s, 'env, T: Connected> PostScope<'s, 'env, T, ReadyToSend> {
             mw_access_flags: access.bits(),
         };
         let cell = Arc::clone(&window.cell);
+        if window.kind == WindowType::Type2 {
+            // Noted before posting (and before the slot is locked, the list's lock coming
+            // first): from the moment the request may be queued, the window may end up bound to
+            // this QP.
+            qp.shared().windows.add(&cell);
+        }
         let mut slot = cell.slot();
         let Some(raw_mw) = slot.raw else {
             return Err(invalid(
-                "the window was deallocated when a QP it had been bound to was destroyed, and no new one could be \
-                 allocated in its place"
+                "the window has no verbs window: the QP it was bound to was destroyed, or no new one could be \
+                 allocated when it was revoked"
                     .into(),
             ));
         };
@@ -508,9 +587,7 @@ impl<'s, 'env, T: Connected> PostScope<'s, 'env, T, ReadyToSend> {
             }
             WindowType::Type2 => {
                 let rkey = next;
-                // Noted before posting: from the moment the request may be queued, the window
-                // may end up bound to this QP.
-                qp.shared().windows.add(&cell);
+                slot.bound_to = Some(qp.shared().windows.id);
                 self.post_send(&mut [SendRequest::bind_window(wr_id, raw_mw.as_ptr(), rkey, info)])?;
                 // The provider names the window by its current key in the next bind or
                 // invalidate, and does not update it for a bind request (ibv_bind_mw does, for
@@ -518,7 +595,6 @@ impl<'s, 'env, T: Connected> PostScope<'s, 'env, T, ReadyToSend> {
                 // SAFETY: the window is live and owned by `window` (its slot locked); nothing
                 // else writes it.
                 unsafe { (*raw_mw.as_ptr()).rkey = rkey };
-                slot.held_by_bound = Some(qp.shared().windows.id());
                 rkey
             }
         };
@@ -529,15 +605,24 @@ impl<'s, 'env, T: Connected> PostScope<'s, 'env, T, ReadyToSend> {
         Ok(BoundWindow { window, remote, access, region: region.as_raw() as usize, _region: PhantomData })
     }
 
-    /// Invalidates a bound window and gives it back: a local invalidate request
-    /// (`IBV_WR_LOCAL_INV`) for a type 2 window, a zero-length `ibv_bind_mw()` for a type 1
-    /// window. Like a bind, it is a request on the send queue: a peer's request ordered before
-    /// it may still use the window, none after it. Its completion carries `wr_id`.
+    /// Invalidates a bound window and gives it back.
+    ///
+    /// A type 1 window is unbound by a zero-length `ibv_bind_mw()`: like a bind, a request on
+    /// the send queue (a peer's request ordered before it may still use the window, none after
+    /// it), whose completion carries `wr_id`.
+    ///
+    /// A type 2 window is revoked at once by deallocating its verbs window, and given back with
+    /// a new one (new keys): nothing is posted and no completion comes (`wr_id` is unused). A
+    /// local invalidate request could find the window already invalidated by the peer (a send
+    /// with invalidate the owner has not seen yet), and rxe's invalidation of a window that is
+    /// not bound dereferences a null pointer in the kernel; after deallocation, a key the peer
+    /// kept names a deallocated window, which rxe refuses.
     ///
     /// # Errors
-    /// As [`bind_window`](Self::bind_window). The window is deallocated on error (which
+    /// As [`bind_window`](Self::bind_window); [`Error::Verb`] when `ibv_dealloc_mw` or
+    /// `ibv_alloc_mw` fails for a type 2 window. The window is deallocated on error (which
     /// invalidates it too).
-    #[doc(alias = "IBV_WR_LOCAL_INV")]
+    #[doc(alias = "ibv_dealloc_mw")]
     pub fn invalidate_window<'pd>(&mut self, wr_id: u64, bound: BoundWindow<'pd, '_>) -> Result<MemoryWindow<'pd>> {
         let region = bound.region;
         let window = bound.into_window();
@@ -574,9 +659,8 @@ impl<'s, 'env, T: Connected> PostScope<'s, 'env, T, ReadyToSend> {
                 slot.rkey = unsafe { mw.as_ref().rkey };
             }
             WindowType::Type2 => {
-                let rkey = slot.rkey;
-                drop(slot);
-                self.post_send(&mut [SendRequest::local_invalidate(wr_id, rkey)])?;
+                let _ = wr_id;
+                renew(&window.pd, &mut slot)?;
             }
         }
         Ok(window)

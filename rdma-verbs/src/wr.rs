@@ -155,10 +155,22 @@ impl<'a, 'mr> SendRequest<'a, 'mr> {
 
     /// Invalidates the local memory window (type 2) or region with key `rkey`
     /// (`IBV_WR_LOCAL_INV`; RC and UC): peer requests after it that use the key fail.
-    /// [`PostScope::invalidate_window`](crate::PostScope::invalidate_window) does this for a
-    /// [`BoundWindow`](crate::BoundWindow) and gives the window back.
+    /// [`PostScope::invalidate_window`](crate::PostScope::invalidate_window) revokes a
+    /// [`BoundWindow`](crate::BoundWindow) without it, safely, and gives the window back.
+    ///
+    /// # Safety
+    /// If `rkey` names a type 2 window of this device, that window must be bound when the
+    /// request runs: not allocated and never bound, and not already invalidated (by an earlier
+    /// local invalidate, or by a peer's send with invalidate). rxe's invalidation of a type 2
+    /// window that is not bound dereferences a null pointer in the kernel (Linux 6.1 and 6.12:
+    /// `rxe_invalidate_mw`, an oops in `__rxe_put`), which kills the machine.
+    ///
+    /// ```compile_fail
+    /// # use rdma_verbs::*;
+    /// let wr = SendRequest::local_invalidate(1, 0x100); // error: call to unsafe function
+    /// ```
     #[doc(alias = "IBV_WR_LOCAL_INV")]
-    pub fn local_invalidate(wr_id: u64, rkey: u32) -> Self {
+    pub unsafe fn local_invalidate(wr_id: u64, rkey: u32) -> Self {
         let mut wr = Self::blank(wr_id, ffi::ibv_wr_opcode::IBV_WR_LOCAL_INV);
         crate::ffi_compat::set_invalidate_rkey(&mut wr.raw, rkey);
         wr

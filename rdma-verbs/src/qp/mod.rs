@@ -235,8 +235,11 @@ impl Drop for Inner<'_> {
         multicast::detach_all(self);
         // rxe holds a QP a type 2 window is bound to until the window is invalidated or
         // deallocated, and frees it anyway after a long wait: the window's later deallocation
-        // would then write to freed kernel memory. Deallocate every such window first.
-        self.windows.release(&self.pd);
+        // would then write to freed kernel memory. Deallocate every such window first; should
+        // one refuse, leave the QP to the context, which deallocates windows before QPs.
+        if !self.windows.release(&self.pd) {
+            return;
+        }
         // SAFETY: created by `ibv_create_qp`, destroyed only here. Requests still in flight are
         // discarded by the device; the memory they name stays registered (regions outlive no
         // borrow they do not have) or was deregistered, which revoked the NIC's access.
