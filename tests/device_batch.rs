@@ -1,4 +1,4 @@
-//! Device tests: batches (issue 21 §2.2 and the per-session limit of §2.4). `rdma-copy send
+//! Device tests: batches. `rdma-copy send
 //! DIR` sends a tree in one session (the receiver's `--count 1` ends after it): every file,
 //! empty file and empty directory arrives, with modes and modification times under
 //! `--preserve`; an entry the receiver refuses (a symbolic link in its destination, a file

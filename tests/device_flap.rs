@@ -8,7 +8,7 @@
 //! to re-create rxe0 in 2 of 3 runs, and with the repair removed the transfer after the flap
 //! timed out). Ports 7600-7602 (the helper's own check uses 7609).
 //!
-//! The transfer interrupted by the flap itself (issue 21 §3, "link down 3 s mid-transfer"):
+//! The transfer interrupted by the flap itself:
 //! it completes, or fails within its timeout and a second send resumes it to an identical
 //! file, with nothing else left; then a new transfer works. Ports 7603-7606.
 

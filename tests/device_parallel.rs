@@ -1,4 +1,4 @@
-//! Device tests: honest senders in parallel (issue 33 §7). Many `rdma-copy send`s at once to
+//! Device tests: honest senders in parallel. Many `rdma-copy send`s at once to
 //! one receiver, each at the sender's defaults, all arrive, round after round.
 
 mod cli;

@@ -1,5 +1,5 @@
 //! Device tests: the receiver touches nothing outside its destination, whatever a local user
-//! plants in it, and works on file systems without `RENAME_NOREPLACE` (issue 33, §1, §6, §7).
+//! plants in it, and works on file systems without `RENAME_NOREPLACE`.
 //! `rdma-copy recv` as documented, a local user acting between two sends as an attacker would.
 
 mod cli;

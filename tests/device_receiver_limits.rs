@@ -1,5 +1,5 @@
 //! Device tests: a few unauthenticated peers cannot exhaust a receiver or lock others out
-//! (issue 33 §2): each limit against the hostile peer that used to win.
+//! (`docs/protocol.md`, "Threat model"): each limit against the peers it stops.
 
 mod cli;
 

@@ -1,4 +1,4 @@
-//! Device tests: interrupted transfers resume (issue 21, 2.1 and the kill tests of §3). A sender
+//! Device tests: interrupted transfers resume. A sender
 //! or receiver killed at seeded points mid-file; the next send of the same file sends only what
 //! the receiver lacks, the file arrives identical, and no temporary or partial is left.
 

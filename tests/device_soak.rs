@@ -1,4 +1,4 @@
-//! Device soak tests (issue 21, §3): one `rdma-copy recv` process serves many transfers, one
+//! Device soak tests: one `rdma-copy recv` process serves many transfers, one
 //! after another and eight at once, every file compared byte for byte; and what the receiver
 //! holds (open fds, RSS, the devices' verbs resources) is back at its baseline once it is idle.
 //!

@@ -1,4 +1,4 @@
-//! Authorization by a shared secret (issue 21, 2.3), machine against machine in memory: the
+//! Authorization by a shared secret, machine against machine in memory: the
 //! transfer works when both sides hold the secret; a sender without it, or with another one, is
 //! refused before anything is opened; a receiver that cannot prove the secret gets no data.
 
