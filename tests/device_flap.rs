@@ -185,7 +185,7 @@ fn spawn_reporting_sender(topo: &testkit::Topology, port: u16, timeout_s: u64, f
         .unwrap()
 }
 
-/// Issue 21 §3, "link down 3 s mid-transfer": a 64 MiB transfer from rxe1 to rxe0 (sender
+/// A link down 3 s mid-transfer: a 64 MiB transfer from rxe1 to rxe0 (sender
 /// `--timeout sender_s`, receiver `--timeout receiver_s`) when veth0 goes down for 3 s
 /// (`scripts/guest/flap`, which also repairs a device whose QP1 the flap wedged). The sender
 /// either succeeds, the file identical, or fails within its timeout (exit 3, timeout, or 6,

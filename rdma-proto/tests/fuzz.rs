@@ -962,7 +962,8 @@ enum End {
     Twice,
     /// The sender kept a pace below the floor: ACK Busy.
     TooSlow,
-    /// A message whose seal is wrong: no verdict (review H9).
+    /// A message whose seal is wrong: no verdict, so that the sender retries as after a lost
+    /// connection.
     Unsealed,
     /// The sender's CANCEL: no verdict.
     Cancelled,
