@@ -377,9 +377,9 @@ fn a_transfer_across_a_3_s_link_flap_completes_or_resumes_identical() {
 
 /// The sender's timeout (2 s) ends before the flap does: the sender usually gives up during
 /// it, and the receiver, whose timeout (6 s) ends after veth0 is back (so that its disconnect
-/// can leave), keeps the partial the next send resumes. 2 s, not 1: on a slow machine's TCG
-/// (2026-11-27) a 1 s sender timed out waiting for the grant in 5 tries of 5 on Linux 6.12;
-/// a 2 s one in 1 of 2, and the restart above covers that.
+/// can leave), keeps the partial the next send resumes. 2 s, not 1: on a slow machine's TCG a
+/// 1 s sender timed out waiting for the grant in 5 tries of 5 on Linux 6.12, a 2 s one in 1 of
+/// 2, which the restart above covers.
 #[test]
 fn a_transfer_whose_timeout_is_shorter_than_a_3_s_link_flap_resumes_identical() {
     interrupted_transfer_completes_or_resumes(7605, 2, 6);
