@@ -22,7 +22,7 @@
 //! Both accept with rdma-cm, post a ring of receives sized by the client's request (its private
 //! data carries the message size), and echo each message from a slot of their own.
 //! - `--mode async`: one current-thread tokio runtime. The listener's requests are awaited
-//!   (`Listener::recv_request_async`); each is accepted (`ConnectRequest::accept_async`) and served
+//!   (`Listener::recv_request_async`); each is accepted (`ConnectRequest::accept(..).await`) and served
 //!   by a task of its own that `tokio::select!`s between the ring's next message
 //!   (`RecvRing::recv_async`) and the peer leaving (`Connection::disconnected_async`); both are
 //!   cancellation-safe, so the losing arm loses nothing. The task then drops the connection with

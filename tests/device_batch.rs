@@ -1,4 +1,4 @@
-//! Device tests: batches (issue 21 §2.2 and the per-session limit of §2.4). `rdma-copy send
+//! Device tests: batches. `rdma-copy send
 //! DIR` sends a tree in one session (the receiver's `--count 1` ends after it): every file,
 //! empty file and empty directory arrives, with modes and modification times under
 //! `--preserve`; an entry the receiver refuses (a symbolic link in its destination, a file
@@ -171,10 +171,9 @@ fn a_batch_over_the_session_limit_is_refused_whole() {
     assert!(listing(&dst).is_empty(), "nothing stored: {:?}", listing(&dst));
 }
 
-/// The receiver kept every entry's path and verdict until the batch ended, so a peer that
-/// pipelined a million refused ENTRYs made it hold about 3 GB (review finding G3), and every
-/// batch's report had a line per entry. Now the report lists the first 1,000 entries and
-/// counts the rest, and `--max-entries` ends a batch that offers more than it allows. A batch
+/// A batch's report lists the first 1,000 entries and counts the rest (keeping every entry's
+/// path and verdict until the batch ended, a peer that pipelined a million refused ENTRYs would
+/// make the receiver hold about 3 GB), and `--max-entries` ends a batch that offers more than it allows. A batch
 /// of a directory and 1,010 one-byte files in it (1,011 entries, the directory's last: its
 /// time is set after its files) to a receiver with `--max-entries 1005`: the first 1,005 files
 /// are stored, the report lists 1,000 of them and says "5 more entries, 5 of them stored", and
@@ -207,9 +206,8 @@ fn a_batchs_report_lists_a_thousand_entries_and_max_entries_ends_a_longer_one() 
     assert_eq!(stored.last().map(String::as_str), Some("f1004"));
 }
 
-/// Review R1 cut a refused entry's credit towards the pace floor (`--min-rate`, 16 KiB/s by
-/// default) from 16 KiB to 1 KiB, so that a peer cannot hold a place with one refused entry a
-/// second. (Counting only an ENTRY's own bytes, about 70, failed this test: 23,940 bytes in
+/// A refused entry counts 1 KiB towards the pace floor (`--min-rate`, 16 KiB/s by default), not
+/// 16 KiB, so that a peer cannot hold a place with one refused entry a second. (Counting only an ENTRY's own bytes, about 70, failed this test: 23,940 bytes in
 /// the first 2.2 s.) An honest sender is not that peer: it sends each entry as soon as
 /// the last one's ACK arrives. Re-sending a tree of 2,000 files that all exist already (every
 /// entry refused, `Exists`) to a receiver judging the pace every 2 s (`--timeout 2`) runs to its

@@ -8,7 +8,7 @@
 //! to re-create rxe0 in 2 of 3 runs, and with the repair removed the transfer after the flap
 //! timed out). Ports 7600-7602 (the helper's own check uses 7609).
 //!
-//! The transfer interrupted by the flap itself (issue 21 §3, "link down 3 s mid-transfer"):
+//! The transfer interrupted by the flap itself:
 //! it completes, or fails within its timeout and a second send resumes it to an identical
 //! file, with nothing else left; then a new transfer works. Ports 7603-7606.
 
@@ -185,7 +185,7 @@ fn spawn_reporting_sender(topo: &testkit::Topology, port: u16, timeout_s: u64, f
         .unwrap()
 }
 
-/// Issue 21 §3, "link down 3 s mid-transfer": a 64 MiB transfer from rxe1 to rxe0 (sender
+/// A link down 3 s mid-transfer: a 64 MiB transfer from rxe1 to rxe0 (sender
 /// `--timeout sender_s`, receiver `--timeout receiver_s`) when veth0 goes down for 3 s
 /// (`scripts/guest/flap`, which also repairs a device whose QP1 the flap wedged). The sender
 /// either succeeds, the file identical, or fails within its timeout (exit 3, timeout, or 6,
@@ -377,9 +377,9 @@ fn a_transfer_across_a_3_s_link_flap_completes_or_resumes_identical() {
 
 /// The sender's timeout (2 s) ends before the flap does: the sender usually gives up during
 /// it, and the receiver, whose timeout (6 s) ends after veth0 is back (so that its disconnect
-/// can leave), keeps the partial the next send resumes. 2 s, not 1: on a slow machine's TCG
-/// (2026-11-27) a 1 s sender timed out waiting for the grant in 5 tries of 5 on Linux 6.12;
-/// a 2 s one in 1 of 2, and the restart above covers that.
+/// can leave), keeps the partial the next send resumes. 2 s, not 1: on a slow machine's TCG a
+/// 1 s sender timed out waiting for the grant in 5 tries of 5 on Linux 6.12, a 2 s one in 1 of
+/// 2, which the restart above covers.
 #[test]
 fn a_transfer_whose_timeout_is_shorter_than_a_3_s_link_flap_resumes_identical() {
     interrupted_transfer_completes_or_resumes(7605, 2, 6);

@@ -1,4 +1,4 @@
-//! A hostile sender against `rdma-copy recv` (issue 21 §3): a sender written by hand over
+//! A hostile sender against `rdma-copy recv`: a sender written by hand over
 //! rdma-verbs ([`RawSender`], in `cli/`) sends control messages that are malformed, truncated,
 //! oversized, out of order or of another session, FINs that do not match what was sent, WRITEs
 //! outside the grant, with the wrong length or immediate, past the end, after and racing the

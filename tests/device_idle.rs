@@ -108,8 +108,7 @@ fn cpu_ticks(pid: u32) -> Option<u64> {
 const MOST_STOP_TICKS: u64 = 60;
 
 /// A receiver told to stop (SIGTERM) while a session's sender is stopped ends that session and
-/// exits, asleep meanwhile: its accept loop does not spin while the session tears down (review
-/// of issue 34).
+/// exits, asleep meanwhile: its accept loop does not spin while the session tears down.
 #[test]
 fn a_stopping_receiver_sleeps_while_its_sessions_end() {
     let topo = testkit::require_topology!();

@@ -1,4 +1,4 @@
-//! Device tests: a 16 MiB `rdma-copy` transfer over an impaired wire (issue 21, §3). netem on
+//! Device tests: a 16 MiB `rdma-copy` transfer over an impaired wire. netem on
 //! both ends of the veth pair (rxe1 10.77.0.2 sends to rxe0 10.77.0.1) loses 1% of the packets,
 //! or reorders a quarter of them; the file must arrive identical, as over a clean wire. Each
 //! case prints its time and data-phase throughput, the packets netem dropped or reordered, and

@@ -1,4 +1,4 @@
-//! Device tests: honest senders in parallel (issue 33 §7). Many `rdma-copy send`s at once to
+//! Device tests: honest senders in parallel. Many `rdma-copy send`s at once to
 //! one receiver, each at the sender's defaults, all arrive, round after round.
 
 mod cli;
@@ -15,7 +15,7 @@ use cli::*;
 const SENDERS: usize = 16;
 const ROUNDS: usize = 3;
 /// 8 MiB: each send takes most of a round (16 at once share the wire), so all sixteen run
-/// together; 16 MiB made the test take 2 minutes on each kernel (2026-11-28).
+/// together; 16 MiB makes the test take 2 minutes on each kernel.
 const SIZE: usize = 8 << 20;
 
 /// Sixteen concurrent sends of identical 8 MiB files, three rounds, at the sender's defaults

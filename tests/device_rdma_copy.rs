@@ -333,8 +333,8 @@ fn two_senders_at_once_both_arrive() {
 #[cfg(feature = "fault-injection")]
 #[test]
 fn a_receiver_that_repeats_credits_and_never_acks_times_the_sender_out() {
-    // The review found the sender's timeout checked only after 256 idle rounds in a row: a
-    // message every millisecond (an old CREDIT, no progress) kept it from ever firing.
+    // The sender's timeout counts time without progress, not idle rounds: a message every
+    // millisecond (an old CREDIT, no progress) must not keep it from firing.
     let topo = testkit::require_topology!();
     let src = scratch("flood-src");
     let f = src.join("f");
@@ -345,8 +345,7 @@ fn a_receiver_that_repeats_credits_and_never_acks_times_the_sender_out() {
     eprintln!("sender exit {code:?} after {took:?}: {err}");
     assert_eq!(code, Some(3), "a timeout: {err}");
     // Start-up, connecting, the data and the disconnect's 1 s bound come on top of the 3 s
-    // (9-12 s in a debug build under TCG); the code before the fix waited for the receiver's
-    // own 60 s timeout.
+    // (9-12 s in a debug build under TCG); well below the receiver's own 60 s timeout.
     assert!(took < Duration::from_secs(25), "3 s without progress took {took:?}");
     let (rcode, report) = rx.finish(Duration::from_secs(70));
     assert_eq!(rcode, 9, "{report}");
@@ -354,8 +353,8 @@ fn a_receiver_that_repeats_credits_and_never_acks_times_the_sender_out() {
 
 #[test]
 fn idle_connections_do_not_lock_senders_out_and_past_the_limit_senders_hear_busy() {
-    // The review found every connection counted as a session from its request on: a few that
-    // never sent a HELLO made every real sender hear Busy.
+    // A connection is not a session until its HELLO: a few that never send one must not make
+    // every real sender hear Busy.
     let topo = testkit::require_topology!();
     let src = scratch("idle-src");
     let f = src.join("f");

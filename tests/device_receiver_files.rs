@@ -1,5 +1,5 @@
 //! Device tests: the receiver touches nothing outside its destination, whatever a local user
-//! plants in it, and works on file systems without `RENAME_NOREPLACE` (issue 33, §1, §6, §7).
+//! plants in it, and works on file systems without `RENAME_NOREPLACE`.
 //! `rdma-copy recv` as documented, a local user acting between two sends as an attacker would.
 
 mod cli;
@@ -81,10 +81,10 @@ fn a_hard_link_planted_at_a_partial_s_name_is_not_written_through() {
     assert!(std::fs::read(dst.join("f")).unwrap() == data);
 }
 
-/// Review L6: something a local user put at a partial's name that the receiver cannot remove
-/// (a directory with a file in it; in a sticky destination, anything of theirs) failed every
-/// later send of that file with a disk I/O verdict. Now such a send is served from the start
-/// in a plain temporary, and the planted directory is left alone.
+/// Something a local user put at a partial's name that the receiver cannot remove (a
+/// directory with a file in it; in a sticky destination, anything of theirs) does not fail
+/// later sends of that file with a disk I/O verdict: such a send is served from the start in a
+/// plain temporary, and the planted directory is left alone.
 #[test]
 fn a_directory_planted_at_a_partial_s_name_does_not_fail_the_send() {
     let topo = testkit::require_topology!();
@@ -212,7 +212,7 @@ fn an_existing_directory_keeps_its_mode_even_when_overwriting() {
 
 /// `recv` defaults to `--dir .`: run from a home directory, any sender (or, on loopback without
 /// a secret, any local user) could store `.ssh/authorized_keys` or `.profile` there and get a
-/// shell as the receiver's user (review finding G6). `rdma-copy recv` now refuses hidden names
+/// shell as the receiver's user. `rdma-copy recv` therefore refuses hidden names
 /// at the top of its directory, through the library's policy hook (`ReceiveOptions::policy`),
 /// unless given `--allow-hidden`; hidden names deeper in a tree (a `.gitignore`) are stored.
 #[test]

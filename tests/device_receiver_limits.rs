@@ -1,5 +1,5 @@
 //! Device tests: a few unauthenticated peers cannot exhaust a receiver or lock others out
-//! (issue 33 §2): each limit against the hostile peer that used to win.
+//! (`docs/protocol.md`, "Threat model"): each limit against the peers it stops.
 
 mod cli;
 
@@ -92,10 +92,10 @@ fn idle_connections_from_one_address_leave_the_other_addresses_served() {
     let _ = rx.stop(Duration::from_secs(30));
 }
 
-/// Review H2: connections that prove nothing (no HELLO; or a HELLO and no proof of the secret)
-/// held every place, `max_per_address` each from a few addresses, and a sender with the secret
-/// heard Busy. Now a connection that proved nothing for `--preempt-after` (1 s) gives its place
-/// to the next request. Here one address holds all 2 + 4 places (its own limit lifted: the
+/// Connections that prove nothing (no HELLO; or a HELLO and no proof of the secret) must not
+/// hold every place, `max_per_address` each from a few addresses, while a sender with the
+/// secret hears Busy: a connection that proved nothing for `--preempt-after` (1 s) gives its
+/// place to the next request. Here one address holds all 2 + 4 places (its own limit lifted: the
 /// place pool is what is tested), then a sender with the secret connects, and is served.
 #[test]
 fn connections_that_prove_nothing_give_their_places_to_a_sender_with_the_secret() {
@@ -126,10 +126,10 @@ fn connections_that_prove_nothing_give_their_places_to_a_sender_with_the_secret(
     assert!(report.contains("a newer one took its place"), "no connection gave its place: {report}");
 }
 
-/// A peer that keeps opening connections, each proving nothing, kept every place younger than
-/// `--preempt-after`, so none could be given to a newcomer, and a sender with the secret heard
-/// Busy (the review of the fix above, H2). Now the sender's connect request proves the secret
-/// (KNOCK) and takes the place of an unproven connection at any age. The churn here comes from
+/// A peer that keeps opening connections, each proving nothing, keeps every place younger than
+/// `--preempt-after`, so none can be given to a newcomer by age; the sender's connect request
+/// therefore proves the secret (KNOCK) and takes the place of an unproven connection at any
+/// age, instead of hearing Busy. The churn here comes from
 /// the sender's own address (the VM has one client address), so that only the knock can tell
 /// them apart; `--preempt-after 5` lets a churn of a connection a second keep up.
 #[test]
@@ -185,10 +185,9 @@ fn a_peer_that_keeps_opening_connections_cannot_keep_a_sender_with_the_secret_ou
     assert!(report.contains("a newer one took its place"), "no connection gave its place: {report}");
 }
 
-/// Knocked requests were held back by `--max-per-address` (16817fb): four connections that
-/// proved nothing, from the address a secret holder sends from (a co-tenant of its host),
-/// kept it out with "4 connections from this address already" (a third review). A knocked
-/// request is now counted but not held back.
+/// A knocked request is counted by `--max-per-address` but not held back by it: four
+/// connections that prove nothing, from the address a secret holder sends from (a co-tenant of
+/// its host), must not keep it out with "4 connections from this address already".
 #[test]
 fn connections_that_prove_nothing_from_the_sender_s_address_do_not_use_up_its_limit() {
     let topo = testkit::require_topology!();
@@ -251,11 +250,10 @@ fn events_of(id: &rdma_cm::CmId<rdma_cm::RouteResolved>) -> Vec<u32> {
     }
 }
 
-/// Requests never completed (the review of the knock, M1): a displaced connection still being
-/// accepted lingered in its accept up to `hello_timeout` (10 s) among the connections leaving,
-/// and at most four times the places may be leaving (twice for requests without a knock), so a
-/// peer keeping the places filled with such requests held knocked requests to about
-/// `2 × places / hello_timeout` a second. Now a displaced accept ends within 20 ms: here five
+/// Requests never completed: a displaced connection still being accepted ends within 20 ms. At
+/// most four times the places may be leaving (twice for requests without a knock), so were it
+/// to linger in its accept up to `hello_timeout` (10 s), a peer keeping the places filled with
+/// such requests would hold knocked requests to about `2 × places / hello_timeout` a second: here five
 /// requests never completed hold every place (`--max-sessions 1` and four more), a sender with
 /// the secret takes one of them, and the peer of the one it took hears the receiver give it up
 /// within seconds, not at the end of the 10 s.
@@ -302,10 +300,9 @@ fn a_displaced_request_never_completed_is_given_up_at_once() {
     assert!(report.contains("a newer one took its place"), "no connection gave its place: {report}");
 }
 
-/// Review L5: one connection request the receiver could not take (no file descriptor left for
-/// its event channel) ended `serve`, and `rdma-copy recv` exited: peers holding connections
-/// until the receiver ran out of descriptors stopped it for everyone. Now that request is
-/// rejected and the receiver serves on. Its descriptor limit is lowered to the lowest free
+/// A connection request the receiver cannot take (no file descriptor left for its event
+/// channel) is rejected and the receiver serves on, so that peers holding connections until the
+/// receiver runs out of descriptors cannot stop it for everyone. Its descriptor limit is lowered to the lowest free
 /// number (none free), then raised again.
 #[test]
 fn a_request_the_receiver_has_no_descriptor_for_is_rejected_and_it_serves_on() {
@@ -362,11 +359,12 @@ fn bogus_lanes_on_a_receiver_without_a_secret_cost_only_their_connection() {
     let _ = rx.stop(Duration::from_secs(30));
 }
 
-/// A session that failed after its GRANT gave its place among `--max-sessions` back before its
-/// teardown freed the ring, and the teardown waits up to 5 s per lane for a peer that never
-/// disconnects: a new session could be granted a share while the old ring was still registered,
-/// so one address held 2.5 times `--memory` (review finding F2). Now the place, and with it the
-/// share, is given back only after the ring is freed.
+/// A session that fails after its GRANT keeps its place among `--max-sessions` until its
+/// teardown freed the ring. The teardown waits up to 5 s per lane for a peer that never
+/// disconnects: were the place given back before, a new session could be granted a share while
+/// the old ring was still registered,
+/// so one address could hold 2.5 times `--memory`. The place, and with it the share, is
+/// therefore given back only after the ring is freed.
 #[test]
 fn a_session_in_teardown_holds_its_memory_share_until_its_ring_is_freed() {
     let topo = testkit::require_topology!();
@@ -412,9 +410,9 @@ fn a_session_in_teardown_holds_its_memory_share_until_its_ring_is_freed() {
     let _ = rx.stop(Duration::from_secs(30));
 }
 
-/// A sender that trickles (one 16 KiB chunk every 2.5 s, 6.4 KiB/s) made progress within
-/// every `--timeout`, so it held its place for as long as it liked: on a receiver with one
-/// place, nobody else was served meanwhile (issue 33 §3). Now a window of `--timeout` of its
+/// A sender that trickles (one 16 KiB chunk every 2.5 s, 6.4 KiB/s) makes progress within
+/// every `--timeout`, so the timeout alone would let it hold its place for as long as it liked
+/// (on a receiver with one place, nobody else served meanwhile). A window of `--timeout` of its
 /// time that brings less than `--min-rate` (16 KiB/s by default) ends it: it is told `busy`
 /// and why, its place serves the next sender, and its partial is kept, so that the same file
 /// sent at a normal pace resumes and arrives whole.

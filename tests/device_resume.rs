@@ -1,4 +1,4 @@
-//! Device tests: interrupted transfers resume (issue 21, 2.1 and the kill tests of §3). A sender
+//! Device tests: interrupted transfers resume. A sender
 //! or receiver killed at seeded points mid-file; the next send of the same file sends only what
 //! the receiver lacks, the file arrives identical, and no temporary or partial is left.
 
@@ -195,7 +195,7 @@ fn no_resume_sends_every_byte_and_keeps_no_partial() {
     assert!(std::fs::read(dst.join("f")).unwrap() == data);
 }
 
-/// Issue 33 §3: a key seen in `ls -a` or on the wire, offered with another name, neither takes
+/// A key seen in `ls -a` or on the wire, offered with another name, neither takes
 /// the owner's partial nor removes it; the owner's next send still resumes.
 #[test]
 fn a_sniffed_key_offered_with_another_name_leaves_the_owner_s_partial_alone() {
@@ -212,8 +212,8 @@ fn a_sniffed_key_offered_with_another_name_leaves_the_owner_s_partial_alone() {
     wait_for_session_end(&dst, "f");
     let part = listing(&dst).into_iter().find(|n| n.ends_with(".part.rdcp-tmp")).expect("a partial");
     let key = u64::from_str_radix(part.trim_start_matches('.').split('.').next().unwrap(), 16).unwrap();
-    // Another peer offers a small file "other" under that key and sends it whole (the review
-    // found a completed transfer removed the partial it could not use).
+    // Another peer offers a small file "other" under that key and sends it whole: a completed
+    // transfer must not remove a partial it could not use.
     let mut thief = RawSender::connect(&topo, 7585);
     let caps = caps::DIGEST_XXH3_128 | caps::RESUME;
     let hello = Hello { name: "other".into(), caps, resume: Some(key), ..raw_hello(4096) };
@@ -306,10 +306,10 @@ fn a_peer_with_the_resume_key_but_other_bytes_gets_a_fresh_temporary_and_the_own
 }
 
 /// With a secret, a resumed partial is hashed with keyed BLAKE3 before the GRANT, and the
-/// sender waits for that GRANT only its `--timeout`: a partial that took longer to hash could
-/// never be resumed, and each timed-out attempt rewrote its sidecar, so it never expired either
-/// (review finding G4). Now the receiver resumes from what it hashed within a third of its
-/// `--timeout`, and sends for the rest. A 256 MiB file, cut once 160 MiB are kept, then sent
+/// sender waits for that GRANT only its `--timeout`: a partial that took longer to hash would
+/// never be resumed, and each timed-out attempt would rewrite its sidecar, so it never expired
+/// either. The receiver therefore resumes from what it hashed within a third of its
+/// `--timeout`, and is sent the rest. A 256 MiB file, cut once 160 MiB are kept, then sent
 /// again with `--timeout 3` on both sides (keyed BLAKE3 of 160 MiB takes seconds in the VM):
 /// the second send succeeds, resumed from less than what was kept.
 #[test]
@@ -338,10 +338,10 @@ fn a_partial_too_large_to_hash_within_the_timeout_resumes_from_what_was_hashed()
     assert!(at > 0 && at < kept, "resumed at {at} of the {kept} bytes kept");
 }
 
-/// Review R2: a peer that offers a resume and leaves at once cost the receiver a third of its
-/// `--timeout` of hashing (the partial's bytes, read from disk) for a connection of about 1 KB,
-/// because the hash did not look at the connection. Now it asks every 16 MiB whether the peer
-/// left, and stops. A 128 MiB partial cut at 96 MiB or more (six looks at the connection), with
+/// A peer that offers a resume and leaves at once costs the receiver no more hashing than it
+/// stays connected for (not a third of its `--timeout` of the partial's bytes, read from disk,
+/// for a connection of about 1 KB): the hash asks every 16 MiB whether the peer left, and
+/// stops. A 128 MiB partial cut at 96 MiB or more (six looks at the connection), with
 /// a secret (keyed BLAKE3, tens of MB/s in the VM) and `--timeout 60` (a budget of 20 s: it
 /// would all be hashed): a sender
 /// killed as soon as the receiver logs that the hash began leaves a hash that stopped short and

@@ -1,4 +1,4 @@
-//! Device soak tests (issue 21, §3): one `rdma-copy recv` process serves many transfers, one
+//! Device soak tests: one `rdma-copy recv` process serves many transfers, one
 //! after another and eight at once, every file compared byte for byte; and what the receiver
 //! holds (open fds, RSS, the devices' verbs resources) is back at its baseline once it is idle.
 //!
@@ -68,8 +68,8 @@ fn settle(topo: &testkit::Topology, pid: u32, base: &Held) -> Held {
 
 /// Retries each concurrent sender may make (`rdma-copy send --retries`): Linux 6.1's rxe
 /// ends some connections of eight transfers at once under TCG (`docs/testing.md`, Known
-/// limits): one sender in each of 3 of 5 full runs on 6.1 in 2026-11, three of 16 in one CI run
-/// on a slower machine (2026-11-27).
+/// limits): without retries, one sender in each of 3 of 5 full runs on 6.1, and three of 16 in
+/// one run on a slower machine.
 const RETRIES: &str = "3";
 
 /// The most the receiver's RSS may grow over a phase, idle before and after, in KiB. Each

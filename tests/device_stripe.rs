@@ -1,4 +1,4 @@
-//! Device tests: striping (issue 22 §2, capability `LANES`). `rdma-copy send --lanes N` spreads
+//! Device tests: striping. `rdma-copy send --lanes N` spreads
 //! one session's chunks over N connections to the receiver: a 64 MiB file over 2 and 4 lanes,
 //! a batch, and a transfer killed and resumed all arrive identical; a receiver that grants no
 //! lanes (`--max-lanes 1`) is sent everything on one; a lane whose token names no live session

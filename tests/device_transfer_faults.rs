@@ -1,5 +1,6 @@
-//! Device tests for issue 21's defects: what a user saw go wrong with `rdma-copy`, each now a
-//! test that failed on the code before its fix (rxe1 10.77.0.2 sends to rxe0 10.77.0.1).
+//! Device tests of what a user would see go wrong with `rdma-copy`: counts, session ids, a
+//! source that changes, a killed receiver, the connect timeout, the secret and a forger on the
+//! path (rxe1 10.77.0.2 sends to rxe0 10.77.0.1).
 
 mod cli;
 
@@ -10,8 +11,8 @@ use cli::*;
 use rdma_proto::wire::{self, Hello, Message};
 use rdma_verbs::{RemoteRegion, SlotRequest};
 
-/// `recv --count 1` used its one transfer on a connection that sent nothing, and exited before
-/// the real sender came. Now only a HELLO counts; the idle connection is ended once the count is
+/// `recv --count 1` does not use its one transfer on a connection that sends nothing (it would
+/// exit before the real sender came): only a HELLO counts; the idle connection is ended once the count is
 /// reached, and is no failure (exit 0).
 #[test]
 fn recv_count_counts_transfers_not_connections() {
@@ -34,8 +35,9 @@ fn recv_count_counts_transfers_not_connections() {
 }
 
 #[cfg(feature = "fault-injection")]
-/// Two senders that use one session id got DiskIo "File exists" with the receiver's absolute
-/// path in the detail: their temporaries had one name. Both are served now.
+/// Two senders that use one session id are both served: their temporaries have different
+/// names (one name would give one of them DiskIo "File exists", with the receiver's absolute
+/// path in the detail).
 #[test]
 fn two_senders_with_one_session_id_are_both_served() {
     let topo = testkit::require_topology!();
@@ -65,7 +67,7 @@ fn two_senders_with_one_session_id_are_both_served() {
     assert!(std::fs::read(dst.join("b")).unwrap() == db);
 }
 
-/// A source rewritten while it was sent was stored torn, with ACK OK. The sender now compares
+/// A source rewritten while it is sent is not stored torn with ACK OK: the sender compares
 /// the file's identity (size, mtime, ctime, inode) once it read every chunk and fails (exit 5)
 /// before its FIN; the receiver stores nothing.
 #[test]
@@ -145,9 +147,9 @@ fn bytes_and_rate(line: &str) -> (u64, f64) {
     (bytes, rate)
 }
 
-/// A killed receiver gave the sender exit 2 ("RemoteAccessError") in 3 of 5 kills and exit 6 in
-/// 2: the completion that failed first depended on the moment. Every kill gives "the peer
-/// disconnected" (exit 6) now.
+/// Every kill of the receiver gives the sender "the peer disconnected" (exit 6), whichever
+/// completion failed first (it depends on the moment: judged by it alone, 3 kills of 5 gave
+/// exit 2, "RemoteAccessError").
 #[test]
 fn a_killed_receiver_always_gives_the_sender_exit_6() {
     let topo = testkit::require_topology!();
@@ -172,11 +174,11 @@ fn a_killed_receiver_always_gives_the_sender_exit_6() {
     }
 }
 
-/// `--connect-timeout` bounded each step (resolving, then connecting) rather than the whole:
-/// 17.5 s were seen for 10 s. With 1.2 s of delay each way on the wire (netem), resolving
-/// (an ARP round trip) and connecting (REQ/REP) each take about 2.4 s: under a 3 s bound each,
-/// over it together. The send now fails as a timeout (exit 3, where the old code connected and
-/// exited 0) within the bound and a margin.
+/// `--connect-timeout` bounds resolving and connecting together, not each step (17.5 s for
+/// 10 s, so). With 1.2 s of delay each way on the wire (netem), resolving (an ARP round trip)
+/// and connecting (REQ/REP) each take about 2.4 s: under a 3 s bound each, over it together.
+/// The send fails as a timeout (exit 3; bounding each step, it would connect and exit 0) within
+/// the bound and a margin.
 ///
 /// The time is counted from the sender's own "sending" log line (just before it resolves) to
 /// its exit, not from the spawn: starting the process (the debug binary read over the VM's 9p
@@ -300,7 +302,7 @@ fn send_with_secret_timed(
     (out, took)
 }
 
-/// Authorization (issue 21, 2.3): a receiver with `--secret-file` serves a sender that proves
+/// Authorization: a receiver with `--secret-file` serves a sender that proves
 /// the secret (from `RDMA_COPY_SECRET`); one without it or with another is refused with
 /// NotAuthorized (exit 19) and leaves nothing; past 5 wrong proofs from its address the answers
 /// to further wrong ones are held back, while the right secret is still served at once; a
@@ -377,9 +379,9 @@ fn a_receiver_with_a_secret_serves_only_senders_that_prove_it() {
     assert!(listing(&dst).is_empty(), "{:?}", listing(&dst));
 }
 
-/// With `--count 1` and a secret, one HELLO with a wrong proof used up the count: the receiver
-/// exited 9, and the sender with the secret found nobody listening (review finding F3). Now only
-/// a sender that proved the secret counts; the wrong proof and the sender without a secret are
+/// With `--count 1` and a secret, only a sender that proved the secret counts (a HELLO with a
+/// wrong proof using up the count would make the receiver exit 9, and the sender with the
+/// secret find nobody listening); the wrong proof and the sender without a secret are
 /// refused (exit 19) and reported, the right one is served, and the receiver exits 0.
 #[test]
 fn senders_that_cannot_prove_the_secret_do_not_use_up_the_count() {
@@ -402,9 +404,8 @@ fn senders_that_cannot_prove_the_secret_do_not_use_up_the_count() {
     assert_eq!(report.lines().count(), 3, "{report}");
 }
 
-/// The digest was not keyed with a secret: someone on the path who rewrote a WRITE's payload
-/// (and its ICRC) and the FIN's digest had the changed data stored with the verdict `Ok`
-/// (issue 33 §5). The hidden `--test-tamper N` plays that forger from inside the sender: chunk
+/// With a secret the digest is keyed: someone on the path who rewrites a WRITE's payload (and
+/// its ICRC) and the FIN's digest cannot have the changed data stored with the verdict `Ok`. The hidden `--test-tamper N` plays that forger from inside the sender: chunk
 /// N changes after it was hashed, and the FIN carries the digest of what was sent, computed
 /// without the secret. With a secret the session's digest is BLAKE3 keyed from it, so the
 /// verdict is ChecksumMismatch (exit 11) and nothing is stored. Without a secret the forger

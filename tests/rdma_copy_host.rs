@@ -1,5 +1,6 @@
-//! Host tests of the `rdma-copy` tool (no RDMA needed): its help lists the exit codes the README
-//! sends users to, and on a host without RDMA it says what to do, as `rdma-verbs` does.
+//! Host tests of the `rdma-copy` tool (no RDMA needed): its help and its user guide
+//! (docs/rdma-copy.md) list the exit codes, and on a host without RDMA it says what to do, as
+//! `rdma-verbs` does.
 
 mod cli;
 
@@ -23,6 +24,17 @@ fn help_lists_every_exit_code() {
     }
     for line in ["0  every transfer was stored", "9  a transfer failed", "128+N  stopped by signal N"] {
         assert!(top.contains(line) && recv.contains(line), "recv's codes lack {line:?}:\n{recv}");
+    }
+}
+
+/// The user guide's exit-code table has a row for every code `send` gives, worded as `--help`
+/// words it (both come from `rdma_proto::driver::exit_codes`), so the guide cannot fall behind.
+#[test]
+fn the_user_guide_lists_every_exit_code() {
+    let guide = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/rdma-copy.md")).unwrap();
+    for (code, what) in rdma_proto::driver::exit_codes() {
+        let row = format!("| {code} | {what} |");
+        assert!(guide.lines().any(|l| l == row), "docs/rdma-copy.md lacks the row {row:?}");
     }
 }
 

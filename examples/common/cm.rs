@@ -16,7 +16,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 ///
 /// A peer that answers and then disconnects (rdma-core's `rdma_server` does) may have its
 /// disconnect seen before the completion of the answer's receive: the CM event and the
-/// completion travel separate paths (seen once in CI on rxe, 2026-11-28). So the disconnect ends
+/// completion travel separate paths (rxe does it, rarely). So the disconnect ends
 /// the wait only after [`LEFT_GRACE`] more of polling found the requests still incomplete.
 ///
 /// `ids` must name every request the scope has outstanding: a completion of any other is an

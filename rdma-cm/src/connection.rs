@@ -55,7 +55,7 @@ impl<'res> Leaving<'res> {
 ///
 /// Post work with [`qp`](Self::qp) (e.g. [`QueuePair::scope`]). End it with
 /// [`disconnect`](Self::disconnect) (this side leaves) or
-/// [`wait_disconnected`](Self::wait_disconnected) (the peer leaves); both return a
+/// [`peer_disconnect`](Self::peer_disconnect) (the peer leaves); both end in a
 /// [`ClosedConnection`]. Dropping it disconnects (`rdma_disconnect`), then destroys the
 /// identifier and its channel, then the queue pair.
 ///
@@ -247,16 +247,6 @@ impl<'res> Connection<'res> {
         PeerDisconnect { conn: self }
     }
 
-    /// `self.peer_disconnect().wait(timeout)`.
-    ///
-    /// # Errors
-    /// As [`peer_disconnect`](Self::peer_disconnect).
-    #[doc(alias = "rdma_disconnect")]
-    #[deprecated(since = "0.1.0", note = "use `peer_disconnect().wait(timeout)`")]
-    pub fn wait_disconnected(self, timeout: Duration) -> Result<ClosedConnection<'res>> {
-        self.peer_disconnect().wait(timeout)
-    }
-
     /// After the peer's disconnect: the QP flushed, the identifier destroyed.
     fn into_closed(self) -> Result<ClosedConnection<'res>> {
         let Connection { qp, peer, .. } = self;
@@ -286,8 +276,8 @@ impl std::os::fd::AsFd for Connection<'_> {
     }
 }
 
-/// A connection that has ended, as [`Connection::disconnect`] and
-/// [`Connection::wait_disconnected`] return it. Its identifier is destroyed (`rdma_destroy_id`);
+/// A connection that has ended, what [`Connection::disconnect`] and
+/// [`Connection::peer_disconnect`] end in. Its identifier is destroyed (`rdma_destroy_id`);
 /// the queue pair, now in the error state, is kept so that flushed completions can still be
 /// polled from its CQs.
 ///
@@ -383,26 +373,6 @@ impl<'res> Connection<'res> {
     #[doc(alias = "rdma_disconnect")]
     pub async fn disconnected_async(&self) -> Result<()> {
         self.conn.id.wait_for_async(WAIT_DISCONNECTED, || self.disconnected_step()).await.map_err(|e| self.on_device(e))
-    }
-
-    /// `self.peer_disconnect().await`.
-    ///
-    /// # Errors
-    /// As [`peer_disconnect`](Self::peer_disconnect).
-    #[doc(alias = "rdma_disconnect")]
-    #[deprecated(since = "0.1.0", note = "use `peer_disconnect().await`")]
-    pub async fn wait_disconnected_async(self) -> Result<ClosedConnection<'res>> {
-        self.peer_disconnect().await
-    }
-
-    /// `self.disconnect().await`.
-    ///
-    /// # Errors
-    /// As [`disconnect`](Self::disconnect).
-    #[doc(alias = "rdma_disconnect")]
-    #[deprecated(since = "0.1.0", note = "use `disconnect().await`")]
-    pub async fn disconnect_async(self) -> Result<ClosedConnection<'res>> {
-        self.disconnect().await
     }
 }
 

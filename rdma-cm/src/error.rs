@@ -194,7 +194,7 @@ pub enum Error {
         missing: &'static str,
     },
     /// The caller gave up a wait before its end: the condition it handed in (as to
-    /// [`ConnectRequest::accept_while`](crate::ConnectRequest::accept_while)) said to stop.
+    /// [`Accepting::wait_while`](crate::Accepting::wait_while)) said to stop.
     #[error("{what}{}: given up by the caller", OnDevice(.device))]
     Cancelled {
         /// What was waited for, e.g. `"rdma_accept"`.

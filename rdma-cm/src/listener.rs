@@ -316,22 +316,6 @@ impl ConnectRequest {
         Accepting { req: self, qp, params: OwnedParams::new(params) }
     }
 
-    /// `self.accept(qp, params).wait_while(timeout, check_every, keep_waiting)`.
-    ///
-    /// # Errors
-    /// As [`Accepting::wait_while`].
-    #[deprecated(since = "0.1.0", note = "use `accept(qp, params).wait_while(timeout, check_every, keep_waiting)`")]
-    pub fn accept_while<'res>(
-        self,
-        qp: QueuePair<'res, Rc, Init>,
-        params: &ConnParams<'_>,
-        timeout: Duration,
-        check_every: Duration,
-        keep_waiting: impl FnMut() -> bool,
-    ) -> Result<Connection<'res>> {
-        self.accept(qp, params).wait_while(timeout, check_every, keep_waiting)
-    }
-
     /// `accept`'s first step: the QP to `ReadyToSend`, then `rdma_accept()`. The request is
     /// answered from here on: dropping what this returns only destroys the identifier.
     fn start_accept<'res>(
@@ -470,22 +454,5 @@ impl<'res> Accepting<'res> {
             })
             .await;
         accepted.finish(qp, waited)
-    }
-}
-
-#[cfg(feature = "tokio")]
-impl ConnectRequest {
-    /// `self.accept(qp, params).await`.
-    ///
-    /// # Errors
-    /// As [`accept`](Self::accept).
-    #[doc(alias = "rdma_accept")]
-    #[deprecated(since = "0.1.0", note = "use `accept(qp, params).await`")]
-    pub async fn accept_async<'res>(
-        self,
-        qp: QueuePair<'res, Rc, Init>,
-        params: &ConnParams<'_>,
-    ) -> Result<Connection<'res>> {
-        self.accept(qp, params).await
     }
 }

@@ -94,8 +94,8 @@ async fn connect_accept_and_disconnect_on_a_current_thread_runtime() {
         assert_eq!(client.conn.peer_addr(), dst);
         let (leaving, staying) = if client_leaves { (client, server) } else { (server, client) };
         let (left, stayed) = tokio::join!(
-            within("disconnect_async", leaving.conn.disconnect()),
-            within("wait_disconnected_async", staying.conn.peer_disconnect()),
+            within("disconnect", leaving.conn.disconnect()),
+            within("peer_disconnect", staying.conn.peer_disconnect()),
         );
         let (left, stayed) = (left.unwrap(), stayed.unwrap());
         assert_eq!(left.qp().state().unwrap(), QpState::Error, "the QP is flushed");
@@ -122,7 +122,7 @@ async fn concurrent_connections_with_a_ping_each_on_a_multi_thread_runtime() {
             tokio::spawn(async move {
                 let side = within("accept", accept_next(&listener, b"")).await.unwrap();
                 let n = tokio::task::block_in_place(|| ping_server(&side.conn, &side.pd));
-                let closed = within("wait_disconnected_async", side.conn.peer_disconnect()).await.unwrap();
+                let closed = within("peer_disconnect", side.conn.peer_disconnect()).await.unwrap();
                 assert_eq!(closed.qp().state().unwrap(), QpState::Error);
                 n
             })
@@ -134,7 +134,7 @@ async fn concurrent_connections_with_a_ping_each_on_a_multi_thread_runtime() {
             tokio::spawn(async move {
                 let side = within("connect", connect(&topo, dst, b"")).await.unwrap();
                 tokio::task::block_in_place(|| ping_client(&side.conn, &side.pd, 100 * i));
-                let closed = within("disconnect_async", side.conn.disconnect()).await.unwrap();
+                let closed = within("disconnect", side.conn.disconnect()).await.unwrap();
                 assert_eq!(closed.qp().state().unwrap(), QpState::Error);
             })
         })
@@ -240,7 +240,7 @@ async fn a_request_wait_dropped_again_and_again_loses_no_request() {
             async move {
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 let side = within("connect", connect(&topo, dst, HELLO)).await.unwrap();
-                within("disconnect_async", side.conn.disconnect()).await.unwrap();
+                within("disconnect", side.conn.disconnect()).await.unwrap();
             }
         });
         let (start, mut dropped) = (Instant::now(), 0u32);
@@ -252,7 +252,7 @@ async fn a_request_wait_dropped_again_and_again_loses_no_request() {
             assert!(start.elapsed() < T, "round {round}: no request within {T:?} ({dropped} waits dropped)");
         };
         let side = within("accept", accept(req, WELCOME)).await.unwrap();
-        within("wait_disconnected_async", side.conn.peer_disconnect()).await.unwrap();
+        within("peer_disconnect", side.conn.peer_disconnect()).await.unwrap();
         client.await.unwrap();
         assert!(dropped > 0, "round {round}: waits were dropped before the client connected");
         eprintln!("round {round}: {dropped} request waits dropped in {:?}; the request was accepted", start.elapsed());
@@ -275,7 +275,7 @@ fn async_calls_outside_a_runtime_are_a_typed_error_and_any_runtime_will_do() {
     no_runtime("recv_request_async", poll_once(async { listener.recv_request_async().await.map(drop) }));
     let id = CmId::new().unwrap();
     let resolve = async { id.resolve(Some(client_src(&topo)), listener.local_addr()).await.map(drop) };
-    no_runtime("resolve_async", poll_once(resolve));
+    no_runtime("resolve", poll_once(resolve));
 
     // Used in a runtime that then shut down: outside any runtime the same error; in another
     // runtime the identifier waits there (each wait registers with the runtime it runs on), so

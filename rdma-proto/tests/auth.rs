@@ -1,4 +1,4 @@
-//! Authorization by a shared secret (issue 21, 2.3), machine against machine in memory: the
+//! Authorization by a shared secret, machine against machine in memory: the
 //! transfer works when both sides hold the secret; a sender without it, or with another one, is
 //! refused before anything is opened; a receiver that cannot prove the secret gets no data.
 
@@ -290,12 +290,12 @@ fn the_keyed_digest_cannot_be_stripped_on_the_path() {
     assert!(failure.contains("seal is wrong"), "{failure}");
 }
 
-/// Review R7: with a secret, a message changed on the path (here a FIN with no valid seal,
-/// during the data) ends the receiver's session with `ProtocolError::Unsealed`, which its
-/// driver treats as a resumable end (it keeps the partial), not as the sender's violation
-/// (which threw the partial away). Review H9: it ended with a sealed ACK `ProtocolMismatch`,
-/// a verdict the sender took as final, so `--retries` never resumed it; it now ends with no
-/// verdict, as a lost connection does, and the sender retries.
+/// With a secret, a message changed on the path (here a FIN with no valid seal, during the
+/// data) ends the receiver's session with `ProtocolError::Unsealed`, which its driver treats as
+/// a resumable end (it keeps the partial), not as the sender's violation (which would throw the
+/// partial away). It ends with no verdict, as a lost connection does, so that the sender
+/// retries: a sealed ACK `ProtocolMismatch` would be a verdict the sender takes as final, and
+/// `--retries` would never resume it.
 #[test]
 fn a_message_changed_on_the_path_ends_the_receivers_session_as_unsealed() {
     let (s, r) = machines(Some("correct horse battery staple"), Some("correct horse battery staple"));

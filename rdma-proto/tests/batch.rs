@@ -1,4 +1,4 @@
-//! Batches (capability `BATCH`, issue 21 §2.2): the sender and receiver machines of one
+//! Batches (capability `BATCH`): the sender and receiver machines of one
 //! session move several files and directories over one grant, with a verdict per entry and
 //! one summary; a bad entry is refused alone; the session's byte limit holds. A pump without
 //! RDMA plays both drivers: messages are delivered in order, a WRITE copies the chunk into the
@@ -754,7 +754,7 @@ fn with_a_secret_a_batch_arrives_whole() {
     assert!(run.digest_sizes.iter().all(|&n| n == 32), "the keyed digest: {:?}", run.digest_sizes);
 }
 
-/// Review G1: with a secret, nobody on the path may choose where an authentic file goes or
+/// With a secret, nobody on the path may choose where an authentic file goes or
 /// with what mode. Here the ENTRYs' paths are swapped in place (same length) and a mode is
 /// opened up to 0666: the receiver stores nothing under a rewritten name, and no verdict is Ok
 /// for a rewritten entry.
@@ -789,7 +789,7 @@ fn with_a_secret_entries_changed_on_the_path_store_nothing_under_the_attackers_n
     }
 }
 
-/// Review G2: with a secret, nobody on the path may turn a failure into a success. The
+/// With a secret, nobody on the path may turn a failure into a success. The
 /// receiver's verdict on `conf/test` is a checksum mismatch (its digest is made to differ);
 /// on its way back its status is rewritten to Ok, or it is replaced by a plain ACK Ok. The
 /// sender must not report that file stored.
@@ -825,11 +825,11 @@ fn with_a_secret_a_verdict_changed_on_the_path_is_never_taken_for_ok() {
     }
 }
 
-/// Review R1 and H1: each ENTRY counts `OFFER_CREDIT` (1 KiB) towards the pace floor, whatever
-/// its verdict. Before R1 every ENTRY counted 16 KiB, and after it every entry stored did: a
-/// peer holding its place with one entry a second (a bad name, a size over the limit, a
-/// directory that exists already, an empty file), about 100 bytes/s, passed a floor of 16 KiB/s
-/// for the whole of `max_entries`, a million seconds. Here each is ended at the first judgement
+/// Each ENTRY counts `OFFER_CREDIT` (1 KiB) towards the pace floor, whatever its verdict, so
+/// that a peer holding its place with one entry a second (a bad name, a size over the limit, a
+/// directory that exists already, an empty file), about 100 bytes/s, cannot pass a floor of
+/// 16 KiB/s for the whole of `max_entries`, a million seconds (as it would if an entry counted
+/// 16 KiB, or if only entries stored counted). Here each is ended at the first judgement
 /// and told `Busy`, while a batch that offers its entries at a round trip's pace keeps its place.
 #[test]
 fn entries_trickled_to_hold_a_place_do_not_keep_the_pace() {

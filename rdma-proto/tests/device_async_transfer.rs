@@ -1,4 +1,4 @@
-//! Device tests of the async driver (feature `tokio`, issue 20): `Server::serve_async` and
+//! Device tests of the async driver (feature `tokio`): `Server::serve_async` and
 //! `send_file_async` run many transfers on one runtime, a task each, and store exactly the
 //! bytes sent.
 #![cfg(feature = "tokio")]

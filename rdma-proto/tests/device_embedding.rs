@@ -1,4 +1,4 @@
-//! Device tests of the driver as an application embeds it (issue 21, 2.5): progress per chunk
+//! Device tests of the driver as an application embeds it: progress per chunk
 //! on both sides, typed receiver results (a refusal never reads as `Ok`), and a send cancelled
 //! from another thread, which the next send resumes.
 

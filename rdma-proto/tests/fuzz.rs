@@ -1,4 +1,4 @@
-//! Fuzzing of what a peer controls on the receiver's side, for a bounded time (issue 21 §3): the
+//! Fuzzing of what a peer controls on the receiver's side, for a bounded time: the
 //! decoder (arbitrary bytes and structure-aware mutations of valid messages of all seven kinds)
 //! and the receiver's state machine fed arbitrary sequences of inputs: junk and mutated messages
 //! of every kind and session, WRITE arrivals with any immediate and length, the driver's answers
@@ -962,7 +962,8 @@ enum End {
     Twice,
     /// The sender kept a pace below the floor: ACK Busy.
     TooSlow,
-    /// A message whose seal is wrong: no verdict (review H9).
+    /// A message whose seal is wrong: no verdict, so that the sender retries as after a lost
+    /// connection.
     Unsealed,
     /// The sender's CANCEL: no verdict.
     Cancelled,

@@ -252,7 +252,7 @@ fn bad_hellos_are_refused_with_their_status() {
 }
 
 /// A connection whose first message is no HELLO asked for no transfer: `recv --count` must not
-/// count it (issue 21, 1.4: a connection that sent nothing used up one of the count).
+/// count it (a connection that sent nothing must not use up one of the count).
 #[test]
 fn a_first_message_that_is_no_hello_is_no_transfer() {
     let t = Instant::now();

@@ -4,8 +4,8 @@
 
 use rdma_proto::driver::{Error, ReceiveOptions, Server};
 
-/// `rdma-copy recv --max-chunk 0` was accepted, and would have granted 1-byte slots (issue 21,
-/// 1.4). On the code before, this got the listener's error (no device here) instead.
+/// `rdma-copy recv --max-chunk 0` is refused as a usage error before anything is bound (it
+/// would grant 1-byte slots); no device is needed to see it.
 #[test]
 fn a_receiver_with_a_max_chunk_of_zero_is_refused() {
     let mut opts = ReceiveOptions::default();
@@ -20,9 +20,9 @@ fn a_receiver_with_a_max_chunk_of_zero_is_refused() {
     }
 }
 
-/// A /proc file reports a size of 0 and yields data: it was sent as 0 bytes with exit 0
-/// (issue 21, 1.4). It is refused before connecting now; on the code before, this test got the
-/// connection's error (no device here) instead of the file's.
+/// A /proc file reports a size of 0 and yields data: it is refused before connecting (not
+/// sent as 0 bytes with exit 0), so this test gets the file's error, not the connection's
+/// (no device here).
 #[test]
 fn a_file_that_reports_no_size_but_has_data_is_refused_before_connecting() {
     use rdma_proto::driver::{send_file, SendOptions};

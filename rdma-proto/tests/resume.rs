@@ -1,4 +1,4 @@
-//! Resuming (issue 21, 2.1), machine against machine in memory: a receiver that holds the first
+//! Resuming, machine against machine in memory: a receiver that holds the first
 //! bytes of the file asks only for the rest, the chunks land after them, and the whole-file
 //! digest still covers every byte (a held prefix that differs from the file is a checksum
 //! mismatch, never a success).

@@ -1,4 +1,4 @@
-//! Device tests of the async front (feature `tokio`, issue 20): `RecvRing::recv_async`,
+//! Device tests of the async front (feature `tokio`): `RecvRing::recv_async`,
 //! `SendQueue::wait_async`/`ready_async`, on current-thread and multi-thread runtimes; an idle
 //! task costs no core; futures dropped mid-wait lose no message and leak nothing.
 #![cfg(feature = "tokio")]
@@ -255,8 +255,7 @@ fn self_connected_on<'r>(
 }
 
 /// A queue or ring made for async waits on a CQ without a completion channel is refused when it
-/// is made, before any receive is posted (issue 34: it used to fail only at its first async
-/// wait); `Context::create_cq_with_channel` makes CQs whose ring and queue are awaited, here a
+/// is made, before any receive is posted (not only at its first async wait); `Context::create_cq_with_channel` makes CQs whose ring and queue are awaited, here a
 /// message from the QP to itself.
 #[test]
 fn a_cq_without_a_channel_is_refused_when_made_for_async_and_one_with_its_own_is_awaited() {

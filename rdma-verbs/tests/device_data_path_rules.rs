@@ -1,7 +1,5 @@
 //! Device tests of the ownership rules of the data path: a slot returns only with its completion,
 //! a ring never posts past its capacity, an SRQ has one ring, and a CQ changes owners empty.
-//!
-//! Each test was found by a review that broke a rule with safe code; its doc comment says which.
 
 mod common;
 
@@ -11,12 +9,9 @@ use std::time::Duration;
 use common::*;
 use rdma_verbs::*;
 
-/// Before: a ring took any SRQ, and QPs of the SRQ could complete its receives on another CQ,
-/// where a send queue (whose generation could repeat) might count them as its own sends and
-/// hand back slots of READs still in flight. Now one ring owns an SRQ and every QP of it must
-/// use the ring's CQ.
-///
-/// Found by the adversarial review of the data path (slot pools, send queues, receive rings); it failed on the code before its fix.
+/// One ring owns an SRQ, and every QP of it must use the ring's CQ: were the SRQ's receives
+/// completed on another CQ, a send queue there (whose generation could repeat) might count them
+/// as its own sends and hand back slots of READs still in flight.
 #[test]
 fn an_srq_has_one_ring_and_one_receive_cq() {
     let topo = testkit::require_topology!();
@@ -48,10 +43,9 @@ fn an_srq_has_one_ring_and_one_receive_cq() {
     drop(ring);
 }
 
-/// Before: `release` re-posted whatever it was given, so after a `refill` a ring could have
-/// more receives posted than its depth (and than its CQ was sized for).
-///
-/// Found by the adversarial review of the data path (slot pools, send queues, receive rings); it failed on the code before its fix.
+/// `release` re-posts only up to the ring's depth: re-posting whatever it was given, a ring
+/// could have more receives posted after a `refill` than its depth (and than its CQ was sized
+/// for).
 #[test]
 fn a_ring_never_posts_more_than_its_depth() {
     let topo = testkit::require_topology!();
@@ -73,14 +67,11 @@ fn a_ring_never_posts_more_than_its_depth() {
     sq.drain(T, |c| c.ok().unwrap()).unwrap();
 }
 
-/// Before: a send queue dropped with a 1 MiB READ in flight, on a QP someone else still held,
-/// flushed the QP, waited only its drain timeout for the flushed completion, then reset the
-/// QP and handed the slot back. rxe can finish copying a packet of the READ response after the
-/// reset returns (CI saw 4 KiB land behind a live slice that way in a posting scope). Now the
-/// slot returns only with its (flushed) completion, so the QP ends in the error state, never
-/// reset, and nothing changes behind the slice.
-///
-/// Found by the adversarial review of the data path (slot pools, send queues, receive rings); it failed on the code before its fix.
+/// A send queue dropped with a 1 MiB READ in flight, on a QP someone else still holds, hands
+/// the slot back only with its (flushed) completion: the QP ends in the error state, never
+/// reset, and nothing changes behind the slice. rxe can finish copying a packet of the READ
+/// response after a reset returns (4 KiB have landed behind a live slice that way), so a
+/// reset after the drain timeout would not do.
 #[test]
 fn a_slot_returns_from_a_dropped_queue_only_with_its_completion() {
     let topo = testkit::require_topology!();
@@ -116,7 +107,6 @@ fn a_slot_returns_from_a_dropped_queue_only_with_its_completion() {
     assert!(changed.is_empty(), "late READ data behind a live &mut [u8]: {changed:?}");
 }
 
-/// Found by the second review of the data path (issue 17); it failed on the code before its fix.
 #[test]
 fn a_ring_that_destroys_its_srq_leaves_no_completion_behind_in_its_cq() {
     let topo = testkit::require_topology!();
@@ -135,7 +125,6 @@ fn a_ring_that_destroys_its_srq_leaves_no_completion_behind_in_its_cq() {
     assert_eq!(left, 0, "{left} completions of a dropped ring were left in its CQ for the next owner");
 }
 
-/// Found by the second review of the data path (issue 17); it failed on the code before its fix.
 #[test]
 fn a_ring_dropped_before_its_srq_keeps_the_srq_and_cq_from_other_owners() {
     let topo = testkit::require_topology!();

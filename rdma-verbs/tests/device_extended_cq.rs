@@ -84,8 +84,8 @@ fn poll_each_reads_fields_lazily_and_refuses_to_nest() {
             cq_a.poll_each(1, |_| panic!("in a lazy poll")).unwrap();
         }));
         assert!(panicked.is_err());
-        // The panic ended the direct poll too: an owner can take the CQ (before the fix, every
-        // scope on it was refused with Busy from then on).
+        // The panic ended the direct poll too: an owner can take the CQ (no scope on it is
+        // refused with Busy from then on).
         a.qp.scope(T, |_| Ok::<_, Error>(())).expect("a scope owns the CQ after a panic in poll_each");
         // SAFETY: as above.
         unsafe { a.qp.post_send(&mut wrs[..1]) }.unwrap();
@@ -94,8 +94,8 @@ fn poll_each_reads_fields_lazily_and_refuses_to_nest() {
         let got = cq_a.poll(&mut out).unwrap();
         assert!(!got.is_empty() && got.iter().all(|c| c.is_success() && c.wr_id() == 100), "{got:?}");
         // Another thread's poll, while this thread's poll_each holds the CQ, waits a little and
-        // is then refused: it does not block for as long as the closure runs (before the fix it
-        // spun until the closure returned, so the closure's wait below ran out).
+        // is then refused: it does not block for as long as the closure runs (spinning until the
+        // closure returned, the closure's wait below would run out).
         // SAFETY: as above.
         unsafe { a.qp.post_send(&mut wrs[..1]) }.unwrap();
         std::thread::sleep(std::time::Duration::from_millis(300));

@@ -1,7 +1,5 @@
 //! Device tests of what is refused before it reaches the device: opcodes per transport, inline
 //! data, lengths, address handles, QP transitions, requests a queue could not complete.
-//!
-//! Each test was found by a review that broke a rule with safe code; its doc comment says which.
 
 mod common;
 
@@ -11,10 +9,9 @@ use std::time::Duration;
 use common::*;
 use rdma_verbs::*;
 
-/// 1.2: `.inline()` on a READ let the READ's local bytes act as its scatter entry, steering the
-/// response into any LOCAL_WRITE region of the PD, here one held as `&mut [u8]`.
-///
-/// Found by the first review of the safety rules; it failed on the code before its fix.
+/// `.inline()` on a READ or an atomic is refused: the READ's local bytes would act as its
+/// scatter entry, steering the response into any LOCAL_WRITE region of the PD, here one held
+/// as `&mut [u8]`.
 #[test]
 fn inline_is_refused_on_read_and_atomics() {
     with_patient_pair(|a, b| {
@@ -43,9 +40,7 @@ fn inline_is_refused_on_read_and_atomics() {
     });
 }
 
-/// 1.3: a UD send without an address handle crashed inside ibv_post_send.
-///
-/// Found by the first review of the safety rules; it failed on the code before its fix.
+/// A UD send without an address handle is refused (it would crash inside `ibv_post_send`).
 #[test]
 fn a_ud_send_without_an_address_handle_is_refused() {
     let topo = testkit::require_topology!();
@@ -61,9 +56,8 @@ fn a_ud_send_without_an_address_handle_is_refused() {
     assert!(matches!(r, Ok(Err(Error::InvalidArgument { .. }))), "{r:?}");
 }
 
-/// 1.3: RDMA WRITE and READ on UD made the remote address be read as an address-handle pointer.
-///
-/// Found by the first review of the safety rules; it failed on the code before its fix.
+/// RDMA WRITE and READ on UD are refused: the remote address would be read as an
+/// address-handle pointer.
 #[test]
 fn rdma_and_atomics_on_ud_are_refused() {
     let topo = testkit::require_topology!();
@@ -91,9 +85,8 @@ fn rdma_and_atomics_on_ud_are_refused() {
     }
 }
 
-/// 1.3: `.to()` (a UD address) on a connected QP overwrote the RDMA address and rkey.
-///
-/// Found by the first review of the safety rules; it failed on the code before its fix.
+/// `.to()` (a UD address) on a connected QP is refused: it would overwrite the RDMA address and
+/// rkey.
 #[test]
 fn an_address_handle_on_a_connected_qp_is_refused() {
     with_patient_pair(|a, b| {
@@ -122,7 +115,6 @@ fn an_address_handle_on_a_connected_qp_is_refused() {
     });
 }
 
-/// Found by the second review of the data path (issue 17); it failed on the code before its fix.
 #[test]
 fn an_address_handle_of_another_pd_or_device_is_refused() {
     let topo = testkit::require_topology!();
@@ -164,9 +156,8 @@ fn an_address_handle_of_another_pd_or_device_is_refused() {
         .unwrap();
 }
 
-/// 1.4: a mask without IBV_QP_STATE changed nothing but the type.
-///
-/// Found by the first review of the safety rules; it failed on the code before its fix.
+/// `modify_with` needs `IBV_QP_STATE` in its mask: without it the state would not change, only
+/// the type.
 #[test]
 fn modify_with_needs_the_state_bit() {
     let topo = testkit::require_topology!();
@@ -188,9 +179,7 @@ fn modify_with_needs_the_state_bit() {
     }
 }
 
-/// 1.6: Debug printed the buffer through a slice, also while a peer may write it.
-///
-/// Found by the first review of the safety rules; it failed on the code before its fix.
+/// `Debug` does not read the buffer's bytes through a slice, since a peer may be writing them.
 #[test]
 fn debug_does_not_read_the_bytes() {
     let topo = testkit::require_topology!();
@@ -202,9 +191,7 @@ fn debug_does_not_read_the_bytes() {
     assert!(text.contains("rkey"), "{text}");
 }
 
-/// 2: send_inline of more than 4 GiB truncated the length to 32 bits and posted 8 bytes.
-///
-/// Found by the first review of the safety rules; it failed on the code before its fix.
+/// Inline data of more than 4 GiB is refused, not truncated to 32 bits (8 bytes posted).
 #[test]
 fn inline_data_over_4_gib_is_refused() {
     with_patient_pair(|a, b| {
@@ -232,9 +219,7 @@ fn inline_data_over_4_gib_is_refused() {
     });
 }
 
-/// 2: a WRITE longer than its RemoteRegion was posted.
-///
-/// Found by the first review of the safety rules; it failed on the code before its fix.
+/// An RDMA WRITE or READ longer than its `RemoteRegion` is refused before it is posted.
 #[test]
 fn rdma_longer_than_its_remote_region_is_refused() {
     with_patient_pair(|a, b| {
@@ -258,7 +243,6 @@ fn rdma_longer_than_its_remote_region_is_refused() {
 /// refused it mid-chain, leaving the request before it posted unsignaled: no completion ever came
 /// for it, waits spun forever, and dropping the queue leaked the slot, the CQ and the parents.
 ///
-/// Found by the second review of the data path (issue 17); it failed on the code before its fix.
 
 #[test]
 fn a_request_the_qp_cannot_take_is_refused_before_it_can_split_a_batch() {
@@ -292,7 +276,6 @@ fn a_request_the_qp_cannot_take_is_refused_before_it_can_split_a_batch() {
     drop((ctx_c, ctx_r));
 }
 
-/// Found by the second review of the data path (issue 17); it failed on the code before its fix.
 #[test]
 fn an_srq_ring_on_a_cq_of_another_device_is_refused() {
     let topo = testkit::require_topology!();

@@ -1,7 +1,5 @@
 //! Device tests of the posting scope: it owns its CQs, counts only its own completions, and drains
 //! (wait, flush, reset) before its borrows end, whatever the closure did.
-//!
-//! Each test was found by a review that broke a rule with safe code; its doc comment says which.
 
 mod common;
 
@@ -13,16 +11,13 @@ use std::time::{Duration, Instant};
 use common::*;
 use rdma_verbs::*;
 
-/// A3: drain escalation while a big READ is on the wire (cross device): short drain timeouts,
-/// then a plain slice of the destination right after the scope returns. CI once saw 4 KiB land
-/// behind the slice after a scope had reset its QP: rxe can finish copying a packet after
-/// `ibv_modify_qp(RESET)` returns. Since then a scope waits for the flushed completions (the
-/// device's own word that it is done) and does not reset a QP whose flush completes: the
-/// `(QP reset)` outcome here failed on the code before the fix (runs with a zero drain).
-///
-/// Found by the first adversarial review of the posting scope (attack A3); it failed on the code before its fix.
+/// Drain escalation while a big READ is on the wire (cross device): short drain timeouts, then
+/// a plain slice of the destination right after the scope returns, and no byte lands behind it.
+/// rxe can finish copying a packet after `ibv_modify_qp(RESET)` returns, so a scope waits for
+/// the flushed completions (the device's own word that it is done) and does not reset a QP
+/// whose flush completes: a `(QP reset)` outcome here fails (runs with a zero drain).
 #[test]
-fn a3_short_drain_during_a_big_read_leaves_no_late_write() {
+fn short_drain_during_a_big_read_leaves_no_late_write() {
     let topo = testkit::require_topology!();
     let ctx_a = Context::open(&topo.client.device).unwrap();
     let ctx_b = Context::open(&topo.server.device).unwrap();
@@ -63,12 +58,10 @@ fn a3_short_drain_during_a_big_read_leaves_no_late_write() {
     assert!(resets.is_empty(), "a scope reset the QP although its flush completes (drains {resets:?} us)");
 }
 
-/// A5: nested scopes on two QPs sharing one CQ; and a scope whose recv CQ is another QP's send CQ
+/// Nested scopes on two QPs sharing one CQ; and a scope whose recv CQ is another QP's send CQ
 /// while that QP's scope runs on another thread.
-///
-/// Found by the first adversarial review of the posting scope (attack A5); it failed on the code before its fix.
 #[test]
-fn a5_scopes_on_qps_sharing_cqs() {
+fn scopes_on_qps_sharing_cqs() {
     let topo = testkit::require_topology!();
     let ctx = Context::open(&topo.server.device).unwrap();
     let pd = ctx.alloc_pd().unwrap();
@@ -115,12 +108,10 @@ fn a5_scopes_on_qps_sharing_cqs() {
     });
 }
 
-/// A6: panic inside a scope with a receive outstanding (never satisfied), caught; then reuse the
+/// A panic inside a scope with a receive outstanding (never satisfied), caught; then reuse the
 /// region as a plain slice and have the peer send to the QP.
-///
-/// Found by the first adversarial review of the posting scope (attack A6); it failed on the code before its fix.
 #[test]
-fn a6_panic_in_scope_then_reuse() {
+fn a_panic_in_a_scope_then_reuse_of_its_region() {
     let topo = testkit::require_topology!();
     let ctx = Context::open(&topo.server.device).unwrap();
     let pd = ctx.alloc_pd().unwrap();
@@ -157,11 +148,9 @@ fn a6_panic_in_scope_then_reuse() {
     eprintln!("A6 scope on the QP after the panic: {r:?}");
 }
 
-/// A10: two threads poll the CQ directly in a loop while scopes open and close on its QP.
-///
-/// Found by the first adversarial review of the posting scope (attack A10); it failed on the code before its fix.
+/// Two threads poll the CQ directly in a loop while scopes open and close on its QP.
 #[test]
-fn a10_direct_pollers_race_scopes() {
+fn direct_pollers_race_scopes() {
     let topo = testkit::require_topology!();
     let ctx = Context::open(&topo.server.device).unwrap();
     let pd = ctx.alloc_pd().unwrap();
@@ -211,10 +200,9 @@ fn a10_direct_pollers_race_scopes() {
     assert_eq!(stolen.load(Ordering::Relaxed), 0, "a direct poll took a scope's completion");
 }
 
-/// 1.1: an inner scope on the same QP counted the outer scope's receive as its own, ended with its
-/// own receive still posted, and the peer's next send landed behind a live `&mut [u8]`.
-///
-/// Found by the first review of the safety rules; it failed on the code before its fix.
+/// An inner scope on the same QP never counts the outer scope's receive as its own: it would end
+/// with its own receive still posted, and the peer's next send would land behind a live
+/// `&mut [u8]`.
 #[test]
 fn a_nested_scope_on_the_same_qp_cannot_end_on_the_outer_scopes_completion() {
     with_patient_pair(|a, b| {
@@ -249,9 +237,7 @@ fn a_nested_scope_on_the_same_qp_cannot_end_on_the_outer_scopes_completion() {
     });
 }
 
-/// 1.1: a second thread's scope on the same QP (QueuePair is Sync) must not run beside the first.
-///
-/// Found by the first review of the safety rules; it failed on the code before its fix.
+/// A second thread's scope on the same QP (QueuePair is Sync) must not run beside the first.
 #[test]
 fn a_second_threads_scope_on_the_same_qp_is_refused() {
     with_patient_pair(|a, b| {
@@ -281,9 +267,7 @@ fn a_second_threads_scope_on_the_same_qp_is_refused() {
     });
 }
 
-/// 1.1: a receive of a shared receive queue consumed through the QP is not the scope's request.
-///
-/// Found by the first review of the safety rules; it failed on the code before its fix.
+/// A receive of a shared receive queue consumed through the QP is not the scope's request.
 #[test]
 fn a_shared_receive_completed_through_the_qp_does_not_count_for_its_scope() {
     let topo = testkit::require_topology!();
@@ -339,9 +323,8 @@ fn a_shared_receive_completed_through_the_qp_does_not_count_for_its_scope() {
     assert_eq!(outstanding_after_poll, 1, "the scope's own send was still outstanding");
 }
 
-/// 2: polling a scope's CQ directly stole its completion, and the scope aborted the process.
-///
-/// Found by the first review of the safety rules; it failed on the code before its fix.
+/// Polling a scope's CQ directly is an error, not a stolen completion that makes the scope
+/// abort the process.
 #[test]
 fn polling_a_scopes_cq_directly_is_an_error() {
     with_patient_pair(|a, b| {
@@ -357,9 +340,8 @@ fn polling_a_scopes_cq_directly_is_an_error() {
     });
 }
 
-/// 2: a CQ smaller than what its QPs can have outstanding overran, and the scope aborted.
-///
-/// Found by the first review of the safety rules; it failed on the code before its fix.
+/// A scope refuses posts that would overrun a CQ smaller than what its QPs can have
+/// outstanding, instead of overrunning it and aborting.
 #[test]
 fn a_scope_never_overruns_its_cq() {
     let topo = testkit::require_topology!();
@@ -383,10 +365,8 @@ fn a_scope_never_overruns_its_cq() {
     assert!(refused.is_some(), "32 requests posted against a CQ of {} entries", 4);
 }
 
-/// 2: receives posted to a QP already in the error state are not flushed on rxe (6.1): the scope
-/// waited for them, flushed again, and aborted the process.
-///
-/// Found by the first review of the safety rules; it failed on the code before its fix.
+/// Receives posted to a QP already in the error state are not flushed on rxe (6.1): the scope
+/// ends with an error instead of waiting for them, flushing again and aborting the process.
 #[test]
 fn receives_posted_to_a_qp_in_error_end_the_scope_with_an_error() {
     with_patient_pair(|a, _b| {
@@ -426,8 +406,7 @@ fn receives_posted_to_a_qp_in_error_end_the_scope_with_an_error() {
     });
 }
 
-/// Review finding 6 (2026-11-29), and S2 of the review after it: a drain that lost completions
-/// resets the QP, whose handle still says `ReadyToSend`. rxe's provider stores a request posted
+/// A drain that lost completions resets the QP, whose handle still says `ReadyToSend`. rxe's provider stores a request posted
 /// to a QP in RESET in its ring before the doorbell is refused, so a later transition back
 /// would run it after its borrows ended. Such a post is refused before the provider sees it,
 /// until a transition brings the QP back.

@@ -1,4 +1,4 @@
-//! Device tests of the waits that sleep (issue 20): a wait spins for its `WaitPolicy`'s budget,
+//! Device tests of the waits that sleep: a wait spins for its `WaitPolicy`'s budget,
 //! then arms its CQ and sleeps on the completion channel, so an idle connection costs no core;
 //! it wakes for each completion, including one that comes between the last poll and the arming.
 

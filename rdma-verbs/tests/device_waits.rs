@@ -1,7 +1,5 @@
 //! Device tests of waits: every wait has a timeout (`Duration::MAX`: none, never a panic), ends at
 //! once when nothing can arrive, and ends on a QP in the error state.
-//!
-//! Each test was found by a review that broke a rule with safe code; its doc comment says which.
 
 mod common;
 
@@ -11,9 +9,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use rdma_verbs::*;
 
-/// 2: timeouts too large for an Instant panicked.
-///
-/// Found by the first review of the safety rules; it failed on the code before its fix.
+/// Timeouts too large for an `Instant` (`Duration::MAX`) wait without end, never a panic.
 #[test]
 fn unbounded_timeouts_wait_without_panicking() {
     let topo = testkit::require_topology!();
@@ -55,10 +51,9 @@ fn unbounded_timeouts_wait_without_panicking() {
     }
 }
 
-/// 2: threads waiting on one channel: one that lost the event to another blocked past its
-/// timeout (the fd was blocking, and `ibv_get_cq_event` was called after poll(2) said readable).
-///
-/// Found by the first review of the safety rules; it failed on the code before its fix.
+/// Threads waiting on one channel all return in time: one that loses the event to another must
+/// not block past its timeout (the fd is non-blocking, so `ibv_get_cq_event` after poll(2) said
+/// readable cannot block).
 #[test]
 fn threads_waiting_on_one_channel_all_return_in_time() {
     let topo = testkit::require_topology!();
@@ -108,7 +103,6 @@ fn threads_waiting_on_one_channel_all_return_in_time() {
     }
 }
 
-/// Found by the second review of the data path (issue 17); it failed on the code before its fix.
 #[test]
 fn waits_that_nothing_can_end_return_at_once() {
     let topo = testkit::require_topology!();
@@ -174,8 +168,6 @@ fn waits_that_nothing_can_end_return_at_once() {
 /// Receives posted to a QP already in the error state complete flushed (the verbs spec); rxe
 /// completes them only when the QP is moved to error again, so a ring's `next` and a scope's
 /// `wait` spun forever on them.
-///
-/// Found by the second review of the data path (issue 17); it failed on the code before its fix.
 #[test]
 fn receives_posted_to_a_qp_in_error_complete_flushed() {
     let topo = testkit::require_topology!();
@@ -220,8 +212,6 @@ fn receives_posted_to_a_qp_in_error_complete_flushed() {
 
 /// `CompletionQueue::wait` on a channel other CQs report to read their events too, and could
 /// not give them back: the other CQ's waiter never woke.
-///
-/// Found by the second review of the data path (issue 17); it failed on the code before its fix.
 #[test]
 fn waiting_on_a_cq_whose_channel_other_cqs_share_is_refused() {
     let topo = testkit::require_topology!();

@@ -52,9 +52,10 @@ pub(crate) fn remaining<'a>(list: &'a [String], from: &str) -> Option<&'a [Strin
 mod tests {
     use super::*;
 
-    /// Issue 32's call trace (Linux 6.12.117, `device_resume`) in a console as vng keeps it:
-    /// timestamps, a line before the oops, and first lines of the kind that oops lost (its
-    /// console was cut above `R10`), so those two are made up.
+    /// The call trace of rxe's panic on Linux 6.12.117 (in `device_resume`, docs/testing.md,
+    /// Known limits) in a console as vng keeps it: timestamps, a line before the oops, and the
+    /// oops's first lines, which the recorded console lacked (it was cut above `R10`), so those
+    /// two are made up.
     const CONSOLE: &str = "\
 [  812.114031] softroce flap: veth0 was down for 3 s
 [ 1021.553811] BUG: unable to handle page fault for address: ffff9b5a1ca30000

@@ -19,19 +19,18 @@ const PUBLISHED: [&str; 4] = ["rdma-verbs-sys", "rdma-verbs", "rdma-cm", "rdma-p
 /// at once) leaves its last messages in the command's output (`scripts/softroce`).
 const GUEST_CONSOLE: [(&str, &str); 1] = [("SOFTROCE_VERBOSE", "1")];
 /// The bound on each of the test command's VM runs, boot to exit: a bound on a hang, not on
-/// speed. TCG's speed differs by machine: the 6.1 list took about 20 minutes on the machine of
-/// stop 30's CI and over 30 (killed at the old 1800 s bound, in `device_stripe`) on another
-/// (2026-11-27, issue 32).
+/// speed. TCG's speed differs by machine: the 6.1 list takes about 20 minutes on one and over
+/// 30 on another, so half an hour is too tight.
 const VM_TIMEOUT_S: &str = "3600";
 
 /// The test command's builds keep line tables (a panic's backtrace names files and lines) but
 /// no variable or type information, and no incremental caches: a run builds the workspace in
 /// several configurations, and with full debug information and incremental caches its target
-/// directories outgrew the disk of a CI machine ("No space left on device" at the host tests,
-/// 2026-11-27). Each applies only when the caller's environment does not set it.
-/// The device tests' build (`artifacts_of`) takes them too: without them it built everything a
-/// second time (2 min 39 s of stop 41's run) into binaries of full debug information, each paged
-/// in over the guest's 9p root.
+/// directories outgrow the disk of a CI machine ("No space left on device" at the host tests).
+/// Each applies only when the caller's environment does not set it.
+/// The device tests' build (`artifacts_of`) takes them too: without them it would build
+/// everything a second time (minutes) into binaries of full debug information, each paged in
+/// over the guest's 9p root.
 const LEAN_BUILDS: [(&str, &str); 2] = [("CARGO_PROFILE_DEV_DEBUG", "line-tables-only"), ("CARGO_INCREMENTAL", "0")];
 
 /// `LEAN_BUILDS` that the caller's environment does not set.

@@ -39,8 +39,8 @@ const FILE_MODE: Mode = Mode::from_raw_mode(0o644);
 
 /// Every file the receiver makes before it is put in place (temporaries, partials, sidecars):
 /// its user's alone, so that no one who may merely read the destination reads a file (or
-/// holds it open) before it has its own mode (a review of 10091ed, M1: they were made with
-/// the final file's default mode, and a file sent as 0600 could be read while it arrived).
+/// holds it open) before it has its own mode: made with the final file's default mode, a file
+/// sent as 0600 could be read while it arrived.
 const TEMP_MODE: Mode = Mode::from_raw_mode(0o600);
 
 /// [`FILE_MODE`] under the process's umask, read once from `/proc/self/status` (not by
@@ -144,7 +144,7 @@ fn open_own(dir: &DirFd, name: &str, write: bool) -> Option<File> {
 }
 
 /// What a partial's data file takes on disk, as the ledger counts it: its allocated blocks,
-/// at most its length (a sparse file's length is not what it takes; review R5).
+/// at most its length (a sparse file's length is not what it takes).
 fn occupied(st: &rustix::fs::Stat) -> u64 {
     (st.st_size as u64).min((st.st_blocks as u64).saturating_mul(512))
 }
@@ -294,8 +294,8 @@ impl Incoming {
     /// keeps partials through its ledger (`partials::Ledger::keep`).
     ///
     /// A checkpointed partial is cut to `held` bytes: no bytes stay on disk that its sidecar
-    /// does not vouch for (review H4: a resume that hashed less than the partial held kept
-    /// the rest on disk, uncounted).
+    /// does not vouch for (else a resume that hashed less than the partial held would keep the
+    /// rest on disk, uncounted).
     pub(crate) fn keep(&mut self, held: u64, checkpoint: bool) -> bool {
         // Not when the file arrived meanwhile (another session of it, served while this one
         // held the partial): nothing would continue it.
@@ -351,7 +351,7 @@ impl Incoming {
             apply_meta(&self.file, e).map_err(|err| io("setting the mode and time", err))?;
         }
         self.file.sync_all().map_err(|e| io("fsync", e))?;
-        // The temporary is put in place by its name, not as the file written (review H10): a
+        // The temporary is put in place by its name, not as the file written: a
         // local user who can write a destination without the sticky bit could move it away and
         // put a file of their own under its name. Checked before the rename, and after it (a
         // swap between the two): the file in place is the one written, or the verdict fails.
@@ -533,7 +533,7 @@ fn make_dirs_racing(
 
 /// Whether no user but the receiver's (and root) may put, rename or remove files in `dir`: it
 /// is the receiver's user's, and no one else may write it. Only there is a partial kept
-/// (review L1, and two reviews of its fix: where another user may add files, they could move
+/// (where another user may add files, they could move
 /// in a file of the receiver's user from elsewhere on the file system under a partial's name,
 /// with a received file of their making as its sidecar, have it written, and move it back; a
 /// sticky directory stops renaming its files, not renaming files into it). Elsewhere a
@@ -546,8 +546,8 @@ fn keeps_names(dir: &impl AsFd) -> bool {
 /// that call made: owned by this process's user, with no special bit but the set-group-id bit
 /// it inherits from `parent`, and empty. Between
 /// the two calls a local user who can write its parent may rename another directory over the
-/// new, empty one (review M1: a private directory, or one from outside the destination, then
-/// took a batch entry's mode). One that passes and is not the one made is an empty directory
+/// new, empty one (a private directory, or one from outside the destination, which would then
+/// take a batch entry's mode). One that passes and is not the one made is an empty directory
 /// whose old parent that user could write (they moved it out of there): they could have put
 /// one of their own in its place, so its taking the entry's mode and time hands them nothing.
 fn is_fresh_dir(dir: &impl AsFd, parent: &impl AsFd) -> bool {
@@ -569,8 +569,8 @@ pub(crate) struct MadeDirs(std::collections::HashSet<(u64, u64)>);
 
 impl MadeDirs {
     /// Directories remembered; those made past it keep the receiver's mode and time. 64 Ki:
-    /// about 2 MiB of a session's memory, outside its ring's share (review H6: a million, a
-    /// batch of a million directory entries, took about 50 MB a session).
+    /// about 2 MiB of a session's memory, outside its ring's share (a million, a batch of a
+    /// million directory entries, would take about 50 MB a session).
     const MAX: usize = 1 << 16;
 
     fn note(&mut self, dir: &impl AsFd) {
@@ -718,10 +718,10 @@ pub(crate) fn sweep_partials(dir: &DirFd, ttl: std::time::Duration) -> Vec<(u64,
         if age > ttl {
             remove_partial(dir, &data_name, &meta_name);
         } else {
-            // Only this process's own partials are counted (review H7: names a local user made
-            // in a shared directory each gave up one of the receiver's partials at its start),
-            // by what they take on disk: a sparse file's length is not (review R5: a planted
-            // sparse "partial" of a terabyte made the ledger give up every other partial).
+            // Only this process's own partials are counted (else names a local user made in a
+            // shared directory would each give up one of the receiver's partials at its start),
+            // by what they take on disk: a sparse file's length is not (a planted sparse
+            // "partial" of a terabyte would make the ledger give up every other partial).
             let st = rustix::fs::statat(dir, &data_name, AtFlags::SYMLINK_NOFOLLOW);
             if let Some(st) = st.ok().filter(is_own_private) {
                 left.push((age, key, occupied(&st)));
@@ -861,9 +861,9 @@ mod tests {
         std::fs::remove_dir_all(&outside).unwrap();
     }
 
-    /// Review H7: at its start the receiver counted every name of a partial in its
-    /// destination, so a local user's names (in a shared directory) each gave up one of its
-    /// own partials. Only its own private files count now.
+    /// At its start the receiver counts only its own private partial files, not every name of
+    /// a partial in its destination: a local user's names (in a shared directory) must not each
+    /// give up one of its own partials.
     #[test]
     fn the_sweep_counts_only_the_receivers_own_partials() {
         use std::os::unix::fs::FileExt;
@@ -882,10 +882,10 @@ mod tests {
         std::fs::remove_dir_all(&d).unwrap();
     }
 
-    /// Review H10: a local user who can write the destination (no sticky bit) moves the
-    /// temporary away while it is written and puts a file of their own under its name. The
-    /// commit renamed that file into place, and the verdict was `Ok`; now it fails, and
-    /// nothing is under the final name.
+    /// A local user who can write the destination (no sticky bit) moves the temporary away
+    /// while it is written and puts a file of their own under its name: the commit fails, and
+    /// nothing is under the final name (their file is never put in place with the verdict
+    /// `Ok`).
     #[test]
     fn a_temporary_swapped_for_another_file_fails_the_commit_and_leaves_no_file() {
         use std::os::unix::fs::FileExt;
@@ -963,7 +963,7 @@ mod tests {
         std::fs::remove_dir_all(&victim_dir).unwrap();
     }
 
-    /// Review L1 (and its reviews): where another user may add files, they could move a file
+    /// Where another user may add files, they could move a file
     /// of the receiver's user from elsewhere on the file system in under a partial's name (a
     /// received file of their making as its sidecar), have it written, and move it back; the
     /// sticky bit does not stop renaming a file into a directory. A partial is kept only in a
@@ -1009,9 +1009,9 @@ mod tests {
         std::fs::remove_dir_all(&d).unwrap();
     }
 
-    /// A review of 10091ed (M1): a temporary was made with the final file's default mode, so
-    /// anyone who may read the destination could read a file (sent as 0600, say) while it
-    /// arrived. Temporaries and partials are their user's alone until they are put in place.
+    /// Temporaries and partials are their user's alone until they are put in place: made with
+    /// the final file's default mode, anyone who may read the destination could read a file
+    /// (sent as 0600, say) while it arrived.
     #[test]
     fn a_file_is_its_user_s_alone_until_it_is_put_in_place() {
         let d = scratch("tempmode");
@@ -1048,9 +1048,9 @@ mod tests {
         std::fs::remove_dir_all(&d).unwrap();
     }
 
-    /// Review M1: a local user renamed a directory over the one `make_dirs` had just made,
-    /// before it opened it, and a batch entry then gave that directory its mode: a private one
-    /// in the destination, or one from outside it, moved in and out again.
+    /// A local user renames a directory over the one `make_dirs` has just made, before it is
+    /// opened: a batch entry must not give that directory (a private one in the destination,
+    /// or one from outside it, moved in and out again) its mode.
     #[test]
     fn a_directory_swapped_in_between_making_and_opening_keeps_its_mode() {
         use std::os::unix::fs::PermissionsExt;
@@ -1136,8 +1136,8 @@ mod tests {
             assert_eq!(resumable(&fd, name, size, 7).unwrap_err().0, Status::Busy, "{name} {size}");
         }
         assert_eq!(listing(&d), [".0000000000000007.meta.rdcp-tmp", ".0000000000000007.part.rdcp-tmp"]);
-        // Nor does committing another file under its key remove it.
-        // (Review R4: it says so, and the receiver then keeps it in its ledger.)
+        // Nor does committing another file under its key remove it, and it says so, so that
+        // the receiver keeps it in its ledger.
         assert!(!drop_partial(&fd, 7, "g", 100), "another name's commit does not remove it");
         assert!(!drop_partial(&fd, 7, "f", 101), "another size's commit does not remove it");
         assert_eq!(listing(&d), [".0000000000000007.meta.rdcp-tmp", ".0000000000000007.part.rdcp-tmp"]);

@@ -19,7 +19,7 @@
 //!   twice as many): connections that prove nothing cannot take its place.
 //!
 //! A displaced connection ends at once, woken by its claim's bell once established, or within
-//! 20 ms in its accept (`ConnectRequest::accept_while`) while its request is not completed yet, with
+//! 20 ms in its accept (`Accepting::wait_while`) while its request is not completed yet, with
 //! [`Error::Preempted`], and its teardown waits for nothing; until then it holds its thread
 //! and queue pair. What these rules do not stop ([`docs/protocol.md`, "Threat model"](https://github.com/rdma-rs/rdma-rs/blob/main/docs/protocol.md#threat-model)): without a
 //! secret, peers on about as many addresses as there are places, each holding one, or peers

@@ -232,7 +232,7 @@ impl Server {
                     // Asleep until a request, the stop flag, or a session's news (a transfer
                     // asked for, a connection ended): nothing else changes what the loop does.
                     // Once closed, not the stop flag: set, it stays readable for good, and the
-                    // loop would spin while its last sessions end (review of issue 34).
+                    // loop would spin while its last sessions end.
                     let fds = Wakes::new(self.listener.as_fd()).and(tally.changed.fd()).and(self.places.ended_fd());
                     let fds = if closed { fds } else { fds.and(self.opts.stop.fd()) };
                     io.readable(fds.fds(), fds.until(Deadline::never())).await;
@@ -267,9 +267,9 @@ impl Server {
 /// Whether an error taking a connection request is the listener's own, after which it cannot
 /// go on: anything but the failures of one request's own set-up (no fd left for its event
 /// channel, `rdma_migrate_id` refused, librdmacm left out its addresses), which rdma-cm answers
-/// by rejecting that request, so that the others can be served (review L5: one such request
-/// ended `serve`, and with it `rdma-copy recv`; a peer could bring it about by holding
-/// connections until the receiver ran out of file descriptors). An error that consumed no
+/// by rejecting that request, so that the others can be served (were one such request to end
+/// `serve`, and with it `rdma-copy recv`, a peer could bring that about by holding connections
+/// until the receiver ran out of file descriptors). An error that consumed no
 /// request (the device went away, the channel or the runtime failed) ends the loop, which
 /// would otherwise meet it again at once.
 fn ends_listening(e: &rdma_cm::Error) -> bool {
@@ -278,7 +278,7 @@ fn ends_listening(e: &rdma_cm::Error) -> bool {
         rdma_cm::Error::Cm { verb: "rdma_create_event_channel" | "fcntl(O_NONBLOCK)" | "rdma_migrate_id", .. }
             | rdma_cm::Error::Incomplete { .. }
             // librdmacm allocates each event it reads: under memory pressure the event stays
-            // queued, and is read again after the pause (the last review, L7).
+            // queued, and is read again after the pause.
             | rdma_cm::Error::Cm { verb: "rdma_get_cm_event", errno: libc::ENOMEM | libc::ENOBUFS, .. }
     )
 }
@@ -355,8 +355,7 @@ impl Server {
     /// proves the secret ([`crate::driver::knock`]) is proved from the start (`places.rs`), and is
     /// counted but not held back by its address's limit: an address is what a request says,
     /// and anyone who can use the sender's (a co-tenant of its host) could fill that limit
-    /// with connections that prove nothing (a third review: four of them kept a secret holder
-    /// out).
+    /// with connections that prove nothing, and so keep a secret holder out.
     fn admit(&self, req: ConnectRequest, report: &dyn Fn(ReceiveReport)) -> Option<(ConnectRequest, Places)> {
         let ip = req.peer_addr().ip();
         let secret = self.opts.secret.as_ref();

@@ -57,9 +57,9 @@ async fn session<I: Io>(
     let ctx = req.open_context()?;
     let ep = Endpoint::new(ctx, 0, ring_depth(opts), |qp| req.init_qp(qp, GRANTED_ACCESS))?;
     let (qp, parts) = ep.split();
-    // A connection displaced before it is established ends now, not at the end of its accept
-    // (review of the knock, M1: each never-completed request lingered `hello_timeout` among the
-    // connections leaving, which held back knocked requests).
+    // A connection displaced before it is established ends now, not at the end of its accept:
+    // a never-completed request lingering `hello_timeout` among the connections leaving would
+    // hold back knocked requests.
     let params = conn_params(opts.ack_timeout);
     let keep = || !place.displaced();
     let conn = io
@@ -95,7 +95,7 @@ async fn session<I: Io>(
     let (sq, ring, slots, lanes, admitted) = s.end(&outcome);
     // One bound for the whole teardown, not one per lane: a peer that never disconnects holds
     // it `TEARDOWN_WAIT` at most, however many lanes it opened (the disconnects without an
-    // ACK too: each was 1 s outside the bound, 17 s with 16 lanes; review finding G9).
+    // ACK too, which would otherwise each add 1 s, 17 s with 16 lanes).
     let gave_way = admitted.as_ref().is_some_and(Seat::displaced);
     let teardown = Deadline::after(teardown_wait(opts, place, gave_way));
     // An ACK must reach the sender before the connection goes: the sender reads it, then
@@ -132,8 +132,8 @@ fn displaced_or(e: rdma_cm::Error, place: &Place) -> Error {
 }
 
 /// How long a new connection may take to be established: its HELLO's clock runs from its
-/// request on (review H2: a peer that never completed the connection held its place for the
-/// whole `accept_timeout` before that clock even started).
+/// request on, so that a peer that never completes the connection holds its place no longer
+/// than `hello_timeout` (not the whole `accept_timeout` before that clock even starts).
 fn hello_bound(opts: &ReceiveOptions) -> Duration {
     opts.accept_timeout.min(opts.hello_timeout)
 }
@@ -144,7 +144,7 @@ const TEARDOWN_WAIT: Duration = Duration::from_secs(5);
 
 /// How long a session's teardown waits in all: [`TEARDOWN_WAIT`] (at most `timeout`), and not
 /// at all for a connection that gave its place to a newer one: it proved nothing, and its
-/// peer's pace must not keep it among the connections still leaving (review of H2). A session
+/// peer's pace must not keep it among the connections still leaving. A session
 /// that gave its seat to a newer one (`gave_way`) waits [`DISPLACED_TEARDOWN`] at most: the
 /// newer one waits for that seat.
 fn teardown_wait(opts: &ReceiveOptions, place: &Place, gave_way: bool) -> Duration {
@@ -399,8 +399,9 @@ impl<'a> ReceiveSession<'a> {
         let lanes = lanes.into_iter().flatten().collect();
         // A partial outlives a session that ended in a way a resume can follow: the peer or the
         // path went, the peer went silent, the receiver stopped, a message was changed on the
-        // path (review R7: that ended it as a violation, and threw the partial away). One that broke the rules or
-        // failed its digest goes (as does everything of a session that was not resumable).
+        // path (as a cut connection, not a violation: someone on the path could otherwise make
+        // the receiver throw the partial away). One that broke the rules or failed its digest
+        // goes (as does everything of a session that was not resumable).
         let resumable = matches!(
             outcome,
             Err(Error::PeerDisconnected | Error::ConnectionLost { .. } | Error::Stopped | Error::Cancelled)
@@ -422,13 +423,12 @@ impl<'a> ReceiveSession<'a> {
             if resumable && machine.bytes_stored() > 0 {
                 // A session that added no byte to what it resumed from leaves the sidecar as it
                 // was: rewritten, its time would keep a partial that no attempt gets past from
-                // ever expiring (review finding G4).
+                // ever expiring.
                 let added = machine.bytes_stored() > machine.resumed_from();
                 partials.keep_for(&mut f, machine.bytes_stored(), added, owner);
             } else if resumable && f.vouched() > 0 {
                 // Ended before its hash found anything to resume from (a stop, a read error):
-                // the partial stays as its sidecar left it (review H11: it was thrown away,
-                // however much it held).
+                // the partial stays as its sidecar left it, however much it holds.
                 let vouched = f.vouched();
                 partials.keep_for(&mut f, vouched, false, owner);
             }
@@ -517,7 +517,7 @@ impl<'a> ReceiveSession<'a> {
     ///
     /// Each of the open's answers to the machine carries the time it is given, not the time the
     /// open began: the machine charges an open's time to the driver, not to the sender's pace
-    /// (review H5: the time the open began made a long open or hash the sender's time).
+    /// (given the time the open began, a long open or hash would count as the sender's time).
     fn open(&mut self, name: String, size: u64, slot_size: u32, slot_count: u32, conn: &rdma_cm::Connection<'static>) {
         let now = Instant::now();
         let session = self.machine.session();

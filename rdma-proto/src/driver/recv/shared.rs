@@ -89,9 +89,9 @@ pub(super) struct Attempts(std::sync::Mutex<std::collections::HashMap<std::net::
 
 impl Attempts {
     /// Addresses remembered at most: past it, the one with the fewest wrong proofs is forgotten.
-    /// Entries are pruned only then, not on every call (review L2: wrong proofs or LANE tokens
-    /// from many addresses grew the map without bound, and every call, in the accept loop for
-    /// LANEs, scanned all of it).
+    /// Entries are pruned only then, not on every call: the bound keeps wrong proofs or LANE
+    /// tokens from many addresses from growing the map without end, and pruning only past it
+    /// keeps every call (in the accept loop, for LANEs) from scanning all of it.
     const MOST: usize = 4096;
 
     /// Counts a wrong proof from `ip`; how long its answer is held back: nothing for the first
@@ -170,7 +170,7 @@ pub(super) struct Shared {
 mod tests {
     use super::*;
 
-    /// Review L2: the wrong proofs of many addresses are remembered up to a bound, while each
+    /// The wrong proofs of many addresses are remembered up to a bound, while each
     /// address's own count still holds its answers back.
     #[test]
     fn wrong_proofs_from_many_addresses_are_remembered_up_to_a_bound() {

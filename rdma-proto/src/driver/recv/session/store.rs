@@ -97,8 +97,8 @@ impl ReceiveSession<'_> {
                     match Incoming::resumable(dir, name, rel, size, key, self.opts.overwrite, sweep) {
                         // Its partial is still held (a session of this file whose sender was killed
                         // a moment ago has not ended yet), or something the receiver cannot remove
-                        // is at its name (review L6: a local user's directory, in a sticky
-                        // destination, failed every send of the file): served from the start in
+                        // is at its name (a local user's directory, in a sticky destination,
+                        // must not fail every send of the file): served from the start in
                         // a plain temporary rather than refused. A refusal that is the file's
                         // (it exists) or the disk's comes again from the plain temporary.
                         Err((status, why)) => {
@@ -145,9 +145,9 @@ impl ReceiveSession<'_> {
     /// The sender waits for the GRANT meanwhile, and then hashes as much of its own file before
     /// its first chunk: so only what hashes within a third of `timeout` is used (the rest is
     /// sent again and written over), and the hash stops when the receiver is stopped or the peer
-    /// leaves. A 20 GB
-    /// partial at the VM's 32 MB/s of keyed BLAKE3 took 10 minutes, and every attempt to resume
-    /// it timed out (review finding G4).
+    /// leaves. Unbounded, a 20 GB
+    /// partial at the VM's 32 MB/s of keyed BLAKE3 would take 10 minutes, and every attempt to
+    /// resume it would time out.
     pub(super) fn hash_held(
         &mut self,
         f: &Incoming,
@@ -164,7 +164,7 @@ impl ReceiveSession<'_> {
         while at < held {
             // Whether the peer left is asked every 16 MiB (a read of the CM channel that does
             // not block): a peer that offers a resume and leaves costs the receiver no more
-            // hashing than it stays connected for (review R2).
+            // hashing than it stays connected for.
             let gone = at % (16 << 20) == 0 && at > 0 && peer_left(conn).unwrap_or(true);
             if gone || budget.has_passed() || self.opts.stop.is_set() {
                 tracing::info!(held, hashed = at, gone, "resuming from what was hashed in time");
@@ -325,7 +325,7 @@ impl ReceiveSession<'_> {
                         None => (self.report.name.as_deref().unwrap_or_default(), self.machine.size()),
                     };
                     // Out of the ledger only when removed: another file's partial under the key
-                    // stays within the caps (review R4).
+                    // stays within the caps.
                     if let (false, Some(key), Some(dir)) = (partial, self.partial_key(), dir) {
                         if crate::driver::files::drop_partial(dir, key, rel, size) {
                             self.partials.take(dir, key);

@@ -1,6 +1,7 @@
-//! Device tests of the async front's waits across runtimes and beside blocking waits: each was
-//! found by the adversarial review of issue 20's waits, and failed on the code before its fix
-//! (hung, slept to a timer, returned EIO, panicked or aborted, as each says).
+//! Device tests of the async front's waits across runtimes and beside blocking waits: an async
+//! wait wakes when a blocking wait read its event, a queue waits on whichever runtime awaits it
+//! and outlives the first one, an async wait outside a runtime is refused with a typed error, and
+//! a queue dropped by a thread-local destructor drains without aborting the process.
 #![cfg(feature = "tokio")]
 
 mod common;
@@ -31,10 +32,10 @@ fn receive(mut client: Link, n: u32) -> std::thread::JoinHandle<Link> {
     })
 }
 
-/// D1: a thread asleep in `RecvRing::recv`, on the channel the send queue's CQ shares, read the
-/// send's completion event before the reactor saw the fd readable; epoll then reported nothing,
-/// and the task in `wait_async` slept for good (8 of 100 sends in the review; with 100, this
-/// test failed in 1 of 5 runs on the old code, 9 of its 100 waits asleep).
+/// A thread asleep in `RecvRing::recv`, on the channel the send queue's CQ shares, may read the
+/// send's completion event before the reactor sees the fd readable; epoll then reports nothing,
+/// and the task in `wait_async` must still wake. 100 sends, so that the race is hit: a wait that
+/// relied on epoll alone slept for good in about one run of five.
 #[test]
 fn an_async_wait_wakes_when_a_blocking_wait_read_its_event() {
     let topo = testkit::require_topology!();
@@ -119,9 +120,9 @@ fn a_late_message_in(
     });
 }
 
-/// D2: the channel was registered with the runtime of the first async wait for good; awaited in
-/// a second runtime while the first sat idle, nothing woke the task (a ring on a QP slept until
-/// its re-flush timer, one on an SRQ for ever).
+/// A channel is registered with the runtime that awaits it, not kept in the first one: awaited
+/// in a second runtime while the first sits idle, the task wakes (a registration kept in the
+/// first runtime would leave a ring on an SRQ asleep for ever).
 #[test]
 fn a_queue_waits_on_the_runtime_it_is_awaited_in() {
     let topo = testkit::require_topology!();
@@ -134,8 +135,8 @@ fn a_queue_waits_on_the_runtime_it_is_awaited_in() {
     drop(first);
 }
 
-/// D3: after the runtime of the first async wait was dropped, every async wait on the channel
-/// failed with `Verb { errno: EIO }` (tokio's "runtime shut down" mapped to an I/O error).
+/// After the runtime of the first async wait is dropped, async waits on the channel in new
+/// runtimes still work (not `Verb { errno: EIO }`, tokio's "runtime shut down").
 #[test]
 fn a_queue_outlives_the_runtime_of_its_first_wait() {
     let topo = testkit::require_topology!();
@@ -146,8 +147,8 @@ fn a_queue_outlives_the_runtime_of_its_first_wait() {
     a_late_message_in(&multi_thread(), &mut ring, &client, "in a multi-thread runtime, after both");
 }
 
-/// D4: once a runtime had registered the channel, `recv_async` polled outside any runtime
-/// panicked in tokio's timer ("there is no reactor running") instead of `NoRuntime`.
+/// Once a runtime has registered the channel, `recv_async` polled outside any runtime is
+/// refused with `NoRuntime`, not a panic in tokio's timer ("there is no reactor running").
 #[test]
 fn an_async_wait_outside_a_runtime_is_refused_even_after_one_used_the_queue() {
     let topo = testkit::require_topology!();
@@ -167,7 +168,7 @@ thread_local! {
     static HELD: std::cell::RefCell<Option<Link>> = const { std::cell::RefCell::new(None) };
 }
 
-/// D5 (the child): a send queue with sends in flight held in a thread-local, on a thread whose
+/// The child of the next test: a send queue with sends in flight held in a thread-local, on a thread whose
 /// eventfd was made after that thread-local; the thread ends, and the queue's drop waits during
 /// the thread-locals' destruction.
 #[test]
@@ -197,9 +198,9 @@ fn child_queue_in_a_thread_local() {
     drop((sq, pool));
 }
 
-/// D5: a queue dropped by a thread-local's destructor, with requests in flight, slept in its
-/// drain and reached this thread's (already destroyed) eventfd: "thread local panicked on drop",
-/// and the process aborted.
+/// A queue dropped by a thread-local's destructor, with requests in flight, drains without
+/// reaching the thread's (already destroyed) eventfd: the child exits cleanly, with no "thread
+/// local panicked on drop" and no abort.
 #[test]
 fn a_queue_dropped_by_a_thread_local_destructor_drains() {
     if std::env::var_os("RDMA_TEST_CHILD").is_some() {

@@ -1,5 +1,6 @@
-//! Device tests of the three wait defects a safe-code review found (issue 34): each failed on the
-//! code before its fix, as each says.
+//! Device tests of waits on completion channels: a wait over several channels sleeps on every
+//! channel it armed, an async waiter follows the channel it is given (not an address a dropped
+//! one had), and closing a send queue asynchronously needs no timer of the runtime.
 
 mod common;
 
@@ -40,9 +41,9 @@ fn poll_one(cq: &CompletionQueue<'_>) -> Result<Option<WcStatus>> {
     Ok(cq.poll(&mut wcs)?.first().map(|wc| wc.status()))
 }
 
-/// A blocking wait over CQs of three completion channels armed all three but slept on only the
-/// first two: a completion on the third woke nothing, and the wait slept to its deadline (5 s
-/// here; for ever with `Deadline::never()`).
+/// A blocking wait over CQs of three completion channels sleeps on all three: a completion on
+/// the third wakes it (a wait that slept on only the first two would sleep to its deadline, 5 s
+/// here, or for ever with `Deadline::never()`).
 #[test]
 fn a_blocking_wait_over_three_channels_wakes_for_the_third() {
     let topo = testkit::require_topology!();
@@ -71,9 +72,9 @@ fn a_blocking_wait_over_three_channels_wakes_for_the_third() {
 mod with_tokio {
     use super::*;
 
-    /// `CqWaiter::idle_async` kept its reactor registration keyed by the channel's address: a
-    /// new channel at the address of a dropped one reused the dead channel's registration, and
-    /// the waiter slept for ever on a file nothing would signal again.
+    /// `CqWaiter::idle_async` registers the channel it is given, not one found by its address:
+    /// a new channel made at the address of a dropped one wakes the waiter (a registration kept
+    /// by address would sleep for ever on a file nothing signals again).
     #[test]
     fn an_idle_async_waiter_wakes_on_a_new_channel_at_a_dropped_one_s_address() {
         let topo = testkit::require_topology!();
@@ -115,8 +116,8 @@ mod with_tokio {
         assert_eq!(addresses[0], addresses[1], "the second channel was made where the first was");
     }
 
-    /// `SendQueue::close_async` with requests in flight, in a runtime built without timers,
-    /// panicked ("A Tokio 1.x context was found, but timers are disabled").
+    /// `SendQueue::close_async` with requests in flight closes in a runtime built without
+    /// timers, without the panic "A Tokio 1.x context was found, but timers are disabled".
     #[test]
     fn close_async_in_a_runtime_without_timers_closes() {
         let topo = testkit::require_topology!();
