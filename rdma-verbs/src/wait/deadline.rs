@@ -109,6 +109,14 @@ impl Deadline {
     }
 }
 
+impl From<Duration> for Deadline {
+    /// [`Deadline::after`]: a call that takes `impl Into<Deadline>` takes a timeout or a
+    /// deadline.
+    fn from(timeout: Duration) -> Self {
+        Deadline::after(timeout)
+    }
+}
+
 /// `d` as a `struct timespec` (saturating at `i64::MAX` seconds).
 pub(crate) fn timespec(d: Duration) -> rustix::event::Timespec {
     rustix::event::Timespec { tv_sec: d.as_secs().try_into().unwrap_or(i64::MAX), tv_nsec: d.subsec_nanos().into() }
