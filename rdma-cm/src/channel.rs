@@ -90,48 +90,54 @@ impl EventChannel {
         }
     }
 
-    /// Takes `step` until it gives a value, waiting up to `timeout` (`poll(2)` on the fd)
-    /// whenever it gives `None`.
+    /// Takes `step` until it gives a value, sleeping on the fd until `until` whenever it gives
+    /// `None`.
     ///
     /// `step` is one synchronous attempt: it reads what it needs from the channel and gives
     /// `Ok(None)` only when it found the channel empty (`EAGAIN`). Every blocking wait of the
     /// crate is this loop around a step, and its async form is
-    /// [`wait_for_async`](Self::wait_for_async) around the same step.
+    /// [`wait_for_async`](Self::wait_for_async) around the same step. The `Timeout` error is
+    /// built here, where the deadline is found passed: it names `what` and the deadline's
+    /// timeout, and the callers pass it on as it is.
     pub(crate) fn wait_for<T>(
         &self,
-        timeout: Duration,
+        until: Deadline,
         what: &'static str,
         step: impl FnMut() -> Result<Option<T>>,
     ) -> Result<T> {
-        self.wait_for_every(timeout, Duration::MAX, what, step)
+        self.wait_for_every(until, Duration::MAX, what, step)
     }
 
     /// [`wait_for`](Self::wait_for), taking `step` again at least every `every` while the
     /// channel stays quiet: for a step that also looks at something outside the channel.
     pub(crate) fn wait_for_every<T>(
         &self,
-        timeout: Duration,
+        until: Deadline,
         every: Duration,
         what: &'static str,
         mut step: impl FnMut() -> Result<Option<T>>,
     ) -> Result<T> {
-        let deadline = Deadline::after(timeout);
         loop {
             // Registered before the step: an event another reader takes after it wakes us.
             let sleeper = self.sleepers.sleeper();
             if let Some(value) = step()? {
                 return Ok(value);
             }
-            if deadline.has_passed() {
-                return Err(Error::Timeout { what, device: None, after: timeout });
+            if until.has_passed() {
+                return Err(timed_out(what, until));
             }
             // At most `every` from now (no bound when the wait has none and `every` is too long
             // to be an instant); rdma-verbs' blocking wait on a shared fd.
-            if let Err(e) = sleeper.sleep(self.as_fd(), deadline.min(Deadline::after(every))) {
+            if let Err(e) = sleeper.sleep(self.as_fd(), until.min(Deadline::after(every))) {
                 return Err(Error::from_errno("poll", e.raw_os_error().unwrap_or(libc::EIO)));
             }
         }
     }
+}
+
+/// The error of a wait for `what` that found `until` passed: built once, there.
+pub(crate) fn timed_out(what: &'static str, until: Deadline) -> Error {
+    Error::Timeout { what, device: None, after: until.timeout() }
 }
 
 #[cfg(feature = "tokio")]
@@ -155,8 +161,11 @@ impl EventChannel {
     }
 
     /// Takes `step` until it gives a value, awaiting the fd's readiness or a wake-up from
-    /// another reader whenever it gives `None`: the async form of [`wait_for`](Self::wait_for),
-    /// with the same step contract.
+    /// another reader whenever it gives `None`, until `until`: the async form of
+    /// [`wait_for_every`](Self::wait_for_every), with the same step contract and the same
+    /// `Timeout` error. The deadline (and `every`) is rdma-verbs' `timerfd` on the reactor
+    /// (`rdma_verbs::wait::timeout_at`), so a runtime built without tokio's time
+    /// driver works.
     ///
     /// Each poll registers the fd anew with the reactor of the runtime that polls it (and drops
     /// the last poll's registration), then enables a wake-up from the channel's other readers,
@@ -174,9 +183,27 @@ impl EventChannel {
     /// at once or keeps (its own state).
     pub(crate) async fn wait_for_async<T>(
         &self,
+        until: Deadline,
+        every: Duration,
         what: &'static str,
         mut step: impl FnMut() -> Result<Option<T>>,
     ) -> Result<T> {
+        loop {
+            // Until the earlier of the deadline and the next look `every` asks for.
+            let slice = until.min(Deadline::after(every));
+            match rdma_verbs::wait::timeout_at(slice, self.steps_async(what, &mut step)).await {
+                Ok(Some(done)) => return done,
+                Ok(None) if until.has_passed() => return Err(timed_out(what, until)),
+                // The slice ended first: take the step again.
+                Ok(None) => {}
+                Err(e) => return Err(reactor_error(what, "timerfd_create", &e)),
+            }
+        }
+    }
+
+    /// Takes `step` until it gives a value, awaiting the channel between tries, without a
+    /// deadline (see [`wait_for_async`](Self::wait_for_async)).
+    async fn steps_async<T>(&self, what: &'static str, step: &mut impl FnMut() -> Result<Option<T>>) -> Result<T> {
         use std::future::Future;
         use std::task::Poll;
         // What the last poll slept on, until the next poll replaces it.

@@ -5,7 +5,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
 use rdma_verbs::ffi;
-use rdma_verbs::{QueuePair, Rc, ReadyToSend};
+use rdma_verbs::{Deadline, QueuePair, Rc, ReadyToSend};
 
 use parking_lot::Mutex;
 
@@ -178,7 +178,7 @@ impl<'res> Connection<'res> {
     /// [`Error::Timeout`]; [`Error::Cm`] when reading fails. Each names the device.
     #[doc(alias = "rdma_get_cm_event")]
     pub fn recv_event(&self, timeout: Duration) -> Result<Event> {
-        self.conn.id.wait_for(timeout, RECV_EVENT, || self.event_step()).map_err(|e| self.on_device(e))
+        self.conn.id.wait_for(Deadline::after(timeout), RECV_EVENT, || self.event_step()).map_err(|e| self.on_device(e))
     }
 
     /// Returns the next event if one is queued, without waiting (`rdma_get_cm_event()` on the
@@ -317,7 +317,7 @@ impl<'res> Connection<'res> {
     /// The async form of [`recv_event`](Self::recv_event): awaits the connection's next event
     /// (`rdma_get_cm_event()`; usually [`Event::Disconnected`], which is answered with
     /// `rdma_disconnect()` and recorded as [`try_recv_event`](Self::try_recv_event) does). No
-    /// timeout: bound it with `tokio::time::timeout`.
+    /// timeout: bound it with `rdma_verbs::wait::timeout_at` (no time driver needed) or `tokio::time::timeout`.
     ///
     /// Cancellation-safe: an event is read and returned in one synchronous step, so dropping
     /// the future loses none.
@@ -327,7 +327,11 @@ impl<'res> Connection<'res> {
     /// names the device.
     #[doc(alias = "rdma_get_cm_event")]
     pub async fn recv_event_async(&self) -> Result<Event> {
-        self.conn.id.wait_for_async(RECV_EVENT, || self.event_step()).await.map_err(|e| self.on_device(e))
+        self.conn
+            .id
+            .wait_for_async(Deadline::never(), Duration::MAX, RECV_EVENT, || self.event_step())
+            .await
+            .map_err(|e| self.on_device(e))
     }
 
     /// [`Events::next`]'s step: `Some(None)` once the peer's disconnect was seen (checked under
@@ -363,7 +367,7 @@ impl<'res> Connection<'res> {
     /// # }
     /// ```
     ///
-    /// No timeout: bound it with `tokio::time::timeout`. Cancellation-safe: dropping the
+    /// No timeout: bound it with `rdma_verbs::wait::timeout_at` (no time driver needed) or `tokio::time::timeout`. Cancellation-safe: dropping the
     /// future loses no event (a disconnect it read is recorded before it returns).
     ///
     /// # Errors
@@ -372,7 +376,11 @@ impl<'res> Connection<'res> {
     /// runtime. Each names the device.
     #[doc(alias = "rdma_disconnect")]
     pub async fn disconnected_async(&self) -> Result<()> {
-        self.conn.id.wait_for_async(WAIT_DISCONNECTED, || self.disconnected_step()).await.map_err(|e| self.on_device(e))
+        self.conn
+            .id
+            .wait_for_async(Deadline::never(), Duration::MAX, WAIT_DISCONNECTED, || self.disconnected_step())
+            .await
+            .map_err(|e| self.on_device(e))
     }
 }
 
@@ -434,13 +442,18 @@ pub struct Events<'c, 'res> {
 #[cfg(feature = "tokio")]
 impl Events<'_, '_> {
     /// The connection's next event, `None` once the peer's disconnect has been seen. No
-    /// timeout: bound it with `tokio::time::timeout`. Cancellation-safe.
+    /// timeout: bound it with `rdma_verbs::wait::timeout_at` (no time driver needed) or `tokio::time::timeout`. Cancellation-safe.
     ///
     /// # Errors
     /// `Some(Err(_))` as [`Connection::recv_event_async`] fails; the events go on after one.
     #[doc(alias = "rdma_get_cm_event")]
     pub async fn next(&mut self) -> Option<Result<Event>> {
         let conn = self.conn;
-        conn.conn.id.wait_for_async(RECV_EVENT, || conn.events_step()).await.map_err(|e| conn.on_device(e)).transpose()
+        conn.conn
+            .id
+            .wait_for_async(Deadline::never(), Duration::MAX, RECV_EVENT, || conn.events_step())
+            .await
+            .map_err(|e| conn.on_device(e))
+            .transpose()
     }
 }

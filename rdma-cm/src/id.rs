@@ -461,6 +461,9 @@ impl ResolvingAddress {
             let wait = how.extended(Duration::from_millis(50));
             match id.id.expect_as(&wait, EventKind::AddressResolved, RESOLVE_ADDR, RESOLVING_ADDR, dst).await {
                 Ok(_) => return id.address_resolved(dst),
+                // Our wait's own timeout, as it was built; the kernel's (ETIMEDOUT) past our
+                // deadline is the same end of the wait.
+                Err(e @ Error::Timeout { .. }) => return Err(e),
                 Err(e) if e.is_timeout() && how.has_passed() => return Err(how.timed_out(RESOLVE_ADDR)),
                 Err(e) => retry_resolution(e)?,
             }

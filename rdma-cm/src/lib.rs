@@ -195,8 +195,9 @@
 //! # }
 //! ```
 //!
-//! The same server with the `tokio` feature: a task per connection, each step awaited, the
-//! bounds set by the caller with `tokio::time::timeout`.
+//! The same server with the `tokio` feature: a task per connection, each step awaited, a
+//! transition bounded by its `wait_async(timeout)` (a `timerfd` on the reactor: the runtime
+//! needs no time driver).
 //!
 //! ```no_run
 //! # #[cfg(feature = "tokio")]
@@ -204,7 +205,6 @@
 //! use std::time::Duration;
 //! use rdma_cm::{ConnParams, Listener};
 //! use rdma_verbs::{AccessFlags, QpCreateAttr, Rc};
-//! use tokio::time::timeout;
 //!
 //! let t = Duration::from_secs(2);
 //! let listener = Listener::bind("10.77.0.1:7471".parse()?, 16)?;
@@ -217,7 +217,7 @@
 //!         let qp = pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq))?;
 //!         let qp = req.init_qp(qp, AccessFlags::empty())?;
 //!         let params = ConnParams::new().private_data(b"welcome");
-//!         let conn = timeout(t, req.accept(qp, &params)).await??;
+//!         let conn = req.accept(qp, &params).wait_async(t).await?;
 //!         // ... work on conn.qp() ...
 //!         conn.peer_disconnect().await?;
 //!         Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
@@ -266,15 +266,20 @@
 //! As in `rdma-verbs` (its crate docs, "Waiting: one vocabulary"): `recv_*(timeout)` waits up to
 //! `timeout` for the next event or request, `try_recv_*()` never blocks, and (feature `tokio`)
 //! `*_async()` awaits without a timeout of its own. A transition is a [`Pending`] value:
-//! `.wait(timeout)`, or `.await`.
+//! `.wait(timeout)` (a timeout or a [`Deadline`](rdma_verbs::Deadline)), `.wait_async(timeout)`,
+//! or `.await` (no deadline).
 //!
 //! # Async (feature `tokio`)
 //!
-//! The feature makes every pending value awaitable ([`IntoFuture`](std::future::IntoFuture))
-//! and adds `recv_x_async()` beside `recv_x(timeout)` and `try_recv_x()`. Each is the blocking
-//! call with only its wait swapped: the same librdmacm calls, the same event, the same errors,
-//! except that it takes **no timeout**: compose with
-//! `tokio::time::timeout` (or a `tokio::select!` arm) instead. Each wait registers a duplicate
+//! The feature gives every pending value `wait_async(timeout)` beside `wait(timeout)`, makes it
+//! awaitable without a deadline ([`IntoFuture`](std::future::IntoFuture)), and adds
+//! `recv_x_async()` beside `recv_x(timeout)` and `try_recv_x()`. Each is the blocking call with
+//! only its wait swapped: the same librdmacm calls, the same event, the same errors (a
+//! [`Error::Timeout`] naming the call waited for). A deadline is rdma-verbs' `timerfd` on the
+//! reactor (`rdma_verbs::wait::timeout_at`), as for every async wait of rdma-verbs and
+//! rdma-proto: a runtime built without tokio's time driver works. The `recv_x_async()` calls
+//! take **no timeout**: bound them with `rdma_verbs::wait::timeout_at`, `tokio::time::timeout`
+//! or a `tokio::select!` arm. Each wait registers a duplicate
 //! of the identifier's event-channel fd with the reactor of the runtime it runs on (tokio's
 //! `AsyncFd`) and deregisters it when it ends, so an identifier is bound to no runtime: it may
 //! be used from one, then another. Outside a Tokio runtime an async call fails with

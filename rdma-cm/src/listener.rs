@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use rdma_verbs::ffi;
-use rdma_verbs::{AccessFlags, Init, QueuePair, Rc, ReadyToSend, Reset};
+use rdma_verbs::{AccessFlags, Deadline, Init, QueuePair, Rc, ReadyToSend, Reset};
 
 use crate::conn_id::{ConnId, CONNECTED, DONE, REQUESTED};
 use crate::connection::Connection;
@@ -113,7 +113,9 @@ impl Listener {
     /// The next request, parsed by `parse`, waiting up to `timeout` (what
     /// [`recv_request`](Self::recv_request) and a UD listener's receive share).
     pub(crate) fn recv_incoming<P>(&self, timeout: Duration, parse: fn(&RawEvent) -> P) -> Result<Incoming<P>> {
-        self.id.wait_for(timeout, RECV_REQUEST, || self.request_step(parse)).map_err(|e| self.on_device(e))
+        self.id
+            .wait_for(Deadline::after(timeout), RECV_REQUEST, || self.request_step(parse))
+            .map_err(|e| self.on_device(e))
     }
 
     /// The next request if one is queued, parsed by `parse`.
@@ -381,7 +383,7 @@ impl Listener {
     /// The async form of [`recv_request`](Self::recv_request): awaits the next connection
     /// request (`rdma_get_cm_event()` for `RDMA_CM_EVENT_CONNECT_REQUEST`) and moves it to an
     /// event channel of its own (`rdma_migrate_id()`). No timeout: bound it with
-    /// `tokio::time::timeout`.
+    /// `rdma_verbs::wait::timeout_at` (no time driver needed) or `tokio::time::timeout`.
     ///
     /// Cancellation-safe: a request is read and migrated in one synchronous step and returned at
     /// once, so dropping the future (in `tokio::select!`, or when a timeout fires) loses no
@@ -400,7 +402,10 @@ impl Listener {
 
     /// The async form of [`recv_incoming`](Self::recv_incoming). Cancellation-safe.
     pub(crate) async fn recv_incoming_async<P>(&self, parse: fn(&RawEvent) -> P) -> Result<Incoming<P>> {
-        self.id.wait_for_async(RECV_REQUEST, || self.request_step(parse)).await.map_err(|e| self.on_device(e))
+        self.id
+            .wait_for_async(Deadline::never(), Duration::MAX, RECV_REQUEST, || self.request_step(parse))
+            .await
+            .map_err(|e| self.on_device(e))
     }
 }
 
@@ -414,18 +419,39 @@ impl<'res> Accepting<'res> {
     /// time the wait for `RDMA_CM_EVENT_ESTABLISHED` wakes without it, at least every
     /// `check_every` (1 ms at the least). For a server that may take back a connection's place
     /// before it is established (the peer never completed it, and a newer request has its
-    /// place).
+    /// place). `until` is a timeout from now or a [`Deadline`].
     ///
     /// # Errors
     /// As [`ConnectRequest::accept`], and [`Error::Cancelled`] once `keep_waiting` gave
     /// `false`. On error the identifier and the QP are destroyed (the peer is told).
     pub fn wait_while(
         self,
-        timeout: Duration,
+        until: impl Into<Deadline>,
         check_every: Duration,
         keep_waiting: impl FnMut() -> bool,
     ) -> Result<Connection<'res>> {
-        block_on(self.run_while(&Waiting::until(timeout), check_every, keep_waiting))
+        block_on(self.run_while(&Waiting::blocking(until.into()), check_every, keep_waiting))
+    }
+
+    /// [`wait_while`](Self::wait_while) on the current Tokio runtime (feature `tokio`): the
+    /// deadline and the checks are `timerfd`s on the reactor (no tokio timer: a runtime built
+    /// without its time driver works).
+    ///
+    /// # Errors
+    /// As [`wait_while`](Self::wait_while); [`Error::NoRuntime`] outside a runtime, before
+    /// any librdmacm call.
+    #[cfg(feature = "tokio")]
+    pub async fn wait_while_async(
+        self,
+        until: impl Into<Deadline>,
+        check_every: Duration,
+        keep_waiting: impl FnMut() -> bool,
+    ) -> Result<Connection<'res>> {
+        let until = until.into();
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(Error::NoRuntime { what: ACCEPT });
+        }
+        self.run_while(&crate::pending::Waiting::on_runtime(until), check_every, keep_waiting).await
     }
 
     pub(crate) async fn run(self, how: &Waiting) -> Result<Connection<'res>> {

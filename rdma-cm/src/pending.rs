@@ -3,17 +3,22 @@
 //! Each transition that waits for the CM ([`CmId::resolve`], [`CmId::resolve_addr`],
 //! [`CmId::resolve_route`], [`CmId::connect`], [`ConnectRequest::accept`],
 //! [`Connection::disconnect`], [`Connection::peer_disconnect`]) returns a value that holds
-//! what it consumed and does nothing yet. Finish it one of two ways:
+//! what it consumed and does nothing yet. Finish it one of three ways:
 //!
-//! - [`wait(timeout)`](Pending::wait) blocks the thread until the event comes or `timeout`
-//!   passes ([`Duration::MAX`]: no deadline of ours);
-//! - `.await` it (feature `tokio`, through [`IntoFuture`](std::future::IntoFuture)) on a Tokio
-//!   runtime, without a timeout of its own: bound it with `tokio::time::timeout`.
+//! - [`wait(until)`](Pending::wait) blocks the thread until the event comes or `until` passes
+//!   (a [`Duration`] from now or a [`Deadline`]; [`Duration::MAX`]: no deadline of ours);
+//! - `wait_async(until)` (feature `tokio`) awaits the same on a Tokio runtime, the deadline a
+//!   `timerfd` on the reactor (`rdma_verbs::wait::timeout_at`): a runtime built without
+//!   tokio's time driver works;
+//! - `.await` it (feature `tokio`, through [`IntoFuture`](std::future::IntoFuture)): awaits
+//!   without a deadline of its own.
 //!
-//! Both run the same body: the librdmacm calls, then a wait on the identifier's event channel
-//! that either blocks in `poll(2)` or awaits the reactor. Dropping a pending value, or its
-//! future, destroys what it holds as an error would (the identifier, which tells the peer's CM,
-//! then the QP).
+//! All run the same body: the librdmacm calls, then a wait on the identifier's event channel
+//! that either blocks in `poll(2)` or awaits the reactor, until the one deadline. The wait that
+//! finds the deadline passed returns [`Error::Timeout`] naming the call it waited for
+//! (`"rdma_resolve_addr"`, `"rdma_connect"`, ...) and the timeout the deadline was made from,
+//! as it is, whichever form ran it. Dropping a pending value, or its future, destroys what it
+//! holds as an error would (the identifier, which tells the peer's CM, then the QP).
 //!
 //! ```no_run
 //! # fn f(qp: rdma_cm::verbs::QueuePair<'_, rdma_cm::verbs::Rc, rdma_cm::verbs::Init>,
@@ -43,7 +48,6 @@ use rdma_verbs::{Deadline, Init, QueuePair, Rc, ReadyToSend, Ud};
 use std::future::Future;
 use std::net::SocketAddr;
 
-use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 mod sealed {
@@ -51,7 +55,8 @@ mod sealed {
 }
 
 /// An operation started by a transition and not yet waited for: [`wait`](Self::wait) blocks for
-/// it; with the feature `tokio`, `.await` it ([`IntoFuture`](std::future::IntoFuture)).
+/// it; with the feature `tokio`, `wait_async` or `.await` it
+/// ([`IntoFuture`](std::future::IntoFuture)).
 ///
 /// Sealed: implemented by this crate's pending values only ([module docs](crate::pending)).
 pub trait Pending: sealed::Sealed + Sized {
@@ -59,73 +64,77 @@ pub trait Pending: sealed::Sealed + Sized {
     /// [`IntoFuture::Output`](std::future::IntoFuture::Output), which is `Result<Self::Value>`).
     type Value;
 
-    /// Waits up to `timeout` for the operation's event, blocking the thread
-    /// ([`Duration::MAX`] waits without a deadline of ours).
+    /// Waits for the operation's event until `until`, blocking the thread: a timeout from now
+    /// ([`Duration::MAX`] waits without a deadline of ours) or a [`Deadline`].
     ///
     /// # Errors
-    /// Those of the transition that made the value; [`Error::Timeout`] when `timeout` passed.
-    /// What the value held is destroyed on error.
-    fn wait(self, timeout: Duration) -> Result<Self::Value>;
+    /// Those of the transition that made the value; [`Error::Timeout`] when `until` passed,
+    /// naming the call waited for and the deadline's timeout. What the value held is destroyed
+    /// on error.
+    fn wait(self, until: impl Into<Deadline>) -> Result<Self::Value>;
+
+    /// [`wait`](Self::wait) on the current Tokio runtime (feature `tokio`): awaits the event
+    /// on the reactor until `until`, a `timerfd` on the same reactor (no tokio timer: a runtime
+    /// built without its time driver works).
+    ///
+    /// # Errors
+    /// As [`wait`](Self::wait); [`Error::NoRuntime`] outside a runtime, before any librdmacm
+    /// call.
+    #[cfg(feature = "tokio")]
+    fn wait_async(self, until: impl Into<Deadline>) -> impl Future<Output = Result<Self::Value>> + Send;
 }
 
-/// How a pending operation's body waits for its events.
-pub(crate) enum Waiting {
-    /// Blocking the thread until `deadline`; errors report `timeout`, the whole wait.
-    Until { deadline: Deadline, timeout: Duration },
-    /// On the current Tokio runtime's reactor, without a deadline.
+/// How a pending operation's body waits for its events: blocking the thread, or on the current
+/// Tokio runtime's reactor; either until one deadline.
+#[derive(Clone, Copy)]
+pub(crate) struct Waiting {
+    until: Deadline,
     #[cfg(feature = "tokio")]
-    Runtime,
+    on_runtime: bool,
 }
 
 impl Waiting {
-    pub(crate) fn until(timeout: Duration) -> Self {
-        Waiting::Until { deadline: Deadline::after(timeout), timeout }
+    /// Blocking the thread until `until`.
+    pub(crate) fn blocking(until: Deadline) -> Self {
+        Waiting {
+            until,
+            #[cfg(feature = "tokio")]
+            on_runtime: false,
+        }
     }
 
-    /// The same wait with `by` more time (the same timeout reported).
+    /// On the current runtime's reactor until `until`.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn on_runtime(until: Deadline) -> Self {
+        Waiting { until, on_runtime: true }
+    }
+
+    /// The same wait, `by` later (reporting the same timeout).
     pub(crate) fn extended(&self, by: Duration) -> Self {
-        match self {
-            Waiting::Until { deadline, timeout } => {
-                Waiting::Until { deadline: Deadline::after(deadline.remaining().saturating_add(by)), timeout: *timeout }
-            }
-            #[cfg(feature = "tokio")]
-            Waiting::Runtime => Waiting::Runtime,
-        }
+        let mut later = *self;
+        later.until = self.until.extended(by);
+        later
     }
 
-    /// The time left: all there is on the runtime (the caller bounds the future).
+    /// The time left.
     pub(crate) fn remaining(&self) -> Duration {
-        match self {
-            Waiting::Until { deadline, .. } => deadline.remaining(),
-            #[cfg(feature = "tokio")]
-            Waiting::Runtime => Duration::MAX,
-        }
+        self.until.remaining()
     }
 
-    /// Whether the deadline passed (never on the runtime).
+    /// Whether the deadline passed.
     pub(crate) fn has_passed(&self) -> bool {
-        match self {
-            Waiting::Until { deadline, .. } => deadline.has_passed(),
-            #[cfg(feature = "tokio")]
-            Waiting::Runtime => false,
-        }
+        self.until.has_passed()
     }
 
-    /// The timeout error of `what`, for the whole wait.
+    /// The timeout error of `what`, for a wait that found its deadline passed.
     pub(crate) fn timed_out(&self, what: &'static str) -> Error {
-        let after = match self {
-            Waiting::Until { timeout, .. } => *timeout,
-            #[cfg(feature = "tokio")]
-            Waiting::Runtime => Duration::MAX,
-        };
-        Error::Timeout { what, device: None, after }
+        crate::channel::timed_out(what, self.until)
     }
 }
 
 impl RawId {
     /// Takes `step` until it gives a value, waiting as `how` says between tries, and looking
-    /// again at least every `every` while blocking ([`EventChannel::wait_for_every`]; the
-    /// async form wakes only for the channel).
+    /// again at least every `every` ([`EventChannel::wait_for_every`]).
     ///
     /// [`EventChannel::wait_for_every`]: crate::channel::EventChannel::wait_for_every
     pub(crate) async fn wait_as<T>(
@@ -135,14 +144,11 @@ impl RawId {
         what: &'static str,
         step: impl FnMut() -> Result<Option<T>>,
     ) -> Result<T> {
-        match how {
-            Waiting::Until { deadline, .. } => match self.wait_for_every(deadline.remaining(), every, what, step) {
-                Err(Error::Timeout { .. }) => Err(how.timed_out(what)),
-                waited => waited,
-            },
-            #[cfg(feature = "tokio")]
-            Waiting::Runtime => self.wait_for_async(what, step).await,
+        #[cfg(feature = "tokio")]
+        if how.on_runtime {
+            return self.wait_for_async(how.until, every, what, step).await;
         }
+        self.wait_for_every(how.until, every, what, step)
     }
 
     /// Waits as `how` says for an event of kind `want` ([`expect`](RawId::expect)).
@@ -171,48 +177,44 @@ impl RawId {
     }
 }
 
-/// Runs a body whose waits all block (`Waiting::Until`): its future is ready when first polled.
-pub(crate) fn block_on<F: Future>(body: F) -> F::Output {
-    /// No task to wake: nothing in a blocking body is pending.
-    struct Nobody;
-    impl Wake for Nobody {
-        fn wake(self: std::sync::Arc<Self>) {}
-    }
-    let waker = Waker::from(std::sync::Arc::new(Nobody));
-    let mut body = std::pin::pin!(body);
-    match body.as_mut().poll(&mut Context::from_waker(&waker)) {
-        Poll::Ready(out) => out,
-        // A blocking wait returns before its future does: unreachable by construction.
-        Poll::Pending => unreachable!("a blocking CM wait was pending"),
-    }
+/// Runs a body whose waits all block ([`Waiting::blocking`]) with rdma-verbs' ready-once
+/// executor: its future is ready when first polled.
+pub(crate) fn block_on<T>(body: impl Future<Output = Result<T>>) -> Result<T> {
+    // A blocking wait returns before its future does: pending is unreachable by construction.
+    rdma_verbs::wait::ready_once(body).expect("a blocking CM wait is ready when polled")
 }
 
-/// The future a pending value becomes with `.await` (feature `tokio`).
+/// The future a pending value becomes with `.await` or `wait_async` (feature `tokio`).
 #[cfg(feature = "tokio")]
 pub type PendingFuture<'a, T> = std::pin::Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>;
 
-/// The blocking and the async shell of a pending value around its body `run(self, &Waiting)`.
+/// The blocking and the async shells of a pending value around its body `run(self, &Waiting)`.
 macro_rules! shells {
     ($name:ident $(<$lt:lifetime>)?, $out:ty, $what:expr) => {
         impl$(<$lt>)? sealed::Sealed for $name$(<$lt>)? {}
 
         impl$(<$lt>)? $name$(<$lt>)? {
-            /// Waits up to `timeout` for the operation, blocking the thread ([`Pending::wait`];
-            /// [`Duration::MAX`] waits without a deadline of ours).
+            /// Waits for the operation until `until`, blocking the thread ([`Pending::wait`]: a
+            /// timeout from now, [`Duration::MAX`] for no deadline of ours, or a [`Deadline`]).
             ///
             /// # Errors
-            /// Those of the transition that made the value; [`Error::Timeout`] when `timeout`
+            /// Those of the transition that made the value; [`Error::Timeout`] when `until`
             /// passed. What the value held is destroyed on error.
-            pub fn wait(self, timeout: Duration) -> Result<$out> {
-                block_on(self.run(&Waiting::until(timeout)))
+            pub fn wait(self, until: impl Into<Deadline>) -> Result<$out> {
+                block_on(self.run(&Waiting::blocking(until.into())))
             }
         }
 
         impl$(<$lt>)? Pending for $name$(<$lt>)? {
             type Value = $out;
 
-            fn wait(self, timeout: Duration) -> Result<$out> {
-                $name::wait(self, timeout)
+            fn wait(self, until: impl Into<Deadline>) -> Result<$out> {
+                $name::wait(self, until)
+            }
+
+            #[cfg(feature = "tokio")]
+            fn wait_async(self, until: impl Into<Deadline>) -> impl Future<Output = Result<$out>> + Send {
+                $name::wait_async(self, until)
             }
         }
 
@@ -225,21 +227,35 @@ macro_rules! shells {
         shells!(@future_impl [] $name, 'static, $out, $what);
     };
     (@future_impl [$($lt:lifetime)?] $ty:ty, $f:lifetime, $out:ty, $what:expr) => {
-        /// Awaits the operation on the current Tokio runtime, without a timeout of its own
-        /// (bound it with `tokio::time::timeout`); [`Error::NoRuntime`] outside one, before any
-        /// librdmacm call. Dropping the future destroys what the value held.
+        #[cfg(feature = "tokio")]
+        impl$(<$lt>)? $ty {
+            /// Awaits the operation on the current Tokio runtime until `until` ([`Pending::wait_async`]:
+            /// the deadline is a `timerfd` on the reactor, no tokio timer).
+            ///
+            /// # Errors
+            /// As [`wait`](Self::wait); [`Error::NoRuntime`] outside a runtime, before any
+            /// librdmacm call.
+            pub fn wait_async(self, until: impl Into<Deadline>) -> PendingFuture<$f, $out> {
+                let until = until.into();
+                Box::pin(async move {
+                    if tokio::runtime::Handle::try_current().is_err() {
+                        return Err(Error::NoRuntime { what: $what });
+                    }
+                    self.run(&Waiting::on_runtime(until)).await
+                })
+            }
+        }
+
+        /// Awaits the operation on the current Tokio runtime, without a deadline of its own
+        /// (`wait_async` takes one); [`Error::NoRuntime`] outside one, before any librdmacm
+        /// call. Dropping the future destroys what the value held.
         #[cfg(feature = "tokio")]
         impl$(<$lt>)? std::future::IntoFuture for $ty {
             type Output = Result<$out>;
             type IntoFuture = PendingFuture<$f, $out>;
 
             fn into_future(self) -> Self::IntoFuture {
-                Box::pin(async move {
-                    if tokio::runtime::Handle::try_current().is_err() {
-                        return Err(Error::NoRuntime { what: $what });
-                    }
-                    self.run(&Waiting::Runtime).await
-                })
+                self.wait_async(Deadline::never())
             }
         }
     };
@@ -351,22 +367,38 @@ pub struct UdResolving<P>(pub(crate) P);
 impl<S: IdState, P: Pending<Value = CmId<S>>> sealed::Sealed for UdResolving<P> {}
 
 impl<S: IdState, P: Pending<Value = CmId<S>>> UdResolving<P> {
-    /// Waits up to `timeout` for the resolution, blocking the thread ([`Pending::wait`];
-    /// [`Duration::MAX`] waits without a deadline of ours).
+    /// Waits for the resolution until `until`, blocking the thread ([`Pending::wait`]: a
+    /// timeout from now, [`Duration::MAX`] for no deadline of ours, or a [`Deadline`]).
     ///
     /// # Errors
-    /// Those of the resolution; [`Error::Timeout`] when `timeout` passed. The identifier is
+    /// Those of the resolution; [`Error::Timeout`] when `until` passed. The identifier is
     /// destroyed on error.
-    pub fn wait(self, timeout: Duration) -> Result<UdId<S>> {
-        self.0.wait(timeout).map(UdId::from_cm)
+    pub fn wait(self, until: impl Into<Deadline>) -> Result<UdId<S>> {
+        self.0.wait(until).map(UdId::from_cm)
+    }
+
+    /// Awaits the resolution on the current Tokio runtime until `until`
+    /// ([`Pending::wait_async`]).
+    ///
+    /// # Errors
+    /// As [`wait`](Self::wait); [`Error::NoRuntime`] outside a runtime.
+    #[cfg(feature = "tokio")]
+    pub fn wait_async(self, until: impl Into<Deadline>) -> impl Future<Output = Result<UdId<S>>> + Send {
+        let pending = self.0.wait_async(until);
+        async move { pending.await.map(UdId::from_cm) }
     }
 }
 
 impl<S: IdState, P: Pending<Value = CmId<S>>> Pending for UdResolving<P> {
     type Value = UdId<S>;
 
-    fn wait(self, timeout: Duration) -> Result<UdId<S>> {
-        UdResolving::wait(self, timeout)
+    fn wait(self, until: impl Into<Deadline>) -> Result<UdId<S>> {
+        UdResolving::wait(self, until)
+    }
+
+    #[cfg(feature = "tokio")]
+    fn wait_async(self, until: impl Into<Deadline>) -> impl Future<Output = Result<UdId<S>>> + Send {
+        UdResolving::wait_async(self, until)
     }
 }
 

@@ -10,7 +10,9 @@ use rdma_verbs::ffi;
 // Where `struct rdma_addr` keeps its address unions: bindgen and rdma-sys name them
 // differently, and rdma-verbs knows which bindings `ffi` is.
 use rdma_verbs::ffi_compat::{RDMA_ADDR_DST, RDMA_ADDR_SRC};
-use rdma_verbs::{AccessFlags, Init, QueuePair, Rc, ReadyToReceive, ReadyToSend, Reset, Transport, TypeState, Ud};
+use rdma_verbs::{
+    AccessFlags, Deadline, Init, QueuePair, Rc, ReadyToReceive, ReadyToSend, Reset, Transport, TypeState, Ud,
+};
 
 use crate::addr;
 use crate::channel::EventChannel;
@@ -293,40 +295,42 @@ impl RawId {
         Ok(None)
     }
 
-    /// Takes `step` until it gives a value, waiting up to `timeout` for the channel between
+    /// Takes `step` until it gives a value, waiting for the channel until `until` between
     /// tries (see [`EventChannel::wait_for`]).
     pub(crate) fn wait_for<T>(
         &self,
-        timeout: Duration,
+        until: Deadline,
         what: &'static str,
         step: impl FnMut() -> Result<Option<T>>,
     ) -> Result<T> {
-        self.channel.wait_for(timeout, what, step)
+        self.channel.wait_for(until, what, step)
     }
 
     /// [`wait_for`](Self::wait_for), taking `step` again at least every `every` (see
     /// [`EventChannel::wait_for_every`]).
     pub(crate) fn wait_for_every<T>(
         &self,
-        timeout: Duration,
+        until: Deadline,
         every: Duration,
         what: &'static str,
         step: impl FnMut() -> Result<Option<T>>,
     ) -> Result<T> {
-        self.channel.wait_for_every(timeout, every, what, step)
+        self.channel.wait_for_every(until, every, what, step)
     }
 }
 
 #[cfg(feature = "tokio")]
 impl RawId {
-    /// Takes `step` until it gives a value, awaiting the channel between tries (see
-    /// [`EventChannel::wait_for_async`]). Cancellation-safe.
+    /// Takes `step` until it gives a value, awaiting the channel between tries, until `until`
+    /// and at least every `every` (see [`EventChannel::wait_for_async`]). Cancellation-safe.
     pub(crate) async fn wait_for_async<T>(
         &self,
+        until: Deadline,
+        every: Duration,
         what: &'static str,
         step: impl FnMut() -> Result<Option<T>>,
     ) -> Result<T> {
-        self.channel.wait_for_async(what, step).await
+        self.channel.wait_for_async(until, every, what, step).await
     }
 }
 

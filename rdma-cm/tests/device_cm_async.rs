@@ -395,3 +395,52 @@ fn a_pending_connect_moved_to_another_live_runtime_completes_there() {
     server.join().unwrap();
     drop((pd, first));
 }
+
+/// A connect whose request the server never answers ends at its deadline with the typed
+/// `Timeout` that names `rdma_connect` and the bound it was given, blocking and awaited alike;
+/// awaited on a runtime built without tokio's time driver (the deadline is a `timerfd` on the
+/// reactor). The CM's own response timer (seconds) fires long after.
+#[test]
+fn a_connect_no_one_answers_times_out_naming_rdma_connect_on_a_runtime_without_time() {
+    let topo = testkit::require_topology!();
+    let listener = Listener::bind(server_any_port(&topo), 4).unwrap();
+    let dst = listener.local_addr();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_io().build().unwrap();
+    let bound = Duration::from_millis(400);
+    for awaited in [true, false] {
+        let id = CmId::new().unwrap().resolve(Some(client_src(&topo)), dst).wait(T).unwrap();
+        let (_pd, qp) = qp_on(id.open_context().unwrap());
+        let qp = id.init_qp(qp, AccessFlags::empty()).unwrap();
+        let pending = id.connect(qp, &ConnParams::new());
+        let start = Instant::now();
+        let until = Deadline::after(bound);
+        let ended = match awaited {
+            true => rt.block_on(pending.wait_async(until)),
+            false => pending.wait(until),
+        };
+        let took = start.elapsed();
+        match ended {
+            Err(rdma_cm::Error::Timeout { what: "rdma_connect", after, .. }) => {
+                assert_eq!(after, bound, "awaited: {awaited}")
+            }
+            other => panic!("awaited: {awaited}: {:?}", other.map(|_| ())),
+        }
+        assert!((bound..bound + Duration::from_secs(2)).contains(&took), "awaited: {awaited}: ended after {took:?}");
+        // The request did reach the server, which never answered it.
+        drop(listener.recv_request(T).unwrap());
+    }
+}
+
+/// A receive with a deadline awaited on a runtime without time (`rdma_verbs::wait::timeout_at`
+/// around `recv_request_async`) ends at the deadline, and the listener serves on.
+#[test]
+fn an_async_receive_bounded_by_a_deadline_ends_on_a_runtime_without_time() {
+    let topo = testkit::require_topology!();
+    let listener = Listener::bind(server_any_port(&topo), 4).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_io().build().unwrap();
+    let start = Instant::now();
+    let until = Deadline::after(Duration::from_millis(100));
+    let got = rt.block_on(rdma_verbs::wait::timeout_at(until, listener.recv_request_async()));
+    assert!(matches!(got, Ok(None)), "{:?}", got.map(|r| r.map(|r| r.map(|_| ()))));
+    assert!(start.elapsed() >= Duration::from_millis(100));
+}

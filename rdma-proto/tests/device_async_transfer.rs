@@ -217,3 +217,74 @@ fn striped_transfers_through_the_async_and_threaded_fronts() {
         assert!(std::fs::read(dst.0.join("data")).unwrap() == bytes, "send {i}: the copy differs");
     }
 }
+
+/// A runtime built without tokio's time driver: IO only.
+fn io_only_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_io().build().unwrap()
+}
+
+/// A transfer served and sent on a runtime built without tokio's time driver (`enable_io`
+/// only): every deadline and pause of the async driver is a `timerfd` on the reactor, so it
+/// runs as on any runtime and stores the bytes sent.
+#[test]
+fn a_transfer_runs_on_a_runtime_without_time() {
+    let topo = testkit::require_topology!();
+    let (src, dst) = (TempDir::new("notime-src"), TempDir::new("notime-dst"));
+    let path = src.0.join("data");
+    let bytes = random_file(&path, (2 << 20) + 17, 91);
+    let addr = SocketAddr::from((topo.server.addr, 18680));
+    let (server, send) = overwriting_pair(addr, &dst.0, Some(SocketAddr::from((topo.client.addr, 0))));
+    let rt = io_only_runtime();
+    let (report, reports) = rt.block_on(async {
+        let serving = tokio::spawn(serve(server, 1));
+        let report = send_file_async(&path, &send, |_, _| {}).await.unwrap();
+        (report, serving.await.unwrap())
+    });
+    assert_eq!(report.bytes, bytes.len() as u64);
+    assert!(reports.iter().all(|r| r.result.is_ok()), "{reports:?}");
+    assert!(std::fs::read(dst.0.join("data")).unwrap() == bytes, "the copy differs");
+}
+
+/// A receiver that takes the connect request and never answers it: the sender's
+/// `connect_timeout` ends the send with the `Timeout` rdma-cm built where the time ran out,
+/// naming `rdma_connect` and the whole bound, inside the error that names both addresses
+/// (exit code 3); blocking, and awaited on a runtime without tokio's time driver, alike.
+#[test]
+fn a_connect_no_one_answers_is_the_timeout_of_rdma_connect() {
+    let topo = testkit::require_topology!();
+    let src = TempDir::new("silent-src");
+    let path = src.0.join("data");
+    random_file(&path, 4096, 5);
+    let addr = SocketAddr::from((topo.server.addr, 18681));
+    let listener = rdma_cm::Listener::bind(addr, 4).unwrap();
+    let bound = std::time::Duration::from_millis(400);
+    let mut send = SendOptions::new(addr);
+    send.from = Some(SocketAddr::from((topo.client.addr, 0)));
+    send.connect_timeout = bound;
+    let rt = io_only_runtime();
+    for awaited in [true, false] {
+        let start = std::time::Instant::now();
+        let sent = match awaited {
+            true => rt.block_on(send_file_async(&path, &send, |_, _| {})),
+            false => send_file(&path, &send, |_, _| {}),
+        };
+        let took = start.elapsed();
+        let e = sent.expect_err("no one answered");
+        match &e {
+            rdma_proto::driver::Error::Connect { source, to, .. } => {
+                assert_eq!(*to, addr);
+                assert!(
+                    matches!(**source, rdma_cm::Error::Timeout { what: "rdma_connect", after, .. } if after == bound),
+                    "awaited: {awaited}: {source:?}"
+                );
+            }
+            other => panic!("awaited: {awaited}: {other:?}"),
+        }
+        assert_eq!(e.exit_code(), 3, "{e}");
+        let text = e.to_string();
+        assert!(text.contains("rdma_connect") && text.contains("timed out after 400ms"), "{text}");
+        assert!((bound..bound + std::time::Duration::from_secs(2)).contains(&took), "awaited: {awaited}: {took:?}");
+        // The request did reach the listener, which never answered it.
+        drop(listener.recv_request(std::time::Duration::from_secs(5)).unwrap());
+    }
+}

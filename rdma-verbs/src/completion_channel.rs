@@ -125,12 +125,16 @@ impl<'ctx> CompletionChannel<'ctx> {
     #[doc(alias = "ibv_get_cq_event")]
     #[doc(alias = "ibv_ack_cq_events")]
     pub fn recv(&self, timeout: Duration) -> Result<CompletionEvent> {
-        let deadline = Deadline::after(timeout);
+        self.recv_until(Deadline::after(timeout))
+    }
+
+    /// [`recv`](Self::recv) until `until`: its `Timeout` reports the deadline's timeout.
+    pub(crate) fn recv_until(&self, until: Deadline) -> Result<CompletionEvent> {
         loop {
             if let Some(event) = self.try_recv()? {
                 return Ok(event);
             }
-            wait_readable(self.as_fd(), deadline, timeout, "ibv_get_cq_event", self.ctx.name())?;
+            wait_readable(self.as_fd(), until, "ibv_get_cq_event", self.ctx.name())?;
         }
     }
 

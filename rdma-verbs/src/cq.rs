@@ -353,11 +353,9 @@ impl<'ctx> CompletionQueue<'ctx> {
         self.arm(false)?;
         let deadline = Deadline::after(timeout);
         loop {
-            match channel.recv(deadline.remaining()) {
-                Ok(event) if event.is_for(self) => return Ok(()),
-                Ok(_) => continue,
-                Err(Error::Timeout { what, .. }) => return Err(Error::Timeout { what, after: timeout }),
-                Err(e) => return Err(e),
+            match channel.recv_until(deadline)? {
+                event if event.is_for(self) => return Ok(()),
+                _ => continue,
             }
         }
     }

@@ -148,7 +148,7 @@ impl Context {
             if let Some(event) = self.try_recv_async_event()? {
                 return Ok(event);
             }
-            wait_readable(self.async_event_fd(), deadline, timeout, "ibv_get_async_event", self.name())?;
+            wait_readable(self.async_event_fd(), deadline, "ibv_get_async_event", self.name())?;
         }
     }
 

@@ -154,8 +154,9 @@
 //! An idle connection costs no CPU. A CQ created without a channel can only spin: the ring or
 //! queue on it says so ([`RecvRing::can_sleep`]).
 //!
-//! **Async** (feature `tokio`): each wait has an `_async` form that takes no timeout (wrap it in
-//! `tokio::time::timeout`): `RecvRing::recv_async`, `SendQueue::wait_async` /
+//! **Async** (feature `tokio`): each wait has an `_async` form that takes no timeout (bound it
+//! with `wait::timeout_at`, a `timerfd` on the reactor that needs no tokio time driver, or
+//! with `tokio::time::timeout`): `RecvRing::recv_async`, `SendQueue::wait_async` /
 //! `drain_async` / `ready_async` (room to post), `CompletionQueue::poll_async`,
 //! `Context::recv_async_event_async`. The library registers the channel's file descriptor
 //! with the reactor of the runtime each wait runs on; no `unsafe` is needed, and no thread is

@@ -299,3 +299,28 @@ fn a_cq_without_a_channel_is_refused_when_made_for_async_and_one_with_its_own_is
         tokio::time::timeout(T, sq.drain_async(|c| c.ok().unwrap())).await.unwrap().unwrap();
     });
 }
+
+/// An async receive bounded by a deadline (`wait::timeout_at`), on a runtime built without
+/// tokio's time driver: on an idle link it ends at the deadline, and the message sent next is
+/// the one the next bounded receive takes. (A `tokio::time::timeout` panics in such a runtime.)
+#[test]
+fn a_receive_bounded_by_a_deadline_works_on_a_runtime_without_time() {
+    let topo = testkit::require_topology!();
+    let (mut client, mut server) = echo_links(&topo, 1, true).pop().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_io().build().unwrap();
+    let start = Instant::now();
+    let idle = rt.block_on(wait::timeout_at(Deadline::after(Duration::from_millis(100)), server.ring.recv_async()));
+    let took = start.elapsed();
+    assert!(matches!(idle, Ok(None)), "a message came on an idle link");
+    assert!((Duration::from_millis(100)..Duration::from_secs(3)).contains(&took), "ended after {took:?}");
+    let got = rt.block_on(async {
+        send_async(&mut client, b"after the deadline").await;
+        let msg = wait::timeout_at(Deadline::after(Duration::from_secs(10)), server.ring.recv_async()).await;
+        let msg = msg.unwrap().expect("the message within 10 s").unwrap();
+        let bytes = msg.bytes().to_vec();
+        server.ring.release(msg).unwrap();
+        client.sq.drain_async(|c| c.ok().unwrap()).await.unwrap();
+        bytes
+    });
+    assert_eq!(got, b"after the deadline");
+}

@@ -115,10 +115,10 @@ impl Default for Flag {
 mod tests {
     use super::*;
 
+    /// Whether `fd` is readable now (a deadline already passed: one look).
     fn readable(fd: BorrowedFd<'_>) -> bool {
-        use rustix::event::{poll, PollFd, PollFlags};
-        let mut p = [PollFd::from_borrowed_fd(fd, PollFlags::IN)];
-        poll(&mut p, Some(&rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 })).unwrap() == 1
+        let now = rdma_verbs::Deadline::after(Duration::ZERO);
+        rdma_verbs::wait::poll_readable(fd, now).unwrap()
     }
 
     #[test]

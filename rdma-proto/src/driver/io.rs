@@ -2,22 +2,24 @@
 //!
 //! Every session, send and serve loop of the driver is written once, as an `async fn` generic
 //! over [`Io`]. Its waits (resolving, connecting, accepting, an idle round, the teardown, a
-//! pause) are the trait's calls, each bounded by a [`Deadline`]:
+//! pause) are the trait's calls, each bounded by a [`Deadline`] that goes down as it is to
+//! `rdma-cm` and `rdma-verbs`:
 //!
-//! - [`Blocking`] makes each call a blocking call of `rdma-cm` and `rdma-verbs` with the time
-//!   left, so its futures are ready the first time they are polled: [`block_on`] polls the
-//!   body once, on the caller's thread.
-//! - `Tokio` (feature `tokio`) awaits the pending values and `*_async` forms on the reactor, bounded by
-//!   the runtime's timer.
+//! - [`Blocking`] makes each call a blocking call of `rdma-cm` and `rdma-verbs` until the
+//!   deadline, so its futures are ready the first time they are polled: [`block_on`] polls the
+//!   body once, on the caller's thread (rdma-verbs' `wait::ready_once`).
+//! - `Tokio` (feature `tokio`) awaits the `wait_async` and `*_async` forms on the reactor, each
+//!   deadline a `timerfd` on the same reactor (`rdma_verbs::wait::timeout_at`): a runtime built
+//!   without tokio's time driver works.
 //!
-//! A wait that reaches its deadline is [`rdma_cm::Error::Timeout`] from both, so the body
-//! tells a timeout the same way whichever form runs it.
+//! A wait that reaches its deadline is the [`rdma_cm::Error::Timeout`] that `rdma-cm` built
+//! where the time ran out (naming the call it waited for and the deadline's timeout), from
+//! both forms, passed on as it is.
 
 use std::future::Future;
 use std::os::fd::BorrowedFd;
-use std::pin::pin;
-use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
+#[cfg(feature = "tokio")]
+use std::task::Poll;
 use std::time::Duration;
 
 use rdma_cm::{Accepting, Connection, Pending};
@@ -29,27 +31,17 @@ use super::flag::UNWAKEABLE_CHECK;
 /// How often an accept that may be given up ([`Io::accept`]'s `keep`) asks whether to go on.
 pub(crate) const KEEP_CHECK: Duration = Duration::from_millis(20);
 
-/// A pending `rdma-cm` operation both forms finish: [`Pending::wait`], or awaited (feature
-/// `tokio`).
-#[cfg(feature = "tokio")]
-pub(crate) trait CmOp:
-    Pending + std::future::IntoFuture<Output = rdma_cm::Result<<Self as Pending>::Value>>
-{
-}
-#[cfg(feature = "tokio")]
-impl<P: Pending + std::future::IntoFuture<Output = rdma_cm::Result<<P as Pending>::Value>>> CmOp for P {}
-/// A pending `rdma-cm` operation: [`Pending::wait`].
-#[cfg(not(feature = "tokio"))]
+/// A pending `rdma-cm` operation both forms finish: [`Pending::wait`], or (feature `tokio`)
+/// `Pending::wait_async`.
 pub(crate) trait CmOp: Pending {}
-#[cfg(not(feature = "tokio"))]
 impl<P: Pending> CmOp for P {}
 
 /// The waits of a session, blocking or async. Each ends by its deadline at the latest.
 pub(crate) trait Io {
     /// Finishes `op`, a pending `rdma-cm` operation (resolving, connecting, accepting,
-    /// disconnecting), by `until`: [`Pending::wait`] with the time left, or `op.await` bounded
-    /// by tokio's timer. `what` names the call its timeout names.
-    async fn finish<P: CmOp>(&self, what: &'static str, op: P, until: Deadline) -> rdma_cm::Result<P::Value>;
+    /// disconnecting), by `until`: [`Pending::wait`], or `op.wait_async(until)`. A timeout is
+    /// `rdma-cm`'s, naming the call waited for.
+    async fn finish<P: CmOp>(&self, op: P, until: Deadline) -> rdma_cm::Result<P::Value>;
 
     /// Finishes `op` as [`finish`](Io::finish) does; with `keep`, gives up within
     /// [`KEEP_CHECK`] once it says no ([`rdma_cm::Error::Cancelled`]).
@@ -201,17 +193,9 @@ impl<'r> Registered<'r> {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Blocking;
 
-/// A deadline that passed, as the timeout of a blocking call with nothing left of it.
-fn passed(what: &'static str) -> rdma_cm::Error {
-    rdma_cm::Error::Timeout { what, device: None, after: Duration::ZERO }
-}
-
 impl Io for Blocking {
-    async fn finish<P: CmOp>(&self, what: &'static str, op: P, until: Deadline) -> rdma_cm::Result<P::Value> {
-        match until.remaining() {
-            left if left.is_zero() => Err(passed(what)),
-            left => op.wait(left),
-        }
+    async fn finish<P: CmOp>(&self, op: P, until: Deadline) -> rdma_cm::Result<P::Value> {
+        op.wait(until)
     }
 
     async fn accept(
@@ -221,8 +205,8 @@ impl Io for Blocking {
         keep: Option<&(dyn Fn() -> bool + Sync)>,
     ) -> rdma_cm::Result<Connection<'static>> {
         match keep {
-            Some(keep) => op.wait_while(until.remaining(), KEEP_CHECK, keep),
-            None => self.finish("rdma_accept", op, until).await,
+            Some(keep) => op.wait_while(until, KEEP_CHECK, keep),
+            None => self.finish(op, until).await,
         }
     }
 
@@ -238,17 +222,8 @@ impl Io for Blocking {
     }
 
     async fn readable(&self, fds: &[BorrowedFd<'_>], until: Deadline) {
-        use rustix::event::{poll, PollFd, PollFlags};
-        let mut pfds: Vec<PollFd<'_>> = fds.iter().map(|fd| PollFd::from_borrowed_fd(*fd, PollFlags::IN)).collect();
-        let left = until.instant().map(|_| {
-            let d = until.remaining();
-            rustix::event::Timespec {
-                tv_sec: d.as_secs().try_into().unwrap_or(i64::MAX),
-                tv_nsec: d.subsec_nanos().into(),
-            }
-        });
-        // EINTR is a wake-up like any other: the caller looks again.
-        let _ = poll(&mut pfds, left.as_ref());
+        // An error of poll(2) is a wake-up like any other: the caller looks again.
+        let _ = rdma_verbs::wait::poll_fds(fds, until, &mut []);
     }
 
     async fn peer_leaves(&self, conn: &Connection<'static>, until: Deadline) -> bool {
@@ -276,53 +251,49 @@ impl Io for Blocking {
     async fn yield_now(&self) {}
 }
 
-/// Runs a body over [`Blocking`] on this thread: polled once, it is ready, its every wait
-/// having blocked inside its call.
+/// Runs a body over [`Blocking`] on this thread with rdma-verbs' ready-once executor: polled
+/// once, it is ready, its every wait having blocked inside its call.
 ///
 /// # Panics
 /// If `body` is not ready when polled once: it awaited something other than [`Blocking`]'s
 /// calls (a bug of the driver's).
 pub(crate) fn block_on<F: Future>(body: F) -> F::Output {
-    /// No one wakes a future that never waits.
-    struct Unwoken;
-    impl Wake for Unwoken {
-        fn wake(self: Arc<Self>) {}
-    }
-    let waker = Waker::from(Arc::new(Unwoken));
-    let mut cx = Context::from_waker(&waker);
-    match pin!(body).poll(&mut cx) {
-        Poll::Ready(out) => out,
-        Poll::Pending => unreachable!("a blocking body waits inside its calls: it is ready when polled"),
-    }
+    rdma_verbs::wait::ready_once(body).expect("a blocking body waits inside its calls: it is ready when polled")
 }
 
-/// The async waits, on the current tokio runtime: each awaits an `*_async` call, bounded by
-/// the runtime's timer.
+/// The async waits, on the current tokio runtime: each awaits an `*_async` call, bounded by a
+/// `timerfd` on the runtime's reactor (no tokio timer).
 #[cfg(feature = "tokio")]
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Tokio;
 
-/// `wait` bounded by `until` (tokio's timer); its end is [`rdma_cm::Error::Timeout`].
+/// `wait` until `until` (rdma-verbs' `timerfd` deadline on the reactor): `None` when the
+/// deadline came first. Without a `timerfd` (the process is out of file descriptors) a thread
+/// of the runtime's blocking pool sleeps to the deadline instead: still no tokio timer.
 #[cfg(feature = "tokio")]
-async fn bounded<T>(
-    what: &'static str,
-    until: Deadline,
-    wait: impl Future<Output = rdma_cm::Result<T>>,
-) -> rdma_cm::Result<T> {
-    let after = until.remaining();
-    match until.instant() {
-        None => wait.await,
-        Some(at) => match tokio::time::timeout_at(at.into(), wait).await {
-            Ok(r) => r,
-            Err(_) => Err(rdma_cm::Error::Timeout { what, device: None, after }),
-        },
+async fn until<T>(until: Deadline, wait: impl Future<Output = T>) -> Option<T> {
+    let mut wait = std::pin::pin!(wait);
+    match rdma_verbs::wait::timeout_at(until, wait.as_mut()).await {
+        Ok(done) => done,
+        Err(e) => {
+            tracing::warn!(error = %e, "no timerfd for a wait's deadline: a blocking-pool thread keeps it");
+            let left = until.remaining();
+            let mut slept = std::pin::pin!(tokio::task::spawn_blocking(move || std::thread::sleep(left)));
+            std::future::poll_fn(|cx| {
+                if let Poll::Ready(done) = wait.as_mut().poll(cx) {
+                    return Poll::Ready(Some(done));
+                }
+                slept.as_mut().poll(cx).map(|_| None)
+            })
+            .await
+        }
     }
 }
 
 #[cfg(feature = "tokio")]
 impl Io for Tokio {
-    async fn finish<P: CmOp>(&self, what: &'static str, op: P, until: Deadline) -> rdma_cm::Result<P::Value> {
-        bounded(what, until, op.into_future()).await
+    async fn finish<P: CmOp>(&self, op: P, until: Deadline) -> rdma_cm::Result<P::Value> {
+        op.wait_async(until).await
     }
 
     async fn accept(
@@ -332,14 +303,8 @@ impl Io for Tokio {
         keep: Option<&(dyn Fn() -> bool + Sync)>,
     ) -> rdma_cm::Result<Connection<'static>> {
         match keep {
-            None => self.finish("rdma_accept", op, until).await,
-            Some(keep) => {
-                let device = Some(op.device_name().to_owned());
-                let kept = bounded("rdma_accept", until, async {
-                    Ok(while_kept(std::future::IntoFuture::into_future(op), keep).await)
-                });
-                kept.await?.unwrap_or(Err(rdma_cm::Error::Cancelled { what: "rdma_accept", device }))
-            }
+            None => self.finish(op, until).await,
+            Some(keep) => op.wait_while_async(until, KEEP_CHECK, keep).await,
         }
     }
 
@@ -372,20 +337,16 @@ impl Io for Tokio {
             true => Poll::Ready(()),
             false => Poll::Pending,
         });
-        let _ = bounded("poll", until, async {
-            ready.await;
-            Ok(())
-        })
-        .await;
+        let _ = self::until(until, ready).await;
     }
 
     async fn peer_leaves(&self, conn: &Connection<'static>, until: Deadline) -> bool {
-        let left = bounded("rdma_get_cm_event", until, conn.disconnected_async()).await;
-        left.is_ok() || conn.peer_disconnected()
+        let left = self::until(until, conn.disconnected_async()).await;
+        matches!(left, Some(Ok(()))) || conn.peer_disconnected()
     }
 
     async fn close_queue(&self, mut sq: SendQueue<'static, Rc>, until: Deadline) {
-        let _ = bounded("draining", until, async { Ok(sq.drain_async(drop).await) }).await;
+        let _ = self::until(until, sq.drain_async(drop)).await;
         let _ = sq.close_async().await;
     }
 
@@ -394,33 +355,12 @@ impl Io for Tokio {
     }
 
     async fn sleep(&self, wait: Duration) {
-        tokio::time::sleep(wait).await;
+        self::until(Deadline::after(wait), std::future::pending::<()>()).await;
     }
 
     async fn yield_now(&self) {
         tokio::task::yield_now().await;
     }
-}
-
-/// `wait`, or `None` once `keep` says no (asked every [`KEEP_CHECK`]); `wait` is then
-/// dropped.
-#[cfg(feature = "tokio")]
-async fn while_kept<T>(wait: impl Future<Output = T>, keep: &(dyn Fn() -> bool + Sync)) -> Option<T> {
-    let mut wait = pin!(wait);
-    let mut check = pin!(tokio::time::sleep(KEEP_CHECK));
-    std::future::poll_fn(|cx| {
-        if let Poll::Ready(r) = wait.as_mut().poll(cx) {
-            return Poll::Ready(Some(r));
-        }
-        while check.as_mut().poll(cx).is_ready() {
-            if !keep() {
-                return Poll::Ready(None);
-            }
-            check.as_mut().reset(tokio::time::Instant::now() + KEEP_CHECK);
-        }
-        Poll::Pending
-    })
-    .await
 }
 
 /// The async driver's futures can move between a runtime's threads (`tokio::spawn`): checked
@@ -439,6 +379,7 @@ const _: fn() = || {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::task::Poll;
 
     #[test]
     fn a_blocking_body_runs_to_its_end_in_one_poll() {
@@ -451,6 +392,25 @@ mod tests {
         });
         assert_eq!(out, 7);
         assert!(t.elapsed() >= Duration::from_millis(10));
+    }
+
+    /// The async form's pauses and deadlines are `timerfd`s on the reactor: they work on a
+    /// runtime built without tokio's time driver.
+    #[cfg(feature = "tokio")]
+    #[test]
+    fn async_pauses_and_deadlines_work_on_a_runtime_without_time() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_io().build().unwrap();
+        let t = std::time::Instant::now();
+        rt.block_on(Tokio.sleep(Duration::from_millis(20)));
+        assert!(t.elapsed() >= Duration::from_millis(20));
+        let (quiet, _w) = std::os::unix::net::UnixStream::pair().unwrap();
+        quiet.set_nonblocking(true).unwrap();
+        let t = std::time::Instant::now();
+        let fd = std::os::fd::AsFd::as_fd(&quiet);
+        rt.block_on(Tokio.readable(&[fd], Deadline::after(Duration::from_millis(20))));
+        assert!(t.elapsed() >= Duration::from_millis(20), "woke for nothing after {:?}", t.elapsed());
+        let ended = rt.block_on(until(Deadline::after(Duration::from_millis(5)), std::future::pending::<()>()));
+        assert_eq!(ended, None);
     }
 
     #[test]

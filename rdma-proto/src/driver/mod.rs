@@ -288,27 +288,39 @@ impl Error {
     /// The same failure again, for a second place to report it (a batch's entry cut by the
     /// session's end, beside the batch's own result): every variant as it is, but the errors of
     /// `rdma-cm` and `rdma-verbs` (which cannot be copied) as a CM error of the same kind (a
-    /// timeout stays a timeout, another keeps its `errno`), so that the exit code is the same.
+    /// timeout stays a timeout, naming what it named, another keeps its `errno`), so that the
+    /// exit code is the same.
     pub(crate) fn again(&self) -> Error {
-        let cm = |timeout: bool, errno: Option<i32>| {
-            Error::Cm(match timeout {
-                true => {
-                    rdma_cm::Error::Timeout { what: "the session's connection", device: None, after: Duration::ZERO }
-                }
-                false => rdma_cm::Error::Cm {
-                    verb: "the session's connection",
-                    device: None,
-                    errno: errno.unwrap_or(libc::EIO),
-                },
-            })
+        let cm = |e: &rdma_cm::Error| match e {
+            rdma_cm::Error::Timeout { what, device, after } => {
+                rdma_cm::Error::Timeout { what, device: device.clone(), after: *after }
+            }
+            rdma_cm::Error::Verbs(rdma_verbs::Error::Timeout { what, after }) => {
+                rdma_cm::Error::Timeout { what, device: None, after: *after }
+            }
+            // The kernel's timer (ETIMEDOUT): a timeout of the connection.
+            e if e.is_timeout() => {
+                rdma_cm::Error::Timeout { what: "the session's connection", device: None, after: Duration::ZERO }
+            }
+            e => rdma_cm::Error::Cm {
+                verb: "the session's connection",
+                device: None,
+                errno: e.errno().unwrap_or(libc::EIO),
+            },
         };
         match self {
-            Error::Cm(e) => cm(e.is_timeout(), e.errno()),
+            Error::Cm(e) => Error::Cm(cm(e)),
             Error::Connect { from, to, source } => {
-                let Error::Cm(source) = cm(source.is_timeout(), source.errno()) else { unreachable!() };
-                Error::Connect { from: *from, to: *to, source: Box::new(source) }
+                Error::Connect { from: *from, to: *to, source: Box::new(cm(source)) }
             }
-            Error::Verbs(e) => cm(matches!(e, rdma_verbs::Error::Timeout { .. }), e.errno()),
+            Error::Verbs(rdma_verbs::Error::Timeout { what, after }) => {
+                Error::Cm(rdma_cm::Error::Timeout { what, device: None, after: *after })
+            }
+            Error::Verbs(e) => Error::Cm(rdma_cm::Error::Cm {
+                verb: "the session's connection",
+                device: None,
+                errno: e.errno().unwrap_or(libc::EIO),
+            }),
             Error::File { path, source } => {
                 Error::File { path: path.clone(), source: std::io::Error::new(source.kind(), source.to_string()) }
             }
@@ -468,5 +480,10 @@ mod tests {
             assert_eq!(std::mem::discriminant(&again), std::mem::discriminant(&e), "{e:?}");
             assert_eq!(again.exit_code(), e.exit_code(), "{e:?}");
         }
+        // A timeout again still names what timed out, and after how long.
+        let source =
+            Box::new(rdma_cm::Error::Timeout { what: "rdma_connect", device: None, after: Duration::from_secs(5) });
+        let e = Error::Connect { from: None, to: std::net::SocketAddr::from(([10, 77, 0, 1], 7471)), source };
+        assert_eq!(e.again().to_string(), e.to_string());
     }
 }

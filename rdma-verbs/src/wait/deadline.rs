@@ -2,11 +2,17 @@
 
 use std::time::{Duration, Instant};
 
-/// When a wait gives up: a timeout turned into a point in time once, at the start of the wait.
+/// When a wait gives up: a timeout turned into a point in time once, at the start of the wait,
+/// and handed down as that point to the `poll(2)` (or the `timerfd`) that sleeps until it.
 ///
-/// Every wait of this crate (and of `rdma-cm`) takes a [`Duration`]. A timeout too large to be
-/// added to [`Instant::now`], such as [`Duration::MAX`], means **no deadline**: the wait lasts
-/// until what it waits for happens. Nothing panics on such a timeout.
+/// Every blocking wait of this crate (and of `rdma-cm`) takes a [`Duration`] or a `Deadline`.
+/// A timeout too large to be added to [`Instant::now`], such as [`Duration::MAX`], means **no
+/// deadline**: the wait lasts until what it waits for happens. Nothing panics on such a
+/// timeout.
+///
+/// A deadline remembers the timeout it was made from ([`timeout`](Self::timeout)): the wait
+/// that finds it passed builds its `Timeout` error with that, so the error says the caller's
+/// bound however many calls the deadline crossed, and no layer above rewrites it.
 ///
 /// ```
 /// use std::time::Duration;
@@ -14,60 +20,85 @@ use std::time::{Duration, Instant};
 ///
 /// assert_eq!(Deadline::after(Duration::MAX).remaining(), Duration::MAX);
 /// assert!(Deadline::after(Duration::ZERO).has_passed());
+/// assert_eq!(Deadline::after(Duration::from_secs(5)).timeout(), Duration::from_secs(5));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Deadline(Option<Instant>);
+pub struct Deadline {
+    at: Option<Instant>,
+    /// The timeout it was made from; [`Duration::MAX`] without a deadline.
+    timeout: Duration,
+}
 
 impl Deadline {
     /// `timeout` from now; no deadline when `now + timeout` cannot be represented.
     pub fn after(timeout: Duration) -> Self {
-        Deadline(Instant::now().checked_add(timeout))
+        match Instant::now().checked_add(timeout) {
+            Some(at) => Deadline { at: Some(at), timeout },
+            None => Deadline::never(),
+        }
     }
 
-    /// At `instant`.
+    /// At `instant` (its [`timeout`](Self::timeout) is the time from now until then).
     pub fn at(instant: Instant) -> Self {
-        Deadline(Some(instant))
+        Deadline { at: Some(instant), timeout: instant.saturating_duration_since(Instant::now()) }
     }
 
     /// No deadline at all.
     pub fn never() -> Self {
-        Deadline(None)
+        Deadline { at: None, timeout: Duration::MAX }
     }
 
     /// The instant, or `None` for no deadline.
     pub fn instant(&self) -> Option<Instant> {
-        self.0
+        self.at
+    }
+
+    /// The timeout the deadline was made from: what a wait that ran out of it reports
+    /// ([`Duration::MAX`] without a deadline).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The same deadline `by` later, reporting the same [`timeout`](Self::timeout): for a wait
+    /// that gives a timer of its own (the kernel's) the chance to end it first.
+    #[must_use]
+    pub fn extended(self, by: Duration) -> Deadline {
+        match self.at.and_then(|at| at.checked_add(by)) {
+            Some(at) => Deadline { at: Some(at), timeout: self.timeout },
+            None => Deadline::never(),
+        }
     }
 
     /// The time left: zero once passed, [`Duration::MAX`] without a deadline.
     pub fn remaining(&self) -> Duration {
-        self.0.map_or(Duration::MAX, |d| d.saturating_duration_since(Instant::now()))
+        self.at.map_or(Duration::MAX, |d| d.saturating_duration_since(Instant::now()))
     }
 
     /// Whether the deadline has passed (never, without one).
     pub fn has_passed(&self) -> bool {
-        self.0.is_some_and(|d| Instant::now() >= d)
+        self.at.is_some_and(|d| Instant::now() >= d)
     }
 
-    /// The earlier of two deadlines (no deadline is the latest).
+    /// The earlier of two deadlines (no deadline is the latest), with its own timeout.
     #[must_use]
     pub fn min(self, other: Deadline) -> Deadline {
-        match (self.0, other.0) {
-            (Some(a), Some(b)) => Deadline(Some(a.min(b))),
-            (a, b) => Deadline(a.or(b)),
+        match (self.at, other.at) {
+            (Some(a), Some(b)) if b < a => other,
+            (Some(_), _) => self,
+            (None, _) => other,
         }
     }
 
     /// The time left as the timeout of `poll(2)` through rustix: `None` (wait forever) without a
     /// deadline.
     pub(crate) fn poll_timeout(&self) -> Option<rustix::event::Timespec> {
-        self.0.map(|_| timespec(self.remaining()))
+        self.at.map(|_| timespec(self.remaining()))
     }
 
     /// The time left as a `poll(2)` timeout: milliseconds rounded up, `-1` (wait forever)
     /// without a deadline, at most `c_int::MAX`.
     pub fn poll_timeout_ms(&self) -> libc::c_int {
-        match self.0 {
+        match self.at {
             None => -1,
             Some(_) => {
                 let left = self.remaining();
@@ -75,6 +106,14 @@ impl Deadline {
                 libc::c_int::try_from(ms).unwrap_or(libc::c_int::MAX)
             }
         }
+    }
+}
+
+impl From<Duration> for Deadline {
+    /// [`Deadline::after`]: a call that takes `impl Into<Deadline>` takes a timeout or a
+    /// deadline.
+    fn from(timeout: Duration) -> Self {
+        Deadline::after(timeout)
     }
 }
 
@@ -94,6 +133,7 @@ mod tests {
             assert_eq!(d, Deadline::never());
             assert!(!d.has_passed());
             assert_eq!(d.poll_timeout_ms(), -1);
+            assert_eq!(d.timeout(), Duration::MAX);
         }
     }
 
@@ -115,5 +155,21 @@ mod tests {
         assert_eq!(Deadline::never().min(late), late);
         assert_eq!(late.min(Deadline::never()), late);
         assert_eq!(Deadline::never().min(Deadline::never()), Deadline::never());
+        assert_eq!(soon.min(late).timeout(), Duration::from_secs(1), "the earlier one's timeout");
+    }
+
+    /// The timeout a deadline reports is the one it was made from, however late it is asked
+    /// and however far it is extended.
+    #[test]
+    fn a_deadline_reports_the_timeout_it_was_made_from() {
+        let d = Deadline::after(Duration::from_millis(30));
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(d.timeout(), Duration::from_millis(30));
+        let later = d.extended(Duration::from_millis(50));
+        assert_eq!(later.timeout(), Duration::from_millis(30));
+        assert_eq!(later.instant(), d.instant().map(|i| i + Duration::from_millis(50)));
+        assert_eq!(Deadline::never().extended(Duration::from_secs(1)), Deadline::never());
+        let at = Deadline::at(Instant::now() + Duration::from_secs(2));
+        assert!(at.timeout() <= Duration::from_secs(2) && at.timeout() > Duration::from_secs(1));
     }
 }

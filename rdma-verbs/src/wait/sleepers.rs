@@ -187,32 +187,21 @@ impl Sleeper<'_> {
     /// - [`poll(2)`](https://man7.org/linux/man-pages/man2/poll.2.html)
     #[doc(alias = "poll")]
     pub fn sleep(&self, fd: std::os::fd::BorrowedFd<'_>, until: crate::Deadline) -> std::io::Result<bool> {
-        use rustix::event::{poll, PollFd, PollFlags};
         use std::os::fd::AsFd;
-        let wait = until;
-        let (kick, until) = match (&self.kick, self.registered) {
-            (Some(kick), true) => (Some(kick.as_fd()), until),
+        let (kick, slice) = match (&self.kick, self.registered) {
+            (Some(kick), true) => (Some(kick), until),
             _ => (None, until.min(crate::Deadline::after(crate::SHARED_CHANNEL_SLICE))),
         };
-        loop {
-            let mut pfds =
-                [PollFd::new(&fd, PollFlags::IN), PollFd::from_borrowed_fd(kick.unwrap_or(fd), PollFlags::IN)];
-            let n = if kick.is_some() { 2 } else { 1 };
-            match poll(&mut pfds[..n], until.poll_timeout().as_ref()) {
-                Ok(1..) => {
-                    if let Some(kick) = &self.kick {
-                        if n == 2 && !pfds[1].revents().is_empty() {
-                            take_kick(kick);
-                        }
-                    }
-                    return Ok(true);
-                }
-                // A slice that ended before the wait's deadline: look again.
-                Ok(_) if until.has_passed() => return Ok(!wait.has_passed()),
-                Ok(_) | Err(rustix::io::Errno::INTR) => continue,
-                Err(e) => return Err(e.into()),
-            }
+        let mut readable = [false; 2];
+        let woke = match kick {
+            Some(kick) => crate::wait::poll_fds(&[fd, kick.as_fd()], slice, &mut readable)?,
+            None => crate::wait::poll_fds(&[fd], slice, &mut readable)?,
+        };
+        if let (Some(kick), true) = (kick, readable[1]) {
+            take_kick(kick);
         }
+        // A slice that ended before the wait's deadline: look again.
+        Ok(woke || !until.has_passed())
     }
 }
 

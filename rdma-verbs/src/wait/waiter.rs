@@ -351,7 +351,7 @@ impl CqWaiter {
 }
 
 /// A wait over no CQ without a deadline would last for ever (nothing can end it): refused with
-/// [`Error::NothingToWaitFor`] once its step found nothing (review of issue 34).
+/// [`Error::NothingToWaitFor`] once its step found nothing.
 fn nothing_wakes(cqs: &[&CompletionQueue<'_>], until: Deadline) -> Result<()> {
     match cqs.is_empty() && until.instant().is_none() {
         true => Err(Error::NothingToWaitFor { what: "completions of no CQ, without a deadline" }),
@@ -404,7 +404,7 @@ fn ours<'a>(cqs: &'a [&CompletionQueue<'_>]) -> impl Fn(&CompletionEvent) -> boo
 
 /// The distinct completion channels of a wait's CQs, each once: the first two in place, any
 /// more in a `Vec`, so that a wait over one or two channels allocates nothing. A blocking sleep
-/// watches all of them (it used to watch only the first two: an event on a third woke nothing).
+/// watches all of them: an event on any one must wake it.
 pub(crate) struct Channels<'a> {
     few: [Option<&'a CompletionChannel<'a>>; 2],
     more: Vec<&'a CompletionChannel<'a>>,
@@ -515,7 +515,7 @@ enum Woke {
     Also,
 }
 
-/// File descriptors one sleep watches without allocating: the kick, two channels and five more.
+/// Descriptors one sleep watches without allocating: the kick, two channels and five more.
 const IN_PLACE: usize = 8;
 
 /// Sleeps until a channel has an event, `kick` (this thread's eventfd) is written, one of
@@ -528,52 +528,43 @@ fn sleep_on(
     also: &[BorrowedFd<'_>],
     until: Deadline,
 ) -> Result<Woke> {
-    use rustix::event::{poll, PollFd, PollFlags};
     use std::os::fd::AsFd;
     // The kick first, then every channel, then `also`: in place for up to `IN_PLACE` fds.
     let mut fds =
         kick.map(|k| k.as_fd()).into_iter().chain(channels.iter().map(|ch| ch.as_fd())).chain(also.iter().copied());
     let n = usize::from(kick.is_some()) + channels.len() + also.len();
-    let (mut few, mut more);
-    let pfds: &mut [PollFd<'_>] = match fds.next() {
-        None => &mut [],
+    let (mut few_fds, mut few_ready, more_fds, mut more_ready);
+    let (fds, readable): (&[BorrowedFd<'_>], &mut [bool]) = match fds.next() {
+        None => (&[], &mut []),
         Some(first) if n <= IN_PLACE => {
-            few = [first; IN_PLACE].map(|fd| PollFd::from_borrowed_fd(fd, PollFlags::IN));
-            for (pfd, fd) in few[1..].iter_mut().zip(fds) {
-                *pfd = PollFd::from_borrowed_fd(fd, PollFlags::IN);
+            few_fds = [first; IN_PLACE];
+            for (slot, fd) in few_fds[1..].iter_mut().zip(fds) {
+                *slot = fd;
             }
-            &mut few[..n]
+            few_ready = [false; IN_PLACE];
+            (&few_fds[..n], &mut few_ready[..n])
         }
         Some(first) => {
-            more = std::iter::once(first)
-                .chain(fds)
-                .map(|fd| PollFd::from_borrowed_fd(fd, PollFlags::IN))
-                .collect::<Vec<_>>();
-            &mut more
+            more_fds = std::iter::once(first).chain(fds).collect::<Vec<_>>();
+            more_ready = vec![false; n];
+            (&more_fds, &mut more_ready)
         }
     };
-    loop {
-        match poll(pfds, until.poll_timeout().as_ref()) {
-            Ok(_) => {
-                let kicked = kick.is_some_and(|k| !pfds[0].revents().is_empty() && crate::wait::sleepers::take_kick(k));
-                let mut woken = kicked;
-                for ch in channels.iter() {
-                    woken |= ch.drain_events(ours(cqs), kick)?;
-                }
-                let signalled = pfds[n - also.len()..].iter().any(|p| !p.revents().is_empty());
-                return Ok(match (signalled, woken) {
-                    (true, _) => Woke::Also,
-                    (false, true) => Woke::Event,
-                    (false, false) => Woke::Nothing,
-                });
-            }
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(e) => {
-                let device = channels.iter().next().map(|c| c.context().name());
-                return Err(Error::from_errno("ibv_get_cq_event", device, e.raw_os_error()));
-            }
-        }
+    if let Err(e) = crate::wait::poll_fds(fds, until, readable) {
+        let device = channels.iter().next().map(|c| c.context().name());
+        return Err(Error::from_errno("ibv_get_cq_event", device, e.raw_os_error().unwrap_or(libc::EIO)));
     }
+    let kicked = kick.is_some_and(|k| readable[0] && crate::wait::sleepers::take_kick(k));
+    let mut woken = kicked;
+    for ch in channels.iter() {
+        woken |= ch.drain_events(ours(cqs), kick)?;
+    }
+    let signalled = readable[n - also.len()..].iter().any(|r| *r);
+    Ok(match (signalled, woken) {
+        (true, _) => Woke::Also,
+        (false, true) => Woke::Event,
+        (false, false) => Woke::Nothing,
+    })
 }
 
 /// This thread's registration with the channels it is about to sleep on; removed on drop
@@ -616,7 +607,7 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    /// A wait over no CQ and without a deadline used to sleep for ever: nothing could end it.
+    /// A wait over no CQ and without a deadline is refused: nothing could end its sleep.
     #[test]
     fn a_wait_over_no_cq_without_a_deadline_is_refused_at_once() {
         let mut steps = 0;
@@ -632,8 +623,8 @@ mod tests {
         assert!(matches!(ended, Ok(None)), "with a deadline it waits to it: {ended:?}");
     }
 
-    /// An idle step over no CQ and without a deadline slept for ever too, once armed (review
-    /// of issue 34); with a deadline it sleeps to it, and with a fd of `also` it wakes for it.
+    /// An idle step over no CQ and without a deadline is refused too (its sleep could never
+    /// end); with a deadline it sleeps to it, and with a fd of `also` it wakes for it.
     #[test]
     fn an_idle_step_over_no_cq_without_a_deadline_is_refused() {
         let (done, finished) = std::sync::mpsc::channel();
@@ -655,8 +646,8 @@ mod tests {
         assert!(matches!(steps[..], [Ok(Idle::Armed), Ok(Idle::Signalled)]), "{steps:?}");
     }
 
-    /// A budget too large for an `Instant` spins for the whole wait, as `Duration::MAX` does; it
-    /// used to make the spin end at once (found by the review of issue 20).
+    /// A budget too large for an `Instant` spins for the whole wait, as `Duration::MAX` does,
+    /// rather than ending the spin at once.
     #[test]
     fn a_budget_too_large_for_an_instant_spins() {
         for spin in [Duration::MAX, Duration::from_secs(u64::MAX), Duration::from_secs(u64::MAX / 2)] {

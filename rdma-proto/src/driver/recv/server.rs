@@ -176,7 +176,8 @@ impl Server {
     /// As `serve`; [`Error::Cm`] with `NoRuntime` outside a tokio runtime.
     ///
     /// # Panics
-    /// In a runtime without IO and time enabled, as tokio's own types.
+    /// In a runtime without IO enabled, as tokio's own types. (Its deadlines and pauses are
+    /// `timerfd`s on the reactor, not tokio timers: a runtime built without time works.)
     pub async fn serve_async(
         &self,
         sessions: Option<usize>,

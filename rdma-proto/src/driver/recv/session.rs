@@ -102,10 +102,9 @@ async fn session<I: Io>(
     // disconnects. Without one there is nothing to wait for.
     let leave = |conn: rdma_cm::Connection<'static>| async {
         if acked {
-            let _ = io.finish("rdma_disconnect", conn.peer_disconnect(), teardown).await;
+            let _ = io.finish(conn.peer_disconnect(), teardown).await;
         } else {
-            let _ =
-                io.finish("rdma_disconnect", conn.disconnect(), teardown.min(Deadline::after(DISCONNECT_WAIT))).await;
+            let _ = io.finish(conn.disconnect(), teardown.min(Deadline::after(DISCONNECT_WAIT))).await;
         }
     };
     for RecvLane { conn, ring } in lanes {
@@ -705,8 +704,7 @@ impl<'a> ReceiveSession<'a> {
     async fn accept_lanes<I: Io>(&mut self, io: &I) -> Result<(), Error> {
         while let Some((lane, req, qp, ring)) = self.next_lane()? {
             let params = conn_params(self.opts.ack_timeout);
-            let conn =
-                io.finish("rdma_accept", req.accept(qp, &params), Deadline::after(self.opts.accept_timeout)).await?;
+            let conn = io.finish(req.accept(qp, &params), Deadline::after(self.opts.accept_timeout)).await?;
             self.attach(lane, conn, ring);
         }
         Ok(())

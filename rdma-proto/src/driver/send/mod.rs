@@ -246,7 +246,8 @@ pub fn send_file(path: &Path, opts: &SendOptions, progress: impl FnMut(u64, u64)
 /// As [`send_file`]; [`Error::Verbs`]/[`Error::Cm`] with `NoRuntime` outside a tokio runtime.
 ///
 /// # Panics
-/// In a runtime without IO and time enabled, as tokio's own types.
+/// In a runtime without IO enabled, as tokio's own types. (Its deadlines and pauses are
+/// `timerfd`s on the reactor, not tokio timers: a runtime built without time works.)
 #[cfg(feature = "tokio")]
 pub async fn send_file_async(
     path: &Path,
@@ -316,27 +317,17 @@ pub(crate) async fn run<I: Io>(
     mut progress: impl FnMut(u64, u64),
     start: Instant,
 ) -> Result<Ran, Error> {
-    // Connect, with the receive ring posted before the peer can send; `connect_timeout`
-    // bounds the whole of it, not each step, and its end is said as the caller's bound, not as
-    // what was left of it.
+    // Connect, with the receive ring posted before the peer can send. `connect_timeout` bounds
+    // the whole of it, not each step: one deadline, handed to each step as it is, and a step
+    // that runs out of it says which call it waited for and the whole bound.
     crate::driver::link::check_ack_timeout(opts.ack_timeout)?;
     let deadline = Deadline::after(opts.connect_timeout);
-    let after = opts.connect_timeout;
-    // Every failure names both addresses (`Error::Connect`); a timeout is the caller's bound.
-    let timed_out = |e: rdma_cm::Error| {
-        let e = match e.is_timeout() {
-            true => rdma_cm::Error::Timeout { what: "resolving and connecting", device: None, after },
-            false => e,
-        };
-        match refusal(e) {
-            Error::Cm(source) => Error::Connect { from: opts.from, to: opts.to, source: Box::new(source) },
-            refused => refused,
-        }
+    // Every failure names both addresses (`Error::Connect`).
+    let connect_error = |e: rdma_cm::Error| match refusal(e) {
+        Error::Cm(source) => Error::Connect { from: opts.from, to: opts.to, source: Box::new(source) },
+        refused => refused,
     };
-    let id = io
-        .finish("rdma_resolve_route", rdma_cm::CmId::new()?.resolve(opts.from, opts.to), deadline)
-        .await
-        .map_err(timed_out)?;
+    let id = io.finish(rdma_cm::CmId::new()?.resolve(opts.from, opts.to), deadline).await.map_err(connect_error)?;
     let ctx = id.open_context()?;
     let ep = Endpoint::new(ctx, opts.depth, 32, |qp| id.init_qp(qp, AccessFlags::LOCAL_WRITE))?;
     let (qp, parts) = ep.split();
@@ -344,10 +335,8 @@ pub(crate) async fn run<I: Io>(
         .secret
         .as_ref()
         .map(|s| crate::driver::knock::knock(s, SystemTime::now(), id.local_addr().ip(), id.peer_addr()));
-    let conn = io
-        .finish("rdma_connect", id.connect(qp, &first_params(opts, knock.as_deref())), deadline)
-        .await
-        .map_err(timed_out)?;
+    let conn =
+        io.finish(id.connect(qp, &first_params(opts, knock.as_deref())), deadline).await.map_err(connect_error)?;
     let mut s = SendSession::new(opts, path, file, parts, &conn, start)?;
     s.batch = batch;
     let outcome = loop {
@@ -378,9 +367,9 @@ pub(crate) async fn run<I: Io>(
     io.close_queue(sq, Deadline::after(DRAIN)).await;
     for SendLane { conn, sq } in lanes {
         io.close_queue(sq, Deadline::after(DRAIN)).await;
-        let _ = io.finish("rdma_disconnect", conn.disconnect(), goodbye()).await;
+        let _ = io.finish(conn.disconnect(), goodbye()).await;
     }
-    let _ = io.finish("rdma_disconnect", conn.disconnect(), goodbye()).await;
+    let _ = io.finish(conn.disconnect(), goodbye()).await;
     io.close_ring(ring).await;
     Ok((outcome, summary, batch))
 }

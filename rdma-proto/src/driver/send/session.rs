@@ -473,12 +473,7 @@ impl<'a> SendSession<'a> {
     /// connection's PD, within `connect_timeout` together.
     pub(crate) async fn connect_lanes<I: Io>(&mut self, io: &I) -> Result<(), Error> {
         let Some((count, token)) = self.lanes_due() else { return Ok(()) };
-        let after = self.opts.connect_timeout;
-        let deadline = Deadline::after(after);
-        let timed_out = |e: rdma_cm::Error| match e.is_timeout() {
-            true => Error::from(rdma_cm::Error::Timeout { what: "connecting a lane", device: None, after }),
-            false => refusal(e),
-        };
+        let deadline = Deadline::after(self.opts.connect_timeout);
         #[cfg(feature = "fault-injection")]
         if let Some(delay) = self.opts.test_lane_delay {
             io.sleep(delay.min(deadline.remaining())).await;
@@ -486,12 +481,12 @@ impl<'a> SendSession<'a> {
         for lane in self.lanes.len() as u16 + 1..count {
             let private = self.lane_message(lane, token)?;
             let id = io
-                .finish("rdma_resolve_route", rdma_cm::CmId::new()?.resolve(self.opts.from, self.opts.to), deadline)
+                .finish(rdma_cm::CmId::new()?.resolve(self.opts.from, self.opts.to), deadline)
                 .await
-                .map_err(timed_out)?;
+                .map_err(refusal)?;
             let (qp, _) = self.lane_base.lane(self.opts.depth, 0, |qp| id.init_qp(qp, AccessFlags::LOCAL_WRITE))?;
             let params = conn_params(self.opts.ack_timeout).private_data(&private);
-            let conn = io.finish("rdma_connect", id.connect(qp, &params), deadline).await.map_err(timed_out)?;
+            let conn = io.finish(id.connect(qp, &params), deadline).await.map_err(refusal)?;
             let sq = SendQueue::new(conn.qp(), DRAIN)?;
             self.lanes.push(SendLane { conn, sq });
         }
