@@ -128,9 +128,9 @@ pub const BUSY_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// one's verdict arrives (the receiver's own time opening it is not the sender's): a batch of
 /// 2,000 entries all refused (files that exist) ran at 120 a second on the emulated CPUs of the
 /// test VM ([`docs/results/`](https://github.com/rdma-rs/rdma-rs/blob/main/docs/results)), and real CPUs and NICs are faster. A peer trickling entries to
-/// hold a place must send that many. Before, each ENTRY counted 16 KiB, and then each entry
-/// stored (a directory that exists already, an empty file) did: one a second held a place for
-/// the whole of [`ReceiverConfig::max_entries`] (review findings R1, H1).
+/// hold a place must send that many. A larger credit per entry (16 KiB, say) would let a peer
+/// that sends one entry a second (a directory that exists already, an empty file) hold its place
+/// for the whole of [`ReceiverConfig::max_entries`].
 pub const OFFER_CREDIT: u64 = 1 << 10;
 
 /// An event the driver reports to the machine.
@@ -844,8 +844,8 @@ impl Receiver {
             let status = match e {
                 ProtocolError::Local(_) => Status::Internal,
                 // No verdict: the connection failed, not the sender ([`ProtocolError::CompletedTwice`]),
-                // or a message was changed on the path (review H9: a sealed ACK was a verdict the
-                // sender took as final, so it never retried and resumed).
+                // or a message was changed on the path (a sealed ACK would be a verdict the
+                // sender takes as final, so it would never retry and resume).
                 ProtocolError::CompletedTwice { .. } | ProtocolError::Unsealed => return self.fail(e, None),
                 _ => Status::ProtocolMismatch,
             };
@@ -1066,8 +1066,8 @@ impl Receiver {
     /// An ENTRY of the batch: checked (its path, its size within the limits), then opened by
     /// the driver; a refused entry gets its ACK and the batch goes on.
     fn on_entry(&mut self, e: Entry, now: Instant) -> Result<(), ProtocolError> {
-        // Review R1, H1: 16 KiB for every ENTRY, then for every entry stored (an existing
-        // directory, an empty file), let a peer hold its place with one a second.
+        // Every ENTRY counts as progress, and only OFFER_CREDIT of it: a larger credit would let
+        // a peer hold its place with one entry a second (an existing directory, an empty file).
         self.credit(OFFER_CREDIT);
         let (max_size, max_session) = (self.cfg.max_size, self.cfg.max_session_bytes);
         let Some(b) = self.batch.as_mut() else {
