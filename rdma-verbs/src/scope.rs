@@ -25,11 +25,11 @@ use crate::cq_holder::CqHolder;
 use crate::cq_owner::CqOwner;
 use crate::error::{Error, Result};
 use crate::ffi;
+use crate::qp::quiesce::{self, Quiesced};
 use crate::qp::state::{CanPostRecv, ReadyToSend, Transport, TypeState};
 use crate::qp::Inner;
 use crate::qp::QueuePair;
 use crate::wait::deadline::Deadline;
-use crate::wait::quiesce::{self, Quiesced};
 use crate::wait::{CqWaiter, WaitPolicy};
 use crate::wc::WorkCompletion;
 use crate::wr::{RecvRequest, SendRequest};
@@ -422,7 +422,7 @@ impl<'s, 'env, T: Transport, S: TypeState> PostScope<'s, 'env, T, S> {
         r
     }
 
-    /// Waits for, then flushes, then resets what is still outstanding (`wait/quiesce.rs`); on a
+    /// Waits for, then flushes, then resets what is still outstanding (`qp/quiesce.rs`); on a
     /// UD QP, cancels the receives still posted once the sends are done
     /// ([`drain_datagrams`](Self::drain_datagrams)).
     fn drain(&mut self) -> Result<()> {

@@ -21,6 +21,7 @@
 pub mod attr;
 mod multicast;
 mod post;
+pub(crate) mod quiesce;
 pub mod state;
 mod transition;
 
