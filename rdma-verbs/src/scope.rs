@@ -407,7 +407,8 @@ impl<'s, 'env, T: Transport, S: TypeState> PostScope<'s, 'env, T, S> {
     }
 
     /// Posts one signaled send-queue request through `post`, which gets the scope-tagged
-    /// `wr_id`, and counts it if `post` succeeded (a verb that posts nothing on failure).
+    /// `wr_id`, and counts it if `post` succeeded: `post` is a verb of one request that posts
+    /// nothing when it fails (`ibv_bind_mw`).
     pub(crate) fn post_one(
         &mut self,
         wr_id: u64,
@@ -418,7 +419,7 @@ impl<'s, 'env, T: Transport, S: TypeState> PostScope<'s, 'env, T, S> {
         self.qp.shared().check_postable(verb)?;
         self.check_room(1, 0)?;
         let r = post(wr_id | SCOPE_SEND);
-        self.sends += self.posted(&r, 1);
+        self.sends += usize::from(r.is_ok());
         r
     }
 
@@ -525,18 +526,6 @@ impl<'s, 'env, T: Transport, S: TypeState> PostScope<'s, 'env, T, S> {
             }
         }
     }
-
-    /// Counts what a post of `n` requests left outstanding: all, those before a refused one
-    /// (all, when the provider did not say which: it may have queued them, as rxe's does even
-    /// for a QP in RESET), or none when it was refused before the provider saw it (the checks,
-    /// and a QP a drain reset: `Inner::check_postable`).
-    fn posted(&self, r: &Result<()>, n: usize) -> usize {
-        match r {
-            Ok(()) => n,
-            Err(Error::PostFailed { posted, .. }) => *posted,
-            Err(_) => 0,
-        }
-    }
 }
 
 /// Refuses requests whose `wr_id` uses the bits a scope tags with.
@@ -583,8 +572,10 @@ impl<'s, 'env, T: Transport> PostScope<'s, 'env, T, ReadyToSend> {
         for wr in wrs.iter_mut() {
             wr.set_wr_id(untag_scope(wr.wr_id()));
         }
-        self.sends += self.posted(&r, wrs.len());
-        r
+        // What may be posted stays outstanding until the drain (`post::raw`).
+        let posted = r?;
+        self.sends += posted.in_flight();
+        posted.result("ibv_post_send", || device).map(drop)
     }
 }
 
@@ -614,8 +605,10 @@ impl<'s, 'env, T: Transport, S: CanPostRecv> PostScope<'s, 'env, T, S> {
         for wr in wrs.iter_mut() {
             wr.set_wr_id(untag_scope(wr.wr_id()));
         }
-        self.recvs += self.posted(&r, wrs.len());
-        r
+        // As in `post_send`.
+        let posted = r?;
+        self.recvs += posted.in_flight();
+        posted.result("ibv_post_recv", || device).map(drop)
     }
 }
 
