@@ -1,5 +1,6 @@
-//! Extended posting: [`SendOps`] and [`WrBatch`], the work-request builders of
-//! `ibv_wr_post(3)` (`ibv_wr_start`, `ibv_wr_*`, `ibv_wr_complete` / `ibv_wr_abort`).
+//! Extended posting: [`WrBatch`], the work-request builders of `ibv_wr_post(3)` (`ibv_wr_start`,
+//! `ibv_wr_*`, `ibv_wr_complete` / `ibv_wr_abort`, all made by `post::raw`) for the operations
+//! an extended QP was created with ([`SendOps`]).
 //!
 //! A QP created with [`QpCreateAttr::send_ops`](crate::QpCreateAttr::send_ops) is an extended
 //! QP (`ibv_create_qp_ex`); its posting scope opens batches with [`PostScope::batch`]. A batch
@@ -27,41 +28,12 @@ use std::ptr::NonNull;
 use crate::ffi;
 
 use crate::error::{Error, Result};
+use crate::post::raw::{self, Builders};
+use crate::post::SendOps;
 use crate::qp::state::{ReadyToSend, Transport};
 use crate::scope::PostScope;
 use crate::wr::SendRequest;
 use crate::wr_id::SCOPE_SEND;
-
-bitflags::bitflags! {
-    /// The operations an extended QP may post (`enum ibv_qp_create_send_ops_flags`); a request
-    /// of another kind is refused by its batch.
-    #[doc(alias = "ibv_qp_create_send_ops_flags")]
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-    pub struct SendOps: u64 {
-        /// `IBV_QP_EX_WITH_RDMA_WRITE`.
-        const RDMA_WRITE = 1;
-        /// `IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM`.
-        const RDMA_WRITE_WITH_IMM = 1 << 1;
-        /// `IBV_QP_EX_WITH_SEND`.
-        const SEND = 1 << 2;
-        /// `IBV_QP_EX_WITH_SEND_WITH_IMM`.
-        const SEND_WITH_IMM = 1 << 3;
-        /// `IBV_QP_EX_WITH_RDMA_READ`.
-        const RDMA_READ = 1 << 4;
-        /// `IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP`.
-        const ATOMIC_CMP_AND_SWP = 1 << 5;
-        /// `IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD`.
-        const ATOMIC_FETCH_AND_ADD = 1 << 6;
-        /// `IBV_QP_EX_WITH_LOCAL_INV`.
-        const LOCAL_INV = 1 << 7;
-        /// `IBV_QP_EX_WITH_BIND_MW`.
-        const BIND_MW = 1 << 8;
-        /// `IBV_QP_EX_WITH_SEND_WITH_INV`.
-        const SEND_WITH_INV = 1 << 9;
-        /// `IBV_QP_EX_WITH_ATOMIC_WRITE` (rdma-core 43; rxe from Linux 6.2).
-        const ATOMIC_WRITE = 1 << 12;
-    }
-}
 
 /// An open batch of work requests on an extended QP: `ibv_wr_start()` when made, the
 /// `ibv_wr_*` builders for each [`push`](Self::push), then `ibv_wr_complete()`
@@ -108,7 +80,7 @@ impl<'s, 'env, T: Transport> PostScope<'s, 'env, T, ReadyToSend> {
         qp.shared().check_postable("ibv_wr_start")?;
         // SAFETY: a live extended QP (held by the scope's borrow); the batch ends with complete
         // or abort, on this thread (`WrBatch` is not `Send`).
-        unsafe { ffi::ibv_wr_start(qpx.as_ptr()) };
+        unsafe { raw::start(qpx) };
         let one_buffer_only = qp.pd().context().is_soft_roce();
         let room = self.send_room();
         Ok(WrBatch { scope: self, qpx, ops, added: 0, room, finished: false, one_buffer_only, _thread: PhantomData })
@@ -145,16 +117,20 @@ impl<'s, T: Transport> WrBatch<'_, 's, '_, T> {
                 wr.buffers()
             )));
         }
-        let op = wr.send_op();
-        if op.is_empty() || !self.ops.contains(op) {
+        let send_op = wr.send_op();
+        let op = send_op.map_or(SendOps::empty(), |o| o.send_ops());
+        let Some(send_op) = send_op.filter(|_| self.ops.contains(op)) else {
             return Err(refuse(format!(
                 "request with wr_id {}: the QP was created without SendOps::{op:?}",
                 wr.wr_id()
             )));
-        }
-        // SAFETY: this batch is open on the live extended QP, on this thread; the request's
-        // regions are borrowed for 's, until the scope saw it complete (as `post_send`).
-        unsafe { wr.build_ex(self.qpx.as_ptr(), wr.wr_id() | SCOPE_SEND, true) }.map_err(|builder| {
+        };
+        // SAFETY: `qpx` is the live extended QP the scope borrows.
+        let builders = unsafe { Builders::of(self.qpx) };
+        // SAFETY: this batch is open on the live extended QP, on this thread, and the operation
+        // is among the QP's; the request's regions are borrowed for 's, until the scope saw it
+        // complete (as `post_send`).
+        unsafe { wr.build_ex(self.qpx, &builders, &send_op, wr.wr_id() | SCOPE_SEND, true) }.map_err(|builder| {
             Error::unsupported(
                 "ibv_wr_post",
                 Some(self.scope.qp().pd().context().name()),
@@ -184,16 +160,13 @@ impl<'s, T: Transport> WrBatch<'_, 's, '_, T> {
     #[doc(alias = "ibv_wr_complete")]
     pub fn complete(mut self) -> Result<usize> {
         self.finished = true;
-        // SAFETY: the batch is open on this thread.
-        let rc = unsafe { ffi::ibv_wr_complete(self.qpx.as_ptr()) };
-        // Counted even when refused: a provider may have queued the requests before its
-        // doorbell was refused (rxe's does), so the scope's drain waits for them, flushes them,
-        // or resets the QP before their regions' borrows end.
-        self.scope.count_sends(self.added);
-        if rc != 0 {
-            return Err(Error::post_failed("ibv_wr_complete", self.scope.qp().pd().context().name(), rc, self.added));
-        }
-        Ok(self.added)
+        // SAFETY: the batch is open on this thread; its requests' regions are borrowed for 's.
+        let posted = unsafe { raw::complete(self.qpx, self.added) };
+        // Counted even when refused (`post::raw`: a refused batch may be queued), so the
+        // scope's drain waits for them, flushes them, or resets the QP before their regions'
+        // borrows end.
+        self.scope.count_sends(posted.in_flight());
+        posted.result("ibv_wr_complete", || self.scope.qp().pd().context().name())
     }
 }
 
@@ -202,83 +175,7 @@ impl<T: Transport> Drop for WrBatch<'_, '_, '_, T> {
     fn drop(&mut self) {
         if !self.finished {
             // SAFETY: the batch is open on this thread; aborting discards its requests.
-            unsafe { ffi::ibv_wr_abort(self.qpx.as_ptr()) };
+            unsafe { raw::abort(self.qpx) };
         }
-    }
-}
-
-/// Type of a builder with no argument but the QP.
-type Builder0 = Option<unsafe extern "C" fn(*mut ffi::ibv_qp_ex)>;
-/// Type of a builder of an RDMA operation (key, address).
-type RdmaBuilder = Option<unsafe extern "C" fn(*mut ffi::ibv_qp_ex, u32, u64)>;
-
-/// The builders of an extended QP (`struct ibv_qp_ex`'s `wr_*` members), copied out of it.
-///
-/// No reference to the `ibv_qp_ex` is ever made: the provider reads and writes it during every
-/// builder call, and `ibv_modify_qp` on another thread writes its `qp_base`. Its members are
-/// read and written through the pointer only: [`Builders::of`], [`set_request`].
-#[derive(Clone, Copy)]
-pub(crate) struct Builders {
-    pub(crate) send: Builder0,
-    pub(crate) send_imm: Option<unsafe extern "C" fn(*mut ffi::ibv_qp_ex, u32)>,
-    pub(crate) send_inv: Option<unsafe extern "C" fn(*mut ffi::ibv_qp_ex, u32)>,
-    pub(crate) rdma_write: RdmaBuilder,
-    pub(crate) rdma_write_imm: Option<unsafe extern "C" fn(*mut ffi::ibv_qp_ex, u32, u64, u32)>,
-    pub(crate) rdma_read: RdmaBuilder,
-    pub(crate) atomic_cmp_swp: Option<unsafe extern "C" fn(*mut ffi::ibv_qp_ex, u32, u64, u64, u64)>,
-    pub(crate) atomic_fetch_add: Option<unsafe extern "C" fn(*mut ffi::ibv_qp_ex, u32, u64, u64)>,
-    pub(crate) atomic_write: Option<unsafe extern "C" fn(*mut ffi::ibv_qp_ex, u32, u64, *const libc::c_void)>,
-    pub(crate) local_inv: Option<unsafe extern "C" fn(*mut ffi::ibv_qp_ex, u32)>,
-    pub(crate) bind_mw:
-        Option<unsafe extern "C" fn(*mut ffi::ibv_qp_ex, *mut ffi::ibv_mw, u32, *const ffi::ibv_mw_bind_info)>,
-    pub(crate) set_ud_addr: Option<unsafe extern "C" fn(*mut ffi::ibv_qp_ex, *mut ffi::ibv_ah, u32, u32)>,
-    pub(crate) set_inline_data: Option<unsafe extern "C" fn(*mut ffi::ibv_qp_ex, *mut libc::c_void, usize)>,
-    pub(crate) set_inline_data_list: Option<unsafe extern "C" fn(*mut ffi::ibv_qp_ex, usize, *const ffi::ibv_data_buf)>,
-    pub(crate) set_sge: Option<unsafe extern "C" fn(*mut ffi::ibv_qp_ex, u32, u64, u32)>,
-    pub(crate) set_sge_list: Option<unsafe extern "C" fn(*mut ffi::ibv_qp_ex, usize, *const ffi::ibv_sge)>,
-}
-
-impl Builders {
-    /// The builders of the extended QP `qpx`, each member read by value through the pointer.
-    ///
-    /// # Safety
-    /// `qpx` is a live extended QP.
-    pub(crate) unsafe fn of(qpx: *mut ffi::ibv_qp_ex) -> Self {
-        // SAFETY: the caller's contract; each member is a plain function pointer the provider
-        // set at creation, read by value (no reference to the struct is made).
-        unsafe {
-            Builders {
-                send: (*qpx).wr_send,
-                send_imm: (*qpx).wr_send_imm,
-                send_inv: (*qpx).wr_send_inv,
-                rdma_write: (*qpx).wr_rdma_write,
-                rdma_write_imm: (*qpx).wr_rdma_write_imm,
-                rdma_read: (*qpx).wr_rdma_read,
-                atomic_cmp_swp: (*qpx).wr_atomic_cmp_swp,
-                atomic_fetch_add: (*qpx).wr_atomic_fetch_add,
-                atomic_write: (*qpx).wr_atomic_write,
-                local_inv: (*qpx).wr_local_inv,
-                bind_mw: (*qpx).wr_bind_mw,
-                set_ud_addr: (*qpx).wr_set_ud_addr,
-                set_inline_data: (*qpx).wr_set_inline_data,
-                set_inline_data_list: (*qpx).wr_set_inline_data_list,
-                set_sge: (*qpx).wr_set_sge,
-                set_sge_list: (*qpx).wr_set_sge_list,
-            }
-        }
-    }
-}
-
-/// Sets the `wr_id` and `wr_flags` the next builder of the batch open on `qpx` takes, through
-/// the pointer.
-///
-/// # Safety
-/// `qpx` is a live extended QP with a batch open by this thread.
-pub(crate) unsafe fn set_request(qpx: *mut ffi::ibv_qp_ex, wr_id: u64, flags: u32) {
-    // SAFETY: the caller's contract; two plain members the provider reads in the next builder,
-    // written through the pointer (no reference to the struct is made).
-    unsafe {
-        (*qpx).wr_id = wr_id;
-        (*qpx).wr_flags = flags;
     }
 }

@@ -214,6 +214,7 @@ pub mod parent;
 mod pd;
 pub mod pool;
 mod port;
+mod post;
 pub mod qp;
 mod recv_ring;
 mod registry;
@@ -227,7 +228,7 @@ mod wr;
 mod wr_id;
 
 pub use ah::{AddressHandle, AddressVector, GRH_LEN};
-pub use batch::{SendOps, WrBatch};
+pub use batch::WrBatch;
 pub use completion_channel::{CompletionChannel, CompletionEvent};
 pub use context::Context;
 pub use cq::CompletionQueue;
@@ -249,6 +250,7 @@ pub use parent::Parent;
 pub use pd::ProtectionDomain;
 pub use pool::{Slot, SlotPool};
 pub use port::{LinkLayer, Mtu, PortAttr, PortState};
+pub use post::SendOps;
 pub use qp::attr::{InitAttr, QpCaps, QpEndpoint, RtrAttr, RtsAttr};
 pub use qp::state::{
     CanPostRecv, Connected, Init, QpState, Rc, ReadyToReceive, ReadyToSend, Reset, Transport, TypeState, Uc, Ud,

@@ -34,12 +34,13 @@ use crate::error::{Error, Result};
 use crate::mr::AccessFlags;
 use crate::parent::Parent;
 use crate::pool::{Slot, SlotPool};
+use crate::post;
+use crate::qp::quiesce;
 use crate::qp::state::{CanPostRecv, Transport};
 use crate::qp::{Inner, QueuePair};
 use crate::send_queue::POLL_BATCH;
 use crate::srq::{RingRefusal, SharedReceiveQueue};
 use crate::wait::deadline::Deadline;
-use crate::wait::quiesce;
 use crate::wait::{CqWaiter, WaitPolicy};
 use crate::wc::{WcOpcode, WcStatus, WorkCompletion};
 use crate::wr_id::{next_generation, tag, untag, Space};
@@ -427,30 +428,29 @@ impl<'res> RecvRing<'res> {
             sg_list: &mut sge,
             num_sge: 1,
         };
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: one receive naming the slot's bytes, which move into `posted` below, so no
-        // Rust code reaches them until the receive's completion gives the slot back; the QP or
-        // SRQ is live (held by `self`).
-        let (rc, verb) = unsafe {
+        let head: *mut ffi::ibv_recv_wr = &mut wr;
+        let named = |bad: *mut ffi::ibv_recv_wr| std::ptr::eq(bad, head).then_some(0);
+        // SAFETY: one receive naming the slot's bytes, which move into `posted` below while it
+        // may be posted, so no Rust code reaches them until the receive's completion gives the
+        // slot back; the QP or SRQ is live (held by `self`).
+        let (posted, verb) = unsafe {
             match (&self.qp, &self.srq) {
-                (Some(qp), _) => (ffi::ibv_post_recv(qp.raw(), &mut wr, &mut bad), "ibv_post_recv"),
-                (_, Some(srq)) => (ffi::ibv_post_srq_recv(srq.as_raw(), &mut wr, &mut bad), "ibv_post_srq_recv"),
-                _ => (libc::EINVAL, "ibv_post_recv"),
+                (Some(qp), _) => (post::raw::post_recv(qp.raw(), head, 1, named), "ibv_post_recv"),
+                (_, Some(srq)) => (post::raw::post_srq_recv(srq.as_raw(), head, 1, named), "ibv_post_srq_recv"),
+                _ => {
+                    self.free_positions.push(position);
+                    return Err(Error::invalid("ibv_post_recv", None, "the ring has neither a QP nor an SRQ"));
+                }
             }
         };
-        // rxe may report a failure with `bad` NULL after queueing: only a named request is
-        // certainly not posted.
-        let posted = rc == 0 || bad.is_null();
-        if posted {
+        // The slot stays posted while the device may use it (`post::raw`).
+        if posted.in_flight() == 1 {
             self.posted[position as usize] = Some(slot);
             self.posted_count += 1;
         } else {
             self.free_positions.push(position);
         }
-        if rc != 0 {
-            return Err(Error::post_failed(verb, self.device(), rc, usize::from(posted)));
-        }
-        Ok(())
+        posted.result(verb, || self.device()).map(drop)
     }
 
     /// The next message that arrived, without waiting: polls the CQ (`ibv_poll_cq()`) when the

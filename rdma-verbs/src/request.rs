@@ -7,6 +7,7 @@ use crate::ffi;
 use crate::error::{Error, Result};
 use crate::mr::RemoteRegion;
 use crate::pool::Slot;
+use crate::post::op::SendOp;
 use crate::wc::WcStatus;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,6 +76,19 @@ impl<'pd> SlotRequest<'pd> {
     /// Gives the slot back, unposted.
     pub fn into_slot(self) -> Slot<'pd> {
         self.slot
+    }
+
+    /// The operation it posts, with its operands.
+    #[inline(always)]
+    pub(crate) fn send_op(&self) -> SendOp {
+        let (rkey, addr) = (self.remote.rkey, self.remote.addr);
+        match (self.op, self.imm.map(u32::to_be)) {
+            (Op::Send, None) => SendOp::Send,
+            (Op::Send, Some(imm)) => SendOp::SendImm { imm },
+            (Op::Write, None) => SendOp::Write { rkey, addr },
+            (Op::Write, Some(imm)) => SendOp::WriteImm { rkey, addr, imm },
+            (Op::Read, _) => SendOp::Read { rkey, addr },
+        }
     }
 
     pub(crate) fn opcode(&self) -> ffi::ibv_wr_opcode::Type {

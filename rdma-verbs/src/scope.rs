@@ -25,11 +25,11 @@ use crate::cq_holder::CqHolder;
 use crate::cq_owner::CqOwner;
 use crate::error::{Error, Result};
 use crate::ffi;
+use crate::qp::quiesce::{self, Quiesced};
 use crate::qp::state::{CanPostRecv, ReadyToSend, Transport, TypeState};
 use crate::qp::Inner;
 use crate::qp::QueuePair;
 use crate::wait::deadline::Deadline;
-use crate::wait::quiesce::{self, Quiesced};
 use crate::wait::{CqWaiter, WaitPolicy};
 use crate::wc::WorkCompletion;
 use crate::wr::{RecvRequest, SendRequest};
@@ -407,7 +407,8 @@ impl<'s, 'env, T: Transport, S: TypeState> PostScope<'s, 'env, T, S> {
     }
 
     /// Posts one signaled send-queue request through `post`, which gets the scope-tagged
-    /// `wr_id`, and counts it if `post` succeeded (a verb that posts nothing on failure).
+    /// `wr_id`, and counts it if `post` succeeded: `post` is a verb of one request that posts
+    /// nothing when it fails (`ibv_bind_mw`).
     pub(crate) fn post_one(
         &mut self,
         wr_id: u64,
@@ -418,11 +419,11 @@ impl<'s, 'env, T: Transport, S: TypeState> PostScope<'s, 'env, T, S> {
         self.qp.shared().check_postable(verb)?;
         self.check_room(1, 0)?;
         let r = post(wr_id | SCOPE_SEND);
-        self.sends += self.posted(&r, 1);
+        self.sends += usize::from(r.is_ok());
         r
     }
 
-    /// Waits for, then flushes, then resets what is still outstanding (`wait/quiesce.rs`); on a
+    /// Waits for, then flushes, then resets what is still outstanding (`qp/quiesce.rs`); on a
     /// UD QP, cancels the receives still posted once the sends are done
     /// ([`drain_datagrams`](Self::drain_datagrams)).
     fn drain(&mut self) -> Result<()> {
@@ -525,18 +526,6 @@ impl<'s, 'env, T: Transport, S: TypeState> PostScope<'s, 'env, T, S> {
             }
         }
     }
-
-    /// Counts what a post of `n` requests left outstanding: all, those before a refused one
-    /// (all, when the provider did not say which: it may have queued them, as rxe's does even
-    /// for a QP in RESET), or none when it was refused before the provider saw it (the checks,
-    /// and a QP a drain reset: `Inner::check_postable`).
-    fn posted(&self, r: &Result<()>, n: usize) -> usize {
-        match r {
-            Ok(()) => n,
-            Err(Error::PostFailed { posted, .. }) => *posted,
-            Err(_) => 0,
-        }
-    }
 }
 
 /// Refuses requests whose `wr_id` uses the bits a scope tags with.
@@ -583,8 +572,10 @@ impl<'s, 'env, T: Transport> PostScope<'s, 'env, T, ReadyToSend> {
         for wr in wrs.iter_mut() {
             wr.set_wr_id(untag_scope(wr.wr_id()));
         }
-        self.sends += self.posted(&r, wrs.len());
-        r
+        // What may be posted stays outstanding until the drain (`post::raw`).
+        let posted = r?;
+        self.sends += posted.in_flight();
+        posted.result("ibv_post_send", || device).map(drop)
     }
 }
 
@@ -614,8 +605,10 @@ impl<'s, 'env, T: Transport, S: CanPostRecv> PostScope<'s, 'env, T, S> {
         for wr in wrs.iter_mut() {
             wr.set_wr_id(untag_scope(wr.wr_id()));
         }
-        self.recvs += self.posted(&r, wrs.len());
-        r
+        // As in `post_send`.
+        let posted = r?;
+        self.recvs += posted.in_flight();
+        posted.result("ibv_post_recv", || device).map(drop)
     }
 }
 

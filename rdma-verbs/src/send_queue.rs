@@ -36,11 +36,11 @@ use crate::cq_owner::CqOwner;
 use crate::error::{Error, Result};
 use crate::mr::AccessFlags;
 use crate::pool::Slot;
+use crate::qp::quiesce::{self, Quiesced};
 use crate::qp::state::{Connected, ReadyToSend};
 use crate::qp::{Inner, QueuePair};
 use crate::request::{Op, PostError, Rejected, SlotCompletion, SlotRequest};
 use crate::wait::deadline::Deadline;
-use crate::wait::quiesce::{self, Quiesced};
 use crate::wait::{CqWaiter, WaitPolicy};
 use crate::wc::{WcStatus, WorkCompletion};
 use crate::wr_id::{next_generation, untag, Space, LOW_MASK};
@@ -561,7 +561,7 @@ impl<'res, T: Connected> SendQueue<'res, T> {
     }
 
     /// Makes sure the device no longer uses any slot in flight, so they may return to the pool
-    /// (`wait/quiesce.rs`). `false` when that is not proven: the slots must then be leaked.
+    /// (`qp/quiesce.rs`). `false` when that is not proven: the slots must then be leaked.
     fn quiesce(&mut self) -> bool {
         let last = quiesce::is_last_handle(&self.qp);
         let qp = Arc::clone(&self.qp);

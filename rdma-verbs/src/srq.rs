@@ -227,14 +227,13 @@ impl<'pd> SharedReceiveQueue<'pd> {
         let Some(first) = crate::wr::link_recv(wrs, self.max_sge, "ibv_post_srq_recv", &self.device, false)? else {
             return Ok(());
         };
-        let mut bad = std::ptr::null_mut();
         // SAFETY: a valid chain inside `wrs`; the caller keeps the named memory untouched.
-        let rc = unsafe { ffi::ibv_post_srq_recv(self.raw.as_ptr(), first, &mut bad) };
-        if rc != 0 {
-            let posted = crate::wr::index_of_recv(wrs, bad);
-            return Err(Error::post_failed("ibv_post_srq_recv", &self.device, rc, posted));
-        }
-        Ok(())
+        let posted = unsafe {
+            crate::post::raw::post_srq_recv(self.raw.as_ptr(), first, wrs.len(), |bad| {
+                crate::wr::index_of_recv(wrs, bad)
+            })
+        };
+        posted.result("ibv_post_srq_recv", || &self.device).map(drop)
     }
 
     /// The raw `struct ibv_srq *`. It stays owned by `self`.

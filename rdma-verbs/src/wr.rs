@@ -6,12 +6,15 @@
 
 use std::fmt;
 use std::marker::PhantomData;
+use std::ptr::NonNull;
 
 use crate::ffi;
 
 use crate::ah::AddressHandle;
 use crate::error::{Error, Result};
 use crate::mr::{RemoteRegion, Sge};
+use crate::post::op::{Data, SendOp};
+use crate::post::raw::{self, Builders};
 use crate::qp::attr::QpCaps;
 use crate::wr_id::RESERVED_WR_ID_BITS;
 
@@ -393,134 +396,102 @@ impl<'a, 'mr> SendRequest<'a, 'mr> {
 }
 
 impl SendRequest<'_, '_> {
-    /// The extended-QP operation this request is (`SendOps`), for checking the QP was created
-    /// with it.
-    pub(crate) fn send_op(&self) -> crate::batch::SendOps {
-        use crate::batch::SendOps;
+    /// The operation this request is, with its operands (`None` for an opcode no builder
+    /// takes).
+    pub(crate) fn send_op(&self) -> Option<SendOp> {
         use ffi::ibv_wr_opcode::*;
-        match self.raw.opcode {
-            IBV_WR_SEND => SendOps::SEND,
-            IBV_WR_SEND_WITH_IMM => SendOps::SEND_WITH_IMM,
-            IBV_WR_SEND_WITH_INV => SendOps::SEND_WITH_INV,
-            IBV_WR_RDMA_WRITE => SendOps::RDMA_WRITE,
-            IBV_WR_RDMA_WRITE_WITH_IMM => SendOps::RDMA_WRITE_WITH_IMM,
-            IBV_WR_RDMA_READ => SendOps::RDMA_READ,
-            IBV_WR_ATOMIC_CMP_AND_SWP => SendOps::ATOMIC_CMP_AND_SWP,
-            IBV_WR_ATOMIC_FETCH_AND_ADD => SendOps::ATOMIC_FETCH_AND_ADD,
-            IBV_WR_LOCAL_INV => SendOps::LOCAL_INV,
-            IBV_WR_BIND_MW => SendOps::BIND_MW,
-            IBV_WR_ATOMIC_WRITE => SendOps::ATOMIC_WRITE,
-            _ => SendOps::empty(),
-        }
+        let w = &self.raw;
+        let key = crate::ffi_compat::imm_or_invalidate_rkey(w);
+        Some(match w.opcode {
+            IBV_WR_SEND => SendOp::Send,
+            IBV_WR_SEND_WITH_IMM => SendOp::SendImm { imm: key },
+            IBV_WR_SEND_WITH_INV => SendOp::SendInv { rkey: key },
+            IBV_WR_RDMA_WRITE => {
+                let (addr, rkey) = self.rdma_target();
+                SendOp::Write { rkey, addr }
+            }
+            IBV_WR_RDMA_WRITE_WITH_IMM => {
+                let (addr, rkey) = self.rdma_target();
+                SendOp::WriteImm { rkey, addr, imm: key }
+            }
+            IBV_WR_RDMA_READ => {
+                let (addr, rkey) = self.rdma_target();
+                SendOp::Read { rkey, addr }
+            }
+            IBV_WR_ATOMIC_CMP_AND_SWP => {
+                let a = self.atomic_target();
+                SendOp::CompareSwap { rkey: a.rkey, addr: a.remote_addr, compare: a.compare_add, swap: a.swap }
+            }
+            IBV_WR_ATOMIC_FETCH_AND_ADD => {
+                let a = self.atomic_target();
+                SendOp::FetchAdd { rkey: a.rkey, addr: a.remote_addr, add: a.compare_add }
+            }
+            IBV_WR_LOCAL_INV => SendOp::LocalInv { rkey: key },
+            IBV_WR_ATOMIC_WRITE => {
+                let (addr, rkey) = self.rdma_target();
+                SendOp::AtomicWrite { rkey, addr, value: self.atomic_value }
+            }
+            IBV_WR_BIND_MW => {
+                let (mw, rkey, info) = crate::ffi_compat::bind_mw_of(w);
+                SendOp::BindMw { mw, rkey, info }
+            }
+            _ => return None,
+        })
     }
 
-    /// Adds this request, already checked (`check`), to the batch open on `qpx` with the
-    /// builders of `ibv_wr_post(3)`, as `wr_id`, signaled as it says or when `signaled`. Every
-    /// builder it needs is looked up first: if the provider lacks one, nothing is added and its
-    /// name is returned.
+    /// Adds this request, already checked (`check`), to the batch open on `qpx` as `op` (its
+    /// [`send_op`](Self::send_op)) and `wr_id`, signaled as it says or when `signaled`. If the
+    /// provider lacks a setter it needs, nothing is added and its name is returned.
     ///
     /// # Safety
-    /// A batch is open on the live extended QP `qpx` (`ibv_wr_start`), by this thread.
+    /// As [`raw::build`]: a batch is open on the live extended QP `qpx` (whose builders `b`
+    /// are), by this thread, and `op` is among its send ops.
     pub(crate) unsafe fn build_ex(
         &self,
-        qpx: *mut ffi::ibv_qp_ex,
+        qpx: NonNull<ffi::ibv_qp_ex>,
+        b: &Builders,
+        op: &SendOp,
         wr_id: u64,
         signaled: bool,
     ) -> std::result::Result<(), &'static str> {
-        use ffi::ibv_wr_opcode::*;
-        // SAFETY: the caller's contract: `qpx` is live (and this thread has its batch open).
-        let b = unsafe { crate::batch::Builders::of(qpx) };
         let w = &self.raw;
-        let key = crate::ffi_compat::imm_or_invalidate_rkey(w);
         let sges = self.sges();
         let inline = self.uses_inline_sge || w.send_flags & ffi::ibv_send_flags::IBV_SEND_INLINE.0 != 0;
         const MAX_INLINE_BUFS: usize = 32;
         if inline && sges.len() > MAX_INLINE_BUFS {
             return Err("wr_set_inline_data_list (more than 32 buffers)");
         }
-        let one_inline = inline && sges.len() == 1;
-        let set_data = match (inline, one_inline) {
-            (true, true) => b.set_inline_data.map(|_| "").ok_or("wr_set_inline_data"),
-            (true, false) => b.set_inline_data_list.map(|_| "").ok_or("wr_set_inline_data_list"),
-            (false, _) => b.set_sge_list.map(|_| "").ok_or("wr_set_sge_list"),
+        // The inline send of one plain slice keeps its full length beside the SGE.
+        let inline_len =
+            |s: &ffi::ibv_sge| if self.uses_inline_sge { self.inline_slice_len } else { s.length as usize };
+        // Filled only for several inline buffers: most requests have one.
+        let mut bufs: [ffi::ibv_data_buf; MAX_INLINE_BUFS];
+        let data = match (inline, sges) {
+            (true, [s]) => Data::Inline(ffi::ibv_data_buf { addr: s.addr as *mut libc::c_void, length: inline_len(s) }),
+            (true, _) => {
+                bufs = [ffi::ibv_data_buf { addr: std::ptr::null_mut(), length: 0 }; MAX_INLINE_BUFS];
+                for (b, s) in bufs.iter_mut().zip(sges) {
+                    *b = ffi::ibv_data_buf { addr: s.addr as *mut libc::c_void, length: inline_len(s) };
+                }
+                Data::InlineList(&bufs[..sges.len()])
+            }
+            (false, []) => Data::None,
+            (false, [s]) => Data::Sge(*s),
+            (false, _) => Data::SgeList(sges),
         };
-        set_data?;
-        if self.has_ah() {
-            b.set_ud_addr.ok_or("wr_set_ud_addr")?;
-        }
+        let ud = self.has_ah().then(|| {
+            // SAFETY: `to` set the `ud` member whole (`has_ah`).
+            let ud = unsafe { w.wr.ud };
+            (ud.ah, ud.remote_qpn, ud.remote_qkey)
+        });
         let signal = if signaled { ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 } else { 0 };
         // IBV_SEND_INLINE stays when the data is inline: rxe's kernel side reads the data from
         // the entry only with it (without it, LocalQpOperationError on rdma-core 44).
         let inline_flag = if inline { ffi::ibv_send_flags::IBV_SEND_INLINE.0 } else { 0 };
         let flags = (w.send_flags & !ffi::ibv_send_flags::IBV_SEND_INLINE.0) | signal | inline_flag;
-        // SAFETY: the caller's contract: this thread's batch is open on the live `qpx`.
-        unsafe { crate::batch::set_request(qpx, wr_id, flags) };
-        // SAFETY: every call below is a builder of a live QP with an open batch, given the
-        // request's own fields, which `check` accepted; the provider copies SGEs and inline
-        // data into the queue during the call. The `unwrap_unchecked`s were checked above.
-        unsafe {
-            match w.opcode {
-                IBV_WR_SEND => b.send.ok_or("wr_send")?(qpx),
-                IBV_WR_SEND_WITH_IMM => b.send_imm.ok_or("wr_send_imm")?(qpx, key),
-                IBV_WR_SEND_WITH_INV => b.send_inv.ok_or("wr_send_inv")?(qpx, key),
-                IBV_WR_RDMA_WRITE => {
-                    let (addr, rkey) = self.rdma_target();
-                    b.rdma_write.ok_or("wr_rdma_write")?(qpx, rkey, addr)
-                }
-                IBV_WR_RDMA_WRITE_WITH_IMM => {
-                    let (addr, rkey) = self.rdma_target();
-                    b.rdma_write_imm.ok_or("wr_rdma_write_imm")?(qpx, rkey, addr, key)
-                }
-                IBV_WR_RDMA_READ => {
-                    let (addr, rkey) = self.rdma_target();
-                    b.rdma_read.ok_or("wr_rdma_read")?(qpx, rkey, addr)
-                }
-                IBV_WR_ATOMIC_CMP_AND_SWP => {
-                    let f = b.atomic_cmp_swp.ok_or("wr_atomic_cmp_swp")?;
-                    let a = self.atomic_target();
-                    f(qpx, a.rkey, a.remote_addr, a.compare_add, a.swap)
-                }
-                IBV_WR_ATOMIC_FETCH_AND_ADD => {
-                    let f = b.atomic_fetch_add.ok_or("wr_atomic_fetch_add")?;
-                    let a = self.atomic_target();
-                    f(qpx, a.rkey, a.remote_addr, a.compare_add)
-                }
-                IBV_WR_LOCAL_INV => b.local_inv.ok_or("wr_local_inv")?(qpx, key),
-                IBV_WR_ATOMIC_WRITE => {
-                    let f = b.atomic_write.ok_or("wr_atomic_write")?;
-                    let (addr, rkey) = self.rdma_target();
-                    f(qpx, rkey, addr, self.atomic_value.as_ptr().cast())
-                }
-                IBV_WR_BIND_MW => {
-                    let (mw, rkey, info) = crate::ffi_compat::bind_mw_of(w);
-                    b.bind_mw.ok_or("wr_bind_mw")?(qpx, mw, rkey, &info)
-                }
-                _ => return Err("this opcode"),
-            }
-            if self.has_ah() {
-                let ud = w.wr.ud;
-                b.set_ud_addr.unwrap_unchecked()(qpx, ud.ah, ud.remote_qpn, ud.remote_qkey);
-            }
-            if one_inline {
-                let s = &sges[0];
-                let length = if self.uses_inline_sge { self.inline_slice_len } else { s.length as usize };
-                b.set_inline_data.unwrap_unchecked()(qpx, s.addr as *mut libc::c_void, length);
-            } else if inline {
-                let mut bufs = [ffi::ibv_data_buf { addr: std::ptr::null_mut(), length: 0 }; MAX_INLINE_BUFS];
-                for (b, s) in bufs.iter_mut().zip(sges) {
-                    // The inline send of one plain slice keeps its full length beside the SGE.
-                    let length = if self.uses_inline_sge { self.inline_slice_len } else { s.length as usize };
-                    *b = ffi::ibv_data_buf { addr: s.addr as *mut libc::c_void, length };
-                }
-                b.set_inline_data_list.unwrap_unchecked()(qpx, sges.len(), bufs.as_ptr());
-            } else if let ([s], Some(set_sge)) = (sges, b.set_sge) {
-                // One buffer: the single-SGE builder, which copies no list.
-                set_sge(qpx, s.lkey, s.addr, s.length);
-            } else if !sges.is_empty() {
-                b.set_sge_list.unwrap_unchecked()(qpx, sges.len(), sges.as_ptr());
-            }
-        }
-        Ok(())
+        // SAFETY: the caller's contract; the operands are the request's own, which `check`
+        // accepted, and its buffers are borrowed by the caller's posting layer.
+        unsafe { raw::build(qpx, b, wr_id, flags, *op, ud, data) }
     }
 
     /// Refuses what only a batch can post: an atomic write carries its value in the request,
@@ -685,16 +656,15 @@ pub(crate) fn link_recv(
     Ok(wrs.first_mut().map(|w| &mut w.raw as *mut _))
 }
 
-/// How many requests of a refused chain may have been posted: those before `bad`, or all of them
-/// when the provider names no request of the chain (rxe leaves `bad_wr` NULL when its doorbell
-/// fails after queueing every request).
-pub(crate) fn index_of_send(wrs: &[SendRequest<'_, '_>], bad: *mut ffi::ibv_send_wr) -> usize {
-    wrs.iter().position(|w| std::ptr::eq(&w.raw, bad)).unwrap_or(wrs.len())
+/// The position in `wrs`, a linked chain, of the request `bad` points at; `None` when it points
+/// at none of them (NULL included: what that means is `post::raw`'s rule).
+pub(crate) fn index_of_send(wrs: &[SendRequest<'_, '_>], bad: *mut ffi::ibv_send_wr) -> Option<usize> {
+    wrs.iter().position(|w| std::ptr::eq(&w.raw, bad))
 }
 
 /// As [`index_of_send`], for receives.
-pub(crate) fn index_of_recv(wrs: &[RecvRequest<'_, '_>], bad: *mut ffi::ibv_recv_wr) -> usize {
-    wrs.iter().position(|w| std::ptr::eq(&w.raw, bad)).unwrap_or(wrs.len())
+pub(crate) fn index_of_recv(wrs: &[RecvRequest<'_, '_>], bad: *mut ffi::ibv_recv_wr) -> Option<usize> {
+    wrs.iter().position(|w| std::ptr::eq(&w.raw, bad))
 }
 
 #[cfg(test)]
@@ -817,11 +787,11 @@ mod tests {
     }
 
     #[test]
-    fn a_bad_wr_outside_the_chain_counts_every_request_as_maybe_posted() {
+    fn a_bad_wr_is_found_only_among_the_chains_requests() {
         let sges: [crate::mr::Sge<'_>; 0] = [];
         let wrs = [SendRequest::send(1, &sges), SendRequest::send(2, &sges)];
         // The provider may leave bad_wr NULL (rxe does when the doorbell fails after queueing).
-        assert_eq!(index_of_send(&wrs, std::ptr::null_mut()), 2);
-        assert_eq!(index_of_send(&wrs, &wrs[1].raw as *const _ as *mut _), 1);
+        assert_eq!(index_of_send(&wrs, std::ptr::null_mut()), None);
+        assert_eq!(index_of_send(&wrs, &wrs[1].raw as *const _ as *mut _), Some(1));
     }
 }

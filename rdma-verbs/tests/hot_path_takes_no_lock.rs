@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 /// The files that may lock, and why none of it is per request.
 const MAY_LOCK: &[(&str, &str)] = &[
     ("src/registry.rs", "the resource registry, taken when a verbs object is created or destroyed"),
-    ("src/mw.rs", "a memory window's verbs object and the type 2 windows a QP keeps: taken when a window is allocated, bound, invalidated or deallocated, and when its QP is destroyed (binds are grants, not per-message requests)"),
+    ("src/mw/mod.rs", "a memory window's verbs object and the type 2 windows a QP keeps: taken when a window is allocated, bound, invalidated or deallocated, and when its QP is destroyed (binds are grants, not per-message requests)"),
     ("src/qp/multicast.rs", "a UD QP's multicast attachments, taken when it attaches to a group, detaches, or is destroyed"),
     ("src/srq.rs", "the slots a dropped ring left posted on an SRQ, taken when the ring or the SRQ goes"),
     ("src/wait/sleepers.rs", "the threads asleep on a channel: taken on the way into and out of a sleep (a system call anyway), and when a foreign event wakes them"),

@@ -21,6 +21,7 @@
 pub mod attr;
 mod multicast;
 mod post;
+pub(crate) mod quiesce;
 pub mod state;
 mod transition;
 
@@ -37,12 +38,12 @@ use std::sync::Arc;
 
 use crate::ffi;
 
-use crate::batch::SendOps;
 use crate::cq::CompletionQueue;
 use crate::device_attr_ex::DeviceCapabilities;
 use crate::error::{Error, Result};
 use crate::parent::Parent;
 use crate::pd::ProtectionDomain;
+use crate::post::SendOps;
 use crate::srq::SharedReceiveQueue;
 use attr::{QpCaps, QpEndpoint};
 use state::{QpState, Reset, Transport, TypeState};

@@ -1,11 +1,10 @@
 //! Posting work requests to a queue pair without a safe layer: `unsafe` [`QueuePair::post_send`]
 //! and [`QueuePair::post_recv`], with the checks every request passes first.
 
-use crate::ffi;
-
 use super::state::{CanPostRecv, ReadyToSend, Transport};
 use super::QueuePair;
 use crate::error::{Error, Result};
+use crate::post::raw::{self, Posted};
 use crate::wr::{RecvRequest, SendRequest};
 
 impl<'res, T: Transport> QueuePair<'res, T, ReadyToSend> {
@@ -32,32 +31,30 @@ impl<'res, T: Transport> QueuePair<'res, T, ReadyToSend> {
     #[inline]
     pub unsafe fn post_send(&self, wrs: &mut [SendRequest<'_, '_>]) -> Result<()> {
         // SAFETY: the caller keeps this function's contract.
-        unsafe { self.post_send_checked(wrs, false) }
+        let posted = unsafe { self.post_send_checked(wrs, false) }?;
+        posted.result("ibv_post_send", || self.inner.pd.context().name()).map(drop)
     }
 
     /// [`post_send`](Self::post_send); `scoped`: the caller is a posting scope, whose tags use
-    /// the reserved `wr_id` bits.
+    /// the reserved `wr_id` bits. An error means nothing reached the provider; what the
+    /// provider took is the [`Posted`].
     ///
     /// # Safety
     /// As `post_send`.
     #[inline]
-    pub(crate) unsafe fn post_send_checked(&self, wrs: &mut [SendRequest<'_, '_>], scoped: bool) -> Result<()> {
+    pub(crate) unsafe fn post_send_checked(&self, wrs: &mut [SendRequest<'_, '_>], scoped: bool) -> Result<Posted> {
         self.inner.check_postable("ibv_post_send")?;
         let device = self.inner.pd.context().name();
         let Some(first) =
             crate::wr::link_send(wrs, &self.inner.caps, T::QP_TYPE, self.inner.pd.as_raw(), device, scoped)?
         else {
-            return Ok(());
+            return Ok(Posted::all(0));
         };
-        let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
         // SAFETY: `first` heads a chain of valid requests inside `wrs`, which outlives the call;
         // every SGE names registered memory (the caller keeps it untouched, as documented).
-        let rc = unsafe { ffi::ibv_post_send(self.inner.raw.as_ptr(), first, &mut bad) };
-        if rc != 0 {
-            let posted = crate::wr::index_of_send(wrs, bad);
-            return Err(Error::post_failed("ibv_post_send", device, rc, posted));
-        }
-        Ok(())
+        Ok(unsafe {
+            raw::post_send(self.inner.raw.as_ptr(), first, wrs.len(), |bad| crate::wr::index_of_send(wrs, bad))
+        })
     }
 }
 
@@ -76,7 +73,8 @@ impl<'res, T: Transport, S: CanPostRecv> QueuePair<'res, T, S> {
     #[inline]
     pub unsafe fn post_recv(&self, wrs: &mut [RecvRequest<'_, '_>]) -> Result<()> {
         // SAFETY: the caller keeps this function's contract.
-        unsafe { self.post_recv_checked(wrs, false) }
+        let posted = unsafe { self.post_recv_checked(wrs, false) }?;
+        posted.result("ibv_post_recv", || self.inner.pd.context().name()).map(drop)
     }
 
     /// [`post_recv`](Self::post_recv), for a posting scope when `scoped`.
@@ -84,7 +82,7 @@ impl<'res, T: Transport, S: CanPostRecv> QueuePair<'res, T, S> {
     /// # Safety
     /// As `post_recv`.
     #[inline]
-    pub(crate) unsafe fn post_recv_checked(&self, wrs: &mut [RecvRequest<'_, '_>], scoped: bool) -> Result<()> {
+    pub(crate) unsafe fn post_recv_checked(&self, wrs: &mut [RecvRequest<'_, '_>], scoped: bool) -> Result<Posted> {
         self.inner.check_postable("ibv_post_recv")?;
         let device = self.inner.pd.context().name();
         if self.inner.srq.is_some() {
@@ -92,15 +90,11 @@ impl<'res, T: Transport, S: CanPostRecv> QueuePair<'res, T, S> {
         }
         let Some(first) = crate::wr::link_recv(wrs, self.inner.caps.max_recv_sge, "ibv_post_recv", device, scoped)?
         else {
-            return Ok(());
+            return Ok(Posted::all(0));
         };
-        let mut bad: *mut ffi::ibv_recv_wr = std::ptr::null_mut();
         // SAFETY: as in `post_send`.
-        let rc = unsafe { ffi::ibv_post_recv(self.inner.raw.as_ptr(), first, &mut bad) };
-        if rc != 0 {
-            let posted = crate::wr::index_of_recv(wrs, bad);
-            return Err(Error::post_failed("ibv_post_recv", device, rc, posted));
-        }
-        Ok(())
+        Ok(unsafe {
+            raw::post_recv(self.inner.raw.as_ptr(), first, wrs.len(), |bad| crate::wr::index_of_recv(wrs, bad))
+        })
     }
 }

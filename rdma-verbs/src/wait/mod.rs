@@ -25,8 +25,8 @@
 //!   event channels keep one each).
 //!
 //! Inside (the files of `src/wait/`): the threads and tasks asleep on a channel and how a wait
-//! that read another's event wakes them (`sleepers.rs`), and how a QP's requests are taken out
-//! of the device's reach before it, or what it points at, goes away (`quiesce.rs`).
+//! that read another's event wakes them (`sleepers.rs`). How a QP's requests are taken out of
+//! the device's reach before it, or what it points at, goes away is the QP's (`qp/quiesce.rs`).
 //!
 //! [`CompletionQueue::poll_wait`]: crate::CompletionQueue::poll_wait
 //! [`RecvRing`]: crate::RecvRing
@@ -36,7 +36,6 @@
 pub(crate) mod deadline;
 pub(crate) mod fd;
 mod policy;
-pub(crate) mod quiesce;
 #[cfg(feature = "tokio")]
 pub(crate) mod reactor;
 mod ready_once;

@@ -25,9 +25,10 @@ use std::time::Duration;
 
 use crate::cq::CompletionQueue;
 use crate::ffi::ibv_qp_state::{IBV_QPS_ERR, IBV_QPS_RESET};
-use crate::qp::Inner;
 use crate::wait::deadline::Deadline;
 use crate::wait::{CqWaiter, WaitPolicy};
+
+use super::Inner;
 
 /// How long a drain waits, at least, for the completions of a flush before it resets the QP.
 ///
@@ -35,7 +36,7 @@ use crate::wait::{CqWaiter, WaitPolicy};
 /// quickly whatever the drain timeout. Waiting for them matters for soundness: a completion is
 /// the device's word that it is done with a request's memory, while on rxe (kernel 6.1) a
 /// reset is not: `ibv_modify_qp(RESET)` can return while the kernel is still copying one packet
-/// of a READ response into the requester's memory (4 KiB landed behind a live slice in CI).
+/// of a READ response into the requester's memory.
 /// After five seconds in the error state no such copy is left in progress, and a reset only
 /// clears requests whose completions were lost.
 pub(crate) const FLUSH_CONFIRM: Duration = Duration::from_secs(5);
