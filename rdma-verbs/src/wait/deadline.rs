@@ -22,12 +22,23 @@ use std::time::{Duration, Instant};
 /// assert!(Deadline::after(Duration::ZERO).has_passed());
 /// assert_eq!(Deadline::after(Duration::from_secs(5)).timeout(), Duration::from_secs(5));
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///
+/// Two deadlines are equal when they end at the same instant (or both never end), whatever
+/// timeouts they remember.
+#[derive(Debug, Clone, Copy)]
 pub struct Deadline {
     at: Option<Instant>,
     /// The timeout it was made from; [`Duration::MAX`] without a deadline.
     timeout: Duration,
 }
+
+impl PartialEq for Deadline {
+    fn eq(&self, other: &Self) -> bool {
+        self.at == other.at
+    }
+}
+
+impl Eq for Deadline {}
 
 impl Deadline {
     /// `timeout` from now; no deadline when `now + timeout` cannot be represented.
@@ -156,6 +167,16 @@ mod tests {
         assert_eq!(late.min(Deadline::never()), late);
         assert_eq!(Deadline::never().min(Deadline::never()), Deadline::never());
         assert_eq!(soon.min(late).timeout(), Duration::from_secs(1), "the earlier one's timeout");
+    }
+
+    /// Deadlines ending at one instant are equal, whatever timeout each remembers.
+    #[test]
+    fn deadlines_at_one_instant_are_equal() {
+        let i = Instant::now() + Duration::from_secs(10);
+        let first = Deadline::at(i);
+        std::thread::sleep(Duration::from_millis(2));
+        assert_eq!(first, Deadline::at(i));
+        assert_ne!(first, Deadline::at(i + Duration::from_nanos(1)));
     }
 
     /// The timeout a deadline reports is the one it was made from, however late it is asked

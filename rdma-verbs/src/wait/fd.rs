@@ -24,6 +24,7 @@ const IN_PLACE: usize = 8;
 /// readability, again after `EINTR` and after a return before the deadline with nothing ready.
 /// `readable[i]` is set to whether `fds[i]` was ready (for the `i` that `readable` has room
 /// for). [`Deadline::never`] sleeps until a descriptor is ready; a passed deadline looks once.
+/// No descriptor and no deadline is refused at once (`InvalidInput`): nothing could end it.
 ///
 /// Every blocking fd wait of this crate, `rdma-cm` and `rdma-proto` is a call of this function.
 /// Up to eight descriptors are watched without allocating.
@@ -44,7 +45,8 @@ const IN_PLACE: usize = 8;
 /// ```
 ///
 /// # Errors
-/// `poll(2)`'s, but `EINTR`.
+/// `poll(2)`'s, but `EINTR`; [`InvalidInput`](std::io::ErrorKind::InvalidInput) for an empty
+/// `fds` with [`Deadline::never`].
 ///
 /// # References
 /// - [`poll(2)`](https://man7.org/linux/man-pages/man2/poll.2.html)
@@ -52,6 +54,12 @@ const IN_PLACE: usize = 8;
 #[doc(alias = "ppoll")]
 pub fn poll_fds<'fd>(fds: &[BorrowedFd<'fd>], until: Deadline, readable: &mut [bool]) -> std::io::Result<bool> {
     use rustix::event::{poll, PollFd, PollFlags};
+    if fds.is_empty() && until.instant().is_none() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "a wait on no file descriptor without a deadline would never end",
+        ));
+    }
     let watch = |fd: &BorrowedFd<'fd>| PollFd::from_borrowed_fd(*fd, PollFlags::IN);
     let (mut few, mut more);
     let pfds: &mut [PollFd<'fd>] = match fds.first() {
@@ -130,6 +138,13 @@ mod tests {
         assert!(!poll_fds(&fds[..2], Deadline::after(Duration::from_millis(20)), &mut readable).unwrap());
         assert!(start.elapsed() >= Duration::from_millis(20), "slept to the deadline");
         assert!(readable.iter().all(|r| !r), "nothing ready at the deadline");
+    }
+
+    /// A wait over no descriptor and without a deadline could never end: refused at once.
+    #[test]
+    fn no_descriptor_and_no_deadline_is_refused_at_once() {
+        let err = poll_fds(&[], Deadline::never(), &mut []).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
     }
 
     /// A wait over no descriptor sleeps to its deadline.

@@ -246,6 +246,9 @@ pub async fn timeout_at<F: Future>(until: Deadline, f: F) -> std::io::Result<Opt
     if let Poll::Ready(v) = std::future::poll_fn(|cx| Poll::Ready(f.as_mut().poll(cx))).await {
         return Ok(Some(v));
     }
+    if until.has_passed() {
+        return Ok(None);
+    }
     let timer = new_timer()?;
     set_timer(&timer, at)?;
     race(&timer, f).await
