@@ -467,6 +467,11 @@ impl<'res> Accepting<'res> {
         mut keep_waiting: impl FnMut() -> bool,
     ) -> Result<Connection<'res>> {
         let Accepting { req, qp, params } = self;
+        // A wait already over accepts nothing: the request is rejected (on drop) rather than
+        // accepted and torn down at once.
+        if how.has_passed() {
+            return Err(how.timed_out(ACCEPT));
+        }
         // `accepted` declared after the QP, so dropped first (a dropped future destroys the
         // identifier, then the QP, as an error does).
         let (qp, accepted) = req.start_accept(qp, &params.get())?;
