@@ -42,8 +42,8 @@ use crate::wr_id::SCOPE_SEND;
 /// Made by [`PostScope::batch`]. The provider holds the QP's send-queue lock while the batch is
 /// open, so a batch is not `Send` (it is completed on the thread that opened it) and should be
 /// short: another thread posting to the QP waits meanwhile. A batch leaked with
-/// `mem::forget` keeps that lock, and every later post to the QP waits for ever (no memory is
-/// touched: nothing of the batch was posted).
+/// `mem::forget` is aborted by its scope when the scope is next used on this thread, or when it
+/// ends: nothing of the batch is posted, and until then other threads' posts to the QP wait.
 ///
 /// # References
 /// - [`ibv_wr_post(3)`](https://man7.org/linux/man-pages/man3/ibv_wr_post.3.html)
@@ -78,9 +78,12 @@ impl<'s, 'env, T: Transport> PostScope<'s, 'env, T, ReadyToSend> {
             return Err(Error::invalid("ibv_wr_start", Some(device), "the QP was created without send_ops"));
         };
         qp.shared().check_postable("ibv_wr_start")?;
+        self.end_forgotten_batch();
         // SAFETY: a live extended QP (held by the scope's borrow); the batch ends with complete
-        // or abort, on this thread (`WrBatch` is not `Send`).
+        // or abort, on this thread (`WrBatch` is not `Send`), or by the scope once it is
+        // forgotten (`end_forgotten_batch`, on this thread).
         unsafe { raw::start(qpx) };
+        self.open_batch = Some(std::thread::current().id());
         let one_buffer_only = qp.pd().context().is_soft_roce();
         let room = self.send_room();
         Ok(WrBatch { scope: self, qpx, ops, added: 0, room, finished: false, one_buffer_only, _thread: PhantomData })
@@ -160,6 +163,7 @@ impl<'s, T: Transport> WrBatch<'_, 's, '_, T> {
     #[doc(alias = "ibv_wr_complete")]
     pub fn complete(mut self) -> Result<usize> {
         self.finished = true;
+        self.scope.open_batch = None;
         // SAFETY: the batch is open on this thread; its requests' regions are borrowed for 's.
         let posted = unsafe { raw::complete(self.qpx, self.added) };
         // Counted even when refused (`post::raw`: a refused batch may be queued), so the
@@ -174,6 +178,7 @@ impl<T: Transport> Drop for WrBatch<'_, '_, '_, T> {
     #[doc(alias = "ibv_wr_abort")]
     fn drop(&mut self) {
         if !self.finished {
+            self.scope.open_batch = None;
             // SAFETY: the batch is open on this thread; aborting discards its requests.
             unsafe { raw::abort(self.qpx) };
         }

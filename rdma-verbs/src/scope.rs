@@ -72,6 +72,11 @@ pub struct PostScope<'s, 'env: 's, T: Transport, S: TypeState> {
     /// A send scope ([`QueuePair::send_scope`]): it owns, polls and waits on the send CQ
     /// alone, and posts no receive.
     sends_only: bool,
+    /// The thread that opened a batch ([`PostScope::batch`]) not yet completed or aborted. A
+    /// live [`WrBatch`](crate::WrBatch) borrows the scope, so when the scope is used again with
+    /// this set, the batch was forgotten (`mem::forget`): see
+    /// [`end_forgotten_batch`](Self::end_forgotten_batch).
+    pub(crate) open_batch: Option<std::thread::ThreadId>,
     /// Dropped after `Drop::drop` drained: the CQs are released last.
     _claim: CqClaim<'env>,
     /// Invariant in 's, like `std::thread::Scope`: borrows given to the scope last exactly 's.
@@ -161,6 +166,7 @@ impl<'res, T: Transport, S: TypeState> QueuePair<'res, T, S> {
             drain_timeout,
             wait_policy: WaitPolicy::default(),
             sends_only,
+            open_batch: None,
             _claim: claim,
             _scope: PhantomData,
         };
@@ -406,27 +412,49 @@ impl<'s, 'env, T: Transport, S: TypeState> PostScope<'s, 'env, T, S> {
         self.sends += n;
     }
 
-    /// Posts one signaled send-queue request through `post`, which gets the scope-tagged
-    /// `wr_id`, and counts it if `post` succeeded: `post` is a verb of one request that posts
-    /// nothing when it fails (`ibv_bind_mw`).
+    /// Posts one signaled send-queue request through `post` (a verb of one request,
+    /// `ibv_bind_mw`), which gets the scope-tagged `wr_id`, and counts it whether or not `post`
+    /// succeeded: a provider may queue the request and then fail its doorbell (rxe's
+    /// `ibv_bind_mw` is its `ibv_post_send`), so a failed post may still complete, and only a
+    /// request counted keeps the scope's borrows alive until its completion or the drain.
     pub(crate) fn post_one(
         &mut self,
         wr_id: u64,
         verb: &'static str,
         post: impl FnOnce(u64) -> Result<()>,
     ) -> Result<()> {
+        self.end_forgotten_batch();
         check_wr_ids(std::iter::once(wr_id), verb, self.qp.pd().context().name())?;
         self.qp.shared().check_postable(verb)?;
         self.check_room(1, 0)?;
         let r = post(wr_id | SCOPE_SEND);
-        self.sends += usize::from(r.is_ok());
+        self.sends += 1;
         r
+    }
+
+    /// Aborts a batch opened in this scope whose [`WrBatch`](crate::WrBatch) was forgotten
+    /// (`mem::forget`), before the scope uses the QP again: an open batch holds the provider's
+    /// send-queue lock (rxe, mlx5), so the next post to the QP, from this scope or any thread,
+    /// would wait for it for ever. Nothing of the batch was posted, so aborting it loses no
+    /// request the scope counted. A batch opened on another thread than this one's is left
+    /// (the provider's lock is that thread's to release); the scope's end tries again.
+    pub(crate) fn end_forgotten_batch(&mut self) {
+        if self.open_batch != Some(std::thread::current().id()) {
+            return;
+        }
+        self.open_batch = None;
+        if let Some((qpx, _)) = self.qp.extended() {
+            // SAFETY: this thread opened the batch on the scope's live extended QP, and neither
+            // completed nor aborted it (its `WrBatch`, which would have, was forgotten).
+            unsafe { crate::post::raw::abort(qpx) };
+        }
     }
 
     /// Waits for, then flushes, then resets what is still outstanding (`qp/quiesce.rs`); on a
     /// UD QP, cancels the receives still posted once the sends are done
     /// ([`drain_datagrams`](Self::drain_datagrams)).
     fn drain(&mut self) -> Result<()> {
+        self.end_forgotten_batch();
         if T::QP_TYPE == ffi::ibv_qp_type::IBV_QPT_UD && self.recvs > 0 {
             return self.drain_datagrams();
         }
@@ -541,6 +569,7 @@ fn check_wr_ids(ids: impl Iterator<Item = u64>, verb: &'static str, device: &str
 
 impl<T: Transport, S: TypeState> Drop for PostScope<'_, '_, T, S> {
     fn drop(&mut self) {
+        self.end_forgotten_batch();
         // Reached with requests outstanding only when the closure panicked.
         if self.outstanding() > 0 {
             let _ = self.drain();
@@ -558,6 +587,7 @@ impl<'s, 'env, T: Transport> PostScope<'s, 'env, T, ReadyToSend> {
     /// 2^62 or more is an [`Error::InvalidArgument`]. Requests before one the provider
     /// refused were posted and are counted.
     pub fn post_send(&mut self, wrs: &mut [SendRequest<'_, 's>]) -> Result<()> {
+        self.end_forgotten_batch();
         let device = self.qp.pd().context().name();
         check_wr_ids(wrs.iter().map(SendRequest::wr_id), "ibv_post_send", device)?;
         self.check_room(wrs.len(), 0)?;
@@ -588,6 +618,7 @@ impl<'s, 'env, T: Transport, S: CanPostRecv> PostScope<'s, 'env, T, S> {
     /// receive queue or CQ and for reserved `wr_id` bits; [`Error::InvalidArgument`] in a send
     /// scope ([`QueuePair::send_scope`]).
     pub fn post_recv(&mut self, wrs: &mut [RecvRequest<'_, 's>]) -> Result<()> {
+        self.end_forgotten_batch();
         let device = self.qp.pd().context().name();
         if self.sends_only {
             let reason = "a send scope posts no receive: the QP's receives and their CQ are another layer's";

@@ -251,6 +251,56 @@ fn inline_sends_in_a_batch_carry_their_bytes() {
     }
 }
 
+/// A batch leaked with `mem::forget` holds the provider's send-queue lock; its scope aborts it
+/// before it posts again, so the next post goes through instead of spinning for ever, and the
+/// forgotten batch posts nothing.
+#[test]
+fn a_forgotten_batch_is_aborted_by_its_scope_before_the_next_post() {
+    const MSG: &[u8] = b"after the forgotten batch";
+    let topo = testkit::require_topology!();
+    for (da, db) in device_pairs(&topo) {
+        // A post that spins on the lock cannot be interrupted: a watchdog ends the process.
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let watch = std::sync::Arc::clone(&done);
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_secs(30));
+            if !watch.load(std::sync::atomic::Ordering::SeqCst) {
+                eprintln!("a post after a forgotten batch did not return in 30 s: the QP's lock is still held");
+                std::process::exit(101);
+            }
+        });
+        with_rc_pair_ops(&topo, &da, &db, ALL, Some(OPS), |a, b| {
+            let got =
+                b.qp.scope(T, |sb| {
+                    let buf = [b.mr.sge(0..64)?];
+                    sb.post_recv(&mut [RecvRequest::new(1, &buf)])?;
+                    a.mr.write_at(0, MSG).unwrap();
+                    a.mr.write_at(100, b"in the forgotten batch").unwrap();
+                    a.qp.scope(T, |sa| {
+                        let forgotten = [a.mr.sge(100..122)?];
+                        let mut batch = sa.batch()?;
+                        batch.push(&SendRequest::send(1, &forgotten))?;
+                        std::mem::forget(batch);
+                        let msg = [a.mr.sge(..MSG.len())?];
+                        sa.post_send(&mut [SendRequest::send(2, &msg)])?;
+                        let sent = complete(sa, 1);
+                        assert_eq!(sent[0].0, 2, "{da}->{db}: only the post after the batch completed");
+                        assert_eq!(sa.outstanding(), 0, "{da}->{db}");
+                        // The scope takes batches again.
+                        sa.batch()?.complete()?;
+                        Ok::<_, Error>(())
+                    })?;
+                    Ok::<_, Error>(complete(sb, 1))
+                })
+                .unwrap();
+            assert_eq!(got.len(), 1, "{da}->{db}: one message arrived");
+            assert_eq!(got[0].2 as usize, MSG.len(), "{da}->{db}");
+            assert_eq!(read(&b.mr, 0, MSG.len()), MSG, "{da}->{db}");
+        });
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 /// The operations a [`SendQueue`] posts.
 const QUEUE_OPS: SendOps = SendOps::SEND
     .union(SendOps::SEND_WITH_IMM)

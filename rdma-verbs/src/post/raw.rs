@@ -230,8 +230,9 @@ impl Builders {
 /// Adds one request to the batch open on `qpx`: its `wr_id` and `flags`, the builder of `op`,
 /// the UD address `ud` (address handle, QP number, Q_Key) when given, and the setter of `data`.
 /// The data and address setters are looked up first: when the provider lacks one, nothing is
-/// written and its name is returned. A missing operation builder is named too; the batch must
-/// then be aborted, as its `wr_id` and flags were set.
+/// written and its name is returned. A missing operation builder is named too, after `wr_id`
+/// and flags were written: the next request's builder writes them again, so the batch stays
+/// usable.
 ///
 /// # Safety
 /// This thread opened a batch on the live extended QP `qpx` ([`start`]), whose builders `b`
