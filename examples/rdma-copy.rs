@@ -93,19 +93,53 @@ impl Driver {
         Ok(d)
     }
 
-    /// Runs `threads` on this thread, or `tokio`'s future on a runtime of one thread; `Err`
-    /// when the runtime cannot be made.
+    /// The driver made ready to run: for `tokio`, its runtime of one thread built. `Err` when
+    /// the runtime cannot be made.
+    fn ready(self) -> std::io::Result<Ready> {
+        match self {
+            Driver::Threads => Ok(Ready::Threads),
+            #[cfg(feature = "tokio")]
+            Driver::Tokio => Ok(Ready::Tokio(tokio::runtime::Builder::new_current_thread().enable_all().build()?)),
+            #[cfg(not(feature = "tokio"))]
+            Driver::Tokio => unreachable!("refused by Driver::chosen"),
+        }
+    }
+
+    /// [`ready`](Self::ready), then [`Ready::run`].
     fn run<T>(
         self,
         threads: impl FnOnce() -> T,
         #[cfg(feature = "tokio")] tokio: impl std::future::Future<Output = T>,
     ) -> std::io::Result<T> {
-        match self {
-            Driver::Threads => Ok(threads()),
+        Ok(self.ready()?.run(
+            threads,
             #[cfg(feature = "tokio")]
-            Driver::Tokio => Ok(tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(tokio)),
-            #[cfg(not(feature = "tokio"))]
-            Driver::Tokio => unreachable!("refused by Driver::chosen"),
+            tokio,
+        ))
+    }
+}
+
+/// A driver ready to run: what it needs made before anything is announced, so that a receiver
+/// that says it listens needs no more resources to serve than it holds.
+enum Ready {
+    /// Blocking calls on this thread.
+    Threads,
+    /// The async driver's runtime.
+    #[cfg(feature = "tokio")]
+    Tokio(tokio::runtime::Runtime),
+}
+
+impl Ready {
+    /// Runs `threads` on this thread, or `tokio`'s future on the runtime.
+    fn run<T>(
+        self,
+        threads: impl FnOnce() -> T,
+        #[cfg(feature = "tokio")] tokio: impl std::future::Future<Output = T>,
+    ) -> T {
+        match self {
+            Ready::Threads => threads(),
+            #[cfg(feature = "tokio")]
+            Ready::Tokio(runtime) => runtime.block_on(tokio),
         }
     }
 }
@@ -630,6 +664,15 @@ fn recv(a: RecvArgs, json: bool, driver: Driver) -> i32 {
         note!("rdma-copy: installing a signal handler: {e}");
         return 2;
     }
+    // The runtime first: "listening on" tells that the receiver holds what it serves with.
+    let ready = match driver.ready() {
+        Ok(ready) => ready,
+        Err(e) => {
+            let e = rdma_proto::driver::Error::Usage(format!("starting the tokio runtime: {e}"));
+            note!("rdma-copy: {e}");
+            return e.exit_code();
+        }
+    };
     let server = match Server::bind(listen, opts) {
         Ok(s) => s,
         Err(e @ rdma_proto::driver::Error::Destination(_)) => {
@@ -700,12 +743,11 @@ fn recv(a: RecvArgs, json: bool, driver: Driver) -> i32 {
             );
         }
     };
-    let r = driver.run(
+    let r = ready.run(
         || server.serve(a.count, report.clone()),
         #[cfg(feature = "tokio")]
         server.serve_async(a.count, report.clone()),
     );
-    let r = r.map_err(|e| rdma_proto::driver::Error::Usage(format!("starting the tokio runtime: {e}"))).and_then(|r| r);
     let lost = DROPPED.load(Ordering::Relaxed);
     if lost > 0 {
         note!("rdma-copy: {lost} report or log lines could not be written");
