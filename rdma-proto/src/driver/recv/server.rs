@@ -19,8 +19,8 @@ use crate::driver::io::{block_on, Blocking, Io};
 use crate::driver::knock::Knocks;
 use crate::driver::partials::{Ledger, Reserve};
 use crate::driver::places::{ConnectionPlaces, PerAddress};
-use crate::driver::seats::{Seats, BUSY_HINT};
 use crate::driver::Error;
+use crate::policy::seats::BUSY_HINT;
 use crate::wire::{self, Ack, Message};
 use crate::Status;
 

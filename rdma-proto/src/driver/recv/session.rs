@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use rdma_cm::ConnectRequest;
 use rdma_verbs::{AccessFlags, AlignedBuffer, Deadline, Rc, RecvRing, SendQueue, Slot, SlotPool};
 
+use super::shared::{Seat, Seats, Taken, Ticket};
 use crate::driver::digest::Hasher;
 use crate::driver::files::{DirFd, Incoming, MadeDirs};
 use crate::driver::flag::Bell;
@@ -23,8 +24,8 @@ use crate::driver::link::{
 };
 use crate::driver::partials::{Ledger, Owner};
 use crate::driver::places::Place;
-use crate::driver::seats::{Seat, Seats, Taken, Ticket, DISPLACED_HINT, DISPLACED_TEARDOWN, HEIR_WAIT};
 use crate::driver::Error;
+use crate::policy::seats::{DISPLACED_HINT, DISPLACED_TEARDOWN, HEIR_WAIT};
 use crate::receiver::{Action, Input, Receiver, ReceiverConfig};
 #[cfg(feature = "fault-injection")]
 use crate::wire::Message;
@@ -753,10 +754,10 @@ impl<'a> ReceiveSession<'a> {
         let mut wakes = session_wakes(conn, self.opts, self.place, self.machine.hello_received(), self.tally, handed);
         // A seat handed over, or this one's taken by a newer session.
         if let Some((ticket, _, _)) = &self.waiting {
-            wakes = wakes.and(ticket.fd());
+            wakes = wakes.and(ticket.signal().fd());
         }
         if let Some(seat) = self.admitted.as_ref().filter(|s| !s.displaced()) {
-            wakes = wakes.and(seat.displaced_fd());
+            wakes = wakes.and(seat.signal().fd());
         }
         let due = self.pacer.round(io, progressed, cqs.as_slice(), until, &wakes).await?;
         self.drive_slow_checks(due, conn)

@@ -12,7 +12,7 @@ use crate::driver::files::DirFd;
 use crate::driver::flag::{Bell, Flag};
 use crate::driver::partials::Ledger;
 use crate::driver::places::{AddressPlace, Place};
-use crate::driver::seats::Seats;
+use crate::policy::{seats, Signal};
 use crate::wire::{self};
 
 /// The sessions waiting for (or served by) extra lanes, by their token.
@@ -150,6 +150,26 @@ impl Tally {
         sessions.is_some_and(|n| self.asked.load(Ordering::Acquire) >= n)
     }
 }
+
+/// A bell is how a decision of the core wakes a session: its idle wait sleeps on the bell's
+/// eventfd.
+impl Signal for Bell {
+    fn new() -> Self {
+        Bell::new()
+    }
+    fn ring(&self) {
+        Bell::ring(self)
+    }
+}
+
+/// The receiver's session seats, a displaced session and a newcomer woken by their bells.
+pub(super) type Seats = seats::Seats<Bell>;
+/// A session's seat.
+pub(super) type Seat = seats::Seat<Bell>;
+/// A newcomer's claim on a displaced session's seat.
+pub(super) type Ticket = seats::Ticket<Bell>;
+/// What a session asking for a seat gets.
+pub(super) type Taken = seats::Taken<Bell>;
 
 /// What a server's sessions share with it: the options, the count of sessions past their
 /// HELLO, the accept loop's tally, and the routes of extra lanes.
