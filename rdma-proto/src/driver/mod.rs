@@ -80,7 +80,6 @@ mod io;
 mod knock;
 mod link;
 mod partials;
-mod places;
 mod recv;
 mod retry;
 mod send;

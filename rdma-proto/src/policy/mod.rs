@@ -11,7 +11,7 @@
 // pub mod knock;
 mod offer;
 // pub mod partials;
-// pub mod places;
+pub mod places;
 // pub mod retry;
 pub mod seats;
 

@@ -18,8 +18,8 @@ use crate::driver::io::Wakes;
 use crate::driver::io::{block_on, Blocking, Io};
 use crate::driver::knock::Knocks;
 use crate::driver::partials::{Ledger, Reserve};
-use crate::driver::places::{ConnectionPlaces, PerAddress};
 use crate::driver::Error;
+use crate::policy::places::PerAddress;
 use crate::policy::seats::BUSY_HINT;
 use crate::wire::{self, Ack, Message};
 use crate::Status;
@@ -233,11 +233,11 @@ impl Server {
                     // asked for, a connection ended): nothing else changes what the loop does.
                     // Once closed, not the stop flag: set, it stays readable for good, and the
                     // loop would spin while its last sessions end (review of issue 34).
-                    let fds = Wakes::new(self.listener.as_fd()).and(tally.changed.fd()).and(self.places.ended_fd());
+                    let fds = Wakes::new(self.listener.as_fd()).and(tally.changed.fd()).and(self.places.ended().fd());
                     let fds = if closed { fds } else { fds.and(self.opts.stop.fd()) };
                     io.readable(fds.fds(), fds.until(Deadline::never())).await;
                     tally.changed.heard();
-                    self.places.heard();
+                    self.places.ended().heard();
                     continue;
                 }
                 Err(e) if ends_listening(&e) => break Err(e.into()),

@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 use rdma_cm::ConnectRequest;
 use rdma_verbs::{AccessFlags, AlignedBuffer, Deadline, Rc, RecvRing, SendQueue, Slot, SlotPool};
 
-use super::shared::{Seat, Seats, Taken, Ticket};
 use crate::driver::digest::Hasher;
 use crate::driver::files::{DirFd, Incoming, MadeDirs};
 use crate::driver::flag::Bell;
@@ -23,7 +22,6 @@ use crate::driver::link::{
     SessionCqs, Side, DISCONNECT_WAIT, DRAIN,
 };
 use crate::driver::partials::{Ledger, Owner};
-use crate::driver::places::Place;
 use crate::driver::Error;
 use crate::policy::seats::{DISPLACED_HINT, DISPLACED_TEARDOWN, HEIR_WAIT};
 use crate::receiver::{Action, Input, Receiver, ReceiverConfig};
@@ -884,8 +882,8 @@ fn session_wakes<'w>(
     handed: Option<&'w Bell>,
 ) -> Wakes<'w> {
     let mut wakes = Wakes::new(conn.as_fd()).and(opts.stop.fd());
-    if let (fd, true) = place.displaced_fd() {
-        wakes = wakes.and(fd);
+    if let Some(bell) = place.displaceable() {
+        wakes = wakes.and(bell.fd());
     }
     if !hello_received {
         wakes = wakes.and(tally.closing.fd());

@@ -11,7 +11,7 @@ use rdma_cm::ConnectRequest;
 use crate::driver::files::DirFd;
 use crate::driver::flag::{Bell, Flag};
 use crate::driver::partials::Ledger;
-use crate::driver::places::{AddressPlace, Place};
+use crate::policy::places::{self, AddressPlace};
 use crate::policy::{seats, Signal};
 use crate::wire::{self};
 
@@ -164,6 +164,11 @@ impl Signal for Bell {
 
 /// The receiver's session seats, a displaced session and a newcomer woken by their bells.
 pub(super) type Seats = seats::Seats<Bell>;
+/// The receiver's connection places, a displaced connection and the accept loop woken by
+/// their bells.
+pub(super) type ConnectionPlaces = places::ConnectionPlaces<Bell>;
+/// A connection's place.
+pub(super) type Place = places::Place<Bell>;
 /// A session's seat.
 pub(super) type Seat = seats::Seat<Bell>;
 /// A newcomer's claim on a displaced session's seat.
