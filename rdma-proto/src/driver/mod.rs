@@ -77,7 +77,6 @@ mod digest;
 mod files;
 mod flag;
 mod io;
-mod knock;
 mod link;
 mod partials;
 mod recv;

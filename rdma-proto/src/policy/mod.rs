@@ -8,7 +8,7 @@
 //! without a device, in unit tests and in the seeded simulation of `rdma-proto/tests`, and the
 //! driver ([`crate::driver`], feature `driver`) only carries the decisions out.
 
-// pub mod knock;
+pub mod knock;
 mod offer;
 // pub mod partials;
 pub mod places;

@@ -16,9 +16,9 @@ use crate::driver::files::DirFd;
 use crate::driver::io::Tokio;
 use crate::driver::io::Wakes;
 use crate::driver::io::{block_on, Blocking, Io};
-use crate::driver::knock::Knocks;
 use crate::driver::partials::{Ledger, Reserve};
 use crate::driver::Error;
+use crate::policy::knock::Knocks;
 use crate::policy::places::PerAddress;
 use crate::policy::seats::BUSY_HINT;
 use crate::wire::{self, Ack, Message};
@@ -33,7 +33,7 @@ pub struct Server {
     listener: Listener,
     opts: Arc<ReceiveOptions>,
     /// Sessions past their HELLO: `max_sessions` seats, which a slow session gives to a
-    /// newer one when they are all taken (`seats.rs`).
+    /// newer one when they are all taken ([`crate::policy::seats`]).
     active: Arc<Seats>,
     /// Connections with a thread: `max_sessions + BUSY_SLACK` places, and those leaving
     /// after giving theirs to a newer connection.
@@ -42,7 +42,7 @@ pub struct Server {
     attempts: Arc<Attempts>,
     /// Connections, by address.
     per_address: Arc<PerAddress>,
-    /// The knocks taken lately ([`crate::driver::knock`]): each vouches for one request.
+    /// The knocks taken lately ([`crate::policy::knock`]): each vouches for one request.
     knocks: Knocks,
     /// The live sessions that granted lanes, by token: where an extra lane's connection
     /// request goes.
@@ -60,7 +60,7 @@ pub struct Server {
 const BUSY_SLACK: usize = 4;
 
 /// The rate per seat, as a multiple of `min_rate`, that the receiver's capacity is at least
-/// taken to be when it judges which session is slow (`seats.rs`): at the default floor of
+/// taken to be when it judges which session is slow ([`crate::policy::seats`]): at the default floor of
 /// 16 KiB/s, a session below 512 KiB/s gives its seat to a newer one when every seat is
 /// taken by such sessions, whatever they bring together.
 const SEAT_FLOOR_FACTOR: u64 = 64;
@@ -352,7 +352,7 @@ impl Server {
 
     /// Takes a place for a connection request, or rejects it with `Busy` (reported): past its
     /// address's `max_per_address`, or past every connection limit. A request whose KNOCK
-    /// proves the secret ([`crate::driver::knock`]) is proved from the start (`places.rs`), and is
+    /// proves the secret ([`crate::policy::knock`]) is proved from the start ([`crate::policy::places`]), and is
     /// counted but not held back by its address's limit: an address is what a request says,
     /// and anyone who can use the sender's (a co-tenant of its host) could fill that limit
     /// with connections that prove nothing (a third review: four of them kept a secret holder
