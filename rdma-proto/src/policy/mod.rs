@@ -12,7 +12,7 @@ pub mod knock;
 mod offer;
 // pub mod partials;
 pub mod places;
-// pub mod retry;
+pub mod retry;
 pub mod seats;
 
 pub use offer::{Decision, Offer, Policy};
