@@ -291,7 +291,7 @@ impl Incoming {
     /// Keeps the partial when the session ends uncommitted, with the first `held` bytes
     /// vouched for (checkpointed now, when `checkpoint`; else its sidecar stays as it was, time
     /// and all); whether it is kept. A plain temporary is removed as always. The receiver
-    /// keeps partials through its ledger (`partials::Ledger::keep`).
+    /// keeps partials through its ledger (`partials::Ledger::keep_for`).
     ///
     /// A checkpointed partial is cut to `held` bytes: no bytes stay on disk that its sidecar
     /// does not vouch for (review H4: a resume that hashed less than the partial held kept
@@ -715,13 +715,13 @@ pub(crate) fn sweep_partials(dir: &DirFd, ttl: std::time::Duration) -> Vec<(u64,
             now.duration_since(at).ok()
         };
         let Some(age) = age(&meta_name).or_else(|| age(&data_name)) else { continue };
-        if age > ttl {
+        if crate::policy::partials::expired(age, ttl) {
             remove_partial(dir, &data_name, &meta_name);
         } else {
-            // Only this process's own partials are counted (review H7: names a local user made
-            // in a shared directory each gave up one of the receiver's partials at its start),
-            // by what they take on disk: a sparse file's length is not (review R5: a planted
-            // sparse "partial" of a terabyte made the ledger give up every other partial).
+            // Only this process's own partials are counted (names a local user made in a
+            // shared directory would each give up one of the receiver's partials), by what they
+            // take on disk: a sparse file's length is not (a planted sparse "partial" of a
+            // terabyte would make the ledger give up every other partial).
             let st = rustix::fs::statat(dir, &data_name, AtFlags::SYMLINK_NOFOLLOW);
             if let Some(st) = st.ok().filter(is_own_private) {
                 left.push((age, key, occupied(&st)));

@@ -10,7 +10,7 @@
 
 pub mod knock;
 mod offer;
-// pub mod partials;
+pub mod partials;
 pub mod places;
 pub mod retry;
 pub mod seats;
