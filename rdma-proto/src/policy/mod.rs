@@ -12,6 +12,7 @@ pub mod knock;
 mod offer;
 pub mod partials;
 pub mod places;
+pub mod proofs;
 pub mod retry;
 pub mod seats;
 

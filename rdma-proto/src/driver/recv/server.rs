@@ -342,7 +342,12 @@ impl Server {
                 // A guessed token, on a receiver with a secret, counts as a wrong proof (it slows
                 // the address's next wrong proofs); without a secret it costs only the connection.
                 if self.opts.secret.is_some() {
-                    let _ = self.attempts.wrong_proof(peer.ip(), &self.opts);
+                    let _ = self.attempts.wrong_proof(
+                        peer.ip(),
+                        Instant::now(),
+                        self.opts.auth_attempts,
+                        self.opts.auth_window,
+                    );
                 }
                 report(reject(req, Status::NotAuthorized, why, None));
             }

@@ -223,7 +223,7 @@ struct ReceiveSession<'a> {
     /// The partials kept for resumes.
     partials: &'a Ledger,
     peer: std::net::IpAddr,
-    /// The answer to a wrong proof, held back until then ([`Attempts::wrong_proof`]); set once
+    /// The answer to a wrong proof, held back until then ([`crate::policy::proofs::WrongProofs::wrong_proof`]); set once
     /// the wrong proof was counted.
     tarpit: Option<Option<Instant>>,
     /// This connection's place among all connections: proved at admission, and until then
@@ -490,7 +490,12 @@ impl<'a> ReceiveSession<'a> {
                     if self.machine.auth_failed() && self.tarpit.is_none() {
                         // The answer to a wrong proof: held back while its address is past its
                         // attempts (the rest of the machine's actions wait with it).
-                        let hold = self.attempts.wrong_proof(self.peer, self.opts);
+                        let hold = self.attempts.wrong_proof(
+                            self.peer,
+                            Instant::now(),
+                            self.opts.auth_attempts,
+                            self.opts.auth_window,
+                        );
                         self.tarpit = Some((!hold.is_zero()).then(|| Instant::now() + hold));
                         if !hold.is_zero() {
                             tracing::info!(peer = %self.peer, ?hold, "a wrong proof of the secret: its answer held back");
