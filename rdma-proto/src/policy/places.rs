@@ -38,6 +38,16 @@ use std::time::{Duration, Instant};
 
 use super::Signal;
 
+/// Connections served beyond `max_sessions`: those waiting for their HELLO, or being told
+/// `Busy` by ACK. Past that, a connection request takes the place of a connection that proved
+/// nothing within `preempt_after`, or is rejected at once.
+pub const BUSY_SLACK: usize = 4;
+
+/// The places of a receiver that serves `max_sessions` sessions at once.
+pub fn limit(max_sessions: usize) -> usize {
+    max_sessions.saturating_add(BUSY_SLACK)
+}
+
 /// A claim not yet proved: the connection may be displaced.
 const UNPROVEN: u8 = 0;
 /// The connection proved itself (its HELLO was taken, and its secret proved): it keeps its

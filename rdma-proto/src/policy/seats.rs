@@ -55,6 +55,18 @@ pub const HEIR_WAIT: Duration = Duration::from_secs(10);
 /// disconnect.
 pub const DISPLACED_TEARDOWN: Duration = Duration::from_secs(2);
 
+/// The rate per seat, as a multiple of `min_rate`, that the receiver's capacity is at least
+/// taken to be when it judges which session is slow: at the default floor of 16 KiB/s, a
+/// session below 512 KiB/s gives its seat to a newer one when every seat is taken by such
+/// sessions, whatever they bring together.
+pub const FLOOR_FACTOR: u64 = 64;
+
+/// The rate per seat the receiver's capacity is at least taken to be, for a pace floor of
+/// `min_rate` bytes per second ([`Seats::new`]'s `floor`).
+pub fn floor(min_rate: u64) -> u64 {
+    min_rate.saturating_mul(FLOOR_FACTOR)
+}
+
 /// Every seat of one server; `B` wakes a displaced session and a newcomer waiting for its seat.
 #[derive(Debug)]
 pub struct Seats<B> {

@@ -19,8 +19,8 @@ use crate::driver::io::{block_on, Blocking, Io};
 use crate::driver::partials::{Ledger, Reserve};
 use crate::driver::Error;
 use crate::policy::knock::Knocks;
-use crate::policy::places::PerAddress;
-use crate::policy::seats::BUSY_HINT;
+use crate::policy::places::{self, PerAddress};
+use crate::policy::seats::{self, BUSY_HINT};
 use crate::wire::{self, Ack, Message};
 use crate::Status;
 
@@ -35,7 +35,7 @@ pub struct Server {
     /// Sessions past their HELLO: `max_sessions` seats, which a slow session gives to a
     /// newer one when they are all taken ([`crate::policy::seats`]).
     active: Arc<Seats>,
-    /// Connections with a thread: `max_sessions + BUSY_SLACK` places, and those leaving
+    /// Connections with a thread: [`places::limit`] places, and those leaving
     /// after giving theirs to a newer connection.
     places: Arc<ConnectionPlaces>,
     /// Wrong proofs of the secret, by address.
@@ -52,18 +52,6 @@ pub struct Server {
     /// The partials kept for resumes, within their caps.
     partials: Arc<Ledger>,
 }
-
-/// Connections served beyond `max_sessions`: those waiting for their HELLO, or being told
-/// `Busy` by ACK. Past that, a connection request takes the place of a connection that proved
-/// nothing within `preempt_after` (`places`), or is rejected at once, with an ACK(Busy) as the
-/// rejection's private data.
-const BUSY_SLACK: usize = 4;
-
-/// The rate per seat, as a multiple of `min_rate`, that the receiver's capacity is at least
-/// taken to be when it judges which session is slow ([`crate::policy::seats`]): at the default floor of
-/// 16 KiB/s, a session below 512 KiB/s gives its seat to a newer one when every seat is
-/// taken by such sessions, whatever they bring together.
-const SEAT_FLOOR_FACTOR: u64 = 64;
 
 impl Server {
     /// Listens on `addr` (an address of an RDMA device, or a wildcard).
@@ -88,8 +76,8 @@ impl Server {
             partials.sweep_due(dir);
             partials.found(dir, crate::driver::files::sweep_partials(dir, opts.partial_ttl));
         }
-        let places = ConnectionPlaces::new(opts.max_sessions.saturating_add(BUSY_SLACK), opts.preempt_after);
-        let seats = Seats::new(opts.max_sessions, opts.min_rate.saturating_mul(SEAT_FLOOR_FACTOR));
+        let places = ConnectionPlaces::new(places::limit(opts.max_sessions), opts.preempt_after);
+        let seats = Seats::new(opts.max_sessions, seats::floor(opts.min_rate));
         Ok(Server {
             listener: Listener::bind(addr, 64)?,
             opts: Arc::new(opts),
