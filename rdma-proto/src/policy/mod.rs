@@ -6,7 +6,7 @@
 //! Each takes its inputs and the time (an `Instant` or a `SystemTime` the caller read) and
 //! says what to do; none reads a clock, a file or a device. So every rule here is tested
 //! without a device, in unit tests and in the seeded simulation of `rdma-proto/tests`, and the
-//! driver ([`crate::driver`], feature `driver`) only carries the decisions out.
+//! driver (`rdma_proto::driver`, feature `driver`) only carries the decisions out.
 
 pub mod knock;
 mod offer;

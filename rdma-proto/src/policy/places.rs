@@ -131,7 +131,7 @@ impl<B: Signal> ConnectionPlaces<B> {
 
     /// A place for a connection requested at `now` from `from`, `vouched` when the request
     /// proved the secret already ([`super::knock`]): a free one, else the place of an unproven
-    /// connection ([`Self::victim`], which is told to leave). `None` when there is neither, or
+    /// connection (the victim of the module's rules, which is told to leave). `None` when there is neither, or
     /// when twice as many displaced connections as there are places are still leaving (four
     /// times for a vouched request).
     pub fn take(self: &Arc<Self>, now: Instant, from: IpAddr, vouched: bool) -> Option<Place<B>> {

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use super::Signal;
 
 /// A session's rate is measured over the last one to two windows of its data phase.
-const WINDOW: Duration = Duration::from_secs(1);
+pub const WINDOW: Duration = Duration::from_secs(1);
 
 /// How long a session's data phase runs before it may be displaced: long enough to be
 /// measured, and to store its first chunks after a resume's hash.
@@ -36,7 +36,7 @@ pub const GRACE: Duration = Duration::from_secs(2);
 
 /// How long the highest aggregate rate seen stands for the receiver's capacity: sessions
 /// that all slowed down (trickling peers that took every seat) still count as slow against it.
-const PEAK_HOLD: Duration = Duration::from_secs(30);
+pub const PEAK_HOLD: Duration = Duration::from_secs(30);
 
 /// The hint of a `Busy` heard because every seat (or connection place) is taken by sessions
 /// that may not be displaced: about how long a small transfer takes.
