@@ -9,6 +9,7 @@
 //! driver (`rdma_proto::driver`, feature `driver`) only carries the decisions out.
 
 pub mod knock;
+pub mod limits;
 mod offer;
 pub mod partials;
 pub mod places;

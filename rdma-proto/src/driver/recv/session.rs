@@ -23,7 +23,8 @@ use crate::driver::link::{
 };
 use crate::driver::partials::{Ledger, Owner};
 use crate::driver::Error;
-use crate::policy::seats::{DISPLACED_HINT, DISPLACED_TEARDOWN, HEIR_WAIT};
+use crate::policy::limits;
+use crate::policy::seats::{DISPLACED_HINT, HEIR_WAIT};
 use crate::receiver::{Action, Input, Receiver, ReceiverConfig};
 #[cfg(feature = "fault-injection")]
 use crate::wire::Message;
@@ -62,7 +63,11 @@ async fn session<I: Io>(
     let params = conn_params(opts.ack_timeout);
     let keep = || !place.displaced();
     let conn = io
-        .accept(req.accept(qp, &params), Deadline::after(hello_bound(opts)), Some(&keep))
+        .accept(
+            req.accept(qp, &params),
+            Deadline::after(limits::hello_bound(opts.accept_timeout, opts.hello_timeout)),
+            Some(&keep),
+        )
         .await
         .map_err(|e| displaced_or(e, place))?;
     let mut s = ReceiveSession::new(shared, place, report, parts, &conn, start)?;
@@ -93,10 +98,10 @@ async fn session<I: Io>(
     let acked = s.machine.acked();
     let (sq, ring, slots, lanes, admitted) = s.end(&outcome);
     // One bound for the whole teardown, not one per lane: a peer that never disconnects holds
-    // it `TEARDOWN_WAIT` at most, however many lanes it opened (the disconnects without an
+    // it `limits::TEARDOWN_WAIT` at most, however many lanes it opened (the disconnects without an
     // ACK too: each was 1 s outside the bound, 17 s with 16 lanes; review finding G9).
     let gave_way = admitted.as_ref().is_some_and(Seat::displaced);
-    let teardown = Deadline::after(teardown_wait(opts, place, gave_way));
+    let teardown = Deadline::after(limits::teardown_wait(place.displaced(), gave_way, opts.timeout));
     // An ACK must reach the sender before the connection goes: the sender reads it, then
     // disconnects. Without one there is nothing to wait for.
     let leave = |conn: rdma_cm::Connection<'static>| async {
@@ -130,32 +135,6 @@ fn displaced_or(e: rdma_cm::Error, place: &Place) -> Error {
     }
 }
 
-/// How long a new connection may take to be established: its HELLO's clock runs from its
-/// request on (review H2: a peer that never completed the connection held its place for the
-/// whole `accept_timeout` before that clock even started).
-fn hello_bound(opts: &ReceiveOptions) -> Duration {
-    opts.accept_timeout.min(opts.hello_timeout)
-}
-
-/// How long a session's teardown waits for its ACK to complete, and for the sender to
-/// disconnect.
-const TEARDOWN_WAIT: Duration = Duration::from_secs(5);
-
-/// How long a session's teardown waits in all: [`TEARDOWN_WAIT`] (at most `timeout`), and not
-/// at all for a connection that gave its place to a newer one: it proved nothing, and its
-/// peer's pace must not keep it among the connections still leaving (review of H2). A session
-/// that gave its seat to a newer one (`gave_way`) waits [`DISPLACED_TEARDOWN`] at most: the
-/// newer one waits for that seat.
-fn teardown_wait(opts: &ReceiveOptions, place: &Place, gave_way: bool) -> Duration {
-    if place.displaced() {
-        Duration::ZERO
-    } else if gave_way {
-        DISPLACED_TEARDOWN.min(opts.timeout)
-    } else {
-        TEARDOWN_WAIT.min(opts.timeout)
-    }
-}
-
 /// The receive ring's depth: a receive for every granted slot's chunk, and room for control.
 fn ring_depth(opts: &ReceiveOptions) -> u32 {
     opts.max_slots.saturating_add(16)
@@ -172,15 +151,10 @@ fn status_of(outcome: Result<Outcome, Error>) -> Result<(), Error> {
     }
 }
 
-/// One session's share of [`ReceiveOptions::memory_budget`]: the largest chunk it may be
-/// granted and the budget of its ring. A session holds its ring (`slot_count × slot_size`,
-/// within the ring's budget) and one slot-sized copy buffer; the two together stay within
-/// `memory_budget / max_sessions`, so all sessions together stay within `memory_budget`. The
-/// chunk is at most half the share, so that a ring of at least one slot fits beside its copy.
+/// One session's share of [`ReceiveOptions::memory_budget`] ([`limits::session_memory`]): the
+/// largest chunk it may be granted and the budget of its ring.
 fn session_memory(opts: &ReceiveOptions) -> (u32, u64) {
-    let share = opts.memory_budget / opts.max_sessions.max(1) as u64;
-    let chunk = u64::from(opts.max_chunk).min(share / 2).max(1);
-    (chunk as u32, share.saturating_sub(chunk).max(chunk))
+    limits::session_memory(opts.memory_budget, opts.max_sessions, opts.max_chunk)
 }
 
 /// What a session's teardown releases, in order: its send queue, its receive ring (the QP's
