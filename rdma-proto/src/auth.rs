@@ -89,7 +89,6 @@ impl Secret {
     /// knock v1" || id || time || from || to's address || to's port), each address as 16 bytes
     /// (an IPv4 address mapped). A knock therefore vouches only for a request from that
     /// address to that listener.
-    #[cfg(feature = "driver")]
     pub(crate) fn knock_mac(
         &self,
         id: u64,
@@ -103,7 +102,6 @@ impl Secret {
 
     /// Whether `mac` is the KNOCK MAC of `id`, `time`, `from` and `to` (compared in constant
     /// time).
-    #[cfg(feature = "driver")]
     pub(crate) fn verify_knock(
         &self,
         mac: &[u8],
@@ -115,7 +113,6 @@ impl Secret {
         self.knock(id, time, from, to).verify_truncated_left(mac).is_ok()
     }
 
-    #[cfg(feature = "driver")]
     fn knock(&self, id: u64, time: u64, from: std::net::IpAddr, to: std::net::SocketAddr) -> Hmac<Sha256> {
         let octets = |ip: std::net::IpAddr| match ip.to_canonical() {
             std::net::IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),

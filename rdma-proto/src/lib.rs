@@ -39,10 +39,20 @@
 //! are rustix's.
 #![forbid(unsafe_code)]
 
+/// A decision's log line: through `tracing` when the driver is built; the core alone has no
+/// logger, and says nothing.
+macro_rules! log {
+    ($level:ident, $($arg:tt)*) => {{
+        #[cfg(feature = "driver")]
+        tracing::$level!($($arg)*);
+    }};
+}
+
 pub mod auth;
 pub mod digest;
 pub mod name;
 mod outbox;
+pub mod policy;
 pub mod receiver;
 pub mod seal;
 pub mod sender;

@@ -251,3 +251,150 @@ fn a_file_in_place_and_identical_is_already_stored_and_another_exists() {
     let (sent, received, writes) = send_over(&file, &other);
     assert_eq!((acked(&sent), acked(&received), writes), (Some(Status::Exists), Some(Status::Exists), 0));
 }
+
+/// A sender with retries whose link goes silent at a seeded point, again and again, run
+/// through the receiver's and the sender's decisions (`rdma_proto::policy`) as a driver runs
+/// them: each connection takes a place among other senders' young connections (a full
+/// receiver answers `Busy`, asked again after its hint), a session displaces a trickler from
+/// the only seat, the bytes a cut session stored are kept as a partial within the caps
+/// (other senders' partials compete for them, and partials expire), each failure is sent
+/// again after the retry rule's backoff, and the next attempt resumes from what was kept. The
+/// file arrives whole within the retries, and no rule's bound is passed.
+#[test]
+fn a_sender_cut_off_again_and_again_resumes_within_its_retries_and_the_receivers_bounds() {
+    use rdma_proto::policy::partials::{self, Caps, Kept, Owner};
+    use rdma_proto::policy::retry::{self, Failure, Next, Stage};
+    use rdma_proto::policy::{places, seats};
+    use std::collections::{HashMap, VecDeque};
+    use std::net::IpAddr;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    const KEY: u64 = 0x0123_4567_89ab_cdef;
+    const TTL: Duration = Duration::from_secs(20);
+    let me = IpAddr::from([10, 0, 0, 1]);
+    let other = |n: u64| IpAddr::from([10, 0, 1, n as u8]);
+    // Retries, busy answers, seats given way, resumes and partials expired, over all seeds.
+    let mut totals = [0u32; 5];
+    for seed in 0..24u64 {
+        let mut rng = Rng::new(seed ^ 0x5eed);
+        let file = file_of(3000 + seed as usize * 97, seed);
+        let chunks = file.len() as u64 / 64 + 1;
+        let mut rule = retry::Retries::new(6, Duration::from_secs(60));
+        let caps = Caps { count: 3, bytes: 6000, per_address: 4500 };
+        let mut kept: VecDeque<Kept<()>> = VecDeque::new();
+        let mut written: HashMap<u64, Instant> = HashMap::new();
+        let places = Arc::new(places::ConnectionPlaces::<()>::new(places::limit(0), Duration::from_secs(1)));
+        let seats = Arc::new(seats::Seats::<()>::new(1, 1 << 20));
+        let mut now = Instant::now();
+        let (mut last_retry, mut busy, mut displaced, mut resumed, mut expired) = (Duration::ZERO, 0, 0, 0, 0u32);
+        let label = |attempt: u32| format!("seed {seed}, attempt {attempt}");
+        let mut attempt = 0u32;
+        let outcome = 'send: loop {
+            attempt += 1;
+            // Partials past their time to live go, ours too.
+            let before = kept.len();
+            kept.retain(|k| !partials::expired(now.saturating_duration_since(written[&k.key]), TTL));
+            expired += (before - kept.len()) as u32;
+            // Another sender's partial, competing for the caps.
+            if rng.chance(400) {
+                let (key, bytes) = (1 + rng.below(1000), 300 + rng.below(3000));
+                let owner = Owner { peer: Some(other(rng.below(3))), authenticated: false };
+                if caps.fits_alone(bytes) && caps.fits_address(owner, bytes) {
+                    kept.retain(|k| k.key != key);
+                    caps.make_room(&mut kept, bytes);
+                    caps.make_room_of(&mut kept, owner, bytes);
+                    kept.push_back(Kept { dir: (), at: (1, 1), key, bytes, owner });
+                    written.insert(key, now);
+                }
+            }
+            // Other senders' young connections: a receiver they fill says Busy.
+            let young: Vec<_> = (0..rng.below(6)).filter_map(|n| places.take(now, other(n), false)).collect();
+            let Some(place) = places.take(now, me, false) else {
+                let hint = Failure::Busy { retry_after: Some(seats::BUSY_HINT) };
+                match rule.after(Stage::Connect, hint, false, rng.next() as u32) {
+                    Next::AskAgain(wait) => {
+                        assert!(wait <= seats::BUSY_HINT.mul_f64(1.5), "{}: {wait:?}", label(attempt));
+                        (busy, now) = (busy + 1, now + wait);
+                        continue 'send;
+                    }
+                    next => panic!("{}: a busy receiver within busy_wait: {next:?}", label(attempt)),
+                }
+            };
+            assert!(place.prove(), "{}: a place taken young is proved at its HELLO", label(attempt));
+            drop(young);
+            // The only seat, held by a trickler half the time: it gives way to this session.
+            let trickler = rng.chance(500).then(|| {
+                let seats::Taken::Seat(s) = seats.take(now, false) else { panic!("a free seat") };
+                s.started(now - Duration::from_secs(5));
+                s.progress(1000, now - Duration::from_secs(2));
+                s
+            });
+            let seat = match seats.take(now, false) {
+                seats::Taken::Seat(s) => s,
+                seats::Taken::Wait(mut ticket) => {
+                    let t = trickler.expect("a session to displace");
+                    assert!(t.displaced() && ticket.claim(false).is_none(), "{}", label(attempt));
+                    drop(t);
+                    displaced += 1;
+                    ticket.claim(false).expect("the displaced trickler's seat")
+                }
+                seats::Taken::Busy => panic!("{}: a trickler below the floor keeps its seat", label(attempt)),
+            };
+            // The session, resuming from our partial if the receiver kept it; its link goes
+            // silent at a seeded point while retries are left.
+            let held = kept.iter().find(|k| k.key == KEY).map(|k| k.bytes);
+            kept.retain(|k| k.key != KEY);
+            let cut = (rule.left() > 0 && rng.chance(700)).then(|| rng.below(chunks + 4));
+            let (s, r) = resuming(64, 4);
+            let hooks = Hooks { resume_from: held, blackout_after: cut, ..Hooks::default() };
+            let mut sim = Sim::new(
+                label(attempt),
+                seed + 100 * u64::from(attempt),
+                file.clone(),
+                "file.bin",
+                s,
+                r,
+                Faults::default(),
+                hooks,
+            );
+            let began = sim.now;
+            sim.run(64 * (chunks + 8));
+            now += sim.now.saturating_duration_since(began);
+            drop((seat, place));
+            if acked(&sim.sender_outcome) == Some(Status::Ok) {
+                assert_ok(&sim);
+                assert_eq!(sim.receiver.resumed_from(), held.unwrap_or(0), "{}", label(attempt));
+                resumed += u32::from(held.is_some());
+                break 'send attempt;
+            }
+            assert!(cut.is_some(), "{}: only a cut session fails: {:?}", label(attempt), sim.sender_outcome);
+            // The receiver keeps what it stored, within the caps; the sender sees the
+            // connection lost, and sends again after the backoff.
+            let stored = sim.receiver.bytes_stored();
+            let owner = Owner { peer: Some(me), authenticated: false };
+            if stored > 0 && caps.fits_alone(stored) && caps.fits_address(owner, stored) {
+                caps.make_room(&mut kept, stored);
+                caps.make_room_of(&mut kept, owner, stored);
+                kept.push_back(Kept { dir: (), at: (1, 1), key: KEY, bytes: stored, owner });
+                written.insert(KEY, now);
+            }
+            match rule.after(Stage::Session, Failure::Transient, false, rng.next() as u32) {
+                Next::Retry(wait) => {
+                    assert!(wait >= last_retry && wait <= retry::MOST_BACKOFF, "{}: {wait:?}", label(attempt));
+                    (last_retry, now) = (wait, now + wait);
+                }
+                next => panic!("{}: retries left, yet {next:?}", label(attempt)),
+            }
+            // No cap is passed.
+            let total: u64 = kept.iter().map(|k| k.bytes).sum();
+            let mine: u64 = kept.iter().filter(|k| k.owner.peer == Some(me)).map(|k| k.bytes).sum();
+            assert!(kept.len() <= caps.count && total <= caps.bytes && mine <= caps.per_address, "{}", label(attempt));
+        };
+        assert!(rule.made() <= 6 && outcome >= rule.made(), "seed {seed}");
+        assert_eq!(places.alive(), 0, "seed {seed}: every place given back");
+        let seen = [rule.made(), busy, displaced, resumed, expired];
+        totals = std::array::from_fn(|i| totals[i] + seen[i]);
+    }
+    assert!(totals.iter().all(|&n| n > 0), "every rule took part: {totals:?}");
+}

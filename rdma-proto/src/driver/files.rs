@@ -291,7 +291,7 @@ impl Incoming {
     /// Keeps the partial when the session ends uncommitted, with the first `held` bytes
     /// vouched for (checkpointed now, when `checkpoint`; else its sidecar stays as it was, time
     /// and all); whether it is kept. A plain temporary is removed as always. The receiver
-    /// keeps partials through its ledger (`partials::Ledger::keep`).
+    /// keeps partials through its ledger (`partials::Ledger::keep_for`).
     ///
     /// A checkpointed partial is cut to `held` bytes: no bytes stay on disk that its sidecar
     /// does not vouch for (else a resume that hashed less than the partial held would keep the
@@ -715,7 +715,7 @@ pub(crate) fn sweep_partials(dir: &DirFd, ttl: std::time::Duration) -> Vec<(u64,
             now.duration_since(at).ok()
         };
         let Some(age) = age(&meta_name).or_else(|| age(&data_name)) else { continue };
-        if age > ttl {
+        if crate::policy::partials::expired(age, ttl) {
             remove_partial(dir, &data_name, &meta_name);
         } else {
             // Only this process's own partials are counted (else names a local user made in a

@@ -77,19 +77,15 @@ mod digest;
 mod files;
 mod flag;
 mod io;
-mod knock;
 mod link;
 mod partials;
-mod places;
-mod policy;
 mod recv;
 mod retry;
-mod seats;
 mod send;
 
+pub use crate::policy::{Decision, Offer, Policy};
 pub use digest::fastest_digest;
 pub use flag::Flag;
-pub use policy::{Decision, Offer, Policy};
 pub use recv::{EntryCounts, EntryReport, ReceiveOptions, ReceiveReport, Server, REPORTED_ENTRIES};
 
 /// A progress callback: called with the bytes of the file done so far and its size, as each

@@ -1,69 +1,19 @@
-//! The receiver's ledger of the partials it keeps for resumes: at most
-//! [`ReceiveOptions::max_partials`](super::ReceiveOptions::max_partials) of them, and at most
-//! [`ReceiveOptions::max_partial_bytes`](super::ReceiveOptions::max_partial_bytes) together.
-//! Keeping one past either cap first gives up the oldest (those a session holds again are not
-//! in the ledger); one larger than the byte cap alone is not kept. Partials from before the
-//! receiver started are in it if they are in the destination itself (found when it binds);
-//! any others expire only by `partial_ttl`.
-//!
-//! Free space is a limit too ([`Reserve`]): a partial is kept only while its file system keeps
-//! its reserve free, the oldest partials (those of senders that did not prove the secret
-//! first) given up to keep it; and a transfer that opens gives up partials until its file fits
-//! beside the reserve, so that it is never refused for space that abandoned partials hold.
-//! Without a secret, one address's partials hold at most
-//! [`ReceiveOptions::max_partial_bytes_per_address`](super::ReceiveOptions::max_partial_bytes_per_address)
-//! together: keeping one more gives up that address's oldest.
+//! The receiver's ledger of the partials it keeps for resumes: the list, and the file system
+//! work of the rules of [`crate::policy::partials`] (which partials are still on disk, how much
+//! space is free, removing those given up). Partials from before the receiver started are in
+//! it if they are in the destination itself (found when it binds); any others expire only by
+//! `partial_ttl`.
 
-use std::collections::{HashMap, VecDeque};
-use std::net::IpAddr;
-use std::time::{Duration, Instant};
-
+use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
 
 use super::files::{DirFd, Incoming};
-
-/// A directory's identity: its device and inode.
-type DirId = (u64, u64);
+use crate::policy::partials::{make_space, Caps, DirId, Fruitless, Sweeps, FRUITLESS_RESUMES};
+pub(crate) use crate::policy::partials::{Owner, Reserve};
 
 /// A partial the receiver kept.
-struct Kept {
-    dir: DirFd,
-    at: DirId,
-    key: u64,
-    bytes: u64,
-    /// Whose it is.
-    owner: Owner,
-}
-
-/// Whose a partial is: the address of a sender that did not prove the secret (counted against
-/// its address's cap), or one that did. Partials found when the receiver starts are nobody's.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Owner {
-    /// The sender's address, when it proved no secret.
-    pub(crate) peer: Option<IpAddr>,
-    /// Whether it proved the secret: its partials are given up last.
-    pub(crate) authenticated: bool,
-}
-
-/// The free space a receiver keeps on the file system of its destination: `percent` of it, or
-/// `bytes` if that is more, but never more than a fifth of it (so that a small file system
-/// still keeps partials).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Reserve {
-    pub(crate) bytes: u64,
-    pub(crate) percent: u8,
-}
-
-impl Reserve {
-    /// None: free space is no limit.
-    pub(crate) const NONE: Reserve = Reserve { bytes: 0, percent: 0 };
-
-    /// The reserve on a file system of `total` bytes.
-    pub(crate) fn of(&self, total: u64) -> u64 {
-        let share = (u128::from(total) * u128::from(self.percent.min(100)) / 100) as u64;
-        share.max(self.bytes.min(total / 5))
-    }
-}
+type Kept = crate::policy::partials::Kept<DirFd>;
 
 /// The free space of `dir`'s file system for an unprivileged user, and its size, in bytes.
 fn space(dir: &DirFd) -> Option<(u64, u64)> {
@@ -71,29 +21,16 @@ fn space(dir: &DirFd) -> Option<(u64, u64)> {
     Some((st.f_bavail.saturating_mul(st.f_frsize), st.f_blocks.saturating_mul(st.f_frsize)))
 }
 
-/// How often one directory's expired partials are looked for: a sweep reads the whole
-/// directory, and a batch of N files into one directory, each with its resume key, once swept
-/// it N times (N² entries read; review finding G5).
-pub(crate) const SWEEP_EVERY: Duration = Duration::from_secs(60);
-
-/// Resumes in a row that add nothing to a partial before it is given up (review H3: each
-/// costs the receiver a hash of the partial, up to a third of its `timeout`, for about a
-/// kilobyte from the peer; a peer could offer the same resume and leave, over and over).
-pub(crate) const FRUITLESS_RESUMES: u32 = 3;
-
 /// The partials kept, oldest first, within their caps.
 pub(crate) struct Ledger {
-    max_count: usize,
-    max_bytes: u64,
+    caps: Caps,
     /// Free space kept on each partial's file system.
     reserve: Reserve,
-    /// Bytes one address's partials hold at most (senders that proved no secret).
-    per_address: u64,
     kept: Mutex<VecDeque<Kept>>,
     /// Resumes in a row that added nothing, by partial.
-    fruitless: Mutex<HashMap<(DirId, u64), u32>>,
+    fruitless: Mutex<Fruitless>,
     /// When each directory was last swept for expired partials.
-    swept: Mutex<HashMap<DirId, Instant>>,
+    swept: Mutex<Sweeps>,
 }
 
 fn dir_id(dir: &DirFd) -> Option<DirId> {
@@ -102,45 +39,28 @@ fn dir_id(dir: &DirFd) -> Option<DirId> {
 }
 
 impl Ledger {
+    /// At most `max_count` partials of `max_bytes` together.
     pub(crate) fn new(max_count: usize, max_bytes: u64) -> Ledger {
         Ledger {
-            max_count,
-            max_bytes,
+            caps: Caps { count: max_count, bytes: max_bytes, per_address: u64::MAX },
             reserve: Reserve::NONE,
-            per_address: u64::MAX,
             kept: Mutex::new(VecDeque::new()),
-            fruitless: Mutex::new(HashMap::new()),
-            swept: Mutex::new(HashMap::new()),
+            fruitless: Mutex::new(Fruitless::default()),
+            swept: Mutex::new(Sweeps::default()),
         }
     }
 
     /// The ledger with a free-space `reserve` and a cap of `per_address` bytes on one address's
     /// partials.
     pub(crate) fn with_space(self, reserve: Reserve, per_address: u64) -> Ledger {
-        Ledger { reserve, per_address, ..self }
+        Ledger { reserve, caps: Caps { per_address, ..self.caps }, ..self }
     }
 
-    /// Whether `dir` is due a sweep for expired partials (at most once per [`SWEEP_EVERY`]);
-    /// `true` marks it swept now.
+    /// Whether `dir` is due a sweep for expired partials now ([`Sweeps::due`]); `true` marks it
+    /// swept.
     pub(crate) fn sweep_due(&self, dir: &DirFd) -> bool {
         let Some(at) = dir_id(dir) else { return true };
-        let now = Instant::now();
-        let mut swept = self.swept.lock().unwrap_or_else(PoisonError::into_inner);
-        if swept.get(&at).is_some_and(|last| now.duration_since(*last) < SWEEP_EVERY) {
-            return false;
-        }
-        // Directories swept long ago are forgotten: their next open sweeps them anyway. Still
-        // full (a batch spreading partials over thousands of new directories within
-        // `SWEEP_EVERY`), all are: a sweep more each, rather than a scan of them all on every
-        // open (review L4).
-        if swept.len() >= 4096 {
-            swept.retain(|_, last| now.duration_since(*last) < SWEEP_EVERY);
-            if swept.len() >= 2048 {
-                swept.clear();
-            }
-        }
-        swept.insert(at, now);
-        true
+        self.swept.lock().unwrap_or_else(PoisonError::into_inner).due(at, Instant::now())
     }
 
     /// The list; a session that panicked holding it left it whole (each change is one step).
@@ -155,19 +75,13 @@ impl Ledger {
         let mut given_up = Vec::new();
         {
             let mut kept = self.lock();
-            // One over the byte cap alone is not kept, and gives up nothing for its place
-            // (review R5: before, it gave up every partial found before it).
-            for (key, bytes) in partials.into_iter().filter(|&(_, bytes)| self.fits_alone(bytes)) {
+            // One over the byte cap alone is not kept, and gives up nothing for its place.
+            for (key, bytes) in partials.into_iter().filter(|&(_, bytes)| self.caps.fits_alone(bytes)) {
                 given_up.extend(self.make_room(&mut kept, bytes));
                 kept.push_back(Kept { dir: dir.clone(), at, key, bytes, owner: Owner::default() });
             }
         }
         self.give_up(given_up);
-    }
-
-    /// Whether a partial of `bytes` may be kept at all.
-    fn fits_alone(&self, bytes: u64) -> bool {
-        bytes <= self.max_bytes && self.max_count > 0
     }
 
     /// Keeps `file`'s partial with its first `held` bytes ([`Incoming::keep`]; its sidecar
@@ -176,9 +90,8 @@ impl Ledger {
     ///
     /// It counts what the partial takes on disk: `held` when the session `added` bytes (its
     /// checkpoint cuts the data file to `held`), else the larger of `held` and the data file's
-    /// blocks. Review H4: a resume that hashed only part of a partial, and broke off, made the
-    /// ledger count what it hashed (16 MiB) while the disk kept the whole partial and its
-    /// sidecar still vouched for it; the byte cap could be passed about 64 times.
+    /// blocks (a resume that hashed only part of a partial and broke off leaves the whole
+    /// partial on disk, its sidecar still vouching for it).
     #[cfg(test)]
     pub(crate) fn keep(&self, file: &mut Incoming, held: u64, added: bool) {
         self.keep_for(file, held, added, Owner::default());
@@ -215,27 +128,27 @@ impl Ledger {
             return;
         }
         let bytes = if added { held } else { held.max(file.occupied()) };
-        if !self.fits_alone(bytes) {
-            tracing::info!(bytes, max = self.max_bytes, "a partial over max_partial_bytes is not kept");
+        if !self.caps.fits_alone(bytes) {
+            tracing::info!(bytes, max = self.caps.bytes, "a partial over max_partial_bytes is not kept");
             return;
         }
         // Its place is taken under the lock; the disk work (the older partials' removal, this
         // one's checkpoint and fsync) is done after it, so that sessions ending together do not
-        // wait for each other's disk (review R6). A partial that could not be kept gives its
-        // place back.
-        if owner.peer.is_some() && bytes > self.per_address {
-            tracing::info!(bytes, max = self.per_address, "a partial over max_partial_bytes_per_address is not kept");
+        // wait for each other's disk. A partial that could not be kept gives its place back.
+        if !self.caps.fits_address(owner, bytes) {
+            let max = self.caps.per_address;
+            tracing::info!(bytes, max, "a partial over max_partial_bytes_per_address is not kept");
             return;
         }
         let given_up = {
             let mut kept = self.lock();
             kept.retain(|k| !(k.at == at && k.key == key));
             let mut given_up = self.make_room(&mut kept, bytes);
-            given_up.extend(self.make_room_of(&mut kept, owner, bytes));
+            given_up.extend(self.caps.make_room_of(&mut kept, owner, bytes));
             // Its bytes are on disk already: the space the older partials free is what counts.
             if let Some((free, total)) = space(&dir) {
                 let reserve = self.reserve.of(total);
-                let freed = |g: &[Kept]| -> u64 { g.iter().filter(|k| k.at.0 == at.0).map(|k| k.bytes).sum() };
+                let freed = |g: &[Kept]| crate::policy::partials::freed_on(g, at.0);
                 let short = reserve.saturating_sub(free.saturating_add(freed(&given_up)));
                 if short > 0 {
                     let more = make_space(&mut kept, at.0, short, None);
@@ -258,8 +171,7 @@ impl Ledger {
             kept.push_back(Kept { dir: dir.clone(), at, key, bytes, owner });
             given_up
         };
-        // The older partials go only once this one is kept (review H8: they were removed
-        // first, and for nothing when this one could not be kept).
+        // The older partials go only once this one is kept: for nothing, when it could not be.
         if file.keep(held, added) {
             self.give_up(given_up);
         } else {
@@ -290,41 +202,9 @@ impl Ledger {
         self.give_up(given_up);
     }
 
-    /// Takes `owner`'s oldest partials out of the list until one more of `bytes` fits its
-    /// address's cap (only for a sender that proved no secret), and returns them.
-    fn make_room_of(&self, kept: &mut VecDeque<Kept>, owner: Owner, bytes: u64) -> Vec<Kept> {
-        let Some(peer) = owner.peer else { return Vec::new() };
-        let mut given_up = Vec::new();
-        loop {
-            let held: u64 = kept.iter().filter(|k| k.owner.peer == Some(peer)).map(|k| k.bytes).sum();
-            if held.saturating_add(bytes) <= self.per_address {
-                break;
-            }
-            let Some(at) = kept.iter().position(|k| k.owner.peer == Some(peer)) else { break };
-            given_up.extend(kept.remove(at));
-        }
-        given_up
-    }
-
-    /// Counts a session of the partial `key` in `at` that `added` nothing, or clears the count
-    /// of one that did; whether it was the [`FRUITLESS_RESUMES`]th in a row.
+    /// Counts a session of the partial `key` in `at` ([`Fruitless::count`]).
     fn fruitless(&self, at: DirId, key: u64, added: bool) -> bool {
-        let mut counts = self.fruitless.lock().unwrap_or_else(PoisonError::into_inner);
-        if added {
-            counts.remove(&(at, key));
-            return false;
-        }
-        // Counts of partials long gone are forgotten (a partial forgotten so starts again).
-        if counts.len() >= 4096 {
-            counts.clear();
-        }
-        let n = counts.entry((at, key)).or_insert(0);
-        *n += 1;
-        if *n < FRUITLESS_RESUMES {
-            return false;
-        }
-        counts.remove(&(at, key));
-        true
+        self.fruitless.lock().unwrap_or_else(PoisonError::into_inner).count(at, key, added)
     }
 
     /// The partial of `key` in `dir` is a session's again (resumed, or committed in its
@@ -334,27 +214,18 @@ impl Ledger {
         self.lock().retain(|k| !(k.at == at && k.key == key));
     }
 
-    /// Takes the oldest partials out of the list until one more of `bytes` fits both caps, and
-    /// returns them: [`give_up`](Self::give_up) removes them, after the lock. A partial gone
-    /// meanwhile (expired, or removed by hand) frees its place without a removal.
+    /// Takes the oldest partials out of the list until one more of `bytes` fits both caps
+    /// ([`Caps::make_room`]), and returns them: [`give_up`](Self::give_up) removes them, after
+    /// the lock. A partial gone meanwhile (expired, or removed by hand) frees its place without
+    /// a removal.
     fn make_room(&self, kept: &mut VecDeque<Kept>, bytes: u64) -> Vec<Kept> {
         kept.retain(|k| super::files::partial_exists(&k.dir, k.key));
-        let over = |kept: &VecDeque<Kept>| {
-            let total: u64 = kept.iter().map(|k| k.bytes).sum();
-            kept.len() >= self.max_count || total.saturating_add(bytes) > self.max_bytes
-        };
-        let mut given_up = Vec::new();
-        while over(kept) {
-            let Some(oldest) = kept.pop_front() else { break };
-            given_up.push(oldest);
-        }
-        given_up
+        self.caps.make_room(kept, bytes)
     }
 
     /// Removes partials [`make_room`](Self::make_room) took out of the list. One a session
     /// still holds (its own `keep` in progress, or resumed meanwhile) is not removed, and goes
-    /// back in the list: it is still on disk, and still counts (review H8: it fell out of the
-    /// ledger and stayed on disk, outside both caps, for its time to live).
+    /// back in the list: it is still on disk, and still counts.
     fn give_up(&self, given_up: Vec<Kept>) {
         let mut held = Vec::new();
         for oldest in given_up {
@@ -379,28 +250,11 @@ impl Ledger {
     }
 }
 
-/// Takes out of `kept` the partials on device `dev` to give up for `short` bytes of free
-/// space, in order: those of senders that proved no secret first, each group oldest first;
-/// never `except` (a directory and key). Returns them, fewer when all of them free less.
-fn make_space(kept: &mut VecDeque<Kept>, dev: u64, short: u64, except: Option<(DirId, u64)>) -> Vec<Kept> {
-    let mut order: Vec<usize> =
-        (0..kept.len()).filter(|&i| kept[i].at.0 == dev && except != Some((kept[i].at, kept[i].key))).collect();
-    order.sort_by_key(|&i| (kept[i].owner.authenticated, i));
-    let (mut take, mut freed) = (Vec::new(), 0u64);
-    for i in order {
-        if freed >= short {
-            break;
-        }
-        freed = freed.saturating_add(kept[i].bytes);
-        take.push(i);
-    }
-    take.sort_unstable_by(|a, b| b.cmp(a));
-    take.into_iter().filter_map(|i| kept.remove(i)).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::IpAddr;
+    use std::time::Duration;
 
     const DAY: Duration = Duration::from_secs(86_400);
 
@@ -447,10 +301,9 @@ mod tests {
         Owner { peer: Some(IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, n))), authenticated: false }
     }
 
-    /// Twelve peers each starting a send under a fresh key and vanishing filled the receiver's
-    /// disk with partials (the caps count partials and bytes, not free space), and the next
-    /// honest send got NoSpace. A partial is now kept only while the reserve stays free (the
-    /// older ones given up first); here the reserve is the whole file system, so none is.
+    /// A partial is kept only while the reserve stays free (the older ones given up first), so
+    /// that peers that start sends and vanish cannot fill the disk for the next honest send;
+    /// here the reserve is the whole file system, so none is.
     #[test]
     fn a_partial_that_would_eat_into_the_free_space_reserve_is_not_kept_and_older_ones_go() {
         let (d, dir) = fresh("rdma-proto-reserve");
@@ -463,46 +316,6 @@ mod tests {
         tight.found(&dir, super::super::files::sweep_partials(&dir, DAY));
         break_off(&tight, &dir, 3, 40);
         assert!(partials_in(&d).is_empty(), "the reserve is never free: nothing is kept");
-        // The reserve's size: the larger share, the bytes at most a fifth.
-        assert_eq!(Reserve { bytes: 1 << 30, percent: 5 }.of(100 << 30), 5 << 30);
-        assert_eq!(Reserve { bytes: 1 << 30, percent: 5 }.of(10 << 30), 1 << 30);
-        assert_eq!(Reserve { bytes: 1 << 30, percent: 5 }.of(1 << 30), (1 << 30) / 5);
-        assert_eq!(Reserve::NONE.of(1 << 40), 0);
-        std::fs::remove_dir_all(&d).unwrap();
-    }
-
-    /// Partials give up their space oldest first, those of senders that proved no secret
-    /// before the others, only those on the file system short of space, never the one a
-    /// transfer resumes.
-    #[test]
-    fn space_is_made_from_unauthenticated_partials_first_oldest_first() {
-        let (d, dir) = fresh("rdma-proto-space-order");
-        let (at, dev) = (dir_id(&dir).unwrap(), dir_id(&dir).unwrap().0);
-        let kept = |key: u64, authenticated: bool, dev: u64| Kept {
-            dir: dir.clone(),
-            at: (dev, at.1),
-            key,
-            bytes: 40,
-            owner: Owner { peer: None, authenticated },
-        };
-        let mut list: VecDeque<Kept> = [
-            kept(1, true, dev),
-            kept(2, false, dev),
-            kept(3, false, dev + 1),
-            kept(4, false, dev),
-            kept(5, false, dev),
-        ]
-        .into_iter()
-        .collect();
-        let keys = |g: &[Kept]| -> Vec<u64> {
-            let mut k: Vec<u64> = g.iter().map(|k| k.key).collect();
-            k.sort();
-            k
-        };
-        assert_eq!(keys(&make_space(&mut list, dev, 50, None)), [2, 4], "the two oldest unauthenticated");
-        assert_eq!(keys(&make_space(&mut list, dev, 50, Some((at, 5)))), [1], "then the authenticated; 5 is resumed");
-        assert_eq!(keys(&make_space(&mut list, dev, 500, None)), [5], "all there is; 3 is on another device");
-        assert_eq!(keys(&list.into_iter().collect::<Vec<_>>()), [3]);
         std::fs::remove_dir_all(&d).unwrap();
     }
 
@@ -526,9 +339,8 @@ mod tests {
         std::fs::remove_dir_all(&d).unwrap();
     }
 
-    /// Senders that break off on purpose made the receiver keep a partial each, for a day:
-    /// nothing bounded how many or how large (issue 33 §2). The ledger keeps the newest within
-    /// both caps.
+    /// Senders that break off on purpose cannot make the receiver keep more partials than its
+    /// caps: the ledger keeps the newest within both.
     #[test]
     fn partials_past_either_cap_give_up_the_oldest_and_one_over_the_byte_cap_is_not_kept() {
         let d = std::env::temp_dir().join(format!("rdma-proto-partials-{}", std::process::id()));
@@ -573,9 +385,8 @@ mod tests {
         std::fs::remove_dir_all(&d).unwrap();
     }
 
-    /// Review H3: a peer that offers a partial's resume and leaves, over and over, cost the
-    /// receiver a hash of the partial each time. The third resume in a row that adds nothing
-    /// gives it up; one that adds bytes starts the count again.
+    /// The third resume in a row that adds nothing to a partial gives it up (each costs the
+    /// receiver a hash of it); one that adds bytes starts the count again.
     #[test]
     fn a_partial_that_resumes_in_a_row_add_nothing_to_is_given_up() {
         let (d, dir) = fresh("rdma-proto-fruitless");
@@ -599,9 +410,9 @@ mod tests {
         std::fs::remove_dir_all(&d).unwrap();
     }
 
-    /// Review H8: a partial whose session still held it (its own keep in progress) when
-    /// another session's keep gave it up was not removed, and fell out of the ledger: it stayed
-    /// on disk outside both caps. It now goes back in the list, and goes at the next chance.
+    /// A partial whose session still holds it (its own keep in progress) when another
+    /// session's keep gives it up is not removed: it goes back in the list, still counted, and
+    /// goes at the next chance.
     #[test]
     fn a_partial_still_held_by_its_session_stays_counted_when_it_cannot_be_given_up() {
         let (d, dir) = fresh("rdma-proto-held");
@@ -617,10 +428,9 @@ mod tests {
         std::fs::remove_dir_all(&d).unwrap();
     }
 
-    /// Review H4: a resume that hashed 16 MiB of a large partial and broke off (nothing added)
-    /// made the ledger count 16 MiB, while the whole partial stayed on disk, vouched for by its
-    /// sidecar. It now counts the data file's blocks; a session that added bytes cuts the data
-    /// file to what its new sidecar vouches for.
+    /// A resume that hashed part of a large partial and broke off (nothing added) leaves the
+    /// whole partial on disk: it is counted by the data file's blocks. A session that added
+    /// bytes cuts the data file to what its new sidecar vouches for.
     #[test]
     fn a_partial_is_counted_by_what_it_takes_on_disk_after_a_short_resume() {
         use std::os::unix::fs::FileExt;
@@ -650,10 +460,9 @@ mod tests {
         std::fs::remove_dir_all(&d).unwrap();
     }
 
-    /// Review R5: a receiver that starts counts what a partial found in its destination takes on
-    /// disk, and one over the byte cap gives up nothing. Before, a local user's sparse file of
-    /// a terabyte under a partial's name (or any file over the cap) made it give up every
-    /// partial found before it.
+    /// A receiver that starts counts what a partial found in its destination takes on disk, and
+    /// one over the byte cap gives up nothing: a local user's sparse file of a terabyte under a
+    /// partial's name does not make it give up the partials found before it.
     #[test]
     fn a_planted_partial_over_the_cap_gives_up_no_other_when_the_receiver_starts() {
         let d = std::env::temp_dir().join(format!("rdma-proto-planted-{}", std::process::id()));

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use crate::auth::Secret;
 use crate::driver::flag::Flag;
-use crate::driver::policy::Policy;
 use crate::driver::{Error, Phases, Progress};
+use crate::policy::Policy;
 use crate::receiver::DEFAULT_MIN_RATE;
 use crate::{Digest, Status};
 

@@ -16,11 +16,11 @@ use crate::driver::files::DirFd;
 use crate::driver::io::Tokio;
 use crate::driver::io::Wakes;
 use crate::driver::io::{block_on, Blocking, Io};
-use crate::driver::knock::Knocks;
 use crate::driver::partials::{Ledger, Reserve};
-use crate::driver::places::{ConnectionPlaces, PerAddress};
-use crate::driver::seats::{Seats, BUSY_HINT};
 use crate::driver::Error;
+use crate::policy::knock::Knocks;
+use crate::policy::places::{self, PerAddress};
+use crate::policy::seats::{self, BUSY_HINT};
 use crate::wire::{self, Ack, Message};
 use crate::Status;
 
@@ -33,16 +33,16 @@ pub struct Server {
     listener: Listener,
     opts: Arc<ReceiveOptions>,
     /// Sessions past their HELLO: `max_sessions` seats, which a slow session gives to a
-    /// newer one when they are all taken (`seats.rs`).
+    /// newer one when they are all taken ([`crate::policy::seats`]).
     active: Arc<Seats>,
-    /// Connections with a thread: `max_sessions + BUSY_SLACK` places, and those leaving
+    /// Connections with a thread: [`places::limit`] places, and those leaving
     /// after giving theirs to a newer connection.
     places: Arc<ConnectionPlaces>,
     /// Wrong proofs of the secret, by address.
     attempts: Arc<Attempts>,
     /// Connections, by address.
     per_address: Arc<PerAddress>,
-    /// The knocks taken lately ([`crate::driver::knock`]): each vouches for one request.
+    /// The knocks taken lately ([`crate::policy::knock`]): each vouches for one request.
     knocks: Knocks,
     /// The live sessions that granted lanes, by token: where an extra lane's connection
     /// request goes.
@@ -52,18 +52,6 @@ pub struct Server {
     /// The partials kept for resumes, within their caps.
     partials: Arc<Ledger>,
 }
-
-/// Connections served beyond `max_sessions`: those waiting for their HELLO, or being told
-/// `Busy` by ACK. Past that, a connection request takes the place of a connection that proved
-/// nothing within `preempt_after` (`places`), or is rejected at once, with an ACK(Busy) as the
-/// rejection's private data.
-const BUSY_SLACK: usize = 4;
-
-/// The rate per seat, as a multiple of `min_rate`, that the receiver's capacity is at least
-/// taken to be when it judges which session is slow (`seats.rs`): at the default floor of
-/// 16 KiB/s, a session below 512 KiB/s gives its seat to a newer one when every seat is
-/// taken by such sessions, whatever they bring together.
-const SEAT_FLOOR_FACTOR: u64 = 64;
 
 impl Server {
     /// Listens on `addr` (an address of an RDMA device, or a wildcard).
@@ -88,8 +76,8 @@ impl Server {
             partials.sweep_due(dir);
             partials.found(dir, crate::driver::files::sweep_partials(dir, opts.partial_ttl));
         }
-        let places = ConnectionPlaces::new(opts.max_sessions.saturating_add(BUSY_SLACK), opts.preempt_after);
-        let seats = Seats::new(opts.max_sessions, opts.min_rate.saturating_mul(SEAT_FLOOR_FACTOR));
+        let places = ConnectionPlaces::new(places::limit(opts.max_sessions), opts.preempt_after);
+        let seats = Seats::new(opts.max_sessions, seats::floor(opts.min_rate));
         Ok(Server {
             listener: Listener::bind(addr, 64)?,
             opts: Arc::new(opts),
@@ -234,11 +222,11 @@ impl Server {
                     // asked for, a connection ended): nothing else changes what the loop does.
                     // Once closed, not the stop flag: set, it stays readable for good, and the
                     // loop would spin while its last sessions end.
-                    let fds = Wakes::new(self.listener.as_fd()).and(tally.changed.fd()).and(self.places.ended_fd());
+                    let fds = Wakes::new(self.listener.as_fd()).and(tally.changed.fd()).and(self.places.ended().fd());
                     let fds = if closed { fds } else { fds.and(self.opts.stop.fd()) };
                     io.readable(fds.fds(), fds.until(Deadline::never())).await;
                     tally.changed.heard();
-                    self.places.heard();
+                    self.places.ended().heard();
                     continue;
                 }
                 Err(e) if ends_listening(&e) => break Err(e.into()),
@@ -343,7 +331,12 @@ impl Server {
                 // A guessed token, on a receiver with a secret, counts as a wrong proof (it slows
                 // the address's next wrong proofs); without a secret it costs only the connection.
                 if self.opts.secret.is_some() {
-                    let _ = self.attempts.wrong_proof(peer.ip(), &self.opts);
+                    let _ = self.attempts.wrong_proof(
+                        peer.ip(),
+                        Instant::now(),
+                        self.opts.auth_attempts,
+                        self.opts.auth_window,
+                    );
                 }
                 report(reject(req, Status::NotAuthorized, why, None));
             }
@@ -353,7 +346,7 @@ impl Server {
 
     /// Takes a place for a connection request, or rejects it with `Busy` (reported): past its
     /// address's `max_per_address`, or past every connection limit. A request whose KNOCK
-    /// proves the secret ([`crate::driver::knock`]) is proved from the start (`places.rs`), and is
+    /// proves the secret ([`crate::policy::knock`]) is proved from the start ([`crate::policy::places`]), and is
     /// counted but not held back by its address's limit: an address is what a request says,
     /// and anyone who can use the sender's (a co-tenant of its host) could fill that limit
     /// with connections that prove nothing, and so keep a secret holder out.

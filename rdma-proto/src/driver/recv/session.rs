@@ -22,9 +22,9 @@ use crate::driver::link::{
     SessionCqs, Side, DISCONNECT_WAIT, DRAIN,
 };
 use crate::driver::partials::{Ledger, Owner};
-use crate::driver::places::Place;
-use crate::driver::seats::{Seat, Seats, Taken, Ticket, DISPLACED_HINT, DISPLACED_TEARDOWN, HEIR_WAIT};
 use crate::driver::Error;
+use crate::policy::limits;
+use crate::policy::seats::{DISPLACED_HINT, HEIR_WAIT};
 use crate::receiver::{Action, Input, Receiver, ReceiverConfig};
 #[cfg(feature = "fault-injection")]
 use crate::wire::Message;
@@ -63,7 +63,11 @@ async fn session<I: Io>(
     let params = conn_params(opts.ack_timeout);
     let keep = || !place.displaced();
     let conn = io
-        .accept(req.accept(qp, &params), Deadline::after(hello_bound(opts)), Some(&keep))
+        .accept(
+            req.accept(qp, &params),
+            Deadline::after(limits::hello_bound(opts.accept_timeout, opts.hello_timeout)),
+            Some(&keep),
+        )
         .await
         .map_err(|e| displaced_or(e, place))?;
     let mut s = ReceiveSession::new(shared, place, report, parts, &conn, start)?;
@@ -94,10 +98,10 @@ async fn session<I: Io>(
     let acked = s.machine.acked();
     let (sq, ring, slots, lanes, admitted) = s.end(&outcome);
     // One bound for the whole teardown, not one per lane: a peer that never disconnects holds
-    // it `TEARDOWN_WAIT` at most, however many lanes it opened (the disconnects without an
+    // it `limits::TEARDOWN_WAIT` at most, however many lanes it opened (the disconnects without an
     // ACK too, which would otherwise each add 1 s, 17 s with 16 lanes).
     let gave_way = admitted.as_ref().is_some_and(Seat::displaced);
-    let teardown = Deadline::after(teardown_wait(opts, place, gave_way));
+    let teardown = Deadline::after(limits::teardown_wait(place.displaced(), gave_way, opts.timeout));
     // An ACK must reach the sender before the connection goes: the sender reads it, then
     // disconnects. Without one there is nothing to wait for.
     let leave = |conn: rdma_cm::Connection<'static>| async {
@@ -130,32 +134,6 @@ fn displaced_or(e: rdma_cm::Error, place: &Place) -> Error {
     }
 }
 
-/// How long a new connection may take to be established: its HELLO's clock runs from its
-/// request on, so that a peer that never completes the connection holds its place no longer
-/// than `hello_timeout` (not the whole `accept_timeout` before that clock even starts).
-fn hello_bound(opts: &ReceiveOptions) -> Duration {
-    opts.accept_timeout.min(opts.hello_timeout)
-}
-
-/// How long a session's teardown waits for its ACK to complete, and for the sender to
-/// disconnect.
-const TEARDOWN_WAIT: Duration = Duration::from_secs(5);
-
-/// How long a session's teardown waits in all: [`TEARDOWN_WAIT`] (at most `timeout`), and not
-/// at all for a connection that gave its place to a newer one: it proved nothing, and its
-/// peer's pace must not keep it among the connections still leaving. A session
-/// that gave its seat to a newer one (`gave_way`) waits [`DISPLACED_TEARDOWN`] at most: the
-/// newer one waits for that seat.
-fn teardown_wait(opts: &ReceiveOptions, place: &Place, gave_way: bool) -> Duration {
-    if place.displaced() {
-        Duration::ZERO
-    } else if gave_way {
-        DISPLACED_TEARDOWN.min(opts.timeout)
-    } else {
-        TEARDOWN_WAIT.min(opts.timeout)
-    }
-}
-
 /// The receive ring's depth: a receive for every granted slot's chunk, and room for control.
 fn ring_depth(opts: &ReceiveOptions) -> u32 {
     opts.max_slots.saturating_add(16)
@@ -172,15 +150,10 @@ fn status_of(outcome: Result<Outcome, Error>) -> Result<(), Error> {
     }
 }
 
-/// One session's share of [`ReceiveOptions::memory_budget`]: the largest chunk it may be
-/// granted and the budget of its ring. A session holds its ring (`slot_count × slot_size`,
-/// within the ring's budget) and one slot-sized copy buffer; the two together stay within
-/// `memory_budget / max_sessions`, so all sessions together stay within `memory_budget`. The
-/// chunk is at most half the share, so that a ring of at least one slot fits beside its copy.
+/// One session's share of [`ReceiveOptions::memory_budget`] ([`limits::session_memory`]): the
+/// largest chunk it may be granted and the budget of its ring.
 fn session_memory(opts: &ReceiveOptions) -> (u32, u64) {
-    let share = opts.memory_budget / opts.max_sessions.max(1) as u64;
-    let chunk = u64::from(opts.max_chunk).min(share / 2).max(1);
-    (chunk as u32, share.saturating_sub(chunk).max(chunk))
+    limits::session_memory(opts.memory_budget, opts.max_sessions, opts.max_chunk)
 }
 
 /// What a session's teardown releases, in order: its send queue, its receive ring (the QP's
@@ -223,7 +196,7 @@ struct ReceiveSession<'a> {
     /// The partials kept for resumes.
     partials: &'a Ledger,
     peer: std::net::IpAddr,
-    /// The answer to a wrong proof, held back until then ([`Attempts::wrong_proof`]); set once
+    /// The answer to a wrong proof, held back until then ([`crate::policy::proofs::WrongProofs::wrong_proof`]); set once
     /// the wrong proof was counted.
     tarpit: Option<Option<Instant>>,
     /// This connection's place among all connections: proved at admission, and until then
@@ -490,7 +463,12 @@ impl<'a> ReceiveSession<'a> {
                     if self.machine.auth_failed() && self.tarpit.is_none() {
                         // The answer to a wrong proof: held back while its address is past its
                         // attempts (the rest of the machine's actions wait with it).
-                        let hold = self.attempts.wrong_proof(self.peer, self.opts);
+                        let hold = self.attempts.wrong_proof(
+                            self.peer,
+                            Instant::now(),
+                            self.opts.auth_attempts,
+                            self.opts.auth_window,
+                        );
                         self.tarpit = Some((!hold.is_zero()).then(|| Instant::now() + hold));
                         if !hold.is_zero() {
                             tracing::info!(peer = %self.peer, ?hold, "a wrong proof of the secret: its answer held back");
@@ -751,10 +729,10 @@ impl<'a> ReceiveSession<'a> {
         let mut wakes = session_wakes(conn, self.opts, self.place, self.machine.hello_received(), self.tally, handed);
         // A seat handed over, or this one's taken by a newer session.
         if let Some((ticket, _, _)) = &self.waiting {
-            wakes = wakes.and(ticket.fd());
+            wakes = wakes.and(ticket.signal().fd());
         }
         if let Some(seat) = self.admitted.as_ref().filter(|s| !s.displaced()) {
-            wakes = wakes.and(seat.displaced_fd());
+            wakes = wakes.and(seat.signal().fd());
         }
         let due = self.pacer.round(io, progressed, cqs.as_slice(), until, &wakes).await?;
         self.drive_slow_checks(due, conn)
@@ -881,8 +859,8 @@ fn session_wakes<'w>(
     handed: Option<&'w Bell>,
 ) -> Wakes<'w> {
     let mut wakes = Wakes::new(conn.as_fd()).and(opts.stop.fd());
-    if let (fd, true) = place.displaced_fd() {
-        wakes = wakes.and(fd);
+    if let Some(bell) = place.displaceable() {
+        wakes = wakes.and(bell.fd());
     }
     if !hello_received {
         wakes = wakes.and(tally.closing.fd());

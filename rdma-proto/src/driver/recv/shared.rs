@@ -1,18 +1,17 @@
 //! What a receiver's server and its sessions share: the routes of extra lanes, the count of
-//! wrong proofs by address, the tally of one `serve` call, and what each session is handed.
+//! wrong proofs by address ([`crate::policy::proofs`]), the tally of one `serve` call, and what each session is handed.
 
 use super::ReceiveOptions;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use rdma_cm::ConnectRequest;
 
 use crate::driver::files::DirFd;
 use crate::driver::flag::{Bell, Flag};
 use crate::driver::partials::Ledger;
-use crate::driver::places::{AddressPlace, Place};
-use crate::driver::seats::Seats;
+use crate::policy::places::{self, AddressPlace};
+use crate::policy::{seats, Signal};
 use crate::wire::{self};
 
 /// The sessions waiting for (or served by) extra lanes, by their token.
@@ -84,44 +83,7 @@ impl Routes {
 }
 
 /// Wrong proofs of the secret by address, for [`ReceiveOptions::auth_attempts`].
-#[derive(Debug, Default)]
-pub(super) struct Attempts(std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, (Instant, u32)>>);
-
-impl Attempts {
-    /// Addresses remembered at most: past it, the one with the fewest wrong proofs is forgotten.
-    /// Entries are pruned only then, not on every call: the bound keeps wrong proofs or LANE
-    /// tokens from many addresses from growing the map without end, and pruning only past it
-    /// keeps every call (in the accept loop, for LANEs) from scanning all of it.
-    const MOST: usize = 4096;
-
-    /// Counts a wrong proof from `ip`; how long its answer is held back: nothing for the first
-    /// `auth_attempts` within `auth_window`, then 1 s doubling, up to the time the bucket
-    /// takes to refill one (`auth_window / auth_attempts`).
-    pub(super) fn wrong_proof(&self, ip: std::net::IpAddr, opts: &ReceiveOptions) -> Duration {
-        let now = Instant::now();
-        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if map.len() >= Self::MOST && !map.contains_key(&ip) {
-            map.retain(|_, (since, _)| now.saturating_duration_since(*since) < opts.auth_window);
-            // The address with the fewest wrong proofs goes (the oldest of them), never one that
-            // is held back while others have fewer.
-            let least = map.iter().min_by_key(|(_, (since, n))| (*n, *since)).map(|(ip, _)| *ip);
-            if let (Some(least), true) = (least, map.len() >= Self::MOST) {
-                map.remove(&least);
-            }
-        }
-        let e = map.entry(ip).or_insert((now, 0));
-        if now.saturating_duration_since(e.0) >= opts.auth_window {
-            *e = (now, 0);
-        }
-        e.1 = e.1.saturating_add(1);
-        let past = e.1.saturating_sub(opts.auth_attempts);
-        if past == 0 {
-            return Duration::ZERO;
-        }
-        let most = opts.auth_window / opts.auth_attempts.max(1);
-        Duration::from_secs(1u64 << (past - 1).min(16)).min(most)
-    }
-}
+pub(super) type Attempts = crate::policy::proofs::WrongProofs;
 
 /// A connection's places: among all connections, and among its address's.
 pub(super) type Places = (Place, AddressPlace);
@@ -151,6 +113,31 @@ impl Tally {
     }
 }
 
+/// A bell is how a decision of the core wakes a session: its idle wait sleeps on the bell's
+/// eventfd.
+impl Signal for Bell {
+    fn new() -> Self {
+        Bell::new()
+    }
+    fn ring(&self) {
+        Bell::ring(self)
+    }
+}
+
+/// The receiver's session seats, a displaced session and a newcomer woken by their bells.
+pub(super) type Seats = seats::Seats<Bell>;
+/// The receiver's connection places, a displaced connection and the accept loop woken by
+/// their bells.
+pub(super) type ConnectionPlaces = places::ConnectionPlaces<Bell>;
+/// A connection's place.
+pub(super) type Place = places::Place<Bell>;
+/// A session's seat.
+pub(super) type Seat = seats::Seat<Bell>;
+/// A newcomer's claim on a displaced session's seat.
+pub(super) type Ticket = seats::Ticket<Bell>;
+/// What a session asking for a seat gets.
+pub(super) type Taken = seats::Taken<Bell>;
+
 /// What a server's sessions share with it: the options, the count of sessions past their
 /// HELLO, the accept loop's tally, and the routes of extra lanes.
 pub(super) struct Shared {
@@ -164,34 +151,4 @@ pub(super) struct Shared {
     pub(super) attempts: Arc<Attempts>,
     /// The partials kept for resumes.
     pub(super) partials: Arc<Ledger>,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The wrong proofs of many addresses are remembered up to a bound, while each
-    /// address's own count still holds its answers back.
-    #[test]
-    fn wrong_proofs_from_many_addresses_are_remembered_up_to_a_bound() {
-        use std::net::{IpAddr, Ipv6Addr};
-        use std::time::Duration;
-        let (attempts, opts) = (Attempts::default(), crate::driver::ReceiveOptions::default());
-        let ip = |n: u32| IpAddr::V6(Ipv6Addr::from(u128::from(n)));
-        for n in 0..Attempts::MOST as u32 + 100 {
-            assert_eq!(attempts.wrong_proof(ip(n), &opts), Duration::ZERO);
-        }
-        assert_eq!(attempts.0.lock().unwrap().len(), Attempts::MOST);
-        let me = ip(u32::MAX);
-        let holds: Vec<_> = (0..opts.auth_attempts + 2).map(|_| attempts.wrong_proof(me, &opts)).collect();
-        let allowed = opts.auth_attempts as usize;
-        assert!(holds[..allowed].iter().all(|h| h.is_zero()), "{holds:?}");
-        assert_eq!(holds[allowed..], [Duration::from_secs(1), Duration::from_secs(2)]);
-        assert!(attempts.0.lock().unwrap().len() <= Attempts::MOST);
-        // A flood from as many new addresses does not make it forget the one held back.
-        for n in 0..Attempts::MOST as u32 {
-            attempts.wrong_proof(ip(1 << 20 | n), &opts);
-        }
-        assert_eq!(attempts.wrong_proof(me, &opts), Duration::from_secs(4));
-    }
 }

@@ -296,7 +296,7 @@ fn attempt_of(ran: Result<Ran, Error>, made: u32) -> Attempt<SendReport> {
 pub(crate) type Ran = (Result<Outcome, Error>, SendSummary, Option<BatchState>);
 
 /// The connection parameters of a session's first connection: with a secret, its KNOCK as
-/// the private data ([`crate::driver::knock`]), so that a receiver whose places are all taken by
+/// the private data ([`crate::policy::knock`]), so that a receiver whose places are all taken by
 /// connections that proved nothing gives it one of theirs.
 fn first_params<'a>(opts: &SendOptions, knock: Option<&'a [u8]>) -> rdma_cm::ConnParams<'a> {
     let params = conn_params(opts.ack_timeout);
@@ -331,10 +331,15 @@ pub(crate) async fn run<I: Io>(
     let ctx = id.open_context()?;
     let ep = Endpoint::new(ctx, opts.depth, 32, |qp| id.init_qp(qp, AccessFlags::LOCAL_WRITE))?;
     let (qp, parts) = ep.split();
-    let knock = opts
-        .secret
-        .as_ref()
-        .map(|s| crate::driver::knock::knock(s, SystemTime::now(), id.local_addr().ip(), id.peer_addr()));
+    let knock = opts.secret.as_ref().map(|s| {
+        crate::policy::knock::knock(
+            s,
+            u64::from_be_bytes(crate::driver::random_bytes()),
+            SystemTime::now(),
+            id.local_addr().ip(),
+            id.peer_addr(),
+        )
+    });
     let conn =
         io.finish(id.connect(qp, &first_params(opts, knock.as_deref())), deadline).await.map_err(connect_error)?;
     let mut s = SendSession::new(opts, path, file, parts, &conn, start)?;

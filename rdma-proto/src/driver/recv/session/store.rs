@@ -9,8 +9,8 @@ use rdma_verbs::Deadline;
 
 use crate::driver::files::{io_status, make_dir_entry, make_dirs, DirFd, Incoming};
 use crate::driver::link::peer_left;
-use crate::driver::policy::Offer;
 use crate::driver::ProgressEvent;
+use crate::policy::Offer;
 use crate::receiver::Input;
 use crate::wire::{Entry, EntryKind};
 use crate::Status;

@@ -4,7 +4,7 @@
 //! A receiver decides who gets a connection place when the request arrives, before any
 //! message can be exchanged; the challenge-response of [`crate::auth`] comes later. A request
 //! whose KNOCK proves the secret is a secret holder's: it keeps its place from the start, and
-//! takes the place of a connection that has proved nothing, however young (`places.rs`). So
+//! takes the place of a connection that has proved nothing, however young ([`super::places`]). So
 //! connections that prove nothing cannot take a secret holder's place.
 //!
 //! The proof binds a random id, the sender's clock, the sender's address and the listener's
@@ -18,6 +18,8 @@
 //! used again after a restart. Each such use gives one request a place for at most
 //! `hello_timeout`. A knock the receiver does not take costs nothing: the request is served
 //! as one without it.
+//!
+//! No I/O: the knock's id and both clocks are given.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -30,7 +32,7 @@ use crate::wire::{self, Knock, Message};
 
 /// How far apart the two sides' clocks may be for a knock to be taken; also how long a
 /// receiver remembers the knocks it took.
-pub(super) const KNOCK_WINDOW: Duration = Duration::from_secs(120);
+pub const KNOCK_WINDOW: Duration = Duration::from_secs(120);
 
 /// The most knocks a receiver remembers at once (about 136 knocked requests a second over the
 /// window): past that, a new knock (from a holder of the secret, who alone can make valid ones)
@@ -43,9 +45,9 @@ fn unix_seconds(now: SystemTime) -> u64 {
 }
 
 /// The private data of a session's first connect request for a sender with `secret` at
-/// `from`, to the listener `to`, made at `now`.
-pub(super) fn knock(secret: &Secret, now: SystemTime, from: IpAddr, to: SocketAddr) -> Vec<u8> {
-    let id = u64::from_be_bytes(super::random_bytes());
+/// `from`, to the listener `to`, made at `now`; `id` is random (the receiver takes each id
+/// once).
+pub fn knock(secret: &Secret, id: u64, now: SystemTime, from: IpAddr, to: SocketAddr) -> Vec<u8> {
     let time = unix_seconds(now);
     let mut out = Vec::with_capacity(wire::KNOCK_LEN);
     wire::encode(id, &Message::Knock(Knock { time, mac: secret.knock_mac(id, time, from, to) }), &mut out)
@@ -55,7 +57,7 @@ pub(super) fn knock(secret: &Secret, now: SystemTime, from: IpAddr, to: SocketAd
 
 /// The knocks a receiver took within the window, by id: each is taken once.
 #[derive(Debug)]
-pub(super) struct Knocks {
+pub struct Knocks {
     /// When the receiver started (Unix seconds): an older knock is not taken, so that one
     /// used before a restart cannot be used again.
     started: u64,
@@ -67,7 +69,7 @@ pub(super) struct Knocks {
 
 impl Knocks {
     /// The knocks of a receiver started at `started`.
-    pub(super) fn new(started: SystemTime) -> Self {
+    pub fn new(started: SystemTime) -> Self {
         Knocks { started: unix_seconds(started), seen: Mutex::new(HashMap::new()), said_full: AtomicBool::new(false) }
     }
 
@@ -75,7 +77,7 @@ impl Knocks {
     /// `private_data` proves `secret` by a knock made within [`KNOCK_WINDOW`] of `now`, not
     /// before this receiver started, whose id was not taken before (it is taken now). `false`
     /// without a secret, and for anything else.
-    pub(super) fn vouches(
+    pub fn vouches(
         &self,
         secret: Option<&Secret>,
         private_data: &[u8],
@@ -97,12 +99,13 @@ impl Knocks {
             seen.retain(|_, t| now.abs_diff(*t) <= KNOCK_WINDOW.as_secs());
         }
         if seen.contains_key(&h.session) {
-            tracing::info!(id = format_args!("{:016x}", h.session), "a knock used before: not taken");
+            log!(info, id = format_args!("{:016x}", h.session), "a knock used before: not taken");
             return false;
         }
         if seen.len() >= REMEMBERED {
             if !self.said_full.swap(true, Ordering::Relaxed) {
-                tracing::warn!(
+                log!(
+                    warn,
                     "{REMEMBERED} knocks taken within {KNOCK_WINDOW:?}: more are served as requests without one"
                 );
             }
@@ -135,22 +138,22 @@ mod tests {
     fn a_knock_vouches_once_with_the_same_secret_and_a_near_clock() {
         let now = SystemTime::now();
         let taken = knocks(now - Duration::from_secs(10));
-        let k = knock(&secret(1), now, FROM, to());
+        let k = knock(&secret(1), 1, now, FROM, to());
         assert_eq!(k.len(), wire::KNOCK_LEN);
         assert!(!taken.vouches(None, &k, FROM, to(), now), "no secret here: no vouching");
         assert!(!taken.vouches(Some(&secret(2)), &k, FROM, to(), now), "another secret");
         assert!(taken.vouches(Some(&secret(1)), &k, FROM, to(), now + Duration::from_secs(100)));
         assert!(!taken.vouches(Some(&secret(1)), &k, FROM, to(), now), "a knock is taken once");
-        let late = knock(&secret(1), now, FROM, to());
+        let late = knock(&secret(1), 2, now, FROM, to());
         assert!(!taken.vouches(Some(&secret(1)), &late, FROM, to(), now + KNOCK_WINDOW + Duration::from_secs(2)));
-        let early = knock(&secret(1), now + KNOCK_WINDOW + Duration::from_secs(2), FROM, to());
+        let early = knock(&secret(1), 3, now + KNOCK_WINDOW + Duration::from_secs(2), FROM, to());
         assert!(!taken.vouches(Some(&secret(1)), &early, FROM, to(), now));
     }
 
     #[test]
     fn a_knock_vouches_only_from_its_address_to_its_listener_after_the_receiver_started() {
         let now = SystemTime::now();
-        let k = knock(&secret(1), now, FROM, to());
+        let k = knock(&secret(1), 4, now, FROM, to());
         let other_ip: IpAddr = "10.77.0.3".parse().unwrap();
         assert!(!knocks(now).vouches(Some(&secret(1)), &k, other_ip, to(), now), "another sender address");
         let other_port: SocketAddr = "10.77.0.1:7472".parse().unwrap();
@@ -166,7 +169,7 @@ mod tests {
     #[test]
     fn a_changed_knock_does_not_vouch() {
         let now = SystemTime::now();
-        let k = knock(&secret(1), now, FROM, to());
+        let k = knock(&secret(1), 5, now, FROM, to());
         for i in wire::HEADER_LEN - 8..k.len() {
             let mut bad = k.clone();
             bad[i] ^= 1;

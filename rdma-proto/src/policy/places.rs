@@ -1,11 +1,12 @@
 //! The receiver's connection places: how many connections it serves at once, how many one
-//! address may hold, and who gives way when they are all taken.
+//! address may hold, and who gives way when they are all taken. No I/O: the times are given,
+//! and a displaced connection is woken through a [`Signal`] its driver chose.
 //!
-//! The rules (review finding H2, and three reviews of its fix).
+//! The rules.
 //! - A connection that has not proved itself (no HELLO yet, or a secret not yet proved) holds
-//!   its place only for [`ReceiveOptions::preempt_after`] against newcomers. When every place
-//!   is taken, a new connection request takes the place of such a connection past that age
-//!   instead of hearing `Busy`.
+//!   its place only for `preempt_after` (the driver's `ReceiveOptions::preempt_after`) against
+//!   newcomers. When every place is taken, a new connection request takes the place of such a
+//!   connection past that age instead of hearing `Busy`.
 //! - Fair shares: the place given up is one of the address that holds the most unproven
 //!   places, never one of an address holding fewer than the newcomer's own; an address holding
 //!   two more than the newcomer's gives one up at any age. So peers on a few addresses that
@@ -18,17 +19,16 @@
 //!   times as many displaced connections as there are places are still leaving (others at
 //!   twice as many): connections that prove nothing cannot take its place.
 //!
-//! A displaced connection ends at once, woken by its claim's bell once established, or within
-//! 20 ms in its accept (`Accepting::wait_while`) while its request is not completed yet, with
-//! [`Error::Preempted`], and its teardown waits for nothing; until then it holds its thread
-//! and queue pair. What these rules do not stop ([`docs/protocol.md`, "Threat model"](https://github.com/rdma-rs/rdma-rs/blob/main/docs/protocol.md#threat-model)): without a
-//! secret, peers on about as many addresses as there are places, each holding one, or peers
-//! whose connections are sessions (they sent a HELLO: the pace floor ends a trickling one
-//! after a `timeout`), or a peer on the sender's own address; with or without one, a flood of
-//! connection requests that overflows the listener's backlog before they reach these rules.
-//!
-//! [`ReceiveOptions::preempt_after`]: super::ReceiveOptions::preempt_after
-//! [`Error::Preempted`]: super::Error::Preempted
+//! A displaced connection ends at once, woken by its claim's signal once established, or
+//! within 20 ms in its accept (`Accepting::wait_while`) while its request is not
+//! completed yet, with the driver's `Error::Preempted`, and its teardown waits for nothing;
+//! until then it holds its thread and queue pair. What these rules do not stop
+//! ([`docs/protocol.md`, "Threat model"](https://github.com/rdma-rs/rdma-rs/blob/main/docs/protocol.md#threat-model)):
+//! without a secret, peers on about as many addresses as there are places, each holding one,
+//! or peers whose connections are sessions (they sent a HELLO: the pace floor ends a
+//! trickling one after a `timeout`), or a peer on the sender's own address; with or without
+//! one, a flood of connection requests that overflows the listener's backlog before they
+//! reach these rules.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
@@ -36,7 +36,17 @@ use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::flag::Bell;
+use super::Signal;
+
+/// Connections served beyond `max_sessions`: those waiting for their HELLO, or being told
+/// `Busy` by ACK. Past that, a connection request takes the place of a connection that proved
+/// nothing within `preempt_after`, or is rejected at once.
+pub const BUSY_SLACK: usize = 4;
+
+/// The places of a receiver that serves `max_sessions` sessions at once.
+pub fn limit(max_sessions: usize) -> usize {
+    max_sessions.saturating_add(BUSY_SLACK)
+}
 
 /// A claim not yet proved: the connection may be displaced.
 const UNPROVEN: u8 = 0;
@@ -50,20 +60,21 @@ const ENDED: u8 = 3;
 
 /// One connection's claim on a place.
 #[derive(Debug)]
-struct Claim {
+struct Claim<B> {
     since: Instant,
     /// The address the request came from (for fair shares).
     from: IpAddr,
     state: AtomicU8,
     /// Rung when the connection is displaced: its session's idle wait wakes for it. Owned by
     /// the [`Place`] (a claim may stay queued after its connection ended, until the next
-    /// request prunes the queue: its eventfd must not).
-    displaced: std::sync::Weak<Bell>,
+    /// request prunes the queue: what the signal holds, an eventfd say, must not).
+    displaced: std::sync::Weak<B>,
 }
 
-/// Every connection place of one server.
+/// Every connection place of one server; `B` wakes a displaced connection, and the accept
+/// loop as one ends.
 #[derive(Debug)]
-pub(super) struct ConnectionPlaces {
+pub struct ConnectionPlaces<B> {
     /// Places: connections served at once, displaced ones not counted.
     limit: usize,
     /// How long an unproven connection keeps its place against newcomers.
@@ -75,64 +86,59 @@ pub(super) struct ConnectionPlaces {
     leaving: AtomicUsize,
     /// Claims that were unproven when made, oldest first (proved, displaced and ended ones
     /// are dropped as they are met). A few times `limit` at most: each holds a place.
-    unproven: Mutex<VecDeque<Arc<Claim>>>,
+    unproven: Mutex<VecDeque<Arc<Claim<B>>>>,
     /// Rung as each connection ends: the accept loop, asleep until a request comes, looks at
     /// who is left.
-    ended: Bell,
+    ended: B,
 }
 
 /// A connection's place, given back when dropped (a panicking session's too).
 #[derive(Debug)]
-pub(super) struct Place {
-    places: Arc<ConnectionPlaces>,
-    claim: Arc<Claim>,
-    /// The claim's bell ([`Claim::displaced`]), `None` for a claim that cannot be displaced.
-    bell: Option<Arc<Bell>>,
+pub struct Place<B: Signal> {
+    places: Arc<ConnectionPlaces<B>>,
+    claim: Arc<Claim<B>>,
+    /// The claim's signal ([`Claim::displaced`]), `None` for a claim that cannot be displaced.
+    bell: Option<Arc<B>>,
 }
 
-impl ConnectionPlaces {
+impl<B: Signal> ConnectionPlaces<B> {
     /// `limit` places, an unproven connection keeping its own `preempt_after` against
     /// newcomers.
-    pub(super) fn new(limit: usize, preempt_after: Duration) -> Self {
+    pub fn new(limit: usize, preempt_after: Duration) -> Self {
         ConnectionPlaces {
             limit,
             preempt_after,
             held: AtomicUsize::new(0),
             leaving: AtomicUsize::new(0),
             unproven: Mutex::new(VecDeque::new()),
-            ended: Bell::new(),
+            ended: B::new(),
         }
     }
 
-    /// The fd that turns readable as a connection ends (until [`heard`](Self::heard)).
-    pub(super) fn ended_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
-        self.ended.fd()
+    /// The signal rung as each connection ends.
+    pub fn ended(&self) -> &B {
+        &self.ended
     }
 
-    /// The ends so far were looked at.
-    pub(super) fn heard(&self) {
-        self.ended.heard();
-    }
-
-    fn unproven(&self) -> MutexGuard<'_, VecDeque<Arc<Claim>>> {
+    fn unproven(&self) -> MutexGuard<'_, VecDeque<Arc<Claim<B>>>> {
         self.unproven.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Connections alive: those holding a place, and those displaced and still leaving.
-    pub(super) fn alive(&self) -> usize {
+    pub fn alive(&self) -> usize {
         self.held.load(Ordering::Acquire) + self.leaving.load(Ordering::Acquire)
     }
 
     /// A place for a connection requested at `now` from `from`, `vouched` when the request
     /// proved the secret already ([`super::knock`]): a free one, else the place of an unproven
-    /// connection ([`Self::victim`], which is told to leave). `None` when there is neither, or
+    /// connection (the victim of the module's rules, which is told to leave). `None` when there is neither, or
     /// when twice as many displaced connections as there are places are still leaving (four
     /// times for a vouched request).
-    pub(super) fn take(self: &Arc<Self>, now: Instant, from: IpAddr, vouched: bool) -> Option<Place> {
+    pub fn take(self: &Arc<Self>, now: Instant, from: IpAddr, vouched: bool) -> Option<Place<B>> {
         let from = host(from);
         let state = if vouched { PROVEN } else { UNPROVEN };
         // A vouched claim is never displaced: it needs no bell.
-        let bell = (!vouched).then(|| Arc::new(Bell::new()));
+        let bell = (!vouched).then(|| Arc::new(B::new()));
         let displaced = bell.as_ref().map_or_else(std::sync::Weak::new, Arc::downgrade);
         let claim = Arc::new(Claim { since: now, from, state: AtomicU8::new(state), displaced });
         let mut unproven = self.unproven();
@@ -154,7 +160,8 @@ impl ConnectionPlaces {
                     bell.ring();
                 }
                 // Its place passes to the newcomer: `held` stays as it is.
-                tracing::info!(
+                log!(
+                    info,
                     age = ?now.saturating_duration_since(old.since),
                     from = %old.from,
                     vouched,
@@ -177,7 +184,7 @@ impl ConnectionPlaces {
     /// newcomer may take, the oldest of the address holding the most. A vouched newcomer may
     /// take any; another one that of an address holding two more unproven places than its own,
     /// or one past `preempt_after` of its own address or of one holding more than its own.
-    fn victim(&self, unproven: &VecDeque<Arc<Claim>>, now: Instant, from: IpAddr, vouched: bool) -> Option<usize> {
+    fn victim(&self, unproven: &VecDeque<Arc<Claim<B>>>, now: Instant, from: IpAddr, vouched: bool) -> Option<usize> {
         let mut held: HashMap<IpAddr, usize> = HashMap::new();
         for c in unproven {
             *held.entry(c.from).or_insert(0) += 1;
@@ -201,10 +208,10 @@ impl ConnectionPlaces {
     }
 }
 
-impl Place {
+impl<B: Signal> Place<B> {
     /// The connection proved itself: it keeps its place to its end. `false` if it had been
     /// displaced already.
-    pub(super) fn prove(&self) -> bool {
+    pub fn prove(&self) -> bool {
         match self.claim.state.compare_exchange(UNPROVEN, PROVEN, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => true,
             Err(state) => state == PROVEN,
@@ -212,20 +219,19 @@ impl Place {
     }
 
     /// Whether the connection gave its place to a newer one, and must end.
-    pub(super) fn displaced(&self) -> bool {
+    pub fn displaced(&self) -> bool {
         self.claim.state.load(Ordering::Acquire) == DISPLACED
     }
 
-    /// The fd that turns readable when the connection is displaced (`None` for one that cannot
-    /// be, or when no eventfd could be made), for its session's idle wait, and whether it may
-    /// be displaced still.
-    pub(super) fn displaced_fd(&self) -> (Option<std::os::fd::BorrowedFd<'_>>, bool) {
+    /// The signal rung when the connection is displaced, while it may be displaced still
+    /// (`None` for one proved, vouched for, displaced or ended), for its session's idle wait.
+    pub fn displaceable(&self) -> Option<&B> {
         let may = self.claim.state.load(Ordering::Acquire) == UNPROVEN;
-        (self.bell.as_deref().and_then(Bell::fd), may)
+        self.bell.as_deref().filter(|_| may)
     }
 }
 
-impl Drop for Place {
+impl<B: Signal> Drop for Place<B> {
     fn drop(&mut self) {
         if self.claim.state.swap(ENDED, Ordering::AcqRel) == DISPLACED {
             self.places.leaving.fetch_sub(1, Ordering::AcqRel);
@@ -237,24 +243,22 @@ impl Drop for Place {
 }
 
 /// The address a peer counts as, for the per-address rules: itself, an IPv4 address also when
-/// an IPv6 listener sees it IPv4-mapped. (Counting an IPv6 address as its /64 was tried and
-/// undone: a /64 is often a whole LAN, whose honest senders would share one address's limit.
-/// A host with many IPv6 addresses counts as many peers.)
-pub(super) fn host(ip: IpAddr) -> IpAddr {
+/// an IPv6 listener sees it IPv4-mapped. An IPv6 address is not counted as its /64: a /64 is
+/// often a whole LAN, whose honest senders would then share one address's limit. So a host with
+/// many IPv6 addresses counts as many peers.
+pub fn host(ip: IpAddr) -> IpAddr {
     ip.to_canonical()
 }
 
-/// Connections by address, for [`ReceiveOptions::max_per_address`] (displaced ones still
-/// leaving are counted).
-///
-/// [`ReceiveOptions::max_per_address`]: super::ReceiveOptions::max_per_address
+/// Connections by address, for the driver's `ReceiveOptions::max_per_address` (displaced ones
+/// still leaving are counted).
 #[derive(Debug, Default)]
-pub(super) struct PerAddress(Mutex<HashMap<IpAddr, usize>>);
+pub struct PerAddress(Mutex<HashMap<IpAddr, usize>>);
 
 impl PerAddress {
     /// Takes a place for a connection from `ip` if its host ([`host`]) holds fewer than
     /// `limit`.
-    pub(super) fn enter(self: &Arc<Self>, ip: IpAddr, limit: usize) -> Option<AddressPlace> {
+    pub fn enter(self: &Arc<Self>, ip: IpAddr, limit: usize) -> Option<AddressPlace> {
         let ip = host(ip);
         let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
         let n = map.entry(ip).or_insert(0);
@@ -268,7 +272,7 @@ impl PerAddress {
 
 /// One connection's place among its address's, given back when dropped.
 #[derive(Debug)]
-pub(super) struct AddressPlace(Arc<PerAddress>, IpAddr);
+pub struct AddressPlace(Arc<PerAddress>, IpAddr);
 
 impl Drop for AddressPlace {
     fn drop(&mut self) {
@@ -294,7 +298,7 @@ mod tests {
         IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 1, n))
     }
 
-    fn places(limit: usize) -> Arc<ConnectionPlaces> {
+    fn places(limit: usize) -> Arc<ConnectionPlaces<()>> {
         Arc::new(ConnectionPlaces::new(limit, AFTER))
     }
 
@@ -302,7 +306,7 @@ mod tests {
     fn a_full_server_gives_the_oldest_unproven_place_to_a_newcomer_once_it_is_old_enough() {
         let p = places(3);
         let t0 = Instant::now();
-        let held: Vec<Place> =
+        let held: Vec<Place<()>> =
             (0..3).map(|i| p.take(t0 + Duration::from_millis(i), A, false).expect("a free place")).collect();
         // Younger than `preempt_after`: nobody gives way.
         assert!(p.take(t0 + Duration::from_millis(500), A, false).is_none());
@@ -358,10 +362,10 @@ mod tests {
         // 12 places held by three addresses, 4 each, all younger than `preempt_after`.
         let p = places(12);
         let t0 = Instant::now();
-        let mut theirs: Vec<Place> =
+        let mut theirs: Vec<Place<()>> =
             (0..12).map(|i| p.take(t0 + Duration::from_millis(i), ip(i as u8 % 3), false).unwrap()).collect();
         // A fourth address gets places at once, up to its fair share...
-        let mine: Vec<Place> = (0..3).map(|_| p.take(t0 + AFTER / 2, A, false).expect("a fair share")).collect();
+        let mine: Vec<Place<()>> = (0..3).map(|_| p.take(t0 + AFTER / 2, A, false).expect("a fair share")).collect();
         assert!(p.take(t0 + AFTER / 2, A, false).is_none(), "past a fair share, young places stay");
         // ...and keeps them however fast the others open new connections: they take only each
         // other's places, or their own.
@@ -382,7 +386,7 @@ mod tests {
     fn a_vouched_request_takes_any_unproven_place_and_keeps_it() {
         let p = places(2);
         let t0 = Instant::now();
-        let held: Vec<Place> = (0..2).map(|n| p.take(t0, ip(n), false).unwrap()).collect();
+        let held: Vec<Place<()>> = (0..2).map(|n| p.take(t0, ip(n), false).unwrap()).collect();
         let vouched = p.take(t0, A, true).expect("an unproven place, however young");
         assert!(held.iter().filter(|h| h.displaced()).count() == 1 && vouched.prove());
         // Proved from the start: nobody takes its place, at any age or share.

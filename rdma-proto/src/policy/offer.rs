@@ -1,4 +1,4 @@
-//! A receiver's own policy ([`ReceiveOptions::policy`](super::ReceiveOptions::policy)): an
+//! A receiver's own policy (`ReceiveOptions::policy` of the driver): an
 //! embedder's rule that sees each file or directory a sender offers, before anything is opened
 //! or made for it, and accepts or refuses it.
 
@@ -57,6 +57,7 @@ impl Decision {
 ///
 /// # Examples
 /// ```
+/// # #[cfg(feature = "driver")] {
 /// use rdma_proto::driver::{Decision, Policy, ReceiveOptions};
 /// use rdma_proto::Status;
 ///
@@ -69,6 +70,7 @@ impl Decision {
 ///         Decision::Accept
 ///     }
 /// }));
+/// # }
 /// ```
 #[derive(Clone)]
 pub struct Policy(Arc<dyn Fn(&Offer<'_>) -> Decision + Send + Sync>);
@@ -81,6 +83,7 @@ impl Policy {
 
     /// Asks the policy about `offer`: `None` to go on, or the refusal's status (never `Ok`)
     /// and detail.
+    #[cfg_attr(not(feature = "driver"), allow(dead_code))]
     pub(crate) fn judge(&self, offer: &Offer<'_>) -> Option<(Status, String)> {
         match (self.0)(offer) {
             Decision::Accept => None,
