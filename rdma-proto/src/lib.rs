@@ -125,9 +125,9 @@ pub enum ProtocolError {
     /// With a secret, a control message arrived whose seal is wrong: changed on the path, or
     /// not from the peer that proved the secret. The session ends without a verdict, as when
     /// the connection is cut, and a receiver keeps its resumable partial: someone on the path
-    /// can end a session, but not make the receiver throw away what it holds (review finding
-    /// R7), nor give the sender a verdict that stops its retries (review H9: it said
-    /// [`Status::ProtocolMismatch`], and a sender with retries gave up).
+    /// can end a session, but not make the receiver throw away what it holds, nor give the
+    /// sender a verdict that stops its retries (a [`Status::ProtocolMismatch`] would: a sender
+    /// with retries gives up on it).
     #[error("a message whose seal is wrong: changed on the path, or not from the peer that proved the secret")]
     Unsealed,
     /// The receiver's device completed a WRITE with immediate a second time: the chunk that
