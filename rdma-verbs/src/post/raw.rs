@@ -190,7 +190,7 @@ pub(crate) struct Builders {
     set_ud_addr: Option<unsafe extern "C" fn(*mut ffi::ibv_qp_ex, *mut ffi::ibv_ah, u32, u32)>,
     set_inline_data: Option<unsafe extern "C" fn(*mut ffi::ibv_qp_ex, *mut libc::c_void, usize)>,
     set_inline_data_list: Option<unsafe extern "C" fn(*mut ffi::ibv_qp_ex, usize, *const ffi::ibv_data_buf)>,
-    set_sge: Option<unsafe extern "C" fn(*mut ffi::ibv_qp_ex, u32, u64, u32)>,
+    set_sge: Option<SetSgeFn>,
     set_sge_list: Option<unsafe extern "C" fn(*mut ffi::ibv_qp_ex, usize, *const ffi::ibv_sge)>,
 }
 
@@ -223,6 +223,42 @@ impl Builders {
                 set_sge: (*qpx).wr_set_sge,
                 set_sge_list: (*qpx).wr_set_sge_list,
             }
+        }
+    }
+
+    /// The setter of one registered buffer, for [`build_sge`]: `ibv_wr_set_sge`, or, when the
+    /// provider has only `ibv_wr_set_sge_list`, that with a list of one. On error, the name of
+    /// the setter the provider lacks.
+    #[inline]
+    pub(crate) fn sge_setter(&self) -> std::result::Result<SetSge, &'static str> {
+        match (self.set_sge, self.set_sge_list) {
+            (Some(set_sge), _) => Ok(SetSge(set_sge)),
+            (None, Some(_)) => Ok(SetSge(set_sge_via_list)),
+            (None, None) => Err("wr_set_sge"),
+        }
+    }
+}
+
+/// Type of `ibv_wr_set_sge`.
+type SetSgeFn = unsafe extern "C" fn(*mut ffi::ibv_qp_ex, u32, u64, u32);
+
+/// The setter of one registered buffer of an extended QP ([`Builders::sge_setter`]), looked up
+/// once for a batch of such requests ([`build_sge`]).
+#[derive(Clone, Copy)]
+pub(crate) struct SetSge(SetSgeFn);
+
+/// `ibv_wr_set_sge` of a provider that has only `ibv_wr_set_sge_list`: a list of one.
+///
+/// # Safety
+/// As `ibv_wr_set_sge` on `qpx`, whose provider set `wr_set_sge_list` ([`Builders::sge_setter`]
+/// gives it only then).
+unsafe extern "C" fn set_sge_via_list(qpx: *mut ffi::ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
+    let sge = ffi::ibv_sge { addr, length, lkey };
+    // SAFETY: the caller's contract; the member is a plain function pointer the provider set at
+    // creation, read by value; the list is read during the call.
+    unsafe {
+        if let Some(set_sge_list) = (*qpx).wr_set_sge_list {
+            set_sge_list(qpx, 1, &sge);
         }
     }
 }
@@ -314,6 +350,33 @@ pub(crate) unsafe fn build(
     Ok(())
 }
 
+/// [`build`] of a request whose bytes are one registered buffer, `sge`, with no UD address:
+/// the setter `set_sge` was looked up once for the batch ([`Builders::sge_setter`]). A
+/// missing operation builder is named; the batch must then be aborted, as its `wr_id` and
+/// flags were set.
+///
+/// # Safety
+/// As [`build`], `set_sge` being of the same QP's builders `b`.
+#[inline(always)]
+pub(crate) unsafe fn build_sge(
+    qpx: NonNull<ffi::ibv_qp_ex>,
+    b: &Builders,
+    set_sge: SetSge,
+    wr_id: u64,
+    flags: u32,
+    op: SendOp,
+    sge: ffi::ibv_sge,
+) -> std::result::Result<(), &'static str> {
+    // SAFETY: the caller's contract; `build` without data sets the `wr_id`, the flags and the
+    // operation; the setter is the QP's own, called also for 0 bytes (some providers finish
+    // the queue entry in the data setter).
+    unsafe {
+        build(qpx, b, wr_id, flags, op, None, Data::None)?;
+        (set_sge.0)(qpx.as_ptr(), sge.lkey, sge.addr, sge.length);
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -330,6 +393,37 @@ mod tests {
         let p = Posted::of(libc::ENOMEM, 4, || None);
         assert_eq!((p.certain, p.maybe, p.in_flight()), (0, 4, 4));
         assert!(matches!(p.result("ibv_wr_complete", || "dev"), Err(Error::PostFailed { posted: 4, .. })));
+    }
+
+    #[test]
+    fn a_provider_without_the_single_sge_setter_gets_the_list_setter_with_a_list_of_one() {
+        use std::cell::Cell;
+        thread_local! { static SEEN: Cell<Option<(usize, u32, u64, u32)>> = const { Cell::new(None) } }
+        unsafe extern "C" fn list(_: *mut ffi::ibv_qp_ex, n: usize, sges: *const ffi::ibv_sge) {
+            // SAFETY: the setter gets at least one SGE.
+            let s = unsafe { *sges };
+            SEEN.with(|c| c.set(Some((n, s.lkey, s.addr, s.length))));
+        }
+        unsafe extern "C" fn one(_: *mut ffi::ibv_qp_ex, _: u32, _: u64, _: u32) {}
+        // SAFETY: `ibv_qp_ex` is integers, raw pointers and optional function pointers: zero is
+        // valid, a QP with no builder.
+        let mut qpx: ffi::ibv_qp_ex = unsafe { std::mem::zeroed() };
+        // SAFETY: `qpx` is a live struct; only its members are read.
+        let b = unsafe { Builders::of(NonNull::from(&mut qpx)) };
+        assert_eq!(b.sge_setter().err(), Some("wr_set_sge"), "no setter at all is named");
+
+        qpx.wr_set_sge_list = Some(list);
+        let p = NonNull::from(&mut qpx);
+        // SAFETY: as above.
+        let set = unsafe { Builders::of(p) }.sge_setter().expect("the list setter stands in");
+        // SAFETY: the stand-in reads `wr_set_sge_list` of `p`, the test's setter above.
+        unsafe { (set.0)(p.as_ptr(), 7, 0x1000, 8) };
+        assert_eq!(SEEN.with(Cell::get), Some((1, 7, 0x1000, 8)), "one SGE with the request's key, address, length");
+
+        qpx.wr_set_sge = Some(one);
+        // SAFETY: as above.
+        let set = unsafe { Builders::of(NonNull::from(&mut qpx)) }.sge_setter().expect("the provider's setter");
+        assert_eq!(set.0 as *const (), one as *const (), "the single-SGE setter is used when the provider has it");
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::ptr::NonNull;
 use crate::ffi;
 
 use crate::error::{Error, Result};
-use crate::post::op::{Data, SendOp};
+use crate::post::op::{Data, SendOp, SendOps};
 use crate::post::raw::{self, Builders, Posted};
 use crate::qp::state::Connected;
 use crate::wr_id::{tag, Space};
@@ -76,9 +76,11 @@ impl<T: Connected> SendQueue<'_, T> {
             self.qp.check_postable(if self.posting == Posting::Batch { "ibv_wr_start" } else { "ibv_post_send" })?;
         }
         if let (Posting::Batch, Some((qpx, ops))) = (self.posting, self.qp.extended) {
-            let inline_op = inline.map(|(_, imm, _)| inline_send(imm));
-            let mut all = self.staged.iter().map(|r| r.send_op()).chain(inline_op);
-            if all.all(|op| ops.contains(op.send_ops())) {
+            // The operations of all of them, gathered without stopping at the first the QP
+            // lacks: the common case, a batch, looks at every request anyway.
+            let inline_ops = inline.map_or(SendOps::empty(), |(_, imm, _)| inline_send(imm).send_ops());
+            let all = self.staged.iter().fold(inline_ops, |all, r| all | r.send_op().send_ops());
+            if ops.contains(all) {
                 return self.post_batch(qpx, inline);
             }
         }
@@ -127,13 +129,18 @@ impl<T: Connected> SendQueue<'_, T> {
         // SAFETY: the caller's contract: `qpx` is live.
         let b = unsafe { Builders::of(qpx) };
         let total = self.staged.len() + usize::from(inline.is_some());
-        for (i, r) in self.staged.iter().enumerate() {
-            let wr_id = tag(Space::Send, self.generation, self.next_seq + i as u64);
-            let flags = if i + 1 == total || r.signaled { SIGNALED } else { 0 };
-            let sge = ffi::ibv_sge { addr: r.slot.addr(), length: r.len as u32, lkey: r.slot.lkey() };
-            // SAFETY: the caller's contract (this thread's batch is open on the live `qpx`, and
-            // the operation is among the QP's); the slot stays the queue's (see `post_batch`).
-            unsafe { raw::build(qpx, &b, wr_id, flags, r.send_op(), None, Data::Sge(sge)) }?;
+        if !self.staged.is_empty() {
+            // Every staged request is one slot: its setter is looked up once, for all of them.
+            let set_sge = b.sge_setter()?;
+            for (i, r) in self.staged.iter().enumerate() {
+                let wr_id = tag(Space::Send, self.generation, self.next_seq + i as u64);
+                let flags = if i + 1 == total || r.signaled { SIGNALED } else { 0 };
+                let sge = ffi::ibv_sge { addr: r.slot.addr(), length: r.len as u32, lkey: r.slot.lkey() };
+                // SAFETY: the caller's contract (this thread's batch is open on the live `qpx`,
+                // and the operation is among the QP's); the slot stays the queue's (see
+                // `post_batch`).
+                unsafe { raw::build_sge(qpx, &b, set_sge, wr_id, flags, r.send_op(), sge) }?;
+            }
         }
         if let Some((data, imm, _)) = inline {
             let wr_id = tag(Space::Send, self.generation, self.next_seq + self.staged.len() as u64);
