@@ -7,7 +7,7 @@ use std::ops::ControlFlow;
 use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use rdma_cm::ConnectRequest;
 use rdma_verbs::{AccessFlags, AlignedBuffer, Deadline, Rc, RecvRing, SendQueue, Slot, SlotPool};
@@ -873,7 +873,7 @@ fn session_wakes<'w>(
 
 /// How often the test hook `test_never_ack` sends an old CREDIT.
 #[cfg(feature = "fault-injection")]
-const FLOOD_EVERY: Duration = Duration::from_millis(1);
+const FLOOD_EVERY: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// `s` cut to at most `max` bytes, at a character's boundary.
 fn truncated(mut s: String, max: usize) -> String {
