@@ -475,6 +475,10 @@ impl SendRequest<'_, '_> {
                 }
                 Data::InlineList(&bufs[..sges.len()])
             }
+            // An operation that carries data gets its data setter even for no bytes: some
+            // providers finish the queue entry there (mlx5), and without it the request is
+            // overwritten by the next one or left out of the doorbell.
+            (false, []) if op.carries_data() => Data::Sge(ffi::ibv_sge { addr: 0, length: 0, lkey: 0 }),
             (false, []) => Data::None,
             (false, [s]) => Data::Sge(*s),
             (false, _) => Data::SgeList(sges),

@@ -251,6 +251,40 @@ fn inline_sends_in_a_batch_carry_their_bytes() {
     }
 }
 
+/// Requests of no bytes (a send, the usual notify: a write of nothing with immediate data) go
+/// through a batch like any other, each completing on both sides.
+#[test]
+fn a_batch_posts_requests_of_no_bytes() {
+    let topo = testkit::require_topology!();
+    for (da, db) in device_pairs(&topo) {
+        with_rc_pair_ops(&topo, &da, &db, ALL, Some(OPS), |a, b| {
+            let got =
+                b.qp.scope(T, |sb| {
+                    sb.post_recv(&mut [RecvRequest::new(1, &[]), RecvRequest::new(2, &[])])?;
+                    a.qp.scope(T, |sa| {
+                        let mut batch = sa.batch()?;
+                        batch.push(&SendRequest::send(1, &[]))?;
+                        batch.push(&SendRequest::write(2, &[], b.remote().slice(0, 0).unwrap()).with_imm(5))?;
+                        batch.push(&SendRequest::read(3, &[], b.remote().slice(0, 0).unwrap()))?;
+                        assert_eq!(batch.complete()?, 3);
+                        let done = complete(sa, 3);
+                        let ids: Vec<(u64, u32)> = done.iter().map(|c| (c.0, c.2)).collect();
+                        assert_eq!(ids, [(1, 0), (2, 0), (3, 0)], "{da}->{db}");
+                        Ok::<_, Error>(())
+                    })?;
+                    Ok::<_, Error>(complete(sb, 2))
+                })
+                .unwrap();
+            let seen: Vec<(u64, WcOpcode, u32, Option<u32>)> = got;
+            assert_eq!(seen[0].0, 1, "{da}->{db}");
+            assert_eq!((seen[0].2, seen[0].3), (0, None), "{da}->{db}: the empty send");
+            assert_eq!(seen[1].0, 2, "{da}->{db}");
+            assert_eq!(seen[1].1, WcOpcode::RecvRdmaWithImm, "{da}->{db}");
+            assert_eq!(seen[1].3, Some(5), "{da}->{db}: the notify's immediate");
+        });
+    }
+}
+
 /// A batch leaked with `mem::forget` holds the provider's send-queue lock; its scope aborts it
 /// before it posts again, so the next post goes through instead of spinning for ever, and the
 /// forgotten batch posts nothing.

@@ -70,6 +70,14 @@ pub(crate) enum SendOp {
 }
 
 impl SendOp {
+    /// Whether the operation moves bytes named by a data setter (`ibv_wr_set_sge*`,
+    /// `ibv_wr_set_inline_data*`): every one but the invalidation, the bind and the atomic
+    /// write (whose 8 bytes are the builder's).
+    #[inline(always)]
+    pub(crate) fn carries_data(&self) -> bool {
+        !matches!(self, SendOp::LocalInv { .. } | SendOp::BindMw { .. } | SendOp::AtomicWrite { .. })
+    }
+
     /// The flag an extended QP must have been created with to post this operation.
     #[inline(always)]
     pub(crate) fn send_ops(&self) -> SendOps {
@@ -92,7 +100,7 @@ impl SendOp {
 /// Where the bytes of one request are, as the data setters of `ibv_wr_post(3)` take them.
 #[derive(Clone, Copy)]
 pub(crate) enum Data<'a> {
-    /// No bytes, and no setter call (atomic write, invalidations, binds, empty SGE lists).
+    /// No setter call: the operations that carry no data ([`SendOp::carries_data`]).
     None,
     /// One registered buffer (`ibv_wr_set_sge`), set also when it is 0 bytes long: some
     /// providers finish the queue entry in the data setter.
