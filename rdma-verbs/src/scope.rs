@@ -439,7 +439,9 @@ impl<'s, 'env, T: Transport, S: TypeState> PostScope<'s, 'env, T, S> {
     /// request the scope counted. A batch opened on another thread than this one's is left
     /// (the provider's lock is that thread's to release); the scope's end tries again.
     pub(crate) fn end_forgotten_batch(&mut self) {
-        if self.open_batch != Some(std::thread::current().id()) {
+        // The thread is asked only when a batch is open: never on the posting path itself.
+        let Some(opener) = self.open_batch else { return };
+        if opener != std::thread::current().id() {
             return;
         }
         self.open_batch = None;
