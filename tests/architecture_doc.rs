@@ -36,7 +36,7 @@ fn every_library_source_file_is_in_the_architecture_tables() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let doc = std::fs::read_to_string(root.join("docs/architecture.md")).unwrap();
     let mut problems = Vec::new();
-    for crate_name in ["rdma-verbs", "rdma-cm", "rdma-proto"] {
+    for crate_name in ["rdma-verbs", "rdma-cm", "rdma-proto", "rdma-stream"] {
         let src = root.join(crate_name).join("src");
         let mut files = BTreeSet::new();
         sources(&src, &src, &mut files);

@@ -32,7 +32,7 @@ mod guest_crash;
 mod test;
 
 /// The crates users build: the MSRV applies to them and everything they pull in.
-const LIBRARY_CRATES: &[&str] = &["rdma-verbs-sys", "rdma-verbs", "rdma-cm", "rdma-proto"];
+const LIBRARY_CRATES: &[&str] = &["rdma-verbs-sys", "rdma-verbs", "rdma-cm", "rdma-proto", "rdma-stream"];
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();

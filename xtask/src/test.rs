@@ -14,7 +14,7 @@ use crate::{artifacts_of, count, guest_crash};
 const TESTED_FEATURES: [&str; 2] = ["--features", "rdma-tools/fault-injection,rdma-tools/tokio,rdma-verbs/memmap2"];
 
 /// The library crates, in publishing order.
-const PUBLISHED: [&str; 4] = ["rdma-verbs-sys", "rdma-verbs", "rdma-cm", "rdma-proto"];
+const PUBLISHED: [&str; 5] = ["rdma-verbs-sys", "rdma-verbs", "rdma-cm", "rdma-proto", "rdma-stream"];
 /// The VM runs keep the guest kernel's console, so that a guest that dies (a panic reboots it
 /// at once) leaves its last messages in the command's output (`scripts/softroce`).
 const GUEST_CONSOLE: [(&str, &str); 1] = [("SOFTROCE_VERBOSE", "1")];

@@ -1,0 +1,152 @@
+//! tokio's `AsyncRead` + `AsyncWrite` for [`Stream`], and its owned halves (feature `tokio`).
+//!
+//! Cancel safety, as tokio documents it for `TcpStream`: a `read` future dropped before it
+//! completes has read nothing (bytes stay for the next read); a `write` future dropped before
+//! it completes has written nothing, and one that completed with `n` took those `n` bytes for
+//! good (they are sent even if the caller never polls again, as soon as any operation on the
+//! stream or its halves, or its drop, finds credits for them). `flush` and `shutdown` may be
+//! dropped and called again.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use parking_lot::Mutex;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use crate::link::{ReadOutcome, Shared};
+use crate::wait::Sleep;
+use crate::Stream;
+
+fn poll_read(
+    shared: &Arc<Shared>,
+    sleep: &mut Option<Sleep>,
+    cx: &mut Context<'_>,
+    buf: &mut ReadBuf<'_>,
+) -> Poll<io::Result<()>> {
+    shared
+        .poll_wait(sleep, cx, |st| match st.read(buf.initialize_unfilled()) {
+            Ok(ReadOutcome::Read(n)) => Some(Ok(n)),
+            Ok(ReadOutcome::Empty) => None,
+            Err(e) => Some(Err(e)),
+        })
+        .map_ok(|n| buf.advance(n))
+}
+
+fn poll_write(
+    shared: &Arc<Shared>,
+    sleep: &mut Option<Sleep>,
+    cx: &mut Context<'_>,
+    buf: &[u8],
+) -> Poll<io::Result<usize>> {
+    shared.poll_wait(sleep, cx, |st| st.write(buf).transpose())
+}
+
+fn poll_flush(shared: &Arc<Shared>, sleep: &mut Option<Sleep>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    shared.poll_wait(sleep, cx, |st| match st.flushed() {
+        Ok(true) => Some(Ok(())),
+        Ok(false) => None,
+        Err(e) => Some(Err(e)),
+    })
+}
+
+fn poll_shutdown(shared: &Arc<Shared>, sleep: &mut Option<Sleep>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    shared.state.lock().shutdown();
+    poll_flush(shared, sleep, cx)
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        poll_read(&this.shared, this.read_sleep.get_mut(), cx, buf)
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        poll_write(&this.shared, this.write_sleep.get_mut(), cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        poll_flush(&this.shared, this.write_sleep.get_mut(), cx)
+    }
+
+    /// Ends this direction ([`Stream::shutdown_write`]) and waits until the end was sent.
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        poll_shutdown(&this.shared, this.write_sleep.get_mut(), cx)
+    }
+}
+
+impl Stream {
+    /// Splits the stream into a reading and a writing half that can move to different tasks
+    /// (feature `tokio`). The connection ends when both are dropped.
+    pub fn into_split(self) -> (OwnedReadHalf, OwnedWriteHalf) {
+        let shared = Arc::clone(&self.shared);
+        let write = OwnedWriteHalf { shared: Arc::clone(&shared), sleep: Mutex::new(None), shutdown_on_drop: true };
+        (OwnedReadHalf { shared, sleep: Mutex::new(None), _stream: Arc::new(self) }, write)
+    }
+}
+
+/// The reading half of a [`Stream`] ([`Stream::into_split`]).
+pub struct OwnedReadHalf {
+    shared: Arc<Shared>,
+    sleep: Mutex<Option<Sleep>>,
+    /// Keeps the stream (its timeouts, its drop) alive with the read half.
+    _stream: Arc<Stream>,
+}
+
+/// The writing half of a [`Stream`] ([`Stream::into_split`]). Dropping it ends this direction,
+/// as `tokio::net::tcp::OwnedWriteHalf` does.
+pub struct OwnedWriteHalf {
+    shared: Arc<Shared>,
+    sleep: Mutex<Option<Sleep>>,
+    shutdown_on_drop: bool,
+}
+
+impl std::fmt::Debug for OwnedReadHalf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OwnedReadHalf").field("peer", &self.shared.conn.peer_addr()).finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for OwnedWriteHalf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OwnedWriteHalf").field("peer", &self.shared.conn.peer_addr()).finish_non_exhaustive()
+    }
+}
+
+impl AsyncRead for OwnedReadHalf {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        poll_read(&this.shared, this.sleep.get_mut(), cx, buf)
+    }
+}
+
+impl AsyncWrite for OwnedWriteHalf {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        poll_write(&this.shared, this.sleep.get_mut(), cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        poll_flush(&this.shared, this.sleep.get_mut(), cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        poll_shutdown(&this.shared, this.sleep.get_mut(), cx)
+    }
+}
+
+impl Drop for OwnedWriteHalf {
+    fn drop(&mut self) {
+        if self.shutdown_on_drop {
+            self.shared.state.lock().shutdown();
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! Device tests of the byte stream, rxe1 (10.77.0.2) -> rxe0 (10.77.0.1): echoes of every size in
+//! both directions with random splits, the half-close, both peers writing at once, a peer that
+//! leaves, dropped futures, and many connections in a row. Ports 7600..7649.
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use rdma_stream::{Listener, Options, Stream};
+
+const T: Duration = Duration::from_secs(20);
+
+fn addrs(port: u16) -> Option<(SocketAddr, SocketAddr)> {
+    let topo = testkit::topology()?;
+    Some((SocketAddr::new(topo.server.addr.into(), port), SocketAddr::new(topo.client.addr.into(), 0)))
+}
+
+/// A connected pair: (client, server).
+fn pair(port: u16, options: &Options) -> Option<(Stream, Stream)> {
+    let (server_addr, from) = addrs(port)?;
+    let listener = Listener::bind_with(server_addr, options).unwrap();
+    let accept = std::thread::spawn(move || listener.accept().wait(T).unwrap());
+    let client = Stream::connect_with(server_addr, Some(from), options).wait(T).unwrap();
+    Some((client, accept.join().unwrap()))
+}
+
+/// A xorshift generator for split sizes.
+struct Rng(u64);
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % n as u64) as usize
+    }
+}
+
+/// Writes `data` in random pieces of up to `max` bytes.
+fn write_split(mut s: &Stream, data: &[u8], rng: &mut Rng, max: usize) {
+    let mut at = 0;
+    while at < data.len() {
+        let n = (1 + rng.below(max)).min(data.len() - at);
+        at += s.write(&data[at..at + n]).unwrap();
+    }
+    s.flush().unwrap();
+}
+
+/// Reads exactly `len` bytes in random pieces of up to `max` bytes.
+fn read_split(mut s: &Stream, len: usize, rng: &mut Rng, max: usize) -> Vec<u8> {
+    let mut got = vec![0u8; len];
+    let mut at = 0;
+    while at < len {
+        let n = (1 + rng.below(max)).min(len - at);
+        let k = s.read(&mut got[at..at + n]).unwrap();
+        assert!(k > 0, "end of file after {at} of {len} bytes");
+        at += k;
+    }
+    got
+}
+
+#[test]
+fn echoes_of_1_byte_to_16_mib_come_back_whole_in_both_directions_with_random_splits() {
+    let Some((client, server)) = pair(7600, &Options::new()) else { return };
+    let echo = std::thread::spawn(move || {
+        let mut rng = Rng(7);
+        let mut buf = vec![0u8; 1 << 20];
+        let mut total = 0usize;
+        loop {
+            let n = (&server).read(&mut buf[..1 + rng.below(1 << 20)]).unwrap();
+            if n == 0 {
+                return total;
+            }
+            total += n;
+            (&server).write_all(&buf[..n]).unwrap();
+        }
+    });
+    let mut rng = Rng(42);
+    let mut sent = 0;
+    let started = Instant::now();
+    for size in [1usize, 7, 64, 1000, 4096, 65535, 65536, 65537, 1 << 20, 3 << 20, 16 << 20] {
+        let data = testkit::random_bytes(size, size as u64);
+        let reader = {
+            // Read the echo beside the writes: a 16 MiB message is over both windows.
+            let client = &client;
+            std::thread::scope(|s| {
+                let r = s.spawn(|| read_split(client, size, &mut Rng(size as u64 + 1), 200_000));
+                write_split(client, &data, &mut rng, 300_000);
+                r.join().unwrap()
+            })
+        };
+        assert!(reader == data, "the echo of {size} bytes differs");
+        sent += size;
+    }
+    client.shutdown_write().unwrap();
+    let mut rest = Vec::new();
+    (&client).read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty());
+    assert_eq!(echo.join().unwrap(), sent);
+    eprintln!("echoed {sent} bytes in {:?}", started.elapsed());
+}
+
+#[test]
+fn a_half_close_gives_the_peer_every_byte_then_end_of_file_and_the_other_direction_goes_on() {
+    let Some((mut client, mut server)) = pair(7601, &Options::new()) else { return };
+    client.write_all(b"request").unwrap();
+    client.shutdown_write().unwrap();
+    assert_eq!(client.write(b"x").unwrap_err().kind(), std::io::ErrorKind::BrokenPipe);
+    let mut got = Vec::new();
+    server.read_to_end(&mut got).unwrap();
+    assert_eq!(got, b"request");
+    assert_eq!(server.read(&mut [0u8; 8]).unwrap(), 0, "end of file stays");
+    server.write_all(b"response after the client's end").unwrap();
+    drop(server); // ends the server's direction after its bytes
+    let mut got = Vec::new();
+    client.read_to_end(&mut got).unwrap();
+    assert_eq!(got, b"response after the client's end");
+}
+
+#[test]
+fn two_peers_that_write_their_windows_without_reading_do_not_deadlock() {
+    let options = Options::new().message_size(4096).messages(8);
+    let Some((client, server)) = pair(7602, &options) else { return };
+    // What each may write before the other reads: the window and the message being filled.
+    let n = options.window();
+    let a = testkit::random_bytes(n, 1);
+    let b = testkit::random_bytes(n, 2);
+    let start = Instant::now();
+    let (ga, gb) = std::thread::scope(|s| {
+        let w1 = s.spawn(|| (&client).write_all(&a).unwrap());
+        let w2 = s.spawn(|| (&server).write_all(&b).unwrap());
+        w1.join().unwrap();
+        w2.join().unwrap();
+        let r1 = s.spawn(|| read_split(&client, n, &mut Rng(3), 5000));
+        let r2 = s.spawn(|| read_split(&server, n, &mut Rng(4), 5000));
+        (r1.join().unwrap(), r2.join().unwrap())
+    });
+    assert!(ga == b && gb == a);
+    assert!(start.elapsed() < T);
+}
+
+#[test]
+fn a_dropped_peer_ends_its_direction_after_its_bytes_and_the_reader_sees_end_of_file_at_once() {
+    let Some((client, server)) = pair(7603, &Options::new()) else { return };
+    let reader = std::thread::spawn(move || {
+        let mut got = Vec::new();
+        let result = (&server).read_to_end(&mut got).map(|_| got.len());
+        (result, Instant::now())
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    (&client).write_all(&[5u8; 100_000]).unwrap();
+    drop(client);
+    let dropped = Instant::now();
+    let (result, at) = reader.join().unwrap();
+    assert_eq!(result.unwrap(), 100_000);
+    assert!(at.duration_since(dropped) < Duration::from_secs(5), "the reader waited {:?}", at - dropped);
+}
+
+#[test]
+fn a_peer_killed_mid_stream_fails_the_read_with_an_error_not_a_hang() {
+    let Some((server_addr, from)) = addrs(7604) else { return };
+    let listener = Listener::bind(server_addr).unwrap();
+    let mut child = std::process::Command::new(testkit::example("stream"))
+        .args(["send", &server_addr.to_string(), "--from", &from.ip().to_string(), "--forever"])
+        .spawn()
+        .unwrap();
+    let mut stream = listener.accept().wait(T).unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0;
+    while total < 8 << 20 {
+        total += stream.read(&mut buf).unwrap();
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let killed = Instant::now();
+    let end = loop {
+        match stream.read(&mut buf) {
+            Ok(0) => break Ok(()),
+            Ok(_) => {}
+            Err(e) => break Err(e),
+        }
+    };
+    let e = end.expect_err("a killed peer is no end of file");
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
+    assert!(killed.elapsed() < Duration::from_secs(10), "the read failed after {:?}", killed.elapsed());
+    let w = stream.write(b"x").unwrap_err();
+    assert!(matches!(w.kind(), std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset), "{w}");
+}
+
+#[test]
+fn a_listener_dropped_with_a_connect_pending_fails_the_connect_at_once() {
+    let Some((server_addr, from)) = addrs(7605) else { return };
+    let listener = Listener::bind(server_addr).unwrap();
+    let connect = std::thread::spawn(move || {
+        let result = Stream::connect_with(server_addr, Some(from), &Options::new()).wait(T);
+        (result.map(|_| ()), Instant::now())
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    drop(listener);
+    let dropped = Instant::now();
+    let (result, at) = connect.join().unwrap();
+    assert!(result.is_err(), "the connect to a dropped listener succeeded");
+    assert!(at.saturating_duration_since(dropped) < Duration::from_secs(5), "{:?}", at - dropped);
+}
