@@ -19,7 +19,7 @@ use crate::{Options, Result};
 /// message's immediate value, so a writer never sends what the peer has no buffer for
 /// (docs/stream.md). It is `Read + Write` (also through `&Stream`, so that one thread reads
 /// while another writes), and with the feature `tokio` `AsyncRead + AsyncWrite`
-/// ([`into_split`](Stream::into_split) gives halves for two tasks).
+/// (`into_split` gives halves for two tasks).
 ///
 /// What a user of `TcpStream` relies on holds:
 /// - a `write` takes bytes while the peer's window has room and blocks (or is `Pending`) only
