@@ -163,8 +163,12 @@ fn a_peer_that_keeps_opening_connections_cannot_keep_a_sender_with_the_secret_ou
                 }
             });
         }
-        // The churn fills every place, then keeps them young.
-        std::thread::sleep(Duration::from_secs(8));
+        // The churn fills every place (a connection of it is refused), then keeps them young:
+        // the sender starts once they are full, every place younger than `--preempt-after`.
+        let t = Instant::now();
+        while refused.load(Ordering::Acquire) == 0 && t.elapsed() < Duration::from_secs(30) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let before = refused.load(Ordering::Acquire);
         let t = Instant::now();
         let out = keyed_sender(&topo, 7656, &src.join("f"), &["--quiet", "--timeout", "20"]).wait_with_output();

@@ -165,8 +165,15 @@ fn a_changed_source_starts_over_and_stale_partials_expire() {
     assert!(std::fs::read(dst.join("f")).unwrap() == data);
     // The old version's partial is still there (nothing claimed it) ...
     assert!(listing(&dst).iter().any(|n| n.ends_with(".part.rdcp-tmp")), "{:?}", listing(&dst));
-    // ... until a receiver with a short TTL starts after it expired.
-    std::thread::sleep(Duration::from_millis(2100));
+    // ... until a receiver with a short TTL starts after it expired: its files last written
+    // over 2 s ago (the sweep counts mtimes in whole seconds), part of which the resend took.
+    let age = listing(&dst)
+        .iter()
+        .filter(|n| n.ends_with(".part.rdcp-tmp") || n.ends_with(".meta.rdcp-tmp"))
+        .map(|n| std::fs::metadata(dst.join(n)).unwrap().modified().unwrap().elapsed().unwrap_or_default())
+        .min()
+        .unwrap_or_default();
+    std::thread::sleep(Duration::from_millis(2100).saturating_sub(age));
     let mut rx = Receiver::start(&topo, 7582, &["--dir", dst.to_str().unwrap(), "--partial-ttl", "1"]);
     assert_eq!(listing(&dst), ["f"], "the stale partial expired");
     rx.child.kill().unwrap();

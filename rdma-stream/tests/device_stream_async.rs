@@ -135,7 +135,16 @@ async fn a_thousand_connections_in_a_row_leave_the_verbs_resources_and_fds_as_th
     };
     tokio::time::timeout(Duration::from_secs(300), all).await.expect("1000 connections within 300 s");
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(testkit::open_fds(), fds, "open fds: before {before:?}, after {:?}", fd_targets());
+    // A thread's wake-up eventfd (rdma-verbs' sleepers) is made on the thread's first blocking
+    // sleep in a queue's drain and lives with the thread: at most that one may be new.
+    let after = fd_targets();
+    let new: Vec<&String> = after.iter().filter(|fd| !before.contains(fd)).collect();
+    assert!(
+        new.len() <= 1 && new.iter().all(|fd| fd.ends_with("anon_inode:[eventfd]")),
+        "fds left open: {new:?} ({} before, {} after)",
+        fds,
+        testkit::open_fds()
+    );
     assert_eq!(testkit::resource_count(&device, "qp"), qps, "QPs on {device}");
     assert_eq!(testkit::resource_count(&device, "mr"), mrs, "MRs on {device}");
 }

@@ -101,15 +101,16 @@ fn a_multi_thread_runtime_serves_32_clients() {
     serve_32_clients(multi_thread());
 }
 
-/// An idle task awaiting a message costs no core: 10 s of `recv_async` on a current-thread
-/// runtime, measured on the runtime's thread (printed).
+/// An idle task awaiting a message costs no core: 3 s of `recv_async` on a current-thread
+/// runtime, measured on the runtime's thread (printed). The share of a core is what is judged,
+/// so a short window judges as a long one does.
 #[test]
 fn an_idle_async_wait_sleeps() {
     let topo = testkit::require_topology!();
     let (_c, mut server) = echo_links(&topo, 1, true).pop().unwrap();
     let rt = current_thread();
     let (cpu, wall) = (thread_cpu(), Instant::now());
-    let r = rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), server.ring.recv_async()).await });
+    let r = rt.block_on(async { tokio::time::timeout(Duration::from_secs(3), server.ring.recv_async()).await });
     let (cpu, wall) = (thread_cpu() - cpu, wall.elapsed());
     assert!(r.is_err(), "a message came on an idle link");
     let share = cpu.as_secs_f64() / wall.as_secs_f64();

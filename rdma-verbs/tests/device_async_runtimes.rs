@@ -177,7 +177,8 @@ fn child_queue_in_a_thread_local() {
         return;
     }
     let topo = testkit::require_topology!();
-    let (client, server) = echo_links(&topo, 1, true).pop().unwrap();
+    // The drop waits out its drain timeout (any will do: 1 s, not `T`'s 5), then flushes.
+    let (client, server) = echo_links_draining(&topo, 1, true, false, Duration::from_secs(1)).pop().unwrap();
     // No receives on the server: the client's sends wait for the peer (receiver not ready).
     let Link { sq, ring, pool } = server;
     drop(ring);

@@ -15,8 +15,8 @@
 //!     update` there (the committed lock stays), removed after.
 //! cargo xtask test [--no-vm]
 //!     every test of the project, step by named step (fmt, lint, docs, host-tests, newest-deps,
-//!     device-tests on Linux 6.1, device-tests-6.12, zero-copy), as scripts/test (which installs
-//!     what is missing first) and CI run it.
+//!     device-tests on Linux 6.1, device-tests-6.12: every device test, bench and the zero-copy
+//!     check on each kernel), as scripts/test (which installs what is missing first) and CI run it.
 //! cargo xtask totals FILE
 //!     sums the libtest and bench result lines of a test run's log, leaving out the host's runs of
 //!     device tests (they skip there), and prints "N passed, M failed".

@@ -334,6 +334,19 @@ pub fn echo_links(topo: &testkit::Topology, n: usize, channels: bool) -> Vec<(Li
 
 /// [`echo_links`], on extended CQs (`CompletionQueue::new_ex`) when `extended`.
 pub fn echo_links_with(topo: &testkit::Topology, n: usize, channels: bool, extended: bool) -> Vec<(Link, Link)> {
+    echo_links_draining(topo, n, channels, extended, T)
+}
+
+/// [`echo_links_with`], each send queue and ring with `drain` as its drain timeout (`T` in the
+/// others): for a test that waits for a drop's or a close's drain timeout to run out, which
+/// needs only that it runs out, not how long it is.
+pub fn echo_links_draining(
+    topo: &testkit::Topology,
+    n: usize,
+    channels: bool,
+    extended: bool,
+    drain: Duration,
+) -> Vec<(Link, Link)> {
     let (ctx_c, pd_c) = open_shared(&topo.client.device);
     let (ctx_s, pd_s) = open_shared(&topo.server.device);
     let end = |ctx: &Arc<Context>, pd: &Arc<ProtectionDomain<'static>>| {
@@ -352,7 +365,7 @@ pub fn echo_links_with(topo: &testkit::Topology, n: usize, channels: bool, exten
             .init(InitAttr::new(topo.port).access(AccessFlags::LOCAL_WRITE))
             .unwrap();
         let ring_pool = SlotPool::new(pd.clone(), 64, 16, AccessFlags::LOCAL_WRITE).unwrap();
-        let ring = RecvRing::new(&qp, ring_pool, 16, T).unwrap();
+        let ring = RecvRing::new(&qp, ring_pool, 16, drain).unwrap();
         let pool = SlotPool::new(pd.clone(), 64, 32, AccessFlags::LOCAL_WRITE).unwrap();
         (qp, ring, pool)
     };
@@ -362,7 +375,7 @@ pub fn echo_links_with(topo: &testkit::Topology, n: usize, channels: bool, exten
             let (qs, rs, ps) = end(&ctx_s, &pd_s);
             let (qc, qs) = connect_pair(topo, qc, qs);
             let link = |qp: QueuePair<'static, Rc, ReadyToSend>, ring, pool| Link {
-                sq: SendQueue::new(&qp, T).unwrap(),
+                sq: SendQueue::new(&qp, drain).unwrap(),
                 ring,
                 pool,
             };
