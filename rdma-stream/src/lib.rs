@@ -40,6 +40,10 @@ mod wire;
 
 #[cfg(feature = "tokio")]
 mod async_io;
+#[cfg(feature = "hyper")]
+pub mod hyper;
+#[cfg(feature = "tonic")]
+pub mod tonic;
 
 #[cfg(feature = "tokio")]
 pub use async_io::{OwnedReadHalf, OwnedWriteHalf};

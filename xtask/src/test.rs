@@ -9,9 +9,11 @@ use std::process::{Command, Stdio};
 use crate::{artifacts_of, count, guest_crash};
 
 /// The tests run with the fault-injection hooks (rdma-copy's hidden test flags), the async
-/// fronts (feature `tokio` of each library crate) and rdma-verbs' `memmap2` buffers built in; the
-/// default build, without them, is linted and documented too.
-const TESTED_FEATURES: [&str; 2] = ["--features", "rdma-tools/fault-injection,rdma-tools/tokio,rdma-verbs/memmap2"];
+/// fronts (feature `tokio` of each library crate), rdma-verbs' `memmap2` buffers and the gRPC
+/// and HTTP examples over rdma-stream (`stream-ecosystem`: its `tonic` and `hyper` features)
+/// built in; the default build, without them, is linted and documented too.
+const TESTED_FEATURES: [&str; 2] =
+    ["--features", "rdma-tools/fault-injection,rdma-tools/tokio,rdma-verbs/memmap2,rdma-tools/stream-ecosystem"];
 
 /// The library crates, in publishing order.
 const PUBLISHED: [&str; 5] = ["rdma-verbs-sys", "rdma-verbs", "rdma-cm", "rdma-proto", "rdma-stream"];
