@@ -54,6 +54,9 @@ struct Run {
     /// The guest crash in rxe whose remaining binaries ran again in a fresh boot, when one did
     /// (at most one per run): said again in the summary.
     rxe_rerun: Option<String>,
+    /// The guest that died while it booted, before any binary started, and was booted again,
+    /// when one did (at most one per run): said again in the summary.
+    boot_rerun: Option<String>,
 }
 
 type Step = Result<(), String>;
@@ -64,7 +67,7 @@ pub(crate) fn newest_deps() -> Step {
     let results_path = target_dir(&root).join("newest-deps-results.log");
     std::fs::create_dir_all(results_path.parent().expect("a parent")).map_err(|e| e.to_string())?;
     let results = File::create(&results_path).map_err(|e| format!("{}: {e}", results_path.display()))?;
-    Run { root, results, results_path, rxe_rerun: None }.newest_deps()
+    Run { root, results, results_path, rxe_rerun: None, boot_rerun: None }.newest_deps()
 }
 
 pub(crate) fn test(args: &[String]) -> Step {
@@ -77,7 +80,7 @@ pub(crate) fn test(args: &[String]) -> Step {
     let results_path = target_dir(&root).join("test-results.log");
     std::fs::create_dir_all(results_path.parent().expect("a parent")).map_err(|e| e.to_string())?;
     let results = File::create(&results_path).map_err(|e| format!("{}: {e}", results_path.display()))?;
-    let mut run = Run { root, results, results_path, rxe_rerun: None };
+    let mut run = Run { root, results, results_path, rxe_rerun: None, boot_rerun: None };
 
     run.step("fmt", "cargo fmt --check");
     run.cargo(&["fmt", "--all", "--check"], &[])?;
@@ -199,7 +202,7 @@ pub(crate) fn test(args: &[String]) -> Step {
         result.map_err(|e| format!("device tests or benches failed{on}: {e}"))?;
     }
 
-    if let Some(note) = &run.rxe_rerun {
+    for note in [&run.boot_rerun, &run.rxe_rerun].into_iter().flatten() {
         log(&format!("NOTE: {note}"));
     }
     println!("tests: {passed} passed, {failed} failed");
@@ -329,17 +332,32 @@ impl Run {
     }
 
     /// Runs the `run-tests` list `lines` in the Soft-RoCE VM on `kernel`, with the guest's
-    /// console kept. When the guest dies in an oops that runs through rxe, the binaries that had
-    /// not finished run again in a fresh boot, once per run of the command, and loudly; any other
-    /// crash, or a second one, fails (see `guest_crash`).
+    /// console kept. A guest that dies while it boots, before any binary started, boots again
+    /// with the whole list; one that dies in an oops that runs through rxe runs the binaries
+    /// that had not finished again in a fresh boot. Each happens at most once per run of the
+    /// command, loudly; any other crash, or a second one, fails (see `guest_crash`).
     fn vm(&mut self, kernel: &str, list_name: &str, lines: &[String]) -> Step {
         let run_tests = self.root.join("scripts/guest/run-tests");
         let run_tests = run_tests.to_str().ok_or("a non-UTF-8 path")?.to_owned();
         let list = write_list(&self.root, list_name, lines)?;
         let args = ["run", "--kernel", kernel, "--timeout", VM_TIMEOUT_S, "--", &run_tests, &list];
-        let (result, output) = self.tee_output("scripts/softroce", &args, &GUEST_CONSOLE);
-        let crashed = result.is_err() && output.iter().any(|l| l.starts_with("softroce: the guest's whole console"));
-        if !crashed || self.rxe_rerun.is_some() {
+        let (mut result, mut output) = self.tee_output("scripts/softroce", &args, &GUEST_CONSOLE);
+        let crashed = |output: &[String]| output.iter().any(|l| l.starts_with("softroce: the guest's whole console"));
+        if result.is_err() && crashed(&output) && guest_crash::running(&output).is_none() && self.boot_rerun.is_none() {
+            let console = guest_crash::kept_console(&output).ok_or("the kept console's path was not printed")?;
+            let text = std::fs::read_to_string(console).map_err(|e| format!("{console}: {e}"))?;
+            let oops = guest_crash::oops(&text).unwrap_or_else(|| "no oops in the console".into());
+            let first = oops.lines().next().unwrap_or_default();
+            let note = format!(
+                "the Linux {kernel} guest died while it booted, before any binary started \
+                 (docs/testing.md \"Known limits\"): {first}; its console: {console}; it booted again"
+            );
+            log(&format!("RE-BOOT: {note}"));
+            eprintln!("{oops}");
+            self.boot_rerun = Some(note);
+            (result, output) = self.tee_output("scripts/softroce", &args, &GUEST_CONSOLE);
+        }
+        if result.is_ok() || !crashed(&output) || self.rxe_rerun.is_some() {
             return result;
         }
         let console = guest_crash::kept_console(&output).ok_or("the kept console's path was not printed")?;
@@ -494,7 +512,8 @@ impl Run {
 mod tests {
     //! `Run::vm`'s handling of a guest that dies, end to end but for the VM: a stand-in
     //! `scripts/softroce` follows a plan (one line per call: `rxe` dies in an oops through rxe
-    //! while the list's second binary runs, `other` dies in an oops outside it, `ok` passes),
+    //! while the list's second binary runs, `other` dies in an oops outside it, `boot` dies
+    //! before `run-tests` started anything, `ok` passes),
     //! prints what the real one prints (`run-tests`' "--- device tests: NAME" lines, then the
     //! kept console's line) and exits 125 as it does for a guest that died. The real script's
     //! side (console kept, exit 125) was seen with a real panic (`docs/testing.md`).
@@ -520,6 +539,11 @@ case $mode in
 ok) cut -f3 "$list" | sed 's/^/--- device tests: /'; exit 0 ;;
 rxe) oops "rxe_receiver+0x1cc6/0x2410 [rdma_rxe]" >"$dir/console-$n" ;;
 other) oops "ext4_find_entry+0x1/0x2" >"$dir/console-$n" ;;
+boot)
+    oops "sched_clock_cpu+0x9/0x190" >"$dir/console-$n"
+    echo "softroce: the guest's whole console is kept in $dir/console-$n"
+    exit 125
+    ;;
 esac
 head -n 2 "$list" | cut -f3 | sed 's/^/--- device tests: /'
 echo "softroce: the guest's whole console is kept in $dir/console-$n"
@@ -538,7 +562,7 @@ exit 125
         std::fs::write(root.join("plan"), plan).unwrap();
         let results_path = root.join("results.log");
         let results = File::create(&results_path).unwrap();
-        (Run { root: root.clone(), results, results_path, rxe_rerun: None }, root)
+        (Run { root: root.clone(), results, results_path, rxe_rerun: None, boot_rerun: None }, root)
     }
 
     fn list() -> Vec<String> {
@@ -583,5 +607,38 @@ exit 125
     #[test]
     fn a_crash_outside_rxe_fails_without_a_re_run() {
         fails_after("other", "other\nok\n", 1);
+    }
+
+    #[test]
+    fn a_guest_that_dies_while_it_boots_boots_again_with_the_whole_list_once() {
+        let (mut run, root) = run_with("boot", "boot\nok\nboot\n");
+        run.vm("6.12", "boot-test.list", &list()).expect("the second boot passed");
+        assert_eq!(calls(&root), 2);
+        let again = std::fs::read_to_string(root.join("list-1")).unwrap();
+        assert_eq!(again, "/dir\t/exe-a\ta\n/dir\t/exe-b\tb\n/dir\t/exe-c\tc\n", "the whole list");
+        let note = run.boot_rerun.clone().expect("the note for the summary");
+        assert!(note.contains("while it booted") && note.contains("console-0"), "{note}");
+        assert!(run.rxe_rerun.is_none());
+        // Once per run: a second death at boot, in a later VM run of the command, fails.
+        assert!(run.vm("6.1", "boot-test-2.list", &list()).is_err());
+        assert_eq!(calls(&root), 3);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn a_guest_that_dies_at_boot_twice_in_a_row_fails() {
+        let (mut run, root) = run_with("boot-twice", "boot\nboot\nok\n");
+        assert!(run.vm("6.12", "boot-twice-test.list", &list()).is_err());
+        assert_eq!(calls(&root), 2);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn a_crash_in_rxe_after_a_second_boot_still_gets_its_re_run() {
+        let (mut run, root) = run_with("boot-rxe", "boot\nrxe\nok\n");
+        run.vm("6.12", "boot-rxe-test.list", &list()).expect("the re-run passed");
+        assert_eq!(calls(&root), 3);
+        assert!(run.boot_rerun.is_some() && run.rxe_rerun.is_some());
+        let _ = std::fs::remove_dir_all(&root);
     }
 }
