@@ -83,7 +83,14 @@ fn borrowed_round(topo: &testkit::Topology, case: Case) {
             drop((qp_s, qp_r));
             drop(sq);
         }
-        Case::DropRingFirst => drop(ring),
+        Case::DropRingFirst => {
+            drop(ring);
+            // The QPs go before the target MR: a ring's drop leaves its QP in the error state
+            // (not reset), and 6.1's rxe then holds the MR being written until the QP is
+            // destroyed; deregistering that MR first blocks 50 s in `ibv_dereg_mr` and frees an
+            // MR rxe still uses (docs/testing.md, "Known limits").
+            drop((qp_s, qp_r));
+        }
         Case::DropPoolHandlesFirst => {
             drop((pool, ring_pool));
             drop(target);
