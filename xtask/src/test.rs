@@ -57,6 +57,8 @@ struct Run {
     /// The guest that died while it booted, before any binary started, and was booted again,
     /// when one did (at most one per run): said again in the summary.
     boot_rerun: Option<String>,
+    /// Each step's name and start, for the step times printed as the run goes and at its end.
+    steps: Vec<(String, std::time::Instant)>,
 }
 
 type Step = Result<(), String>;
@@ -67,7 +69,7 @@ pub(crate) fn newest_deps() -> Step {
     let results_path = target_dir(&root).join("newest-deps-results.log");
     std::fs::create_dir_all(results_path.parent().expect("a parent")).map_err(|e| e.to_string())?;
     let results = File::create(&results_path).map_err(|e| format!("{}: {e}", results_path.display()))?;
-    Run { root, results, results_path, rxe_rerun: None, boot_rerun: None }.newest_deps()
+    Run { root, results, results_path, rxe_rerun: None, boot_rerun: None, steps: Vec::new() }.newest_deps()
 }
 
 pub(crate) fn test(args: &[String]) -> Step {
@@ -80,8 +82,15 @@ pub(crate) fn test(args: &[String]) -> Step {
     let results_path = target_dir(&root).join("test-results.log");
     std::fs::create_dir_all(results_path.parent().expect("a parent")).map_err(|e| e.to_string())?;
     let results = File::create(&results_path).map_err(|e| format!("{}: {e}", results_path.display()))?;
-    let mut run = Run { root, results, results_path, rxe_rerun: None, boot_rerun: None };
+    let mut run = Run { root, results, results_path, rxe_rerun: None, boot_rerun: None, steps: Vec::new() };
 
+    let result = run_test(&mut run, vm);
+    log(&format!("step times: {}", run.step_times()));
+    result
+}
+
+/// The test command's steps, in order: the first that fails ends the run.
+fn run_test(run: &mut Run, vm: bool) -> Step {
     run.step("fmt", "cargo fmt --check");
     run.cargo(&["fmt", "--all", "--check"], &[])?;
 
@@ -298,8 +307,26 @@ fn rdma_sys_env() -> Result<String, String> {
 }
 
 impl Run {
-    fn step(&self, name: &str, what: &str) {
+    fn step(&mut self, name: &str, what: &str) {
+        if let Some((last, started)) = self.steps.last() {
+            log(&format!("[{last}] took {} s", started.elapsed().as_secs()));
+        }
+        self.steps.push((name.to_owned(), std::time::Instant::now()));
         log(&format!("[{name}] {what}"));
+    }
+
+    /// Every step's time so far, and the whole run's: "fmt 2 s, lint 95 s, ...; 2,100 s in all".
+    fn step_times(&self) -> String {
+        let now = std::time::Instant::now();
+        let ends = self.steps.iter().skip(1).map(|(_, t)| *t).chain(std::iter::once(now));
+        let each: Vec<String> = self
+            .steps
+            .iter()
+            .zip(ends)
+            .map(|((name, start), end)| format!("{name} {} s", end.duration_since(*start).as_secs()))
+            .collect();
+        let all = self.steps.first().map_or(0, |(_, t)| now.duration_since(*t).as_secs());
+        format!("{}; {all} s in all", each.join(", "))
     }
 
     fn command(&self, program: &str, args: &[&str], env: &[(&str, &str)]) -> Command {
@@ -562,7 +589,7 @@ exit 125
         std::fs::write(root.join("plan"), plan).unwrap();
         let results_path = root.join("results.log");
         let results = File::create(&results_path).unwrap();
-        (Run { root: root.clone(), results, results_path, rxe_rerun: None, boot_rerun: None }, root)
+        (Run { root: root.clone(), results, results_path, rxe_rerun: None, boot_rerun: None, steps: Vec::new() }, root)
     }
 
     fn list() -> Vec<String> {
