@@ -217,8 +217,14 @@ pub fn serve(listener: &Listener, o: &Options, mut on_ping: impl FnMut(u32, &[u8
         }
         Ok(ping)
     })?;
-    if !conn.peer_disconnected() {
+    if conn.peer_disconnected() {
         conn.peer_disconnect().wait(o.timeout)?;
+    } else {
+        // The server disconnects once it has answered, as rdma-core's rping server does, rather
+        // than wait for the client's DREQ: a client that sent it and exited sends no second
+        // one if it is lost, while this side's is retried and answered even by a peer that
+        // has gone.
+        conn.disconnect().wait(o.timeout)?;
     }
     Ok(answered)
 }
