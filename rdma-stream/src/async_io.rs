@@ -15,7 +15,7 @@ use std::task::{Context, Poll};
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use crate::link::{ReadOutcome, Shared};
+use crate::link::{Op, ReadOutcome, Shared};
 use crate::wait::Sleep;
 use crate::Stream;
 
@@ -25,13 +25,13 @@ fn poll_read(
     cx: &mut Context<'_>,
     buf: &mut ReadBuf<'_>,
 ) -> Poll<io::Result<()>> {
-    shared
-        .poll_wait(sleep, cx, |st| match st.read(buf.initialize_unfilled()) {
-            Ok(ReadOutcome::Read(n)) => Some(Ok(n)),
-            Ok(ReadOutcome::Empty) => None,
-            Err(e) => Some(Err(e)),
-        })
-        .map_ok(|n| buf.advance(n))
+    // `put_slice` copies into the unfilled part without zeroing it first (hyper hands a
+    // fresh, uninitialized buffer to every poll).
+    shared.poll_wait(Op::Read, sleep, cx, |st| match st.read_into(buf.remaining(), |bytes| buf.put_slice(bytes)) {
+        Ok(ReadOutcome::Read(_)) => Some(Ok(())),
+        Ok(ReadOutcome::Empty) => None,
+        Err(e) => Some(Err(e)),
+    })
 }
 
 fn poll_write(
@@ -40,11 +40,11 @@ fn poll_write(
     cx: &mut Context<'_>,
     buf: &[u8],
 ) -> Poll<io::Result<usize>> {
-    shared.poll_wait(sleep, cx, |st| st.write(buf).transpose())
+    shared.poll_wait(Op::Write, sleep, cx, |st| st.write(buf).transpose())
 }
 
 fn poll_flush(shared: &Arc<Shared>, sleep: &mut Option<Sleep>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-    shared.poll_wait(sleep, cx, |st| match st.flushed() {
+    shared.poll_wait(Op::Write, sleep, cx, |st| match st.flushed() {
         Ok(true) => Some(Ok(())),
         Ok(false) => None,
         Err(e) => Some(Err(e)),

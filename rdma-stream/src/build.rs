@@ -127,7 +127,7 @@ impl Rest {
         let Some(peer) = Hello::decode(conn.private_data()) else {
             return Err(Error::NotAStream { peer: conn.peer_addr() });
         };
-        if peer.message_size == 0 || !(3..=crate::options::MAX_MESSAGES).contains(&peer.messages) {
+        if !peer.in_range() {
             return Err(Error::Protocol("a hello with a message size of 0 or a window out of range"));
         }
         let Rest { ring, pd, send_cq, recv_cq, options } = self;
@@ -138,7 +138,7 @@ impl Rest {
         let pool = SlotPool::new(pd, send_size, send_slots as usize, AccessFlags::LOCAL_WRITE)?;
         let sq = SendQueue::new(conn.qp(), options.drain_timeout)?;
         let inline_max = conn.qp().caps().max_inline_data as usize;
-        let credits = Credits::new(options.messages, send_slots.min(peer.messages));
+        let credits = Credits::between(options.messages, peer.messages);
         let state = State::new(sq, ring, pool, inline_max, credits, options.wait);
         Ok(Arc::new(Shared {
             state: Mutex::new(state),

@@ -2,14 +2,22 @@
 //! its peer what it has freed. No I/O here; docs/stream.md explains why these rules cannot
 //! deadlock.
 //!
-//! A credit is one receive posted at the peer. A side starts with as many credits as the
-//! peer's hello says it posted (`messages`), spends one per message it sends (data, a report,
-//! the end of its direction), and learns from the immediate of every message the peer sends
-//! how many receives the peer has freed and posted again. So no message ever arrives without
-//! a receive posted for it (no receiver-not-ready, no retry).
+//! A credit is one receive posted at the peer. Both sides use the same window, the smaller of
+//! the two hellos' `messages` (a side may post more receives than that; the window is what
+//! both reckon with, so that the reader's rule for reporting matches what the writer holds).
+//! A side spends one credit per message it sends (data, a report, the end of its direction),
+//! and learns from the immediate of every message the peer sends how many receives the peer
+//! has freed and posted again. So no message ever arrives without a receive posted for it (no
+//! receiver-not-ready, no retry).
 //!
-//! - **Data keeps one credit back:** a data message needs two credits, a report one. So a
-//!   side whose data filled the peer's window can still send the report that opens its own.
+//! - **Only a report may take the last credit:** data and an end sent alone need two credits,
+//!   a report one. So a side whose messages filled the peer's window can still send the
+//!   report that opens its own. (An end alone returns nothing to the peer: had it taken the
+//!   last credit, a peer stuck one credit short with its reader busy would wait for a report
+//!   this side could no longer send.)
+//! - **A message that is not full goes at once only while more than half the window is
+//!   open;** below that, writes fill it until it is full, or the stream is flushed, shut down,
+//!   or read with nothing to read. So small writes cannot spend the window one receive each.
 //! - **A report is due** when the peer's window, as far as this side knows it, is at most half
 //!   open, this side holds freed receives it has not reported, and either it has read
 //!   everything that arrived (it is about to wait) or it holds half a window of them. So a
@@ -52,9 +60,15 @@ pub(crate) enum Violation {
 }
 
 impl Credits {
-    /// The state at connection: `messages` posted here, `peer_messages` at the peer.
-    pub(crate) fn new(messages: u32, peer_messages: u32) -> Self {
-        Credits { peer_messages, sent: 0, peer_freed: 0, messages, received: 0, freed: 0, reported: 0 }
+    /// The state at connection between a side whose hello said `own` messages and a peer whose
+    /// hello said `peer`: both reckon with the smaller window.
+    pub(crate) fn between(own: u32, peer: u32) -> Self {
+        Self::new(own.min(peer))
+    }
+
+    /// The state at connection with a window of `window` messages each way.
+    fn new(window: u32) -> Self {
+        Credits { peer_messages: window, sent: 0, peer_freed: 0, messages: window, received: 0, freed: 0, reported: 0 }
     }
 
     /// Receives free at the peer, as far as this side knows.
@@ -62,14 +76,21 @@ impl Credits {
         self.peer_messages - count_diff(self.sent, self.peer_freed)
     }
 
-    /// Whether a data message may go now (it keeps one credit for a report).
+    /// Whether a data message, or an end without data, may go now (it keeps one credit for a
+    /// report).
     pub(crate) fn may_send_data(&self) -> bool {
         self.available() >= 2
     }
 
-    /// Whether a message without data (a report, an end) may go now.
+    /// Whether a report may go now.
     pub(crate) fn may_send_control(&self) -> bool {
         self.available() >= 1
+    }
+
+    /// Whether a message that is not full should go now rather than wait to be filled: more
+    /// than half the window is open.
+    pub(crate) fn may_send_partial(&self) -> bool {
+        self.available() > self.peer_messages / 2
     }
 
     /// A message goes: the immediate it carries.
@@ -134,11 +155,24 @@ mod tests {
 
     impl Pair {
         fn new(r: u32) -> Self {
-            Pair { side: [Credits::new(r, r), Credits::new(r, r)], wire: Default::default(), unread: [0, 0] }
+            Self::between(r, r)
+        }
+        /// Side 0's hello said `a` messages, side 1's `b`.
+        fn between(a: u32, b: u32) -> Self {
+            Pair { side: [Credits::between(a, b), Credits::between(b, a)], wire: Default::default(), unread: [0, 0] }
         }
         fn send(&mut self, from: usize, data: bool) {
             let imm = self.side[from].on_send(false);
             self.wire[1 - from].push_back((imm, data));
+        }
+        /// The end of `from`'s direction, without data, if the credits let it go.
+        fn send_end(&mut self, from: usize) -> bool {
+            if !self.side[from].may_send_data() {
+                return false;
+            }
+            let imm = self.side[from].on_send(true);
+            self.wire[1 - from].push_back((imm, false));
+            true
         }
         /// Delivers what is in flight to side `to`, which then reports if due (as a stream's
         /// progress does after every poll).
@@ -245,11 +279,63 @@ mod tests {
 
     #[test]
     fn a_peer_that_overruns_or_frees_what_was_never_sent_is_refused() {
-        let mut c = Credits::new(2, 2);
+        let mut c = Credits::new(2);
         c.on_receive(Imm { freed: 0, fin: false }).unwrap();
         c.on_receive(Imm { freed: 0, fin: false }).unwrap();
         assert_eq!(c.on_receive(Imm { freed: 0, fin: false }), Err(Violation::Overrun));
-        let mut c = Credits::new(2, 2);
+        let mut c = Credits::new(2);
         assert_eq!(c.on_receive(Imm { freed: 1, fin: false }), Err(Violation::FreedUnsent));
+    }
+
+    #[test]
+    fn peers_whose_hellos_differ_move_every_message_one_way() {
+        // The writer's window is the smaller hello; the reader must report by that window, not
+        // by the receives it posted, or a one-way transfer stops once the writer's credits are
+        // spent and the reader still thinks half its window is open.
+        for (a, b) in [(16, 32), (32, 16), (4, 16), (3, 8), (16, 16)] {
+            let mut p = Pair::between(a, b);
+            let mut moved = 0;
+            for _ in 0..10_000 {
+                while moved < 1_000 && p.side[0].may_send_data() {
+                    p.send(0, true);
+                    moved += 1;
+                }
+                p.deliver(1);
+                while p.unread[1] > 0 {
+                    p.read_one(1);
+                }
+                p.deliver(0);
+            }
+            assert_eq!(moved, 1_000, "hellos {a} and {b}: the writer stalled");
+        }
+    }
+
+    #[test]
+    fn an_end_sent_alone_leaves_the_credit_for_the_report_the_peers_writer_needs() {
+        // Side 0 fills side 1's window and ends its direction; side 1, which never reads,
+        // writes on. Side 0 reads all of it: its reports must keep side 1's writes going.
+        let mut p = Pair::new(16);
+        while p.side[0].may_send_data() {
+            p.send(0, true);
+        }
+        let mut written = 0;
+        while p.side[1].may_send_data() {
+            p.send(1, true);
+            written += 1;
+        }
+        let _held_back = !p.send_end(0);
+        for _ in 0..200 {
+            p.deliver(0);
+            while p.unread[0] > 0 {
+                p.read_one(0);
+            }
+            let _ = p.send_end(0);
+            p.deliver(1);
+            while p.side[1].may_send_data() {
+                p.send(1, true);
+                written += 1;
+            }
+        }
+        assert!(written > 1_000, "side 1 wrote only {written} messages: it stalled one credit short");
     }
 }

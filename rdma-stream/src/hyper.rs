@@ -155,13 +155,17 @@ impl Connector {
 /// it has none).
 fn host_port(uri: &Uri) -> io::Result<(&str, u16)> {
     let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidInput, format!("{uri}: {what}"));
+    if uri.scheme_str() == Some("https") {
+        // A stream carries no TLS: sending an https request in clear would leak what the
+        // caller meant to protect.
+        return Err(invalid("https needs TLS, which an rdma-stream does not carry; use http://"));
+    }
     let host = uri.host().ok_or_else(|| invalid("no host"))?;
     let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
     let port = match (uri.port_u16(), uri.scheme_str()) {
         (Some(port), _) => port,
         (None, Some("http")) => 80,
-        (None, Some("https")) => 443,
-        (None, _) => return Err(invalid("no port, and no http or https scheme to take it from")),
+        (None, _) => return Err(invalid("no port, and no http scheme to take it from")),
     };
     Ok((host, port))
 }
@@ -202,7 +206,8 @@ mod tests {
         let ok = |h: &str, p: u16| Ok((h.to_string(), p));
         assert_eq!(hp("http://10.77.0.1:50051/x"), ok("10.77.0.1", 50051));
         assert_eq!(hp("http://10.77.0.1"), ok("10.77.0.1", 80));
-        assert_eq!(hp("https://host"), ok("host", 443));
+        assert_eq!(hp("https://host"), Err(io::ErrorKind::InvalidInput));
+        assert_eq!(hp("https://host:8443"), Err(io::ErrorKind::InvalidInput));
         assert_eq!(hp("http://[fe80::1]:7"), ok("fe80::1", 7));
         assert_eq!(hp("10.77.0.1:9"), ok("10.77.0.1", 9));
         assert_eq!(hp("ftp://10.77.0.1"), Err(io::ErrorKind::InvalidInput));

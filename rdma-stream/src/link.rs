@@ -94,10 +94,20 @@ pub(crate) struct State {
     failure: Option<Failure>,
     /// A blocking wait sleeps on the channel (the others wait on [`Shared::turn`]).
     pub(crate) sleeping: bool,
-    /// Async waits to wake when `progress` changes something.
-    pub(crate) wakers: Vec<Waker>,
+    /// The async waits to wake when `progress` changes something: the last waker of a read
+    /// and of a write (flush, shutdown), as a `TcpStream` keeps them.
+    pub(crate) wakers: [Option<Waker>; 2],
     /// The waiter of blocking waits, kept across them.
     pub(crate) waiter: Option<CqWaiter>,
+}
+
+/// The kind of an async wait, for its waker's place.
+#[cfg(feature = "tokio")]
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Op {
+    Read = 0,
+    /// A write, a flush or a shutdown.
+    Write = 1,
 }
 
 /// What [`State::read`] found.
@@ -133,16 +143,37 @@ impl State {
             disconnected: false,
             failure: None,
             sleeping: false,
-            wakers: Vec::new(),
+            wakers: [None, None],
             waiter: Some(CqWaiter::new(policy)),
         }
     }
 
-    /// Takes every completion and CM event there is, and sends what credits allow: the
-    /// message writes left open, the end of this direction, a report that is due. Whether
+    /// Takes every CM event and completion there is, and sends what credits allow: a message
+    /// writes left open, the end of this direction, a report that is due. Whether
     /// anything changed (a waiting reader or writer should look again).
     pub(crate) fn progress(&mut self, conn: &Connection<'_>) -> bool {
         let mut changed = false;
+        // The CM's events first: a disconnect seen before the queues are polled leaves no
+        // message that arrived before it behind in the receive queue.
+        while !self.disconnected {
+            match conn.try_recv_event() {
+                Ok(Some(Event::Disconnected)) => {
+                    self.disconnected = true;
+                    changed = true;
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => break,
+                Err(e) => {
+                    self.fail(io::ErrorKind::ConnectionReset, e.to_string());
+                    changed = true;
+                    break;
+                }
+            }
+        }
+        if conn.peer_disconnected() && !self.disconnected {
+            self.disconnected = true;
+            changed = true;
+        }
         let mut failed = None;
         if let Err(e) = self.sq.poll(|c| {
             changed = true;
@@ -169,26 +200,7 @@ impl State {
                 }
             }
         }
-        while !self.disconnected {
-            match conn.try_recv_event() {
-                Ok(Some(Event::Disconnected)) => {
-                    self.disconnected = true;
-                    changed = true;
-                }
-                Ok(Some(_)) => {}
-                Ok(None) => break,
-                Err(e) => {
-                    self.fail(io::ErrorKind::ConnectionReset, e.to_string());
-                    changed = true;
-                    break;
-                }
-            }
-        }
-        if conn.peer_disconnected() && !self.disconnected {
-            self.disconnected = true;
-            changed = true;
-        }
-        if self.send_pending() {
+        if self.send_pending(false) {
             changed = true;
         }
         changed
@@ -240,14 +252,16 @@ impl State {
         self.failure.as_ref().map(|f| io::Error::new(f.kind, f.message.clone()))
     }
 
-    /// Posts what may go now; whether anything went.
-    fn send_pending(&mut self) -> bool {
+    /// Posts what may go now; whether anything went. `push`: a message that is not full goes
+    /// even when half the window or less is open (a flush, or a read with nothing to read).
+    fn send_pending(&mut self, push: bool) -> bool {
         if self.failure.is_some() {
             return false;
         }
         let mut sent = false;
         let ending = self.direction == Direction::Ending;
-        if self.open.as_ref().is_some_and(|(_, len)| *len > 0) {
+        let partial_may_go = push || ending || self.credits.may_send_partial();
+        if self.open.as_ref().is_some_and(|(_, len)| *len > 0 && (*len == self.send_size || partial_may_go)) {
             match self.post_open(ending) {
                 Ok(true) => {
                     sent = true;
@@ -258,7 +272,7 @@ impl State {
                 Ok(false) => {}
                 Err(e) => self.fail(io::ErrorKind::ConnectionReset, e.to_string()),
             }
-        } else if ending && self.credits.may_send_control() && self.sq.room() > 0 {
+        } else if ending && self.open_len() == 0 && self.credits.may_send_data() && self.sq.room() > 0 {
             match self.post_control(true) {
                 Ok(()) => {
                     sent = true;
@@ -274,6 +288,11 @@ impl State {
             }
         }
         sent
+    }
+
+    /// Bytes written into the open message and not yet posted.
+    fn open_len(&self) -> usize {
+        self.open.as_ref().map_or(0, |(_, len)| *len)
     }
 
     /// Posts the open message if credits and the queue allow; whether it went.
@@ -303,24 +322,40 @@ impl State {
 
     /// Copies received bytes into `buf`: as many as there are, up to its length.
     pub(crate) fn read(&mut self, buf: &mut [u8]) -> io::Result<ReadOutcome> {
+        let mut at = 0;
+        self.read_into(buf.len(), |bytes| {
+            buf[at..at + bytes.len()].copy_from_slice(bytes);
+            at += bytes.len();
+        })
+    }
+
+    /// Hands received bytes to `put`, in pieces, up to `room` bytes in all (so that a caller's
+    /// buffer need not be initialized first).
+    pub(crate) fn read_into(&mut self, room: usize, mut put: impl FnMut(&[u8])) -> io::Result<ReadOutcome> {
         let mut n = 0;
-        while n < buf.len() {
+        while n < room {
             let Some(front) = self.inbox.front_mut() else { break };
             let bytes = &front.message.bytes()[front.read..];
-            let k = bytes.len().min(buf.len() - n);
-            buf[n..n + k].copy_from_slice(&bytes[..k]);
+            let k = bytes.len().min(room - n);
+            put(&bytes[..k]);
             front.read += k;
             n += k;
             if front.read == front.message.bytes().len() {
                 let done = self.inbox.pop_front().expect("the front message");
-                self.ring.release(done.message).map_err(|e| io::Error::new(io::ErrorKind::ConnectionReset, e))?;
+                if let Err(e) = self.ring.release(done.message) {
+                    // The bytes copied are the caller's; the failure is every later call's.
+                    self.fail(io::ErrorKind::ConnectionReset, e.to_string());
+                    break;
+                }
                 self.credits.on_freed();
             }
         }
-        if n > 0 || buf.is_empty() {
-            self.send_pending();
+        if n > 0 || room == 0 {
+            self.send_pending(false);
             return Ok(ReadOutcome::Read(n));
         }
+        // Nothing to read: this side is about to wait, so what it wrote goes now.
+        self.send_pending(true);
         if self.eof {
             return Ok(ReadOutcome::Read(0));
         }
@@ -357,7 +392,7 @@ impl State {
         if n == 0 && !buf.is_empty() {
             return Ok(None);
         }
-        self.send_pending();
+        self.send_pending(false);
         Ok(Some(n))
     }
 
@@ -383,7 +418,10 @@ impl State {
 
     /// Whether everything written has been posted (a flush is over): `Err` when it never will be.
     pub(crate) fn flushed(&mut self) -> io::Result<bool> {
-        let pending = self.open.as_ref().is_some_and(|(_, len)| *len > 0) || self.direction == Direction::Ending;
+        if self.open_len() > 0 {
+            self.send_pending(true);
+        }
+        let pending = self.open_len() > 0 || self.direction == Direction::Ending;
         if !pending {
             return Ok(true);
         }
@@ -410,22 +448,22 @@ impl State {
     pub(crate) fn shutdown(&mut self) {
         if self.direction == Direction::Open {
             self.direction = Direction::Ending;
-            self.send_pending();
+            self.send_pending(true);
         }
     }
 
-    /// Wakes the async waits (each looks at the state again).
-    pub(crate) fn wake_all(&mut self) {
-        for waker in self.wakers.drain(..) {
-            waker.wake();
-        }
+    /// Takes the async waits' wakers, to be woken once the state is unlocked (each then looks
+    /// at the state again).
+    pub(crate) fn take_wakers(&mut self) -> [Option<Waker>; 2] {
+        [self.wakers[0].take(), self.wakers[1].take()]
     }
 
-    /// Registers an async wait's waker.
+    /// Registers the waker of an async wait of kind `op`, in place of the last one.
     #[cfg(feature = "tokio")]
-    pub(crate) fn register(&mut self, waker: &Waker) {
-        if !self.wakers.iter().any(|w| w.will_wake(waker)) {
-            self.wakers.push(waker.clone());
+    pub(crate) fn register(&mut self, op: Op, waker: &Waker) {
+        let slot = &mut self.wakers[op as usize];
+        if !slot.as_ref().is_some_and(|w| w.will_wake(waker)) {
+            *slot = Some(waker.clone());
         }
     }
 }

@@ -12,13 +12,16 @@ use crate::{Options, Result, Stream};
 
 /// The private data of the rejection a connect request without a stream's hello gets.
 const NOT_A_STREAM: &[u8] = b"rdma-stream: no hello";
+/// The private data of the rejection a hello whose window or message size no stream can have
+/// gets.
+const OUT_OF_RANGE: &[u8] = b"rdma-stream: hello out of range";
 
 /// Listens for streams on an address: each [`accept`](Self::accept) gives the next connected
 /// [`Stream`].
 ///
-/// A connect request that is not a stream's (no hello of this version in its private data) is
-/// rejected and the accept goes on waiting. Dropping the listener rejects the requests it had
-/// not accepted.
+/// A connect request that is not a stream's (no hello of this version in its private data, or
+/// one with a window or message size out of range) is rejected and the accept goes on
+/// waiting. Dropping the listener rejects the requests it had not accepted.
 pub struct Listener {
     inner: rdma_cm::Listener,
     options: Options,
@@ -80,9 +83,17 @@ impl Listener {
     /// The accept of `req` with this side's queue pair and hello; `None` when `req` is no
     /// stream's (it is rejected). A request this side cannot build a stream for is rejected too.
     fn answer(&self, req: ConnectRequest) -> Result<Option<(Accepting<'static>, Rest)>> {
-        if Hello::decode(req.private_data()).is_none() {
-            let _ = req.reject(NOT_A_STREAM);
-            return Ok(None);
+        match Hello::decode(req.private_data()) {
+            None => {
+                let _ = req.reject(NOT_A_STREAM);
+                return Ok(None);
+            }
+            // Refused before any buffer is made for it, and the accept goes on waiting.
+            Some(hello) if !hello.in_range() => {
+                let _ = req.reject(OUT_OF_RANGE);
+                return Ok(None);
+            }
+            Some(_) => {}
         }
         let half = Half::new(
             req.device_name(),
@@ -119,7 +130,10 @@ pub struct Accept<'a> {
 
 impl Accept<'_> {
     /// Waits, blocking, for the next stream's request until `until`, then completes its
-    /// handshake within the options' connect timeout.
+    /// handshake within the options' connect timeout. Handshakes go one at a time: a client
+    /// that sends its request and then stalls holds the accept up to that timeout. A server
+    /// that must not wait on one slow client accepts with `tonic::Incoming` (feature `tonic`),
+    /// which runs handshakes side by side.
     ///
     /// # Errors
     /// As [`Listener::accept`]; [`Error::Cm`](crate::Error::Cm) with a timeout when no request
@@ -138,18 +152,46 @@ impl Accept<'_> {
 
     /// [`wait`](Self::wait) on the current tokio runtime, without a deadline for the request.
     ///
+    /// Not cancel-safe once a request was taken: dropping the future while its handshake runs
+    /// drops that connection (the client sees it fail). `tonic::Incoming` (feature `tonic`)
+    /// keeps one accept future across its polls, so it loses none.
+    ///
     /// # Errors
     /// As [`wait`](Self::wait).
     #[cfg(feature = "tokio")]
     pub async fn wait_async(self) -> Result<Stream> {
-        let listener = self.listener;
+        self.listener.next_handshake().await?.finish().await
+    }
+}
+
+/// A stream's request answered, its handshake not yet complete.
+#[cfg(feature = "tokio")]
+pub(crate) struct Handshake {
+    accepting: Accepting<'static>,
+    rest: Rest,
+    timeout: std::time::Duration,
+}
+
+#[cfg(feature = "tokio")]
+impl Listener {
+    /// Waits for the next stream's request and answers it (requests that are no stream's are
+    /// rejected on the way).
+    pub(crate) async fn next_handshake(&self) -> Result<Handshake> {
         loop {
-            let req = listener.inner.recv_request_async().await?;
-            if let Some((accepting, rest)) = listener.answer(req)? {
-                let conn = accepting.wait_async(listener.options.connect_timeout).await?;
-                return Ok(Stream::from_shared(rest.establish(conn)?));
+            let req = self.inner.recv_request_async().await?;
+            if let Some((accepting, rest)) = self.answer(req)? {
+                return Ok(Handshake { accepting, rest, timeout: self.options.connect_timeout });
             }
         }
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl Handshake {
+    /// Waits, within the options' connect timeout, for the handshake to complete; the stream.
+    pub(crate) async fn finish(self) -> Result<Stream> {
+        let conn = self.accepting.wait_async(self.timeout).await?;
+        Ok(Stream::from_shared(self.rest.establish(conn)?))
     }
 }
 

@@ -23,20 +23,26 @@ use crate::{Options, Result};
 ///
 /// What a user of `TcpStream` relies on holds:
 /// - a `write` takes bytes while the peer's window has room and blocks (or is `Pending`) only
-///   while it is full; small writes made while it is full are sent together;
-/// - bytes written are sent as soon as the peer's window allows; [`flush`](Write::flush) waits
-///   until everything written has been handed to the device;
+///   while it is full; small writes made while half the window or less is open are sent
+///   together;
+/// - bytes written go when the window allows, at the latest when this side next reads (and
+///   finds nothing), writes, flushes, shuts down or drops the stream: there is no background
+///   thread, so a program that waits for an answer elsewhere must [`flush`](Write::flush)
+///   first, which waits until everything written has been handed to the device;
 /// - [`shutdown_write`](Self::shutdown_write) ends this direction: the peer reads every byte
 ///   written, then end of file, and may go on writing;
 /// - a peer that disconnects or fails ends every wait at once with an error (end of file when it
-///   had ended its direction first);
+///   had ended its direction first); a peer host that vanishes without a disconnect is noticed
+///   by a write (its send times out), not by a read alone: bound such reads with a timeout;
 /// - every blocking wait has a timeout option ([`set_read_timeout`](Self::set_read_timeout),
 ///   [`set_write_timeout`](Self::set_write_timeout)).
 ///
 /// Dropping the stream sends what credits allow, waits up to the drain timeout
 /// ([`Options::drain_timeout`]) for its messages to be acknowledged, and disconnects. Bytes a
 /// full window still held back are lost: call [`flush`](Write::flush) (or shut down and read to
-/// the end) to know they went.
+/// the end) to know they went. The drop blocks its thread for that wait, also on an async
+/// runtime: shut the stream down and flush it (`.await`) before dropping it there, so that the
+/// drop finds nothing left to wait for.
 pub struct Stream {
     pub(crate) shared: Arc<Shared>,
     timeouts: Mutex<Timeouts>,
@@ -109,18 +115,19 @@ impl Stream {
     }
 
     /// Ends this direction (a half-close, `shutdown(SHUT_WR)`): the peer reads what was
-    /// written, then end of file. Later writes fail with `BrokenPipe`; reads go on. The end
-    /// goes with the next message the peer's window allows: [`flush`](Write::flush) waits for
-    /// it.
+    /// written, then end of file. Later writes fail with `BrokenPipe`; reads go on.
+    ///
+    /// Blocks, as a [`flush`](Write::flush) does, until what was written and the end have
+    /// been handed to the device (within the write timeout): the end waits for the peer's
+    /// window like data, and this side has no thread of its own that would send it later, so
+    /// a thread that shut down and then waited elsewhere for the peer would wait for ever.
     ///
     /// # Errors
-    /// The stream's failure, if it failed.
+    /// The stream's failure; `TimedOut` when the write timeout passed first (the end still
+    /// goes with the next call that finds credits for it).
     pub fn shutdown_write(&self) -> io::Result<()> {
-        let mut st = self.shared.state.lock();
-        st.progress(&self.shared.conn);
-        st.shutdown();
-        drop(st);
-        Ok(())
+        self.shared.state.lock().shutdown();
+        self.flush_blocking()
     }
 
     /// The bound of each blocking read (`None`, the default: none). A read that times out
@@ -218,7 +225,8 @@ impl Connect {
         Ok(Stream::from_shared(rest.establish(connecting.wait(until)?)?))
     }
 
-    /// [`wait`](Self::wait) on the current tokio runtime, within the options' connect timeout.
+    /// [`wait`](Self::wait) on the current tokio runtime, all within `until`. Dropping the
+    /// future before it completes abandons the connect and frees what it made.
     ///
     /// # Errors
     /// As [`wait`](Self::wait).

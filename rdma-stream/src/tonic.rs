@@ -16,7 +16,7 @@
 //! - tonic's channel speaks HTTP/2 without TLS ("h2c"): `http://` endpoints.
 //! - An accept that fails (a peer that gave up during the handshake, a device error) is an
 //!   `Err` item of [`Incoming`]: tonic's server skips it and accepts the next, as it does
-//!   for TCP.
+//!   for TCP. Handshakes run side by side, so a stalled client delays no other.
 //!
 //! # Example
 //! ```no_run
@@ -47,22 +47,37 @@ use std::task::{Context, Poll};
 
 use ::tonic::transport::server::{Connected, TcpConnectInfo};
 
+use crate::listener::Handshake;
 use crate::{Listener, Stream};
 
 /// The streams a [`Listener`] accepts, one item per accept, for tonic's
 /// `serve_with_incoming` (or any consumer of a `futures_core::Stream`).
 ///
+/// Handshakes run side by side, up to [`MAX_HANDSHAKES`] at a time, and each stream is handed
+/// out as soon as its own completes: a client that sends its request and then stalls holds
+/// only its own place (up to the listener's connect timeout), never the clients behind it.
+/// Requests beyond that bound wait in the CM's backlog.
+///
 /// Never ends: an accept that fails is an `Err` item, and the next poll accepts again. The
 /// listener closes when the `Incoming` is dropped (the server's end).
 pub struct Incoming {
     listener: Arc<Listener>,
-    accepting: Option<Pin<Box<dyn Future<Output = io::Result<Stream>> + Send>>>,
+    /// Waiting for the next request, and answering it.
+    next: Option<BoxFuture<crate::Result<Handshake>>>,
+    /// Requests answered, their handshakes under way.
+    handshakes: Vec<BoxFuture<crate::Result<Stream>>>,
 }
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// How many handshakes an [`Incoming`] runs at a time: each holds a queue pair and its
+/// receive buffers until it completes or times out.
+pub const MAX_HANDSHAKES: usize = 32;
 
 impl Incoming {
     /// Accepts on `listener`.
     pub fn new(listener: Listener) -> Incoming {
-        Incoming { listener: Arc::new(listener), accepting: None }
+        Incoming { listener: Arc::new(listener), next: None, handshakes: Vec::new() }
     }
 
     /// The listener's address.
@@ -86,14 +101,34 @@ impl fmt::Debug for Incoming {
 impl ::futures_core::Stream for Incoming {
     type Item = io::Result<Stream>;
 
-    /// The next accepted stream. Cancel-safe: an accept in progress when the caller stops
-    /// polling stays in the `Incoming` and completes on a later poll.
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<io::Result<Stream>>> {
-        let listener = Arc::clone(&self.listener);
-        let accepting = self.accepting.get_or_insert_with(|| Box::pin(async move { Ok(listener.accept().await?) }));
-        let result = std::task::ready!(accepting.as_mut().poll(cx));
-        self.accepting = None;
-        Poll::Ready(Some(result))
+    /// The next accepted stream. Cancel-safe: handshakes in progress when the caller stops
+    /// polling stay in the `Incoming` and complete on later polls.
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<io::Result<Stream>>> {
+        let this = self.get_mut();
+        loop {
+            for i in 0..this.handshakes.len() {
+                if let Poll::Ready(result) = this.handshakes[i].as_mut().poll(cx) {
+                    drop(this.handshakes.swap_remove(i));
+                    return Poll::Ready(Some(result.map_err(Into::into)));
+                }
+            }
+            if this.handshakes.len() >= MAX_HANDSHAKES {
+                return Poll::Pending;
+            }
+            let listener = Arc::clone(&this.listener);
+            let next = this.next.get_or_insert_with(|| Box::pin(async move { listener.next_handshake().await }));
+            match next.as_mut().poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(handshake)) => {
+                    this.next = None;
+                    this.handshakes.push(Box::pin(handshake.finish()));
+                }
+                Poll::Ready(Err(e)) => {
+                    this.next = None;
+                    return Poll::Ready(Some(Err(e.into())));
+                }
+            }
+        }
     }
 }
 

@@ -19,7 +19,18 @@ use std::sync::Arc;
 
 use rdma_verbs::{CqWaiter, Deadline};
 
+use std::task::Waker;
+
+#[cfg(feature = "tokio")]
+use crate::link::Op;
 use crate::link::{Shared, State};
+
+/// Wakes the wakers [`Shared::changed`] took (with the state unlocked).
+pub(crate) fn wake(wakers: [Option<Waker>; 2]) {
+    for waker in wakers.into_iter().flatten() {
+        waker.wake();
+    }
+}
 
 /// A boxed sleep of an async wait, kept by the half that waits between its polls.
 #[cfg(feature = "tokio")]
@@ -37,7 +48,10 @@ impl Shared {
         let mut st = self.state.lock();
         loop {
             if st.progress(&self.conn) {
-                self.changed(&mut st);
+                let wakers = self.changed(&mut st);
+                if wakers.iter().any(Option::is_some) {
+                    parking_lot::MutexGuard::unlocked(&mut st, || wake(wakers));
+                }
             }
             if let Some(result) = ready(&mut st) {
                 return result;
@@ -66,13 +80,16 @@ impl Shared {
         }
     }
 
-    /// Something changed: every waiter looks again.
-    fn changed(&self, st: &mut State) {
+    /// Something changed: every waiter looks again. The blocking ones are told now; the async
+    /// ones' wakers are returned, to be woken once the state is unlocked (a waker that polls
+    /// at once must find it free).
+    #[must_use = "the async waits' wakers must be woken"]
+    pub(crate) fn changed(&self, st: &mut State) -> [Option<Waker>; 2] {
         if let Some(w) = st.waiter.as_mut() {
             w.reset();
         }
-        st.wake_all();
         self.turn.notify_all();
+        st.take_wakers()
     }
 
     /// One poll of an async wait: `Ready` with `ready`'s result, or `Pending` with `cx`'s
@@ -80,23 +97,23 @@ impl Shared {
     #[cfg(feature = "tokio")]
     pub(crate) fn poll_wait<R>(
         self: &Arc<Self>,
+        op: Op,
         sleep: &mut Option<Sleep>,
         cx: &mut std::task::Context<'_>,
         mut ready: impl FnMut(&mut State) -> Option<io::Result<R>>,
     ) -> std::task::Poll<io::Result<R>> {
         use std::task::Poll;
         loop {
-            let result = {
+            let (result, wakers) = {
                 let mut st = self.state.lock();
-                if st.progress(&self.conn) {
-                    self.changed(&mut st);
-                }
+                let wakers = if st.progress(&self.conn) { self.changed(&mut st) } else { [None, None] };
                 let result = ready(&mut st);
                 if result.is_none() {
-                    st.register(cx.waker());
+                    st.register(op, cx.waker());
                 }
-                result
+                (result, wakers)
             };
+            wake(wakers);
             if let Some(result) = result {
                 *sleep = None;
                 return Poll::Ready(result);
@@ -124,9 +141,9 @@ impl Shared {
         let step = || -> rdma_verbs::Result<Option<()>> {
             let mut st = self.state.lock();
             let changed = st.progress(&self.conn);
-            if changed {
-                self.changed(&mut st);
-            }
+            let wakers = if changed { self.changed(&mut st) } else { [None, None] };
+            drop(st);
+            wake(wakers);
             Ok(changed.then_some(()))
         };
         let mut wait = std::pin::pin!(waiter.wait_async(&cqs, Deadline::never(), step));

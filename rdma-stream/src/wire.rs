@@ -44,6 +44,12 @@ impl Hello {
         let word = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().expect("four bytes"));
         Some(Hello { message_size: word(8), messages: word(12) })
     }
+
+    /// Whether a stream can be built with this hello: messages of at least a byte, and a window
+    /// of 3..=[`MAX_MESSAGES`](crate::MAX_MESSAGES) of them.
+    pub(crate) fn in_range(&self) -> bool {
+        self.message_size > 0 && (3..=crate::options::MAX_MESSAGES).contains(&self.messages)
+    }
 }
 
 /// The immediate value of a message: the sender's count of receives it has freed since the

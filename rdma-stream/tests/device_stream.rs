@@ -1,6 +1,7 @@
 //! Device tests of the byte stream, rxe1 (10.77.0.2) -> rxe0 (10.77.0.1): echoes of every size in
-//! both directions with random splits, the half-close, both peers writing at once, a peer that
-//! leaves, dropped futures, and many connections in a row. Ports 7600..7649.
+//! both directions with random splits, the half-close, both peers writing at once (full windows,
+//! and many small writes), peers whose windows differ, a peer that leaves, and a listener
+//! dropped with a connect pending. Ports 7600..7649.
 
 use std::io::{Read, Write};
 use std::net::SocketAddr;
@@ -17,10 +18,15 @@ fn addrs(port: u16) -> Option<(SocketAddr, SocketAddr)> {
 
 /// A connected pair: (client, server).
 fn pair(port: u16, options: &Options) -> Option<(Stream, Stream)> {
+    pair_with(port, options, options)
+}
+
+/// A connected pair whose sides have their own options: (client, server).
+fn pair_with(port: u16, client: &Options, server: &Options) -> Option<(Stream, Stream)> {
     let (server_addr, from) = addrs(port)?;
-    let listener = Listener::bind_with(server_addr, options).unwrap();
+    let listener = Listener::bind_with(server_addr, server).unwrap();
     let accept = std::thread::spawn(move || listener.accept().wait(T).unwrap());
-    let client = Stream::connect_with(server_addr, Some(from), options).wait(T).unwrap();
+    let client = Stream::connect_with(server_addr, Some(from), client).wait(T).unwrap();
     Some((client, accept.join().unwrap()))
 }
 
@@ -200,4 +206,68 @@ fn a_listener_dropped_with_a_connect_pending_fails_the_connect_at_once() {
     let (result, at) = connect.join().unwrap();
     assert!(result.is_err(), "the connect to a dropped listener succeeded");
     assert!(at.saturating_duration_since(dropped) < Duration::from_secs(5), "{:?}", at - dropped);
+}
+
+/// Reads `from` to its end within `T`; what it read.
+fn read_to_end_within(mut from: &Stream) -> Vec<u8> {
+    from.set_read_timeout(Some(T));
+    let mut got = Vec::new();
+    from.read_to_end(&mut got).unwrap();
+    got
+}
+
+#[test]
+fn peers_with_different_windows_stream_each_way_to_the_end() {
+    // The server posts twice the client's receives: both must reckon with the smaller window,
+    // or the reader never reports while the writer waits for credits.
+    for (port, client_messages, server_messages) in [(7606, 16, 32), (7607, 32, 4)] {
+        let client_options = Options::new().messages(client_messages);
+        let server_options = Options::new().messages(server_messages);
+        let Some((client, server)) = pair_with(port, &client_options, &server_options) else { return };
+        let up = testkit::random_bytes(4 << 20, 11);
+        let down = testkit::random_bytes(3 << 20, 12);
+        client.set_write_timeout(Some(T));
+        server.set_write_timeout(Some(T));
+        std::thread::scope(|s| {
+            let upload = s.spawn(|| {
+                (&client).write_all(&up).unwrap();
+                client.shutdown_write().unwrap();
+            });
+            assert!(read_to_end_within(&server) == up, "{client_messages}/{server_messages}: the upload differs");
+            upload.join().unwrap();
+            let download = s.spawn(|| {
+                (&server).write_all(&down).unwrap();
+                server.shutdown_write().unwrap();
+            });
+            assert!(read_to_end_within(&client) == down, "{client_messages}/{server_messages}: the download differs");
+            download.join().unwrap();
+        });
+    }
+}
+
+#[test]
+fn two_peers_that_each_write_100_small_pieces_before_reading_do_not_deadlock() {
+    // 100 KiB in 1 KiB writes is far below the default window (15 × 64 KiB): small writes must
+    // fill messages once half the window is spent, not take a receive each.
+    let Some((client, server)) = pair(7608, &Options::new()) else { return };
+    let a = testkit::random_bytes(100 << 10, 21);
+    let b = testkit::random_bytes(100 << 10, 22);
+    let write_small = |mut s: &Stream, data: &[u8]| {
+        s.set_write_timeout(Some(T));
+        for piece in data.chunks(1024) {
+            s.write_all(piece).unwrap();
+        }
+    };
+    let (ga, gb) = std::thread::scope(|s| {
+        let w1 = s.spawn(|| write_small(&client, &a));
+        let w2 = s.spawn(|| write_small(&server, &b));
+        w1.join().unwrap();
+        w2.join().unwrap();
+        client.set_read_timeout(Some(T));
+        server.set_read_timeout(Some(T));
+        let r1 = s.spawn(|| read_split(&client, b.len(), &mut Rng(5), 5000));
+        let r2 = s.spawn(|| read_split(&server, a.len(), &mut Rng(6), 5000));
+        (r1.join().unwrap(), r2.join().unwrap())
+    });
+    assert!(ga == b && gb == a, "the bytes differ");
 }

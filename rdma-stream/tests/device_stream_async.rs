@@ -1,13 +1,17 @@
 //! Device tests of the byte stream's async front (feature `tokio`), rxe1 (10.77.0.2) -> rxe0
 //! (10.77.0.1): both peers writing 64 MiB at once through owned halves on different tasks,
-//! read and write futures dropped half way, and connections opened and closed in a row with
-//! the verbs resources and fds back where they were. Ports 7650..7699.
+//! read and write futures dropped half way, connections opened and closed in a row with
+//! the verbs resources and fds back where they were, and (feature `tonic`) a stalled handshake
+//! that delays no other accept. Ports 7650..7699.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use rdma_stream::{Listener, Options, Stream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+#[cfg(feature = "tonic")]
+const T: Duration = Duration::from_secs(20);
 
 fn addrs(port: u16) -> Option<(SocketAddr, SocketAddr, String)> {
     let topo = testkit::topology()?;
@@ -164,4 +168,58 @@ fn fd_targets() -> Vec<String> {
         .collect();
     v.sort();
     v
+}
+
+/// A client that sends its connect request with a stream's hello and then never completes the
+/// handshake (its CM event is never taken, so no RTU goes): how a frozen or hostile client
+/// looks to a listener.
+#[cfg(feature = "tonic")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_stalled_in_its_handshake_delays_no_other_accept_of_incoming() {
+    use std::future::IntoFuture;
+    use std::pin::Pin;
+
+    use futures_core::Stream as _;
+    use rdma_verbs::{AccessFlags, QpCaps, QpCreateAttr, Rc};
+
+    let Some((server_addr, from, _)) = addrs(7653) else { return };
+    // The listener's connect timeout (10 s) is what a stalled handshake holds a serial accept.
+    let mut incoming = rdma_stream::tonic::Incoming::new(Listener::bind(server_addr).unwrap());
+    let id = rdma_cm::CmId::new().unwrap().resolve(Some(from), server_addr).wait(T).unwrap();
+    let ctx = id.open_context().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(8, None).unwrap();
+    let caps = QpCaps { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+    let qp = pd.create_qp::<Rc>(QpCreateAttr::new(&cq, &cq).caps(caps)).unwrap();
+    let qp = id.init_qp(qp, AccessFlags::empty()).unwrap();
+    // The hello (docs/stream.md): magic, version 1, 64 KiB messages, a window of 16.
+    let mut hello = *b"RDst\x01\0\0\0\0\0\0\0\0\0\0\0";
+    hello[8..12].copy_from_slice(&65536u32.to_le_bytes());
+    hello[12..16].copy_from_slice(&16u32.to_le_bytes());
+    let mut stalled = id.connect(qp, &rdma_cm::ConnParams::new().private_data(&hello)).wait_async(T);
+    // Polled until the request is out, then never again.
+    assert!(tokio::time::timeout(Duration::from_millis(300), &mut stalled).await.is_err());
+
+    let started = std::time::Instant::now();
+    let next = std::future::poll_fn(|cx| Pin::new(&mut incoming).poll_next(cx));
+    let (client, accepted) =
+        tokio::join!(Stream::connect_with(server_addr, Some(from), &Options::new()).into_future(), next);
+    let (mut client, mut accepted) = (client.unwrap(), accepted.expect("Incoming never ends").unwrap());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the second client was accepted after {:?}: behind the stalled handshake",
+        started.elapsed()
+    );
+    client.write_all(b"ping").await.unwrap();
+    let mut got = [0u8; 4];
+    accepted.read_exact(&mut got).await.unwrap();
+    assert_eq!(&got, b"ping");
+
+    // The stalled client gives up: its handshake ends as an error item, and Incoming goes on.
+    drop(stalled);
+    let gave_up = std::time::Instant::now();
+    let next = std::future::poll_fn(|cx| Pin::new(&mut incoming).poll_next(cx));
+    let item = tokio::time::timeout(Duration::from_secs(15), next).await.expect("the stalled handshake ends");
+    assert!(item.expect("Incoming never ends").is_err(), "the stalled handshake gave a stream");
+    eprintln!("the stalled handshake ended {:?} after its client left", gave_up.elapsed());
 }
