@@ -140,6 +140,10 @@ async fn bulk_send(addr: SocketAddr, bytes: u64, write_size: usize) -> Result<()
 }
 
 async fn echo_server(addr: SocketAddr, conns: u64) -> Result<()> {
+    tokio::task::LocalSet::new().run_until(echo_serve(addr, conns)).await
+}
+
+async fn echo_serve(addr: SocketAddr, conns: u64) -> Result<()> {
     let listener = AsyncCmListener::bind(&addr)?;
     eprintln!("peer-rdma-io: listening on {addr}");
     let mut tasks = Vec::new();
