@@ -324,7 +324,11 @@ mod grpc {
                     }
                     client.ready().await.map_err(|e| Status::unavailable(e.to_string()))?;
                     let reply = client
-                        .unary(Request::new(Payload { data: data.clone() }), path.clone(), ProstCodec::<Payload, Payload>::default())
+                        .unary(
+                            Request::new(Payload { data: data.clone() }),
+                            path.clone(),
+                            ProstCodec::<Payload, Payload>::default(),
+                        )
                         .await?;
                     if reply.get_ref().data.len() != size {
                         return Err(Status::data_loss("a short answer"));
