@@ -2,8 +2,9 @@
 //! `rdma_stream::Stream`s instead of TCP. Needs the `stream-ecosystem` feature.
 //!
 //! ```text
-//! grpc server ADDR [--count N]
+//! grpc server ADDR [--count N] [--quiet] [--tcp]
 //! grpc client ADDR [--from IP] [--size BYTES] [--messages N]
+//! grpc bench ADDR [--from IP] [--tcp] [--size BYTES] [--concurrency N] [--seconds T]
 //! ```
 //! In the Soft-RoCE VM (`scripts/softroce run -- ...`; rxe0 is 10.77.0.1, rxe1 10.77.0.2):
 //! ```text
@@ -21,7 +22,15 @@
 //! The client makes one unary call (`--size` bytes, echoed) and one server-streaming call
 //! (`--messages` messages of `--size` bytes), checks every byte (exit status 1 on a mismatch)
 //! and prints one line with the calls' times. The server logs each call with the peer's
-//! address, and runs until it is killed, or until `--count` calls were answered.
+//! address (not with `--quiet`), and runs until it is killed, or until `--count` calls were
+//! answered.
+//!
+//! `bench` is the load generator of `scripts/compare`'s gRPC cells: `--concurrency` tasks share
+//! one channel (one connection, HTTP/2 streams), each making unary calls of `--size` bytes one
+//! after another for `--seconds`, and checks every answer. It prints one line,
+//! `bench: messages=N seconds=T rate=R p50_us=X p99_us=Y` (calls per second over all tasks, and
+//! the percentiles of one call's time). With `--tcp` on both the server and `bench`, the same
+//! program runs tonic over TCP (`TCP_NODELAY` on both ends), so that only the transport differs.
 
 // tonic's handlers and interceptors return `Result<_, tonic::Status>`: the size of its error
 // is tonic's to choose.
@@ -63,6 +72,8 @@ enum Command {
     Server(ServerArgs),
     /// Calls it and checks the answers.
     Client(ClientArgs),
+    /// Unary calls, many at once, for a time: calls per second and each call's time.
+    Bench(BenchArgs),
 }
 
 #[derive(Args)]
@@ -72,6 +83,12 @@ struct ServerArgs {
     /// Exit after this many calls (0: serve until killed).
     #[arg(long, default_value_t = 0)]
     count: u64,
+    /// Log no call.
+    #[arg(long)]
+    quiet: bool,
+    /// Serve over TCP instead of RDMA.
+    #[arg(long)]
+    tcp: bool,
 }
 
 #[derive(Args)]
@@ -89,6 +106,27 @@ struct ClientArgs {
     messages: u32,
 }
 
+#[derive(Args)]
+struct BenchArgs {
+    /// The server's address.
+    addr: SocketAddr,
+    /// The local address to connect from.
+    #[arg(long)]
+    from: Option<IpAddr>,
+    /// Call over TCP instead of RDMA.
+    #[arg(long)]
+    tcp: bool,
+    /// Bytes of each call's request (and answer).
+    #[arg(long, default_value_t = 64)]
+    size: u32,
+    /// Calls in flight at once, each task making one call after another.
+    #[arg(long, default_value_t = 1)]
+    concurrency: usize,
+    /// How long to call.
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
+}
+
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a tokio runtime");
@@ -96,6 +134,7 @@ fn main() -> std::process::ExitCode {
         match cli.command {
             Command::Server(args) => server(args).await,
             Command::Client(args) => client(args).await,
+            Command::Bench(args) => bench(args).await,
         }
     });
     match result {
@@ -108,15 +147,15 @@ fn main() -> std::process::ExitCode {
 }
 
 async fn server(args: ServerArgs) -> Result<()> {
-    let incoming = Incoming::new(Listener::bind(args.addr)?);
-    eprintln!("grpc server: listening on {}", incoming.local_addr());
     let calls = Arc::new(AtomicU64::new(0));
     let enough = Arc::new(tokio::sync::Notify::new());
     let (counter, done) = (Arc::clone(&calls), Arc::clone(&enough));
-    let count = args.count;
+    let (count, quiet) = (args.count, args.quiet);
     // Logs each call with its peer (tonic's `remote_addr`, from the stream's `Connected`).
     let log = move |request: tonic::Request<()>| {
-        eprintln!("grpc server: call from {:?}", request.remote_addr());
+        if !quiet {
+            eprintln!("grpc server: call from {:?}", request.remote_addr());
+        }
         if counter.fetch_add(1, Ordering::Relaxed) + 1 == count {
             done.notify_one();
         }
@@ -131,7 +170,14 @@ async fn server(args: ServerArgs) -> Result<()> {
     };
     // The interceptor counts a streaming call when it starts: serve_with_incoming_shutdown
     // lets the calls in progress finish before it returns.
-    Server::builder().add_service(service).serve_with_incoming_shutdown(incoming, stop).await?;
+    if args.tcp {
+        eprintln!("grpc server: listening on {} (TCP)", args.addr);
+        Server::builder().tcp_nodelay(true).add_service(service).serve_with_shutdown(args.addr, stop).await?;
+    } else {
+        let incoming = Incoming::new(Listener::bind(args.addr)?);
+        eprintln!("grpc server: listening on {}", incoming.local_addr());
+        Server::builder().add_service(service).serve_with_incoming_shutdown(incoming, stop).await?;
+    }
     eprintln!("grpc server: {} calls answered", calls.load(Ordering::Relaxed));
     Ok(())
 }
@@ -167,6 +213,57 @@ async fn client(args: ClientArgs) -> Result<()> {
     println!(
         "grpc client: unary {size} B in {unary:?}; stream of {received} x {size} B in {streamed:?} ({:.1} MiB/s); all bytes checked",
         mib / streamed.as_secs_f64()
+    );
+    Ok(())
+}
+
+async fn bench(args: BenchArgs) -> Result<()> {
+    let endpoint = Endpoint::from_shared(format!("http://{}", args.addr))?.connect_timeout(T).timeout(T);
+    let channel = if args.tcp {
+        endpoint.tcp_nodelay(true).local_address(args.from).connect().await?
+    } else {
+        let connector = Connector::new().local_address(args.from.map(|ip| SocketAddr::new(ip, 0)));
+        endpoint.connect_with_connector(connector).await?
+    };
+    let client = EchoClient::new(channel);
+    let start = Instant::now();
+    let end = start + Duration::from_secs_f64(args.seconds);
+    let mut tasks = Vec::new();
+    for i in 0..args.concurrency {
+        let mut client = client.clone();
+        let sent = pattern(args.size as usize, i as u64);
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::with_capacity(1 << 16);
+            loop {
+                let t = Instant::now();
+                if t >= end {
+                    return Ok::<_, tonic::Status>(lat);
+                }
+                let echoed = client.unary(sent.clone()).await?;
+                lat.push(t.elapsed().as_nanos() as u64);
+                if echoed != sent {
+                    return Err(tonic::Status::data_loss("an answer differs from its request"));
+                }
+            }
+        }));
+    }
+    let mut lat = Vec::new();
+    for t in tasks {
+        lat.extend(t.await??);
+    }
+    let elapsed = start.elapsed();
+    lat.sort_unstable();
+    let q = |p: f64| {
+        let i = ((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1));
+        lat.get(i).copied().unwrap_or(0) as f64 / 1e3
+    };
+    println!(
+        "bench: messages={} seconds={:.3} rate={:.1} p50_us={:.2} p99_us={:.2}",
+        lat.len(),
+        elapsed.as_secs_f64(),
+        lat.len() as f64 / elapsed.as_secs_f64(),
+        q(0.5),
+        q(0.99)
     );
     Ok(())
 }
