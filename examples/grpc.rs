@@ -36,6 +36,8 @@
 // is tonic's to choose.
 #![allow(clippy::result_large_err)]
 
+#[path = "common/bench_line.rs"]
+mod bench_line;
 #[path = "common/grpc.rs"]
 mod grpc;
 #[path = "common/pattern.rs"]
@@ -251,19 +253,6 @@ async fn bench(args: BenchArgs) -> Result<()> {
     for t in tasks {
         lat.extend(t.await??);
     }
-    let elapsed = start.elapsed();
-    lat.sort_unstable();
-    let q = |p: f64| {
-        let i = ((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1));
-        lat.get(i).copied().unwrap_or(0) as f64 / 1e3
-    };
-    println!(
-        "bench: messages={} seconds={:.3} rate={:.1} p50_us={:.2} p99_us={:.2}",
-        lat.len(),
-        elapsed.as_secs_f64(),
-        lat.len() as f64 / elapsed.as_secs_f64(),
-        q(0.5),
-        q(0.99)
-    );
+    bench_line::print(lat, start.elapsed());
     Ok(())
 }

@@ -30,6 +30,9 @@ use std::time::{Duration, Instant};
 use clap::{Args, Parser, Subcommand};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+#[path = "common/bench_line.rs"]
+mod bench_line;
+
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 /// How long a connect may take.
@@ -211,23 +214,6 @@ async fn echo(args: EchoArgs) -> Result<()> {
         lat.extend(t.await??);
     }
     let elapsed = start.elapsed();
-    report(lat, elapsed);
+    bench_line::print(lat, elapsed);
     Ok(())
-}
-
-/// Prints the result line.
-fn report(mut lat: Vec<u64>, elapsed: Duration) {
-    lat.sort_unstable();
-    let q = |p: f64| {
-        let i = ((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1));
-        lat.get(i).copied().unwrap_or(0) as f64 / 1e3
-    };
-    println!(
-        "bench: messages={} seconds={:.3} rate={:.1} p50_us={:.2} p99_us={:.2}",
-        lat.len(),
-        elapsed.as_secs_f64(),
-        lat.len() as f64 / elapsed.as_secs_f64(),
-        q(0.5),
-        q(0.99)
-    );
 }
