@@ -94,12 +94,20 @@ pub(crate) struct State {
     failure: Option<Failure>,
     /// A blocking wait sleeps on the channel (the others wait on [`Shared::turn`]).
     pub(crate) sleeping: bool,
+    /// The next `progress` reads the CM channel: a sleep ended (the CM fd may have woken it) or
+    /// a completion failed.
+    pub(crate) cm_due: bool,
+    /// `progress` calls since the CM channel was last read.
+    since_cm: u32,
     /// The async waits to wake when `progress` changes something: the last waker of a read
     /// and of a write (flush, shutdown), as a `TcpStream` keeps them.
     pub(crate) wakers: [Option<Waker>; 2],
     /// The waiter of blocking waits, kept across them.
     pub(crate) waiter: Option<CqWaiter>,
 }
+
+/// How many `progress` steps may pass without reading the CM channel while nothing sleeps.
+const CM_EVERY: u32 = 64;
 
 /// The kind of an async wait, for its waker's place.
 #[cfg(feature = "tokio")]
@@ -143,6 +151,8 @@ impl State {
             disconnected: false,
             failure: None,
             sleeping: false,
+            cm_due: true,
+            since_cm: 0,
             wakers: [None, None],
             waiter: Some(CqWaiter::new(policy)),
         }
@@ -154,21 +164,13 @@ impl State {
     pub(crate) fn progress(&mut self, conn: &Connection<'_>) -> bool {
         let mut changed = false;
         // The CM's events first: a disconnect seen before the queues are polled leaves no
-        // message that arrived before it behind in the receive queue.
-        while !self.disconnected {
-            match conn.try_recv_event() {
-                Ok(Some(Event::Disconnected)) => {
-                    self.disconnected = true;
-                    changed = true;
-                }
-                Ok(Some(_)) => {}
-                Ok(None) => break,
-                Err(e) => {
-                    self.fail(io::ErrorKind::ConnectionReset, e.to_string());
-                    changed = true;
-                    break;
-                }
-            }
+        // message that arrived before it behind in the receive queue. Reading the CM channel
+        // costs a syscall that almost always finds nothing, so a spinning wait reads it only
+        // every CM_EVERY steps; a sleep (which the CM fd also ends) and a failed completion
+        // make the next read due.
+        self.since_cm += 1;
+        if self.cm_due || self.since_cm >= CM_EVERY {
+            changed |= self.take_cm_events(conn);
         }
         if conn.peer_disconnected() && !self.disconnected {
             self.disconnected = true;
@@ -200,8 +202,35 @@ impl State {
                 }
             }
         }
+        if self.failure.is_some() && !self.disconnected {
+            // A failed completion: whether the peer left says what it means.
+            changed |= self.take_cm_events(conn);
+        }
         if self.send_pending(false) {
             changed = true;
+        }
+        changed
+    }
+
+    /// Takes the connection's CM events (a disconnect); whether anything changed.
+    fn take_cm_events(&mut self, conn: &Connection<'_>) -> bool {
+        self.cm_due = false;
+        self.since_cm = 0;
+        let mut changed = false;
+        while !self.disconnected {
+            match conn.try_recv_event() {
+                Ok(Some(Event::Disconnected)) => {
+                    self.disconnected = true;
+                    changed = true;
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => break,
+                Err(e) => {
+                    self.fail(io::ErrorKind::ConnectionReset, e.to_string());
+                    changed = true;
+                    break;
+                }
+            }
         }
         changed
     }

@@ -75,6 +75,7 @@ impl Shared {
             });
             st.waiter = Some(waiter);
             st.sleeping = false;
+            st.cm_due = true;
             self.turn.notify_all();
             idle.map_err(|e| io::Error::new(io::ErrorKind::ConnectionReset, e))?;
         }
@@ -119,7 +120,11 @@ impl Shared {
                 return Poll::Ready(result);
             }
             let fut = sleep.get_or_insert_with(|| Box::pin(Arc::clone(self).sleep_async()));
-            match fut.as_mut().poll(cx) {
+            let slept = fut.as_mut().poll(cx);
+            if slept.is_ready() {
+                self.state.lock().cm_due = true;
+            }
+            match slept {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Ok(())) => *sleep = None,
                 Poll::Ready(Err(e)) => {
