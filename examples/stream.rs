@@ -2,8 +2,8 @@
 //! the other connects and writes; both print what they moved and at what rate.
 //!
 //! ```text
-//! stream recv ADDR [--echo]
-//! stream send ADDR [--from IP] [--bytes N | --forever] [--write-size S]
+//! stream recv ADDR [--echo] [--messages N] [--message-size S]
+//! stream send ADDR [--from IP] [--bytes N | --forever] [--write-size S] [--messages N] [--message-size S]
 //! ```
 //! In the Soft-RoCE VM (rxe0 is 10.77.0.1, rxe1 10.77.0.2):
 //! ```text
@@ -14,6 +14,8 @@
 //! prints `received N bytes in T s (R MiB/s)` and exits 0; a stream that fails prints the error
 //! and exits 1. `send` writes `--bytes` bytes (or until killed, with `--forever`) in writes of
 //! `--write-size`, ends its direction, reads until end of file and prints its line.
+//! `--messages` and `--message-size` size each side's receive buffers ([`Options`]; the window
+//! each way is the smaller side's).
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr};
@@ -38,6 +40,8 @@ enum Role {
         /// Write every byte read back to the sender.
         #[arg(long)]
         echo: bool,
+        #[command(flatten)]
+        window: Window,
     },
     /// Connects and writes.
     Send {
@@ -55,15 +59,43 @@ enum Role {
         /// Bytes per write call.
         #[arg(long, default_value_t = 1 << 20)]
         write_size: usize,
+        #[command(flatten)]
+        window: Window,
     },
+}
+
+/// The receive buffers of this side ([`Options::messages`], [`Options::message_size`]).
+#[derive(clap::Args)]
+struct Window {
+    /// Receive buffers posted (the default: the library's).
+    #[arg(long)]
+    messages: Option<u32>,
+    /// Bytes per receive buffer (the default: the library's).
+    #[arg(long)]
+    message_size: Option<usize>,
+}
+
+impl Window {
+    fn options(&self) -> Options {
+        let mut options = Options::new();
+        if let Some(n) = self.messages {
+            options = options.messages(n);
+        }
+        if let Some(bytes) = self.message_size {
+            options = options.message_size(bytes);
+        }
+        options
+    }
 }
 
 const T: Duration = Duration::from_secs(30);
 
 fn main() {
     let result = match Cli::parse().role {
-        Role::Recv { addr, echo } => recv(addr, echo),
-        Role::Send { addr, from, bytes, forever, write_size } => send(addr, from, bytes, forever, write_size),
+        Role::Recv { addr, echo, window } => recv(addr, echo, &window.options()),
+        Role::Send { addr, from, bytes, forever, write_size, window } => {
+            send(addr, from, bytes, forever, write_size, &window.options())
+        }
     };
     if let Err(e) = result {
         eprintln!("stream: {e}");
@@ -78,8 +110,8 @@ fn report(what: &str, bytes: u64, start: Instant) {
     eprintln!("{what} {bytes} bytes in {s:.3} s ({:.1} MiB/s)", bytes as f64 / s / (1 << 20) as f64);
 }
 
-fn recv(addr: SocketAddr, echo: bool) -> Result<()> {
-    let listener = Listener::bind(addr)?;
+fn recv(addr: SocketAddr, echo: bool, options: &Options) -> Result<()> {
+    let listener = Listener::bind_with(addr, options)?;
     eprintln!("stream: listening on {}", listener.local_addr());
     let mut stream = listener.accept().wait(Duration::MAX)?;
     let start = Instant::now();
@@ -101,9 +133,16 @@ fn recv(addr: SocketAddr, echo: bool) -> Result<()> {
     Ok(())
 }
 
-fn send(addr: SocketAddr, from: Option<IpAddr>, bytes: u64, forever: bool, write_size: usize) -> Result<()> {
+fn send(
+    addr: SocketAddr,
+    from: Option<IpAddr>,
+    bytes: u64,
+    forever: bool,
+    write_size: usize,
+    options: &Options,
+) -> Result<()> {
     let from = from.map(|ip| SocketAddr::new(ip, 0));
-    let stream = Stream::connect_with(addr, from, &Options::new()).wait(T)?;
+    let stream = Stream::connect_with(addr, from, options).wait(T)?;
     let start = Instant::now();
     let data: Vec<u8> = (0..write_size.max(1)).map(|i| (i % 251) as u8).collect();
     let mut sent = 0u64;
