@@ -6,6 +6,12 @@
 //! good (they are sent even if the caller never polls again, as soon as any operation on the
 //! stream or its halves, or its drop, finds credits for them). `flush` and `shutdown` may be
 //! dropped and called again.
+//!
+//! A stream's async waits register with the reactor of the runtime they first sleep on and keep
+//! that registration, as tokio's own IO types stay with the runtime they were made in: use a
+//! stream within one runtime. One moved to another runtime waits on the first one's reactor
+//! while that runtime lives (and needs it driven); once it has shut down, the next wait
+//! registers with the runtime it runs on.
 
 use std::io;
 use std::pin::Pin;
@@ -16,68 +22,87 @@ use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::link::{Op, ReadOutcome, Shared};
-use crate::wait::Sleep;
+use crate::wait::AsyncWait;
 use crate::Stream;
 
 fn poll_read(
     shared: &Arc<Shared>,
-    sleep: &mut Option<Sleep>,
+    wait: &mut AsyncWait,
     cx: &mut Context<'_>,
     buf: &mut ReadBuf<'_>,
 ) -> Poll<io::Result<()>> {
     // `put_slice` copies into the unfilled part without zeroing it first (hyper hands a
     // fresh, uninitialized buffer to every poll).
-    shared.poll_wait(Op::Read, sleep, cx, |st| match st.read_into(buf.remaining(), |bytes| buf.put_slice(bytes)) {
+    shared.poll_wait(Op::Read, wait, cx, |st| match st.read_into(buf.remaining(), |bytes| buf.put_slice(bytes)) {
         Ok(ReadOutcome::Read(_)) => Some(Ok(())),
         Ok(ReadOutcome::Empty) => None,
         Err(e) => Some(Err(e)),
     })
 }
 
-fn poll_write(
-    shared: &Arc<Shared>,
-    sleep: &mut Option<Sleep>,
-    cx: &mut Context<'_>,
-    buf: &[u8],
-) -> Poll<io::Result<usize>> {
-    shared.poll_wait(Op::Write, sleep, cx, |st| st.write(buf).transpose())
+fn poll_write(shared: &Arc<Shared>, wait: &mut AsyncWait, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    shared.poll_wait(Op::Write, wait, cx, |st| st.write(buf).transpose())
 }
 
-fn poll_flush(shared: &Arc<Shared>, sleep: &mut Option<Sleep>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-    shared.poll_wait(Op::Write, sleep, cx, |st| match st.flushed() {
+fn poll_write_vectored(
+    shared: &Arc<Shared>,
+    wait: &mut AsyncWait,
+    cx: &mut Context<'_>,
+    bufs: &[io::IoSlice<'_>],
+) -> Poll<io::Result<usize>> {
+    shared.poll_wait(Op::Write, wait, cx, |st| st.write_vectored(bufs).transpose())
+}
+
+fn poll_flush(shared: &Arc<Shared>, wait: &mut AsyncWait, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    shared.poll_wait(Op::Write, wait, cx, |st| match st.flushed() {
         Ok(true) => Some(Ok(())),
         Ok(false) => None,
         Err(e) => Some(Err(e)),
     })
 }
 
-fn poll_shutdown(shared: &Arc<Shared>, sleep: &mut Option<Sleep>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+fn poll_shutdown(shared: &Arc<Shared>, wait: &mut AsyncWait, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
     shared.state.lock().shutdown();
-    poll_flush(shared, sleep, cx)
+    poll_flush(shared, wait, cx)
 }
 
 impl AsyncRead for Stream {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        poll_read(&this.shared, this.read_sleep.get_mut(), cx, buf)
+        poll_read(&this.shared, this.read_wait.get_mut(), cx, buf)
     }
 }
 
 impl AsyncWrite for Stream {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        poll_write(&this.shared, this.write_sleep.get_mut(), cx, buf)
+        poll_write(&this.shared, this.write_wait.get_mut(), cx, buf)
+    }
+
+    /// Takes the pieces in order into the same messages: a frame's header and its payload go
+    /// as one message when they fit.
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        poll_write_vectored(&this.shared, this.write_wait.get_mut(), cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        poll_flush(&this.shared, this.write_sleep.get_mut(), cx)
+        poll_flush(&this.shared, this.write_wait.get_mut(), cx)
     }
 
     /// Ends this direction ([`Stream::shutdown_write`]) and waits until the end was sent.
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        poll_shutdown(&this.shared, this.write_sleep.get_mut(), cx)
+        poll_shutdown(&this.shared, this.write_wait.get_mut(), cx)
     }
 }
 
@@ -86,15 +111,16 @@ impl Stream {
     /// (feature `tokio`). The connection ends when both are dropped.
     pub fn into_split(self) -> (OwnedReadHalf, OwnedWriteHalf) {
         let shared = Arc::clone(&self.shared);
-        let write = OwnedWriteHalf { shared: Arc::clone(&shared), sleep: Mutex::new(None), shutdown_on_drop: true };
-        (OwnedReadHalf { shared, sleep: Mutex::new(None), _stream: Arc::new(self) }, write)
+        shared.handles.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        let write = OwnedWriteHalf { shared: Arc::clone(&shared), wait: Mutex::default(), shutdown_on_drop: true };
+        (OwnedReadHalf { shared, wait: Mutex::default(), _stream: Arc::new(self) }, write)
     }
 }
 
 /// The reading half of a [`Stream`] ([`Stream::into_split`]).
 pub struct OwnedReadHalf {
     shared: Arc<Shared>,
-    sleep: Mutex<Option<Sleep>>,
+    wait: Mutex<AsyncWait>,
     /// Keeps the stream (its timeouts, its drop) alive with the read half.
     _stream: Arc<Stream>,
 }
@@ -103,7 +129,7 @@ pub struct OwnedReadHalf {
 /// as `tokio::net::tcp::OwnedWriteHalf` does.
 pub struct OwnedWriteHalf {
     shared: Arc<Shared>,
-    sleep: Mutex<Option<Sleep>>,
+    wait: Mutex<AsyncWait>,
     shutdown_on_drop: bool,
 }
 
@@ -122,24 +148,37 @@ impl std::fmt::Debug for OwnedWriteHalf {
 impl AsyncRead for OwnedReadHalf {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        poll_read(&this.shared, this.sleep.get_mut(), cx, buf)
+        poll_read(&this.shared, this.wait.get_mut(), cx, buf)
     }
 }
 
 impl AsyncWrite for OwnedWriteHalf {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        poll_write(&this.shared, this.sleep.get_mut(), cx, buf)
+        poll_write(&this.shared, this.wait.get_mut(), cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        poll_write_vectored(&this.shared, this.wait.get_mut(), cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        poll_flush(&this.shared, this.sleep.get_mut(), cx)
+        poll_flush(&this.shared, this.wait.get_mut(), cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        poll_shutdown(&this.shared, this.sleep.get_mut(), cx)
+        poll_shutdown(&this.shared, this.wait.get_mut(), cx)
     }
 }
 
@@ -148,5 +187,6 @@ impl Drop for OwnedWriteHalf {
         if self.shutdown_on_drop {
             self.shared.state.lock().shutdown();
         }
+        self.shared.release_handle();
     }
 }

@@ -148,6 +148,8 @@ impl Rest {
             policy: options.wait,
             drain: options.drain_timeout,
             conn,
+            #[cfg(feature = "tokio")]
+            handles: std::sync::atomic::AtomicUsize::new(1),
         }))
     }
 }

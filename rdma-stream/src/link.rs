@@ -33,21 +33,25 @@ pub(crate) struct Shared {
     /// How long the drop waits for what was written to go.
     pub(crate) drain: std::time::Duration,
     pub(crate) conn: Connection<'static>,
+    /// The user's handles on the stream (the stream, its write half): the last one dropped on
+    /// a runtime closes the stream on a task of that runtime.
+    #[cfg(feature = "tokio")]
+    pub(crate) handles: std::sync::atomic::AtomicUsize,
 }
 
 impl Drop for Shared {
     /// Ends this direction after what was written (as `close` does a TCP socket's) and waits, up
     /// to the drain timeout, until everything sent is acknowledged, the peer is gone or the
-    /// stream failed. Then the QP is flushed, so that the queues drop without waiting for a peer
-    /// that will not answer, and the connection disconnects last.
+    /// stream failed (unless an async close did so already). Then the QP is flushed, so that
+    /// the queues drop without waiting for a peer that will not answer, and the connection
+    /// disconnects last.
     fn drop(&mut self) {
-        self.state.get_mut().shutdown();
-        let until = rdma_verbs::Deadline::after(self.drain);
-        let _ = self.wait_blocking(until, "closing", |st| match st.flushed() {
-            Ok(true) if st.in_flight() == 0 || st.gone() => Some(Ok(())),
-            Ok(_) => None,
-            Err(e) => Some(Err(e)),
-        });
+        let st = self.state.get_mut();
+        st.shutdown();
+        if !st.drained {
+            let until = rdma_verbs::Deadline::after(self.drain);
+            let _ = self.wait_blocking(until, "closing", State::drained);
+        }
         let _ = self.conn.qp().flush();
     }
 }
@@ -104,6 +108,8 @@ pub(crate) struct State {
     pub(crate) wakers: [Option<Waker>; 2],
     /// The waiter of blocking waits, kept across them.
     pub(crate) waiter: Option<CqWaiter>,
+    /// The closing drain is over (an async close ran it): the drop need not wait again.
+    pub(crate) drained: bool,
 }
 
 /// How many `progress` steps may pass without reading the CM channel while nothing sleeps.
@@ -155,6 +161,7 @@ impl State {
             since_cm: 0,
             wakers: [None, None],
             waiter: Some(CqWaiter::new(policy)),
+            drained: false,
         }
     }
 
@@ -400,7 +407,32 @@ impl State {
     /// Copies bytes of `buf` into messages, and posts those credits allow: how many were
     /// taken, or `None` when no buffer has room (the peer's window is full).
     pub(crate) fn write(&mut self, buf: &[u8]) -> io::Result<Option<usize>> {
+        self.write_vectored(&[io::IoSlice::new(buf)])
+    }
+
+    /// [`write`](Self::write) of the bytes of `bufs` in order, into the same messages: a
+    /// caller that hands several pieces at once (a frame's header and its payload) sends them
+    /// as one message when they fit.
+    pub(crate) fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<Option<usize>> {
         self.writable()?;
+        let mut n = 0;
+        for buf in bufs {
+            let k = self.fill(buf)?;
+            n += k;
+            if k < buf.len() {
+                break;
+            }
+        }
+        if n == 0 && bufs.iter().any(|b| !b.is_empty()) {
+            return Ok(None);
+        }
+        self.send_pending(false);
+        Ok(Some(n))
+    }
+
+    /// Copies bytes of `buf` into the open message, posting each message that fills up while
+    /// credits allow: how many were taken.
+    fn fill(&mut self, buf: &[u8]) -> io::Result<usize> {
         let mut n = 0;
         while n < buf.len() {
             if self.open.is_none() {
@@ -418,11 +450,7 @@ impl State {
                 break;
             }
         }
-        if n == 0 && !buf.is_empty() {
-            return Ok(None);
-        }
-        self.send_pending(false);
-        Ok(Some(n))
+        Ok(n)
     }
 
     /// Whether a write may go on: this direction is open and nothing failed.
@@ -461,6 +489,16 @@ impl State {
             return Err(io::Error::new(io::ErrorKind::BrokenPipe, crate::Error::PeerDisconnected));
         }
         Ok(false)
+    }
+
+    /// The closing drain's result, once there is one: everything written was posted and
+    /// acknowledged, or never will be (the peer left, the stream failed).
+    pub(crate) fn drained(&mut self) -> Option<io::Result<()>> {
+        match self.flushed() {
+            Ok(true) if self.in_flight() == 0 || self.gone() => Some(Ok(())),
+            Ok(_) => None,
+            Err(e) => Some(Err(e)),
+        }
     }
 
     /// Whether nothing more can be acknowledged: the peer left or the stream failed.

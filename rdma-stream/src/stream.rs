@@ -19,12 +19,14 @@ use crate::{Options, Result};
 /// message's immediate value, so a writer never sends what the peer has no buffer for
 /// (docs/stream.md). It is `Read + Write` (also through `&Stream`, so that one thread reads
 /// while another writes), and with the feature `tokio` `AsyncRead + AsyncWrite`
-/// (`into_split` gives halves for two tasks).
+/// (`into_split` gives halves for two tasks). Its async waits stay registered with the runtime
+/// they first ran on, as tokio's own IO types do: use a stream within one runtime.
 ///
 /// What a user of `TcpStream` relies on holds:
 /// - a `write` takes bytes while the peer's window has room and blocks (or is `Pending`) only
 ///   while it is full; small writes made while half the window or less is open are sent
-///   together;
+///   together, and so are the pieces of one vectored write (`write_vectored`, which hyper and
+///   h2 use for a frame's header and payload) that fit in one message;
 /// - bytes written go when the window allows, at the latest when this side next reads (and
 ///   finds nothing), writes, flushes, shuts down or drops the stream: there is no background
 ///   thread, so a program that waits for an answer elsewhere must [`flush`](Write::flush)
@@ -40,18 +42,18 @@ use crate::{Options, Result};
 /// Dropping the stream sends what credits allow, waits up to the drain timeout
 /// ([`Options::drain_timeout`]) for its messages to be acknowledged, and disconnects. Bytes a
 /// full window still held back are lost: call [`flush`](Write::flush) (or shut down and read to
-/// the end) to know they went. The drop blocks its thread for that wait, also on an async
-/// runtime: shut the stream down and flush it (`.await`) before dropping it there, so that the
-/// drop finds nothing left to wait for.
+/// the end) to know they went. Dropped inside a tokio runtime (feature `tokio`), the stream
+/// hands that wait to a task of the runtime and returns at once; elsewhere the drop blocks its
+/// thread for it.
 pub struct Stream {
     pub(crate) shared: Arc<Shared>,
     timeouts: Mutex<Timeouts>,
-    /// The sleeps of async reads and writes, between their polls (in a mutex only so that the
-    /// stream is `Sync`: they are reached through `&mut self`, never locked).
+    /// What async reads and writes keep between their polls and their waits (in a mutex only so
+    /// that the stream is `Sync`: they are reached through `&mut self`, never locked).
     #[cfg(feature = "tokio")]
-    pub(crate) read_sleep: Mutex<Option<crate::wait::Sleep>>,
+    pub(crate) read_wait: Mutex<crate::wait::AsyncWait>,
     #[cfg(feature = "tokio")]
-    pub(crate) write_sleep: Mutex<Option<crate::wait::Sleep>>,
+    pub(crate) write_wait: Mutex<crate::wait::AsyncWait>,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -75,9 +77,9 @@ impl Stream {
             shared,
             timeouts: Mutex::new(Timeouts::default()),
             #[cfg(feature = "tokio")]
-            read_sleep: Mutex::new(None),
+            read_wait: Mutex::default(),
             #[cfg(feature = "tokio")]
-            write_sleep: Mutex::new(None),
+            write_wait: Mutex::default(),
         }
     }
 
@@ -159,6 +161,11 @@ impl Stream {
         self.shared.wait_blocking(until, "a write", |st| st.write(buf).transpose())
     }
 
+    fn write_vectored_blocking(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        let until = Self::deadline(self.timeouts.lock().write);
+        self.shared.wait_blocking(until, "a write", |st| st.write_vectored(bufs).transpose())
+    }
+
     fn flush_blocking(&self) -> io::Result<()> {
         let until = Self::deadline(self.timeouts.lock().write);
         self.shared.wait_blocking(until, "a flush", |st| match st.flushed() {
@@ -166,6 +173,15 @@ impl Stream {
             Ok(false) => None,
             Err(e) => Some(Err(e)),
         })
+    }
+}
+
+impl Drop for Stream {
+    /// Closes the stream (see the type's docs); inside a tokio runtime on a task of that
+    /// runtime, once every handle (the stream, its write half) is dropped.
+    fn drop(&mut self) {
+        #[cfg(feature = "tokio")]
+        self.shared.release_handle();
     }
 }
 
@@ -178,6 +194,11 @@ impl Read for &Stream {
 impl Write for &Stream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         self.write_blocking(buf)
+    }
+
+    /// Takes the pieces in order into the same messages (see [`Stream`]).
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        self.write_vectored_blocking(bufs)
     }
 
     fn flush(&mut self) -> io::Result<()> {
@@ -194,6 +215,11 @@ impl Read for Stream {
 impl Write for Stream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         self.write_blocking(buf)
+    }
+
+    /// Takes the pieces in order into the same messages (see [`Stream`]).
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        self.write_vectored_blocking(bufs)
     }
 
     fn flush(&mut self) -> io::Result<()> {

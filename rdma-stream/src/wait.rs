@@ -4,9 +4,10 @@
 //! - **Blocking:** one thread at a time sleeps on the channel ([`CqWaiter::idle_with`], the
 //!   only waiter of its channel); another thread of the same stream waits on a condition
 //!   variable, woken after every step of the sleeper. Both look at the state after each wake.
-//! - **Async:** each waiting task sleeps on its own registration of the channel and of the CM
-//!   fd ([`CqWaiter::wait_async`], [`Readiness`]), and leaves its waker with the state: whoever
-//!   takes a completion another task waits for wakes it.
+//! - **Async:** each half (a stream's reads, its writes, or an owned half) sleeps on its own
+//!   registrations of the channel and of the CM fd, made by its first sleep and kept
+//!   ([`AsyncWait`]), and leaves its waker with the state: whoever takes a completion another
+//!   task waits for wakes it.
 
 #[cfg(feature = "tokio")]
 use std::future::Future;
@@ -32,9 +33,53 @@ pub(crate) fn wake(wakers: [Option<Waker>; 2]) {
     }
 }
 
+/// What one async half (a [`Stream`](crate::Stream)'s reads or writes, or an owned half) keeps
+/// between its waits: the sleep under way, and the registrations every sleep of that half
+/// reuses.
+#[cfg(feature = "tokio")]
+#[derive(Default)]
+pub(crate) struct AsyncWait {
+    sleep: Option<Sleep>,
+    /// Where the registrations are between sleeps; a sleep borrows them and puts them back
+    /// when it ends or is dropped.
+    kept: Arc<parking_lot::Mutex<Option<Box<Registrations>>>>,
+}
+
+/// An async half's registrations with the reactor, made by its first sleep and kept until the
+/// half is dropped: the completion channel's (inside the waiter) and the CM fd's. A stream
+/// waits thousands of times a second, and registering at every sleep cost a `fcntl`, an
+/// `epoll_ctl` and a `close` per fd each time. They belong to the runtime of the first sleep,
+/// as a `tokio::net::TcpStream` belongs to its runtime; a sleep that fails (that runtime shut
+/// down) drops them, and the next sleep registers again on the runtime it runs on.
+#[cfg(feature = "tokio")]
+struct Registrations {
+    waiter: CqWaiter,
+    cm: rdma_verbs::wait::Readiness,
+}
+
+/// Registrations a sleep took from their [`AsyncWait`]: given back when the sleep ends or is
+/// dropped (a wait whose result another task's progress brought drops its sleep unfinished),
+/// unless the sleep failed with them.
+#[cfg(feature = "tokio")]
+struct Lent {
+    regs: Option<Box<Registrations>>,
+    home: Arc<parking_lot::Mutex<Option<Box<Registrations>>>>,
+}
+
+#[cfg(feature = "tokio")]
+impl Drop for Lent {
+    fn drop(&mut self) {
+        if let Some(mut regs) = self.regs.take() {
+            // The next wait spins its whole budget again, as a wait that begins does.
+            regs.waiter.reset();
+            *self.home.lock() = Some(regs);
+        }
+    }
+}
+
 /// A boxed sleep of an async wait, kept by the half that waits between its polls.
 #[cfg(feature = "tokio")]
-pub(crate) type Sleep = Pin<Box<dyn Future<Output = io::Result<()>> + Send>>;
+type Sleep = Pin<Box<dyn Future<Output = io::Result<()>> + Send>>;
 
 impl Shared {
     /// Waits, blocking, until `ready` gives a result or `until` passes (`what` names the wait
@@ -94,12 +139,12 @@ impl Shared {
     }
 
     /// One poll of an async wait: `Ready` with `ready`'s result, or `Pending` with `cx`'s
-    /// waker left with the state and the channel (`sleep` keeps the sleep between polls).
+    /// waker left with the state and the channel (`wait` keeps the sleep between polls).
     #[cfg(feature = "tokio")]
     pub(crate) fn poll_wait<R>(
         self: &Arc<Self>,
         op: Op,
-        sleep: &mut Option<Sleep>,
+        wait: &mut AsyncWait,
         cx: &mut std::task::Context<'_>,
         mut ready: impl FnMut(&mut State) -> Option<io::Result<R>>,
     ) -> std::task::Poll<io::Result<R>> {
@@ -116,50 +161,88 @@ impl Shared {
             };
             wake(wakers);
             if let Some(result) = result {
-                *sleep = None;
+                // A sleep under way ends here: its registrations stay for the next one.
+                wait.sleep = None;
                 return Poll::Ready(result);
             }
-            let fut = sleep.get_or_insert_with(|| Box::pin(Arc::clone(self).sleep_async()));
-            let slept = fut.as_mut().poll(cx);
-            if slept.is_ready() {
-                self.state.lock().cm_due = true;
-            }
-            match slept {
+            let fut = match &mut wait.sleep {
+                Some(fut) => fut,
+                None => wait.sleep.insert(Box::pin(Arc::clone(self).sleep_async(Arc::clone(&wait.kept)))),
+            };
+            let slept = match fut.as_mut().poll(cx) {
                 Poll::Pending => return Poll::Pending,
-                Poll::Ready(Ok(())) => *sleep = None,
-                Poll::Ready(Err(e)) => {
-                    *sleep = None;
-                    return Poll::Ready(Err(e));
-                }
-            }
+                Poll::Ready(slept) => slept,
+            };
+            wait.sleep = None;
+            self.state.lock().cm_due = true;
+            slept?;
         }
     }
 
     /// Sleeps until a completion (taken by this sleep's own progress) or a CM event: a
     /// completion taken by another task's progress wakes this task through its waker instead.
+    /// Sleeps on the registrations kept in `home` (made here the first time).
     #[cfg(feature = "tokio")]
-    async fn sleep_async(self: Arc<Self>) -> io::Result<()> {
-        use std::task::Poll;
-        let cm = rdma_verbs::wait::Readiness::new(self.conn.as_fd())?;
-        let mut waiter = CqWaiter::new(self.policy);
+    async fn sleep_async(self: Arc<Self>, home: Arc<parking_lot::Mutex<Option<Box<Registrations>>>>) -> io::Result<()> {
+        let kept = home.lock().take();
+        let mut lent = Lent { regs: kept, home };
+        if lent.regs.is_none() {
+            let cm = rdma_verbs::wait::Readiness::new(self.conn.as_fd())?;
+            lent.regs = Some(Box::new(Registrations { waiter: CqWaiter::new(self.policy), cm }));
+        }
+        let regs = lent.regs.as_mut().expect("registered above");
         let cqs = [&*self.send_cq, &*self.recv_cq];
-        let step = || -> rdma_verbs::Result<Option<()>> {
-            let mut st = self.state.lock();
-            let changed = st.progress(&self.conn);
-            let wakers = if changed { self.changed(&mut st) } else { [None, None] };
-            drop(st);
-            wake(wakers);
-            Ok(changed.then_some(()))
-        };
-        let mut wait = std::pin::pin!(waiter.wait_async(&cqs, Deadline::never(), step));
-        std::future::poll_fn(|cx| {
-            if let Poll::Ready(ready) = cm.poll_ready(cx) {
-                // The event is read by the caller's next progress.
-                ready?.clear();
-                return Poll::Ready(Ok(()));
+        let slept = loop {
+            let changed = {
+                let mut st = self.state.lock();
+                let changed = st.progress(&self.conn);
+                let wakers = if changed { self.changed(&mut st) } else { [None, None] };
+                drop(st);
+                wake(wakers);
+                changed
+            };
+            if changed {
+                break Ok(());
             }
-            wait.as_mut().poll(cx).map(|r| r.map(|_| ()).map_err(|e| io::Error::new(io::ErrorKind::ConnectionReset, e)))
-        })
-        .await
+            match regs.waiter.idle_async_with(&cqs, None, &[&regs.cm]).await {
+                // The event is read by the caller's next progress.
+                Ok(rdma_verbs::Idle::Signalled) => break Ok(()),
+                Ok(_) => {}
+                Err(e) => break Err(io::Error::new(io::ErrorKind::ConnectionReset, e)),
+            }
+        };
+        if slept.is_err() {
+            // Maybe registered on a runtime that is gone: the next sleep registers anew.
+            lent.regs = None;
+        }
+        slept
+    }
+
+    /// One of the user's handles (the stream, its write half) is dropped. The last one, dropped
+    /// inside a tokio runtime, hands the closing drain to a task of that runtime, so that no
+    /// worker thread blocks on a peer that does not read (a `TcpStream`'s close does not block
+    /// either). Outside a runtime, or if the runtime ends before the task has run, the drop of
+    /// the last `Arc` drains as a blocking drop does.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn release_handle(self: &Arc<Self>) {
+        use std::sync::atomic::Ordering;
+        if self.handles.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(Arc::clone(self).close_async());
+        }
+    }
+
+    /// The async form of the closing drain of [`Shared`]'s drop: ends this direction and
+    /// waits, up to the drain timeout, until everything sent is acknowledged or never will be.
+    #[cfg(feature = "tokio")]
+    async fn close_async(self: Arc<Self>) {
+        self.state.lock().shutdown();
+        let mut wait = AsyncWait::default();
+        let closing = std::future::poll_fn(|cx| self.poll_wait(Op::Write, &mut wait, cx, State::drained));
+        let _ = rdma_verbs::wait::timeout_at(Deadline::after(self.drain), closing).await;
+        drop(wait);
+        self.state.lock().drained = true;
     }
 }

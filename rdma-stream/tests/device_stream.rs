@@ -1,7 +1,7 @@
 //! Device tests of the byte stream, rxe1 (10.77.0.2) -> rxe0 (10.77.0.1): echoes of every size in
 //! both directions with random splits, the half-close, both peers writing at once (full windows,
-//! and many small writes), peers whose windows differ, a peer that leaves, and a listener
-//! dropped with a connect pending. Ports 7600..7649.
+//! and many small writes), vectored writes, peers whose windows differ, a peer that leaves, and
+//! a listener dropped with a connect pending. Ports 7600..7649.
 
 use std::io::{Read, Write};
 use std::net::SocketAddr;
@@ -270,4 +270,34 @@ fn two_peers_that_each_write_100_small_pieces_before_reading_do_not_deadlock() {
         (r1.join().unwrap(), r2.join().unwrap())
     });
     assert!(ga == b && gb == a, "the bytes differ");
+}
+
+#[test]
+fn a_vectored_write_takes_every_piece_that_fits_and_the_peer_reads_them_in_order() {
+    // A window of 3 × 4 KiB: a vectored write of more than that takes what fits and no more.
+    let options = Options::new().message_size(4096).messages(4);
+    let Some((mut client, server)) = pair(7609, &options) else { return };
+    server.set_read_timeout(Some(T));
+    // A frame's header and its payload, as h2 writes them.
+    let header = [9u8; 9];
+    let payload = testkit::random_bytes(1000, 31);
+    let n = client.write_vectored(&[std::io::IoSlice::new(&header), std::io::IoSlice::new(&payload)]).unwrap();
+    assert_eq!(n, header.len() + payload.len(), "one call takes both pieces");
+    client.flush().unwrap();
+    let mut got = vec![0u8; n];
+    (&server).read_exact(&mut got).unwrap();
+    assert_eq!(&got[..9], &header);
+    assert!(got[9..] == payload[..], "the payload differs");
+    // More pieces than the window holds: a partial count, and the rest goes with later writes.
+    let big: Vec<Vec<u8>> = (0..8).map(|i| testkit::random_bytes(3000, 40 + i)).collect();
+    let all: Vec<u8> = big.concat();
+    let taken = client.write_vectored(&big.iter().map(|b| std::io::IoSlice::new(b)).collect::<Vec<_>>()).unwrap();
+    assert!(taken > 0 && taken < all.len(), "a write into a 12 KiB window took {taken} of {} bytes", all.len());
+    std::thread::scope(|s| {
+        let reader = s.spawn(|| read_split(&server, all.len(), &mut Rng(9), 5000));
+        client.set_write_timeout(Some(T));
+        client.write_all(&all[taken..]).unwrap();
+        client.flush().unwrap();
+        assert!(reader.join().unwrap() == all, "the bytes differ");
+    });
 }

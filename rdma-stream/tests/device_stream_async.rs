@@ -1,7 +1,8 @@
 //! Device tests of the byte stream's async front (feature `tokio`), rxe1 (10.77.0.2) -> rxe0
 //! (10.77.0.1): both peers writing 64 MiB at once through owned halves on different tasks,
 //! read and write futures dropped half way, connections opened and closed in a row with
-//! the verbs resources and fds back where they were, and (feature `tonic`) a stalled handshake
+//! the verbs resources and fds back where they were, a stream dropped on a runtime that does
+//! not block it, and (feature `tonic`) a stalled handshake
 //! that delays no other accept. Ports 7650..7699.
 
 use std::net::SocketAddr;
@@ -151,6 +152,39 @@ async fn a_thousand_connections_in_a_row_leave_the_verbs_resources_and_fds_as_th
     );
     assert_eq!(testkit::resource_count(&device, "qp"), qps, "QPs on {device}");
     assert_eq!(testkit::resource_count(&device, "mr"), mrs, "MRs on {device}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_dropped_on_a_runtime_returns_at_once_and_the_bytes_it_held_still_arrive() {
+    let Some((server_addr, from, _)) = addrs(7654) else { return };
+    // A window the writer fills at once, and a drain long enough to tell a drop that waits for
+    // it from one that does not.
+    let options = Options::new().message_size(4096).messages(4).drain_timeout(Duration::from_secs(5));
+    let listener = Listener::bind_with(server_addr, &options).unwrap();
+    let (client, server) = {
+        let (c, s) = tokio::join!(Stream::connect_with(server_addr, Some(from), &options), listener.accept());
+        (c.unwrap(), s.unwrap())
+    };
+    let mut client = client;
+    let data = testkit::random_bytes(64 << 10, 21);
+    // Writes until the peer, which does not read yet, has no room: the write that stays
+    // pending is dropped and took nothing, so `taken` is what the stream holds or sent.
+    let mut taken = 0;
+    while let Ok(n) = tokio::time::timeout(Duration::from_millis(300), client.write(&data[taken..])).await {
+        taken += n.unwrap();
+        assert!(taken < data.len(), "a window of 3 messages took {taken} bytes");
+    }
+    let start = std::time::Instant::now();
+    drop(client);
+    let took = start.elapsed();
+    assert!(took < Duration::from_secs(1), "dropping the stream blocked its worker for {took:?}");
+    let mut server = server;
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), server.read_to_end(&mut got))
+        .await
+        .expect("the end arrives")
+        .unwrap();
+    assert!(got == data[..taken], "read {} bytes of the {taken} written, or other bytes", got.len());
 }
 
 /// What each open fd is (for a failure's message).
