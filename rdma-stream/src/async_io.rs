@@ -73,38 +73,48 @@ impl AsyncRead for Stream {
     }
 }
 
-impl AsyncWrite for Stream {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        poll_write(&this.shared, this.write_wait.get_mut(), cx, buf)
-    }
+/// `AsyncWrite` for a type whose writes wait through `$wait` (a `Mutex<AsyncWait>` field):
+/// the stream and its write half write the same way.
+macro_rules! async_write {
+    ($type:ty, $wait:ident) => {
+        impl AsyncWrite for $type {
+            fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+                let this = self.get_mut();
+                poll_write(&this.shared, this.$wait.get_mut(), cx, buf)
+            }
 
-    /// Takes the pieces in order into the same messages: a frame's header and its payload go
-    /// as one message when they fit.
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        poll_write_vectored(&this.shared, this.write_wait.get_mut(), cx, bufs)
-    }
+            /// Takes the pieces in order into the same messages: a frame's header and its
+            /// payload go as one message when they fit.
+            fn poll_write_vectored(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                bufs: &[io::IoSlice<'_>],
+            ) -> Poll<io::Result<usize>> {
+                let this = self.get_mut();
+                poll_write_vectored(&this.shared, this.$wait.get_mut(), cx, bufs)
+            }
 
-    fn is_write_vectored(&self) -> bool {
-        true
-    }
+            fn is_write_vectored(&self) -> bool {
+                true
+            }
 
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        poll_flush(&this.shared, this.write_wait.get_mut(), cx)
-    }
+            fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                let this = self.get_mut();
+                poll_flush(&this.shared, this.$wait.get_mut(), cx)
+            }
 
-    /// Ends this direction ([`Stream::shutdown_write`]) and waits until the end was sent.
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        poll_shutdown(&this.shared, this.write_wait.get_mut(), cx)
-    }
+            /// Ends this direction ([`Stream::shutdown_write`]) and waits until the end was
+            /// sent.
+            fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                let this = self.get_mut();
+                poll_shutdown(&this.shared, this.$wait.get_mut(), cx)
+            }
+        }
+    };
 }
+
+async_write!(Stream, write_wait);
+async_write!(OwnedWriteHalf, wait);
 
 impl Stream {
     /// Splits the stream into a reading and a writing half that can move to different tasks
@@ -149,36 +159,6 @@ impl AsyncRead for OwnedReadHalf {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         poll_read(&this.shared, this.wait.get_mut(), cx, buf)
-    }
-}
-
-impl AsyncWrite for OwnedWriteHalf {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        poll_write(&this.shared, this.wait.get_mut(), cx, buf)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        poll_write_vectored(&this.shared, this.wait.get_mut(), cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        true
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        poll_flush(&this.shared, this.wait.get_mut(), cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        poll_shutdown(&this.shared, this.wait.get_mut(), cx)
     }
 }
 
