@@ -47,7 +47,7 @@ pub(crate) struct AsyncWait {
 
 /// An async half's registrations with the reactor, made by its first sleep and kept until the
 /// half is dropped: the completion channel's (inside the waiter) and the CM fd's. A stream
-/// waits thousands of times a second, and registering at every sleep cost a `fcntl`, an
+/// waits thousands of times a second, and registering at every sleep would cost a `fcntl`, an
 /// `epoll_ctl` and a `close` per fd each time. They belong to the runtime of the first sleep,
 /// as a `tokio::net::TcpStream` belongs to its runtime; a sleep that fails (that runtime shut
 /// down) drops them, and the next sleep registers again on the runtime it runs on.
