@@ -2,7 +2,7 @@
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::ffi;
@@ -29,6 +29,9 @@ pub struct CompletionChannel<'ctx> {
     cqs: AtomicUsize,
     /// The threads asleep on it ([`CqWaiter`](crate::CqWaiter)).
     sleepers: crate::wait::sleepers::Sleepers,
+    /// Events read from it so far, by anyone: a waiter that read every one of them since it
+    /// armed its CQs knows which of its arms still stand ([`CqWaiter`](crate::CqWaiter)).
+    reads: AtomicU64,
     /// Which channel this is, never reused in the process: what a registration kept across
     /// waits is keyed by (an address can be a new channel's, after this one was dropped).
     #[cfg(feature = "tokio")]
@@ -77,6 +80,7 @@ impl<'ctx> CompletionChannel<'ctx> {
             ctx,
             cqs: AtomicUsize::new(0),
             sleepers: Default::default(),
+            reads: AtomicU64::new(0),
             #[cfg(feature = "tokio")]
             serial: NEXT_SERIAL.fetch_add(1, Ordering::Relaxed),
         };
@@ -158,7 +162,14 @@ impl<'ctx> CompletionChannel<'ctx> {
         // SAFETY: `cq` is the live CQ the event is for (it cannot be destroyed before its
         // events are acknowledged, which happens here).
         unsafe { ffi::ibv_ack_cq_events(cq, 1) };
+        self.reads.fetch_add(1, Ordering::AcqRel);
         Ok(Some(CompletionEvent { cq }))
+    }
+
+    /// How many events have been read from the channel, by anyone, through
+    /// [`try_recv`](Self::try_recv) and the waits built on it.
+    pub(crate) fn reads(&self) -> u64 {
+        self.reads.load(Ordering::Acquire)
     }
 
     /// How many CQs report to this channel now.
@@ -189,10 +200,12 @@ impl<'ctx> CompletionChannel<'ctx> {
 
     /// Reads and acknowledges every pending event; `true` if there was one. When one was not
     /// `ours` (a CQ the wait does not wait for), the threads asleep on the channel (but `me`) are
-    /// woken: the event may have been theirs.
+    /// woken: the event may have been theirs. (The async waits' read: the reactor reports an fd
+    /// readable once, so they must leave no event behind.)
+    #[cfg(feature = "tokio")]
     pub(crate) fn drain_events(
         &self,
-        ours: impl Fn(&CompletionEvent) -> bool,
+        mut ours: impl FnMut(&CompletionEvent) -> bool,
         me: Option<&crate::wait::sleepers::Kick>,
     ) -> Result<bool> {
         let (mut any, mut foreign) = (false, false);
@@ -240,7 +253,7 @@ impl<'ctx> CompletionChannel<'ctx> {
         &self,
         watch: &crate::wait::reactor::Watch,
         alarm: &mut Option<crate::wait::reactor::Alarm>,
-        ours: impl Fn(&CompletionEvent) -> bool,
+        ours: impl FnMut(&CompletionEvent) -> bool,
         recheck: Option<Duration>,
     ) -> Result<bool> {
         let ready = watch.readable();

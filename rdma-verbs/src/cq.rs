@@ -124,9 +124,22 @@ impl<'ctx> CompletionQueue<'ctx> {
         if let Some(c) = &channel {
             c.cq_added();
         }
-        CompletionQueue { raw, ctx, channel, capacity, users: AtomicUsize::new(0), holder: AtomicU8::new(0), lazy }
+        let serial = NEXT_SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        CompletionQueue {
+            raw,
+            ctx,
+            channel,
+            capacity,
+            users: AtomicUsize::new(0),
+            holder: AtomicU8::new(0),
+            lazy,
+            serial,
+        }
     }
 }
+
+/// The serial of the next CQ made.
+static NEXT_SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// A completion queue (`struct ibv_cq`), destroyed on drop.
 ///
@@ -147,6 +160,9 @@ pub struct CompletionQueue<'ctx> {
     holder: AtomicU8,
     /// An extended CQ's view and poller (`cq_ex.rs`); every poll of it is a lazy poll.
     pub(crate) lazy: Option<LazyCq>,
+    /// Which CQ this is, never reused in the process (an address can be a new CQ's, after this
+    /// one was dropped): what a [`CqWaiter`](crate::CqWaiter) knows of its arms is keyed by it.
+    serial: u64,
 }
 
 /// The bit of `CompletionQueue::users` an owner holds.
@@ -309,6 +325,11 @@ impl<'ctx> CompletionQueue<'ctx> {
             return Err(Error::from_errno("ibv_poll_cq", Some(self.ctx.name()), -got));
         }
         Ok(&mut out[..got as usize])
+    }
+
+    /// Which CQ this is: unique in the process, never reused.
+    pub(crate) fn serial(&self) -> u64 {
+        self.serial
     }
 
     /// Requests an event on the channel for the next completion (`solicited_only`: only for

@@ -39,10 +39,22 @@ pub enum Idle {
 ///    system call;
 /// 2. then **arms** the CQs (`ibv_req_notify_cq`) and steps once more: a completion that came
 ///    between the last step and the arming raises no event, so the step after arming is what
-///    sees it, as `ibv_req_notify_cq(3)` prescribes;
+///    sees it, as `ibv_req_notify_cq(3)` prescribes. A CQ the waiter armed before whose event
+///    has not been read since is not armed again (its arm still stands: the next completion
+///    raises an event, or raised one still pending), when the waiter knows that: its CQs (at
+///    most four) report to one channel, and every event read from it since was read by
+///    this waiter. When no CQ needed arming, the step after it is skipped;
 /// 3. then **sleeps** on the CQs' completion channel (`poll(2)`; `wait_async` awaits the
-///    channel's readiness on the tokio reactor instead) until an event or the deadline; it
-///    reads and acknowledges every pending event, and steps again.
+///    channel's readiness on the tokio reactor instead) until an event or the deadline, and
+///    steps again. A blocking sleep reads one event from a channel that `poll(2)` reported
+///    readable, and none from the others: a second event pending ends the next sleep at once
+///    (the fd stays readable), which costs what the read that found no event would have. An
+///    async sleep reads and acknowledges every pending event (the reactor reports readiness
+///    once, not while the fd stays readable).
+///
+/// Every event goes through [`CompletionChannel::try_recv`] (and the waits built on it),
+/// which counts it: events read around it (with `ibv_get_cq_event` on the raw channel) would
+/// leave a waiter believing an arm stands that is spent.
 ///
 /// Before its last step and its sleep, a sleeper registers with the channel (a thread-local
 /// `eventfd`): a wait that reads an event of a CQ it does not wait for (CQs of several queues
@@ -74,6 +86,8 @@ pub struct CqWaiter {
     /// When the spin of this wait ends, once it began (`Some(None)`: never).
     spin_until: Option<Option<Instant>>,
     armed: bool,
+    /// The arms of the waiter's CQs that still stand, while it can tell.
+    arms: Option<Arms>,
     /// [`idle_async`](Self::idle_async)'s registration of its channel, kept while the waiter
     /// sleeps on that channel (a polling loop sleeps thousands of times a second).
     #[cfg(feature = "tokio")]
@@ -92,6 +106,61 @@ struct Kept {
     alarm: Option<crate::wait::reactor::Alarm>,
 }
 
+/// Most CQs of one wait whose arms a [`CqWaiter`] keeps track of; a wait over more arms every
+/// one of them before each sleep.
+const TRACKED: usize = 4;
+
+/// Which of a waiter's CQs are armed and have had no event read since ([`CqWaiter`], step 2):
+/// valid while every event read from their one channel was read by the waiter.
+#[derive(Debug)]
+struct Arms {
+    /// The channel's address, and its [`reads`](CompletionChannel::reads) as the waiter last
+    /// accounted for them.
+    channel: usize,
+    reads: u64,
+    /// The CQs' [serials](CompletionQueue::serial), in the wait's order.
+    cqs: [u64; TRACKED],
+    len: usize,
+    /// Bit `i`: `cqs[i]` is armed, and no event of it has been read since.
+    standing: u8,
+}
+
+impl Arms {
+    /// Arms can be tracked for `cqs`: at most [`TRACKED`], each with a channel, all one.
+    fn channel_of<'a>(cqs: &[&'a CompletionQueue<'_>]) -> Option<&'a CompletionChannel<'a>> {
+        if cqs.len() > TRACKED {
+            return None;
+        }
+        let first = cqs.first()?.channel()?;
+        cqs.iter().all(|cq| cq.channel().is_some_and(|c| std::ptr::eq(c, first))).then_some(first)
+    }
+
+    /// Whether these arms are of `cqs` on `channel`, and no one else read an event since.
+    fn hold_for(&self, cqs: &[&CompletionQueue<'_>], channel: &CompletionChannel<'_>) -> bool {
+        self.channel == channel as *const CompletionChannel<'_> as usize
+            && self.reads == channel.reads()
+            && self.len == cqs.len()
+            && cqs.iter().zip(&self.cqs).all(|(cq, serial)| cq.serial() == *serial)
+    }
+
+    /// Accounts for an event this waiter read in a sleep on `cqs`: `true` when it was for one of
+    /// them. Arms of other CQs than `cqs` are forgotten (the bits name CQs by their place).
+    fn read(arms: &mut Option<Arms>, cqs: &[&CompletionQueue<'_>], event: &CompletionEvent) -> bool {
+        let at = cqs.iter().position(|cq| event.is_for(cq));
+        if arms.as_ref().is_some_and(|a| a.len != cqs.len() || cqs.iter().zip(&a.cqs).any(|(cq, s)| cq.serial() != *s))
+        {
+            *arms = None;
+        }
+        if let Some(a) = arms {
+            a.reads += 1;
+            if let Some(i) = at {
+                a.standing &= !(1 << i);
+            }
+        }
+        at.is_some()
+    }
+}
+
 impl CqWaiter {
     /// A waiter that has not spun yet.
     pub fn new(policy: WaitPolicy) -> Self {
@@ -99,6 +168,7 @@ impl CqWaiter {
             policy,
             spin_until: None,
             armed: false,
+            arms: None,
             #[cfg(feature = "tokio")]
             kept: None,
         }
@@ -144,7 +214,7 @@ impl CqWaiter {
                 Some(_) => {}
                 None => {
                     self.armed = false;
-                    if let Some(v) = sleep_registered(cqs, until, &mut step)? {
+                    if let Some(v) = sleep_registered(cqs, until, &mut step, &mut self.arms)? {
                         self.reset();
                         return Ok(Some(v));
                     }
@@ -194,7 +264,7 @@ impl CqWaiter {
                 Some(_) => {}
                 None => {
                     self.armed = false;
-                    if let Some(v) = sleep_async(channel, cqs, until, &mut step).await? {
+                    if let Some(v) = sleep_async(channel, cqs, until, &mut step, &mut self.arms).await? {
                         self.reset();
                         return Ok(Some(v));
                     }
@@ -244,7 +314,7 @@ impl CqWaiter {
         self.armed = false;
         let channels = Channels::of(cqs);
         let slice = sliced_if_shared(cqs, &channels, until);
-        Ok(match sleep_on(cqs, &channels, None, also, slice)? {
+        Ok(match sleep_on(cqs, &channels, None, also, slice, &mut self.arms)? {
             Woke::Also => Idle::Signalled,
             Woke::Event => Idle::Woken,
             Woke::Nothing => Idle::Slept,
@@ -291,7 +361,9 @@ impl CqWaiter {
             None => Kept { serial, watch: channel.watch()?, alarm: None },
         };
         let kept = self.kept.insert(kept);
-        let woken = channel.readable_async_with(&kept.watch, &mut kept.alarm, ours(cqs), recheck).await?;
+        let arms = &mut self.arms;
+        let woken =
+            channel.readable_async_with(&kept.watch, &mut kept.alarm, |e| Arms::read(arms, cqs, e), recheck).await?;
         Ok(if woken { Idle::Woken } else { Idle::Slept })
     }
 
@@ -340,13 +412,48 @@ impl CqWaiter {
             return Ok(Some(Idle::Spun));
         }
         if !self.armed {
-            for cq in cqs {
-                cq.arm(false)?;
-            }
+            let armed_any = self.arm(cqs)?;
             self.armed = true;
-            return Ok(Some(Idle::Armed));
+            if armed_any {
+                return Ok(Some(Idle::Armed));
+            }
         }
         Ok(None)
+    }
+
+    /// Arms those of `cqs` whose arm does not stand (step 2 of the [type docs](Self)); whether
+    /// it armed any.
+    fn arm(&mut self, cqs: &[&CompletionQueue<'_>]) -> Result<bool> {
+        let channel = Arms::channel_of(cqs);
+        // The channel's reads before any arming: an event of these arms read by someone else
+        // from here on shows as a read this waiter did not make.
+        let reads = channel.map(CompletionChannel::reads);
+        let standing = match (self.arms.take(), channel) {
+            (Some(a), Some(ch)) if a.hold_for(cqs, ch) => a.standing,
+            _ => 0,
+        };
+        let mut armed_any = false;
+        for (i, cq) in cqs.iter().enumerate() {
+            if standing & (1 << i) == 0 {
+                cq.arm(false)?;
+                armed_any = true;
+            }
+        }
+        if let (Some(ch), Some(reads)) = (channel, reads) {
+            let mut ids = [0; TRACKED];
+            for (id, cq) in ids.iter_mut().zip(cqs) {
+                *id = cq.serial();
+            }
+            let all = ((1u16 << cqs.len()) - 1) as u8;
+            self.arms = Some(Arms {
+                channel: ch as *const CompletionChannel<'_> as usize,
+                reads,
+                cqs: ids,
+                len: cqs.len(),
+                standing: all,
+            });
+        }
+        Ok(armed_any)
     }
 }
 
@@ -397,11 +504,6 @@ fn shared(cqs: &[&CompletionQueue<'_>], channels: &Channels<'_>) -> bool {
     })
 }
 
-/// Whether an event is one of `cqs`'.
-fn ours<'a>(cqs: &'a [&CompletionQueue<'_>]) -> impl Fn(&CompletionEvent) -> bool + 'a {
-    move |event| cqs.iter().any(|cq| event.is_for(cq))
-}
-
 /// The distinct completion channels of a wait's CQs, each once: the first two in place, any
 /// more in a `Vec`, so that a wait over one or two channels allocates nothing. A blocking sleep
 /// watches all of them: an event on any one must wake it.
@@ -446,6 +548,7 @@ async fn sleep_async<T>(
     cqs: &[&CompletionQueue<'_>],
     until: Deadline,
     step: &mut impl FnMut() -> Result<Option<T>>,
+    arms: &mut Option<Arms>,
 ) -> Result<Option<T>> {
     use std::future::Future;
     use std::task::Poll;
@@ -478,7 +581,7 @@ async fn sleep_async<T>(
     // the caller steps again.
     if let Some(guard) = ready {
         let guard = guard?;
-        channel.drain_events(ours(cqs), None)?;
+        channel.drain_events(|e| Arms::read(arms, cqs, e), None)?;
         guard.clear();
     }
     Ok(None)
@@ -490,6 +593,7 @@ fn sleep_registered<T>(
     cqs: &[&CompletionQueue<'_>],
     until: Deadline,
     step: &mut impl FnMut() -> Result<Option<T>>,
+    arms: &mut Option<Arms>,
 ) -> Result<Option<T>> {
     let channels = Channels::of(cqs);
     let kick = crate::wait::sleepers::this_threads_kick();
@@ -500,7 +604,7 @@ fn sleep_registered<T>(
     // Without a registration (no eventfd, or too many sleepers) a shared channel's sleep is
     // sliced, as `idle`'s.
     let until = if registered.complete() { until } else { sliced_if_shared(cqs, &channels, until) };
-    sleep_on(cqs, &channels, kick.as_ref(), &[], until)?;
+    sleep_on(cqs, &channels, kick.as_ref(), &[], until, arms)?;
     Ok(None)
 }
 
@@ -519,14 +623,16 @@ enum Woke {
 const IN_PLACE: usize = 8;
 
 /// Sleeps until a channel has an event, `kick` (this thread's eventfd) is written, one of
-/// `also` is readable, or `until`; reads and acknowledges every pending event, waking the
-/// channels' sleepers when one was for a CQ outside `cqs`.
+/// `also` is readable, or `until`; reads and acknowledges one event of each channel `poll(2)`
+/// reported readable (an event left pending keeps its fd readable: the next sleep ends at once),
+/// waking the channels' sleepers when one was for a CQ outside `cqs`.
 fn sleep_on(
     cqs: &[&CompletionQueue<'_>],
     channels: &Channels<'_>,
     kick: Option<&crate::wait::sleepers::Kick>,
     also: &[BorrowedFd<'_>],
     until: Deadline,
+    arms: &mut Option<Arms>,
 ) -> Result<Woke> {
     use std::os::fd::AsFd;
     // The kick first, then every channel, then `also`: in place for up to `IN_PLACE` fds.
@@ -556,8 +662,14 @@ fn sleep_on(
     }
     let kicked = kick.is_some_and(|k| readable[0] && crate::wait::sleepers::take_kick(k));
     let mut woken = kicked;
-    for ch in channels.iter() {
-        woken |= ch.drain_events(ours(cqs), kick)?;
+    let first_channel = usize::from(kick.is_some());
+    for (ch, _) in channels.iter().zip(&readable[first_channel..]).filter(|(_, r)| **r) {
+        if let Some(event) = ch.try_recv()? {
+            woken = true;
+            if !Arms::read(arms, cqs, &event) {
+                ch.sleepers().wake_all_but(kick);
+            }
+        }
     }
     let signalled = readable[n - also.len()..].iter().any(|r| *r);
     Ok(match (signalled, woken) {
