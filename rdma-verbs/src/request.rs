@@ -31,11 +31,12 @@ pub struct SlotRequest<'pd> {
     pub(crate) imm: Option<u32>,
     pub(crate) wr_id: u64,
     pub(crate) signaled: bool,
+    pub(crate) unsignaled: bool,
 }
 
 impl<'pd> SlotRequest<'pd> {
     fn new(op: Op, slot: Slot<'pd>, len: usize, remote: RemoteRegion) -> Self {
-        SlotRequest { op, slot, len, remote, imm: None, wr_id: 0, signaled: false }
+        SlotRequest { op, slot, len, remote, imm: None, wr_id: 0, signaled: false, unsignaled: false }
     }
 
     /// A send of the slot's first `len` bytes, consuming a receive at the peer.
@@ -71,6 +72,25 @@ impl<'pd> SlotRequest<'pd> {
     pub fn signaled(mut self) -> Self {
         self.signaled = true;
         self
+    }
+
+    /// Asks for no completion even when the request is the last of its batch: its slot comes
+    /// back with the next signaled completion of the queue (a later request's), or when the
+    /// queue is dropped; a failure still completes it. For messages whose completion nobody
+    /// waits for: each signaled completion can wake a sleeping thread. While every request in
+    /// flight was posted so, the queue's [`wait`](crate::SendQueue::wait) and
+    /// [`drain`](crate::SendQueue::drain) have nothing to wait for
+    /// ([`Error::NothingToWaitFor`]): post a signaled one before the pool runs dry.
+    /// [`signaled`](Self::signaled) overrides it.
+    pub fn unsignaled(mut self) -> Self {
+        self.unsignaled = true;
+        self
+    }
+
+    /// Whether the request asks for a completion as the last of its batch.
+    #[inline(always)]
+    pub(crate) fn signaled_as_last(&self) -> bool {
+        self.signaled || !self.unsignaled
     }
 
     /// Gives the slot back, unposted.

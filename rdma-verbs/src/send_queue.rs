@@ -4,8 +4,9 @@
 //! so no Rust code can touch its bytes while the NIC may, and comes back in the request's
 //! [`SlotCompletion`]. Send queues complete in order, so one signaled completion returns every slot
 //! posted before it: a pipeline signals once per batch (the last request of each
-//! [`submit`](SendQueue::submit) is signaled), keeps hundreds of requests in flight, and
-//! allocates nothing per request.
+//! [`submit`](SendQueue::submit) is signaled, unless it asks not to be:
+//! [`SlotRequest::unsignaled`]), keeps hundreds of requests in flight, and allocates nothing per
+//! request.
 //!
 //! ```no_run
 //! # use std::time::Duration;
@@ -98,7 +99,8 @@ pub struct SendQueue<'res, T: Connected> {
     next_seq: u64,
     /// One past the last request posted signaled: requests before it complete visibly (a
     /// signaled completion covers every earlier one). Requests from it on are unsignaled and
-    /// complete silently when they succeed: only after a chain the provider refused part of.
+    /// complete silently when they succeed: after a chain the provider refused part of, or
+    /// requests that asked for no completion ([`SlotRequest::unsignaled`]).
     covered_upto: u64,
     depth: usize,
     held: VecDeque<Held<'res>>,
@@ -415,7 +417,8 @@ impl<'res, T: Connected> SendQueue<'res, T> {
     /// [`Error::Timeout`] when nothing completed in time; [`Error::NothingToWaitFor`] at once
     /// when nothing is in flight (requests pushed but not [submitted](Self::submit) cannot
     /// complete), or when only requests posted unsignaled are (after a [`submit`](Self::submit)
-    /// the provider refused part of: they report only a failure; the next submit covers them);
+    /// the provider refused part of, or asked so with [`SlotRequest::unsignaled`]: they report
+    /// only a failure; the next signaled request covers them);
     /// as `poll` and [`CqWaiter::idle`].
     pub fn wait(&mut self, timeout: Duration, mut f: impl FnMut(SlotCompletion<'res>)) -> Result<usize> {
         let deadline = Deadline::after(timeout);

@@ -285,6 +285,64 @@ fn hundreds_of_writes_stay_in_flight_with_one_signal_per_batch() {
     }
 }
 
+/// Requests posted with `SlotRequest::unsignaled` raise no completion of their own: while only
+/// they are in flight the queue has nothing to wait for, and their slots come back, in order,
+/// with the next signaled request's completion; their writes landed.
+#[test]
+fn unsignaled_requests_come_back_with_the_next_signaled_one() {
+    let topo = testkit::require_topology!();
+    let (ctx_s, pd_s) = open_shared(&topo.client.device);
+    let (ctx_r, pd_r) = open_shared(&topo.server.device);
+    let qp_s = owned_qp(&topo, &ctx_s, &pd_s, caps(16, 16), 64, AccessFlags::LOCAL_WRITE);
+    let qp_r = owned_qp(&topo, &ctx_r, &pd_r, caps(16, 16), 64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE);
+    let (qp_s, _qp_r) = connect_pair(&topo, qp_s, qp_r);
+    let mut sq = SendQueue::new(&qp_s, T).unwrap();
+    let target = MemoryRegion::alloc(pd_r, 8 * 64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).unwrap();
+    let pool = SlotPool::new(pd_s, 64, 8, AccessFlags::LOCAL_WRITE).unwrap();
+    let write = |sq: &mut SendQueue<'static, Rc>, n: u64, quiet: bool| {
+        let mut slot = pool.try_take().unwrap();
+        slot.as_mut_slice().unwrap().fill(n as u8 + 1);
+        let request = SlotRequest::write(slot, 64, target.remote().slice(n * 64, 64).unwrap()).with_wr_id(n);
+        sq.post(if quiet { request.unsignaled() } else { request }).unwrap();
+    };
+    // Three submits of one unsignaled write each: nothing to wait for, the slots held.
+    for n in 0..3 {
+        write(&mut sq, n, true);
+    }
+    assert_eq!(sq.in_flight(), 3);
+    assert_eq!(pool.available(), 5);
+    match sq.wait(Duration::from_secs(2), drop) {
+        Err(Error::NothingToWaitFor { .. }) => {}
+        other => panic!("a queue of unsignaled requests only waited: {other:?}"),
+    }
+    // `signaled` overrides it; a plain request is signaled as the last of its submit.
+    let mut slot = pool.try_take().unwrap();
+    slot.as_mut_slice().unwrap().fill(4);
+    sq.post(
+        SlotRequest::write(slot, 64, target.remote().slice(3 * 64, 64).unwrap()).with_wr_id(3).unsignaled().signaled(),
+    )
+    .unwrap();
+    let mut ids = Vec::new();
+    while ids.len() < 4 {
+        sq.wait(LONG, |c| {
+            c.ok().unwrap();
+            assert!(c.slot.is_some());
+            ids.push(c.wr_id);
+        })
+        .unwrap();
+    }
+    assert_eq!(ids, [0, 1, 2, 3], "the unsignaled requests complete with the signaled one, in order");
+    assert_eq!(pool.available(), 8);
+    write(&mut sq, 4, true);
+    write(&mut sq, 5, false);
+    ids.clear();
+    sq.drain(LONG, |c| ids.push(c.wr_id)).unwrap();
+    assert_eq!(ids, [4, 5]);
+    for n in 0..6 {
+        assert!(read(&target, n as usize * 64, 64).iter().all(|&b| b == n as u8 + 1), "write {n} landed");
+    }
+}
+
 #[test]
 fn a_panic_in_a_completion_callback_loses_no_slot() {
     let topo = testkit::require_topology!();

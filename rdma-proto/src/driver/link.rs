@@ -164,9 +164,25 @@ pub(crate) fn send_control(
         }
     };
     slot.write_at(0, bytes)?;
-    sq.push(SlotRequest::send(slot, bytes.len()).with_wr_id(CONTROL_WR_ID)).map_err(|r| r.error)?;
+    let mut request = SlotRequest::send(slot, bytes.len()).with_wr_id(CONTROL_WR_ID);
+    if quiet(bytes, control) {
+        request = request.unsignaled();
+    }
+    sq.push(request).map_err(|r| r.error)?;
     sq.submit()?;
     Ok(())
+}
+
+/// Whether a control message is posted without a completion of its own: a CREDIT (nobody waits
+/// for it to complete: the sender answers with WRITEs), while at least half the control slots
+/// are free. Each completion of the receiver's send CQ is an event that can wake it, one per
+/// chunk when every CREDIT is signaled; this way one in `CONTROL_SLOTS / 2` is, and its
+/// completion gives back the slots of the CREDITs before it (a send queue completes in order),
+/// so that a signaled message is always in flight before the pool runs dry. A CREDIT that fails
+/// still completes, with its error.
+fn quiet(bytes: &[u8], control: &SlotPool<'static>) -> bool {
+    crate::wire::decode_header(bytes).is_ok_and(|h| h.kind == crate::wire::Kind::Credit)
+        && control.available() >= CONTROL_SLOTS as usize / 2
 }
 
 /// Paces a session's polling loop: after a round with no progress it waits as every wait of

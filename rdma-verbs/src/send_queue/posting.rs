@@ -134,7 +134,7 @@ impl<T: Connected> SendQueue<'_, T> {
             let set_sge = b.sge_setter()?;
             for (i, r) in self.staged.iter().enumerate() {
                 let wr_id = tag(Space::Send, self.generation, self.next_seq + i as u64);
-                let flags = if i + 1 == total || r.signaled { SIGNALED } else { 0 };
+                let flags = if (i + 1 == total && r.signaled_as_last()) || r.signaled { SIGNALED } else { 0 };
                 let sge = ffi::ibv_sge { addr: r.slot.addr(), length: r.len as u32, lkey: r.slot.lkey() };
                 // SAFETY: the caller's contract (this thread's batch is open on the live `qpx`,
                 // and the operation is among the QP's); the slot stays the queue's (see
@@ -184,7 +184,7 @@ impl<T: Connected> SendQueue<'_, T> {
                 if r.op != crate::request::Op::Send {
                     wr.wr.rdma = ffi::rdma_t { remote_addr: r.remote.addr, rkey: r.remote.rkey };
                 }
-                if signaled || r.signaled {
+                if (signaled && r.signaled_as_last()) || r.signaled {
                     wr.send_flags = SIGNALED;
                 }
             } else if let Some((data, imm, _)) = inline {
@@ -226,8 +226,11 @@ impl<T: Connected> SendQueue<'_, T> {
         let total = n + usize::from(inline.is_some());
         let in_flight = posted.in_flight();
         // Which of them the provider will report: up to the last signaled one (the last of the
-        // post always is).
-        let signaled = |i: usize| i + 1 == total || self.staged.get(i).is_some_and(|r| r.signaled);
+        // post is, unless it asked not to be; an inline send always is).
+        let signaled = |i: usize| match self.staged.get(i) {
+            Some(r) => r.signaled || (i + 1 == total && r.signaled_as_last()),
+            None => true,
+        };
         if let Some(last) = (0..in_flight).rev().find(|&i| signaled(i)) {
             self.covered_upto = self.next_seq + last as u64 + 1;
         }
