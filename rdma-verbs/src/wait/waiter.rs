@@ -43,7 +43,7 @@ pub enum Idle {
 ///    has not been read since is not armed again (its arm still stands: the next completion
 ///    raises an event, or raised one still pending), when the waiter knows that: its CQs (at
 ///    most four) report to one channel, and every event read from it since was read by
-///    this waiter. When no CQ needed arming, the step after it is skipped;
+///    this waiter;
 /// 3. then **sleeps** on the CQs' completion channel (`poll(2)`; `wait_async` awaits the
 ///    channel's readiness on the tokio reactor instead) until an event or the deadline, and
 ///    steps again. A blocking sleep reads one event from a channel that `poll(2)` reported
@@ -412,18 +412,15 @@ impl CqWaiter {
             return Ok(Some(Idle::Spun));
         }
         if !self.armed {
-            let armed_any = self.arm(cqs)?;
+            self.arm(cqs)?;
             self.armed = true;
-            if armed_any {
-                return Ok(Some(Idle::Armed));
-            }
+            return Ok(Some(Idle::Armed));
         }
         Ok(None)
     }
 
-    /// Arms those of `cqs` whose arm does not stand (step 2 of the [type docs](Self)); whether
-    /// it armed any.
-    fn arm(&mut self, cqs: &[&CompletionQueue<'_>]) -> Result<bool> {
+    /// Arms those of `cqs` whose arm does not stand (step 2 of the [type docs](Self)).
+    fn arm(&mut self, cqs: &[&CompletionQueue<'_>]) -> Result<()> {
         let channel = Arms::channel_of(cqs);
         // The channel's reads before any arming: an event of these arms read by someone else
         // from here on shows as a read this waiter did not make.
@@ -432,11 +429,9 @@ impl CqWaiter {
             (Some(a), Some(ch)) if a.hold_for(cqs, ch) => a.standing,
             _ => 0,
         };
-        let mut armed_any = false;
         for (i, cq) in cqs.iter().enumerate() {
             if standing & (1 << i) == 0 {
                 cq.arm(false)?;
-                armed_any = true;
             }
         }
         if let (Some(ch), Some(reads)) = (channel, reads) {
@@ -453,7 +448,7 @@ impl CqWaiter {
                 standing: all,
             });
         }
-        Ok(armed_any)
+        Ok(())
     }
 }
 
