@@ -554,6 +554,7 @@ async fn sleep_async<T>(
     // Registered for readiness (and the wake-up) before the last step: an event that comes
     // after the step wakes this task, whoever reads it.
     let polled = std::future::poll_fn(|cx| Poll::Ready(readable.as_mut().poll(cx))).await;
+    rearm_if_others_read(cqs, arms)?;
     if let Some(v) = step()? {
         return Ok(Some(v));
     }
@@ -593,6 +594,7 @@ fn sleep_registered<T>(
     let channels = Channels::of(cqs);
     let kick = crate::wait::sleepers::this_threads_kick();
     let registered = Registered::new(&channels, kick.as_ref());
+    rearm_if_others_read(cqs, arms)?;
     if let Some(v) = step()? {
         return Ok(Some(v));
     }
@@ -601,6 +603,25 @@ fn sleep_registered<T>(
     let until = if registered.complete() { until } else { sliced_if_shared(cqs, &channels, until) };
     sleep_on(cqs, &channels, kick.as_ref(), &[], until, arms)?;
     Ok(None)
+}
+
+/// A waiter's check, once registered for wake-ups and before its last step: when an event was
+/// read from the channel by someone else since the waiter decided which arms still stand, an
+/// arm it kept may be spent (that read took its event), and the reader's wake-up came before
+/// the registration, so nothing would end the sleep. Every CQ is armed again then (the last
+/// step, after it, sees any completion that came before). A read after this check wakes the
+/// registered waiter, even one counted only after the check (the count follows the read, and
+/// the wake-up follows the count).
+fn rearm_if_others_read(cqs: &[&CompletionQueue<'_>], arms: &mut Option<Arms>) -> Result<()> {
+    let Some(kept) = arms.as_ref() else { return Ok(()) };
+    if Arms::channel_of(cqs).is_some_and(|channel| kept.hold_for(cqs, channel)) {
+        return Ok(());
+    }
+    *arms = None;
+    for cq in cqs {
+        cq.arm(false)?;
+    }
+    Ok(())
 }
 
 /// What ended a [`sleep_on`].
