@@ -637,7 +637,7 @@ impl<'res> RecvRing<'res> {
             quiesce::reset_before_destroy(&qp, || self.discard_all());
             return Released::Done;
         }
-        let outcome = quiesce::quiesce(&qp, &[&qp.recv_cq], self.drain_timeout, true, || {
+        let outcome = quiesce::quiesce(&qp, &[&qp.recv_cq], self.drain_timeout, true, |_| {
             self.discard_all();
             self.posted_count == 0
         });

@@ -465,7 +465,7 @@ impl<'s, 'env, T: Transport, S: TypeState> PostScope<'s, 'env, T, S> {
         let qp = self.qp.shared();
         let cqs: [&CompletionQueue<'_>; 2] = [&qp.send_cq, &qp.recv_cq];
         let cqs = if self.sends_only { &cqs[..1] } else { &cqs[..] };
-        let outcome = quiesce::quiesce(qp, cqs, self.drain_timeout, false, || {
+        let outcome = quiesce::quiesce(qp, cqs, self.drain_timeout, false, |_| {
             // A polling error must not end the scope early (the borrows would end while the NIC
             // may still write): keep trying until the deadline, then escalate.
             let _ = self.poll_counting(&mut buf, |wc, _| {
@@ -501,7 +501,7 @@ impl<'s, 'env, T: Transport, S: TypeState> PostScope<'s, 'env, T, S> {
             poll(self);
             self.sends == 0
         });
-        let outcome = quiesce::quiesce(qp, &cqs, self.drain_timeout, true, || {
+        let outcome = quiesce::quiesce(qp, &cqs, self.drain_timeout, true, |_| {
             poll(self);
             self.outstanding() == 0
         });

@@ -57,6 +57,8 @@ struct Held<'pd> {
     seq: u64,
     wr_id: u64,
     slot: Option<Slot<'pd>>,
+    /// The device writes into the slot (an RDMA READ), rather than only reading it.
+    device_writes: bool,
 }
 
 /// The send queue of a ready-to-send RC or UC queue pair, posting requests that own their
@@ -563,6 +565,17 @@ impl<'res, T: Connected> SendQueue<'res, T> {
         self.held.front().is_some_and(|h| h.seq < self.covered_upto)
     }
 
+    /// Whether every request in flight is one no completion will come for (posted unsignaled
+    /// after the last signaled one: it completed silently, or a flush completes it) whose slot
+    /// the device only reads. Once the QP is flushed such slots may go back to the pool at
+    /// once: a flushed QP sends nothing more, and a device that still read a slot could not
+    /// change the bytes Rust code holds. Waiting for proof instead would cost
+    /// [`FLUSH_CONFIRM`](crate::qp::quiesce::FLUSH_CONFIRM) on every drop, since a request that
+    /// completed silently never reports. A slot an RDMA READ writes into still waits for that.
+    fn only_silent_reads_left(&self) -> bool {
+        !self.can_complete() && self.held.iter().all(|h| !h.device_writes)
+    }
+
     /// Makes sure the device no longer uses any slot in flight, so they may return to the pool
     /// (`qp/quiesce.rs`). `false` when that is not proven: the slots must then be leaked.
     fn quiesce(&mut self) -> bool {
@@ -573,12 +586,15 @@ impl<'res, T: Connected> SendQueue<'res, T> {
             quiesce::reset_before_destroy(&qp, || while self.poll(drop).is_ok_and(|n| n > 0) {});
             return true;
         }
-        let outcome = quiesce::quiesce(&qp, &[&qp.send_cq], self.drain_timeout, false, || {
+        let outcome = quiesce::quiesce(&qp, &[&qp.send_cq], self.drain_timeout, false, |flushed| {
             let _ = self.poll(drop);
-            self.held.is_empty()
+            self.held.is_empty() || (flushed && self.only_silent_reads_left())
         });
         match outcome {
-            Quiesced::Completed | Quiesced::Flushed => true,
+            Quiesced::Completed | Quiesced::Flushed => {
+                self.held.clear();
+                true
+            }
             // Only requests posted unsignaled left, after the flush had `FLUSH_CONFIRM` to
             // complete them: a request still queued would have been flushed with a completion
             // (an error completes whatever the flags), so these completed, silently, before.

@@ -343,6 +343,44 @@ fn unsignaled_requests_come_back_with_the_next_signaled_one() {
     }
 }
 
+/// A queue dropped while only unsignaled requests are in flight (they completed, silently)
+/// gives their slots back once the QP is flushed, without waiting for completions that cannot
+/// come: the drop takes about its drain timeout (0.1 s here), not the five seconds a flush is
+/// otherwise given to prove a request done. The QP lives on (the test keeps a handle), so the
+/// drop flushes rather than destroys it.
+#[test]
+fn a_queue_dropped_with_only_unsignaled_requests_in_flight_returns_their_slots_at_once() {
+    let topo = testkit::require_topology!();
+    let (ctx_s, pd_s) = open_shared(&topo.client.device);
+    let (ctx_r, pd_r) = open_shared(&topo.server.device);
+    let qp_s = owned_qp(&topo, &ctx_s, &pd_s, caps(16, 16), 64, AccessFlags::LOCAL_WRITE);
+    let qp_r = owned_qp(&topo, &ctx_r, &pd_r, caps(16, 16), 64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE);
+    let (qp_s, _qp_r) = connect_pair(&topo, qp_s, qp_r);
+    let drain = Duration::from_millis(100);
+    let mut sq = SendQueue::new(&qp_s, drain).unwrap();
+    let target = MemoryRegion::alloc(pd_r, 8 * 64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).unwrap();
+    let pool = SlotPool::new(pd_s, 64, 8, AccessFlags::LOCAL_WRITE).unwrap();
+    for n in 0..4u64 {
+        let mut slot = pool.try_take().unwrap();
+        slot.as_mut_slice().unwrap().fill(n as u8 + 1);
+        let request = SlotRequest::write(slot, 64, target.remote().slice(n * 64, 64).unwrap()).with_wr_id(n);
+        sq.post(request.unsignaled()).unwrap();
+    }
+    // Landed: the writes completed, silently.
+    let until = Instant::now() + Duration::from_secs(10);
+    while read(&target, 3 * 64, 64).iter().any(|&b| b != 4) {
+        assert!(Instant::now() < until, "the last write never landed");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(pool.available(), 4);
+    let start = Instant::now();
+    drop(sq);
+    let took = start.elapsed();
+    assert_eq!(pool.available(), 8, "every slot came back");
+    assert!(took < Duration::from_secs(3), "the drop took {took:?}, with a drain timeout of {drain:?}");
+    drop(qp_s);
+}
+
 #[test]
 fn a_panic_in_a_completion_callback_loses_no_slot() {
     let topo = testkit::require_topology!();

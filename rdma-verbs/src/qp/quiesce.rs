@@ -69,9 +69,10 @@ pub(crate) fn reset_before_destroy(qp: &Inner<'_>, poll_all: impl FnOnce()) {
     }
 }
 
-/// Steps 2 and 3: `poll` takes what completed and says whether nothing is outstanding any more;
-/// it is called at least once per phase, whatever the timeout, so that requests that already
-/// completed are never flushed for want of a look. Between polls it spins, then sleeps on
+/// Steps 2 and 3: `poll` takes what completed and says whether nothing is outstanding any more
+/// (its argument: whether the QP was flushed by then); it is called at least once per phase,
+/// whatever the timeout, so that requests that already completed are never flushed for want of
+/// a look. Between polls it spins, then sleeps on
 /// `cqs` (the CQs the caller owns and polls: no other thread waits on them) as every wait does
 /// ([`CqWaiter`]). `flush_first`: flush before the first wait too (receives, which only a peer
 /// completes otherwise).
@@ -80,16 +81,14 @@ pub(crate) fn quiesce(
     cqs: &[&CompletionQueue<'_>],
     drain_timeout: Duration,
     flush_first: bool,
-    mut poll: impl FnMut() -> bool,
+    mut poll: impl FnMut(bool) -> bool,
 ) -> Quiesced {
-    if flush_first {
-        let _ = qp.set_state(IBV_QPS_ERR);
-    }
-    if wait(cqs, drain_timeout, &mut poll) {
+    let flushed_first = flush_first && qp.set_state(IBV_QPS_ERR).is_ok();
+    if wait(cqs, drain_timeout, &mut || poll(flushed_first)) {
         return if flush_first { Quiesced::Flushed } else { Quiesced::Completed };
     }
     let flushed = qp.set_state(IBV_QPS_ERR).is_ok();
-    if wait(cqs, drain_timeout.max(FLUSH_CONFIRM), &mut poll) {
+    if wait(cqs, drain_timeout.max(FLUSH_CONFIRM), &mut || poll(flushed)) {
         return Quiesced::Flushed;
     }
     Quiesced::Lost { flushed }

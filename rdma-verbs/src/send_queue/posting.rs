@@ -235,10 +235,16 @@ impl<T: Connected> SendQueue<'_, T> {
             self.covered_upto = self.next_seq + last as u64 + 1;
         }
         for (i, r) in self.staged.drain(..in_flight.min(n)).enumerate() {
-            self.held.push_back(Held { seq: self.next_seq + i as u64, wr_id: r.wr_id, slot: Some(r.slot) });
+            let device_writes = r.op == crate::request::Op::Read;
+            self.held.push_back(Held {
+                seq: self.next_seq + i as u64,
+                wr_id: r.wr_id,
+                slot: Some(r.slot),
+                device_writes,
+            });
         }
         if let Some((_, _, wr_id)) = inline.filter(|_| in_flight == total) {
-            self.held.push_back(Held { seq: self.next_seq + n as u64, wr_id, slot: None });
+            self.held.push_back(Held { seq: self.next_seq + n as u64, wr_id, slot: None, device_writes: false });
         }
         self.next_seq += in_flight as u64;
         posted.result(verb, || self.qp.device())
