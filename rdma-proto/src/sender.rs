@@ -396,6 +396,18 @@ impl Sender {
         self.chunks
     }
 
+    /// Whether the sender waits for room at the receiver: a chunk is read and the receiver's
+    /// ring has no slot for it until a CREDIT comes. That message is what moves it on; a
+    /// completion of its own WRITEs meanwhile would only free a slot to read ahead into, which
+    /// it does when the CREDIT wakes it (the receiver credits a chunk only after taking its
+    /// WRITE, so that completion has come by then as a rule). A driver need not wake for those
+    /// completions while this holds.
+    pub fn waits_for_room(&self) -> bool {
+        let Some(g) = self.grant else { return false };
+        self.phase == Phase::Data
+            && self.ready.front().is_some_and(|&seq| seq >= self.consumed + u64::from(g.slot_count))
+    }
+
     /// Chunks whose WRITE completed (every chunk before this number).
     pub fn chunks_written(&self) -> u64 {
         self.write_done

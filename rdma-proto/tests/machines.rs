@@ -155,6 +155,75 @@ fn repeated_credits_do_not_hold_off_the_senders_timeout() {
     assert!(matches!(outcome, Some(Outcome::Failed(ProtocolError::Timeout { .. }))), "{outcome:?}");
 }
 
+/// `Sender::waits_for_room` holds exactly while a read chunk waits for a slot at the receiver:
+/// then a completion of the sender's WRITEs moves nothing but the read-ahead (the driver need
+/// not wake for it), and a CREDIT ends it with the next WRITE. A sender whose WRITEs are all
+/// credited, or that has every chunk written, does not wait for room.
+#[test]
+fn a_sender_waits_for_room_only_while_a_read_chunk_has_no_slot_at_the_receiver() {
+    let t0 = Instant::now();
+    let mut s = Sender::new(7, "f", 6 * 16, sender_cfg(16, 4), t0).unwrap();
+    let _ = actions_of_sender(&mut s);
+    assert!(!s.waits_for_room(), "before the GRANT");
+    let grant = Grant {
+        version: 1,
+        caps: caps::DIGEST_XXH3_128,
+        addr: 4096,
+        rkey: 1,
+        slot_size: 16,
+        slot_count: 2,
+        resume_from: 0,
+        lanes: None,
+    };
+    s.handle(sender::Input::Message(&encode(7, &Message::Grant(grant))), t0);
+    let writes = |actions: &[sender::Action]| {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                sender::Action::WriteChunk { seq, .. } => Some(*seq),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    let reads = |actions: &[sender::Action]| {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                sender::Action::ReadChunk { seq, .. } => Some(*seq),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    // Four local slots: chunks 0-3 are read; the ring of two takes 0 and 1.
+    let first = reads(&actions_of_sender(&mut s));
+    assert_eq!(first, [0, 1, 2, 3]);
+    let mut written = Vec::new();
+    for seq in first {
+        s.handle(sender::Input::ChunkRead { seq }, t0);
+        written.extend(writes(&actions_of_sender(&mut s)));
+    }
+    assert_eq!(written, [0, 1]);
+    assert!(s.waits_for_room(), "chunk 2 is read and the ring is full");
+    // Their completions free slots to read ahead into, and nothing else.
+    s.handle(sender::Input::WriteDone { seq: 1 }, t0);
+    let after_done = actions_of_sender(&mut s);
+    assert!(writes(&after_done).is_empty(), "{after_done:?}");
+    assert_eq!(reads(&after_done), [4, 5]);
+    assert!(s.waits_for_room());
+    // The CREDIT moves it on.
+    s.handle(sender::Input::Message(&encode(7, &Message::Credit(Credit { consumed: 2 }))), t0);
+    assert_eq!(writes(&actions_of_sender(&mut s)), [2, 3]);
+    assert!(!s.waits_for_room(), "no read chunk waits: 4 and 5 are still being read");
+    for seq in [4, 5] {
+        s.handle(sender::Input::ChunkRead { seq }, t0);
+        assert!(writes(&actions_of_sender(&mut s)).is_empty());
+    }
+    assert!(s.waits_for_room());
+    s.handle(sender::Input::Message(&encode(7, &Message::Credit(Credit { consumed: 4 }))), t0);
+    assert_eq!(writes(&actions_of_sender(&mut s)), [4, 5]);
+    assert!(!s.waits_for_room(), "every chunk is written: the FIN waits for their completions");
+}
+
 // ---- The receiver alone, fed hand-made messages. ----
 
 fn encode(session: u64, m: &Message) -> Vec<u8> {

@@ -52,14 +52,15 @@ pub(crate) trait Io {
         keep: Option<&(dyn Fn() -> bool + Sync)>,
     ) -> rdma_cm::Result<Connection<'static>>;
 
-    /// One idle step over `cqs` ([`CqWaiter::idle_with`]): spins, arms, or sleeps on their
-    /// channel until a completion, one of `wakes` ([`Idle::Signalled`]), or `until`.
-    /// `registrations` keeps what the async form registered with the reactor across the steps
-    /// of one loop.
+    /// One idle step over `cqs` beside `quiet` ([`CqWaiter::idle_quiet_with`]): spins, arms,
+    /// or sleeps on their channel until a completion, one of `wakes` ([`Idle::Signalled`]), or
+    /// `until`. `registrations` keeps what the async form registered with the reactor across
+    /// the steps of one loop.
     async fn idle(
         &self,
         waiter: &mut CqWaiter,
         cqs: &[&CompletionQueue<'static>],
+        quiet: &[&CompletionQueue<'static>],
         until: Deadline,
         wakes: &Wakes<'_>,
         registrations: &mut Registrations,
@@ -214,11 +215,12 @@ impl Io for Blocking {
         &self,
         waiter: &mut CqWaiter,
         cqs: &[&CompletionQueue<'static>],
+        quiet: &[&CompletionQueue<'static>],
         until: Deadline,
         wakes: &Wakes<'_>,
         _: &mut Registrations,
     ) -> rdma_verbs::Result<Idle> {
-        waiter.idle_with(cqs, wakes.until(until), wakes.fds())
+        waiter.idle_quiet_with(cqs, quiet, wakes.until(until), wakes.fds())
     }
 
     async fn readable(&self, fds: &[BorrowedFd<'_>], until: Deadline) {
@@ -312,6 +314,7 @@ impl Io for Tokio {
         &self,
         waiter: &mut CqWaiter,
         cqs: &[&CompletionQueue<'static>],
+        quiet: &[&CompletionQueue<'static>],
         until: Deadline,
         wakes: &Wakes<'_>,
         registrations: &mut Registrations,
@@ -322,7 +325,7 @@ impl Io for Tokio {
             false => until.min(Deadline::after(UNWAKEABLE_CHECK)),
         };
         let recheck = until.instant().map(|_| until.remaining());
-        waiter.idle_async_with(cqs, recheck, also.as_slice()).await
+        waiter.idle_async_quiet_with(cqs, quiet, recheck, also.as_slice()).await
     }
 
     async fn readable(&self, fds: &[BorrowedFd<'_>], until: Deadline) {

@@ -222,35 +222,53 @@ impl Pacer {
     }
 }
 
-/// The CQs one round of a session polls, and its idle wait sleeps on: the connection's two
-/// (send queue, receive ring) and one per extra lane, gathered on the stack (an idle round
-/// allocates nothing).
+/// The CQs one round of a session polls, and its idle wait sleeps on: the connection's receive
+/// ring's, one per extra lane (a sender's lane's send queue, a receiver's lane's ring), then the
+/// connection's send queue's, gathered on the stack (an idle round allocates nothing). The last
+/// can be quiet ([`quiet_send`](Self::quiet_send), for a sender).
 pub(crate) struct SessionCqs<'a> {
     cqs: [&'a CompletionQueue<'static>; 2 + crate::wire::MAX_LANES as usize],
     len: usize,
+    quiet_send: bool,
 }
 
 impl<'a> SessionCqs<'a> {
-    /// `send` and `recv`, then `lanes` (at most [`MAX_LANES`](crate::wire::MAX_LANES) of them
-    /// are kept: a session has no more).
+    /// `recv`, `lanes` (at most [`MAX_LANES`](crate::wire::MAX_LANES) of them are kept: a session
+    /// has no more), then `send`.
     pub(crate) fn new(
         send: &'a CompletionQueue<'static>,
         recv: &'a CompletionQueue<'static>,
         lanes: impl IntoIterator<Item = &'a CompletionQueue<'static>>,
     ) -> Self {
-        let mut set = SessionCqs { cqs: [send; 2 + crate::wire::MAX_LANES as usize], len: 2 };
-        set.cqs[1] = recv;
-        for cq in lanes {
-            let Some(place) = set.cqs.get_mut(set.len) else { break };
-            *place = cq;
+        let mut set = SessionCqs { cqs: [recv; 2 + crate::wire::MAX_LANES as usize], len: 1, quiet_send: false };
+        for cq in lanes.into_iter().take(crate::wire::MAX_LANES as usize) {
+            set.cqs[set.len] = cq;
             set.len += 1;
         }
+        set.cqs[set.len] = send;
+        set.len += 1;
         set
     }
 
-    /// The CQs gathered.
-    pub(crate) fn as_slice(&self) -> &[&'a CompletionQueue<'static>] {
-        &self.cqs[..self.len]
+    /// With `quiet`, the idle wait does not arm the connection's send queue's CQ: the session
+    /// needs no event of its completions until something changes (a sender waiting for room
+    /// at its peer: the room comes as a message, and a WRITE's completion frees nothing it
+    /// needs first). Each round still polls it, and a failed request on the connection ends its
+    /// receives too (the QP goes to the error state and flushes them), which wakes the wait.
+    /// A lane has no receives to flush, so its CQ stays armed.
+    pub(crate) fn quiet_send(mut self, quiet: bool) -> Self {
+        self.quiet_send = quiet;
+        self
+    }
+
+    /// The CQs the idle wait arms.
+    pub(crate) fn armed(&self) -> &[&'a CompletionQueue<'static>] {
+        &self.cqs[..self.len - usize::from(self.quiet_send)]
+    }
+
+    /// The CQs the idle wait does not arm, though the session polls them.
+    pub(crate) fn quiet(&self) -> &[&'a CompletionQueue<'static>] {
+        &self.cqs[self.len - usize::from(self.quiet_send)..self.len]
     }
 }
 
@@ -274,7 +292,7 @@ impl Pacer {
         &mut self,
         io: &I,
         progressed: bool,
-        cqs: &[&CompletionQueue<'static>],
+        cqs: &SessionCqs<'_>,
         until: Deadline,
         wakes: &Wakes<'_>,
     ) -> Result<bool, Error> {
@@ -286,7 +304,7 @@ impl Pacer {
             }
             return Ok(self.rounds % SLOW_EVERY == 0 || until.has_passed());
         }
-        let idle = io.idle(&mut self.waiter, cqs, until, wakes, &mut self.registrations).await?;
+        let idle = io.idle(&mut self.waiter, cqs.armed(), cqs.quiet(), until, wakes, &mut self.registrations).await?;
         Ok(matches!(idle, Idle::Signalled | Idle::Slept) || until.has_passed())
     }
 }

@@ -301,6 +301,25 @@ impl CqWaiter {
         until: Deadline,
         also: &[BorrowedFd<'_>],
     ) -> Result<Idle> {
+        self.idle_quiet_with(cqs, &[], until, also)
+    }
+
+    /// [`idle_with`](Self::idle_with) over `cqs`, beside `quiet`: CQs of the same loop whose
+    /// completions it polls each round but needs no event of for now (a sender waiting for
+    /// room at its peer, whose own WRITEs' completions free nothing it needs). `quiet` CQs are
+    /// not armed, and count as the loop's own, so a channel they share with `cqs` is not taken
+    /// for one other waits read (the sleep is not sliced for them). An event of an arm they kept
+    /// from an earlier step still ends a sleep, once.
+    ///
+    /// # Errors
+    /// As [`idle_with`](Self::idle_with).
+    pub fn idle_quiet_with(
+        &mut self,
+        cqs: &[&CompletionQueue<'_>],
+        quiet: &[&CompletionQueue<'_>],
+        until: Deadline,
+        also: &[BorrowedFd<'_>],
+    ) -> Result<Idle> {
         if also.is_empty() {
             // Nothing could end a sleep over no CQ without a deadline.
             nothing_wakes(cqs, until)?;
@@ -313,7 +332,7 @@ impl CqWaiter {
         }
         self.armed = false;
         let channels = Channels::of(cqs);
-        let slice = sliced_if_shared(cqs, &channels, until);
+        let slice = sliced_if_shared(cqs, quiet, &channels, until);
         Ok(match sleep_on(cqs, &channels, None, also, slice, &mut self.arms)? {
             Woke::Also => Idle::Signalled,
             Woke::Event => Idle::Woken,
@@ -338,6 +357,18 @@ impl CqWaiter {
         cqs: &[&CompletionQueue<'_>],
         recheck: Option<std::time::Duration>,
     ) -> Result<Idle> {
+        self.idle_async_quiet(cqs, &[], recheck).await
+    }
+
+    /// [`idle_async`](Self::idle_async) beside `quiet` CQs, as
+    /// [`idle_quiet_with`](Self::idle_quiet_with).
+    #[cfg(feature = "tokio")]
+    async fn idle_async_quiet(
+        &mut self,
+        cqs: &[&CompletionQueue<'_>],
+        quiet: &[&CompletionQueue<'_>],
+        recheck: Option<std::time::Duration>,
+    ) -> Result<Idle> {
         crate::wait::reactor::in_runtime("ibv_get_cq_event")?;
         if cqs.is_empty() {
             return Err(Error::NothingToWaitFor { what: "an async idle step over no CQ" });
@@ -351,7 +382,7 @@ impl CqWaiter {
         }
         self.armed = false;
         let recheck = match recheck {
-            _ if !shared(cqs, &Channels::of(cqs)) => recheck,
+            _ if !shared(cqs, quiet, &Channels::of(cqs)) => recheck,
             None => Some(SHARED_CHANNEL_SLICE),
             Some(r) => Some(r.min(SHARED_CHANNEL_SLICE)),
         };
@@ -384,10 +415,26 @@ impl CqWaiter {
         recheck: Option<std::time::Duration>,
         also: &[&crate::wait::Readiness],
     ) -> Result<Idle> {
+        self.idle_async_quiet_with(cqs, &[], recheck, also).await
+    }
+
+    /// [`idle_async_with`](Self::idle_async_with) beside `quiet` CQs, as
+    /// [`idle_quiet_with`](Self::idle_quiet_with).
+    ///
+    /// # Errors
+    /// As [`idle_async_with`](Self::idle_async_with).
+    #[cfg(feature = "tokio")]
+    pub async fn idle_async_quiet_with(
+        &mut self,
+        cqs: &[&CompletionQueue<'_>],
+        quiet: &[&CompletionQueue<'_>],
+        recheck: Option<std::time::Duration>,
+        also: &[&crate::wait::Readiness],
+    ) -> Result<Idle> {
         use std::future::Future;
         use std::task::Poll;
         let device = cqs.first().map_or("", |cq| cq.context().name());
-        let mut idle = std::pin::pin!(self.idle_async(cqs, recheck));
+        let mut idle = std::pin::pin!(self.idle_async_quiet(cqs, quiet, recheck));
         std::future::poll_fn(|cx| {
             for readiness in also {
                 if let Poll::Ready(ready) = readiness.poll_ready(cx) {
@@ -482,8 +529,13 @@ fn single_channel<'a>(cqs: &[&'a CompletionQueue<'_>]) -> Result<&'a CompletionC
 
 /// `until`, or at most [`SHARED_CHANNEL_SLICE`] from now when CQs other than `cqs` report to
 /// the channels.
-fn sliced_if_shared(cqs: &[&CompletionQueue<'_>], channels: &Channels<'_>, until: Deadline) -> Deadline {
-    if shared(cqs, channels) {
+fn sliced_if_shared(
+    cqs: &[&CompletionQueue<'_>],
+    quiet: &[&CompletionQueue<'_>],
+    channels: &Channels<'_>,
+    until: Deadline,
+) -> Deadline {
+    if shared(cqs, quiet, channels) {
         until.min(Deadline::after(SHARED_CHANNEL_SLICE))
     } else {
         until
@@ -492,9 +544,9 @@ fn sliced_if_shared(cqs: &[&CompletionQueue<'_>], channels: &Channels<'_>, until
 
 /// Whether CQs other than `cqs` report to one of `channels`: their waits may read this wait's
 /// events.
-fn shared(cqs: &[&CompletionQueue<'_>], channels: &Channels<'_>) -> bool {
+fn shared(cqs: &[&CompletionQueue<'_>], quiet: &[&CompletionQueue<'_>], channels: &Channels<'_>) -> bool {
     channels.iter().any(|ch| {
-        let ours = cqs.iter().filter(|cq| cq.channel().is_some_and(|c| std::ptr::eq(c, ch))).count();
+        let ours = cqs.iter().chain(quiet).filter(|cq| cq.channel().is_some_and(|c| std::ptr::eq(c, ch))).count();
         ch.cq_count() > ours
     })
 }
@@ -600,7 +652,7 @@ fn sleep_registered<T>(
     }
     // Without a registration (no eventfd, or too many sleepers) a shared channel's sleep is
     // sliced, as `idle`'s.
-    let until = if registered.complete() { until } else { sliced_if_shared(cqs, &channels, until) };
+    let until = if registered.complete() { until } else { sliced_if_shared(cqs, &[], &channels, until) };
     sleep_on(cqs, &channels, kick.as_ref(), &[], until, arms)?;
     Ok(None)
 }

@@ -743,7 +743,7 @@ impl<'a> ReceiveSession<'a> {
         if let Some(seat) = self.admitted.as_ref().filter(|s| !s.displaced()) {
             wakes = wakes.and(seat.signal().fd());
         }
-        let due = self.pacer.round(io, progressed, cqs.as_slice(), until, &wakes).await?;
+        let due = self.pacer.round(io, progressed, &cqs, until, &wakes).await?;
         self.drive_slow_checks(due, conn)
     }
 

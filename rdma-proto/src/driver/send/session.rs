@@ -445,11 +445,12 @@ impl<'a> SendSession<'a> {
         progressed: bool,
         conn: &rdma_cm::Connection<'static>,
     ) -> Result<(), Error> {
-        let cqs = SessionCqs::new(self.sq.cq(), self.ring.cq(), self.lanes.iter().map(|l| l.sq.cq()));
+        let cqs = SessionCqs::new(self.sq.cq(), self.ring.cq(), self.lanes.iter().map(|l| l.sq.cq()))
+            .quiet_send(self.machine.waits_for_room());
         // Asleep until a completion, the peer's CM event, the cancel, or the machine's deadline.
         let until = self.machine.poll_timeout().map_or(Deadline::never(), Deadline::at);
         let wakes = Wakes::new(conn.as_fd()).and(self.opts.cancel.fd());
-        let due = self.pacer.round(io, progressed, cqs.as_slice(), until, &wakes).await?;
+        let due = self.pacer.round(io, progressed, &cqs, until, &wakes).await?;
         self.drive_slow_checks(due, conn)
     }
 
