@@ -70,10 +70,11 @@ fn a_blocking_wait_over_three_channels_wakes_for_the_third() {
 
 /// A waiter that keeps an arm it made before (its event not read since) still wakes when
 /// another wait on the same channel reads that event just before this one sleeps: the event
-/// spent the arm, and the reader's wake-up came before this waiter registered. Here the other
-/// wait runs inside this wait's step after arming (the same thread, a nested wait over another
-/// CQ of the channel). A waiter that slept on the spent arm would see the next completion only
-/// at its deadline (5 s), or never with `Deadline::never()`.
+/// spent the arm, and the reader's wake-up came before this waiter registered, or went to every
+/// sleeper but the reader's own thread. Here the other wait runs inside this wait's steps (the
+/// same thread, a nested wait over another CQ of the channel): in the step after arming, and in
+/// the last step before the sleep. A waiter that slept on the spent arm would see the next
+/// completion only at its deadline (5 s), or never with `Deadline::never()`.
 #[test]
 fn a_kept_arm_whose_event_another_wait_read_is_armed_again_before_the_sleep() {
     let topo = testkit::require_topology!();
@@ -83,51 +84,56 @@ fn a_kept_arm_whose_event_another_wait_read_is_armed_again_before_the_sleep() {
     let (mine, other) = (ctx.create_cq(16, Some(&channel)).unwrap(), ctx.create_cq(16, Some(&channel)).unwrap());
     let qp = self_connected(&pd, &mine, caps(4, 4));
     let mr = pd.alloc_mr(4096, ALL).unwrap();
-    let mut waiter = CqWaiter::new(WaitPolicy::sleep_at_once());
-    // First wait: the step after arming writes and takes the completion, whose event stays
-    // pending on the channel; the waiter's arm of `mine` counts as standing.
-    let mut steps = 0;
-    let first = waiter
-        .wait(&[&mine], Deadline::after(Duration::from_secs(5)), || {
-            steps += 1;
-            if steps == 2 {
-                write_to_self(&qp, &mr);
-                let until = Instant::now() + Duration::from_secs(5);
-                while Instant::now() < until {
-                    if let Some(status) = poll_one(&mine)? {
-                        return Ok(Some(status));
-                    }
-                }
-            }
-            Ok(None)
-        })
-        .unwrap();
-    assert_eq!(first, Some(WcStatus::Success));
-    std::thread::scope(|s| {
-        let (done, written) = std::sync::mpsc::channel();
-        let mut written = Some(written);
+    for nested_at in [2, 3] {
+        let mut waiter = CqWaiter::new(WaitPolicy::sleep_at_once());
+        // First wait: the step after arming writes and takes the completion, whose event stays
+        // pending on the channel; the waiter's arm of `mine` counts as standing.
         let mut steps = 0;
-        let mut others = CqWaiter::new(WaitPolicy::sleep_at_once());
-        let start = Instant::now();
-        let got = waiter
+        let first = waiter
             .wait(&[&mine], Deadline::after(Duration::from_secs(5)), || {
                 steps += 1;
                 if steps == 2 {
-                    // The step after arming: another wait reads the pending event (not its
-                    // own CQ's), then a write comes 0.3 s later.
-                    let slept =
-                        others.wait(&[&other], Deadline::after(Duration::from_millis(100)), || poll_one(&other))?;
-                    assert_eq!(slept, None, "nothing completes on the other CQ");
-                    write_later(s, &qp, &pd, written.take().expect("the step after arming runs once"));
+                    write_to_self(&qp, &mr);
+                    let until = Instant::now() + Duration::from_secs(5);
+                    while Instant::now() < until {
+                        if let Some(status) = poll_one(&mine)? {
+                            return Ok(Some(status));
+                        }
+                    }
                 }
-                poll_one(&mine)
+                Ok(None)
             })
             .unwrap();
-        let took = start.elapsed();
-        let _ = done.send(());
-        assert_eq!(got, Some(WcStatus::Success));
-        assert!(took < Duration::from_secs(3), "woken {took:?} after the wait began, for a write made at about 0.4 s");
-    });
+        assert_eq!(first, Some(WcStatus::Success));
+        std::thread::scope(|s| {
+            let (done, written) = std::sync::mpsc::channel();
+            let mut written = Some(written);
+            let mut steps = 0;
+            let mut others = CqWaiter::new(WaitPolicy::sleep_at_once());
+            let start = Instant::now();
+            let got = waiter
+                .wait(&[&mine], Deadline::after(Duration::from_secs(5)), || {
+                    steps += 1;
+                    if steps == nested_at {
+                        // Another wait reads the pending event (not its own CQ's), then a write
+                        // comes 0.3 s later.
+                        let slept =
+                            others.wait(&[&other], Deadline::after(Duration::from_millis(100)), || poll_one(&other))?;
+                        assert_eq!(slept, None, "nothing completes on the other CQ");
+                        write_later(s, &qp, &pd, written.take().expect("the nested wait runs once"));
+                    }
+                    poll_one(&mine)
+                })
+                .unwrap();
+            let took = start.elapsed();
+            let _ = done.send(());
+            assert_eq!(got, Some(WcStatus::Success));
+            assert!(
+                took < Duration::from_secs(3),
+                "nested in step {nested_at}: woken {took:?} after the wait began, for a write made at about 0.4 s"
+            );
+        });
+    }
 }
 
 #[cfg(feature = "tokio")]

@@ -606,9 +606,13 @@ async fn sleep_async<T>(
     // Registered for readiness (and the wake-up) before the last step: an event that comes
     // after the step wakes this task, whoever reads it.
     let polled = std::future::poll_fn(|cx| Poll::Ready(readable.as_mut().poll(cx))).await;
-    rearm_if_others_read(cqs, arms)?;
+    let reads = rearm_if_others_read(cqs, arms)?;
     if let Some(v) = step()? {
         return Ok(Some(v));
+    }
+    if read_during_step(cqs, reads) {
+        *arms = None;
+        return Ok(None);
     }
     let either = std::future::poll_fn(|cx| {
         if let Poll::Ready(r) = readable.as_mut().poll(cx) {
@@ -646,9 +650,13 @@ fn sleep_registered<T>(
     let channels = Channels::of(cqs);
     let kick = crate::wait::sleepers::this_threads_kick();
     let registered = Registered::new(&channels, kick.as_ref());
-    rearm_if_others_read(cqs, arms)?;
+    let reads = rearm_if_others_read(cqs, arms)?;
     if let Some(v) = step()? {
         return Ok(Some(v));
+    }
+    if read_during_step(cqs, reads) {
+        *arms = None;
+        return Ok(None);
     }
     // Without a registration (no eventfd, or too many sleepers) a shared channel's sleep is
     // sliced, as `idle`'s.
@@ -661,19 +669,33 @@ fn sleep_registered<T>(
 /// read from the channel by someone else since the waiter decided which arms still stand, an
 /// arm it kept may be spent (that read took its event), and the reader's wake-up came before
 /// the registration, so nothing would end the sleep. Every CQ is armed again then (the last
-/// step, after it, sees any completion that came before). A read after this check wakes the
-/// registered waiter, even one counted only after the check (the count follows the read, and
-/// the wake-up follows the count).
-fn rearm_if_others_read(cqs: &[&CompletionQueue<'_>], arms: &mut Option<Arms>) -> Result<()> {
-    let Some(kept) = arms.as_ref() else { return Ok(()) };
+/// step, after it, sees any completion that came before). Returns the channels' read count as
+/// of the check, for [`read_during_step`].
+fn rearm_if_others_read(cqs: &[&CompletionQueue<'_>], arms: &mut Option<Arms>) -> Result<u64> {
+    let reads = reads_of(cqs);
+    let Some(kept) = arms.as_ref() else { return Ok(reads) };
     if Arms::channel_of(cqs).is_some_and(|channel| kept.hold_for(cqs, channel)) {
-        return Ok(());
+        return Ok(reads);
     }
     *arms = None;
     for cq in cqs {
         cq.arm(false)?;
     }
-    Ok(())
+    Ok(reads)
+}
+
+/// Whether an event was read from the channels of `cqs` since [`rearm_if_others_read`]
+/// counted `reads`: then the sleep is skipped and the wait steps and arms again. A read by
+/// another thread wakes the registered waiter, but a wait nested in the last step (on this
+/// thread, over another CQ of the channel) can read this wait's event and wakes every sleeper
+/// but its own thread, or take this thread's wake-up itself: either way the count moved.
+fn read_during_step(cqs: &[&CompletionQueue<'_>], reads: u64) -> bool {
+    reads_of(cqs) != reads
+}
+
+/// The read counts of the channels of `cqs`, summed (each channel once).
+fn reads_of(cqs: &[&CompletionQueue<'_>]) -> u64 {
+    Channels::of(cqs).iter().map(CompletionChannel::reads).fold(0, u64::wrapping_add)
 }
 
 /// What ended a [`sleep_on`].
