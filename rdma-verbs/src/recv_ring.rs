@@ -637,10 +637,17 @@ impl<'res> RecvRing<'res> {
             quiesce::reset_before_destroy(&qp, || self.discard_all());
             return Released::Done;
         }
-        let outcome = quiesce::quiesce(&qp, &[&qp.recv_cq], self.drain_timeout, true, |_| {
-            self.discard_all();
-            self.posted_count == 0
-        });
+        let outcome = quiesce::quiesce(
+            &qp,
+            &[&qp.recv_cq],
+            self.drain_timeout,
+            true,
+            || {
+                self.discard_all();
+                self.posted_count == 0
+            },
+            || false,
+        );
         match outcome {
             quiesce::Quiesced::Completed | quiesce::Quiesced::Flushed => Released::Done,
             quiesce::Quiesced::Lost { .. } => {

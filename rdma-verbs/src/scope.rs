@@ -465,16 +465,23 @@ impl<'s, 'env, T: Transport, S: TypeState> PostScope<'s, 'env, T, S> {
         let qp = self.qp.shared();
         let cqs: [&CompletionQueue<'_>; 2] = [&qp.send_cq, &qp.recv_cq];
         let cqs = if self.sends_only { &cqs[..1] } else { &cqs[..] };
-        let outcome = quiesce::quiesce(qp, cqs, self.drain_timeout, false, |_| {
-            // A polling error must not end the scope early (the borrows would end while the NIC
-            // may still write): keep trying until the deadline, then escalate.
-            let _ = self.poll_counting(&mut buf, |wc, _| {
-                if first_error.is_none() {
-                    first_error = wc.ok().err();
-                }
-            });
-            self.outstanding() == 0
-        });
+        let outcome = quiesce::quiesce(
+            qp,
+            cqs,
+            self.drain_timeout,
+            false,
+            || {
+                // A polling error must not end the scope early (the borrows would end while the NIC
+                // may still write): keep trying until the deadline, then escalate.
+                let _ = self.poll_counting(&mut buf, |wc, _| {
+                    if first_error.is_none() {
+                        first_error = wc.ok().err();
+                    }
+                });
+                self.outstanding() == 0
+            },
+            || false,
+        );
         self.drained(outcome, first_error)
     }
 
@@ -501,10 +508,17 @@ impl<'s, 'env, T: Transport, S: TypeState> PostScope<'s, 'env, T, S> {
             poll(self);
             self.sends == 0
         });
-        let outcome = quiesce::quiesce(qp, &cqs, self.drain_timeout, true, |_| {
-            poll(self);
-            self.outstanding() == 0
-        });
+        let outcome = quiesce::quiesce(
+            qp,
+            &cqs,
+            self.drain_timeout,
+            true,
+            || {
+                poll(self);
+                self.outstanding() == 0
+            },
+            || false,
+        );
         if outcome == Quiesced::Flushed {
             if let Err(e) = rearm.and_then(|attr| attr.rearm(qp, S::QP_STATE)) {
                 // Not in its typed state (ERR, RESET or part of the way up): posts are refused

@@ -565,13 +565,12 @@ impl<'res, T: Connected> SendQueue<'res, T> {
         self.held.front().is_some_and(|h| h.seq < self.covered_upto)
     }
 
-    /// Whether every request in flight is one no completion will come for (posted unsignaled
+    /// Whether every request in flight is one no completion need come for (posted unsignaled
     /// after the last signaled one: it completed silently, or a flush completes it) whose slot
-    /// the device only reads. Once the QP is flushed such slots may go back to the pool at
-    /// once: a flushed QP sends nothing more, and a device that still read a slot could not
-    /// change the bytes Rust code holds. Waiting for proof instead would cost
-    /// [`FLUSH_CONFIRM`](crate::qp::quiesce::FLUSH_CONFIRM) on every drop, since a request that
-    /// completed silently never reports. A slot an RDMA READ writes into still waits for that.
+    /// the device only reads: after a flush, such requests are given
+    /// [`FLUSH_GRACE`](crate::qp::quiesce::FLUSH_GRACE) rather than
+    /// [`FLUSH_CONFIRM`](crate::qp::quiesce::FLUSH_CONFIRM), since one that completed silently
+    /// never reports. A slot an RDMA READ writes into still waits for the proof.
     fn only_silent_reads_left(&self) -> bool {
         !self.can_complete() && self.held.iter().all(|h| !h.device_writes)
     }
@@ -586,20 +585,31 @@ impl<'res, T: Connected> SendQueue<'res, T> {
             quiesce::reset_before_destroy(&qp, || while self.poll(drop).is_ok_and(|n| n > 0) {});
             return true;
         }
-        let outcome = quiesce::quiesce(&qp, &[&qp.send_cq], self.drain_timeout, false, |flushed| {
-            let _ = self.poll(drop);
-            self.held.is_empty() || (flushed && self.only_silent_reads_left())
-        });
+        // Whether the requests left after the drain need no completion as proof (`FLUSH_GRACE`):
+        // posted unsignaled after the last signaled one, and none an RDMA READ.
+        let drain_timeout = self.drain_timeout;
+        let held = std::cell::RefCell::new(self);
+        let outcome = quiesce::quiesce(
+            &qp,
+            &[&qp.send_cq],
+            drain_timeout,
+            false,
+            || {
+                let mut queue = held.borrow_mut();
+                let _ = queue.poll(drop);
+                queue.held.is_empty()
+            },
+            || held.borrow().only_silent_reads_left(),
+        );
+        let this = held.into_inner();
         match outcome {
-            Quiesced::Completed | Quiesced::Flushed => {
-                self.held.clear();
-                true
-            }
-            // Only requests posted unsignaled left, after the flush had `FLUSH_CONFIRM` to
-            // complete them: a request still queued would have been flushed with a completion
-            // (an error completes whatever the flags), so these completed, silently, before.
-            Quiesced::Lost { flushed: true } if !self.can_complete() => {
-                self.held.clear();
+            Quiesced::Completed | Quiesced::Flushed => true,
+            // Only requests posted unsignaled left, after the flush had `FLUSH_CONFIRM` (or
+            // `FLUSH_GRACE`, when none is an RDMA READ) to complete them: a request still queued
+            // would have been flushed with a completion (an error completes whatever the flags),
+            // so these completed, silently, before.
+            Quiesced::Lost { flushed: true } if !this.can_complete() => {
+                this.held.clear();
                 true
             }
             Quiesced::Lost { .. } => {

@@ -41,6 +41,16 @@ use super::Inner;
 /// clears requests whose completions were lost.
 pub(crate) const FLUSH_CONFIRM: Duration = Duration::from_secs(5);
 
+/// How long a drain waits, after the flush, for the completions of requests that need none as
+/// proof: requests posted unsignaled after the last signaled one (a completion comes for them
+/// only if the flush caught them still queued) whose memory the device only reads (a SEND or a
+/// WRITE). Those the flush caught complete within milliseconds: waiting this long lets their
+/// completions arrive before the layer gives its CQ up, and any packet the device was building
+/// from their memory go out first. The rest completed silently before and never report, and a
+/// device that still read their memory could not change the bytes Rust code holds, so after
+/// this the layer lets them go.
+pub(crate) const FLUSH_GRACE: Duration = Duration::from_millis(250);
+
 /// How a layer's outstanding requests left the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Quiesced {
@@ -69,26 +79,31 @@ pub(crate) fn reset_before_destroy(qp: &Inner<'_>, poll_all: impl FnOnce()) {
     }
 }
 
-/// Steps 2 and 3: `poll` takes what completed and says whether nothing is outstanding any more
-/// (its argument: whether the QP was flushed by then); it is called at least once per phase,
-/// whatever the timeout, so that requests that already completed are never flushed for want of
-/// a look. Between polls it spins, then sleeps on
+/// Steps 2 and 3: `poll` takes what completed and says whether nothing is outstanding any more;
+/// it is called at least once per phase, whatever the timeout, so that requests that already
+/// completed are never flushed for want of a look. Between polls it spins, then sleeps on
 /// `cqs` (the CQs the caller owns and polls: no other thread waits on them) as every wait does
 /// ([`CqWaiter`]). `flush_first`: flush before the first wait too (receives, which only a peer
-/// completes otherwise).
+/// completes otherwise). `no_proof_left`, asked after the flush: whether what is still
+/// outstanding needs no completion as proof (see [`FLUSH_GRACE`]); then the flush's
+/// completions are waited for `FLUSH_GRACE` rather than [`FLUSH_CONFIRM`].
 pub(crate) fn quiesce(
     qp: &Inner<'_>,
     cqs: &[&CompletionQueue<'_>],
     drain_timeout: Duration,
     flush_first: bool,
-    mut poll: impl FnMut(bool) -> bool,
+    mut poll: impl FnMut() -> bool,
+    no_proof_left: impl FnOnce() -> bool,
 ) -> Quiesced {
-    let flushed_first = flush_first && qp.set_state(IBV_QPS_ERR).is_ok();
-    if wait(cqs, drain_timeout, &mut || poll(flushed_first)) {
+    if flush_first {
+        let _ = qp.set_state(IBV_QPS_ERR);
+    }
+    if wait(cqs, drain_timeout, &mut poll) {
         return if flush_first { Quiesced::Flushed } else { Quiesced::Completed };
     }
     let flushed = qp.set_state(IBV_QPS_ERR).is_ok();
-    if wait(cqs, drain_timeout.max(FLUSH_CONFIRM), &mut || poll(flushed)) {
+    let confirm = if flushed && no_proof_left() { FLUSH_GRACE } else { drain_timeout.max(FLUSH_CONFIRM) };
+    if wait(cqs, confirm, &mut poll) {
         return Quiesced::Flushed;
     }
     Quiesced::Lost { flushed }

@@ -512,6 +512,9 @@ impl<'a> SendSession<'a> {
             return Err(Error::Cancelled);
         }
         if due {
+            // A WRITE's completion is progress: take any that came while the send CQ was quiet
+            // (`SessionCqs::quiet_send`) before the machine judges the session stalled.
+            self.drive_completions(&mut |_, _| {})?;
             self.machine.handle_timeout(Instant::now());
             if peer_left(conn)? {
                 return Err(Error::PeerDisconnected);
