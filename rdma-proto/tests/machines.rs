@@ -123,16 +123,7 @@ fn repeated_credits_do_not_hold_off_the_senders_timeout() {
     let timeout = cfg.timeout;
     let mut s = Sender::new(7, "f", 0, cfg, t0).unwrap();
     let _ = actions_of_sender(&mut s);
-    let grant = Grant {
-        version: 1,
-        caps: caps::DIGEST_XXH3_128,
-        addr: 4096,
-        rkey: 1,
-        slot_size: 16,
-        slot_count: 2,
-        resume_from: 0,
-        lanes: None,
-    };
+    let grant = grant_of(16, 2);
     s.handle(sender::Input::Message(&encode(7, &Message::Grant(grant))), t0);
     for a in actions_of_sender(&mut s) {
         if let sender::Action::NeedDigest = a {
@@ -165,16 +156,7 @@ fn a_sender_waits_for_room_only_while_a_read_chunk_has_no_slot_at_the_receiver()
     let mut s = Sender::new(7, "f", 6 * 16, sender_cfg(16, 4), t0).unwrap();
     let _ = actions_of_sender(&mut s);
     assert!(!s.waits_for_room(), "before the GRANT");
-    let grant = Grant {
-        version: 1,
-        caps: caps::DIGEST_XXH3_128,
-        addr: 4096,
-        rkey: 1,
-        slot_size: 16,
-        slot_count: 2,
-        resume_from: 0,
-        lanes: None,
-    };
+    let grant = grant_of(16, 2);
     s.handle(sender::Input::Message(&encode(7, &Message::Grant(grant))), t0);
     let writes = |actions: &[sender::Action]| {
         actions
@@ -222,6 +204,20 @@ fn a_sender_waits_for_room_only_while_a_read_chunk_has_no_slot_at_the_receiver()
     s.handle(sender::Input::Message(&encode(7, &Message::Credit(Credit { consumed: 4 }))), t0);
     assert_eq!(writes(&actions_of_sender(&mut s)), [4, 5]);
     assert!(!s.waits_for_room(), "every chunk is written: the FIN waits for their completions");
+}
+
+/// A GRANT of a ring of `slot_count` slots of `slot_size` bytes at address 4096, rkey 1.
+fn grant_of(slot_size: u32, slot_count: u32) -> Grant {
+    Grant {
+        version: 1,
+        caps: caps::DIGEST_XXH3_128,
+        addr: 4096,
+        rkey: 1,
+        slot_size,
+        slot_count,
+        resume_from: 0,
+        lanes: None,
+    }
 }
 
 // ---- The receiver alone, fed hand-made messages. ----

@@ -237,14 +237,24 @@ fn a_receive_ring_carries_ten_thousand_writes_with_immediate() {
     }
 }
 
+/// One end of [`writer_and_target`]: its QP, ready to send, and its PD.
+type End = (QueuePair<'static, Rc, ReadyToSend>, Arc<ProtectionDomain<'static>>);
+
+/// A writer's QP (`send_caps`, CQs of `cq_entries`) connected to a target's whose memory it
+/// may write, on shared parents: the writer's QP and PD, the target's QP and PD.
+fn writer_and_target(topo: &testkit::Topology, send_caps: QpCaps, cq_entries: u32) -> (End, End) {
+    let (ctx_s, pd_s) = open_shared(&topo.client.device);
+    let (ctx_r, pd_r) = open_shared(&topo.server.device);
+    let qp_s = owned_qp(topo, &ctx_s, &pd_s, send_caps, cq_entries, AccessFlags::LOCAL_WRITE);
+    let qp_r = owned_qp(topo, &ctx_r, &pd_r, caps(16, 16), 64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE);
+    let (qp_s, qp_r) = connect_pair(topo, qp_s, qp_r);
+    ((qp_s, pd_s), (qp_r, pd_r))
+}
+
 #[test]
 fn hundreds_of_writes_stay_in_flight_with_one_signal_per_batch() {
     let topo = testkit::require_topology!();
-    let (ctx_s, pd_s) = open_shared(&topo.client.device);
-    let (ctx_r, pd_r) = open_shared(&topo.server.device);
-    let qp_s = owned_qp(&topo, &ctx_s, &pd_s, caps(512, 16), 1024, AccessFlags::LOCAL_WRITE);
-    let qp_r = owned_qp(&topo, &ctx_r, &pd_r, caps(16, 16), 64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE);
-    let (qp_s, _qp_r) = connect_pair(&topo, qp_s, qp_r);
+    let ((qp_s, pd_s), (_qp_r, pd_r)) = writer_and_target(&topo, caps(512, 16), 1024);
     let mut sq = SendQueue::new(&qp_s, T).unwrap();
     // The queue holds what the device gave, at least what was asked: rxe in Linux 6.1 reports
     // the 512 asked for, in 6.12 the 1023 its ring really holds (docs/testing.md, "Two kernels").
@@ -291,11 +301,7 @@ fn hundreds_of_writes_stay_in_flight_with_one_signal_per_batch() {
 #[test]
 fn unsignaled_requests_come_back_with_the_next_signaled_one() {
     let topo = testkit::require_topology!();
-    let (ctx_s, pd_s) = open_shared(&topo.client.device);
-    let (ctx_r, pd_r) = open_shared(&topo.server.device);
-    let qp_s = owned_qp(&topo, &ctx_s, &pd_s, caps(16, 16), 64, AccessFlags::LOCAL_WRITE);
-    let qp_r = owned_qp(&topo, &ctx_r, &pd_r, caps(16, 16), 64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE);
-    let (qp_s, _qp_r) = connect_pair(&topo, qp_s, qp_r);
+    let ((qp_s, pd_s), (_qp_r, pd_r)) = writer_and_target(&topo, caps(16, 16), 64);
     let mut sq = SendQueue::new(&qp_s, T).unwrap();
     let target = MemoryRegion::alloc(pd_r, 8 * 64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).unwrap();
     let pool = SlotPool::new(pd_s, 64, 8, AccessFlags::LOCAL_WRITE).unwrap();
@@ -351,11 +357,7 @@ fn unsignaled_requests_come_back_with_the_next_signaled_one() {
 #[test]
 fn a_queue_dropped_with_only_unsignaled_requests_in_flight_returns_their_slots_at_once() {
     let topo = testkit::require_topology!();
-    let (ctx_s, pd_s) = open_shared(&topo.client.device);
-    let (ctx_r, pd_r) = open_shared(&topo.server.device);
-    let qp_s = owned_qp(&topo, &ctx_s, &pd_s, caps(16, 16), 64, AccessFlags::LOCAL_WRITE);
-    let qp_r = owned_qp(&topo, &ctx_r, &pd_r, caps(16, 16), 64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE);
-    let (qp_s, _qp_r) = connect_pair(&topo, qp_s, qp_r);
+    let ((qp_s, pd_s), (_qp_r, pd_r)) = writer_and_target(&topo, caps(16, 16), 64);
     let drain = Duration::from_millis(100);
     let mut sq = SendQueue::new(&qp_s, drain).unwrap();
     let target = MemoryRegion::alloc(pd_r, 8 * 64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).unwrap();
@@ -384,11 +386,7 @@ fn a_queue_dropped_with_only_unsignaled_requests_in_flight_returns_their_slots_a
 #[test]
 fn a_panic_in_a_completion_callback_loses_no_slot() {
     let topo = testkit::require_topology!();
-    let (ctx_s, pd_s) = open_shared(&topo.client.device);
-    let (ctx_r, pd_r) = open_shared(&topo.server.device);
-    let qp_s = owned_qp(&topo, &ctx_s, &pd_s, caps(64, 16), 128, AccessFlags::LOCAL_WRITE);
-    let qp_r = owned_qp(&topo, &ctx_r, &pd_r, caps(16, 16), 64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE);
-    let (qp_s, _qp_r) = connect_pair(&topo, qp_s, qp_r);
+    let ((qp_s, pd_s), (_qp_r, pd_r)) = writer_and_target(&topo, caps(64, 16), 128);
     let target = MemoryRegion::alloc(pd_r, 4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).unwrap();
     let pool = SlotPool::new(pd_s, 64, 8, AccessFlags::LOCAL_WRITE).unwrap();
     let mut sq = SendQueue::new(&qp_s, T).unwrap();
