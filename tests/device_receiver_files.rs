@@ -7,18 +7,25 @@ mod cli;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cli::*;
 
-/// Leaves a partial of `file` in `dst` (a sender killed once the partial holds 4 MiB) and
-/// returns its key's hex digits: what `ls -a` shows any local user.
-fn leave_partial(topo: &testkit::Topology, port: u16, file: &Path, dst: &Path) -> String {
+/// Leaves a partial of `file` at the receiver `rx` (port `port`, storing in `dst`): the sender
+/// is killed once 4 MiB are kept, and the receiver's session has ended (its report line
+/// printed: it writes the partial's last checkpoint after it saw the sender go, so a name
+/// planted before then could meet its own writes). Returns the partial's key.
+fn leave_partial(topo: &testkit::Topology, rx: &Receiver, port: u16, file: &Path, dst: &Path) -> String {
     let mut sender = spawn_send_reporting(topo, port, file, &[]);
     wait_for_partial(dst, 4 << 20);
     sender.kill().unwrap();
     sender.wait().unwrap();
     wait_for_session_end(dst, "f");
+    let t = Instant::now();
+    while rx.reports_so_far().lines().count() == 0 {
+        assert!(t.elapsed() < Duration::from_secs(60), "the killed sender's session never ended");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let part = listing(dst).into_iter().find(|n| n.ends_with(".part.rdcp-tmp")).expect("a partial was kept");
     part.trim_start_matches('.').split('.').next().unwrap().to_owned()
 }
@@ -38,7 +45,7 @@ fn links_planted_at_a_partial_s_names_are_not_followed_and_the_file_arrives() {
     let dir = dst.to_str().unwrap();
     let rx =
         Receiver::start(&topo, 7640, &["--dir", dir, "--count", "2", "--timeout", "5", "--checkpoint-every", "2M"]);
-    let key = leave_partial(&topo, 7640, &src.join("f"), &dst);
+    let key = leave_partial(&topo, &rx, 7640, &src.join("f"), &dst);
     // The local user replaces the partial's data and the sidecar's new name by links.
     let (part, meta_new) = (dst.join(format!(".{key}.part.rdcp-tmp")), dst.join(format!(".{key}.meta-new.rdcp-tmp")));
     std::fs::remove_file(&part).unwrap();
@@ -66,7 +73,7 @@ fn a_hard_link_planted_at_a_partial_s_name_is_not_written_through() {
     let dir = dst.to_str().unwrap();
     let rx =
         Receiver::start(&topo, 7641, &["--dir", dir, "--count", "2", "--timeout", "5", "--checkpoint-every", "2M"]);
-    let key = leave_partial(&topo, 7641, &src.join("f"), &dst);
+    let key = leave_partial(&topo, &rx, 7641, &src.join("f"), &dst);
     // The victim lives in the destination's file system (a hard link cannot leave it).
     let victim = dst.join("victim-file");
     std::fs::write(&victim, b"precious").unwrap();
@@ -93,7 +100,7 @@ fn a_directory_planted_at_a_partial_s_name_does_not_fail_the_send() {
     let dir = dst.to_str().unwrap();
     let rx =
         Receiver::start(&topo, 7647, &["--dir", dir, "--count", "2", "--timeout", "5", "--checkpoint-every", "2M"]);
-    let key = leave_partial(&topo, 7647, &src.join("f"), &dst);
+    let key = leave_partial(&topo, &rx, 7647, &src.join("f"), &dst);
     let part = dst.join(format!(".{key}.part.rdcp-tmp"));
     std::fs::remove_file(&part).unwrap();
     let _ = std::fs::remove_file(dst.join(format!(".{key}.meta.rdcp-tmp")));
