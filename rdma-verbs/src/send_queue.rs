@@ -48,6 +48,7 @@ use crate::wr_id::{next_generation, untag, Space, LOW_MASK};
 
 mod posting;
 pub use posting::Posting;
+use posting::Tail;
 
 /// How many completions one poll takes.
 pub(crate) const POLL_BATCH: usize = 32;
@@ -363,7 +364,7 @@ impl<'res, T: Connected> SendQueue<'res, T> {
             return Err(Error::invalid("ibv_post_send", Some(device), reason));
         }
         self.check_room()?;
-        self.post_staged(Some((data, imm, wr_id))).map(|_| ())
+        self.post_staged(Some(Tail::Send { data, imm, wr_id })).map(|_| ())
     }
 
     /// Polls the send CQ once (`ibv_poll_cq()`, never blocking) and calls `f` with each request
@@ -618,6 +619,36 @@ impl<'res, T: Connected> SendQueue<'res, T> {
                 false
             }
         }
+    }
+}
+
+impl<'res> SendQueue<'res, crate::Rc> {
+    /// Posts a zero-length RDMA WRITE after everything pushed, in the same doorbell: a probe.
+    /// Its [`SlotCompletion`] carries `wr_id` and no slot.
+    ///
+    /// The responder acknowledges the probe and, with it, every request posted before it; or,
+    /// when a packet before it was lost, answers with a sequence NAK, and the QP sends the lost
+    /// packets again at once. Without it, a lost *last* packet (or its lost ACK) is recovered
+    /// only when the QP's local ACK timeout fires. A caller that sees no completion for a while
+    /// with requests in flight sends one (a tail-loss probe, as TCP's): then a long ACK timeout
+    /// costs nothing under loss, and a short one, which retries requests that were only slow,
+    /// is not needed.
+    ///
+    /// The WRITE names no key and no address: a responder checks neither for a zero-length
+    /// RDMA WRITE (InfiniBand Architecture Specification, C9-88), and no memory of the peer is
+    /// touched. The peer's QP must allow remote writes
+    /// ([`AccessFlags::REMOTE_WRITE`] in its [`InitAttr`](crate::InitAttr)): one that does not
+    /// refuses the probe with a NAK, and this QP fails.
+    ///
+    /// # Errors
+    /// [`Error::QueueFull`] without room; as [`submit`](Self::submit).
+    ///
+    /// # References
+    /// [`ibv_post_send(3)`](https://man7.org/linux/man-pages/man3/ibv_post_send.3.html)
+    #[doc(alias = "ibv_post_send")]
+    pub fn probe(&mut self, wr_id: u64) -> Result<()> {
+        self.check_room()?;
+        self.post_staged(Some(Tail::Probe { wr_id })).map(|_| ())
     }
 }
 

@@ -349,6 +349,47 @@ fn unsignaled_requests_come_back_with_the_next_signaled_one() {
     }
 }
 
+/// A probe (`SendQueue::probe`, a zero-length WRITE naming no key) is acknowledged by a peer
+/// whose QP allows remote writes, and its completion covers the unsignaled requests before it:
+/// their slots come back with it, in order, and their writes landed. Both ways of posting.
+#[test]
+fn a_probe_is_acknowledged_and_brings_back_the_unsignaled_requests_before_it() {
+    let topo = testkit::require_topology!();
+    for extended in [false, true] {
+        let ops = extended.then_some(SendOps::RDMA_WRITE | SendOps::SEND);
+        let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        with_rc_pair_ops(&topo, &topo.client.device, &topo.server.device, access, ops, |a, b| {
+            let mut sq = SendQueue::new(&a.qp, T).unwrap();
+            let want = if extended { Posting::Batch } else { Posting::Chain };
+            assert_eq!(sq.posting(), want);
+            let pool = SlotPool::new(a.pd, 64, 4, AccessFlags::LOCAL_WRITE).unwrap();
+            for n in 0..3u64 {
+                let mut slot = pool.try_take().unwrap();
+                slot.as_mut_slice().unwrap().fill(n as u8 + 1);
+                let at = b.remote().slice(n * 64, 64).unwrap();
+                sq.post(SlotRequest::write(slot, 64, at).with_wr_id(n).unsignaled()).unwrap();
+            }
+            assert_eq!(pool.available(), 1);
+            sq.probe(99).unwrap();
+            assert_eq!(sq.in_flight(), 4);
+            let mut done = Vec::new();
+            while done.len() < 4 {
+                sq.wait(LONG, |c| {
+                    c.ok().unwrap();
+                    done.push((c.wr_id, c.slot.is_some()));
+                })
+                .unwrap();
+            }
+            let want = [(0, true), (1, true), (2, true), (99, false)];
+            assert_eq!(done, want, "{want:?}: the writes, then the probe without a slot ({extended})");
+            assert_eq!(pool.available(), 4, "every slot came back with the probe's completion");
+            for n in 0..3 {
+                assert!(read(&b.mr, n * 64, 64).iter().all(|&x| x == n as u8 + 1), "write {n} landed");
+            }
+        });
+    }
+}
+
 /// A queue dropped while only unsignaled requests are in flight (they completed, silently)
 /// gives their slots back once the QP is flushed, without waiting for completions that cannot
 /// come: the drop takes about its drain timeout (0.1 s here), not the five seconds a flush is

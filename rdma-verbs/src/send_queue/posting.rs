@@ -33,8 +33,43 @@ pub enum Posting {
     Batch,
 }
 
-/// Inline data sent after the pushed requests: bytes, immediate data, `wr_id`.
-pub(super) type Inline<'d> = Option<(&'d [u8], Option<u32>, u64)>;
+/// What a submit posts after the pushed requests, signaled and without a slot: its `wr_id` is
+/// the caller's.
+#[derive(Clone, Copy)]
+pub(super) enum Tail<'d> {
+    /// Inline data sent, with optional immediate data ([`SendQueue::send_inline`]).
+    Send { data: &'d [u8], imm: Option<u32>, wr_id: u64 },
+    /// A zero-length RDMA WRITE with no key and no address ([`SendQueue::probe`]).
+    Probe { wr_id: u64 },
+}
+
+impl Tail<'_> {
+    fn wr_id(&self) -> u64 {
+        match *self {
+            Tail::Send { wr_id, .. } | Tail::Probe { wr_id } => wr_id,
+        }
+    }
+
+    /// Its operation. A probe names no key and no address: the responder checks neither for a
+    /// zero-length WRITE (IBA C9-88).
+    fn op(&self) -> SendOp {
+        match *self {
+            Tail::Send { imm, .. } => inline_send(imm),
+            Tail::Probe { .. } => SendOp::Write { rkey: 0, addr: 0 },
+        }
+    }
+
+    /// Its bytes, copied into the queue entry: none for a probe.
+    fn data(&self) -> &[u8] {
+        match *self {
+            Tail::Send { data, .. } => data,
+            Tail::Probe { .. } => &[],
+        }
+    }
+}
+
+/// The tail of one submit, if any.
+pub(super) type Inline<'d> = Option<Tail<'d>>;
 
 const SIGNALED: u32 = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
 const INLINE: u32 = ffi::ibv_send_flags::IBV_SEND_INLINE.0;
@@ -78,7 +113,7 @@ impl<T: Connected> SendQueue<'_, T> {
         if let (Posting::Batch, Some((qpx, ops))) = (self.posting, self.qp.extended) {
             // The operations of all of them, gathered without stopping at the first the QP
             // lacks: the common case, a batch, looks at every request anyway.
-            let inline_ops = inline.map_or(SendOps::empty(), |(_, imm, _)| inline_send(imm).send_ops());
+            let inline_ops = inline.map_or(SendOps::empty(), |t| t.op().send_ops());
             let all = self.staged.iter().fold(inline_ops, |all, r| all | r.send_op().send_ops());
             if ops.contains(all) {
                 return self.post_batch(qpx, inline);
@@ -142,12 +177,13 @@ impl<T: Connected> SendQueue<'_, T> {
                 unsafe { raw::build_sge(qpx, &b, set_sge, wr_id, flags, r.send_op(), sge) }?;
             }
         }
-        if let Some((data, imm, _)) = inline {
+        if let Some(t) = inline {
             let wr_id = tag(Space::Send, self.generation, self.next_seq + self.staged.len() as u64);
+            let data = t.data();
             let bytes = ffi::ibv_data_buf { addr: data.as_ptr() as *mut libc::c_void, length: data.len() };
             // SAFETY: as above; the provider copies `data` during the call. IBV_SEND_INLINE
             // stays in the flags: rxe's kernel side reads inline data only with it.
-            unsafe { raw::build(qpx, &b, wr_id, SIGNALED | INLINE, inline_send(imm), None, Data::Inline(bytes)) }?;
+            unsafe { raw::build(qpx, &b, wr_id, SIGNALED | INLINE, t.op(), None, Data::Inline(bytes)) }?;
         }
         Ok(())
     }
@@ -164,7 +200,8 @@ impl<T: Connected> SendQueue<'_, T> {
         for r in &self.staged {
             self.sges.push(ffi::ibv_sge { addr: r.slot.addr(), length: r.len as u32, lkey: r.slot.lkey() });
         }
-        if let Some((data, _, _)) = inline {
+        if let Some(t) = inline {
+            let data = t.data();
             self.sges.push(ffi::ibv_sge { addr: data.as_ptr() as u64, length: data.len() as u32, lkey: 0 });
         }
         let sges = self.sges.as_mut_ptr();
@@ -187,14 +224,16 @@ impl<T: Connected> SendQueue<'_, T> {
                 if (signaled && r.signaled_as_last()) || r.signaled {
                     wr.send_flags = SIGNALED;
                 }
-            } else if let Some((data, imm, _)) = inline {
-                wr.num_sge = i32::from(!data.is_empty());
-                wr.opcode = match imm {
-                    Some(imm) => {
+            } else if let Some(t) = inline {
+                wr.num_sge = i32::from(!t.data().is_empty());
+                wr.opcode = match t {
+                    Tail::Send { imm: Some(imm), .. } => {
                         crate::ffi_compat::set_imm(&mut wr, imm.to_be());
                         ffi::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM
                     }
-                    None => ffi::ibv_wr_opcode::IBV_WR_SEND,
+                    Tail::Send { imm: None, .. } => ffi::ibv_wr_opcode::IBV_WR_SEND,
+                    // `wr.rdma` stays zero: no key, no address (`Tail::op`).
+                    Tail::Probe { .. } => ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
                 };
                 wr.send_flags = SIGNALED | INLINE;
             }
@@ -243,7 +282,8 @@ impl<T: Connected> SendQueue<'_, T> {
                 device_writes,
             });
         }
-        if let Some((_, _, wr_id)) = inline.filter(|_| in_flight == total) {
+        if let Some(t) = inline.filter(|_| in_flight == total) {
+            let wr_id = t.wr_id();
             self.held.push_back(Held { seq: self.next_seq + n as u64, wr_id, slot: None, device_writes: false });
         }
         self.next_seq += in_flight as u64;
