@@ -334,18 +334,31 @@ pub(crate) fn take_arrivals(
 /// exponent: 4.096 µs × 2^n) rather than the one the CM derives from the path's packet
 /// lifetime, the CM's 7 transport retries (the most there are) and RNR retries without end (a
 /// receive is posted for every WRITE the receiver grants, so an RNR NAK means a control
-/// message outran the peer's reposting, never a failure). Why [`ACK_TIMEOUT`] is the default:
+/// message outran the peer's reposting, never a failure). Why [`SEND_ACK_TIMEOUT`] and
+/// [`RECEIVE_ACK_TIMEOUT`] are the defaults:
 /// [`docs/protocol.md`, "Recovery under loss"](https://github.com/rdma-rs/rdma-rs/blob/main/docs/protocol.md#recovery-under-loss).
 pub(crate) fn conn_params<'a>(ack_timeout: u8) -> rdma_cm::ConnParams<'a> {
     rdma_cm::ConnParams::new().ack_timeout(ack_timeout)
 }
 
-/// The default local ACK timeout exponent ([`SendOptions::ack_timeout`](super::SendOptions),
-/// [`ReceiveOptions::ack_timeout`](super::ReceiveOptions)): perftest's 14, 4.096 µs × 2^14 =
-/// 67 ms. Shorter ones recover sooner under loss but retransmit on a clean wire when the peer
-/// is slow to ACK, and Linux 6.1's rxe refuses some retransmitted WRITEs with immediate
-/// ([`docs/protocol.md`, "Recovery under loss"](https://github.com/rdma-rs/rdma-rs/blob/main/docs/protocol.md#recovery-under-loss)).
-pub(crate) const ACK_TIMEOUT: u8 = 14;
+/// The sender's default local ACK timeout exponent
+/// ([`SendOptions::ack_timeout`](super::SendOptions)): perftest's 14, 4.096 µs × 2^14 = 67 ms.
+/// Its QP carries the chunks, whose losses a probe ([`probe`](super::probe)) cannot always
+/// recover: rxe's responder answers one sequence NAK per gap, so a lost NAK, or a lost packet
+/// of the go-back-N that followed it, waits for this timeout (at 1% loss, 18 moved 0.1x the
+/// bytes of 14). Shorter ones retransmit on a clean wire when the peer is slow to ACK, and
+/// Linux 6.1's rxe refuses some retransmitted WRITEs with immediate ([`docs/protocol.md`,
+/// "Recovery under loss"](https://github.com/rdma-rs/rdma-rs/blob/main/docs/protocol.md#recovery-under-loss)).
+pub(crate) const SEND_ACK_TIMEOUT: u8 = 14;
+
+/// The receiver's default local ACK timeout exponent
+/// ([`ReceiveOptions::ack_timeout`](super::ReceiveOptions)): 18, 4.096 µs × 2^18 = 1.07 s. Its
+/// QP sends only control messages, one packet each: a lost one that the next reveals is
+/// NAKed, a lost last one (or its lost ACK) is recovered by a probe, so the timeout is left
+/// the rare lost NAK. A short one retried CREDITs on a clean wire: on Linux 6.1, whose rxe
+/// fires it against a deadline set before a pause, and on 6.12 when an ACK queued behind 4 MiB
+/// of data took longer than 67 ms.
+pub(crate) const RECEIVE_ACK_TIMEOUT: u8 = 18;
 
 /// Checks an ACK timeout exponent (5 bits; 0 would mean no timeout at all).
 pub(crate) fn check_ack_timeout(n: u8) -> Result<(), Error> {

@@ -79,6 +79,7 @@ mod flag;
 mod io;
 mod link;
 mod partials;
+mod probe;
 mod recv;
 mod retry;
 mod send;

@@ -188,7 +188,7 @@ impl Default for ReceiveOptions {
             max_sessions: 8,
             timeout: Duration::from_secs(30),
             accept_timeout: Duration::from_secs(10),
-            ack_timeout: crate::driver::link::ACK_TIMEOUT,
+            ack_timeout: crate::driver::link::RECEIVE_ACK_TIMEOUT,
             wait: crate::driver::link::WAIT,
             hello_timeout: Duration::from_secs(10),
             preempt_after: Duration::from_secs(1),

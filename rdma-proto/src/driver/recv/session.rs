@@ -19,9 +19,10 @@ use crate::driver::io::Io;
 use crate::driver::io::Wakes;
 use crate::driver::link::{
     conn_params, explain_loss, peer_left, send_control, take_arrivals, Endpoint, EndpointParts, LaneBase, Pacer,
-    SessionCqs, Side, DISCONNECT_WAIT, DRAIN,
+    SessionCqs, Side, CONTROL_WR_ID, DISCONNECT_WAIT, DRAIN,
 };
 use crate::driver::partials::{Ledger, Owner};
+use crate::driver::probe::Prober;
 use crate::driver::Error;
 use crate::policy::limits;
 use crate::policy::seats::{DISPLACED_HINT, HEIR_WAIT};
@@ -250,6 +251,8 @@ struct ReceiveSession<'a> {
     /// When the last chunk was stored.
     last_stored: Option<Instant>,
     pacer: Pacer,
+    /// When the connection probes for a lost tail ([`Prober`]).
+    prober: Prober,
     /// The control message being sent: the machine writes each into it (no allocation per
     /// message).
     out: Vec<u8>,
@@ -324,6 +327,7 @@ impl<'a> ReceiveSession<'a> {
             data_end: None,
             last_stored: None,
             pacer: Pacer::new(opts.wait),
+            prober: Prober::new(Instant::now()),
             out: Vec::new(),
             #[cfg(feature = "fault-injection")]
             flood: None,
@@ -733,7 +737,13 @@ impl<'a> ReceiveSession<'a> {
         conn: &rdma_cm::Connection<'static>,
     ) -> Result<(), Error> {
         let cqs = SessionCqs::new(self.sq.cq(), self.ring.cq(), self.lanes.iter().flatten().map(|l| l.ring.cq()));
-        let until = self.next_deadline();
+        let mut until = self.next_deadline();
+        if progressed {
+            self.prober.progressed(Instant::now());
+        }
+        if self.sq.in_flight() > 0 {
+            until = until.min(Deadline::at(self.prober.deadline()));
+        }
         let handed = self.route.as_ref().map(|(route, _)| &*route.handed);
         let mut wakes = session_wakes(conn, self.opts, self.place, self.machine.hello_received(), self.tally, handed);
         // A seat handed over, or this one's taken by a newer session.
@@ -744,6 +754,11 @@ impl<'a> ReceiveSession<'a> {
             wakes = wakes.and(seat.signal().fd());
         }
         let due = self.pacer.round(io, progressed, &cqs, until, &wakes).await?;
+        if due && self.sq.in_flight() > 0 && self.sq.room() > 0 && self.prober.due(Instant::now()) {
+            // A CREDIT, a GRANT or a verdict that was lost, or whose ACK was: the sender's QP
+            // allows the zero-length WRITE.
+            self.sq.probe(CONTROL_WR_ID)?;
+        }
         self.drive_slow_checks(due, conn)
     }
 

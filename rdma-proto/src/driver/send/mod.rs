@@ -159,7 +159,7 @@ impl SendOptions {
             depth: 4,
             connect_timeout: Duration::from_secs(10),
             timeout: Duration::from_secs(30),
-            ack_timeout: crate::driver::link::ACK_TIMEOUT,
+            ack_timeout: crate::driver::link::SEND_ACK_TIMEOUT,
             wait: crate::driver::link::WAIT,
             cancel: Flag::new(),
             resume: true,
@@ -329,7 +329,10 @@ pub(crate) async fn run<I: Io>(
     };
     let id = io.finish(rdma_cm::CmId::new()?.resolve(opts.from, opts.to), deadline).await.map_err(connect_error)?;
     let ctx = id.open_context()?;
-    let ep = Endpoint::new(ctx, opts.depth, 32, |qp| id.init_qp(qp, AccessFlags::LOCAL_WRITE))?;
+    // REMOTE_WRITE lets the receiver probe (a zero-length WRITE, `driver::probe`); no region
+    // of the sender is remotely writable, so no other WRITE of the peer lands.
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    let ep = Endpoint::new(ctx, opts.depth, 32, |qp| id.init_qp(qp, access))?;
     let (qp, parts) = ep.split();
     let knock = opts.secret.as_ref().map(|s| {
         crate::policy::knock::knock(

@@ -19,6 +19,7 @@ use crate::driver::link::{
     conn_params, peer_left, send_control, take_arrivals, EndpointParts, LaneBase, Pacer, SessionCqs, CONTROL_WR_ID,
     DRAIN,
 };
+use crate::driver::probe::Prober;
 use crate::driver::{Error, Phases};
 use crate::sender::{Action, Input, Sender};
 use crate::wire::{self, Message};
@@ -144,6 +145,8 @@ pub(crate) struct SendSession<'a> {
     pub(crate) data_end: Option<Instant>,
     pub(crate) fin_at: Option<Instant>,
     pub(crate) pacer: Pacer,
+    /// When the connection and its lanes probe for a lost tail ([`Prober`]).
+    pub(crate) prober: Prober,
     /// The control message being sent: the machine writes each into it (no allocation per
     /// message).
     pub(crate) out: Vec<u8>,
@@ -193,6 +196,7 @@ impl<'a> SendSession<'a> {
             data_end: None,
             fin_at: None,
             pacer: Pacer::new(opts.wait),
+            prober: Prober::new(Instant::now()),
             out: Vec::new(),
         })
     }
@@ -447,11 +451,40 @@ impl<'a> SendSession<'a> {
     ) -> Result<(), Error> {
         let cqs = SessionCqs::new(self.sq.cq(), self.ring.cq(), self.lanes.iter().map(|l| l.sq.cq()))
             .quiet_send(self.machine.waits_for_room());
-        // Asleep until a completion, the peer's CM event, the cancel, or the machine's deadline.
-        let until = self.machine.poll_timeout().map_or(Deadline::never(), Deadline::at);
+        // Asleep until a completion, the peer's CM event, the cancel, the machine's deadline,
+        // or the next probe's.
+        let mut until = self.machine.poll_timeout().map_or(Deadline::never(), Deadline::at);
+        if progressed {
+            self.prober.progressed(Instant::now());
+        }
+        if self.in_flight() {
+            until = until.min(Deadline::at(self.prober.deadline()));
+        }
         let wakes = Wakes::new(conn.as_fd()).and(self.opts.cancel.fd());
         let due = self.pacer.round(io, progressed, &cqs, until, &wakes).await?;
+        if due {
+            self.drive_probes()?;
+        }
         self.drive_slow_checks(due, conn)
+    }
+
+    /// Whether any request of the connection or its lanes is in flight.
+    fn in_flight(&self) -> bool {
+        self.sq.in_flight() > 0 || self.lanes.iter().any(|l| l.sq.in_flight() > 0)
+    }
+
+    /// When a probe is due ([`Prober`]): one on the connection and on each lane with requests
+    /// in flight and room for it.
+    pub(crate) fn drive_probes(&mut self) -> Result<(), Error> {
+        if !self.in_flight() || !self.prober.due(Instant::now()) {
+            return Ok(());
+        }
+        for sq in std::iter::once(&mut self.sq).chain(self.lanes.iter_mut().map(|l| &mut l.sq)) {
+            if sq.in_flight() > 0 && sq.room() > 0 {
+                sq.probe(CONTROL_WR_ID)?;
+            }
+        }
+        Ok(())
     }
 
     /// Whether the GRANT asks for lanes not yet connected.
