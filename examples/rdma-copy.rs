@@ -341,7 +341,7 @@ struct SendArgs {
     #[arg(long)]
     name: Option<String>,
     /// Bytes per chunk, one RDMA WRITE each (suffixes K, M, G).
-    #[arg(long, default_value = "512K", value_parser = parse_size)]
+    #[arg(long, default_value = "4M", value_parser = parse_size)]
     chunk: u64,
     /// Chunks in flight (1..=4096).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=4096))]

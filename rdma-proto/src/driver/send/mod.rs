@@ -147,7 +147,7 @@ pub enum AfterFin {
 }
 
 impl SendOptions {
-    /// Defaults for sending to `to`: 512 KiB chunks, 4 in flight, one lane (each chosen by
+    /// Defaults for sending to `to`: 4 MiB chunks, 4 in flight, one lane (each chosen by
     /// measurement: [`docs/protocol.md`, "Speed, and the defaults"](https://github.com/rdma-rs/rdma-rs/blob/main/docs/protocol.md#speed-and-the-defaults)), 10 s to connect, 30 s
     /// without progress.
     pub fn new(to: SocketAddr) -> Self {
@@ -155,7 +155,7 @@ impl SendOptions {
             to,
             from: None,
             name: None,
-            chunk: 512 << 10,
+            chunk: 4 << 20,
             depth: 4,
             connect_timeout: Duration::from_secs(10),
             timeout: Duration::from_secs(30),
