@@ -173,8 +173,8 @@ impl State {
         // The CM's events first: a disconnect seen before the queues are polled leaves no
         // message that arrived before it behind in the receive queue. Reading the CM channel
         // costs a syscall that almost always finds nothing, so a spinning wait reads it only
-        // every CM_EVERY steps; a sleep (which the CM fd also ends) and a failed completion
-        // make the next read due.
+        // every CM_EVERY steps; a sleep that the CM fd ended and a failed completion make the
+        // next read due.
         self.since_cm += 1;
         if self.cm_due || self.since_cm >= CM_EVERY {
             changed |= self.take_cm_events(conn);

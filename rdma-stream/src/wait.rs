@@ -18,7 +18,7 @@ use std::pin::Pin;
 #[cfg(feature = "tokio")]
 use std::sync::Arc;
 
-use rdma_verbs::{CqWaiter, Deadline};
+use rdma_verbs::{CqWaiter, Deadline, Idle};
 
 use std::task::Waker;
 
@@ -77,9 +77,10 @@ impl Drop for Lent {
     }
 }
 
-/// A boxed sleep of an async wait, kept by the half that waits between its polls.
+/// A boxed sleep of an async wait, kept by the half that waits between its polls; its output
+/// says whether the CM's fd ended it.
 #[cfg(feature = "tokio")]
-type Sleep = Pin<Box<dyn Future<Output = io::Result<()>> + Send>>;
+type Sleep = Pin<Box<dyn Future<Output = io::Result<bool>> + Send>>;
 
 impl Shared {
     /// Waits, blocking, until `ready` gives a result or `until` passes (`what` names the wait
@@ -120,7 +121,12 @@ impl Shared {
             });
             st.waiter = Some(waiter);
             st.sleeping = false;
-            st.cm_due = true;
+            // The CM's fd ended the sleep: its event is read before the queues are polled. A
+            // sleep a completion ended leaves the CM to the periodic read (and to the next
+            // sleep, which the fd, still readable, ends at once).
+            if matches!(idle, Ok(Idle::Signalled)) {
+                st.cm_due = true;
+            }
             self.turn.notify_all();
             idle.map_err(|e| io::Error::new(io::ErrorKind::ConnectionReset, e))?;
         }
@@ -174,16 +180,20 @@ impl Shared {
                 Poll::Ready(slept) => slept,
             };
             wait.sleep = None;
-            self.state.lock().cm_due = true;
-            slept?;
+            if slept? {
+                self.state.lock().cm_due = true;
+            }
         }
     }
 
-    /// Sleeps until a completion (taken by this sleep's own progress) or a CM event: a
-    /// completion taken by another task's progress wakes this task through its waker instead.
-    /// Sleeps on the registrations kept in `home` (made here the first time).
+    /// Sleeps until a completion (taken by this sleep's own progress) or a CM event, `true` for
+    /// the CM event: a completion taken by another task's progress wakes this task through its
+    /// waker instead. Sleeps on the registrations kept in `home` (made here the first time).
     #[cfg(feature = "tokio")]
-    async fn sleep_async(self: Arc<Self>, home: Arc<parking_lot::Mutex<Option<Box<Registrations>>>>) -> io::Result<()> {
+    async fn sleep_async(
+        self: Arc<Self>,
+        home: Arc<parking_lot::Mutex<Option<Box<Registrations>>>>,
+    ) -> io::Result<bool> {
         let kept = home.lock().take();
         let mut lent = Lent { regs: kept, home };
         if lent.regs.is_none() {
@@ -202,11 +212,11 @@ impl Shared {
                 changed
             };
             if changed {
-                break Ok(());
+                break Ok(false);
             }
             match regs.waiter.idle_async_with(&cqs, None, &[&regs.cm]).await {
-                // The event is read by the caller's next progress.
-                Ok(rdma_verbs::Idle::Signalled) => break Ok(()),
+                // The event is read by the caller's next progress (its readiness is cleared).
+                Ok(Idle::Signalled) => break Ok(true),
                 Ok(_) => {}
                 Err(e) => break Err(io::Error::new(io::ErrorKind::ConnectionReset, e)),
             }
