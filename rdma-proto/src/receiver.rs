@@ -346,6 +346,8 @@ pub struct Receiver {
     cancel: u32,
     /// The sender sent CANCEL: the session ends once the chunks that arrived are stored.
     cancelled: bool,
+    /// The HELLO offered [`caps::PROBES`].
+    probes: bool,
     /// Lanes granted ([`caps::LANES`]; 1 without): chunk `n` comes on lane `n % lanes`.
     lanes: u16,
     /// The digest granted (chosen from the HELLO's offer).
@@ -450,6 +452,7 @@ impl Receiver {
             present: false,
             cancel: 0,
             cancelled: false,
+            probes: false,
             lanes: 1,
             digest: Digest::Xxh3_128,
             lane_next: vec![0],
@@ -581,6 +584,12 @@ impl Receiver {
     /// ends once the chunks that arrived before it are stored.
     pub fn cancelled(&self) -> bool {
         self.cancelled
+    }
+
+    /// Whether the sender's HELLO offered [`caps::PROBES`]: its connection takes this side's
+    /// probes (a driver sends none to a sender that did not).
+    pub fn takes_probes(&self) -> bool {
+        self.probes
     }
 
     /// How many of this session's senders' proofs of a partial's prefix were wrong (each
@@ -877,6 +886,7 @@ impl Receiver {
                 self.session = h.session;
                 self.greeted = true;
                 self.cancel = hello.caps & caps::CANCEL;
+                self.probes = hello.caps & caps::PROBES != 0;
                 self.progress = now;
                 let v = *wire::PROTOCOL_VERSIONS.end();
                 // With a secret, and a sender that offers to prove it, only the keyed digest.

@@ -827,7 +827,7 @@ impl Sender {
         let resume = if self.cfg.resume_key.is_some() { caps::RESUME | caps::RESUME_PROOF } else { 0 };
         let batch = if self.name == wire::BATCH_NAME { caps::BATCH } else { 0 };
         let lanes = if self.cfg.lanes > 1 { caps::LANES } else { 0 };
-        DIGEST_CAPS | auth | resume | batch | lanes | caps::CANCEL
+        DIGEST_CAPS | auth | resume | batch | lanes | caps::CANCEL | caps::PROBES
     }
 
     /// How long the receiver asked this sender to wait before it asks again, when it refused

@@ -106,9 +106,26 @@ pub mod caps {
     /// Offered by every sender; a receiver that knows it grants it, and only then is CANCEL
     /// sent.
     pub const CANCEL: u32 = 1 << 14;
+    /// Probes: the sender's connection takes the receiver's probes, zero-length RDMA WRITEs
+    /// that make it acknowledge (or NAK) what the receiver sent before them
+    /// (`rdma_verbs::SendQueue::probe`; its QP allows remote writes, and no region of it is
+    /// remotely writable). Offered by every sender of this version; a receiver probes only a
+    /// sender that offered it, as one whose QP refuses remote writes would fail the
+    /// connection on the first probe. Not echoed in the GRANT: the receiver's QP always takes
+    /// WRITEs.
+    pub const PROBES: u32 = 1 << 15;
     /// Every capability this version implements.
-    pub const SUPPORTED: u32 =
-        DIGEST_XXH3_128 | DIGEST_XXH64 | DIGEST_BLAKE3 | AUTH | RESUME | BATCH | LANES | SEALED | RESUME_PROOF | CANCEL;
+    pub const SUPPORTED: u32 = DIGEST_XXH3_128
+        | DIGEST_XXH64
+        | DIGEST_BLAKE3
+        | AUTH
+        | RESUME
+        | BATCH
+        | LANES
+        | SEALED
+        | RESUME_PROOF
+        | CANCEL
+        | PROBES;
 }
 
 /// What kind of message follows the header (`kind` byte).

@@ -352,6 +352,26 @@ fn hellos_within_the_limits_are_granted_the_common_version() {
     }
 }
 
+/// A receiver probes only a sender that said its connection takes probes (a QP that refuses
+/// remote writes would fail on the first): every sender of this version offers
+/// `caps::PROBES` in its HELLO, and the receiver reports what the HELLO offered.
+#[test]
+fn a_receiver_takes_probes_to_be_welcome_only_when_the_hello_offered_them() {
+    let t = Instant::now();
+    let mut s = Sender::new(7, "f", 10, sender_cfg(16, 4), t).unwrap();
+    assert_eq!(s.poll_action(), Some(sender::Action::Send));
+    let mut out = Vec::new();
+    assert!(s.transmit(&mut out));
+    let Ok((_, Message::Hello(offered))) = wire::decode(&out) else { panic!("not a HELLO") };
+    assert_ne!(offered.caps & caps::PROBES, 0, "the sender offers PROBES");
+    for (caps, takes) in [(caps::DIGEST_XXH3_128 | caps::PROBES, true), (caps::DIGEST_XXH3_128, false)] {
+        let mut r = Receiver::new(receiver_cfg(4), t);
+        assert!(!r.takes_probes(), "before any HELLO");
+        r.handle(receiver::Input::Message(&encode(5, &Message::Hello(Hello { caps, ..hello("ok", 10) }))), t);
+        assert_eq!(r.takes_probes(), takes, "HELLO caps {caps:#x}");
+    }
+}
+
 #[test]
 fn refused_senders_exit_with_the_status_code() {
     let t = Instant::now();

@@ -741,7 +741,7 @@ impl<'a> ReceiveSession<'a> {
         if progressed {
             self.prober.progressed(Instant::now());
         }
-        if self.sq.in_flight() > 0 {
+        if self.machine.takes_probes() && self.sq.in_flight() > 0 {
             until = until.min(Deadline::at(self.prober.deadline()));
         }
         let handed = self.route.as_ref().map(|(route, _)| &*route.handed);
@@ -754,9 +754,10 @@ impl<'a> ReceiveSession<'a> {
             wakes = wakes.and(seat.signal().fd());
         }
         let due = self.pacer.round(io, progressed, &cqs, until, &wakes).await?;
-        if due && self.sq.in_flight() > 0 && self.sq.room() > 0 && self.prober.due(Instant::now()) {
-            // A CREDIT, a GRANT or a verdict that was lost, or whose ACK was: the sender's QP
-            // allows the zero-length WRITE.
+        let probing = self.machine.takes_probes() && self.sq.in_flight() > 0 && self.sq.room() > 0;
+        if due && probing && self.prober.due(Instant::now()) {
+            // A CREDIT, a GRANT or a verdict that was lost, or whose ACK was: the sender offered
+            // PROBES, so its QP takes the zero-length WRITE.
             self.sq.probe(CONTROL_WR_ID)?;
         }
         self.drive_slow_checks(due, conn)
