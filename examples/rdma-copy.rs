@@ -260,7 +260,8 @@ struct RecvArgs {
     max_entries: u32,
     /// The QP's local ACK timeout exponent: a packet not acknowledged within 4.096 us x 2^N is
     /// sent again (1..=31). The receiver sends only control messages, and probes for a lost
-    /// last one itself: its default is 18 (1.07 s), the sender's 14. See docs/protocol.md.
+    /// one itself while the session lasts: its default is 18 (1.07 s), the sender's 14. See
+    /// docs/protocol.md.
     #[arg(long, value_name = "N", default_value_t = 18, value_parser = clap::value_parser!(u8).range(1..=31))]
     ack_timeout: u8,
     /// Microseconds a waiting loop polls its completion queues before it sleeps on their

@@ -47,12 +47,16 @@ pub struct SenderConfig {
     /// `n % lanes` ([`Sender::lane_of`]); one that does not gets every chunk on lane 0.
     /// At most [`wire::MAX_LANES`].
     pub lanes: u16,
+    /// Whether the sender offers [`caps::PROBES`]: set it only when the driver's QP allows
+    /// remote writes (the receiver then probes it: a QP that refuses them fails on the first
+    /// probe). This crate's driver does. `false` by [`new`](Self::new).
+    pub probes: bool,
 }
 
 impl SenderConfig {
     /// Chunks of `chunk` bytes, `depth` in flight, `timeout` per phase, no secret, no resume.
     pub fn new(chunk: u32, depth: u32, timeout: Duration) -> Self {
-        SenderConfig { chunk, depth, timeout, secret: None, resume_key: None, lanes: 1 }
+        SenderConfig { chunk, depth, timeout, secret: None, resume_key: None, lanes: 1, probes: false }
     }
 }
 
@@ -827,7 +831,8 @@ impl Sender {
         let resume = if self.cfg.resume_key.is_some() { caps::RESUME | caps::RESUME_PROOF } else { 0 };
         let batch = if self.name == wire::BATCH_NAME { caps::BATCH } else { 0 };
         let lanes = if self.cfg.lanes > 1 { caps::LANES } else { 0 };
-        DIGEST_CAPS | auth | resume | batch | lanes | caps::CANCEL | caps::PROBES
+        let probes = if self.cfg.probes { caps::PROBES } else { 0 };
+        DIGEST_CAPS | auth | resume | batch | lanes | caps::CANCEL | probes
     }
 
     /// How long the receiver asked this sender to wait before it asks again, when it refused

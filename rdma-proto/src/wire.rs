@@ -109,7 +109,8 @@ pub mod caps {
     /// Probes: the sender's connection takes the receiver's probes, zero-length RDMA WRITEs
     /// that make it acknowledge (or NAK) what the receiver sent before them
     /// (`rdma_verbs::SendQueue::probe`; its QP allows remote writes, and no region of it is
-    /// remotely writable). Offered by every sender of this version; a receiver probes only a
+    /// remotely writable). Offered by a sender whose configuration says so
+    /// (`SenderConfig::probes`; this crate's driver always does); a receiver probes only a
     /// sender that offered it, as one whose QP refuses remote writes would fail the
     /// connection on the first probe. Not echoed in the GRANT: the receiver's QP always takes
     /// WRITEs.

@@ -353,17 +353,22 @@ fn hellos_within_the_limits_are_granted_the_common_version() {
 }
 
 /// A receiver probes only a sender that said its connection takes probes (a QP that refuses
-/// remote writes would fail on the first): every sender of this version offers
-/// `caps::PROBES` in its HELLO, and the receiver reports what the HELLO offered.
+/// remote writes would fail on the first): a sender offers `caps::PROBES` when its
+/// configuration says its driver's QP takes them, and the receiver reports what the HELLO
+/// offered.
 #[test]
 fn a_receiver_takes_probes_to_be_welcome_only_when_the_hello_offered_them() {
     let t = Instant::now();
-    let mut s = Sender::new(7, "f", 10, sender_cfg(16, 4), t).unwrap();
-    assert_eq!(s.poll_action(), Some(sender::Action::Send));
-    let mut out = Vec::new();
-    assert!(s.transmit(&mut out));
-    let Ok((_, Message::Hello(offered))) = wire::decode(&out) else { panic!("not a HELLO") };
-    assert_ne!(offered.caps & caps::PROBES, 0, "the sender offers PROBES");
+    for probes in [false, true] {
+        let mut cfg = sender_cfg(16, 4);
+        cfg.probes = probes;
+        let mut s = Sender::new(7, "f", 10, cfg, t).unwrap();
+        assert_eq!(s.poll_action(), Some(sender::Action::Send));
+        let mut out = Vec::new();
+        assert!(s.transmit(&mut out));
+        let Ok((_, Message::Hello(offered))) = wire::decode(&out) else { panic!("not a HELLO") };
+        assert_eq!(offered.caps & caps::PROBES != 0, probes, "PROBES offered as configured");
+    }
     for (caps, takes) in [(caps::DIGEST_XXH3_128 | caps::PROBES, true), (caps::DIGEST_XXH3_128, false)] {
         let mut r = Receiver::new(receiver_cfg(4), t);
         assert!(!r.takes_probes(), "before any HELLO");

@@ -60,6 +60,8 @@ struct Held<'pd> {
     slot: Option<Slot<'pd>>,
     /// The device writes into the slot (an RDMA READ), rather than only reading it.
     device_writes: bool,
+    /// A probe ([`SendQueue::probe`]).
+    probe: bool,
 }
 
 /// The send queue of a ready-to-send RC or UC queue pair, posting requests that own their
@@ -630,9 +632,13 @@ impl<'res> SendQueue<'res, crate::Rc> {
     /// when a packet before it was lost, answers with a sequence NAK, and the QP sends the lost
     /// packets again at once. Without it, a lost *last* packet (or its lost ACK) is recovered
     /// only when the QP's local ACK timeout fires. A caller that sees no completion for a while
-    /// with requests in flight sends one (a tail-loss probe, as TCP's): then a long ACK timeout
-    /// costs nothing under loss, and a short one, which retries requests that were only slow,
-    /// is not needed.
+    /// with requests in flight sends one (a tail-loss probe, as TCP's). It does not replace the
+    /// timeout: a responder that has NAKed a gap once may answer nothing more until the gap is
+    /// filled (rxe does so), and then only the timer resends.
+    ///
+    /// Returns whether a probe was posted. At most one is in flight: while one is, this posts
+    /// nothing and returns `Ok(false)`, so that probes never take more than one entry of the
+    /// queue (a caller that probes gives the QP one spare send request for it).
     ///
     /// The WRITE names no key and no address: a responder checks neither for a zero-length
     /// RDMA WRITE (InfiniBand Architecture Specification, C9-88), and no memory of the peer is
@@ -646,9 +652,12 @@ impl<'res> SendQueue<'res, crate::Rc> {
     /// # References
     /// [`ibv_post_send(3)`](https://man7.org/linux/man-pages/man3/ibv_post_send.3.html)
     #[doc(alias = "ibv_post_send")]
-    pub fn probe(&mut self, wr_id: u64) -> Result<()> {
+    pub fn probe(&mut self, wr_id: u64) -> Result<bool> {
+        if self.held.iter().any(|h| h.probe) {
+            return Ok(false);
+        }
         self.check_room()?;
-        self.post_staged(Some(Tail::Probe { wr_id })).map(|_| ())
+        self.post_staged(Some(Tail::Probe { wr_id })).map(|_| true)
     }
 }
 

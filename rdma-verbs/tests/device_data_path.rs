@@ -351,7 +351,8 @@ fn unsignaled_requests_come_back_with_the_next_signaled_one() {
 
 /// A probe (`SendQueue::probe`, a zero-length WRITE naming no key) is acknowledged by a peer
 /// whose QP allows remote writes, and its completion covers the unsignaled requests before it:
-/// their slots come back with it, in order, and their writes landed. Both ways of posting.
+/// their slots come back with it, in order, and their writes landed. One probe is in flight at
+/// most. Both ways of posting.
 #[test]
 fn a_probe_is_acknowledged_and_brings_back_the_unsignaled_requests_before_it() {
     let topo = testkit::require_topology!();
@@ -370,7 +371,8 @@ fn a_probe_is_acknowledged_and_brings_back_the_unsignaled_requests_before_it() {
                 sq.post(SlotRequest::write(slot, 64, at).with_wr_id(n).unsignaled()).unwrap();
             }
             assert_eq!(pool.available(), 1);
-            sq.probe(99).unwrap();
+            assert!(sq.probe(99).unwrap(), "posted");
+            assert!(!sq.probe(100).unwrap(), "one probe in flight at most");
             assert_eq!(sq.in_flight(), 4);
             let mut done = Vec::new();
             while done.len() < 4 {
@@ -383,6 +385,8 @@ fn a_probe_is_acknowledged_and_brings_back_the_unsignaled_requests_before_it() {
             let want = [(0, true), (1, true), (2, true), (99, false)];
             assert_eq!(done, want, "{want:?}: the writes, then the probe without a slot ({extended})");
             assert_eq!(pool.available(), 4, "every slot came back with the probe's completion");
+            assert!(sq.probe(101).unwrap(), "the probe was answered: another may go");
+            sq.drain(LONG, |c| c.ok().unwrap()).unwrap();
             for n in 0..3 {
                 assert!(read(&b.mr, n * 64, 64).iter().all(|&x| x == n as u8 + 1), "write {n} landed");
             }

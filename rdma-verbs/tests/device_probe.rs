@@ -73,7 +73,7 @@ fn a_write_lost_on_the_wire_is_sent_again_after_a_probe_not_after_the_ack_timeou
     }
     assert!(read(&target, 0, 4096).iter().all(|&b| b == 0), "nothing landed while the wire dropped it");
 
-    sq.probe(2).unwrap();
+    assert!(sq.probe(2).unwrap(), "no probe was in flight");
     let mut done = Vec::new();
     while done.len() < 2 {
         sq.wait(Duration::from_secs(10), |c| {

@@ -176,6 +176,8 @@ fn prepare(paths: &[PathBuf], opts: &SendOptions) -> Result<(SourceFile, BatchSt
     let total = queue.iter().filter(|e| e.meta.is_file()).map(|e| e.meta.len()).sum();
     let session = test_session(opts).unwrap_or_else(super::send::session_id);
     let mut cfg = SenderConfig::new(opts.chunk, opts.depth, opts.timeout);
+    // The connection's QP allows remote writes (`connect`): the receiver may probe it.
+    cfg.probes = true;
     cfg.secret = opts.secret.clone();
     cfg.lanes = opts.lanes;
     let machine = Sender::batch(session, total, cfg, Instant::now())?.with_nonce(super::random_bytes());

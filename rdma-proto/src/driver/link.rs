@@ -19,6 +19,9 @@ use crate::wire::MAX_MESSAGE_LEN;
 pub(crate) const CONTROL_WR_ID: u64 = u64::MAX;
 /// Control messages one side may have in flight.
 const CONTROL_SLOTS: u32 = 16;
+/// Send requests a QP keeps for probes beyond its data and control ones: one
+/// ([`SendQueue::probe`](rdma_verbs::SendQueue::probe) keeps one in flight at most).
+pub(crate) const PROBE_WRS: u32 = 1;
 /// How long a sender waits for the peer to confirm its disconnect once the session is over.
 pub(crate) const DISCONNECT_WAIT: Duration = Duration::from_secs(1);
 /// How long a dropped queue or ring waits for its requests before flushing.
@@ -46,7 +49,9 @@ impl Endpoint {
     ) -> rdma_cm::Result<Self> {
         let ctx = Arc::new(ctx);
         let pd = Arc::new(ProtectionDomain::new(ctx.clone())?);
-        let send_wr = send_depth + CONTROL_SLOTS;
+        // One spare for a probe (`SendQueue::probe`: one in flight at most), so that a probe never
+        // takes the entry a chunk or a control message needs.
+        let send_wr = send_depth + CONTROL_SLOTS + PROBE_WRS;
         // One channel for both CQs: an idle loop blocks on it (`Pacer`).
         let channel = Arc::new(CompletionChannel::new(ctx.clone())?);
         let send_cq = Arc::new(CompletionQueue::new(ctx.clone(), send_wr, Some(channel.clone().into()))?);
@@ -354,8 +359,9 @@ pub(crate) const SEND_ACK_TIMEOUT: u8 = 14;
 /// The receiver's default local ACK timeout exponent
 /// ([`ReceiveOptions::ack_timeout`](super::ReceiveOptions)): 18, 4.096 µs × 2^18 = 1.07 s. Its
 /// QP sends only control messages, one packet each: a lost one that the next reveals is
-/// NAKed, a lost last one (or its lost ACK) is recovered by a probe, so the timeout is left
-/// the rare lost NAK. A short one retried CREDITs on a clean wire: on Linux 6.1, whose rxe
+/// NAKed, a lost last one (or its lost ACK) is recovered by a probe while the session lasts
+/// (to a sender that offered `PROBES`), so the timeout is left the rare lost NAK and a lost
+/// verdict, which ends the session as it is sent. A short one retried CREDITs on a clean wire: on Linux 6.1, whose rxe
 /// fires it against a deadline set before a pause, and on 6.12 when an ACK queued behind 4 MiB
 /// of data took longer than 67 ms.
 pub(crate) const RECEIVE_ACK_TIMEOUT: u8 = 18;

@@ -9,8 +9,9 @@
 //! progress since doubles the wait, up to [`PROBE_MAX`].
 //!
 //! Why: without a probe, a lost last packet of a burst (a chunk's last packet, a CREDIT, a
-//! message of the handshake, the FIN or its verdict) or its lost ACK is recovered only when
-//! the QP's local ACK timeout fires; with one, at the pace of the transfer. A probe cannot
+//! message of the handshake, the FIN) or its lost ACK is recovered only when the QP's local ACK
+//! timeout fires; with one, at the pace of the transfer. The receiver's verdict is not probed:
+//! its session ends as it is sent, and a lost one waits for the timeout. A probe cannot
 //! recover everything: rxe's responder answers one sequence NAK per gap and drops what comes
 //! after it until the gap is filled, so a lost NAK, or a lost packet of the go-back-N that
 //! followed it, still waits for the timeout ([`SEND_ACK_TIMEOUT`](super::link::SEND_ACK_TIMEOUT),
@@ -28,6 +29,11 @@ pub(crate) const PROBE_MIN: Duration = Duration::from_millis(10);
 /// takes over after that many (a peer that is gone is seen by its CM events or the session's
 /// timeout, not by probes).
 pub(crate) const PROBE_MAX: Duration = Duration::from_secs(1);
+
+/// The longest gap between two progressing rounds that counts toward the pace: a longer one
+/// is a pause (a file's fsync, an admission wait, the peer thinking), not the flow, and must
+/// not hold the probe off for the next hundred chunks.
+pub(crate) const PACE_MAX: Duration = Duration::from_millis(200);
 
 /// A session's probe clock: when it last saw progress, how long its progress usually takes,
 /// and how many probes it sent since.
@@ -53,7 +59,8 @@ impl Prober {
     /// unless a probe ended it (a loss is not the pace).
     pub(crate) fn progressed(&mut self, now: Instant) {
         if self.sent == 0 {
-            let gap = now.saturating_duration_since(self.since);
+            // A pause that is no flow (a file's fsync, an admission wait) counts as PACE_MAX.
+            let gap = now.saturating_duration_since(self.since).min(PACE_MAX);
             self.gap = gap.max(self.gap - self.gap / 64);
         }
         self.since = now;
@@ -114,7 +121,7 @@ mod tests {
         let mut p = Prober::new(t0);
         assert_eq!(p.wait(), PROBE_MIN, "no pace seen yet");
         p.progressed(t0 + Duration::from_secs(5));
-        assert_eq!(p.wait(), PROBE_MAX, "a long gap: at most PROBE_MAX");
+        assert_eq!(p.wait(), 2 * PACE_MAX + PROBE_MIN, "a pause counts as PACE_MAX");
         let mut now = t0 + Duration::from_secs(5);
         for _ in 0..2000 {
             now += MS;

@@ -280,11 +280,13 @@ impl<T: Connected> SendQueue<'_, T> {
                 wr_id: r.wr_id,
                 slot: Some(r.slot),
                 device_writes,
+                probe: false,
             });
         }
         if let Some(t) = inline.filter(|_| in_flight == total) {
             let wr_id = t.wr_id();
-            self.held.push_back(Held { seq: self.next_seq + n as u64, wr_id, slot: None, device_writes: false });
+            let probe = matches!(t, Tail::Probe { .. });
+            self.held.push_back(Held { seq: self.next_seq + n as u64, wr_id, slot: None, device_writes: false, probe });
         }
         self.next_seq += in_flight as u64;
         posted.result(verb, || self.qp.device())

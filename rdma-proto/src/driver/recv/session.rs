@@ -754,10 +754,11 @@ impl<'a> ReceiveSession<'a> {
             wakes = wakes.and(seat.signal().fd());
         }
         let due = self.pacer.round(io, progressed, &cqs, until, &wakes).await?;
-        let probing = self.machine.takes_probes() && self.sq.in_flight() > 0 && self.sq.room() > 0;
-        if due && probing && self.prober.due(Instant::now()) {
-            // A CREDIT, a GRANT or a verdict that was lost, or whose ACK was: the sender offered
-            // PROBES, so its QP takes the zero-length WRITE.
+        let probing = self.machine.takes_probes() && self.sq.in_flight() > 0;
+        // `due` counts the probe as sent even without room, so that its deadline moves on.
+        if due && probing && self.prober.due(Instant::now()) && self.sq.room() > 0 {
+            // A CREDIT or a GRANT that was lost, or whose ACK was: the sender offered PROBES,
+            // so its QP takes the zero-length WRITE.
             self.sq.probe(CONTROL_WR_ID)?;
         }
         self.drive_slow_checks(due, conn)

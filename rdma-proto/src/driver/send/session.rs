@@ -17,7 +17,7 @@ use crate::driver::digest::Hasher;
 use crate::driver::io::{Io, Wakes};
 use crate::driver::link::{
     conn_params, peer_left, send_control, take_arrivals, EndpointParts, LaneBase, Pacer, SessionCqs, CONTROL_WR_ID,
-    DRAIN,
+    DRAIN, PROBE_WRS,
 };
 use crate::driver::probe::Prober;
 use crate::driver::{Error, Phases};
@@ -476,6 +476,15 @@ impl<'a> SendSession<'a> {
     /// When a probe is due ([`Prober`]): one on the connection and on each lane with requests
     /// in flight and room for it.
     pub(crate) fn drive_probes(&mut self) -> Result<(), Error> {
+        if !self.in_flight() || Instant::now() < self.prober.deadline() {
+            return Ok(());
+        }
+        // Completions that came while the send CQ was quiet (`SessionCqs::quiet_send`) are
+        // progress: no probe for requests already done.
+        if self.drive_completions(&mut |_, _| {})? {
+            self.prober.progressed(Instant::now());
+            return Ok(());
+        }
         if !self.in_flight() || !self.prober.due(Instant::now()) {
             return Ok(());
         }
@@ -518,7 +527,8 @@ impl<'a> SendSession<'a> {
                 .finish(rdma_cm::CmId::new()?.resolve(self.opts.from, self.opts.to), deadline)
                 .await
                 .map_err(refusal)?;
-            let (qp, _) = self.lane_base.lane(self.opts.depth, 0, |qp| id.init_qp(qp, AccessFlags::LOCAL_WRITE))?;
+            let send_wr = self.opts.depth + PROBE_WRS;
+            let (qp, _) = self.lane_base.lane(send_wr, 0, |qp| id.init_qp(qp, AccessFlags::LOCAL_WRITE))?;
             let params = conn_params(self.opts.ack_timeout).private_data(&private);
             let conn = io.finish(id.connect(qp, &params), deadline).await.map_err(refusal)?;
             let sq = SendQueue::new(conn.qp(), DRAIN)?;

@@ -42,6 +42,8 @@ impl SourceFile {
         let size = meta.len();
         let session = test_session(opts).unwrap_or_else(session_id);
         let mut cfg = SenderConfig::new(opts.chunk, opts.depth, opts.timeout);
+        // The connection's QP allows remote writes (`connect`): the receiver may probe it.
+        cfg.probes = true;
         cfg.secret = opts.secret.clone();
         cfg.lanes = opts.lanes;
         cfg.resume_key = opts.resume.then(|| resume_key(&name, &meta));
