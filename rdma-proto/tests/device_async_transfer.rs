@@ -153,24 +153,38 @@ fn a_send_dropped_mid_transfer_leaves_nothing_and_the_next_one_arrives() {
     let reports = runtime(true).block_on(async {
         let serving = tokio::spawn(serve(server, 2));
         // Dropped once 8 MiB of the 48 are written: mid-stream, after the receiver accepted.
-        let written = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let counter = written.clone();
-        let progress = move |done, _| counter.store(done, std::sync::atomic::Ordering::Relaxed);
-        let mut first = Box::pin(send_file_async(&path, &send, progress));
-        loop {
-            tokio::select! {
-                r = &mut first => panic!("the transfer ended before it was dropped: {:?}", r.map(|r| r.bytes)),
-                () = tokio::time::sleep(std::time::Duration::from_millis(5)) => {
-                    if written.load(std::sync::atomic::Ordering::Relaxed) >= 8 << 20 {
-                        break;
-                    }
-                }
+        // The progress callback wakes this task through a `Notify`, not a timer: a timer can
+        // fire late on a busy runtime, after the sender has written everything.
+        let reached = Arc::new(tokio::sync::Notify::new());
+        let wake = reached.clone();
+        let mut woke = false;
+        let progress = move |done, _| {
+            if done >= 8 << 20 && !std::mem::replace(&mut woke, true) {
+                wake.notify_one();
             }
+        };
+        let mut first = Box::pin(send_file_async(&path, &send, progress));
+        tokio::select! {
+            biased;
+            () = reached.notified() => {}
+            r = &mut first => panic!("the transfer ended before it was dropped: {:?}", r.map(|r| r.bytes)),
         }
         drop(first);
-        let report = send_file_async(&path, &send, |_, _| {}).await.unwrap();
+        let mut heard = Vec::new();
+        let second = send_file_async(&path, &send, |done, total| heard.push((done, total))).await;
+        let reports = serving.await.unwrap();
+        let report =
+            second.unwrap_or_else(|e| panic!("the second send failed: {e}; the receiver's reports: {reports:?}"));
         assert_eq!(report.bytes, bytes.len() as u64);
-        serving.await.unwrap()
+        // Every chunk's completion is heard once, however the session's waits took it: each
+        // chunk after what the receiver kept of the dropped send (it resumes from there).
+        let (size, chunk) = (bytes.len() as u64, u64::from(report.chunk));
+        let expected = (size - report.resumed_from).div_ceil(chunk.max(1));
+        let from = report.resumed_from;
+        assert_eq!(heard.len() as u64, expected, "one call per chunk after {from} of chunk {chunk}: {heard:?}");
+        assert!(heard.windows(2).all(|w| w[0].0 < w[1].0), "{heard:?}");
+        assert_eq!(heard.last(), Some(&(size, size)));
+        reports
     });
     // The sessions end in either order (the dropped one ends when the receiver sees its
     // sender gone): one failed, one stored the file.

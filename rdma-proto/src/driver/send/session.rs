@@ -147,6 +147,10 @@ pub(crate) struct SendSession<'a> {
     pub(crate) pacer: Pacer,
     /// When the connection and its lanes probe for a lost tail ([`Prober`]).
     pub(crate) prober: Prober,
+    /// The progress last reported: the entry's bytes before it (`BatchState::done_bytes`, 0
+    /// for a single file) and its chunks written. Completions are taken in several places of
+    /// a round; the caller hears of each chunk once, from [`report_progress`](Self::report_progress).
+    pub(crate) reported: (u64, u64),
     /// The control message being sent: the machine writes each into it (no allocation per
     /// message).
     pub(crate) out: Vec<u8>,
@@ -197,6 +201,7 @@ impl<'a> SendSession<'a> {
             fin_at: None,
             pacer: Pacer::new(opts.wait),
             prober: Prober::new(Instant::now()),
+            reported: (0, 0),
             out: Vec::new(),
         })
     }
@@ -207,11 +212,14 @@ impl<'a> SendSession<'a> {
         &mut self,
         progress: &mut impl FnMut(u64, u64),
     ) -> Result<ControlFlow<Result<Outcome, Error>, bool>, Error> {
+        // Completions the last round's waits took are reported before the machine can finish.
+        self.report_progress(progress);
         let pushed = match self.drive_actions()? {
             ControlFlow::Break(o) => return Ok(ControlFlow::Break(Ok(o))),
             ControlFlow::Continue(pushed) => pushed,
         };
-        let completed = self.drive_completions(progress)?;
+        let completed = self.drive_completions()?;
+        self.report_progress(progress);
         let arrived = self.drive_arrivals()?;
         Ok(ControlFlow::Continue(pushed || completed || arrived))
     }
@@ -347,8 +355,9 @@ impl<'a> SendSession<'a> {
         Ok(())
     }
 
-    /// Takes the send queue's completions and tells the machine; whether any came.
-    pub(crate) fn drive_completions(&mut self, progress: &mut impl FnMut(u64, u64)) -> Result<bool, Error> {
+    /// Takes the send queue's completions and tells the machine; whether any came. The
+    /// caller hears of them from [`report_progress`](Self::report_progress).
+    pub(crate) fn drive_completions(&mut self) -> Result<bool, Error> {
         let (done, failed) = (&mut self.done, &mut self.failed);
         let mut n = self.sq.poll(|c| collect(c, done, failed))?;
         for lane in &mut self.lanes {
@@ -357,24 +366,35 @@ impl<'a> SendSession<'a> {
         if let Some(e) = self.failed.take() {
             return Err(e);
         }
+        for &seq in &self.done {
+            self.machine.handle(Input::WriteDone { seq }, Instant::now());
+        }
         if !self.done.is_empty() {
-            let slot = u64::from(self.machine.grant().map_or(1, |g| g.slot_size));
-            let held = self.machine.resumed_from();
-            let (before, total) = self.batch.as_ref().map_or((0, self.size), |b| (b.done_bytes, b.total));
-            // Per chunk, not per batch of completions: a caller's progress moves as each WRITE
-            // completes (with lanes, as the chunks before it completed too).
-            for &seq in &self.done {
-                self.machine.handle(Input::WriteDone { seq }, Instant::now());
-                let written = self.machine.chunks_written();
-                progress(before + held.saturating_add(written * slot).min(self.size), total);
-            }
             self.done.clear();
-            let written = self.machine.chunks_written();
-            if written == self.machine.chunks() && self.data_end.is_none() {
+            if self.machine.chunks_written() == self.machine.chunks() && self.data_end.is_none() {
                 self.data_end = Some(Instant::now());
             }
         }
         Ok(n > 0)
+    }
+
+    /// Tells `progress` of each chunk written since it last heard, one call per chunk (with
+    /// lanes, a chunk counts once the chunks before it are written too).
+    pub(crate) fn report_progress(&mut self, progress: &mut impl FnMut(u64, u64)) {
+        let (before, total) = self.batch.as_ref().map_or((0, self.size), |b| (b.done_bytes, b.total));
+        if self.reported.0 != before {
+            self.reported = (before, 0);
+        }
+        let written = self.machine.chunks_written();
+        if written <= self.reported.1 {
+            return;
+        }
+        let slot = u64::from(self.machine.grant().map_or(1, |g| g.slot_size));
+        let held = self.machine.resumed_from();
+        for chunk in self.reported.1 + 1..=written {
+            progress(before + held.saturating_add(chunk * slot).min(self.size), total);
+        }
+        self.reported.1 = written;
     }
 
     /// Takes the control messages that arrived; whether any came.
@@ -481,7 +501,7 @@ impl<'a> SendSession<'a> {
         }
         // Completions that came while the send CQ was quiet (`SessionCqs::quiet_send`) are
         // progress: no probe for requests already done.
-        if self.drive_completions(&mut |_, _| {})? {
+        if self.drive_completions()? {
             self.prober.progressed(Instant::now());
             return Ok(());
         }
@@ -557,7 +577,7 @@ impl<'a> SendSession<'a> {
         if due {
             // A WRITE's completion is progress: take any that came while the send CQ was quiet
             // (`SessionCqs::quiet_send`) before the machine judges the session stalled.
-            self.drive_completions(&mut |_, _| {})?;
+            self.drive_completions()?;
             self.machine.handle_timeout(Instant::now());
             if peer_left(conn)? {
                 return Err(Error::PeerDisconnected);
