@@ -50,7 +50,7 @@ fn progress_comes_per_chunk_on_both_sides_and_refusals_are_typed() {
     let (src, dst) = (TempDir::new("src"), TempDir::new("dst"));
     let size = (5 << 20) + 12_345;
     let data = random_file(&src.0.join("f"), size, 1);
-    let server = serve(&topo, 18670, &dst.0, 2);
+    let server = serve(&topo, 18670, &dst.0, 3);
     let mut sent = Vec::new();
     let report = send_file(&src.0.join("f"), &send_opts(&topo, 18670), |done, total| sent.push((done, total))).unwrap();
     // The same name again, other bytes of the same size: the receiver refuses (it exists; an
@@ -58,18 +58,33 @@ fn progress_comes_per_chunk_on_both_sides_and_refusals_are_typed() {
     let other = TempDir::new("other");
     random_file(&other.0.join("f"), size, 9);
     let again = send_file(&other.0.join("f"), &send_opts(&topo, 18670), |_, _| {});
+    // A batch of two files, the last entry a file: each chunk of each is heard once, and the
+    // last call is the batch's total (not the last file's chunks again after its ACK).
+    let (a, b) = (src.0.join("a"), src.0.join("b"));
+    let (a_len, b_len) = (random_file(&a, (1 << 20) + 7, 3).len() as u64, random_file(&b, 600_000, 4).len() as u64);
+    let mut in_batch = Vec::new();
+    let batch =
+        rdma_proto::driver::send_files(&[a, b], &send_opts(&topo, 18670), |d, t| in_batch.push((d, t))).unwrap();
     let (reports, received) = server.join().unwrap();
+    let total = a_len + b_len;
+    let chunk = u64::from(send_opts(&topo, 18670).chunk);
+    assert_eq!(batch.bytes, total, "{batch:?}");
+    assert_eq!(in_batch.len() as u64, a_len.div_ceil(chunk) + b_len.div_ceil(chunk), "{in_batch:?}");
+    assert!(in_batch.windows(2).all(|w| w[0].0 < w[1].0), "{in_batch:?}");
+    assert_eq!(in_batch.last(), Some(&(total, total)), "{in_batch:?}");
     assert!(std::fs::read(dst.0.join("f")).unwrap() == data);
 
     let chunks = (size as u64).div_ceil(u64::from(report.chunk));
     assert_eq!(sent.len() as u64, chunks, "one sender progress call per chunk: {sent:?}");
     assert!(sent.windows(2).all(|w| w[0].0 < w[1].0), "{sent:?}");
     assert_eq!(sent.last(), Some(&(size as u64, size as u64)));
+    // The receiver's events of the single file (the batch's files are of other sizes).
+    let received: Vec<_> = received.into_iter().filter(|&(_, of)| of == size as u64).collect();
     assert_eq!(received.len() as u64, chunks, "one receiver progress call per chunk");
     assert_eq!(received.last(), Some(&(size as u64, size as u64)));
 
     assert!(matches!(again, Err(Error::Refused { status: Status::Exists, .. })), "{again:?}");
-    assert_eq!(reports.len(), 2);
+    assert_eq!(reports.len(), 3);
     let ok = reports.iter().find(|r| r.result.is_ok()).expect("the stored session");
     assert_eq!(ok.status(), Some(Status::Ok));
     let refused = reports.iter().find(|r| r.result.is_err()).expect("the refused session");

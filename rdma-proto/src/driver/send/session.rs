@@ -147,10 +147,10 @@ pub(crate) struct SendSession<'a> {
     pub(crate) pacer: Pacer,
     /// When the connection and its lanes probe for a lost tail ([`Prober`]).
     pub(crate) prober: Prober,
-    /// The progress last reported: the entry's bytes before it (`BatchState::done_bytes`, 0
-    /// for a single file) and its chunks written. Completions are taken in several places of
-    /// a round; the caller hears of each chunk once, from [`report_progress`](Self::report_progress).
-    pub(crate) reported: (u64, u64),
+    /// The progress last reported: the batch entry it was of (its index; `None` for a single
+    /// file) and its chunks written. Completions are taken in several places of a round; the
+    /// caller hears of each chunk once, from [`report_progress`](Self::report_progress).
+    pub(crate) reported: (Option<u32>, u64),
     /// The control message being sent: the machine writes each into it (no allocation per
     /// message).
     pub(crate) out: Vec<u8>,
@@ -201,7 +201,7 @@ impl<'a> SendSession<'a> {
             fin_at: None,
             pacer: Pacer::new(opts.wait),
             prober: Prober::new(Instant::now()),
-            reported: (0, 0),
+            reported: (None, 0),
             out: Vec::new(),
         })
     }
@@ -381,10 +381,18 @@ impl<'a> SendSession<'a> {
     /// Tells `progress` of each chunk written since it last heard, one call per chunk (with
     /// lanes, a chunk counts once the chunks before it are written too).
     pub(crate) fn report_progress(&mut self, progress: &mut impl FnMut(u64, u64)) {
-        let (before, total) = self.batch.as_ref().map_or((0, self.size), |b| (b.done_bytes, b.total));
-        if self.reported.0 != before {
-            self.reported = (before, 0);
+        // In a batch, keyed by the entry, and only while one is sent: from its ACK on, the
+        // machine has no entry but counts its chunks until the next starts, and the bytes
+        // before it grow only once the driver took the ACK's EntryDone.
+        let entry = match (&self.batch, self.machine.entry()) {
+            (None, _) => None,
+            (Some(_), Some(e)) => Some(e.index),
+            (Some(_), None) => return,
+        };
+        if self.reported.0 != entry {
+            self.reported = (entry, 0);
         }
+        let (before, total) = self.batch.as_ref().map_or((0, self.size), |b| (b.done_bytes, b.total));
         let written = self.machine.chunks_written();
         if written <= self.reported.1 {
             return;
