@@ -415,3 +415,38 @@ fn writes_after_and_racing_the_fin_never_leave_a_wrong_file() {
         tally(Status::ChecksumMismatch)
     );
 }
+
+/// A sender that takes its verdict's SEND never (it posts no receive for it: an RNR NAK, which
+/// the receiver retries without end) and disconnects once the file is stored: the session ends
+/// at its disconnect, not at the teardown's bound. Its verdict is committed, so nothing it sent
+/// must still arrive once the peer has left; an ACK lost on the wire, or never sent by a peer
+/// that flushed its QP as it read the verdict, is the same case.
+#[test]
+fn a_sender_that_leaves_without_taking_its_verdict_frees_the_session_at_once() {
+    let topo = testkit::require_topology!();
+    let dst = scratch("hs-verdict-dst");
+    // --timeout 10: the teardown's bound is its 5 s then, which this session must not wait.
+    let rx = Receiver::start(&topo, 7574, &["--dir", dst.to_str().unwrap(), "--count", "1", "--timeout", "10"]);
+    let mut s = RawSender::connect_with_receives(&topo, 7574, 1);
+    let hello = Hello { name: "empty".into(), ..raw_hello(0) };
+    s.send_message(0x7574_0001, &Message::Hello(hello)).unwrap();
+    // The GRANT takes the one receive, and it is not posted again.
+    let Message::Grant(_) = s.hold() else { panic!("no GRANT") };
+    let digest = xxhash_rust::xxh3::xxh3_128(&[]).to_be_bytes().to_vec();
+    s.send_message(0x7574_0001, &Message::Fin(Fin { chunks: 0, size: 0, digest })).unwrap();
+    let t = std::time::Instant::now();
+    while !dst.join("empty").exists() {
+        assert!(t.elapsed() < Duration::from_secs(10), "the empty file was not stored");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // The verdict is posted after the commit: let it meet the missing receive.
+    std::thread::sleep(Duration::from_millis(100));
+    let left = std::time::Instant::now();
+    drop(s);
+    let (code, report) = rx.finish(Duration::from_secs(30));
+    let took = left.elapsed();
+    eprintln!("the receiver exited {code} {took:?} after the sender left: {report}");
+    assert_eq!(code, 0, "the session stored its file: {report}");
+    assert_eq!(listing(&dst), ["empty"]);
+    assert!(took < Duration::from_secs(2), "the session waited {took:?} for a verdict's ACK from a peer that left");
+}

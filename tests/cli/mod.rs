@@ -386,6 +386,13 @@ pub struct RawSender {
 
 impl RawSender {
     pub fn connect(topo: &testkit::Topology, port: u16) -> RawSender {
+        Self::connect_with_receives(topo, port, 8)
+    }
+
+    /// [`connect`](Self::connect) with `receives` receives posted for the receiver's messages:
+    /// with fewer than it sends, and messages held ([`hold`](Self::hold)), its next SEND finds
+    /// none (an RNR NAK, retried without end).
+    pub fn connect_with_receives(topo: &testkit::Topology, port: u16, receives: usize) -> RawSender {
         use rdma_proto::wire;
         use rdma_verbs::qp::state::{Rc, Reset};
         use rdma_verbs::SlotPool;
@@ -404,8 +411,8 @@ impl RawSender {
         let recv_cq = Arc::new(CompletionQueue::new(ctx, 64, None).unwrap());
         let qp = QueuePair::<Rc, Reset>::create(pd.clone(), QpCreateAttr::new(send_cq, recv_cq)).unwrap();
         let qp = id.init_qp(qp, AccessFlags::LOCAL_WRITE).unwrap();
-        let ring_pool = SlotPool::new(pd.clone(), wire::MAX_MESSAGE_LEN, 8, AccessFlags::LOCAL_WRITE).unwrap();
-        let ring = RecvRing::new(&qp, ring_pool, 8, Duration::from_millis(200)).unwrap();
+        let ring_pool = SlotPool::new(pd.clone(), wire::MAX_MESSAGE_LEN, receives, AccessFlags::LOCAL_WRITE).unwrap();
+        let ring = RecvRing::new(&qp, ring_pool, receives, Duration::from_millis(200)).unwrap();
         let conn = id.connect(qp, &rdma_cm::ConnParams::new()).wait(Duration::from_secs(10)).unwrap();
         let sq = SendQueue::new(conn.qp(), Duration::from_millis(200)).unwrap();
         let pool = SlotPool::new(pd, 8192, 8, AccessFlags::LOCAL_WRITE).unwrap();
@@ -483,6 +490,14 @@ impl RawSender {
         let addr = g.addr + (seq % u64::from(g.slot_count)) * size;
         let req = self.write_request(data, addr, g.rkey, seq as u32);
         self.post(req)
+    }
+
+    /// The receiver's next message, its receive not posted again (see
+    /// [`connect_with_receives`](Self::connect_with_receives)).
+    pub fn hold(&mut self) -> rdma_proto::wire::Message {
+        let msg = self.ring.recv(Duration::from_secs(10)).expect("a message from the receiver");
+        // Dropped, not released: its slot goes back to the pool, not to the queue.
+        rdma_proto::wire::decode(msg.bytes()).expect("a message that decodes").1
     }
 
     /// Waits for the next message from the receiver (panics if none comes).

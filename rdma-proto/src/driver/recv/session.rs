@@ -116,17 +116,15 @@ async fn session<I: Io>(
         leave(conn).await;
         io.close_ring(ring).await;
     }
-    if acked {
-        io.close_queue(sq, teardown).await;
-        leave(conn).await;
-    } else {
-        // Nothing this side sent must still arrive: the disconnect goes first and flushes the
-        // QP, so that sends still in flight to a peer that is gone (a killed sender's QP
-        // answers none of their retries) complete at once instead of holding the teardown
-        // until its bound.
-        leave(conn).await;
-        io.close_queue(sq, teardown).await;
-    }
+    // The disconnect goes first and flushes the QP; the send queue is drained after it. With
+    // an ACK sent, `leave` waits for the peer's disconnect before it flushes, and the peer
+    // disconnects once it has read the ACK (or died): nothing sent must still arrive then.
+    // Sends still in flight to a peer that is gone (a killed sender, or an ACK whose own
+    // acknowledgement the peer never sent because it flushed its QP as it read it) answer
+    // none of their retries, so they complete at the flush instead of holding the teardown
+    // until its bound.
+    leave(conn).await;
+    io.close_queue(sq, teardown).await;
     // The ring holds the QP's last handle now: closed, it destroys the QP; only then may the
     // peer-writable slots go, and only then is their memory free for another session.
     io.close_ring(ring).await;
