@@ -341,7 +341,8 @@ struct SendArgs {
     /// Name to store the file under (only with one file; default: its own name).
     #[arg(long)]
     name: Option<String>,
-    /// Bytes per chunk, one RDMA WRITE each (suffixes K, M, G).
+    /// Bytes per chunk, one RDMA WRITE each (suffixes K, M, G); a single smaller file is one
+    /// chunk of its size.
     #[arg(long, default_value = "4M", value_parser = parse_size)]
     chunk: u64,
     /// Chunks in flight (1..=4096).

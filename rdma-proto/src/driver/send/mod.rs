@@ -37,7 +37,8 @@ pub struct SendOptions {
     pub from: Option<SocketAddr>,
     /// The name the receiver stores the file under (default: the file's own name).
     pub name: Option<String>,
-    /// Bytes per chunk (one WRITE).
+    /// Bytes per chunk (one WRITE), at most: a single file smaller than a chunk is sent as one
+    /// chunk of its size rounded up to 4 KiB (a batch's files use the chunk given).
     pub chunk: u32,
     /// Chunks in flight.
     pub depth: u32,
@@ -144,6 +145,22 @@ pub enum AfterFin {
     SecondFin,
     /// A WRITE with immediate into slot 0, tagged as the chunk after the last.
     Write,
+}
+
+/// The chunk size a file of `size` bytes is sent with, under `chunk`: the file's size rounded
+/// up to 4 KiB when that is smaller. A sender registers chunk x depth bytes, and the receiver
+/// as much again for its slots; at the 4 MiB, depth-4 defaults a 4 KiB file would pin 16 MiB at
+/// each end, and took 0.65 s to send in the VM against 0.5 s at 64 KiB chunks. The depth is
+/// left alone: the receiver may grant smaller slots than asked (its `max_chunk` and memory
+/// share), and then needs it.
+pub(crate) fn fitted_chunk(chunk: u32, size: u64) -> u32 {
+    const PAGE: u64 = 4096;
+    let fitted = size.max(1).next_multiple_of(PAGE);
+    if fitted < u64::from(chunk) {
+        fitted as u32
+    } else {
+        chunk
+    }
 }
 
 impl SendOptions {
@@ -401,5 +418,27 @@ pub(crate) fn session_id() -> u64 {
         id
     } else {
         1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fitted_chunk;
+
+    #[test]
+    fn a_file_smaller_than_a_chunk_is_one_chunk_of_its_size_in_pages() {
+        const MIB: u32 = 1 << 20;
+        assert_eq!(fitted_chunk(4 * MIB, 0), 4096);
+        assert_eq!(fitted_chunk(4 * MIB, 1), 4096);
+        assert_eq!(fitted_chunk(4 * MIB, 4096), 4096);
+        assert_eq!(fitted_chunk(4 * MIB, 4097), 8192);
+        assert_eq!(fitted_chunk(4 * MIB, u64::from(MIB) + 12_345), MIB + 16_384);
+        // As large as a chunk or larger: the chunk given.
+        assert_eq!(fitted_chunk(4 * MIB, u64::from(4 * MIB) - 1), 4 * MIB);
+        assert_eq!(fitted_chunk(4 * MIB, u64::from(10 * MIB)), 4 * MIB);
+        assert_eq!(fitted_chunk(64 << 10, 1 << 30), 64 << 10);
+        // A chunk that is no multiple of 4 KiB is kept for a file as large as it.
+        assert_eq!(fitted_chunk(5000, 5000), 5000);
+        assert_eq!(fitted_chunk(5000, 4000), 4096);
     }
 }

@@ -20,6 +20,9 @@ pub(crate) struct SourceFile {
     pub(crate) session: u64,
     pub(crate) machine: Sender,
     pub(crate) identity: Identity,
+    /// The chunk size ([`fitted_chunk`](super::fitted_chunk)) and depth it is sent with.
+    pub(crate) chunk: u32,
+    pub(crate) depth: u32,
 }
 
 impl SourceFile {
@@ -41,7 +44,8 @@ impl SourceFile {
         let (file, meta) = open_regular(path)?;
         let size = meta.len();
         let session = test_session(opts).unwrap_or_else(session_id);
-        let mut cfg = SenderConfig::new(opts.chunk, opts.depth, opts.timeout);
+        let (chunk, depth) = (super::fitted_chunk(opts.chunk, size), opts.depth);
+        let mut cfg = SenderConfig::new(chunk, depth, opts.timeout);
         // The connection's QP allows remote writes (`connect`): the receiver may probe it.
         cfg.probes = true;
         cfg.secret = opts.secret.clone();
@@ -53,7 +57,7 @@ impl SourceFile {
         }
         .with_nonce(crate::driver::random_bytes());
         tracing::info!(session = format_args!("{session:016x}"), %name, size, to = %opts.to, "sending");
-        Ok(SourceFile { file: Some(file), size, session, machine, identity: Identity::of(&meta) })
+        Ok(SourceFile { file: Some(file), size, session, machine, identity: Identity::of(&meta), chunk, depth })
     }
 }
 
