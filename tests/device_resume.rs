@@ -19,6 +19,13 @@ const SEEDS: u64 = 4;
 const CHECKPOINT: &str = "8M";
 const CHECKPOINT_BYTES: u64 = 8 << 20;
 
+/// How a sender that a test interrupts sends: 1 MiB chunks, each read 30 ms late (the
+/// fault-injection build's `--test-chunk-delay-ms`), so at most 4 MiB are in flight and a
+/// kill once the receiver holds some bytes finds most of the file still to go. At the default
+/// 4 MiB chunks a whole 24 MiB file could be in flight when the first 12 MiB had landed, and
+/// the kill came after the commit.
+const INTERRUPTED: [&str; 4] = ["--chunk", "1M", "--test-chunk-delay-ms", "30"];
+
 /// A deterministic delay in 0..max_ms for `seed` (xorshift).
 fn seeded_ms(seed: u64, max_ms: u64) -> u64 {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
@@ -43,7 +50,7 @@ fn a_killed_sender_resumes_at_seeded_points_and_the_file_arrives_identical() {
     let mut resumed = Vec::new();
     for seed in 0..SEEDS {
         let rx = Receiver::start(&topo, 7580, &["--dir", dst.to_str().unwrap(), "--count", "2", "--timeout", "5"]);
-        let mut sender = spawn_send_reporting(&topo, 7580, &src.join("f"), &[]);
+        let mut sender = spawn_send_reporting(&topo, 7580, &src.join("f"), &INTERRUPTED);
         wait_for_partial(&dst, 1);
         std::thread::sleep(Duration::from_millis(seeded_ms(seed, 600)));
         sender.kill().unwrap();
@@ -77,7 +84,7 @@ fn a_killed_receiver_resumes_from_its_last_checkpoint_and_the_file_arrives_ident
     let args = ["--dir", dst.to_str().unwrap(), "--count", "1", "--checkpoint-every", CHECKPOINT];
     for seed in 0..SEEDS {
         let mut rx = Receiver::start(&topo, 7581, &args);
-        let sender = spawn_send_reporting(&topo, 7581, &src.join("f"), &[]);
+        let sender = spawn_send_reporting(&topo, 7581, &src.join("f"), &INTERRUPTED);
         let past = if seed % 2 == 0 { CHECKPOINT_BYTES + (CHECKPOINT_BYTES >> 2) } else { 1 };
         wait_for_partial(&dst, past);
         std::thread::sleep(Duration::from_millis(seeded_ms(seed, 300)));
@@ -127,7 +134,7 @@ fn a_sender_with_retries_resumes_by_itself_once_its_killed_receiver_is_back() {
     let data = random_file(&src.join("f"), 5 * CHECKPOINT_BYTES as usize, 23);
     let args = ["--dir", dst.to_str().unwrap(), "--count", "1", "--checkpoint-every", CHECKPOINT];
     let mut rx = Receiver::start(&topo, 7584, &args);
-    let sender = spawn_send_reporting(&topo, 7584, &src.join("f"), &["--retries", "5"]);
+    let sender = spawn_send_reporting(&topo, 7584, &src.join("f"), &[&INTERRUPTED[..], &["--retries", "5"]].concat());
     wait_for_partial(&dst, CHECKPOINT_BYTES + (CHECKPOINT_BYTES >> 1));
     rx.child.kill().unwrap();
     let _ = rx.child.wait();
@@ -151,7 +158,7 @@ fn a_changed_source_starts_over_and_stale_partials_expire() {
     let (src, dst) = (scratch("rc-src"), scratch("rc-dst"));
     random_file(&src.join("f"), 24 << 20, 23);
     let rx = Receiver::start(&topo, 7582, &["--dir", dst.to_str().unwrap(), "--count", "2", "--timeout", "5"]);
-    let mut sender = spawn_send_reporting(&topo, 7582, &src.join("f"), &[]);
+    let mut sender = spawn_send_reporting(&topo, 7582, &src.join("f"), &INTERRUPTED);
     wait_for_partial(&dst, 8 << 20);
     sender.kill().unwrap();
     sender.wait().unwrap();
@@ -190,7 +197,7 @@ fn no_resume_sends_every_byte_and_keeps_no_partial() {
         7583,
         &["--dir", dst.to_str().unwrap(), "--count", "2", "--timeout", "5", "--no-resume"],
     );
-    let mut sender = spawn_send_reporting(&topo, 7583, &src.join("f"), &[]);
+    let mut sender = spawn_send_reporting(&topo, 7583, &src.join("f"), &INTERRUPTED);
     wait_for_temporary(&dst);
     std::thread::sleep(Duration::from_millis(300));
     sender.kill().unwrap();
@@ -212,7 +219,7 @@ fn a_sniffed_key_offered_with_another_name_leaves_the_owner_s_partial_alone() {
     let data = random_file(&src.join("f"), 3 * CHECKPOINT_BYTES as usize, 24);
     let args = ["--dir", dst.to_str().unwrap(), "--count", "3", "--timeout", "5", "--checkpoint-every", CHECKPOINT];
     let rx = Receiver::start(&topo, 7585, &args);
-    let mut sender = spawn_send_reporting(&topo, 7585, &src.join("f"), &[]);
+    let mut sender = spawn_send_reporting(&topo, 7585, &src.join("f"), &INTERRUPTED);
     wait_for_partial(&dst, CHECKPOINT_BYTES + (CHECKPOINT_BYTES >> 1));
     sender.kill().unwrap();
     sender.wait().unwrap();
@@ -262,7 +269,7 @@ fn a_peer_with_the_resume_key_but_other_bytes_gets_a_fresh_temporary_and_the_own
     let data = random_file(&src.join("f"), 3 * CHECKPOINT_BYTES as usize, 26);
     let args = ["--dir", dst.to_str().unwrap(), "--count", "3", "--timeout", "5", "--checkpoint-every", CHECKPOINT];
     let rx = Receiver::start(&topo, 7588, &args);
-    let mut owner = spawn_send_reporting(&topo, 7588, &src.join("f"), &[]);
+    let mut owner = spawn_send_reporting(&topo, 7588, &src.join("f"), &INTERRUPTED);
     wait_for_partial(&dst, CHECKPOINT_BYTES + (CHECKPOINT_BYTES >> 1));
     owner.kill().unwrap();
     owner.wait().unwrap();
