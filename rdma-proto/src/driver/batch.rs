@@ -183,7 +183,7 @@ fn prepare(paths: &[PathBuf], opts: &SendOptions) -> Result<(SourceFile, BatchSt
     let machine = Sender::batch(session, total, cfg, Instant::now())?.with_nonce(super::random_bytes());
     tracing::info!(session = format_args!("{session:016x}"), entries = queue.len(), total, to = %opts.to, "sending a batch");
     let identity = Identity::default();
-    let source = SourceFile { file: None, size: 0, session, machine, identity, chunk: opts.chunk, depth: opts.depth };
+    let source = SourceFile { file: None, size: 0, session, machine, identity, chunk: opts.chunk };
     let batch = BatchState { queue, current: None, sent: Vec::new(), done_bytes: 0, total };
     Ok((source, batch, skipped))
 }

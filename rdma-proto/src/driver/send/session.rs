@@ -167,8 +167,8 @@ impl<'a> SendSession<'a> {
     ) -> Result<Self, Error> {
         let EndpointParts { pd, lane_base, ring, control } = parts;
         let connect = start.elapsed();
-        let SourceFile { file, size, session, machine, identity, chunk, depth } = source;
-        let data = SlotPool::new(pd.clone(), chunk as usize, depth as usize, AccessFlags::LOCAL_WRITE)?;
+        let SourceFile { file, size, session, machine, identity, chunk } = source;
+        let data = SlotPool::new(pd.clone(), chunk as usize, opts.depth as usize, AccessFlags::LOCAL_WRITE)?;
         let sq = SendQueue::new(conn.qp(), DRAIN)?;
         Ok(SendSession {
             opts,

@@ -20,9 +20,8 @@ pub(crate) struct SourceFile {
     pub(crate) session: u64,
     pub(crate) machine: Sender,
     pub(crate) identity: Identity,
-    /// The chunk size ([`fitted_chunk`](super::fitted_chunk)) and depth it is sent with.
+    /// The chunk size it is sent with ([`fitted_chunk`](super::fitted_chunk)).
     pub(crate) chunk: u32,
-    pub(crate) depth: u32,
 }
 
 impl SourceFile {
@@ -44,8 +43,8 @@ impl SourceFile {
         let (file, meta) = open_regular(path)?;
         let size = meta.len();
         let session = test_session(opts).unwrap_or_else(session_id);
-        let (chunk, depth) = (super::fitted_chunk(opts.chunk, size), opts.depth);
-        let mut cfg = SenderConfig::new(chunk, depth, opts.timeout);
+        let chunk = super::fitted_chunk(opts.chunk, size);
+        let mut cfg = SenderConfig::new(chunk, opts.depth, opts.timeout);
         // The connection's QP allows remote writes (`connect`): the receiver may probe it.
         cfg.probes = true;
         cfg.secret = opts.secret.clone();
@@ -57,7 +56,7 @@ impl SourceFile {
         }
         .with_nonce(crate::driver::random_bytes());
         tracing::info!(session = format_args!("{session:016x}"), %name, size, to = %opts.to, "sending");
-        Ok(SourceFile { file: Some(file), size, session, machine, identity: Identity::of(&meta), chunk, depth })
+        Ok(SourceFile { file: Some(file), size, session, machine, identity: Identity::of(&meta), chunk })
     }
 }
 
